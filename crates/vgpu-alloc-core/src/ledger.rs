@@ -1,0 +1,204 @@
+//! The reserve-or-OOM decision: a usage ledger that adds reservations up against a limit.
+//!
+//! [`UsageLedger`] is implemented in memory here ([`InMemoryLedger`]) and across processes
+//! by `vgpu-shm`. A [`Reservation`] that is not committed releases itself on drop, so an
+//! allocation that fails in the driver after its bytes were reserved never leaks usage.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The most devices one process can see (HAMi-core's shared file has 16 device slots).
+pub const MAX_DEVICES: usize = 16;
+
+/// A CUDA device ordinal as the *process* sees it (after `CUDA_VISIBLE_DEVICES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceIndex(pub u32);
+
+impl DeviceIndex {
+    /// The index as a `usize`, for arrays of [`MAX_DEVICES`].
+    pub fn as_usize(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for DeviceIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// What a reserved byte is used for; HAMi's monitor reads these as separate fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UsageClass {
+    /// Context (and its internal heaps) memory.
+    Context,
+    /// Module (code and globals) memory.
+    Module,
+    /// Data: allocations the program asked for.
+    Data,
+}
+
+/// A refused reservation: what a user sees in one log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "out of memory on device {device}: requested {requested} bytes, {in_use} bytes in use, limit {limit} bytes"
+)]
+pub struct OutOfMemory {
+    /// The device asked for.
+    pub device: DeviceIndex,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Bytes already in use on that device (all processes sharing the ledger).
+    pub in_use: u64,
+    /// The device's limit in bytes.
+    pub limit: u64,
+}
+
+/// Usage and limit of one device as the ledger sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceUsage {
+    /// Bytes reserved on the device by everyone sharing the ledger.
+    pub used: u64,
+    /// The limit in bytes, `None` for unlimited.
+    pub limit: Option<u64>,
+}
+
+/// Atomic reserve/release of device bytes against a per-device limit.
+///
+/// Implementations must never let concurrent reservations together exceed the limit,
+/// and a refused reservation must change nothing.
+pub trait UsageLedger: Send + Sync {
+    /// Reserve `bytes` on `device` for `class`, or refuse with [`OutOfMemory`].
+    fn try_reserve(&self, device: DeviceIndex, class: UsageClass, bytes: u64)
+    -> Result<(), OutOfMemory>;
+    /// Return `bytes` previously reserved on `device` for `class`.
+    fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64);
+    /// Current usage and limit of `device`.
+    fn usage(&self, device: DeviceIndex) -> DeviceUsage;
+}
+
+/// Reserved bytes not yet committed; dropping it gives them back.
+#[must_use = "a reservation is released when dropped; call commit() once the allocation succeeded"]
+pub struct Reservation<'a> {
+    ledger: &'a dyn UsageLedger,
+    device: DeviceIndex,
+    class: UsageClass,
+    bytes: u64,
+}
+
+impl fmt::Debug for Reservation<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reservation")
+            .field("device", &self.device)
+            .field("class", &self.class)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl<'a> Reservation<'a> {
+    /// Reserve `bytes` on `device` in `ledger`.
+    pub fn new(
+        ledger: &'a dyn UsageLedger,
+        device: DeviceIndex,
+        class: UsageClass,
+        bytes: u64,
+    ) -> Result<Self, OutOfMemory> {
+        ledger.try_reserve(device, class, bytes)?;
+        Ok(Self { ledger, device, class, bytes })
+    }
+
+    /// Bytes held by this reservation.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Keep the bytes reserved: the allocation they pay for now exists. The caller
+    /// releases them through the ledger when the allocation is freed.
+    pub fn commit(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.ledger.release(self.device, self.class, self.bytes);
+    }
+}
+
+/// A process-local ledger: the same protocol as the shared file, for one process or tests.
+#[derive(Debug)]
+pub struct InMemoryLedger {
+    used: [AtomicU64; MAX_DEVICES],
+    limits: [Option<u64>; MAX_DEVICES],
+}
+
+impl InMemoryLedger {
+    /// A ledger with a limit (`None` = unlimited) per device index.
+    pub fn new(limits: [Option<u64>; MAX_DEVICES]) -> Self {
+        Self { used: std::array::from_fn(|_| AtomicU64::new(0)), limits }
+    }
+}
+
+impl UsageLedger for InMemoryLedger {
+    fn try_reserve(
+        &self,
+        device: DeviceIndex,
+        _class: UsageClass,
+        bytes: u64,
+    ) -> Result<(), OutOfMemory> {
+        let i = device.as_usize();
+        let limit = self.limits.get(i).copied().flatten().unwrap_or(u64::MAX);
+        let Some(used) = self.used.get(i) else {
+            return Err(OutOfMemory { device, requested: bytes, in_use: 0, limit: 0 });
+        };
+        // Compare-and-swap loop: the check and the add are one atomic step.
+        used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+            cur.checked_add(bytes).filter(|&next| next <= limit)
+        })
+        .map(|_| ())
+        .map_err(|cur| OutOfMemory { device, requested: bytes, in_use: cur, limit })
+    }
+
+    fn release(&self, device: DeviceIndex, _class: UsageClass, bytes: u64) {
+        if let Some(used) = self.used.get(device.as_usize()) {
+            // Saturate: an unbalanced release is a bug elsewhere, not a reason to wrap.
+            let _ = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                Some(cur.saturating_sub(bytes))
+            });
+        }
+    }
+
+    fn usage(&self, device: DeviceIndex) -> DeviceUsage {
+        let i = device.as_usize();
+        DeviceUsage {
+            used: self.used.get(i).map_or(0, |u| u.load(Ordering::Acquire)),
+            limit: self.limits.get(i).copied().flatten(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservation_releases_on_drop_and_keeps_on_commit() {
+        let mut limits = [None; MAX_DEVICES];
+        limits[0] = Some(100);
+        let ledger = InMemoryLedger::new(limits);
+        let d = DeviceIndex(0);
+        {
+            let r = Reservation::new(&ledger, d, UsageClass::Data, 60).unwrap();
+            assert_eq!(r.bytes(), 60);
+            assert_eq!(ledger.usage(d).used, 60);
+            let err = Reservation::new(&ledger, d, UsageClass::Data, 41).unwrap_err();
+            assert_eq!(err, OutOfMemory { device: d, requested: 41, in_use: 60, limit: 100 });
+        }
+        assert_eq!(ledger.usage(d).used, 0);
+        Reservation::new(&ledger, d, UsageClass::Data, 100).unwrap().commit();
+        assert_eq!(ledger.usage(d).used, 100);
+        ledger.release(d, UsageClass::Data, 100);
+        assert_eq!(ledger.usage(d), DeviceUsage { used: 0, limit: Some(100) });
+    }
+}

@@ -1,0 +1,1 @@
+//! vgpu-cuda-abi (work in progress).

@@ -1,0 +1,1 @@
+//! vgpu-hook (work in progress).

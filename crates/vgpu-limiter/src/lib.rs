@@ -1,0 +1,1 @@
+//! vgpu-limiter (work in progress).

@@ -1,0 +1,1 @@
+//! vgpu-shm (work in progress).

@@ -1,0 +1,1 @@
+//! vgpu-sim (work in progress).
