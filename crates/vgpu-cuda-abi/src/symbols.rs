@@ -1,0 +1,399 @@
+//! THE declaration list of hooked symbols.
+//!
+//! Each list macro takes the name of a *callback* macro and invokes it once with every entry:
+//!
+//! ```text
+//! name [ "base name", min_cuda_version, stream_kind ] fn(arg: Type, ...) -> Ret;
+//! ```
+//!
+//! - `name`: the exported symbol (`cuMemAlloc_v2`, `cuLaunchKernel_ptsz`).
+//! - `"base name"`: what programs pass to `cuGetProcAddress` (`"cuMemAlloc"`).
+//! - `min_cuda_version`: the lowest `cudaVersion` argument for which `cuGetProcAddress`
+//!   returns this variant (the driver picks the newest variant not newer than the request).
+//! - `stream_kind`: `any` (no default-stream distinction), `legacy` (the legacy-stream variant
+//!   of a function that has a per-thread one) or `ptsz` (the per-thread-default-stream variant,
+//!   chosen by `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`).
+//!
+//! Types are written unqualified: the callback's expansion site needs `use vgpu_cuda_abi::*;`.
+//! The same lists drive the hook's exports, its real-function table, its `dlsym` and
+//! `cuGetProcAddress` tables, and [`CUDA_HOOKED_SYMBOLS`] / [`NVML_HOOKED_SYMBOLS`] here.
+
+/// Every driver API symbol `libvgpu.so` intercepts, with its exact C signature.
+#[macro_export]
+macro_rules! cuda_hooked_functions {
+    ($callback:ident) => {
+        $callback! {
+            cuInit ["cuInit", 2000, any] fn(flags: c_uint) -> CUresult;
+            cuGetProcAddress ["cuGetProcAddress", 11030, any]
+                fn(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t) -> CUresult;
+            cuGetProcAddress_v2 ["cuGetProcAddress", 12000, any]
+                fn(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t,
+                   symbol_status: *mut CUdriverProcAddressQueryResult) -> CUresult;
+
+            // Views.
+            cuMemGetInfo_v2 ["cuMemGetInfo", 3020, any] fn(free: *mut usize, total: *mut usize) -> CUresult;
+            cuDeviceTotalMem_v2 ["cuDeviceTotalMem", 3020, any] fn(bytes: *mut usize, dev: CUdevice) -> CUresult;
+
+            // Plain device memory.
+            cuMemAlloc_v2 ["cuMemAlloc", 3020, any] fn(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult;
+            cuMemAllocPitch_v2 ["cuMemAllocPitch", 3020, any]
+                fn(dptr: *mut CUdeviceptr, pitch: *mut usize, width_in_bytes: usize, height: usize,
+                   element_size_bytes: c_uint) -> CUresult;
+            cuMemAllocManaged ["cuMemAllocManaged", 6000, any]
+                fn(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult;
+            cuMemFree_v2 ["cuMemFree", 3020, any] fn(dptr: CUdeviceptr) -> CUresult;
+            cuMemGetAddressRange_v2 ["cuMemGetAddressRange", 3020, any]
+                fn(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) -> CUresult;
+            cuPointerGetAttribute ["cuPointerGetAttribute", 4000, any]
+                fn(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) -> CUresult;
+            cuPointerGetAttributes ["cuPointerGetAttributes", 7000, any]
+                fn(num_attributes: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void,
+                   ptr: CUdeviceptr) -> CUresult;
+            cuIpcGetMemHandle ["cuIpcGetMemHandle", 4010, any]
+                fn(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult;
+
+            // Virtual memory management.
+            cuMemCreate ["cuMemCreate", 10020, any]
+                fn(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp,
+                   flags: u64) -> CUresult;
+            cuMemRelease ["cuMemRelease", 10020, any] fn(handle: CUmemGenericAllocationHandle) -> CUresult;
+
+            // Stream-ordered allocation and pools.
+            cuMemAllocAsync ["cuMemAllocAsync", 11020, legacy]
+                fn(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult;
+            cuMemAllocAsync_ptsz ["cuMemAllocAsync", 11020, ptsz]
+                fn(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult;
+            cuMemAllocFromPoolAsync ["cuMemAllocFromPoolAsync", 11020, legacy]
+                fn(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult;
+            cuMemAllocFromPoolAsync_ptsz ["cuMemAllocFromPoolAsync", 11020, ptsz]
+                fn(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult;
+            cuMemFreeAsync ["cuMemFreeAsync", 11020, legacy] fn(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
+            cuMemFreeAsync_ptsz ["cuMemFreeAsync", 11020, ptsz] fn(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
+            cuMemPoolCreate ["cuMemPoolCreate", 11020, any]
+                fn(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult;
+            cuMemPoolDestroy ["cuMemPoolDestroy", 11020, any] fn(pool: CUmemoryPool) -> CUresult;
+            cuMemPoolTrimTo ["cuMemPoolTrimTo", 11020, any]
+                fn(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult;
+            // Sync points: pools give memory back to the device here.
+            cuStreamSynchronize ["cuStreamSynchronize", 2000, legacy] fn(stream: CUstream) -> CUresult;
+            cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, ptsz] fn(stream: CUstream) -> CUresult;
+            cuCtxSynchronize ["cuCtxSynchronize", 2000, any] fn() -> CUresult;
+
+            // Arrays.
+            cuArrayCreate_v2 ["cuArrayCreate", 3020, any]
+                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult;
+            cuArray3DCreate_v2 ["cuArray3DCreate", 3020, any]
+                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult;
+            cuArrayDestroy ["cuArrayDestroy", 2000, any] fn(handle: CUarray) -> CUresult;
+            cuMipmappedArrayCreate ["cuMipmappedArrayCreate", 5000, any]
+                fn(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, num_levels: c_uint)
+                    -> CUresult;
+            cuMipmappedArrayDestroy ["cuMipmappedArrayDestroy", 5000, any]
+                fn(handle: CUmipmappedArray) -> CUresult;
+
+            // Contexts.
+            cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, any]
+                fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+            cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, any] fn(dev: CUdevice) -> CUresult;
+            cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, any] fn(dev: CUdevice) -> CUresult;
+            cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, any] fn(dev: CUdevice) -> CUresult;
+            cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, any] fn(dev: CUdevice) -> CUresult;
+            cuCtxCreate_v2 ["cuCtxCreate", 3020, any]
+                fn(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult;
+            cuCtxCreate_v3 ["cuCtxCreate", 11040, any]
+                fn(pctx: *mut CUcontext, params: CUexecAffinityParamPtr, num_params: c_int, flags: c_uint,
+                   dev: CUdevice) -> CUresult;
+            cuCtxCreate_v4 ["cuCtxCreate", 12050, any]
+                fn(pctx: *mut CUcontext, params: CUctxCreateParamsPtr, flags: c_uint, dev: CUdevice) -> CUresult;
+            cuCtxDestroy ["cuCtxDestroy", 2000, any] fn(ctx: CUcontext) -> CUresult;
+            cuCtxDestroy_v2 ["cuCtxDestroy", 4000, any] fn(ctx: CUcontext) -> CUresult;
+
+            // Graph memory.
+            cuGraphAddMemAllocNode ["cuGraphAddMemAllocNode", 11040, any]
+                fn(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode,
+                   num_dependencies: usize, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
+            cuDeviceGraphMemTrim ["cuDeviceGraphMemTrim", 11040, any] fn(dev: CUdevice) -> CUresult;
+
+            // Work submission (the SM limit's entry points).
+            cuLaunchKernel ["cuLaunchKernel", 4000, legacy]
+                fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+                   block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
+                   kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult;
+            cuLaunchKernel_ptsz ["cuLaunchKernel", 7000, ptsz]
+                fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+                   block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
+                   kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult;
+            cuLaunchKernelEx ["cuLaunchKernelEx", 11060, legacy]
+                fn(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void,
+                   extra: *mut *mut c_void) -> CUresult;
+            cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, ptsz]
+                fn(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void,
+                   extra: *mut *mut c_void) -> CUresult;
+            cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, legacy]
+                fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+                   block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
+                   kernel_params: *mut *mut c_void) -> CUresult;
+            cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, ptsz]
+                fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+                   block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
+                   kernel_params: *mut *mut c_void) -> CUresult;
+            cuGraphLaunch ["cuGraphLaunch", 10000, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
+            cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
+        }
+    };
+}
+
+/// Driver functions the hook calls but does not intercept (same entry format as
+/// [`cuda_hooked_functions!`]). The simulated driver must implement these too.
+#[macro_export]
+macro_rules! cuda_used_functions {
+    ($callback:ident) => {
+        $callback! {
+            cuDriverGetVersion ["cuDriverGetVersion", 2020, any] fn(version: *mut c_int) -> CUresult;
+            cuDeviceGet ["cuDeviceGet", 2000, any] fn(dev: *mut CUdevice, ordinal: c_int) -> CUresult;
+            cuDeviceGetCount ["cuDeviceGetCount", 2000, any] fn(count: *mut c_int) -> CUresult;
+            cuDeviceGetUuid ["cuDeviceGetUuid", 9020, any] fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+            cuCtxGetCurrent ["cuCtxGetCurrent", 4000, any] fn(pctx: *mut CUcontext) -> CUresult;
+            cuCtxGetDevice ["cuCtxGetDevice", 2000, any] fn(dev: *mut CUdevice) -> CUresult;
+            cuCtxPushCurrent_v2 ["cuCtxPushCurrent", 4000, any] fn(ctx: CUcontext) -> CUresult;
+            cuCtxPopCurrent_v2 ["cuCtxPopCurrent", 4000, any] fn(pctx: *mut CUcontext) -> CUresult;
+            cuStreamGetCtx ["cuStreamGetCtx", 9020, legacy] fn(stream: CUstream, pctx: *mut CUcontext) -> CUresult;
+            cuMemGetAllocationGranularity ["cuMemGetAllocationGranularity", 10020, any]
+                fn(granularity: *mut usize, prop: *const CUmemAllocationProp,
+                   option: CUmemAllocationGranularity_flags) -> CUresult;
+            cuMemPoolGetAttribute ["cuMemPoolGetAttribute", 11020, any]
+                fn(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult;
+            cuDeviceGetDefaultMemPool ["cuDeviceGetDefaultMemPool", 11020, any]
+                fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
+            cuDeviceGetMemPool ["cuDeviceGetMemPool", 11020, any]
+                fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
+            cuDeviceGetGraphMemAttribute ["cuDeviceGetGraphMemAttribute", 11040, any]
+                fn(dev: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult;
+        }
+    };
+}
+
+/// Every NVML symbol `libvgpu.so` intercepts (same entry format; version and stream kind unused).
+#[macro_export]
+macro_rules! nvml_hooked_functions {
+    ($callback:ident) => {
+        $callback! {
+            nvmlDeviceGetMemoryInfo ["nvmlDeviceGetMemoryInfo", 0, any]
+                fn(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t;
+            nvmlDeviceGetMemoryInfo_v2 ["nvmlDeviceGetMemoryInfo_v2", 0, any]
+                fn(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t;
+        }
+    };
+}
+
+/// NVML functions the hook calls but does not intercept.
+#[macro_export]
+macro_rules! nvml_used_functions {
+    ($callback:ident) => {
+        $callback! {
+            nvmlInit_v2 ["nvmlInit_v2", 0, any] fn() -> nvmlReturn_t;
+            nvmlDeviceGetUUID ["nvmlDeviceGetUUID", 0, any]
+                fn(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
+        }
+    };
+}
+
+/// Which default stream a symbol variant uses (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The function has no default-stream variants.
+    Any,
+    /// The legacy-default-stream variant of a function that also has a `_ptsz` one.
+    Legacy,
+    /// The per-thread-default-stream variant (`_ptsz` / `_ptds`).
+    PerThread,
+}
+
+/// One entry of a declaration list, as data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SymbolInfo {
+    /// Exported symbol name (`cuMemAlloc_v2`).
+    pub name: &'static str,
+    /// The same, NUL-terminated, for `dlsym`.
+    pub c_name: &'static core::ffi::CStr,
+    /// The name programs pass to `cuGetProcAddress` (`cuMemAlloc`).
+    pub base: &'static str,
+    /// Lowest requested CUDA version that gets this variant.
+    pub min_version: i32,
+    /// Default-stream flavour.
+    pub stream: StreamKind,
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __stream_kind {
+    (any) => {
+        $crate::StreamKind::Any
+    };
+    (legacy) => {
+        $crate::StreamKind::Legacy
+    };
+    (ptsz) => {
+        $crate::StreamKind::PerThread
+    };
+}
+
+macro_rules! symbol_table {
+    ($( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        &[$(SymbolInfo {
+            name: stringify!($name),
+            c_name: match core::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                Ok(s) => s,
+                Err(_) => panic!("symbol name with NUL"),
+            },
+            base: $base,
+            min_version: $ver,
+            stream: __stream_kind!($kind),
+        },)*]
+    };
+}
+
+/// Every hooked driver symbol, as data (from [`cuda_hooked_functions!`]).
+pub const CUDA_HOOKED_SYMBOLS: &[SymbolInfo] = cuda_hooked_functions!(symbol_table);
+/// Every driver symbol the hook calls without hooking (from [`cuda_used_functions!`]).
+pub const CUDA_USED_SYMBOLS: &[SymbolInfo] = cuda_used_functions!(symbol_table);
+/// Every hooked NVML symbol (from [`nvml_hooked_functions!`]).
+pub const NVML_HOOKED_SYMBOLS: &[SymbolInfo] = nvml_hooked_functions!(symbol_table);
+
+/// Picks the variant `cuGetProcAddress(base, cuda_version, flags)` resolves to among
+/// `symbols`: the newest variant whose `min_version <= cuda_version`, preferring the
+/// per-thread variant when `flags` has `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`
+/// (and never returning one otherwise).
+pub fn select_variant(
+    symbols: &'static [SymbolInfo],
+    base: &str,
+    cuda_version: i32,
+    flags: u64,
+) -> Option<&'static SymbolInfo> {
+    let per_thread = flags & crate::proc_address_flags::PER_THREAD_DEFAULT_STREAM != 0;
+    let best = |want_ptsz: bool| {
+        symbols
+            .iter()
+            .filter(|s| s.base == base && s.min_version <= cuda_version)
+            .filter(|s| (s.stream == StreamKind::PerThread) == want_ptsz)
+            .max_by_key(|s| s.min_version)
+    };
+    if per_thread {
+        best(true).or_else(|| best(false))
+    } else {
+        best(false)
+    }
+}
+
+/// Looks a symbol up by exact exported name.
+pub fn find_symbol(symbols: &'static [SymbolInfo], name: &str) -> Option<&'static SymbolInfo> {
+    symbols.iter().find(|s| s.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proc_address_flags::{DEFAULT, LEGACY_STREAM, PER_THREAD_DEFAULT_STREAM};
+
+    fn pick(base: &str, v: i32, flags: u64) -> Option<&'static str> {
+        select_variant(CUDA_HOOKED_SYMBOLS, base, v, flags).map(|s| s.name)
+    }
+
+    #[test]
+    fn versions_pick_the_newest_not_newer_than_requested() {
+        assert_eq!(pick("cuMemAlloc", 12040, DEFAULT), Some("cuMemAlloc_v2"));
+        assert_eq!(
+            pick("cuMemAlloc", 3000, DEFAULT),
+            None,
+            "v1 (32-bit) is not hooked"
+        );
+        assert_eq!(pick("cuCtxCreate", 11000, DEFAULT), Some("cuCtxCreate_v2"));
+        assert_eq!(pick("cuCtxCreate", 11040, DEFAULT), Some("cuCtxCreate_v3"));
+        assert_eq!(pick("cuCtxCreate", 13000, DEFAULT), Some("cuCtxCreate_v4"));
+        assert_eq!(
+            pick("cuDevicePrimaryCtxRelease", 10020, DEFAULT),
+            Some("cuDevicePrimaryCtxRelease")
+        );
+        assert_eq!(
+            pick("cuDevicePrimaryCtxRelease", 12000, DEFAULT),
+            Some("cuDevicePrimaryCtxRelease_v2")
+        );
+        assert_eq!(
+            pick("cuGetProcAddress", 12000, DEFAULT),
+            Some("cuGetProcAddress_v2")
+        );
+        assert_eq!(
+            pick("cuGetProcAddress", 11080, DEFAULT),
+            Some("cuGetProcAddress")
+        );
+        assert_eq!(pick("cuMemcpy", 12000, DEFAULT), None);
+    }
+
+    #[test]
+    fn per_thread_flag_picks_ptsz_variants_only_when_asked() {
+        assert_eq!(
+            pick("cuLaunchKernel", 12000, PER_THREAD_DEFAULT_STREAM),
+            Some("cuLaunchKernel_ptsz")
+        );
+        assert_eq!(
+            pick("cuLaunchKernel", 12000, LEGACY_STREAM),
+            Some("cuLaunchKernel")
+        );
+        assert_eq!(
+            pick("cuLaunchKernel", 12000, DEFAULT),
+            Some("cuLaunchKernel")
+        );
+        assert_eq!(
+            pick("cuMemAllocAsync", 12000, PER_THREAD_DEFAULT_STREAM),
+            Some("cuMemAllocAsync_ptsz")
+        );
+        // No stream variants: the per-thread request still gets the function.
+        assert_eq!(
+            pick("cuMemAlloc", 12000, PER_THREAD_DEFAULT_STREAM),
+            Some("cuMemAlloc_v2")
+        );
+    }
+
+    #[test]
+    fn names_are_unique_and_bases_are_prefixes() {
+        for list in [CUDA_HOOKED_SYMBOLS, CUDA_USED_SYMBOLS, NVML_HOOKED_SYMBOLS] {
+            for (i, s) in list.iter().enumerate() {
+                assert!(s.name.starts_with(s.base), "{} / {}", s.name, s.base);
+                assert_eq!(s.c_name.to_str().unwrap(), s.name);
+                assert!(
+                    list[i + 1..].iter().all(|t| t.name != s.name),
+                    "duplicate {}",
+                    s.name
+                );
+                assert_eq!(
+                    s.stream == StreamKind::PerThread,
+                    s.name.ends_with("_ptsz"),
+                    "{}",
+                    s.name
+                );
+            }
+        }
+        // Hooked and merely used lists must not overlap: a used function would bypass the hook.
+        for s in CUDA_USED_SYMBOLS {
+            assert!(
+                find_symbol(CUDA_HOOKED_SYMBOLS, s.name).is_none(),
+                "{}",
+                s.name
+            );
+        }
+    }
+
+    #[test]
+    fn every_ptsz_variant_has_a_legacy_sibling() {
+        for s in CUDA_HOOKED_SYMBOLS
+            .iter()
+            .filter(|s| s.stream == StreamKind::PerThread)
+        {
+            let legacy = CUDA_HOOKED_SYMBOLS
+                .iter()
+                .find(|t| t.base == s.base && t.stream == StreamKind::Legacy)
+                .unwrap_or_else(|| panic!("no legacy variant for {}", s.name));
+            assert_eq!(format!("{}_ptsz", legacy.name), s.name);
+        }
+    }
+}

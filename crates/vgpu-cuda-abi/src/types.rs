@@ -1,0 +1,694 @@
+//! Driver and NVML types with their exact C layouts.
+//!
+//! Codes and enumerations are `#[repr(transparent)]` integers with named constants, never
+//! Rust enums: a newer driver may hand us a value this crate has never heard of, and
+//! forwarding it must not be undefined behaviour.
+
+#![allow(non_camel_case_types, non_snake_case)]
+
+use core::ffi::{c_char, c_int, c_uint, c_ushort, c_void};
+use core::fmt;
+
+/// Declares a `#[repr(transparent)]` integer newtype with named constants.
+macro_rules! c_enum {
+    ($(#[$m:meta])* $name:ident($int:ty) { $($(#[$cm:meta])* $c:ident = $v:expr,)* }) => {
+        $(#[$m])*
+        #[repr(transparent)]
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+        pub struct $name(pub $int);
+
+        impl $name {
+            $($(#[$cm])* pub const $c: Self = Self($v);)*
+
+            /// The constant's name, if this value has one here.
+            pub fn name(self) -> Option<&'static str> {
+                match self {
+                    $(Self::$c => Some(stringify!($c)),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.name() {
+                    Some(n) => write!(f, "{}({})", n, self.0),
+                    None => write!(f, "{}({})", stringify!($name), self.0),
+                }
+            }
+        }
+    };
+}
+
+c_enum! {
+    /// `CUresult`: any status code, including ones a newer driver invents.
+    CUresult(u32) {
+        /// `CUDA_SUCCESS`
+        SUCCESS = 0,
+        /// `CUDA_ERROR_INVALID_VALUE`
+        INVALID_VALUE = 1,
+        /// `CUDA_ERROR_OUT_OF_MEMORY`
+        OUT_OF_MEMORY = 2,
+        /// `CUDA_ERROR_NOT_INITIALIZED`
+        NOT_INITIALIZED = 3,
+        /// `CUDA_ERROR_DEINITIALIZED`
+        DEINITIALIZED = 4,
+        /// `CUDA_ERROR_STUB_LIBRARY`
+        STUB_LIBRARY = 34,
+        /// `CUDA_ERROR_NO_DEVICE`
+        NO_DEVICE = 100,
+        /// `CUDA_ERROR_INVALID_DEVICE`
+        INVALID_DEVICE = 101,
+        /// `CUDA_ERROR_INVALID_CONTEXT`
+        INVALID_CONTEXT = 201,
+        /// `CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND`
+        SHARED_OBJECT_SYMBOL_NOT_FOUND = 302,
+        /// `CUDA_ERROR_SHARED_OBJECT_INIT_FAILED`
+        SHARED_OBJECT_INIT_FAILED = 303,
+        /// `CUDA_ERROR_OPERATING_SYSTEM`
+        OPERATING_SYSTEM = 304,
+        /// `CUDA_ERROR_INVALID_HANDLE`
+        INVALID_HANDLE = 400,
+        /// `CUDA_ERROR_ILLEGAL_STATE`
+        ILLEGAL_STATE = 401,
+        /// `CUDA_ERROR_NOT_FOUND`
+        NOT_FOUND = 500,
+        /// `CUDA_ERROR_NOT_READY`
+        NOT_READY = 600,
+        /// `CUDA_ERROR_NOT_PERMITTED`
+        NOT_PERMITTED = 800,
+        /// `CUDA_ERROR_NOT_SUPPORTED`
+        NOT_SUPPORTED = 801,
+        /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`
+        STREAM_CAPTURE_UNSUPPORTED = 900,
+        /// `CUDA_ERROR_UNKNOWN`
+        UNKNOWN = 999,
+    }
+}
+
+impl CUresult {
+    /// `true` for `CUDA_SUCCESS`.
+    #[inline]
+    pub fn is_success(self) -> bool {
+        self.0 == 0
+    }
+
+    /// `Ok(())` for success, the code otherwise.
+    #[inline]
+    pub fn ok(self) -> Result<(), CUresult> {
+        if self.is_success() { Ok(()) } else { Err(self) }
+    }
+}
+
+/// `CUdevice`: a device ordinal as the process sees it.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct CUdevice(pub c_int);
+
+/// `CUdeviceptr`: a device virtual address.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct CUdeviceptr(pub u64);
+
+/// `CUmemGenericAllocationHandle` (`cuMemCreate`).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CUmemGenericAllocationHandle(pub u64);
+
+/// `cuuint64_t`.
+pub type cuuint64_t = u64;
+
+macro_rules! opaque_handles {
+    ($($(#[$m:meta])* $alias:ident => $st:ident;)*) => {$(
+        $(#[$m])*
+        pub type $alias = *mut $st;
+        #[doc = concat!("The opaque driver struct behind [`", stringify!($alias), "`].")]
+        #[repr(C)]
+        #[derive(Debug)]
+        pub struct $st {
+            _private: [u8; 0],
+        }
+    )*};
+}
+
+opaque_handles! {
+    /// `CUcontext`
+    CUcontext => CUctx_st;
+    /// `CUstream`
+    CUstream => CUstream_st;
+    /// `CUevent`
+    CUevent => CUevent_st;
+    /// `CUmodule`
+    CUmodule => CUmod_st;
+    /// `CUfunction`
+    CUfunction => CUfunc_st;
+    /// `CUkernel`
+    CUkernel => CUkern_st;
+    /// `CUarray`
+    CUarray => CUarray_st;
+    /// `CUmipmappedArray`
+    CUmipmappedArray => CUmipmappedArray_st;
+    /// `CUmemoryPool`
+    CUmemoryPool => CUmemPoolHandle_st;
+    /// `CUgraph`
+    CUgraph => CUgraph_st;
+    /// `CUgraphNode`
+    CUgraphNode => CUgraphNode_st;
+    /// `CUgraphExec`
+    CUgraphExec => CUgraphExec_st;
+    /// `CUctxCreateParams *` (only passed through)
+    CUctxCreateParamsPtr => CUctxCreateParams_st;
+    /// `CUexecAffinityParam *` (only passed through)
+    CUexecAffinityParamPtr => CUexecAffinityParam_st;
+    /// `nvmlDevice_t`
+    nvmlDevice_t => nvmlDevice_st;
+}
+
+c_enum! {
+    /// `CUpointer_attribute`
+    CUpointer_attribute(c_uint) {
+        /// `CU_POINTER_ATTRIBUTE_CONTEXT`
+        CONTEXT = 1,
+        /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`
+        MEMORY_TYPE = 2,
+        /// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`
+        DEVICE_POINTER = 3,
+        /// `CU_POINTER_ATTRIBUTE_HOST_POINTER`
+        HOST_POINTER = 4,
+        /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`
+        BUFFER_ID = 7,
+        /// `CU_POINTER_ATTRIBUTE_IS_MANAGED`
+        IS_MANAGED = 8,
+        /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`
+        DEVICE_ORDINAL = 9,
+        /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`
+        RANGE_START_ADDR = 11,
+        /// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`
+        RANGE_SIZE = 12,
+        /// `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`
+        MEMPOOL_HANDLE = 17,
+    }
+}
+
+c_enum! {
+    /// `CUmemorytype`
+    CUmemorytype(c_uint) {
+        /// `CU_MEMORYTYPE_HOST`
+        HOST = 1,
+        /// `CU_MEMORYTYPE_DEVICE`
+        DEVICE = 2,
+        /// `CU_MEMORYTYPE_ARRAY`
+        ARRAY = 3,
+        /// `CU_MEMORYTYPE_UNIFIED`
+        UNIFIED = 4,
+    }
+}
+
+c_enum! {
+    /// `CUmemPool_attribute`
+    CUmemPool_attribute(c_uint) {
+        /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (cuuint64_t)
+        RELEASE_THRESHOLD = 4,
+        /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (cuuint64_t): what the pool holds from the device.
+        RESERVED_MEM_CURRENT = 5,
+        /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH` (cuuint64_t)
+        RESERVED_MEM_HIGH = 6,
+        /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` (cuuint64_t): what is handed out to the program.
+        USED_MEM_CURRENT = 7,
+        /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH` (cuuint64_t)
+        USED_MEM_HIGH = 8,
+    }
+}
+
+c_enum! {
+    /// `CUgraphMem_attribute` (`cuDeviceGetGraphMemAttribute`)
+    CUgraphMem_attribute(c_uint) {
+        /// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT` (cuuint64_t)
+        USED_MEM_CURRENT = 0,
+        /// `CU_GRAPH_MEM_ATTR_USED_MEM_HIGH` (cuuint64_t)
+        USED_MEM_HIGH = 1,
+        /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` (cuuint64_t): graph memory held from the device.
+        RESERVED_MEM_CURRENT = 2,
+        /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH` (cuuint64_t)
+        RESERVED_MEM_HIGH = 3,
+    }
+}
+
+c_enum! {
+    /// `CUmemLocationType`
+    CUmemLocationType(c_uint) {
+        /// `CU_MEM_LOCATION_TYPE_INVALID`
+        INVALID = 0,
+        /// `CU_MEM_LOCATION_TYPE_DEVICE`: `id` is a device ordinal.
+        DEVICE = 1,
+        /// `CU_MEM_LOCATION_TYPE_HOST`
+        HOST = 2,
+        /// `CU_MEM_LOCATION_TYPE_HOST_NUMA`
+        HOST_NUMA = 3,
+        /// `CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT`
+        HOST_NUMA_CURRENT = 4,
+    }
+}
+
+c_enum! {
+    /// `CUmemAllocationType`
+    CUmemAllocationType(c_uint) {
+        /// `CU_MEM_ALLOCATION_TYPE_INVALID`
+        INVALID = 0,
+        /// `CU_MEM_ALLOCATION_TYPE_PINNED`
+        PINNED = 1,
+    }
+}
+
+c_enum! {
+    /// `CUmemAllocationGranularity_flags`
+    CUmemAllocationGranularity_flags(c_uint) {
+        /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`
+        MINIMUM = 0,
+        /// `CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`
+        RECOMMENDED = 1,
+    }
+}
+
+c_enum! {
+    /// `CUarray_format`
+    CUarray_format(c_uint) {
+        /// `CU_AD_FORMAT_UNSIGNED_INT8`
+        UNSIGNED_INT8 = 0x01,
+        /// `CU_AD_FORMAT_UNSIGNED_INT16`
+        UNSIGNED_INT16 = 0x02,
+        /// `CU_AD_FORMAT_UNSIGNED_INT32`
+        UNSIGNED_INT32 = 0x03,
+        /// `CU_AD_FORMAT_SIGNED_INT8`
+        SIGNED_INT8 = 0x08,
+        /// `CU_AD_FORMAT_SIGNED_INT16`
+        SIGNED_INT16 = 0x09,
+        /// `CU_AD_FORMAT_SIGNED_INT32`
+        SIGNED_INT32 = 0x0a,
+        /// `CU_AD_FORMAT_HALF`
+        HALF = 0x10,
+        /// `CU_AD_FORMAT_FLOAT`
+        FLOAT = 0x20,
+        /// `CU_AD_FORMAT_BC1_UNORM` (8 bytes per 4×4 block)
+        BC1_UNORM = 0x91,
+        /// `CU_AD_FORMAT_BC1_UNORM_SRGB`
+        BC1_UNORM_SRGB = 0x92,
+        /// `CU_AD_FORMAT_BC2_UNORM` (16 bytes per 4×4 block)
+        BC2_UNORM = 0x93,
+        /// `CU_AD_FORMAT_BC2_UNORM_SRGB`
+        BC2_UNORM_SRGB = 0x94,
+        /// `CU_AD_FORMAT_BC3_UNORM`
+        BC3_UNORM = 0x95,
+        /// `CU_AD_FORMAT_BC3_UNORM_SRGB`
+        BC3_UNORM_SRGB = 0x96,
+        /// `CU_AD_FORMAT_BC4_UNORM` (8 bytes per block)
+        BC4_UNORM = 0x97,
+        /// `CU_AD_FORMAT_BC4_SNORM`
+        BC4_SNORM = 0x98,
+        /// `CU_AD_FORMAT_BC5_UNORM` (16 bytes per block)
+        BC5_UNORM = 0x99,
+        /// `CU_AD_FORMAT_BC5_SNORM`
+        BC5_SNORM = 0x9a,
+        /// `CU_AD_FORMAT_BC6H_UF16`
+        BC6H_UF16 = 0x9b,
+        /// `CU_AD_FORMAT_BC6H_SF16`
+        BC6H_SF16 = 0x9c,
+        /// `CU_AD_FORMAT_BC7_UNORM`
+        BC7_UNORM = 0x9d,
+        /// `CU_AD_FORMAT_BC7_UNORM_SRGB`
+        BC7_UNORM_SRGB = 0x9e,
+        /// `CU_AD_FORMAT_NV12` (4:2:0, 1.5 bytes per pixel)
+        NV12 = 0xb0,
+        /// `CU_AD_FORMAT_UNORM_INT8X1`
+        UNORM_INT8X1 = 0xc0,
+        /// `CU_AD_FORMAT_UNORM_INT8X2`
+        UNORM_INT8X2 = 0xc1,
+        /// `CU_AD_FORMAT_UNORM_INT8X4`
+        UNORM_INT8X4 = 0xc2,
+        /// `CU_AD_FORMAT_UNORM_INT16X1`
+        UNORM_INT16X1 = 0xc3,
+        /// `CU_AD_FORMAT_UNORM_INT16X2`
+        UNORM_INT16X2 = 0xc4,
+        /// `CU_AD_FORMAT_UNORM_INT16X4`
+        UNORM_INT16X4 = 0xc5,
+        /// `CU_AD_FORMAT_SNORM_INT8X1`
+        SNORM_INT8X1 = 0xc6,
+        /// `CU_AD_FORMAT_SNORM_INT8X2`
+        SNORM_INT8X2 = 0xc7,
+        /// `CU_AD_FORMAT_SNORM_INT8X4`
+        SNORM_INT8X4 = 0xc8,
+        /// `CU_AD_FORMAT_SNORM_INT16X1`
+        SNORM_INT16X1 = 0xc9,
+        /// `CU_AD_FORMAT_SNORM_INT16X2`
+        SNORM_INT16X2 = 0xca,
+        /// `CU_AD_FORMAT_SNORM_INT16X4`
+        SNORM_INT16X4 = 0xcb,
+    }
+}
+
+/// `CUDA_ARRAY3D_*` flags of [`CUDA_ARRAY3D_DESCRIPTOR::Flags`].
+pub mod array3d_flags {
+    /// `CUDA_ARRAY3D_LAYERED`: `Depth` is a layer count.
+    pub const LAYERED: u32 = 0x01;
+    /// `CUDA_ARRAY3D_CUBEMAP`: six faces (times `Depth / 6` layers when layered).
+    pub const CUBEMAP: u32 = 0x04;
+    /// `CUDA_ARRAY3D_SPARSE`: no memory until mapped.
+    pub const SPARSE: u32 = 0x40;
+    /// `CUDA_ARRAY3D_DEFERRED_MAPPING`: no memory until mapped.
+    pub const DEFERRED_MAPPING: u32 = 0x80;
+}
+
+/// `cuMemAllocManaged` attach flags.
+pub mod mem_attach {
+    /// `CU_MEM_ATTACH_GLOBAL`
+    pub const GLOBAL: u32 = 0x1;
+    /// `CU_MEM_ATTACH_HOST`
+    pub const HOST: u32 = 0x2;
+}
+
+/// `cuGetProcAddress` flags (`CUdriverProcAddress_flags`).
+pub mod proc_address_flags {
+    /// `CU_GET_PROC_ADDRESS_DEFAULT`
+    pub const DEFAULT: u64 = 0;
+    /// `CU_GET_PROC_ADDRESS_LEGACY_STREAM`
+    pub const LEGACY_STREAM: u64 = 1;
+    /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`: ask for the `_ptsz`/`_ptds` variants.
+    pub const PER_THREAD_DEFAULT_STREAM: u64 = 2;
+}
+
+c_enum! {
+    /// `CUdriverProcAddressQueryResult` (`cuGetProcAddress_v2`'s `symbolStatus`).
+    CUdriverProcAddressQueryResult(c_uint) {
+        /// `CU_GET_PROC_ADDRESS_SUCCESS`
+        SUCCESS = 0,
+        /// `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND`
+        SYMBOL_NOT_FOUND = 1,
+        /// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`
+        VERSION_NOT_SUFFICIENT = 2,
+    }
+}
+
+/// `CUuuid`
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CUuuid {
+    /// The 16 raw bytes.
+    pub bytes: [c_char; 16],
+}
+
+/// `CUipcMemHandle`
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUipcMemHandle {
+    /// Opaque handle bytes.
+    pub reserved: [c_char; 64],
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR` (`cuArrayCreate_v2`)
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    /// Width in elements.
+    pub Width: usize,
+    /// Height in elements (0 for 1-D).
+    pub Height: usize,
+    /// Element format.
+    pub Format: CUarray_format,
+    /// Channels per element (1, 2 or 4).
+    pub NumChannels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (`cuArray3DCreate_v2`, `cuMipmappedArrayCreate`)
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    /// Width in elements.
+    pub Width: usize,
+    /// Height in elements (0 for 1-D).
+    pub Height: usize,
+    /// Depth, or layer count when layered (0 for 1-D/2-D).
+    pub Depth: usize,
+    /// Element format.
+    pub Format: CUarray_format,
+    /// Channels per element (1, 2 or 4).
+    pub NumChannels: c_uint,
+    /// `CUDA_ARRAY3D_*` flags, see [`array3d_flags`].
+    pub Flags: c_uint,
+}
+
+/// `CUmemLocation` (CUDA 13 turned `id` into a union of the same size).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CUmemLocation {
+    /// Where the memory lives.
+    pub type_: CUmemLocationType,
+    /// Device ordinal (for [`CUmemLocationType::DEVICE`]) or NUMA id.
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp::allocFlags`
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CUmemAllocationPropFlags {
+    /// `compressionType`
+    pub compressionType: u8,
+    /// `gpuDirectRDMACapable`
+    pub gpuDirectRDMACapable: u8,
+    /// `usage`
+    pub usage: c_ushort,
+    /// `reserved`
+    pub reserved: [u8; 4],
+}
+
+/// `CUmemAllocationProp` (`cuMemCreate`, `cuMemGetAllocationGranularity`)
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAllocationProp {
+    /// `type`
+    pub type_: CUmemAllocationType,
+    /// `requestedHandleTypes`
+    pub requestedHandleTypes: c_uint,
+    /// Where the memory is created.
+    pub location: CUmemLocation,
+    /// `win32HandleMetaData`
+    pub win32HandleMetaData: *mut c_void,
+    /// `allocFlags`
+    pub allocFlags: CUmemAllocationPropFlags,
+}
+
+/// `CUmemPoolProps` (`cuMemPoolCreate`, graph memory nodes)
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemPoolProps {
+    /// `allocType`
+    pub allocType: CUmemAllocationType,
+    /// `handleTypes`
+    pub handleTypes: c_uint,
+    /// Where the pool's memory lives.
+    pub location: CUmemLocation,
+    /// `win32SecurityAttributes`
+    pub win32SecurityAttributes: *mut c_void,
+    /// `maxSize` (CUDA 12.2+; 0 = default)
+    pub maxSize: usize,
+    /// `usage` (CUDA 12.6+)
+    pub usage: c_ushort,
+    /// `reserved`
+    pub reserved: [u8; 54],
+}
+
+/// `CUmemAccessDesc`
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CUmemAccessDesc {
+    /// The accessing location.
+    pub location: CUmemLocation,
+    /// `CUmemAccess_flags`
+    pub flags: c_uint,
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1, `cuGraphAddMemAllocNode`)
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    /// Pool properties; `location` names the device.
+    pub poolProps: CUmemPoolProps,
+    /// `accessDescs`
+    pub accessDescs: *const CUmemAccessDesc,
+    /// `accessDescCount`
+    pub accessDescCount: usize,
+    /// Requested size.
+    pub bytesize: usize,
+    /// Out: the node's address.
+    pub dptr: CUdeviceptr,
+}
+
+/// `CUlaunchAttribute` (only passed through; 72 bytes: id, padding, 64-byte value union).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUlaunchAttribute {
+    /// `CUlaunchAttributeID`
+    pub id: c_uint,
+    /// `pad`
+    pub pad: [c_char; 4],
+    /// `CUlaunchAttributeValue`, 64 bytes.
+    pub value: [u64; 8],
+}
+
+/// `CUlaunchConfig` (`cuLaunchKernelEx`)
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUlaunchConfig {
+    /// `gridDimX`
+    pub gridDimX: c_uint,
+    /// `gridDimY`
+    pub gridDimY: c_uint,
+    /// `gridDimZ`
+    pub gridDimZ: c_uint,
+    /// `blockDimX`
+    pub blockDimX: c_uint,
+    /// `blockDimY`
+    pub blockDimY: c_uint,
+    /// `blockDimZ`
+    pub blockDimZ: c_uint,
+    /// `sharedMemBytes`
+    pub sharedMemBytes: c_uint,
+    /// The stream the kernel goes to.
+    pub hStream: CUstream,
+    /// `attrs`
+    pub attrs: *mut CUlaunchAttribute,
+    /// `numAttrs`
+    pub numAttrs: c_uint,
+}
+
+c_enum! {
+    /// `nvmlReturn_t`: any NVML status code.
+    nvmlReturn_t(u32) {
+        /// `NVML_SUCCESS`
+        SUCCESS = 0,
+        /// `NVML_ERROR_UNINITIALIZED`
+        UNINITIALIZED = 1,
+        /// `NVML_ERROR_INVALID_ARGUMENT`
+        INVALID_ARGUMENT = 2,
+        /// `NVML_ERROR_NOT_SUPPORTED`
+        NOT_SUPPORTED = 3,
+        /// `NVML_ERROR_NO_PERMISSION`
+        NO_PERMISSION = 4,
+        /// `NVML_ERROR_NOT_FOUND`
+        NOT_FOUND = 6,
+        /// `NVML_ERROR_INSUFFICIENT_SIZE`
+        INSUFFICIENT_SIZE = 7,
+        /// `NVML_ERROR_DRIVER_NOT_LOADED`
+        DRIVER_NOT_LOADED = 9,
+        /// `NVML_ERROR_LIBRARY_NOT_FOUND`
+        LIBRARY_NOT_FOUND = 12,
+        /// `NVML_ERROR_FUNCTION_NOT_FOUND`
+        FUNCTION_NOT_FOUND = 13,
+        /// `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`
+        ARGUMENT_VERSION_MISMATCH = 25,
+        /// `NVML_ERROR_UNKNOWN`
+        UNKNOWN = 999,
+    }
+}
+
+impl nvmlReturn_t {
+    /// `true` for `NVML_SUCCESS`.
+    #[inline]
+    pub fn is_success(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// `nvmlMemory_t` (`nvmlDeviceGetMemoryInfo`)
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct nvmlMemory_t {
+    /// Total physical memory in bytes.
+    pub total: u64,
+    /// Unallocated memory in bytes.
+    pub free: u64,
+    /// Allocated memory in bytes.
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t` (`nvmlDeviceGetMemoryInfo_v2`)
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct nvmlMemory_v2_t {
+    /// Must be [`NVML_MEMORY_V2_VERSION`].
+    pub version: c_uint,
+    /// Total physical memory in bytes.
+    pub total: u64,
+    /// Memory reserved by the system.
+    pub reserved: u64,
+    /// Unallocated memory in bytes.
+    pub free: u64,
+    /// Allocated memory in bytes.
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2` as `NVML_STRUCT_VERSION(Memory, 2)`: size | (2 << 24).
+pub const NVML_MEMORY_V2_VERSION: c_uint =
+    core::mem::size_of::<nvmlMemory_v2_t>() as c_uint | (2 << 24);
+
+/// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`
+pub const NVML_DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
+
+/// Formats a `CUuuid` the way NVML prints UUIDs: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_gpu_uuid(uuid: &CUuuid) -> String {
+    let b = uuid.bytes.map(|c| c as u8);
+    let mut s = String::with_capacity(40);
+    s.push_str("GPU-");
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{byte:02x}"));
+    }
+    s
+}
+
+// Exact C layouts (x86_64 / aarch64 LP64).
+const _: () = {
+    use core::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<CUresult>() == 4);
+    assert!(size_of::<CUdevice>() == 4);
+    assert!(size_of::<CUdeviceptr>() == 8);
+    assert!(size_of::<CUmemGenericAllocationHandle>() == 8);
+    assert!(size_of::<CUuuid>() == 16);
+    assert!(size_of::<CUipcMemHandle>() == 64);
+    assert!(size_of::<CUDA_ARRAY_DESCRIPTOR>() == 24);
+    assert!(offset_of!(CUDA_ARRAY_DESCRIPTOR, Format) == 16);
+    assert!(offset_of!(CUDA_ARRAY_DESCRIPTOR, NumChannels) == 20);
+    assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 40);
+    assert!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR, Depth) == 16);
+    assert!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR, Format) == 24);
+    assert!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR, NumChannels) == 28);
+    assert!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR, Flags) == 32);
+    assert!(size_of::<CUmemLocation>() == 8);
+    assert!(size_of::<CUmemAllocationPropFlags>() == 8);
+    assert!(size_of::<CUmemAllocationProp>() == 32);
+    assert!(offset_of!(CUmemAllocationProp, location) == 8);
+    assert!(offset_of!(CUmemAllocationProp, win32HandleMetaData) == 16);
+    assert!(offset_of!(CUmemAllocationProp, allocFlags) == 24);
+    assert!(size_of::<CUmemPoolProps>() == 88);
+    assert!(offset_of!(CUmemPoolProps, location) == 8);
+    assert!(offset_of!(CUmemPoolProps, maxSize) == 24);
+    assert!(offset_of!(CUmemPoolProps, usage) == 32);
+    assert!(size_of::<CUmemAccessDesc>() == 12);
+    assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescs) == 88);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, dptr) == 112);
+    assert!(size_of::<CUlaunchAttribute>() == 72);
+    assert!(size_of::<CUlaunchConfig>() == 56);
+    assert!(offset_of!(CUlaunchConfig, sharedMemBytes) == 24);
+    assert!(offset_of!(CUlaunchConfig, hStream) == 32);
+    assert!(offset_of!(CUlaunchConfig, attrs) == 40);
+    assert!(offset_of!(CUlaunchConfig, numAttrs) == 48);
+    assert!(size_of::<nvmlReturn_t>() == 4);
+    assert!(size_of::<nvmlMemory_t>() == 24);
+    assert!(size_of::<nvmlMemory_v2_t>() == 40);
+    assert!(offset_of!(nvmlMemory_v2_t, total) == 8);
+    assert!(offset_of!(nvmlMemory_v2_t, used) == 32);
+    assert!(align_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 8);
+};
