@@ -69,8 +69,12 @@ pub struct DeviceUsage {
 /// and a refused reservation must change nothing.
 pub trait UsageLedger: Send + Sync {
     /// Reserve `bytes` on `device` for `class`, or refuse with [`OutOfMemory`].
-    fn try_reserve(&self, device: DeviceIndex, class: UsageClass, bytes: u64)
-    -> Result<(), OutOfMemory>;
+    fn try_reserve(
+        &self,
+        device: DeviceIndex,
+        class: UsageClass,
+        bytes: u64,
+    ) -> Result<(), OutOfMemory>;
     /// Return `bytes` previously reserved on `device` for `class`.
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64);
     /// Current usage and limit of `device`.
@@ -105,7 +109,12 @@ impl<'a> Reservation<'a> {
         bytes: u64,
     ) -> Result<Self, OutOfMemory> {
         ledger.try_reserve(device, class, bytes)?;
-        Ok(Self { ledger, device, class, bytes })
+        Ok(Self {
+            ledger,
+            device,
+            class,
+            bytes,
+        })
     }
 
     /// Bytes held by this reservation.
@@ -136,7 +145,10 @@ pub struct InMemoryLedger {
 impl InMemoryLedger {
     /// A ledger with a limit (`None` = unlimited) per device index.
     pub fn new(limits: [Option<u64>; MAX_DEVICES]) -> Self {
-        Self { used: std::array::from_fn(|_| AtomicU64::new(0)), limits }
+        Self {
+            used: std::array::from_fn(|_| AtomicU64::new(0)),
+            limits,
+        }
     }
 }
 
@@ -150,14 +162,24 @@ impl UsageLedger for InMemoryLedger {
         let i = device.as_usize();
         let limit = self.limits.get(i).copied().flatten().unwrap_or(u64::MAX);
         let Some(used) = self.used.get(i) else {
-            return Err(OutOfMemory { device, requested: bytes, in_use: 0, limit: 0 });
+            return Err(OutOfMemory {
+                device,
+                requested: bytes,
+                in_use: 0,
+                limit: 0,
+            });
         };
         // Compare-and-swap loop: the check and the add are one atomic step.
         used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
             cur.checked_add(bytes).filter(|&next| next <= limit)
         })
         .map(|_| ())
-        .map_err(|cur| OutOfMemory { device, requested: bytes, in_use: cur, limit })
+        .map_err(|cur| OutOfMemory {
+            device,
+            requested: bytes,
+            in_use: cur,
+            limit,
+        })
     }
 
     fn release(&self, device: DeviceIndex, _class: UsageClass, bytes: u64) {
@@ -193,12 +215,28 @@ mod tests {
             assert_eq!(r.bytes(), 60);
             assert_eq!(ledger.usage(d).used, 60);
             let err = Reservation::new(&ledger, d, UsageClass::Data, 41).unwrap_err();
-            assert_eq!(err, OutOfMemory { device: d, requested: 41, in_use: 60, limit: 100 });
+            assert_eq!(
+                err,
+                OutOfMemory {
+                    device: d,
+                    requested: 41,
+                    in_use: 60,
+                    limit: 100
+                }
+            );
         }
         assert_eq!(ledger.usage(d).used, 0);
-        Reservation::new(&ledger, d, UsageClass::Data, 100).unwrap().commit();
+        Reservation::new(&ledger, d, UsageClass::Data, 100)
+            .unwrap()
+            .commit();
         assert_eq!(ledger.usage(d).used, 100);
         ledger.release(d, UsageClass::Data, 100);
-        assert_eq!(ledger.usage(d), DeviceUsage { used: 0, limit: Some(100) });
+        assert_eq!(
+            ledger.usage(d),
+            DeviceUsage {
+                used: 0,
+                limit: Some(100)
+            }
+        );
     }
 }

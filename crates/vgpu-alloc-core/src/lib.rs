@@ -1,9 +1,21 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod allocator;
+pub mod backend;
+pub mod config;
 pub mod ledger;
+pub mod region;
+pub mod table;
 
-pub use ledger::{
-    DeviceIndex, DeviceUsage, InMemoryLedger, OutOfMemory, Reservation, UsageClass, UsageLedger,
-    MAX_DEVICES,
+pub use allocator::{
+    AddressRange, AllocError, Allocated, Allocator, AllocatorStats, ContextReleased, FreeError,
+    Freed, InvalidAllocatorConfig, PendingRecord,
 };
+pub use backend::{BackendError, ContextId, DeviceBackend, DevicePtr, MemoryInfo, MockBackend};
+pub use config::{AllocatorConfig, Config, ConfigError, ConfigErrors, CorePolicy, DeviceSelector};
+pub use ledger::{
+    DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, Reservation, UsageClass,
+    UsageLedger,
+};
+pub use table::{AllocId, Allocation, AllocationKind, AllocationTable, Placement};

@@ -1,0 +1,756 @@
+//! The decision the hook asks for on every allocation: sub-allocate or go direct,
+//! reserve in the ledger, call the device, record; and the reverse on free.
+//!
+//! Locking: one mutex guards the table and the regions; it is never held across a
+//! device call (driver calls can take milliseconds) and only briefly across ledger
+//! calls (atomic updates). Ledger bytes are always reserved *before* the device is
+//! asked and released only *after* the device freed them, so concurrent processes can
+//! never together exceed a limit.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::backend::{BackendError, ContextId, DeviceBackend, DevicePtr};
+use crate::config::AllocatorConfig;
+use crate::ledger::{
+    DeviceIndex, DeviceUsage, MAX_DEVICES, OutOfMemory, Reservation, UsageClass, UsageLedger,
+};
+use crate::region::Region;
+use crate::table::{AllocId, Allocation, AllocationKind, AllocationTable, Placement};
+
+/// Why an allocation (or a reservation for one) was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// Size 0, a device index ≥ [`MAX_DEVICES`], or a kind the call cannot take; the
+    /// hook answers `CUDA_ERROR_INVALID_VALUE` as the driver does.
+    #[error("invalid value: {0}")]
+    InvalidValue(&'static str),
+    /// The size cannot be rounded up to the alignment in 64 bits; the hook answers
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, as the driver does for absurd sizes.
+    #[error("a request of {requested} bytes cannot be accounted in 64 bits")]
+    SizeOverflow {
+        /// Bytes asked for.
+        requested: u64,
+    },
+    /// The limit refuses it; the one line users see.
+    #[error(transparent)]
+    OutOfMemory(#[from] OutOfMemory),
+    /// The device refused it; the hook returns this code.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The allocator's own bookkeeping is inconsistent (a bug); nothing was allocated.
+    #[error("internal allocator error: {0}")]
+    Internal(&'static str),
+}
+
+/// Why a free could not be done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FreeError {
+    /// Nothing tracked under that key: the hook passes the call through to the driver.
+    #[error("not tracked")]
+    NotTracked,
+    /// The device refused to free it; the entry stays tracked and charged.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The allocator's own bookkeeping is inconsistent (a bug).
+    #[error("internal allocator error: {0}")]
+    Internal(&'static str),
+}
+
+/// A successful [`Allocator::allocate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocated {
+    /// The address for the program.
+    pub ptr: DevicePtr,
+    /// [`AllocationKind::SubAllocated`] or [`AllocationKind::Direct`].
+    pub kind: AllocationKind,
+    /// Bytes charged: whole chunks for a sub-allocation (its region was charged when it
+    /// was created), the size rounded up to ALIGN for a direct one.
+    pub accounted: u64,
+    /// Table id of the new entry.
+    pub id: AllocId,
+}
+
+/// What a free or release removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Freed {
+    /// The removed entry.
+    pub allocation: Allocation,
+    /// Bytes given back to the ledger by this call (a direct allocation's accounted
+    /// size, a whole region when its last chunk went, or 0).
+    pub released: u64,
+}
+
+/// Address range of the allocation containing an address (`cuMemGetAddressRange`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressRange {
+    /// First byte of the allocation.
+    pub base: DevicePtr,
+    /// Its size as requested.
+    pub size: u64,
+    /// What made it.
+    pub kind: AllocationKind,
+    /// Its device.
+    pub device: DeviceIndex,
+    /// Its context.
+    pub context: ContextId,
+}
+
+/// What [`Allocator::release_context`] dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ContextReleased {
+    /// Table entries removed.
+    pub allocations: usize,
+    /// Regions dropped.
+    pub regions: usize,
+    /// Bytes given back to the ledger.
+    pub released: u64,
+}
+
+/// Counters for tests, logs and `vgpu` status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AllocatorStats {
+    /// Live table entries.
+    pub live_allocations: usize,
+    /// Regions held (all devices and contexts).
+    pub regions: usize,
+    /// Of those, regions with no chunk in use (kept warm).
+    pub empty_regions: usize,
+    /// Entries replaced because the driver handed out their key again (their free
+    /// went around the table).
+    pub stale_replaced: u64,
+    /// Region frees the device refused (the region stayed charged).
+    pub region_free_failures: u64,
+}
+
+#[derive(Debug)]
+struct RegionSlot {
+    region: Region,
+    device: DeviceIndex,
+    context: ContextId,
+}
+
+#[derive(Debug, Default)]
+struct Pool {
+    regions: Vec<usize>,
+    current: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    table: AllocationTable,
+    regions: slab::Slab<RegionSlot>,
+    pools: HashMap<(DeviceIndex, ContextId), Pool>,
+    stale_replaced: u64,
+    region_free_failures: u64,
+}
+
+impl State {
+    /// Detach `rid` from its pool if it is empty and the pool already has another
+    /// empty region (keep at most one warm per context).
+    fn detach_if_surplus(&mut self, rid: usize) -> Option<RegionSlot> {
+        let slot = self.regions.get(rid)?;
+        if !slot.region.is_empty() {
+            return None;
+        }
+        let key = (slot.device, slot.context);
+        let pool = self.pools.get_mut(&key)?;
+        let regions = &self.regions;
+        let other_empty = pool
+            .regions
+            .iter()
+            .any(|&r| r != rid && regions.get(r).is_some_and(|s| s.region.is_empty()));
+        if !other_empty {
+            return None;
+        }
+        pool.regions.retain(|&r| r != rid);
+        pool.current = 0;
+        self.regions.try_remove(rid)
+    }
+
+    /// Detach every empty region (of `device`, or all), for eviction under pressure.
+    fn detach_empty(&mut self, device: Option<DeviceIndex>) -> Vec<RegionSlot> {
+        let mut out = Vec::new();
+        let regions = &mut self.regions;
+        for (&(d, _), pool) in self.pools.iter_mut() {
+            if device.is_some_and(|want| want != d) {
+                continue;
+            }
+            pool.regions.retain(|&r| {
+                let empty = regions.get(r).is_some_and(|s| s.region.is_empty());
+                if empty {
+                    out.extend(regions.try_remove(r));
+                }
+                !empty
+            });
+            pool.current = 0;
+        }
+        self.pools.retain(|_, p| !p.regions.is_empty());
+        out
+    }
+
+    fn attach(&mut self, slot: RegionSlot) {
+        let key = (slot.device, slot.context);
+        let rid = self.regions.insert(slot);
+        self.pools.entry(key).or_default().regions.push(rid);
+    }
+}
+
+/// The allocator of one process: regions, table and decisions over a device backend
+/// and a usage ledger. `Send + Sync`; share it behind a `static` or an `Arc`.
+#[derive(Debug)]
+pub struct Allocator<B: DeviceBackend, L: UsageLedger> {
+    backend: B,
+    ledger: L,
+    config: AllocatorConfig,
+    chunk_shift: u32,
+    chunks_per_region: u32,
+    state: Mutex<State>,
+}
+
+/// Allocator sizes that do not fit together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid allocator configuration: {0}")]
+pub struct InvalidAllocatorConfig(pub String);
+
+impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
+    /// An allocator with `config`'s sizes over `backend`, charging `ledger`.
+    pub fn new(
+        config: AllocatorConfig,
+        backend: B,
+        ledger: L,
+    ) -> Result<Self, InvalidAllocatorConfig> {
+        config.validate().map_err(InvalidAllocatorConfig)?;
+        Ok(Self {
+            backend,
+            ledger,
+            chunk_shift: config.chunk_size.trailing_zeros(),
+            chunks_per_region: config.chunks_per_region() as u32,
+            config,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// The sizes in use.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    /// The device backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The usage ledger.
+    pub fn ledger(&self) -> &L {
+        &self.ledger
+    }
+
+    /// The ledger's usage and limit of `device`.
+    pub fn usage(&self, device: DeviceIndex) -> DeviceUsage {
+        self.ledger.usage(device)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding the lock; if one ever did, the state is still
+        // structurally valid, and the hook must keep working rather than abort.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserve `bytes` of `class` on `device`; when the limit refuses, first give warm
+    /// empty regions of that device back and try once more. For usage the hook charges
+    /// without a table entry.
+    pub fn reserve(
+        &self,
+        device: DeviceIndex,
+        class: UsageClass,
+        bytes: u64,
+    ) -> Result<Reservation<'_>, OutOfMemory> {
+        match Reservation::new(&self.ledger, device, class, bytes) {
+            Ok(r) => Ok(r),
+            Err(oom) => {
+                if self.evict_empty_regions(Some(device)) == 0 {
+                    return Err(oom);
+                }
+                Reservation::new(&self.ledger, device, class, bytes)
+            }
+        }
+    }
+
+    /// Allocate `bytes` of device memory in `context` (`cuMemAlloc`).
+    ///
+    /// Below the sub-allocation threshold the request is served in whole chunks from a
+    /// region of this context (creating one if needed); otherwise, or when a new region
+    /// would not fit the limit or the device, it goes straight to the device.
+    pub fn allocate(
+        &self,
+        device: DeviceIndex,
+        context: ContextId,
+        bytes: u64,
+    ) -> Result<Allocated, AllocError> {
+        if bytes == 0 {
+            return Err(AllocError::InvalidValue("zero-byte allocation"));
+        }
+        if device.as_usize() >= MAX_DEVICES {
+            return Err(AllocError::InvalidValue("device index out of range"));
+        }
+        if self.config.suballoc && bytes < self.config.suballoc_threshold {
+            // Cannot overflow: bytes < threshold <= region size <= u32::MAX chunks.
+            let count = bytes.div_ceil(self.config.chunk_size) as u32;
+            if let Some(done) = self.suballoc_existing(device, context, bytes, count)? {
+                return Ok(done);
+            }
+            if let Some(done) = self.suballoc_new_region(device, context, bytes, count)? {
+                return Ok(done);
+            }
+            // The region did not fit the limit or the device: fall through to direct.
+        }
+        self.allocate_direct(device, context, bytes)
+    }
+
+    fn suballoc_existing(
+        &self,
+        device: DeviceIndex,
+        context: ContextId,
+        bytes: u64,
+        count: u32,
+    ) -> Result<Option<Allocated>, AllocError> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(pool) = st.pools.get_mut(&(device, context)) else {
+            return Ok(None);
+        };
+        let n = pool.regions.len();
+        for k in 0..n {
+            let i = (pool.current + k) % n;
+            let rid = pool.regions[i];
+            let Some(slot) = st.regions.get_mut(rid) else {
+                return Err(AllocError::Internal("pool names a missing region"));
+            };
+            if slot.region.free_chunks() < count {
+                continue;
+            }
+            if let Some(start) = slot.region.allocate(count) {
+                pool.current = i;
+                return self
+                    .record_chunks(st, rid, start, count, device, context, bytes)
+                    .map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    fn suballoc_new_region(
+        &self,
+        device: DeviceIndex,
+        context: ContextId,
+        bytes: u64,
+        count: u32,
+    ) -> Result<Option<Allocated>, AllocError> {
+        let size = self.config.region_size;
+        let Ok(reservation) = self.reserve(device, UsageClass::Data, size) else {
+            return Ok(None);
+        };
+        let Ok(base) = self.backend.allocate(device, context, size) else {
+            // The device cannot give a whole region; a direct allocation may still fit.
+            return Ok(None);
+        };
+        let mut region = Region::new(base, self.chunk_shift, self.chunks_per_region);
+        let Some(start) = region.allocate(count) else {
+            drop(reservation);
+            let _ = self.backend.free(device, context, base);
+            return Err(AllocError::Internal(
+                "a new region cannot hold a sub-threshold request",
+            ));
+        };
+        let mut st = self.lock();
+        let key = (device, context);
+        let rid = st.regions.insert(RegionSlot {
+            region,
+            device,
+            context,
+        });
+        let pool = st.pools.entry(key).or_default();
+        pool.regions.push(rid);
+        pool.current = pool.regions.len() - 1;
+        // The region now owns its bytes; they go back when the region does.
+        reservation.commit();
+        self.record_chunks(&mut st, rid, start, count, device, context, bytes)
+            .map(Some)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_chunks(
+        &self,
+        st: &mut State,
+        rid: usize,
+        start: u32,
+        count: u32,
+        device: DeviceIndex,
+        context: ContextId,
+        bytes: u64,
+    ) -> Result<Allocated, AllocError> {
+        let ptr = match st.regions.get(rid) {
+            Some(slot) => slot.region.address_of(start),
+            None => return Err(AllocError::Internal("region vanished under the lock")),
+        };
+        let entry = Allocation {
+            kind: AllocationKind::SubAllocated,
+            key: ptr.0,
+            device,
+            context,
+            requested: bytes,
+            accounted: 0,
+            placement: Placement::Chunks {
+                region: rid,
+                start,
+                count,
+            },
+        };
+        match self.insert_entry(st, entry) {
+            Ok(id) => Ok(Allocated {
+                ptr,
+                kind: AllocationKind::SubAllocated,
+                accounted: u64::from(count) << self.chunk_shift,
+                id,
+            }),
+            Err(e) => {
+                if let Some(slot) = st.regions.get_mut(rid) {
+                    let _ = slot.region.free(start, count);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn allocate_direct(
+        &self,
+        device: DeviceIndex,
+        context: ContextId,
+        bytes: u64,
+    ) -> Result<Allocated, AllocError> {
+        let accounted = bytes
+            .checked_next_multiple_of(self.config.align)
+            .ok_or(AllocError::SizeOverflow { requested: bytes })?;
+        let reservation = self.reserve(device, UsageClass::Data, accounted)?;
+        let ptr = self.backend.allocate(device, context, bytes)?;
+        let entry = Allocation {
+            kind: AllocationKind::Direct,
+            key: ptr.0,
+            device,
+            context,
+            requested: bytes,
+            accounted,
+            placement: Placement::Own,
+        };
+        let mut st = self.lock();
+        match self.insert_entry(&mut st, entry) {
+            Ok(id) => {
+                reservation.commit();
+                Ok(Allocated {
+                    ptr,
+                    kind: AllocationKind::Direct,
+                    accounted,
+                    id,
+                })
+            }
+            Err(e) => {
+                drop(st);
+                let _ = self.backend.free(device, context, ptr);
+                Err(e)
+            }
+        }
+    }
+
+    /// Insert, replacing a stale entry with the same key: the driver just handed the key
+    /// out again, so whatever the table held under it was freed behind our back.
+    fn insert_entry(&self, st: &mut State, entry: Allocation) -> Result<AllocId, AllocError> {
+        if let Ok(id) = st.table.insert(entry) {
+            return Ok(id);
+        }
+        let old = if entry.kind.is_address() {
+            st.table.remove_address(entry.ptr())
+        } else {
+            st.table.remove_handle(entry.kind, entry.key)
+        };
+        match old {
+            Some(old) if old.placement == Placement::Own => {
+                self.ledger
+                    .release(old.device, old.kind.usage_class(), old.accounted);
+                st.stale_replaced += 1;
+            }
+            Some(old) => {
+                // A live sub-allocation cannot share its address with a fresh driver
+                // allocation unless the regions are corrupt.
+                let _ = st.table.insert(old);
+                return Err(AllocError::Internal(
+                    "new allocation overlaps a live sub-allocation",
+                ));
+            }
+            None => return Err(AllocError::Internal("duplicate key not found")),
+        }
+        st.table
+            .insert(entry)
+            .map_err(|_| AllocError::Internal("duplicate key after removal"))
+    }
+
+    /// Free the allocation whose base is `ptr` (`cuMemFree`), whatever made it, and
+    /// release what it was charged. `NotTracked` means the hook should pass the call to
+    /// the driver unchanged (the driver then answers as it would without vgpu).
+    pub fn free(&self, ptr: DevicePtr) -> Result<Freed, FreeError> {
+        let mut st = self.lock();
+        let entry = st.table.remove_address(ptr).ok_or(FreeError::NotTracked)?;
+        self.finish_removal(st, entry, true)
+    }
+
+    /// Remove `(kind, key)` and release its charge without calling the device, for
+    /// allocations the hook frees itself (`cuMemFreeAsync`, `cuArrayDestroy`,
+    /// `cuMemRelease`, `cuModuleUnload`), after the driver freed them. Sub-allocated
+    /// chunks go back to their region.
+    pub fn release_record(&self, kind: AllocationKind, key: u64) -> Result<Freed, FreeError> {
+        let mut st = self.lock();
+        let entry = st.table.remove(kind, key).ok_or(FreeError::NotTracked)?;
+        self.finish_removal(st, entry, false)
+    }
+
+    fn finish_removal(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        entry: Allocation,
+        call_device: bool,
+    ) -> Result<Freed, FreeError> {
+        match entry.placement {
+            Placement::Chunks {
+                region,
+                start,
+                count,
+            } => {
+                let Some(slot) = st.regions.get_mut(region) else {
+                    return Err(FreeError::Internal("sub-allocation names a missing region"));
+                };
+                if slot.region.free(start, count).is_err() {
+                    return Err(FreeError::Internal("sub-allocation chunks were not in use"));
+                }
+                let surplus = st.detach_if_surplus(region);
+                drop(st);
+                let released = match surplus {
+                    Some(slot) => self.free_region(slot),
+                    None => 0,
+                };
+                Ok(Freed {
+                    allocation: entry,
+                    released,
+                })
+            }
+            Placement::Own => {
+                drop(st);
+                if call_device {
+                    if let Err(e) = self.backend.free(entry.device, entry.context, entry.ptr()) {
+                        let mut st = self.lock();
+                        if st.table.insert(entry).is_err() {
+                            // The driver reused the address meanwhile: ours is gone.
+                            self.ledger.release(
+                                entry.device,
+                                entry.kind.usage_class(),
+                                entry.accounted,
+                            );
+                        }
+                        return Err(FreeError::Backend(e));
+                    }
+                }
+                self.ledger
+                    .release(entry.device, entry.kind.usage_class(), entry.accounted);
+                Ok(Freed {
+                    allocation: entry,
+                    released: entry.accounted,
+                })
+            }
+        }
+    }
+
+    /// Give a detached region back to the device and its bytes to the ledger; if the
+    /// device refuses, re-attach it so its bytes stay charged. Returns bytes released.
+    fn free_region(&self, slot: RegionSlot) -> u64 {
+        match self
+            .backend
+            .free(slot.device, slot.context, slot.region.base())
+        {
+            Ok(()) => {
+                self.ledger
+                    .release(slot.device, UsageClass::Data, self.config.region_size);
+                self.config.region_size
+            }
+            Err(_) => {
+                let mut st = self.lock();
+                st.region_free_failures += 1;
+                st.attach(slot);
+                0
+            }
+        }
+    }
+
+    fn evict_empty_regions(&self, device: Option<DeviceIndex>) -> usize {
+        let victims = self.lock().detach_empty(device);
+        victims
+            .into_iter()
+            .map(|slot| self.free_region(slot))
+            .filter(|&b| b > 0)
+            .count()
+    }
+
+    /// Give every warm empty region back to the device (all devices). Returns how many.
+    pub fn trim(&self) -> usize {
+        self.evict_empty_regions(None)
+    }
+
+    /// Reserve for an allocation the hook performs itself (managed, pitched, async,
+    /// VMM handle, array, graph, context, module): the charge is taken now; call the
+    /// driver, then [`PendingRecord::commit`] with the key it returned. Dropping the
+    /// pending record (driver failed) gives the charge back.
+    pub fn begin_record(
+        &self,
+        kind: AllocationKind,
+        device: DeviceIndex,
+        context: ContextId,
+        requested: u64,
+        accounted: u64,
+    ) -> Result<PendingRecord<'_, B, L>, AllocError> {
+        if kind == AllocationKind::SubAllocated {
+            return Err(AllocError::InvalidValue(
+                "sub-allocations are made by allocate()",
+            ));
+        }
+        if device.as_usize() >= MAX_DEVICES {
+            return Err(AllocError::InvalidValue("device index out of range"));
+        }
+        let reservation = self.reserve(device, kind.usage_class(), accounted)?;
+        Ok(PendingRecord {
+            allocator: self,
+            reservation,
+            kind,
+            device,
+            context,
+            requested,
+        })
+    }
+
+    /// The address allocation containing `addr` (`cuMemGetAddressRange`); `None` when
+    /// untracked, including free space inside a region.
+    pub fn containing(&self, addr: DevicePtr) -> Option<AddressRange> {
+        let st = self.lock();
+        let (_, a) = st.table.containing(addr)?;
+        Some(AddressRange {
+            base: a.ptr(),
+            size: a.requested,
+            kind: a.kind,
+            device: a.device,
+            context: a.context,
+        })
+    }
+
+    /// The entry `(kind, key)`, if tracked.
+    pub fn lookup(&self, kind: AllocationKind, key: u64) -> Option<Allocation> {
+        let st = self.lock();
+        if kind.is_address() {
+            st.table
+                .get_address(DevicePtr(key))
+                .map(|(_, a)| *a)
+                .filter(|a| a.kind == kind)
+        } else {
+            st.table.get_handle(kind, key).map(|(_, a)| *a)
+        }
+    }
+
+    /// `context` was destroyed: the driver freed its memory, so drop its regions and
+    /// entries and release their charge, without calling the device.
+    pub fn release_context(&self, context: ContextId) -> ContextReleased {
+        let (entries, regions) = {
+            let mut st = self.lock();
+            let st = &mut *st;
+            let entries = st.table.drain_context(context);
+            let mut regions = Vec::new();
+            let slots = &mut st.regions;
+            st.pools.retain(|&(_, c), pool| {
+                if c == context {
+                    regions.extend(pool.regions.iter().filter_map(|&r| slots.try_remove(r)));
+                }
+                c != context
+            });
+            (entries, regions)
+        };
+        let mut out = ContextReleased {
+            allocations: entries.len(),
+            regions: regions.len(),
+            released: 0,
+        };
+        for e in entries.iter().filter(|e| e.placement == Placement::Own) {
+            self.ledger
+                .release(e.device, e.kind.usage_class(), e.accounted);
+            out.released += e.accounted;
+        }
+        for slot in &regions {
+            self.ledger
+                .release(slot.device, UsageClass::Data, self.config.region_size);
+            out.released += self.config.region_size;
+        }
+        out
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> AllocatorStats {
+        let st = self.lock();
+        AllocatorStats {
+            live_allocations: st.table.len(),
+            regions: st.regions.len(),
+            empty_regions: st
+                .regions
+                .iter()
+                .filter(|(_, s)| s.region.is_empty())
+                .count(),
+            stale_replaced: st.stale_replaced,
+            region_free_failures: st.region_free_failures,
+        }
+    }
+
+    /// A copy of every live entry (tests, diagnostics; O(n)).
+    pub fn snapshot(&self) -> Vec<Allocation> {
+        self.lock().table.iter().map(|(_, a)| *a).collect()
+    }
+}
+
+/// A charge taken for an allocation the hook is about to make (see
+/// [`Allocator::begin_record`]).
+#[derive(Debug)]
+#[must_use = "dropping a pending record gives its charge back; commit() once the driver succeeded"]
+pub struct PendingRecord<'a, B: DeviceBackend, L: UsageLedger> {
+    allocator: &'a Allocator<B, L>,
+    reservation: Reservation<'a>,
+    kind: AllocationKind,
+    device: DeviceIndex,
+    context: ContextId,
+    requested: u64,
+}
+
+impl<B: DeviceBackend, L: UsageLedger> PendingRecord<'_, B, L> {
+    /// Bytes charged.
+    pub fn accounted(&self) -> u64 {
+        self.reservation.bytes()
+    }
+
+    /// The driver succeeded and returned `key` (address or handle): track it.
+    pub fn commit(self, key: u64) -> Result<AllocId, AllocError> {
+        let entry = Allocation {
+            kind: self.kind,
+            key,
+            device: self.device,
+            context: self.context,
+            requested: self.requested,
+            accounted: self.reservation.bytes(),
+            placement: Placement::Own,
+        };
+        let mut st = self.allocator.lock();
+        let id = self.allocator.insert_entry(&mut st, entry)?;
+        self.reservation.commit();
+        Ok(id)
+    }
+}

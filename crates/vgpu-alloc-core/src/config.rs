@@ -1,0 +1,732 @@
+//! The HAMi-compatible environment, parsed from a key/value lookup (never from the
+//! process directly, so the hook decides where values come from and tests stay pure).
+//!
+//! Every variable is checked; all errors are collected, and a bad value is an error,
+//! never a silent "unlimited" (HAMi-core's `strtoul` turns `1.5g` into 1 GiB and
+//! garbage into 0 = unlimited).
+//!
+//! Sizes use binary units throughout, as HAMi-core does: `4g`, `4G`, `4GiB`, `4GB`,
+//! `4096m`, `512Mi`, `1.5g`, `1073741824`; `k`, `m`, `g`, `t` each optionally followed
+//! by `i` and/or `b`, any case; surrounding whitespace is ignored.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::ledger::MAX_DEVICES;
+
+/// Default per-device memory limit (all devices).
+pub const ENV_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// Default SM limit in percent (all devices).
+pub const ENV_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// Path of the shared usage file.
+pub const ENV_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// `force`, `disable` or `default`.
+pub const ENV_CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// Priority written to the shared file for the monitor.
+pub const ENV_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+/// Log verbosity 0..=4.
+pub const ENV_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+/// Accepted for compatibility; has no effect (as in HAMi-core).
+pub const ENV_ACTIVE_OOM_KILLER: &str = "ACTIVE_OOM_KILLER";
+/// The CUDA device selection, kept raw for the hook to resolve.
+pub const ENV_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+/// `0` turns the sub-allocator off (every request goes straight to the device).
+pub const ENV_SUBALLOC: &str = "VGPU_SUBALLOC";
+/// `0` stops counting `cuMemAllocManaged` against the limit.
+pub const ENV_COUNT_MANAGED: &str = "VGPU_COUNT_MANAGED";
+/// Sub-allocator region size (HAMi-core's OVERSIZE).
+pub const ENV_REGION_SIZE: &str = "VGPU_ALLOC_OVERSIZE";
+/// Sub-allocator chunk size (HAMi-core's BITSIZE).
+pub const ENV_CHUNK_SIZE: &str = "VGPU_ALLOC_BITSIZE";
+/// Requests below this are sub-allocated (HAMi-core's IPCSIZE).
+pub const ENV_SUBALLOC_THRESHOLD: &str = "VGPU_ALLOC_IPCSIZE";
+/// Direct allocations are accounted rounded up to this (HAMi-core's ALIGN).
+pub const ENV_ALIGN: &str = "VGPU_ALLOC_ALIGN";
+
+/// Default path of the shared usage file.
+pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
+
+const MIB: u64 = 1 << 20;
+
+/// Sizes of the region/bitmap/chunk sub-allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocatorConfig {
+    /// Whether small requests are sub-allocated at all.
+    pub suballoc: bool,
+    /// Bytes of one region (OVERSIZE, default 128 MiB).
+    pub region_size: u64,
+    /// Bytes of one chunk (BITSIZE, default 512); every sub-allocation is chunk-aligned.
+    pub chunk_size: u64,
+    /// Requests strictly below this are sub-allocated (IPCSIZE, default 2 MiB).
+    pub suballoc_threshold: u64,
+    /// Direct allocations are accounted rounded up to this (ALIGN, default 2 MiB).
+    pub align: u64,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        Self {
+            suballoc: true,
+            region_size: 128 * MIB,
+            chunk_size: 512,
+            suballoc_threshold: 2 * MIB,
+            align: 2 * MIB,
+        }
+    }
+}
+
+impl AllocatorConfig {
+    /// Chunks per region.
+    pub fn chunks_per_region(&self) -> u64 {
+        self.region_size / self.chunk_size.max(1)
+    }
+
+    /// Check the sizes fit together; the message says which rule is broken.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.chunk_size == 0 || !self.chunk_size.is_power_of_two() {
+            return Err(format!(
+                "chunk size {} must be a power of two",
+                self.chunk_size
+            ));
+        }
+        if self.align == 0 || !self.align.is_power_of_two() {
+            return Err(format!("alignment {} must be a power of two", self.align));
+        }
+        if self.region_size == 0 || self.region_size % self.chunk_size != 0 {
+            return Err(format!(
+                "region size {} must be a non-zero multiple of the chunk size {}",
+                self.region_size, self.chunk_size
+            ));
+        }
+        // The bitmap index is u32 and a region must stay addressable by one allocation.
+        if self.chunks_per_region() > u64::from(u32::MAX) {
+            return Err(format!(
+                "region size {} has too many chunks",
+                self.region_size
+            ));
+        }
+        if self.suballoc_threshold > self.region_size {
+            return Err(format!(
+                "sub-allocation threshold {} exceeds the region size {}",
+                self.suballoc_threshold, self.region_size
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `GPU_CORE_UTILIZATION_POLICY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CorePolicy {
+    /// Enforce the SM limit only when the device is shared (HAMi-core's default).
+    #[default]
+    Default,
+    /// Always enforce the SM limit.
+    Force,
+    /// Never enforce the SM limit.
+    Disable,
+}
+
+/// One entry of `CUDA_VISIBLE_DEVICES`, kept as written for the hook to resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSelector {
+    /// A device ordinal (`0`, `3`).
+    Index(u32),
+    /// A GPU UUID (`GPU-...`).
+    Uuid(String),
+    /// A MIG instance (`MIG-...`).
+    Mig(String),
+    /// Anything else, exactly as written (CUDA stops enumerating at an invalid entry).
+    Other(String),
+}
+
+impl DeviceSelector {
+    fn parse(entry: &str) -> Self {
+        let entry = entry.trim();
+        if !entry.is_empty() && entry.bytes().all(|b| b.is_ascii_digit()) {
+            if let Ok(i) = entry.parse() {
+                return Self::Index(i);
+            }
+        }
+        if entry.starts_with("GPU-") {
+            Self::Uuid(entry.to_owned())
+        } else if entry.starts_with("MIG-") {
+            Self::Mig(entry.to_owned())
+        } else {
+            Self::Other(entry.to_owned())
+        }
+    }
+}
+
+/// The parsed environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Memory limit per device ordinal in bytes, `None` = unlimited
+    /// (`CUDA_DEVICE_MEMORY_LIMIT_<i>` over `CUDA_DEVICE_MEMORY_LIMIT`; 0 = unlimited).
+    pub memory_limit: [Option<u64>; MAX_DEVICES],
+    /// SM limit per device in percent 1..=99, `None` = unlimited (0 or 100 written).
+    pub sm_limit: [Option<u8>; MAX_DEVICES],
+    /// Path of the shared usage file.
+    pub shared_cache: String,
+    /// When to enforce the SM limit.
+    pub core_policy: CorePolicy,
+    /// `CUDA_TASK_PRIORITY` (default 1).
+    pub task_priority: i32,
+    /// `LIBCUDA_LOG_LEVEL` 0..=4 (default 2).
+    pub log_level: u8,
+    /// `ACTIVE_OOM_KILLER` as written; accepted, has no effect.
+    pub active_oom_killer: Option<String>,
+    /// `CUDA_VISIBLE_DEVICES` entries; `None` when unset (all devices visible).
+    pub visible_devices: Option<Vec<DeviceSelector>>,
+    /// Count `cuMemAllocManaged` against the limit (`VGPU_COUNT_MANAGED`, default on).
+    pub count_managed: bool,
+    /// Sub-allocator sizes and switch.
+    pub allocator: AllocatorConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            memory_limit: [None; MAX_DEVICES],
+            sm_limit: [None; MAX_DEVICES],
+            shared_cache: DEFAULT_SHARED_CACHE.to_owned(),
+            core_policy: CorePolicy::Default,
+            task_priority: 1,
+            log_level: 2,
+            active_oom_killer: None,
+            visible_devices: None,
+            count_managed: true,
+            allocator: AllocatorConfig::default(),
+        }
+    }
+}
+
+/// One rejected variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {variable}={value:?}: {reason}")]
+pub struct ConfigError {
+    /// The variable's name.
+    pub variable: String,
+    /// The value as found.
+    pub value: String,
+    /// Why it was rejected.
+    pub reason: String,
+}
+
+/// Every rejected variable of one parse, in a stable order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Why a size string was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// Nothing but whitespace.
+    #[error("empty value")]
+    Empty,
+    /// Not `<digits>[.<digits>][unit]`.
+    #[error("expected a size such as 4g, 4096m, 512Mi, 1.5GiB or a byte count")]
+    Syntax,
+    /// A fraction of a byte (`1.5` with no unit).
+    #[error("a fraction needs a unit (k, m, g, t)")]
+    FractionalBytes,
+    /// Does not fit in 64 bits.
+    #[error("size overflows 64 bits")]
+    Overflow,
+}
+
+/// Parse a size in bytes (binary units, see the module docs). The fraction of a
+/// fractional size is rounded down to whole bytes (`1.3k` = 1331).
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
+    let s = text.trim();
+    if s.is_empty() {
+        return Err(SizeError::Empty);
+    }
+    let num_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(num_end);
+    let (int_part, frac_part) = match num.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (num, None),
+    };
+    if int_part.is_empty() || frac_part.is_some_and(|f| f.is_empty() || f.contains('.')) {
+        return Err(SizeError::Syntax);
+    }
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "ki" | "kb" | "kib" => 10,
+        "m" | "mi" | "mb" | "mib" => 20,
+        "g" | "gi" | "gb" | "gib" => 30,
+        "t" | "ti" | "tb" | "tib" => 40,
+        _ => return Err(SizeError::Syntax),
+    };
+    let int: u64 = int_part.parse().map_err(|_| SizeError::Overflow)?;
+    let whole = int.checked_mul(1u64 << shift).ok_or(SizeError::Overflow)?;
+    let Some(frac) = frac_part else {
+        return Ok(whole);
+    };
+    if shift == 0 {
+        return Err(SizeError::FractionalBytes);
+    }
+    // Exact: frac/10^len * 2^shift, rounded down. Digits past the 19th change the result
+    // by less than 2^40 * 10^-19 bytes, so they are ignored (they were checked to be digits).
+    let digits = &frac[..frac.len().min(19)];
+    let numerator: u128 = digits.parse().map_err(|_| SizeError::Syntax)?;
+    let denominator = 10u128.pow(digits.len() as u32);
+    let extra = (numerator << shift) / denominator;
+    // `extra` < 2^shift and `whole` is a multiple of 2^shift, so this cannot overflow
+    // when `whole` did not; checked anyway.
+    whole.checked_add(extra as u64).ok_or(SizeError::Overflow)
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" => Some(true),
+        "0" | "false" => Some(false),
+        _ => None,
+    }
+}
+
+fn strict_int<T: std::str::FromStr>(s: &str) -> Option<T> {
+    let t = s.trim();
+    // Rust's integer parser accepts a leading '+'; the grammar does not.
+    if t.starts_with('+') {
+        return None;
+    }
+    t.parse().ok()
+}
+
+impl Config {
+    /// Parse from a lookup function (`|name| std::env::var(name).ok()` in the hook).
+    /// Unset variables take their defaults; every bad one is reported.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigErrors> {
+        let mut cfg = Config::default();
+        let mut errors = Vec::new();
+        let mut fail = |variable: &str, value: &str, reason: String| {
+            errors.push(ConfigError {
+                variable: variable.to_owned(),
+                value: value.to_owned(),
+                reason,
+            });
+        };
+
+        // Memory limits: the default first, then per-device overrides.
+        let mut default_limit = None;
+        if let Some(v) = lookup(ENV_MEMORY_LIMIT) {
+            match parse_size(&v) {
+                Ok(n) => default_limit = (n != 0).then_some(n),
+                Err(e) => fail(ENV_MEMORY_LIMIT, &v, e.to_string()),
+            }
+        }
+        let mut default_sm = None;
+        if let Some(v) = lookup(ENV_SM_LIMIT) {
+            match parse_percent(&v) {
+                Ok(p) => default_sm = p,
+                Err(r) => fail(ENV_SM_LIMIT, &v, r),
+            }
+        }
+        for i in 0..MAX_DEVICES {
+            cfg.memory_limit[i] = default_limit;
+            let name = format!("{ENV_MEMORY_LIMIT}_{i}");
+            if let Some(v) = lookup(&name) {
+                match parse_size(&v) {
+                    Ok(n) => cfg.memory_limit[i] = (n != 0).then_some(n),
+                    Err(e) => fail(&name, &v, e.to_string()),
+                }
+            }
+            cfg.sm_limit[i] = default_sm;
+            let name = format!("{ENV_SM_LIMIT}_{i}");
+            if let Some(v) = lookup(&name) {
+                match parse_percent(&v) {
+                    Ok(p) => cfg.sm_limit[i] = p,
+                    Err(r) => fail(&name, &v, r),
+                }
+            }
+        }
+
+        if let Some(v) = lookup(ENV_SHARED_CACHE) {
+            if v.trim().is_empty() {
+                fail(ENV_SHARED_CACHE, &v, "empty path".into());
+            } else {
+                cfg.shared_cache = v;
+            }
+        }
+        if let Some(v) = lookup(ENV_CORE_POLICY) {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "default" => cfg.core_policy = CorePolicy::Default,
+                "force" => cfg.core_policy = CorePolicy::Force,
+                "disable" => cfg.core_policy = CorePolicy::Disable,
+                _ => fail(
+                    ENV_CORE_POLICY,
+                    &v,
+                    "expected force, disable or default".into(),
+                ),
+            }
+        }
+        if let Some(v) = lookup(ENV_TASK_PRIORITY) {
+            match strict_int::<i32>(&v) {
+                Some(p) => cfg.task_priority = p,
+                None => fail(ENV_TASK_PRIORITY, &v, "expected a 32-bit integer".into()),
+            }
+        }
+        if let Some(v) = lookup(ENV_LOG_LEVEL) {
+            match strict_int::<u8>(&v).filter(|l| *l <= 4) {
+                Some(l) => cfg.log_level = l,
+                None => fail(ENV_LOG_LEVEL, &v, "expected 0, 1, 2, 3 or 4".into()),
+            }
+        }
+        cfg.active_oom_killer = lookup(ENV_ACTIVE_OOM_KILLER);
+        cfg.visible_devices = lookup(ENV_VISIBLE_DEVICES).map(|v| {
+            if v.trim().is_empty() {
+                Vec::new()
+            } else {
+                v.split(',').map(DeviceSelector::parse).collect()
+            }
+        });
+        for (name, slot) in [
+            (ENV_SUBALLOC, &mut cfg.allocator.suballoc),
+            (ENV_COUNT_MANAGED, &mut cfg.count_managed),
+        ] {
+            if let Some(v) = lookup(name) {
+                match parse_bool(&v) {
+                    Some(b) => *slot = b,
+                    None => fail(name, &v, "expected 0 or 1".into()),
+                }
+            }
+        }
+        let mut sizes_ok = true;
+        for (name, slot) in [
+            (ENV_REGION_SIZE, &mut cfg.allocator.region_size),
+            (ENV_CHUNK_SIZE, &mut cfg.allocator.chunk_size),
+            (
+                ENV_SUBALLOC_THRESHOLD,
+                &mut cfg.allocator.suballoc_threshold,
+            ),
+            (ENV_ALIGN, &mut cfg.allocator.align),
+        ] {
+            if let Some(v) = lookup(name) {
+                match parse_size(&v) {
+                    Ok(n) => *slot = n,
+                    Err(e) => {
+                        sizes_ok = false;
+                        fail(name, &v, e.to_string());
+                    }
+                }
+            }
+        }
+        if sizes_ok {
+            if let Err(reason) = cfg.allocator.validate() {
+                let value = format!(
+                    "{}={} {}={} {}={} {}={}",
+                    ENV_REGION_SIZE,
+                    cfg.allocator.region_size,
+                    ENV_CHUNK_SIZE,
+                    cfg.allocator.chunk_size,
+                    ENV_SUBALLOC_THRESHOLD,
+                    cfg.allocator.suballoc_threshold,
+                    ENV_ALIGN,
+                    cfg.allocator.align
+                );
+                fail("VGPU_ALLOC_*", &value, reason);
+            }
+        }
+
+        if errors.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
+    /// Parse from literal pairs (tests, the demo, a captured environment).
+    pub fn from_pairs<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> Result<Self, ConfigErrors>
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let map: HashMap<String, String> = pairs
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        Self::from_lookup(|k| map.get(k).cloned())
+    }
+}
+
+/// 0..=100; 0 and 100 mean unlimited (`None`).
+fn parse_percent(v: &str) -> Result<Option<u8>, String> {
+    match strict_int::<u8>(v) {
+        Some(0 | 100) => Ok(None),
+        Some(p) if p < 100 => Ok(Some(p)),
+        _ => Err("expected a percentage 0..=100 (0 or 100 = unlimited)".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn sizes_users_write_are_accepted() {
+        let ok: &[(&str, u64)] = &[
+            ("4g", 4 * GIB),
+            ("4G", 4 * GIB),
+            ("4096m", 4 * GIB),
+            ("4096M", 4 * GIB),
+            ("1073741824", GIB),
+            ("1.5g", 3 * GIB / 2),
+            ("4GiB", 4 * GIB),
+            ("4gib", 4 * GIB),
+            ("512Mi", 512 * MIB),
+            ("4GB", 4 * GIB),
+            ("4gb", 4 * GIB),
+            ("  4g\t\n", 4 * GIB),
+            ("0", 0),
+            ("0g", 0),
+            ("1k", 1024),
+            ("1K", 1024),
+            ("1KiB", 1024),
+            ("1t", 1 << 40),
+            ("1TiB", 1 << 40),
+            ("10b", 10),
+            ("1.3k", 1331),
+            ("0.5m", MIB / 2),
+            ("1.0000000000000000000000001g", GIB),
+            ("18446744073709551615", u64::MAX),
+            ("16777215t", 16_777_215 << 40),
+        ];
+        for &(text, want) in ok {
+            assert_eq!(parse_size(text), Ok(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn everything_else_is_rejected() {
+        use SizeError::*;
+        let bad: &[(&str, SizeError)] = &[
+            ("", Empty),
+            ("   ", Empty),
+            ("0x10", Syntax),
+            ("0X10", Syntax),
+            ("4gx", Syntax),
+            ("4 g", Syntax),
+            ("4g4", Syntax),
+            ("-1", Syntax),
+            ("+1", Syntax),
+            ("-1g", Syntax),
+            ("NaN", Syntax),
+            ("inf", Syntax),
+            ("1e9", Syntax),
+            ("g", Syntax),
+            (".5g", Syntax),
+            ("1.g", Syntax),
+            ("1..5g", Syntax),
+            ("1.5.0g", Syntax),
+            ("4p", Syntax),
+            ("4gibb", Syntax),
+            ("4bg", Syntax),
+            ("1.5", FractionalBytes),
+            ("18446744073709551616", Overflow),
+            ("99999999999999999999999", Overflow),
+            ("16777216t", Overflow),
+            ("17179869184g", Overflow),
+        ];
+        for &(text, want) in bad {
+            assert_eq!(parse_size(text), Err(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn empty_environment_gives_defaults() {
+        let cfg = Config::from_lookup(|_| None).unwrap();
+        assert_eq!(cfg, Config::default());
+        assert_eq!(cfg.memory_limit, [None; MAX_DEVICES]);
+        assert_eq!(cfg.shared_cache, "/tmp/cudevshr.cache");
+        assert_eq!((cfg.task_priority, cfg.log_level), (1, 2));
+        assert!(cfg.allocator.suballoc && cfg.count_managed);
+        assert_eq!(cfg.allocator.chunks_per_region(), 262_144);
+        assert_eq!(cfg.allocator.suballoc_threshold, 2 * MIB);
+        assert_eq!(cfg.allocator.align, 2 * MIB);
+    }
+
+    #[test]
+    fn per_device_limits_override_the_default() {
+        let cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "1024m"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_2", "0"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_15", "1.5GiB"),
+            ("CUDA_DEVICE_SM_LIMIT", "50"),
+            ("CUDA_DEVICE_SM_LIMIT_3", "100"),
+            ("CUDA_DEVICE_SM_LIMIT_4", "0"),
+            ("CUDA_DEVICE_SM_LIMIT_5", " 25 "),
+        ])
+        .unwrap();
+        assert_eq!(cfg.memory_limit[0], Some(4 * GIB));
+        assert_eq!(cfg.memory_limit[1], Some(GIB));
+        assert_eq!(cfg.memory_limit[2], None);
+        assert_eq!(cfg.memory_limit[14], Some(4 * GIB));
+        assert_eq!(cfg.memory_limit[15], Some(3 * GIB / 2));
+        assert_eq!(cfg.sm_limit[0], Some(50));
+        assert_eq!(cfg.sm_limit[3], None);
+        assert_eq!(cfg.sm_limit[4], None);
+        assert_eq!(cfg.sm_limit[5], Some(25));
+        // A per-device value alone limits only that device.
+        let cfg = Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT_3", "2g")]).unwrap();
+        assert_eq!(cfg.memory_limit[3], Some(2 * GIB));
+        assert_eq!(cfg.memory_limit[0], None);
+    }
+
+    #[test]
+    fn other_variables_parse() {
+        let cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/x.cache"),
+            ("GPU_CORE_UTILIZATION_POLICY", "FORCE"),
+            ("CUDA_TASK_PRIORITY", "-3"),
+            ("LIBCUDA_LOG_LEVEL", "4"),
+            ("ACTIVE_OOM_KILLER", "true"),
+            ("CUDA_VISIBLE_DEVICES", "1, GPU-8b3c-aa,MIG-1f2e/1/0,bogus"),
+            ("VGPU_SUBALLOC", "0"),
+            ("VGPU_COUNT_MANAGED", "0"),
+            ("VGPU_ALLOC_OVERSIZE", "64m"),
+            ("VGPU_ALLOC_BITSIZE", "1k"),
+            ("VGPU_ALLOC_IPCSIZE", "1m"),
+            ("VGPU_ALLOC_ALIGN", "64k"),
+        ])
+        .unwrap();
+        assert_eq!(cfg.shared_cache, "/usr/local/vgpu/x.cache");
+        assert_eq!(cfg.core_policy, CorePolicy::Force);
+        assert_eq!(cfg.task_priority, -3);
+        assert_eq!(cfg.log_level, 4);
+        assert_eq!(cfg.active_oom_killer.as_deref(), Some("true"));
+        assert_eq!(
+            cfg.visible_devices,
+            Some(vec![
+                DeviceSelector::Index(1),
+                DeviceSelector::Uuid("GPU-8b3c-aa".into()),
+                DeviceSelector::Mig("MIG-1f2e/1/0".into()),
+                DeviceSelector::Other("bogus".into()),
+            ])
+        );
+        assert!(!cfg.allocator.suballoc && !cfg.count_managed);
+        assert_eq!(
+            cfg.allocator,
+            AllocatorConfig {
+                suballoc: false,
+                region_size: 64 * MIB,
+                chunk_size: 1024,
+                suballoc_threshold: MIB,
+                align: 64 * 1024,
+            }
+        );
+        for (p, want) in [
+            ("disable", CorePolicy::Disable),
+            ("Default", CorePolicy::Default),
+            ("force", CorePolicy::Force),
+        ] {
+            let cfg = Config::from_pairs([("GPU_CORE_UTILIZATION_POLICY", p)]).unwrap();
+            assert_eq!(cfg.core_policy, want);
+        }
+        let cfg = Config::from_pairs([("CUDA_VISIBLE_DEVICES", "")]).unwrap();
+        assert_eq!(cfg.visible_devices, Some(vec![]));
+    }
+
+    #[test]
+    fn all_errors_are_collected_and_name_variable_and_value() {
+        let err = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMIT", "0x10"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_7", "4gx"),
+            ("CUDA_DEVICE_SM_LIMIT", "50g"),
+            ("CUDA_DEVICE_SM_LIMIT_2", "101"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", " "),
+            ("GPU_CORE_UTILIZATION_POLICY", "sometimes"),
+            ("CUDA_TASK_PRIORITY", "high"),
+            ("LIBCUDA_LOG_LEVEL", "5"),
+            ("VGPU_SUBALLOC", "yes"),
+            ("VGPU_COUNT_MANAGED", "2"),
+            ("VGPU_ALLOC_ALIGN", "-1"),
+        ])
+        .unwrap_err();
+        let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "CUDA_DEVICE_MEMORY_LIMIT",
+                "CUDA_DEVICE_SM_LIMIT",
+                "CUDA_DEVICE_SM_LIMIT_2",
+                "CUDA_DEVICE_MEMORY_LIMIT_7",
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                "GPU_CORE_UTILIZATION_POLICY",
+                "CUDA_TASK_PRIORITY",
+                "LIBCUDA_LOG_LEVEL",
+                "VGPU_SUBALLOC",
+                "VGPU_COUNT_MANAGED",
+                "VGPU_ALLOC_ALIGN",
+            ]
+        );
+        assert_eq!(err.0[0].value, "0x10");
+        let text = err.to_string();
+        assert!(
+            text.contains("invalid CUDA_DEVICE_MEMORY_LIMIT_7=\"4gx\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("invalid CUDA_DEVICE_SM_LIMIT=\"50g\""),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_bad_limit_is_never_unlimited() {
+        for bad in ["", "abc", "1.5", "-4g", "0x100000", "4g garbage", "nan"] {
+            let r = Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT", bad)]);
+            let err = r.expect_err(bad);
+            assert_eq!(err.0.len(), 1, "{bad:?}");
+            assert_eq!(err.0[0].variable, "CUDA_DEVICE_MEMORY_LIMIT");
+        }
+    }
+
+    #[test]
+    fn inconsistent_allocator_sizes_are_rejected() {
+        for pairs in [
+            vec![("VGPU_ALLOC_BITSIZE", "500")],
+            vec![("VGPU_ALLOC_ALIGN", "3m")],
+            vec![("VGPU_ALLOC_ALIGN", "0")],
+            vec![("VGPU_ALLOC_OVERSIZE", "1m"), ("VGPU_ALLOC_IPCSIZE", "2m")],
+            vec![("VGPU_ALLOC_OVERSIZE", "1000")],
+            vec![("VGPU_ALLOC_OVERSIZE", "0")],
+        ] {
+            let err = Config::from_pairs(pairs.clone()).expect_err(&format!("{pairs:?}"));
+            assert_eq!(err.0.len(), 1);
+            assert_eq!(err.0[0].variable, "VGPU_ALLOC_*");
+        }
+    }
+
+    #[test]
+    fn device_selectors_classify() {
+        assert_eq!(DeviceSelector::parse(" 3 "), DeviceSelector::Index(3));
+        assert_eq!(
+            DeviceSelector::parse("99999999999"),
+            DeviceSelector::Other("99999999999".into())
+        );
+        assert_eq!(
+            DeviceSelector::parse("-1"),
+            DeviceSelector::Other("-1".into())
+        );
+    }
+}

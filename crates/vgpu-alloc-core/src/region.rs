@@ -1,0 +1,288 @@
+//! One sub-allocator region: a device allocation of OVERSIZE bytes cut into BITSIZE
+//! chunks, tracked by a bitmap of `u64` words (bit set = chunk in use), a next-fit
+//! mark and a count of free chunks (HAMi-core's allocator design).
+//!
+//! Plain `u64` words rather than `bitvec`: the hot operations are "first zero bit from
+//! here" and "set/clear a run", which are `trailing_zeros` and two masks per word; the
+//! hand-written version is as short as the `bitvec` one and has no generic layers to
+//! trust in a hot path.
+
+use crate::backend::DevicePtr;
+
+/// Why a chunk run could not be returned to its region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RegionError {
+    /// The run lies (partly) outside the region.
+    #[error("chunk run {start}+{count} outside a region of {chunks} chunks")]
+    OutOfRange {
+        /// First chunk.
+        start: u32,
+        /// Chunks in the run.
+        count: u32,
+        /// Chunks in the region.
+        chunks: u32,
+    },
+    /// Some chunk of the run is not in use (double free or corrupted bookkeeping).
+    #[error("chunk run {start}+{count} is not fully allocated")]
+    NotAllocated {
+        /// First chunk.
+        start: u32,
+        /// Chunks in the run.
+        count: u32,
+    },
+}
+
+/// A region's bitmap and its device base address.
+#[derive(Debug, Clone)]
+pub struct Region {
+    base: DevicePtr,
+    chunk_shift: u32,
+    chunks: u32,
+    free_chunks: u32,
+    next_fit: u32,
+    words: Box<[u64]>,
+}
+
+impl Region {
+    /// A region of `chunks` chunks of `1 << chunk_shift` bytes at `base`, all free.
+    pub fn new(base: DevicePtr, chunk_shift: u32, chunks: u32) -> Self {
+        let n_words = chunks.div_ceil(64) as usize;
+        let mut words = vec![0u64; n_words].into_boxed_slice();
+        // Bits past the last chunk are permanently "in use" so searches never return them.
+        let tail = chunks % 64;
+        if tail != 0 {
+            if let Some(last) = words.last_mut() {
+                *last = !0u64 << tail;
+            }
+        }
+        Self {
+            base,
+            chunk_shift,
+            chunks,
+            free_chunks: chunks,
+            next_fit: 0,
+            words,
+        }
+    }
+
+    /// Device address of the region's first byte.
+    pub fn base(&self) -> DevicePtr {
+        self.base
+    }
+
+    /// Chunks not in use.
+    pub fn free_chunks(&self) -> u32 {
+        self.free_chunks
+    }
+
+    /// Chunks in the region.
+    pub fn chunks(&self) -> u32 {
+        self.chunks
+    }
+
+    /// True when no chunk is in use.
+    pub fn is_empty(&self) -> bool {
+        self.free_chunks == self.chunks
+    }
+
+    /// Device address of chunk `index`.
+    pub fn address_of(&self, index: u32) -> DevicePtr {
+        DevicePtr(self.base.0 + (u64::from(index) << self.chunk_shift))
+    }
+
+    /// Whether `ptr` lies inside the region.
+    pub fn contains(&self, ptr: DevicePtr) -> bool {
+        ptr.0 >= self.base.0 && (ptr.0 - self.base.0) >> self.chunk_shift < u64::from(self.chunks)
+    }
+
+    /// Mark `count` consecutive free chunks in use, searching next-fit from the mark;
+    /// returns the first chunk's index, or `None` if no run is long enough.
+    pub fn allocate(&mut self, count: u32) -> Option<u32> {
+        if count == 0 || count > self.free_chunks {
+            return None;
+        }
+        let start = self
+            .find_run(self.next_fit, self.chunks, count)
+            .or_else(|| {
+                // Runs that start before the mark end at most count - 1 chunks past it.
+                let to = self.next_fit.saturating_add(count - 1).min(self.chunks);
+                self.find_run(0, to, count)
+            })?;
+        self.set_run(start, count, true);
+        self.free_chunks -= count;
+        let next = start + count;
+        self.next_fit = if next >= self.chunks { 0 } else { next };
+        Some(start)
+    }
+
+    /// Return a run previously handed out by [`Region::allocate`].
+    pub fn free(&mut self, start: u32, count: u32) -> Result<(), RegionError> {
+        let end = start
+            .checked_add(count)
+            .filter(|&e| e <= self.chunks && count > 0);
+        if end.is_none() {
+            return Err(RegionError::OutOfRange {
+                start,
+                count,
+                chunks: self.chunks,
+            });
+        }
+        if !self.run_is_set(start, count) {
+            return Err(RegionError::NotAllocated { start, count });
+        }
+        self.set_run(start, count, false);
+        self.free_chunks += count;
+        Ok(())
+    }
+
+    /// First run of `count` free chunks lying entirely in `[from, to)`.
+    fn find_run(&self, from: u32, to: u32, count: u32) -> Option<u32> {
+        let mut pos = from;
+        while pos < to {
+            let start = self.next_bit(pos, to, false)?;
+            let limit = start.saturating_add(count).min(to);
+            let end = self.next_bit(start, limit, true).unwrap_or(limit);
+            if end - start >= count {
+                return Some(start);
+            }
+            pos = end;
+        }
+        None
+    }
+
+    /// Index of the first bit equal to `value` in `[pos, to)`.
+    fn next_bit(&self, pos: u32, to: u32, value: bool) -> Option<u32> {
+        let mut w = (pos / 64) as usize;
+        let flip = if value { 0 } else { !0u64 };
+        // Bits of interest become 1; bits below `pos` in the first word are cleared.
+        let mut word = (self.words.get(w)? ^ flip) & (!0u64 << (pos % 64));
+        loop {
+            if word != 0 {
+                let i = (w as u32) * 64 + word.trailing_zeros();
+                return (i < to).then_some(i);
+            }
+            w += 1;
+            if (w as u32) * 64 >= to {
+                return None;
+            }
+            word = self.words.get(w)? ^ flip;
+        }
+    }
+
+    fn run_is_set(&self, start: u32, count: u32) -> bool {
+        self.next_bit(start, start + count, false).is_none()
+    }
+
+    fn set_run(&mut self, start: u32, count: u32, value: bool) {
+        let end = start + count;
+        let mut i = start;
+        while i < end {
+            let w = (i / 64) as usize;
+            let lo = i % 64;
+            let n = (end - i).min(64 - lo);
+            let mask = if n == 64 {
+                !0u64
+            } else {
+                ((1u64 << n) - 1) << lo
+            };
+            if value {
+                self.words[w] |= mask;
+            } else {
+                self.words[w] &= !mask;
+            }
+            i += n;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocates_next_fit_and_reuses_holes() {
+        let mut r = Region::new(DevicePtr(0x1000_0000), 9, 200);
+        assert_eq!(r.allocate(10), Some(0));
+        assert_eq!(r.allocate(70), Some(10));
+        assert_eq!(r.allocate(1), Some(80));
+        r.free(0, 10).unwrap();
+        // Next fit continues after the mark rather than filling the hole at once.
+        assert_eq!(r.allocate(5), Some(81));
+        assert_eq!(r.allocate(114), Some(86));
+        assert_eq!(r.free_chunks(), 10);
+        // The tail is full: the search wraps to the hole at the start.
+        assert_eq!(r.allocate(10), Some(0));
+        assert_eq!(r.allocate(1), None);
+        assert_eq!(r.free_chunks(), 0);
+        assert_eq!(r.address_of(81), DevicePtr(0x1000_0000 + 81 * 512));
+    }
+
+    #[test]
+    fn runs_crossing_words_and_the_tail_are_exact() {
+        let mut r = Region::new(DevicePtr(0), 9, 130);
+        assert_eq!(r.allocate(63), Some(0));
+        assert_eq!(r.allocate(66), Some(63));
+        assert_eq!(r.allocate(2), None); // one chunk left; phantom tail bits never count
+        assert_eq!(r.allocate(1), Some(129));
+        r.free(63, 66).unwrap();
+        assert_eq!(r.allocate(67), None);
+        assert_eq!(r.allocate(66), Some(63));
+    }
+
+    #[test]
+    fn bad_frees_are_errors_and_change_nothing() {
+        let mut r = Region::new(DevicePtr(0), 9, 128);
+        let a = r.allocate(4).unwrap();
+        assert_eq!(
+            r.free(a, 5),
+            Err(RegionError::NotAllocated { start: a, count: 5 })
+        );
+        assert_eq!(
+            r.free(127, 2),
+            Err(RegionError::OutOfRange {
+                start: 127,
+                count: 2,
+                chunks: 128
+            })
+        );
+        assert_eq!(
+            r.free(u32::MAX, 2),
+            Err(RegionError::OutOfRange {
+                start: u32::MAX,
+                count: 2,
+                chunks: 128
+            })
+        );
+        assert_eq!(
+            r.free(0, 0),
+            Err(RegionError::OutOfRange {
+                start: 0,
+                count: 0,
+                chunks: 128
+            })
+        );
+        assert_eq!(r.free_chunks(), 124);
+        r.free(a, 4).unwrap();
+        assert!(r.is_empty());
+        assert_eq!(
+            r.free(a, 4),
+            Err(RegionError::NotAllocated { start: a, count: 4 })
+        );
+    }
+
+    #[test]
+    fn whole_default_region_fills_exactly() {
+        let mut r = Region::new(DevicePtr(1 << 40), 9, 262_144);
+        let mut n = 0;
+        while r.allocate(4095).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 262_144 / 4095);
+        assert_eq!(r.free_chunks(), 262_144 % 4095);
+        assert!(r.allocate(r.free_chunks()).is_some());
+        assert_eq!(r.free_chunks(), 0);
+        assert!(r.contains(DevicePtr((1 << 40) + (128 << 20) - 1)));
+        assert!(!r.contains(DevicePtr((1 << 40) + (128 << 20))));
+        assert!(!r.contains(DevicePtr((1 << 40) - 1)));
+    }
+}
