@@ -1,0 +1,473 @@
+//! The limiter: measured segments plus a virtual-time pacer.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use crate::policy::Policy;
+use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage};
+
+const MICROS: Nanos = 1_000;
+const MILLIS: Nanos = 1_000_000;
+
+/// Tuning of a [`Limiter`]; [`LimiterConfig::default`] is what the hook uses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimiterConfig {
+    /// When the limit is enforced.
+    pub policy: Policy,
+    /// Control period: how far the virtual clock may run ahead of real time before
+    /// launches wait. It bounds the work queued on the GPU to about `limit × period`
+    /// (plus one kernel) and sets the granularity of the duty cycle.
+    pub period: Nanos,
+    /// How far the virtual clock may fall behind real time: the credit that makes up
+    /// for late wake-ups, and the largest burst after an idle spell (`limit × burst`
+    /// of GPU time on top of `limit × period`).
+    pub burst: Nanos,
+    /// Estimated GPU work after which a segment is closed with a marker.
+    pub segment_work: Nanos,
+    /// Launches after which a segment is closed regardless of the estimate.
+    pub segment_launches: u32,
+    /// A launch this long after the previous one first closes the open segment, and a
+    /// segment closed this late is checked for GPU idle time at its end.
+    pub idle_gap: Nanos,
+    /// Closed segments whose markers have not completed; more make launches wait.
+    pub max_outstanding: usize,
+    /// Longest single wait; the caller then asks again (limit changes, monitor flags).
+    pub max_wait: Nanos,
+    /// Completions are polled at most this often on launches that are not throttled.
+    pub poll_interval: Nanos,
+    /// Poll interval while the monitor blocks launches (`recent_kernel < 0`).
+    pub blocked_poll: Nanos,
+    /// How often the achieved utilization is published and the peers' is read.
+    pub publish_period: Nanos,
+    /// How often activity is signalled to the monitor.
+    pub activity_period: Nanos,
+    /// Budget against `limit − other processes' share` (the container-wide limit).
+    pub share_with_peers: bool,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Default,
+            period: 2 * MILLIS,
+            burst: 10 * MILLIS,
+            segment_work: 500 * MICROS,
+            segment_launches: 64,
+            idle_gap: MILLIS,
+            max_outstanding: 16,
+            max_wait: 2 * MILLIS,
+            poll_interval: 100 * MICROS,
+            blocked_poll: MILLIS,
+            publish_period: 100 * MILLIS,
+            activity_period: 1_000 * MILLIS,
+            share_with_peers: true,
+        }
+    }
+}
+
+/// The answer to [`Limiter::admit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Launch now, then call [`Limiter::launched`].
+    Go,
+    /// Sleep this many nanoseconds, then ask again.
+    Wait(Nanos),
+}
+
+/// Counters for tests, logs and the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LimiterStats {
+    /// Launches admitted and reported successful while enforcing.
+    pub launches: u64,
+    /// Segments measured.
+    pub segments: u64,
+    /// Markers recorded.
+    pub markers: u64,
+    /// GPU time charged from measurements, nanoseconds.
+    pub busy_ns: f64,
+    /// `Wait` answers given.
+    pub waits: u64,
+    /// Timer operations that failed.
+    pub timer_errors: u64,
+}
+
+struct Segment<S, M> {
+    stream: S,
+    start: M,
+    /// False when `start` is the previous segment's end, still owned by that segment.
+    start_owned: bool,
+    end: Option<M>,
+    /// False once ownership of `end` passed to the following segment (chaining).
+    end_owned: bool,
+    launches: u32,
+    /// Estimates charged for the launches, nanoseconds of GPU time.
+    est: f64,
+    last_launch: Nanos,
+    /// The end marker was already complete when recorded: the GPU idled before it.
+    ended_idle: bool,
+}
+
+/// The per-device SM limiter of one process.
+pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
+    cfg: LimiterConfig,
+    clock: C,
+    timer: T,
+    view: V,
+    open: Option<Segment<T::Stream, T::Marker>>,
+    closed: VecDeque<Segment<T::Stream, T::Marker>>,
+    /// Virtual time (ns): real time at which the GPU time charged so far is paid for.
+    vt: f64,
+    throttled: bool,
+    /// Estimated GPU time of one launch, learned from measured segments.
+    cost: Option<f64>,
+    /// Effective limit as a fraction, after the peers' share.
+    limit: f64,
+    peers: PeerUsage,
+    /// `admit` said Go on the enforcing path; `launched` must account the launch.
+    armed: bool,
+    last_poll: Nanos,
+    next_publish: Nanos,
+    next_activity: Nanos,
+    bin_start: Nanos,
+    bin_busy: f64,
+    util: Option<f64>,
+    stats: LimiterStats,
+}
+
+impl<C: Clock, T: GpuTimer, V: ContainerView> fmt::Debug for Limiter<C, T, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("limit", &self.limit)
+            .field("vt", &self.vt)
+            .field("throttled", &self.throttled)
+            .field("cost", &self.cost)
+            .field("outstanding", &self.closed.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
+    /// A limiter for one device.
+    pub fn new(cfg: LimiterConfig, clock: C, timer: T, view: V) -> Self {
+        let now = clock.now();
+        Self {
+            cfg,
+            clock,
+            timer,
+            view,
+            open: None,
+            closed: VecDeque::new(),
+            vt: now as f64 - cfg.burst as f64,
+            throttled: false,
+            cost: None,
+            limit: 1.0,
+            peers: PeerUsage::default(),
+            armed: false,
+            last_poll: now,
+            next_publish: now,
+            next_activity: now,
+            bin_start: now,
+            bin_busy: 0.0,
+            util: None,
+            stats: LimiterStats::default(),
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> LimiterStats {
+        self.stats
+    }
+
+    /// Achieved utilization (fraction of wall time) as last published, if any.
+    pub fn utilization(&self) -> Option<f64> {
+        self.util
+    }
+
+    /// The effective limit (fraction) used for the last admission.
+    pub fn effective_limit(&self) -> f64 {
+        self.limit
+    }
+
+    /// The container view, e.g. for the hook to publish a final zero at exit.
+    pub fn view_mut(&mut self) -> &mut V {
+        &mut self.view
+    }
+
+    /// Asks whether a launch on `stream` may go now.
+    ///
+    /// With no limit, or policy `disable`, this reads the limit and answers `Go` without
+    /// touching the timer or writing the shared view.
+    pub fn admit(&mut self, stream: T::Stream) -> Admission {
+        self.armed = false;
+        let pct = self.view.sm_limit_pct();
+        if self.cfg.policy == Policy::Disable || pct == 0 || pct >= 100 {
+            return Admission::Go;
+        }
+        let now = self.clock.now();
+        if self.view.recent_kernel() < 0 {
+            // The monitor gives the device to a higher-priority task: submit nothing, and
+            // let what was submitted be measured.
+            self.close_open(now);
+            self.poll(now);
+            return self.wait(self.cfg.blocked_poll);
+        }
+        if now >= self.next_activity {
+            self.view.note_activity(now);
+            self.next_activity = now + self.cfg.activity_period;
+        }
+        if !self.cfg.policy.enforces(self.view.utilization_switch()) {
+            return Admission::Go;
+        }
+        if self.throttled
+            || now.saturating_sub(self.last_poll) >= self.cfg.poll_interval
+            || self.closed.len() >= self.cfg.max_outstanding
+        {
+            self.poll(now);
+        }
+        self.maybe_publish(now);
+        self.limit = self.effective(pct);
+        let floor = now as f64 - self.cfg.burst as f64;
+        if self.vt < floor {
+            self.vt = floor;
+        }
+        if self.closed.len() >= self.cfg.max_outstanding {
+            self.close_open(now);
+            return self.wait(self.cfg.poll_interval);
+        }
+        if self.cost.is_none() && (self.open.is_some() || !self.closed.is_empty()) {
+            // Calibration: nothing is known about the cost of a launch yet, so measure
+            // the first one alone before queueing more.
+            self.close_open(now);
+            return self.wait(self.cfg.poll_interval);
+        }
+        let now_f = now as f64;
+        if self.throttled {
+            if self.vt <= now_f {
+                self.throttled = false;
+            } else {
+                return self.wait_until_vt(now_f);
+            }
+        }
+        if self.vt > now_f + self.cfg.period as f64 {
+            self.throttled = true;
+            self.close_open(now);
+            return self.wait_until_vt(now_f);
+        }
+        self.prepare(now, stream);
+        self.armed = true;
+        Admission::Go
+    }
+
+    /// Reports the launch that [`Limiter::admit`] let go; `ok` is whether the driver
+    /// accepted it.
+    pub fn launched(&mut self, stream: T::Stream, ok: bool) {
+        if !std::mem::take(&mut self.armed) || !ok {
+            return;
+        }
+        let now = self.clock.now();
+        self.stats.launches += 1;
+        let est = self.cost.unwrap_or(0.0);
+        self.vt += est / self.limit;
+        let Some(open) = self.open.as_mut().filter(|o| o.stream == stream) else {
+            return;
+        };
+        open.launches += 1;
+        open.est += est;
+        open.last_launch = now;
+        if self.cost.is_none()
+            || open.est >= self.cfg.segment_work as f64
+            || open.launches >= self.cfg.segment_launches
+        {
+            self.close_open(now);
+        }
+    }
+
+    fn wait(&mut self, ns: Nanos) -> Admission {
+        self.stats.waits += 1;
+        Admission::Wait(ns.max(1))
+    }
+
+    fn wait_until_vt(&mut self, now: f64) -> Admission {
+        let ns = (self.vt - now).ceil().max(1.0) as Nanos;
+        self.wait(ns.min(self.cfg.max_wait))
+    }
+
+    fn effective(&self, pct: u32) -> f64 {
+        let base = f64::from(pct) / 100.0;
+        if !self.cfg.share_with_peers || self.peers.active == 0 {
+            return base;
+        }
+        let others = f64::from(self.peers.util_pct) / 100.0;
+        let fair = base / f64::from(self.peers.active + 1);
+        (base - others).max(fair).max(0.005)
+    }
+
+    /// Makes sure an open segment on `stream` brackets the coming launch.
+    fn prepare(&mut self, now: Nanos, stream: T::Stream) {
+        if let Some(open) = &self.open {
+            if open.stream != stream || now.saturating_sub(open.last_launch) >= self.cfg.idle_gap {
+                self.close_open(now);
+            }
+        }
+        if self.open.is_some() {
+            return;
+        }
+        // Chain onto the previous segment's end marker when the GPU has not reached it
+        // yet: the new work queues right behind, so no idle time falls in between.
+        let mut start = None;
+        if let Some(prev) = self.closed.back_mut() {
+            if prev.stream == stream && prev.end_owned {
+                if let Some(end) = prev.end {
+                    if let Ok(false) = self.timer.is_complete(end) {
+                        prev.end_owned = false;
+                        start = Some((end, true));
+                    }
+                }
+            }
+        }
+        let (start, start_owned) = match start {
+            Some(s) => s,
+            None => match self.timer.record(stream) {
+                Ok(m) => {
+                    self.stats.markers += 1;
+                    (m, true)
+                }
+                Err(_) => {
+                    // Unmeasured: the launch is charged its estimate only.
+                    self.stats.timer_errors += 1;
+                    return;
+                }
+            },
+        };
+        self.open = Some(Segment {
+            stream,
+            start,
+            start_owned,
+            end: None,
+            end_owned: true,
+            launches: 0,
+            est: 0.0,
+            last_launch: now,
+            ended_idle: false,
+        });
+    }
+
+    fn close_open(&mut self, now: Nanos) {
+        let Some(mut seg) = self.open.take() else {
+            return;
+        };
+        if seg.launches == 0 {
+            self.release_start(&seg);
+            return;
+        }
+        match self.timer.record(seg.stream) {
+            Ok(end) => {
+                self.stats.markers += 1;
+                seg.end = Some(end);
+                if now.saturating_sub(seg.last_launch) >= self.cfg.idle_gap {
+                    seg.ended_idle = matches!(self.timer.is_complete(end), Ok(true));
+                }
+                self.closed.push_back(seg);
+            }
+            Err(_) => {
+                self.stats.timer_errors += 1;
+                self.release_start(&seg);
+            }
+        }
+    }
+
+    fn release_start(&mut self, seg: &Segment<T::Stream, T::Marker>) {
+        if seg.start_owned {
+            self.timer.release(seg.start);
+        }
+    }
+
+    /// Settles every closed segment whose end marker the GPU has reached.
+    fn poll(&mut self, now: Nanos) {
+        self.last_poll = now;
+        let mut i = 0;
+        while i < self.closed.len() {
+            let end = self.closed[i]
+                .end
+                .expect("closed segments have an end marker");
+            match self.timer.is_complete(end) {
+                Ok(false) => i += 1,
+                Ok(true) => {
+                    let seg = self.closed.remove(i).expect("index in range");
+                    self.settle(seg, true);
+                }
+                Err(_) => {
+                    self.stats.timer_errors += 1;
+                    let seg = self.closed.remove(i).expect("index in range");
+                    self.settle(seg, false);
+                }
+            }
+        }
+    }
+
+    fn settle(&mut self, seg: Segment<T::Stream, T::Marker>, complete: bool) {
+        let end = seg.end.expect("closed segments have an end marker");
+        let span = if complete {
+            match self.timer.elapsed(seg.start, end) {
+                Ok(ns) => Some(ns as f64),
+                Err(_) => {
+                    self.stats.timer_errors += 1;
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // A measurement replaces the estimate; without one the estimate stands.
+        let measured = match span {
+            None => seg.est,
+            Some(span) if seg.ended_idle => {
+                // The span runs to when the marker was recorded, after an idle gap; the
+                // work itself cannot have taken longer than the learned cost says.
+                match self.cost {
+                    Some(c) => span.min(c * f64::from(seg.launches)),
+                    None => span,
+                }
+            }
+            Some(span) => {
+                let per = span / f64::from(seg.launches);
+                self.cost = Some(match self.cost {
+                    Some(c) if per <= 2.0 * c => 0.75 * c + 0.25 * per,
+                    _ => per,
+                });
+                span
+            }
+        };
+        self.vt += (measured - seg.est) / self.limit;
+        self.bin_busy += measured;
+        self.stats.busy_ns += measured;
+        self.stats.segments += 1;
+        self.release_start(&seg);
+        if seg.end_owned {
+            self.timer.release(end);
+        }
+    }
+
+    fn maybe_publish(&mut self, now: Nanos) {
+        if now < self.next_publish {
+            return;
+        }
+        let elapsed = now.saturating_sub(self.bin_start);
+        if elapsed > 0 && self.stats.launches > 0 {
+            let bin = (self.bin_busy / elapsed as f64).min(1.0);
+            let util = match self.util {
+                Some(u) => 0.5 * u + 0.5 * bin,
+                None => bin,
+            };
+            self.util = Some(util);
+            self.view.publish_util((util * 100.0).round() as u32);
+        }
+        self.bin_start = now;
+        self.bin_busy = 0.0;
+        if self.cfg.share_with_peers {
+            self.peers = self.view.peers();
+        }
+        self.next_publish = now + self.cfg.publish_period;
+    }
+}

@@ -1,0 +1,401 @@
+//! Deterministic simulation for the tests: a clock, a GPU with streams and markers,
+//! a shared table, and a discrete-event loop that drives applications.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use crate::{
+    Admission, Clock, ContainerView, GpuTimer, Limiter, LimiterConfig, Nanos, PeerUsage, TimerError,
+};
+
+pub const US: Nanos = 1_000;
+pub const MS: Nanos = 1_000_000;
+pub const S: Nanos = 1_000_000_000;
+
+#[derive(Clone, Default)]
+pub struct SimClock(Rc<Cell<Nanos>>);
+
+impl SimClock {
+    pub fn set(&self, t: Nanos) {
+        assert!(t >= self.0.get(), "time runs forward");
+        self.0.set(t);
+    }
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> Nanos {
+        self.0.get()
+    }
+}
+
+/// How streams share the simulated device.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum GpuMode {
+    /// Every stream has its own engine (what vgpu-sim does; MPS-like).
+    Concurrent,
+    /// One engine runs all streams' work in submission order.
+    Serial,
+}
+
+#[derive(Default)]
+struct GpuState {
+    serial: bool,
+    busy_until: Vec<Nanos>,
+    device_busy_until: Nanos,
+    markers: Vec<Option<Nanos>>,
+    free: Vec<usize>,
+    /// (owner, start, end) of every kernel.
+    kernels: Vec<(usize, Nanos, Nanos)>,
+    timer_ops: u64,
+    fail_records: bool,
+}
+
+impl GpuState {
+    fn tail(&mut self, stream: u32) -> &mut Nanos {
+        let s = stream as usize;
+        if self.busy_until.len() <= s {
+            self.busy_until.resize(s + 1, 0);
+        }
+        &mut self.busy_until[s]
+    }
+}
+
+#[derive(Clone)]
+pub struct SimGpu(Rc<RefCell<GpuState>>);
+
+impl SimGpu {
+    pub fn new(mode: GpuMode) -> Self {
+        Self(Rc::new(RefCell::new(GpuState {
+            serial: mode == GpuMode::Serial,
+            ..GpuState::default()
+        })))
+    }
+
+    /// Queues a kernel of `dur` on `stream` at time `now`; returns its end.
+    pub fn enqueue(&self, stream: u32, now: Nanos, dur: Nanos, owner: usize) -> Nanos {
+        let mut g = self.0.borrow_mut();
+        let serial = g.serial;
+        let dev = g.device_busy_until;
+        let tail = g.tail(stream);
+        let mut start = now.max(*tail);
+        if serial {
+            start = start.max(dev);
+        }
+        let end = start + dur;
+        *tail = end;
+        if serial {
+            g.device_busy_until = end;
+        }
+        g.kernels.push((owner, start, end));
+        end
+    }
+
+    /// When `stream` runs dry.
+    pub fn stream_idle_at(&self, stream: u32) -> Nanos {
+        *self.0.borrow_mut().tail(stream)
+    }
+
+    /// Fraction of `[t0, t1)` during which `owner`'s kernels ran.
+    pub fn busy_fraction(&self, owner: usize, t0: Nanos, t1: Nanos) -> f64 {
+        let g = self.0.borrow();
+        let busy: Nanos = g
+            .kernels
+            .iter()
+            .filter(|k| k.0 == owner)
+            .map(|&(_, s, e)| e.min(t1).saturating_sub(s.max(t0)))
+            .sum();
+        busy as f64 / (t1 - t0) as f64
+    }
+
+    /// Kernels of `owner` that started in `[t0, t1)`.
+    pub fn kernels_started(&self, owner: usize, t0: Nanos, t1: Nanos) -> usize {
+        let g = self.0.borrow();
+        g.kernels
+            .iter()
+            .filter(|k| k.0 == owner && k.1 >= t0 && k.1 < t1)
+            .count()
+    }
+
+    pub fn timer_ops(&self) -> u64 {
+        self.0.borrow().timer_ops
+    }
+
+    pub fn live_markers(&self) -> usize {
+        let g = self.0.borrow();
+        g.markers.len() - g.free.len()
+    }
+
+    pub fn set_fail_records(&self, fail: bool) {
+        self.0.borrow_mut().fail_records = fail;
+    }
+}
+
+pub struct SimTimer {
+    pub gpu: SimGpu,
+    pub clock: SimClock,
+}
+
+impl GpuTimer for SimTimer {
+    type Stream = u32;
+    type Marker = usize;
+
+    fn record(&mut self, stream: u32) -> Result<usize, TimerError> {
+        let now = self.clock.now();
+        let mut g = self.gpu.0.borrow_mut();
+        g.timer_ops += 1;
+        if g.fail_records {
+            return Err(TimerError { code: 999 });
+        }
+        let serial = g.serial;
+        let dev = g.device_busy_until;
+        let mut done = now.max(*g.tail(stream));
+        if serial {
+            done = done.max(dev);
+        }
+        let id = match g.free.pop() {
+            Some(id) => id,
+            None => {
+                g.markers.push(None);
+                g.markers.len() - 1
+            }
+        };
+        g.markers[id] = Some(done);
+        Ok(id)
+    }
+
+    fn is_complete(&mut self, marker: usize) -> Result<bool, TimerError> {
+        let now = self.clock.now();
+        let mut g = self.gpu.0.borrow_mut();
+        g.timer_ops += 1;
+        let done = g.markers[marker].expect("query of a released marker");
+        Ok(done <= now)
+    }
+
+    fn elapsed(&mut self, start: usize, end: usize) -> Result<Nanos, TimerError> {
+        let now = self.clock.now();
+        let mut g = self.gpu.0.borrow_mut();
+        g.timer_ops += 1;
+        let s = g.markers[start].expect("elapsed of a released marker");
+        let e = g.markers[end].expect("elapsed of a released marker");
+        assert!(s <= now && e <= now, "elapsed of an incomplete marker");
+        Ok(e.saturating_sub(s))
+    }
+
+    fn release(&mut self, marker: usize) {
+        let mut g = self.gpu.0.borrow_mut();
+        assert!(g.markers[marker].take().is_some(), "double release");
+        g.free.push(marker);
+    }
+}
+
+/// One shared file: a device's limit, the monitor's fields and the process slots.
+#[derive(Default)]
+pub struct TableState {
+    pub sm_limit: u32,
+    pub recent_kernel: i32,
+    pub utilization_switch: i32,
+    pub slots: Vec<u32>,
+    pub writes: u64,
+    pub activity: u64,
+}
+
+#[derive(Clone)]
+pub struct SimTable(pub Rc<RefCell<TableState>>);
+
+impl SimTable {
+    pub fn new(limit: u32) -> Self {
+        Self(Rc::new(RefCell::new(TableState {
+            sm_limit: limit,
+            utilization_switch: 1,
+            ..TableState::default()
+        })))
+    }
+
+    /// A process's view, with its own slot.
+    pub fn view(&self) -> SimView {
+        let mut t = self.0.borrow_mut();
+        t.slots.push(0);
+        SimView {
+            table: self.clone(),
+            slot: t.slots.len() - 1,
+        }
+    }
+}
+
+pub struct SimView {
+    table: SimTable,
+    slot: usize,
+}
+
+impl ContainerView for SimView {
+    fn sm_limit_pct(&self) -> u32 {
+        self.table.0.borrow().sm_limit
+    }
+    fn recent_kernel(&self) -> i32 {
+        self.table.0.borrow().recent_kernel
+    }
+    fn utilization_switch(&self) -> i32 {
+        self.table.0.borrow().utilization_switch
+    }
+    fn peers(&self) -> PeerUsage {
+        let t = self.table.0.borrow();
+        let mut p = PeerUsage::default();
+        for (i, &u) in t.slots.iter().enumerate() {
+            if i != self.slot && u > 0 {
+                p.util_pct += u;
+                p.active += 1;
+            }
+        }
+        p
+    }
+    fn publish_util(&mut self, util_pct: u32) {
+        let mut t = self.table.0.borrow_mut();
+        t.writes += 1;
+        t.slots[self.slot] = util_pct;
+    }
+    fn note_activity(&mut self, _now: Nanos) {
+        let mut t = self.table.0.borrow_mut();
+        t.writes += 1;
+        t.activity += 1;
+        if t.recent_kernel >= 0 {
+            t.recent_kernel = 2;
+        }
+    }
+}
+
+/// What an application does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Launch a kernel of this GPU duration.
+    Launch(Nanos),
+    /// Wait until its stream is idle (`cuStreamSynchronize`).
+    Sync,
+    /// Host work of this length.
+    Pause(Nanos),
+}
+
+pub type Workload = Box<dyn FnMut(Nanos) -> Step>;
+
+pub struct App {
+    pub id: usize,
+    pub stream: u32,
+    pub limiter: Limiter<SimClock, SimTimer, SimView>,
+    pub work: Workload,
+    pending: Option<Step>,
+    next: Nanos,
+    /// Host cost of one launch.
+    pub launch_cost: Nanos,
+    rng: u64,
+    /// Largest extra delay added to every wait (timer slack of a real sleep).
+    pub max_oversleep: Nanos,
+    /// Cycles of `Sync` completed (throughput of bursty workloads).
+    pub syncs: u64,
+}
+
+pub struct World {
+    pub clock: SimClock,
+    pub gpu: SimGpu,
+    pub apps: Vec<App>,
+}
+
+impl World {
+    pub fn new(mode: GpuMode) -> Self {
+        Self {
+            clock: SimClock::default(),
+            gpu: SimGpu::new(mode),
+            apps: Vec::new(),
+        }
+    }
+
+    /// Adds an application on its own stream; returns its id.
+    pub fn add(&mut self, cfg: LimiterConfig, view: SimView, work: Workload) -> usize {
+        let id = self.apps.len();
+        let timer = SimTimer {
+            gpu: self.gpu.clone(),
+            clock: self.clock.clone(),
+        };
+        let limiter = Limiter::new(cfg, self.clock.clone(), timer, view);
+        self.apps.push(App {
+            id,
+            stream: id as u32 + 1,
+            limiter,
+            work,
+            pending: None,
+            next: self.clock.now(),
+            launch_cost: 3 * US,
+            rng: 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1),
+            max_oversleep: 80 * US,
+            syncs: 0,
+        });
+        id
+    }
+
+    /// Runs every application until `until`.
+    pub fn run_until(&mut self, until: Nanos) {
+        loop {
+            let Some(i) = (0..self.apps.len()).min_by_key(|&i| (self.apps[i].next, i)) else {
+                return;
+            };
+            let t = self.apps[i].next;
+            if t >= until {
+                self.clock.set(until);
+                return;
+            }
+            self.clock.set(t);
+            let gpu = self.gpu.clone();
+            let app = &mut self.apps[i];
+            let step = match app.pending.take() {
+                Some(s) => s,
+                None => (app.work)(t),
+            };
+            match step {
+                Step::Pause(p) => app.next = t + p.max(1),
+                Step::Sync => {
+                    app.syncs += 1;
+                    app.next = gpu.stream_idle_at(app.stream).max(t) + US;
+                }
+                Step::Launch(d) => match app.limiter.admit(app.stream) {
+                    Admission::Go => {
+                        gpu.enqueue(app.stream, t, d, app.id);
+                        app.limiter.launched(app.stream, true);
+                        app.next = t + app.launch_cost;
+                    }
+                    Admission::Wait(w) => {
+                        app.pending = Some(step);
+                        // xorshift: deterministic timer slack.
+                        app.rng ^= app.rng << 13;
+                        app.rng ^= app.rng >> 7;
+                        app.rng ^= app.rng << 17;
+                        let slack = if app.max_oversleep > 0 {
+                            app.rng % app.max_oversleep
+                        } else {
+                            0
+                        };
+                        app.next = t + w + slack;
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// A loop of kernels of one duration.
+pub fn kernel_loop(dur: Nanos) -> Workload {
+    Box::new(move |_| Step::Launch(dur))
+}
+
+/// `kernels` launches of `dur`, a sync, then `pause` of host work, forever.
+pub fn bursty(dur: Nanos, kernels: u32, pause: Nanos) -> Workload {
+    let mut i = 0u32;
+    Box::new(move |_| {
+        i += 1;
+        match i {
+            n if n <= kernels => Step::Launch(dur),
+            n if n == kernels + 1 => Step::Sync,
+            _ => {
+                i = 0;
+                Step::Pause(pause)
+            }
+        }
+    })
+}

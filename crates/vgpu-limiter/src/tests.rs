@@ -1,0 +1,366 @@
+//! Control-logic tests on the simulated clock and GPU.
+
+use proptest::prelude::*;
+
+use crate::sim::*;
+use crate::{Admission, Limiter, LimiterConfig, Nanos, Policy};
+
+fn cfg() -> LimiterConfig {
+    LimiterConfig::default()
+}
+
+/// Achieved share of one GPU-bound kernel loop under `limit`, measured over `[t0, t1)`.
+fn steady(limit: u32, dur: Nanos, t0: Nanos, t1: Nanos) -> (f64, World) {
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(limit);
+    let id = w.add(cfg(), table.view(), kernel_loop(dur));
+    w.run_until(t1);
+    (w.gpu.busy_fraction(id, t0, t1), w)
+}
+
+fn assert_near(what: &str, got: f64, target: f64, tol_points: f64) {
+    let (g, t) = (got * 100.0, target * 100.0);
+    assert!(
+        (g - t).abs() <= tol_points,
+        "{what}: achieved {g:.2}% for target {t:.2}% (tolerance ±{tol_points} points)"
+    );
+}
+
+#[test]
+fn steady_state_within_two_points_short_and_long_kernels() {
+    for dur in [50 * US, 5 * MS] {
+        for limit in [10, 25, 50, 75] {
+            let (got, w) = steady(limit, dur, S, 6 * S);
+            assert_near(
+                &format!("limit {limit}, kernels of {dur} ns"),
+                got,
+                f64::from(limit) / 100.0,
+                2.0,
+            );
+            // Markers are recycled: only the outstanding segments hold any.
+            assert!(w.gpu.live_markers() <= 2 * cfg().max_outstanding + 2);
+        }
+    }
+}
+
+#[test]
+fn events_are_batched_not_per_launch() {
+    let (_, w) = steady(50, 50 * US, S, 3 * S);
+    let stats = w.apps[0].limiter.stats();
+    assert!(stats.launches > 10_000, "{stats:?}");
+    // About 10 launches of 50 µs per 500 µs segment: far fewer markers than launches.
+    assert!(
+        stats.markers * 4 < stats.launches,
+        "markers {} for {} launches",
+        stats.markers,
+        stats.launches
+    );
+}
+
+#[test]
+fn queued_work_stays_about_one_period_deep() {
+    // Sample the queue depth of a 50% loop of 50 µs kernels many times.
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(50);
+    w.add(cfg(), table.view(), kernel_loop(50 * US));
+    let mut worst = 0;
+    for k in 1..2_000u64 {
+        let t = S + k * 997 * US;
+        w.run_until(t);
+        worst = worst.max(w.gpu.stream_idle_at(1).saturating_sub(t));
+    }
+    // period 2 ms at 50% = 1 ms of work, plus a burst credit of 10 ms × 50% after waits
+    // that overslept: never more than period + burst worth.
+    assert!(worst <= 6 * MS, "queue reached {worst} ns");
+}
+
+#[test]
+fn kernel_mix_change_still_holds_the_average() {
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(25);
+    let mut n = 0u64;
+    let id = w.add(
+        cfg(),
+        table.view(),
+        Box::new(move |_| {
+            n += 1;
+            // Alternate phases of short and long kernels.
+            if (n / 2_000) % 2 == 0 {
+                Step::Launch(50 * US)
+            } else {
+                Step::Launch(5 * MS)
+            }
+        }),
+    );
+    w.run_until(20 * S);
+    assert_near(
+        "mixed kernels",
+        w.gpu.busy_fraction(id, S, 20 * S),
+        0.25,
+        2.0,
+    );
+}
+
+#[test]
+fn dynamic_limit_change_is_followed() {
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(25);
+    let id = w.add(cfg(), table.view(), kernel_loop(200 * US));
+    w.run_until(4 * S);
+    table.0.borrow_mut().sm_limit = 75;
+    w.run_until(8 * S);
+    assert_near("before", w.gpu.busy_fraction(id, S, 4 * S), 0.25, 2.0);
+    assert_near("after", w.gpu.busy_fraction(id, 5 * S, 8 * S), 0.75, 2.0);
+}
+
+#[test]
+fn bursty_load_below_the_limit_runs_at_full_speed() {
+    // Bursts of 4 ms of GPU work, then sync and 16 ms of host work: 20% demand.
+    let run = |limit: u32| {
+        let mut w = World::new(GpuMode::Concurrent);
+        let table = SimTable::new(limit);
+        let id = w.add(cfg(), table.view(), bursty(100 * US, 40, 16 * MS));
+        w.run_until(10 * S);
+        (w.apps[id].syncs, w.gpu.busy_fraction(id, S, 10 * S))
+    };
+    let (free_cycles, free_util) = run(100);
+    let (cycles, util) = run(50);
+    assert!(
+        (0.15..0.25).contains(&free_util),
+        "unlimited demand {free_util}"
+    );
+    // The idle time after each burst must not be charged: throughput stays near unlimited.
+    assert!(
+        cycles as f64 >= 0.95 * free_cycles as f64,
+        "{cycles} cycles limited vs {free_cycles} unlimited (util {util})"
+    );
+}
+
+#[test]
+fn bursty_load_above_the_limit_is_held() {
+    // Bursts of 20 ms of work, then 20 ms of host work: 50% demand, limit 25.
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(25);
+    let id = w.add(cfg(), table.view(), bursty(500 * US, 40, 20 * MS));
+    w.run_until(12 * S);
+    let got = w.gpu.busy_fraction(id, 2 * S, 12 * S);
+    // Never above the limit. Below it by design: a pause earns at most `burst` (10 ms)
+    // of credit, so one cycle takes 20 ms pause + (20 ms / 25% − 10 ms) ≈ 90 ms for
+    // 20 ms of work, i.e. 22.2%.
+    let model = 20.0 / (20.0 + 80.0 - 10.0);
+    assert!(got <= 0.255, "above the limit: {got}");
+    assert_near("bursty", got, model, 1.0);
+}
+
+#[test]
+fn two_processes_share_one_container_limit() {
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(50);
+    let a = w.add(cfg(), table.view(), kernel_loop(50 * US));
+    w.run_until(2 * S);
+    // The second process starts later, with longer kernels.
+    let b = w.add(cfg(), table.view(), kernel_loop(2 * MS));
+    w.run_until(12 * S);
+    let (ua, ub) = (
+        w.gpu.busy_fraction(a, 5 * S, 12 * S),
+        w.gpu.busy_fraction(b, 5 * S, 12 * S),
+    );
+    assert_near("container total", ua + ub, 0.50, 2.0);
+    assert!(ua > 0.15 && ub > 0.15, "one process starved: {ua} {ub}");
+    // Each publishes what it achieves.
+    let slots = table.0.borrow().slots.clone();
+    let published: u32 = slots.iter().sum();
+    assert!((46..=54).contains(&published), "published {slots:?}");
+}
+
+#[test]
+fn two_containers_at_30_and_70() {
+    let mut w = World::new(GpuMode::Concurrent);
+    let (t30, t70) = (SimTable::new(30), SimTable::new(70));
+    let a = w.add(cfg(), t30.view(), kernel_loop(50 * US));
+    let b = w.add(cfg(), t70.view(), kernel_loop(5 * MS));
+    w.run_until(8 * S);
+    assert_near("30% container", w.gpu.busy_fraction(a, S, 8 * S), 0.30, 2.0);
+    assert_near("70% container", w.gpu.busy_fraction(b, S, 8 * S), 0.70, 2.0);
+}
+
+#[test]
+fn policies() {
+    let run = |policy: Policy, switch: i32| {
+        let mut w = World::new(GpuMode::Concurrent);
+        let table = SimTable::new(30);
+        table.0.borrow_mut().utilization_switch = switch;
+        let c = LimiterConfig { policy, ..cfg() };
+        let id = w.add(c, table.view(), kernel_loop(100 * US));
+        w.run_until(3 * S);
+        (w.gpu.busy_fraction(id, S, 3 * S), w.gpu.timer_ops())
+    };
+    // The default holds the limit even when the monitor says the tenant is alone.
+    for policy in [Policy::Default, Policy::Force] {
+        for switch in [0, 1] {
+            assert_near(
+                &format!("{policy:?}/{switch}"),
+                run(policy, switch).0,
+                0.30,
+                2.0,
+            );
+        }
+    }
+    // MONITOR follows the switch, like HAMi-core's default.
+    assert_near("monitor/1", run(Policy::Monitor, 1).0, 0.30, 2.0);
+    let (util, ops) = run(Policy::Monitor, 0);
+    assert!(util > 0.99 && ops == 0, "monitor/0: {util} {ops}");
+    let (util, ops) = run(Policy::Disable, 1);
+    assert!(util > 0.99 && ops == 0, "disable: {util} {ops}");
+}
+
+#[test]
+fn policy_parsing() {
+    assert_eq!(Policy::parse(""), Ok(Policy::Default));
+    assert_eq!(Policy::parse(" FORCE "), Ok(Policy::Force));
+    assert_eq!(Policy::parse("Disable"), Ok(Policy::Disable));
+    assert_eq!(Policy::parse("monitor"), Ok(Policy::Monitor));
+    assert_eq!(Policy::parse("default"), Ok(Policy::Default));
+    let err = Policy::parse("always").unwrap_err();
+    assert!(err.to_string().contains("always"), "{err}");
+}
+
+#[test]
+fn recent_kernel_blocks_launches_while_negative() {
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(50);
+    let id = w.add(cfg(), table.view(), kernel_loop(100 * US));
+    w.run_until(2 * S);
+    assert!(table.0.borrow().activity > 0, "activity is signalled");
+    assert_eq!(
+        table.0.borrow().recent_kernel,
+        2,
+        "activity marks recent_kernel"
+    );
+    table.0.borrow_mut().recent_kernel = -1;
+    w.run_until(3 * S);
+    table.0.borrow_mut().recent_kernel = 0;
+    w.run_until(5 * S);
+    // Nothing starts while blocked, apart from work queued before (≤ one period).
+    let started = w.gpu.kernels_started(id, 2 * S + 5 * MS, 3 * S);
+    assert_eq!(started, 0, "kernels started while blocked");
+    // Launches resume within a poll interval and the limit still holds afterwards.
+    assert!(w.gpu.kernels_started(id, 3 * S, 3 * S + 5 * MS) > 0);
+    assert_near(
+        "after unblock",
+        w.gpu.busy_fraction(id, 3 * S + 500 * MS, 5 * S),
+        0.5,
+        2.0,
+    );
+}
+
+#[test]
+fn no_limit_is_a_pure_fast_path() {
+    for limit in [0, 100] {
+        let mut w = World::new(GpuMode::Concurrent);
+        let table = SimTable::new(limit);
+        let id = w.add(cfg(), table.view(), kernel_loop(50 * US));
+        w.run_until(S);
+        assert_eq!(w.gpu.timer_ops(), 0, "timer used with limit {limit}");
+        assert_eq!(
+            table.0.borrow().writes,
+            0,
+            "shared writes with limit {limit}"
+        );
+        assert_eq!(w.apps[id].limiter.stats().waits, 0);
+        assert!(w.gpu.busy_fraction(id, 0, S) > 0.99);
+    }
+}
+
+#[test]
+fn timer_failures_do_not_block_or_panic() {
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(50);
+    let id = w.add(cfg(), table.view(), kernel_loop(100 * US));
+    w.run_until(S);
+    w.gpu.set_fail_records(true);
+    w.run_until(2 * S);
+    let stats = w.apps[id].limiter.stats();
+    assert!(stats.timer_errors > 0);
+    // With the learned cost, unmeasured launches are still paced by their estimate.
+    assert_near(
+        "estimate only",
+        w.gpu.busy_fraction(id, 1100 * MS, 2 * S),
+        0.5,
+        3.0,
+    );
+    w.gpu.set_fail_records(false);
+    w.run_until(4 * S);
+    assert_near(
+        "recovered",
+        w.gpu.busy_fraction(id, 2500 * MS, 4 * S),
+        0.5,
+        2.0,
+    );
+}
+
+#[test]
+fn first_launch_calibrates_before_queueing_more() {
+    let w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(50);
+    let timer = SimTimer {
+        gpu: w.gpu.clone(),
+        clock: w.clock.clone(),
+    };
+    let mut lim = Limiter::new(cfg(), w.clock.clone(), timer, table.view());
+    assert_eq!(lim.admit(1), Admission::Go);
+    w.gpu.enqueue(1, 0, 3 * MS, 0);
+    lim.launched(1, true);
+    // The cost of a launch is unknown until the first one is measured.
+    assert!(matches!(lim.admit(1), Admission::Wait(_)));
+    w.clock.set(3 * MS);
+    // Measured: 3 ms at 50% pays off at 6 ms (minus the burst credit).
+    let mut t = 3 * MS;
+    while let Admission::Wait(d) = lim.admit(1) {
+        t += d;
+        w.clock.set(t);
+    }
+    assert!(t <= 6 * MS, "waited until {t}");
+}
+
+#[test]
+fn two_containers_on_one_serial_engine() {
+    // One engine runs both processes' work in submission order, so time a process's
+    // work waits behind the other's is charged to it (events measure wall time on the
+    // GPU). Queues stay short, so the error is small, and never above the limit.
+    let mut w = World::new(GpuMode::Serial);
+    let (t30, t70) = (SimTable::new(30), SimTable::new(70));
+    let a = w.add(cfg(), t30.view(), kernel_loop(50 * US));
+    let b = w.add(cfg(), t70.view(), kernel_loop(500 * US));
+    w.run_until(6 * S);
+    let (ua, ub) = (
+        w.gpu.busy_fraction(a, S, 6 * S),
+        w.gpu.busy_fraction(b, S, 6 * S),
+    );
+    assert!(ua <= 0.305 && ub <= 0.705, "over the limit: {ua} {ub}");
+    assert_near("30% container, serial engine", ua, 0.30, 3.0);
+    assert_near("70% container, serial engine", ub, 0.70, 3.0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_limit_and_kernel_length_holds(
+        limit in 5u32..=95,
+        dur_us in 20u64..=8_000,
+        oversleep_us in 0u64..=300,
+    ) {
+        let mut w = World::new(GpuMode::Concurrent);
+        let table = SimTable::new(limit);
+        let id = w.add(cfg(), table.view(), kernel_loop(dur_us * US));
+        w.apps[id].max_oversleep = oversleep_us * US;
+        w.run_until(5 * S);
+        let got = w.gpu.busy_fraction(id, S, 5 * S) * 100.0;
+        prop_assert!(
+            (got - f64::from(limit)).abs() <= 2.0,
+            "limit {} kernels {} µs oversleep {} µs: achieved {:.2}%",
+            limit, dur_us, oversleep_us, got
+        );
+    }
+}

@@ -1,0 +1,75 @@
+//! The three things the limiter is generic over: time, GPU time and the shared view.
+
+use std::fmt;
+
+/// Nanoseconds on the [`Clock`]'s monotonic time line.
+pub type Nanos = u64;
+
+/// A monotonic clock.
+pub trait Clock {
+    /// Current time in nanoseconds; never decreases.
+    fn now(&self) -> Nanos;
+}
+
+/// Why a GPU timer operation failed (the hook maps driver result codes onto this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerError {
+    /// The driver's result code, or a negative value for errors of the timer itself.
+    pub code: i32,
+}
+
+impl fmt::Display for TimerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GPU timer operation failed with code {}", self.code)
+    }
+}
+
+impl std::error::Error for TimerError {}
+
+/// Markers in a GPU stream whose completion times can be compared (CUDA events).
+///
+/// A marker completes when the GPU has finished all work submitted to its stream
+/// before it; [`GpuTimer::elapsed`] is the GPU time between two completed markers.
+pub trait GpuTimer {
+    /// A stream handle as the application passed it (after per-thread-stream mapping).
+    type Stream: Copy + Eq + fmt::Debug;
+    /// A recorded marker.
+    type Marker: Copy + fmt::Debug;
+
+    /// Records a new marker at the current end of `stream`.
+    fn record(&mut self, stream: Self::Stream) -> Result<Self::Marker, TimerError>;
+    /// Whether the GPU has reached `marker`.
+    fn is_complete(&mut self, marker: Self::Marker) -> Result<bool, TimerError>;
+    /// Nanoseconds of GPU time between two completed markers (`start` recorded first).
+    fn elapsed(&mut self, start: Self::Marker, end: Self::Marker) -> Result<Nanos, TimerError>;
+    /// Returns a marker the limiter no longer needs (the hook reuses its event).
+    fn release(&mut self, marker: Self::Marker);
+}
+
+/// What the other processes of the container use on this device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PeerUsage {
+    /// Sum of the other live processes' published utilization, in percent.
+    pub util_pct: u32,
+    /// How many other processes published a non-zero utilization.
+    pub active: u32,
+}
+
+/// The container-wide state of one device, as the shared file holds it.
+///
+/// Reads are cheap loads (called on every throttled launch); [`ContainerView::peers`]
+/// scans the file's process slots and is called once per publish period only.
+pub trait ContainerView {
+    /// The device's SM limit in percent (0 or >= 100 = unlimited); the monitor may change it.
+    fn sm_limit_pct(&self) -> u32;
+    /// The monitor's `recent_kernel`: negative means "block launches".
+    fn recent_kernel(&self) -> i32;
+    /// The monitor's `utilization_switch` (1 = the device is contended).
+    fn utilization_switch(&self) -> i32;
+    /// Utilization published by the other processes sharing the file.
+    fn peers(&self) -> PeerUsage;
+    /// Publishes this process's achieved utilization (percent) in its slot's `sm_util`.
+    fn publish_util(&mut self, util_pct: u32);
+    /// Tells the monitor this process launches kernels (`recent_kernel`, `last_kernel_time`).
+    fn note_activity(&mut self, now: Nanos);
+}
