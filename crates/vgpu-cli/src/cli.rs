@@ -1,0 +1,206 @@
+//! The command line: every subcommand and flag, as clap derive types.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+
+use crate::limits::{MemoryFlag, SmFlag};
+use crate::units::parse_interval;
+
+/// Share a GPU: run programs under memory and compute limits, see and change usage.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vgpu",
+    version,
+    about = "Run CUDA programs under per-device memory and compute (SM) limits, and see what they use.",
+    long_about = "Run CUDA programs under per-device memory and compute (SM) limits, and see what they use.\n\n\
+vgpu preloads libvgpu.so (a drop-in replacement for HAMi-core) into unmodified programs. All \
+processes that share one usage file (CUDA_DEVICE_MEMORY_SHARED_CACHE, default /tmp/cudevshr.cache) \
+share one limit per device.\n\n\
+Sizes: 4g, 4096m, 512Mi, 1.5GiB or a byte count (binary units). 0 = unlimited.",
+    after_help = "Start with `vgpu demo` to see a limit enforced, `vgpu doctor` to check this machine."
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a program under limits (sets the environment, preloads libvgpu.so, execs).
+    Run(RunArgs),
+    /// Show devices, limits, usage and processes of a usage file (like nvidia-smi).
+    Status(StatusArgs),
+    /// Show `status` repeatedly, refreshing the terminal.
+    Watch(WatchArgs),
+    /// Change the memory or SM limit in a live usage file.
+    SetLimit(SetLimitArgs),
+    /// Serve Prometheus metrics of one or many usage files over HTTP.
+    Exporter(ExporterArgs),
+    /// Check that limits are really enforced here, and say what is wrong.
+    Doctor(DoctorArgs),
+    /// Show a CUDA workload refused past its memory limit (simulated driver without a GPU).
+    Demo(DemoArgs),
+    /// Internal: a tiny CUDA driver-API workload driven by commands on stdin (used by
+    /// `demo`, `doctor` and the tests).
+    #[command(hide = true)]
+    Workload(WorkloadArgs),
+}
+
+/// `vgpu run`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  vgpu run --memory 4g -- python train.py\n  \
+vgpu run --memory 8g --memory 1=2g --sm 50 --cache /tmp/team-a.cache -- ./app --flag\n\n\
+Flags replace inherited variables of the same kind: any --memory clears inherited \
+CUDA_DEVICE_MEMORY_LIMIT*, any --sm clears inherited CUDA_DEVICE_SM_LIMIT*.\n\
+Limits already stored in an existing usage file win over the environment; change them with \
+`vgpu set-limit`."
+)]
+pub struct RunArgs {
+    /// Memory limit: SIZE for every device, or DEVICE=SIZE for one (repeatable).
+    #[arg(long = "memory", short = 'm', value_name = "[DEVICE=]SIZE", value_parser = MemoryFlag::parse)]
+    pub memory: Vec<MemoryFlag>,
+    /// SM (compute) limit in percent: PERCENT or DEVICE=PERCENT (repeatable; 0 or 100 = unlimited).
+    #[arg(long = "sm", value_name = "[DEVICE=]PERCENT", value_parser = SmFlag::parse)]
+    pub sm: Vec<SmFlag>,
+    /// Usage file shared by all processes under one limit (CUDA_DEVICE_MEMORY_SHARED_CACHE).
+    #[arg(long, value_name = "PATH")]
+    pub cache: Option<PathBuf>,
+    /// libvgpu.so to preload (default: $VGPU_LIB, next to vgpu, ../lib, /usr/local/vgpu).
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+    /// Print the environment and command instead of running it.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The program and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// Where the usage file is, for the commands that read one.
+#[derive(Debug, Args, Clone)]
+pub struct CacheArg {
+    /// Usage file (default: $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache).
+    #[arg(long, value_name = "PATH")]
+    pub cache: Option<PathBuf>,
+}
+
+/// `vgpu status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub cache: CacheArg,
+    /// Print JSON (schema `vgpu.status.v1`, see docs/cli.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `vgpu watch`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub cache: CacheArg,
+    /// Time between refreshes: 1s, 500ms, 2m, or seconds.
+    #[arg(long, short = 'n', default_value = "1s", value_name = "DURATION", value_parser = parse_interval)]
+    pub interval: std::time::Duration,
+    /// Stop after N refreshes (default: until Ctrl-C on a terminal, 1 when stdout is not a terminal).
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+}
+
+/// `vgpu set-limit`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("limit").required(true).multiple(true).args(["memory", "sm"])))]
+#[command(
+    after_help = "Examples:\n  vgpu set-limit --memory 8g\n  vgpu set-limit --device 1 --sm 40\n\n\
+Running processes enforce the new value from their next allocation."
+)]
+pub struct SetLimitArgs {
+    /// Device index (default: every device in the file).
+    #[arg(long, short = 'd', value_name = "N", value_parser = clap::value_parser!(u32).range(0..16))]
+    pub device: Option<u32>,
+    /// New memory limit (0 = unlimited).
+    #[arg(long, short = 'm', value_name = "SIZE", value_parser = crate::limits::parse_memory_value)]
+    pub memory: Option<u64>,
+    /// New SM limit in percent (0 or 100 = unlimited).
+    #[arg(long, value_name = "PERCENT", value_parser = crate::limits::parse_sm_value)]
+    pub sm: Option<u8>,
+    #[command(flatten)]
+    pub cache: CacheArg,
+}
+
+/// `vgpu exporter`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Example:\n  vgpu exporter --listen 0.0.0.0:9400 --cache '/usr/local/vgpu/containers/*/*.cache'\n\n\
+GLOB supports * ? and [abc] in any path component (no **). Files named libvgpu.so are skipped."
+)]
+pub struct ExporterArgs {
+    /// Address to listen on (port 0 picks a free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:9400", value_name = "ADDR")]
+    pub listen: String,
+    /// Usage file or glob of usage files (default: $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache).
+    #[arg(long, value_name = "GLOB")]
+    pub cache: Option<String>,
+}
+
+/// `vgpu doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// libvgpu.so to check (default: as `vgpu run` finds it).
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+    #[command(flatten)]
+    pub cache: CacheArg,
+    /// Skip the probe program (only inspect files and the environment).
+    #[arg(long)]
+    pub no_probe: bool,
+}
+
+/// `vgpu demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Memory limit for the workload.
+    #[arg(long, default_value = "1g", value_name = "SIZE", value_parser = crate::limits::parse_nonzero_memory_value)]
+    pub memory: u64,
+    /// Size of each allocation the workload makes.
+    #[arg(long, default_value = "256m", value_name = "SIZE", value_parser = crate::limits::parse_nonzero_memory_value)]
+    pub step: u64,
+    /// Which driver: auto (real GPU if present, else simulated), real, or simulated.
+    #[arg(long, value_enum, default_value_t = DriverChoice::Auto)]
+    pub driver: DriverChoice,
+    /// libvgpu.so to use (default: as `vgpu run` finds it).
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+}
+
+/// Which CUDA driver `vgpu demo` runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DriverChoice {
+    /// The real driver when one with a device is present, else the simulated one.
+    Auto,
+    /// The real driver (fails without a GPU).
+    Real,
+    /// The simulated driver (libvgpusim.so next to the vgpu binary).
+    Simulated,
+}
+
+/// `vgpu workload` (hidden).
+#[derive(Debug, Args)]
+pub struct WorkloadArgs {
+    /// Device ordinal to use.
+    #[arg(long, default_value_t = 0)]
+    pub device: i32,
+    /// Run these commands (separated by `;`) instead of reading stdin.
+    #[arg(long, value_name = "COMMANDS")]
+    pub script: Option<String>,
+}

@@ -1,0 +1,265 @@
+//! `vgpu demo`: a small CUDA workload under a memory limit, shown allocating up to the limit
+//! and refused past it, with `vgpu status` of its usage file while it holds memory.
+//!
+//! Without a GPU it runs on the simulated driver (`libvgpusim.so` next to the vgpu binary,
+//! served as `libcuda.so.1` / `libnvidia-ml.so.1` through symlinks in a temporary directory);
+//! with a GPU, on the real driver. The workload is `vgpu workload`, which reaches the driver
+//! through `dlopen` + `dlsym` like the CUDA runtime does.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use crate::Failure;
+use crate::cli::{DemoArgs, DriverChoice};
+use crate::cuda::CUDA_ERROR_OUT_OF_MEMORY;
+use crate::limits::MemoryFlag;
+use crate::locate;
+use crate::report;
+use crate::run::{HookEnv, HookSetup, hook_env};
+use crate::tempdir::TempDir;
+use crate::units::format_bytes;
+use crate::workload::WorkloadProcess;
+
+/// Names the simulated driver is served under.
+pub const SIM_LINK_NAMES: &[&str] = &[
+    "libcuda.so.1",
+    "libcuda.so",
+    "libnvidia-ml.so.1",
+    "libnvidia-ml.so",
+];
+
+/// A directory of symlinks that makes `libvgpusim.so` the driver for whoever puts the
+/// directory first on `LD_LIBRARY_PATH`.
+pub fn make_sim_link_dir(sim: &Path, dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    for name in SIM_LINK_NAMES {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(sim, &link)
+            .map_err(|e| format!("cannot link {} -> {}: {e}", link.display(), sim.display()))?;
+    }
+    Ok(())
+}
+
+/// `LD_LIBRARY_PATH` with `dir` first, keeping what was there.
+pub fn library_path_with(dir: &Path) -> String {
+    match std::env::var("LD_LIBRARY_PATH") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
+        _ => dir.display().to_string(),
+    }
+}
+
+/// Whether the real driver is present with at least one device: asks a child (so this
+/// process never initializes CUDA) running `vgpu workload` without the hook.
+pub fn real_gpu_present(vgpu_exe: &Path) -> Result<(String, i64), String> {
+    let mut w = WorkloadProcess::spawn(vgpu_exe, |_| {}, false)?;
+    let reply = w.send("count")?;
+    let _ = w.finish();
+    if !reply.ok() {
+        return Err(reply.line);
+    }
+    let n = reply.num("devices").unwrap_or(0) as i64;
+    Ok((reply.line, n))
+}
+
+fn exe() -> Result<PathBuf, Failure> {
+    std::env::current_exe()
+        .map_err(|e| Failure::msg(format!("cannot find the vgpu binary itself: {e}")))
+}
+
+/// `vgpu demo`.
+pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
+    let vgpu_exe = exe()?;
+    let hook = locate::find_hook(args.lib.as_deref())?;
+    let tmp = TempDir::new("vgpu-demo")
+        .map_err(|e| Failure::msg(format!("cannot create a temporary directory: {e}")))?;
+    let cache = tmp.path().join("demo.cache");
+
+    let simulated = match args.driver {
+        DriverChoice::Simulated => true,
+        DriverChoice::Real => false,
+        DriverChoice::Auto => !matches!(real_gpu_present(&vgpu_exe), Ok((_, n)) if n > 0),
+    };
+    let mut env: HookEnv = hook_env(&HookSetup {
+        hook: &hook.path,
+        memory: &[MemoryFlag {
+            device: None,
+            bytes: args.memory,
+        }],
+        sm: &[],
+        cache: Some(&cache),
+    })?;
+    let sim_total = args.memory.saturating_mul(4).max(8 << 30);
+    if simulated {
+        let sim = locate::find_sim()?;
+        let links = tmp.path().join("driver");
+        make_sim_link_dir(&sim.path, &links)?;
+        env.set
+            .insert("LD_LIBRARY_PATH".into(), library_path_with(&links));
+        env.set
+            .insert("VGPU_SIM_TOTAL_MEM".into(), sim_total.to_string());
+        println!(
+            "vgpu demo: no GPU used: the simulated driver {} is served as libcuda.so.1",
+            sim.path.display()
+        );
+        println!(
+            "           (a simulated device of {} of memory)",
+            format_bytes(sim_total)
+        );
+    } else {
+        println!("vgpu demo: running against the real CUDA driver");
+    }
+    println!("hook:      {} ({})", hook.path.display(), hook.how);
+    println!("limit:     {} on every device", format_bytes(args.memory));
+    println!("usage file {}", cache.display());
+    println!(
+        "same as:   vgpu run --memory {} --cache {} -- <your program>",
+        args.memory,
+        cache.display()
+    );
+    println!();
+
+    let mut w = WorkloadProcess::spawn(&vgpu_exe, |cmd: &mut Command| env.apply(cmd), true)?;
+    let step = |w: &mut WorkloadProcess, c: &str| w.send(c).map_err(Failure::msg);
+    let init = step(&mut w, "init")?;
+    if !init.ok() {
+        return Err(Failure::msg(format!(
+            "the workload could not start CUDA: {}{}",
+            init.line,
+            if simulated {
+                ""
+            } else {
+                "\nhint: try `vgpu demo --driver simulated`"
+            }
+        )));
+    }
+    println!(
+        "workload pid {}: driver {} from {}",
+        w.pid(),
+        init.get("driver").unwrap_or("?"),
+        init.get("file").unwrap_or("?")
+    );
+    let total = step(&mut w, "total")?;
+    let info = step(&mut w, "info")?;
+    let seen_total = total.num("bytes");
+    println!(
+        "cuDeviceTotalMem_v2 says {} (the device really has more)",
+        seen_total.map_or("?".into(), format_bytes)
+    );
+    if let (Some(free), Some(t)) = (info.num("free"), info.num("total")) {
+        println!(
+            "cuMemGetInfo_v2 says    {} free of {}",
+            format_bytes(free),
+            format_bytes(t)
+        );
+    }
+    println!();
+    println!(
+        "allocating {} at a time with cuMemAlloc_v2:",
+        format_bytes(args.step)
+    );
+
+    let max_steps = args.memory / args.step + 4;
+    let mut granted = 0u64;
+    let mut held = Vec::new();
+    let mut refused: Option<(u64, i32, String)> = None;
+    for i in 1..=max_steps {
+        let r = step(&mut w, &format!("alloc {}", args.step))?;
+        if r.ok() {
+            granted += args.step;
+            held.push(r.num("id").unwrap_or(0));
+            println!(
+                "  #{i:<3} ok       {:>10} held by this process",
+                format_bytes(granted)
+            );
+        } else {
+            let code = r.get("code").and_then(|c| c.parse().ok()).unwrap_or(-1);
+            let name = r.get("name").unwrap_or("?").to_owned();
+            println!("  #{i:<3} REFUSED  {name} ({code})");
+            refused = Some((i, code, name));
+            break;
+        }
+    }
+    println!();
+    println!(
+        "vgpu status --cache {} (while the workload holds its memory):",
+        cache.display()
+    );
+    match report::read(&cache) {
+        Ok(r) => print!("{}", indent(&r.render_text())),
+        Err(e) => println!("  cannot read the usage file: {e}"),
+    }
+    println!();
+    // Freeing gives the bytes back: the same request fits again.
+    let mut reuse_ok = None;
+    if let Some(id) = held.last().copied() {
+        let f = step(&mut w, &format!("free {id}"))?;
+        let again = step(&mut w, &format!("alloc {}", args.step))?;
+        reuse_ok = Some(f.ok() && again.ok());
+        println!(
+            "freed one {} block and asked again: {}",
+            format_bytes(args.step),
+            if again.ok() {
+                "ok (freed memory is returned to the limit)"
+            } else {
+                "refused"
+            }
+        );
+    }
+    let status = w.finish().map_err(Failure::msg)?;
+    println!("workload exited: {status}");
+    if let Ok(r) = report::read(&cache) {
+        let used: u64 = r.devices.iter().map(|d| d.memory_used_bytes).sum();
+        println!(
+            "usage left in the file after it exited: {}",
+            format_bytes(used)
+        );
+    }
+    println!();
+
+    let limit_seen = seen_total == Some(args.memory);
+    let verdict = match refused {
+        Some((_, code, _))
+            if code == CUDA_ERROR_OUT_OF_MEMORY && granted > 0 && granted <= args.memory =>
+        {
+            println!(
+                "RESULT: limit enforced. {} granted, the next {} refused with CUDA_ERROR_OUT_OF_MEMORY; \
+                 the device showed {} total.",
+                format_bytes(granted),
+                format_bytes(args.step),
+                seen_total.map_or("?".into(), format_bytes)
+            );
+            limit_seen && reuse_ok != Some(false)
+        }
+        Some((_, code, name)) => {
+            println!(
+                "RESULT: NOT as expected: an allocation failed with {name} ({code}) after {}",
+                format_bytes(granted)
+            );
+            false
+        }
+        None => {
+            println!(
+                "RESULT: NOT ENFORCED: {} allocated, past the {} limit",
+                format_bytes(granted),
+                format_bytes(args.memory)
+            );
+            false
+        }
+    };
+    if !limit_seen {
+        println!(
+            "note: cuDeviceTotalMem_v2 should report the limit ({}); it reported {:?}",
+            args.memory, seen_total
+        );
+    }
+    Ok(if verdict {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
+}

@@ -1,0 +1,516 @@
+//! `vgpu doctor`: is enforcement really in effect here? Each check ends in a plain-words
+//! verdict; the exit code is 1 when any check fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use vgpu_alloc_core::config::Config;
+
+use crate::Failure;
+use crate::cli::DoctorArgs;
+use crate::cuda::Library;
+use crate::limits::MemoryFlag;
+use crate::locate::{self, Found};
+use crate::report;
+use crate::run::{HookSetup, hook_env};
+use crate::tempdir::TempDir;
+use crate::units::{format_bytes, format_limit};
+use crate::workload::WorkloadProcess;
+
+/// The limit the mechanism probe runs under.
+pub const PROBE_LIMIT: u64 = 256 << 20;
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Fine.
+    Ok,
+    /// Works, but something deserves attention.
+    Warn,
+    /// Enforcement is not (fully) in effect.
+    Fail,
+    /// Could not be checked because an earlier check failed.
+    Skip,
+}
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// Short name.
+    pub name: &'static str,
+    /// Outcome.
+    pub verdict: Verdict,
+    /// What was found, in plain words.
+    pub detail: String,
+}
+
+fn check(name: &'static str, verdict: Verdict, detail: impl Into<String>) -> Check {
+    Check {
+        name,
+        verdict,
+        detail: detail.into(),
+    }
+}
+
+impl Check {
+    /// One line for the terminal.
+    pub fn render(&self) -> String {
+        let tag = match self.verdict {
+            Verdict::Ok => "[ ok ]",
+            Verdict::Warn => "[warn]",
+            Verdict::Fail => "[FAIL]",
+            Verdict::Skip => "[skip]",
+        };
+        let detail = self.detail.replace('\n', "\n                         ");
+        format!("{tag} {:<16} {detail}", self.name)
+    }
+}
+
+fn check_hook(lib: Option<&Path>) -> (Check, Option<Found>) {
+    let found = match locate::find_hook(lib) {
+        Ok(f) => f,
+        Err(e) => return (check("libvgpu.so", Verdict::Fail, e), None),
+    };
+    let c = match Library::open(&found.path.display().to_string()) {
+        Err(e) => check(
+            "libvgpu.so",
+            Verdict::Fail,
+            format!(
+                "{} ({}) does not load: {e}",
+                found.path.display(),
+                found.how
+            ),
+        ),
+        Ok(l) => {
+            let missing: Vec<&str> = ["cuMemAlloc_v2", "cuGetProcAddress", "dlsym"]
+                .into_iter()
+                .filter(|s| l.symbol(s).is_none())
+                .collect();
+            if missing.is_empty() {
+                check(
+                    "libvgpu.so",
+                    Verdict::Ok,
+                    format!(
+                        "{} ({}) loads and exports the driver API",
+                        found.path.display(),
+                        found.how
+                    ),
+                )
+            } else {
+                check(
+                    "libvgpu.so",
+                    Verdict::Fail,
+                    format!(
+                        "{} loads but does not export {}: not a vgpu hook library",
+                        found.path.display(),
+                        missing.join(", ")
+                    ),
+                )
+            }
+        }
+    };
+    (c, Some(found))
+}
+
+/// Whether the hook is preloaded for programs started from here.
+fn check_preload(hook: Option<&Found>) -> (Check, bool) {
+    let env = std::env::var("LD_PRELOAD").unwrap_or_default();
+    let etc = std::fs::read_to_string("/etc/ld.so.preload").unwrap_or_default();
+    let mut entries: Vec<(String, &str)> = locate::preload_entries(&env)
+        .into_iter()
+        .map(|e| (e, "LD_PRELOAD"))
+        .collect();
+    entries.extend(
+        locate::preload_entries(&etc)
+            .into_iter()
+            .map(|e| (e, "/etc/ld.so.preload")),
+    );
+    if entries.is_empty() {
+        return (
+            check(
+                "preload",
+                Verdict::Warn,
+                "libvgpu.so is in neither LD_PRELOAD nor /etc/ld.so.preload: programs started from here are \
+                 NOT limited unless started with `vgpu run`",
+            ),
+            false,
+        );
+    }
+    let mut notes = Vec::new();
+    let mut verdict = Verdict::Ok;
+    for (entry, source) in &entries {
+        let path = Path::new(entry);
+        if !path.is_file() {
+            verdict = Verdict::Fail;
+            notes.push(format!("{source} names {entry}, which does not exist: the loader skips it and nothing is limited"));
+        } else if let Some(h) = hook {
+            let same = path.canonicalize().ok().as_deref() == Some(h.path.as_path());
+            notes.push(format!(
+                "{source} preloads {entry}{}",
+                if same {
+                    ""
+                } else {
+                    " (a different file than the one vgpu found; check versions)"
+                }
+            ));
+            if !same && verdict == Verdict::Ok {
+                verdict = Verdict::Warn;
+            }
+        } else {
+            notes.push(format!("{source} preloads {entry}"));
+        }
+    }
+    (
+        check("preload", verdict, notes.join("\n")),
+        verdict != Verdict::Fail,
+    )
+}
+
+fn check_driver(name: &'static str, soname: &str, required: bool) -> (Check, bool) {
+    match Library::open(soname) {
+        Ok(l) => {
+            let path = l.path().unwrap_or_else(|| PathBuf::from(soname));
+            let simulated = path.file_name().is_some_and(|n| n == locate::SIM_NAME);
+            if simulated {
+                (
+                    check(
+                        name,
+                        Verdict::Warn,
+                        format!(
+                            "{soname} is the SIMULATED driver {}: no real GPU here",
+                            path.display()
+                        ),
+                    ),
+                    true,
+                )
+            } else {
+                (
+                    check(
+                        name,
+                        Verdict::Ok,
+                        format!("{soname} found: {}", path.display()),
+                    ),
+                    true,
+                )
+            }
+        }
+        Err(e) => {
+            let what = if required {
+                "no CUDA program can run here, limited or not (without a GPU, `vgpu demo` uses the simulated driver)"
+            } else {
+                "NVML views (nvidia-smi, nvmlDeviceGetMemoryInfo) cannot be virtualized"
+            };
+            (
+                check(
+                    name,
+                    if required {
+                        Verdict::Fail
+                    } else {
+                        Verdict::Warn
+                    },
+                    format!("{soname} not loadable ({e}): {what}"),
+                ),
+                false,
+            )
+        }
+    }
+}
+
+fn check_environment() -> (Check, Option<Config>) {
+    match Config::from_lookup(|k| std::env::var(k).ok()) {
+        Err(e) => (
+            check(
+                "environment",
+                Verdict::Fail,
+                format!("the hook would reject this environment: {e}"),
+            ),
+            None,
+        ),
+        Ok(cfg) => {
+            let limits: Vec<String> = cfg
+                .memory_limit
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| l.map(|b| format!("device {i}: {}", format_bytes(b))))
+                .collect();
+            let c = if limits.is_empty() {
+                check(
+                    "environment",
+                    Verdict::Warn,
+                    "no memory limit configured (CUDA_DEVICE_MEMORY_LIMIT unset or 0)",
+                )
+            } else {
+                let shown = if limits.len() > 3 {
+                    format!("{} (and {} more)", limits[..3].join(", "), limits.len() - 3)
+                } else {
+                    limits.join(", ")
+                };
+                check(
+                    "environment",
+                    Verdict::Ok,
+                    format!("memory limits {shown}; usage file {}", cfg.shared_cache),
+                )
+            };
+            (c, Some(cfg))
+        }
+    }
+}
+
+fn check_cache(path: &Path) -> (Check, Option<report::StatusReport>) {
+    match report::read_if_exists(path) {
+        Ok(None) => (
+            check(
+                "usage file",
+                Verdict::Ok,
+                format!(
+                    "{} not created yet (the first program under the hook creates it)",
+                    path.display()
+                ),
+            ),
+            None,
+        ),
+        Err(e) => (
+            check(
+                "usage file",
+                Verdict::Fail,
+                format!(
+                    "{e}\nprograms using it will fail to register; remove it when no process uses it"
+                ),
+            ),
+            None,
+        ),
+        Ok(Some(r)) => {
+            let limits: Vec<String> = r
+                .devices
+                .iter()
+                .map(|d| format!("device {}: {}", d.index, format_limit(d.memory_limit_bytes)))
+                .collect();
+            let dead = r.processes.iter().filter(|p| !p.alive).count();
+            let detail = format!(
+                "{} valid: {} device(s) [{}], {} process(es){}",
+                path.display(),
+                r.devices.len(),
+                limits.join(", "),
+                r.processes.len(),
+                if dead > 0 {
+                    format!(", {dead} dead but still counted")
+                } else {
+                    String::new()
+                }
+            );
+            (
+                check(
+                    "usage file",
+                    if dead > 0 { Verdict::Warn } else { Verdict::Ok },
+                    detail,
+                ),
+                Some(r),
+            )
+        }
+    }
+}
+
+/// What a probe program under the hook saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeResult {
+    /// `cuDeviceTotalMem_v2`.
+    pub device_total: u64,
+    /// `cuMemGetInfo_v2` total.
+    pub info_total: u64,
+    /// `cuMemGetInfo_v2` free.
+    pub info_free: u64,
+    /// The file `dlsym(libcuda, "cuMemAlloc_v2")` resolved into.
+    pub alloc_from: String,
+}
+
+/// Run `vgpu workload` with `configure` and ask it for the device's totals.
+pub fn probe(configure: impl FnOnce(&mut Command)) -> Result<ProbeResult, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the vgpu binary: {e}"))?;
+    let mut w = WorkloadProcess::spawn(&exe, configure, false)?;
+    let init = w.send("init")?;
+    if !init.ok() {
+        return Err(format!(
+            "the probe could not initialize CUDA: {}",
+            init.line
+        ));
+    }
+    let total = w.send("total")?;
+    let info = w.send("info")?;
+    let _ = w.finish();
+    let (Some(device_total), Some(info_total), Some(info_free)) =
+        (total.num("bytes"), info.num("total"), info.num("free"))
+    else {
+        return Err(format!(
+            "the probe's driver calls failed: {} / {}",
+            total.line, info.line
+        ));
+    };
+    Ok(ProbeResult {
+        device_total,
+        info_total,
+        info_free,
+        alloc_from: init.get("alloc_from").unwrap_or("").to_owned(),
+    })
+}
+
+fn check_mechanism(hook: &Found) -> Check {
+    let tmp = match TempDir::new("vgpu-doctor") {
+        Ok(t) => t,
+        Err(e) => {
+            return check(
+                "probe (hook)",
+                Verdict::Fail,
+                format!("cannot create a temporary directory: {e}"),
+            );
+        }
+    };
+    let cache = tmp.path().join("probe.cache");
+    let env = match hook_env(&HookSetup {
+        hook: &hook.path,
+        memory: &[MemoryFlag {
+            device: None,
+            bytes: PROBE_LIMIT,
+        }],
+        sm: &[],
+        cache: Some(&cache),
+    }) {
+        Ok(e) => e,
+        Err(e) => return check("probe (hook)", Verdict::Fail, e.message),
+    };
+    match probe(|cmd| env.apply(cmd)) {
+        Err(e) => check("probe (hook)", Verdict::Fail, e),
+        Ok(p) if p.device_total == PROBE_LIMIT && p.info_total == PROBE_LIMIT => check(
+            "probe (hook)",
+            Verdict::Ok,
+            format!(
+                "a program under the hook with a {} limit sees cuDeviceTotalMem {} and cuMemGetInfo total {}",
+                format_bytes(PROBE_LIMIT),
+                format_bytes(p.device_total),
+                format_bytes(p.info_total)
+            ),
+        ),
+        Ok(p) => check(
+            "probe (hook)",
+            Verdict::Fail,
+            format!(
+                "the hook does not virtualize memory: under a {} limit the program saw cuDeviceTotalMem {} and \
+                 cuMemGetInfo total {} (cuMemAlloc_v2 resolved into {})",
+                format_bytes(PROBE_LIMIT),
+                format_bytes(p.device_total),
+                format_bytes(p.info_total),
+                if p.alloc_from.is_empty() {
+                    "?"
+                } else {
+                    &p.alloc_from
+                }
+            ),
+        ),
+    }
+}
+
+/// The probe in this environment as it is: does a program started here see its limit?
+fn check_here(cfg: &Config, file: Option<&report::StatusReport>) -> Check {
+    // Limits stored in the file win over the environment.
+    let expected = file
+        .and_then(|r| r.devices.iter().find(|d| d.index == 0))
+        .map_or(cfg.memory_limit[0], |d| d.memory_limit_bytes);
+    let p = match probe(|_| {}) {
+        Ok(p) => p,
+        Err(e) => return check("probe (here)", Verdict::Fail, e),
+    };
+    match expected {
+        None => check(
+            "probe (here)",
+            Verdict::Warn,
+            format!(
+                "device 0 has no memory limit here; a program sees {}",
+                format_bytes(p.device_total)
+            ),
+        ),
+        Some(limit)
+            if p.device_total == limit
+                || p.device_total < limit && p.info_total == p.device_total =>
+        {
+            check(
+                "probe (here)",
+                Verdict::Ok,
+                format!(
+                    "a program started here sees device 0 as {} (limit {})",
+                    format_bytes(p.device_total),
+                    format_bytes(limit)
+                ),
+            )
+        }
+        Some(limit) => check(
+            "probe (here)",
+            Verdict::Fail,
+            format!(
+                "a program started here sees device 0 as {}, not its limit {}: the preload is not in effect",
+                format_bytes(p.device_total),
+                format_bytes(limit)
+            ),
+        ),
+    }
+}
+
+/// `vgpu doctor`.
+pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
+    let mut checks = Vec::new();
+    let emit = |c: Check, checks: &mut Vec<Check>| {
+        println!("{}", c.render());
+        checks.push(c);
+    };
+    let (c, hook) = check_hook(args.lib.as_deref());
+    let hook_ok = c.verdict == Verdict::Ok;
+    emit(c, &mut checks);
+    let (c, preloaded) = check_preload(hook.as_ref());
+    emit(c, &mut checks);
+    let (c, have_driver) = check_driver("CUDA driver", "libcuda.so.1", true);
+    emit(c, &mut checks);
+    let (c, _) = check_driver("NVML", "libnvidia-ml.so.1", false);
+    emit(c, &mut checks);
+    let (c, cfg) = check_environment();
+    emit(c, &mut checks);
+    let cache = report::cache_path(&args.cache);
+    let (c, file) = check_cache(&cache);
+    emit(c, &mut checks);
+    if args.no_probe {
+        emit(
+            check("probe", Verdict::Skip, "skipped (--no-probe)"),
+            &mut checks,
+        );
+    } else if !(hook_ok && have_driver) {
+        emit(
+            check(
+                "probe (hook)",
+                Verdict::Skip,
+                "needs a loadable libvgpu.so and a CUDA driver",
+            ),
+            &mut checks,
+        );
+    } else if let Some(hook) = &hook {
+        emit(check_mechanism(hook), &mut checks);
+        if preloaded {
+            if let Some(cfg) = &cfg {
+                emit(check_here(cfg, file.as_ref()), &mut checks);
+            }
+        }
+    }
+    let failed = checks.iter().filter(|c| c.verdict == Verdict::Fail).count();
+    println!();
+    if failed == 0 {
+        if preloaded {
+            println!("verdict: enforcement is in effect for programs started here.");
+        } else {
+            println!(
+                "verdict: the hook works; programs are limited when started with `vgpu run` (nothing is preloaded here)."
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!(
+            "verdict: enforcement is NOT in effect: {failed} check(s) failed (see [FAIL] above)."
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}

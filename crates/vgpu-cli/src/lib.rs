@@ -1,0 +1,81 @@
+//! The `vgpu` command line tool: run programs under GPU limits, show and change usage,
+//! export metrics, diagnose the setup, and demonstrate enforcement.
+//!
+//! The binary is a thin wrapper over [`dispatch`]; the modules are public so the
+//! integration tests and the xtask can reuse them.
+
+pub mod cli;
+pub mod cuda;
+pub mod demo;
+pub mod doctor;
+pub mod exporter;
+pub mod glob;
+pub mod http;
+pub mod limits;
+pub mod locate;
+pub mod report;
+pub mod run;
+pub mod set_limit;
+pub mod signals;
+pub mod table;
+pub mod tempdir;
+pub mod units;
+pub mod watch;
+pub mod workload;
+
+use std::fmt;
+use std::process::ExitCode;
+
+/// A failed command: the message for stderr and the exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Process exit code (never 0).
+    pub code: u8,
+    /// What went wrong, in plain words.
+    pub message: String,
+}
+
+impl Failure {
+    /// A runtime failure (exit code 1).
+    pub fn msg(message: impl Into<String>) -> Self {
+        Self {
+            code: 1,
+            message: message.into(),
+        }
+    }
+
+    /// A usage error (exit code 2, as clap uses).
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self {
+            code: 2,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self::msg(message)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Run one parsed command line.
+pub fn dispatch(cli: cli::Cli) -> Result<ExitCode, Failure> {
+    use cli::Command;
+    match cli.command {
+        Command::Run(a) => run::run(&a),
+        Command::Status(a) => report::status(&a),
+        Command::Watch(a) => watch::watch(&a),
+        Command::SetLimit(a) => set_limit::set_limit(&a),
+        Command::Exporter(a) => exporter::exporter(&a),
+        Command::Doctor(a) => doctor::doctor(&a),
+        Command::Demo(a) => demo::demo(&a),
+        Command::Workload(a) => workload::workload(&a),
+    }
+}

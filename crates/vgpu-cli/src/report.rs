@@ -1,0 +1,303 @@
+//! `vgpu status`: what a usage file says, as a stable JSON document and as a table.
+//!
+//! [`StatusReport`] is the one model behind `status`, `watch` and the exporter; it is
+//! built from a read-only snapshot of the file (vgpu-shm) and never writes to it.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde::Serialize;
+
+use crate::Failure;
+use crate::cli::{CacheArg, StatusArgs};
+use crate::units::{format_bytes, format_limit};
+
+/// The JSON schema identifier; bumped on any incompatible change (docs/cli.md).
+pub const SCHEMA: &str = "vgpu.status.v1";
+
+/// Everything `status` shows about one usage file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatusReport {
+    /// Always [`SCHEMA`].
+    pub schema: &'static str,
+    /// Path of the usage file.
+    pub cache: String,
+    /// Devices, by index.
+    pub devices: Vec<DeviceStatus>,
+    /// Processes registered in the file, live ones and dead ones still counted.
+    pub processes: Vec<ProcessStatus>,
+}
+
+/// One device of the file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceStatus {
+    /// Device index (CUDA ordinal as the processes see it).
+    pub index: u32,
+    /// NVML UUID, when the file records one.
+    pub uuid: Option<String>,
+    /// Memory limit in bytes; `null` = unlimited.
+    pub memory_limit_bytes: Option<u64>,
+    /// Bytes in use by all processes (context + module + data).
+    pub memory_used_bytes: u64,
+    /// Of which contexts.
+    pub context_bytes: u64,
+    /// Of which modules (code, globals).
+    pub module_bytes: u64,
+    /// Of which data allocations.
+    pub data_bytes: u64,
+    /// SM limit in percent; `null` = unlimited.
+    pub sm_limit_percent: Option<u64>,
+    /// Sum of the processes' last reported SM utilization, percent.
+    pub sm_utilization_percent: u64,
+}
+
+/// One process's use of one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessDevice {
+    /// Device index.
+    pub index: u32,
+    /// Bytes in use (context + module + data).
+    pub memory_used_bytes: u64,
+    /// Of which context.
+    pub context_bytes: u64,
+    /// Of which modules.
+    pub module_bytes: u64,
+    /// Of which data.
+    pub data_bytes: u64,
+    /// Last reported SM utilization, percent.
+    pub sm_utilization_percent: u64,
+}
+
+/// One process registered in the file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessStatus {
+    /// Pid in the process's own namespace.
+    pub pid: i32,
+    /// Pid on the host, `null` when unknown.
+    pub host_pid: Option<i32>,
+    /// Whether the process still exists. A dead one is still counted until the next
+    /// reservation or inspection sweeps it.
+    pub alive: bool,
+    /// `running`, `suspended` or `dead`.
+    pub state: &'static str,
+    /// Bytes in use over all devices.
+    pub memory_used_bytes: u64,
+    /// Devices it uses (those with non-zero usage or utilization).
+    pub devices: Vec<ProcessDevice>,
+}
+
+/// The usage file a command uses: `--cache`, else `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, else
+/// HAMi's default `/tmp/cudevshr.cache`.
+pub fn cache_path(arg: &CacheArg) -> PathBuf {
+    if let Some(p) = &arg.cache {
+        return p.clone();
+    }
+    match std::env::var_os(vgpu_alloc_core::config::ENV_SHARED_CACHE) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => PathBuf::from(vgpu_alloc_core::config::DEFAULT_SHARED_CACHE),
+    }
+}
+
+/// Read `path` into a report; a missing, foreign or corrupt file is an error naming it.
+pub fn read(path: &Path) -> Result<StatusReport, String> {
+    crate::table::read_report(path)
+}
+
+/// Like [`read`], but `Ok(None)` when the file does not exist.
+pub fn read_if_exists(path: &Path) -> Result<Option<StatusReport>, String> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    read(path).map(Some)
+}
+
+fn pct(used: u64, limit: u64) -> String {
+    if limit == 0 {
+        return String::new();
+    }
+    format!(" ({:.0}%)", used as f64 * 100.0 / limit as f64)
+}
+
+fn opt_pct(p: Option<u64>) -> String {
+    p.map_or_else(|| "unlimited".to_owned(), |p| format!("{p}%"))
+}
+
+impl StatusReport {
+    /// The table `vgpu status` prints.
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "vgpu status: {}", self.cache);
+        let _ = writeln!(out);
+        if self.devices.is_empty() {
+            let _ = writeln!(
+                out,
+                "No devices recorded yet (no process has used a GPU under this file)."
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "{:>3}  {:<14} {:>28}  {:>10}  {:>10}  {:>10}  {:>9}  {:>7}",
+                "DEV",
+                "UUID",
+                "MEMORY USED / LIMIT",
+                "CONTEXT",
+                "MODULE",
+                "DATA",
+                "SM LIMIT",
+                "SM UTIL"
+            );
+            for d in &self.devices {
+                let uuid = d
+                    .uuid
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), |u| u.chars().take(14).collect());
+                let mem = format!(
+                    "{} / {}{}",
+                    format_bytes(d.memory_used_bytes),
+                    format_limit(d.memory_limit_bytes),
+                    pct(d.memory_used_bytes, d.memory_limit_bytes.unwrap_or(0))
+                );
+                let _ = writeln!(
+                    out,
+                    "{:>3}  {:<14} {:>28}  {:>10}  {:>10}  {:>10}  {:>9}  {:>6}%",
+                    d.index,
+                    uuid,
+                    mem,
+                    format_bytes(d.context_bytes),
+                    format_bytes(d.module_bytes),
+                    format_bytes(d.data_bytes),
+                    opt_pct(d.sm_limit_percent),
+                    d.sm_utilization_percent
+                );
+            }
+        }
+        let _ = writeln!(out);
+        if self.processes.is_empty() {
+            let _ = writeln!(out, "No processes.");
+            return out;
+        }
+        let _ = writeln!(
+            out,
+            "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}",
+            "PID", "HOST PID", "STATE", "DEV", "MEMORY", "SM UTIL"
+        );
+        for p in &self.processes {
+            let host = p.host_pid.map_or_else(|| "-".to_owned(), |h| h.to_string());
+            let note = if p.alive {
+                ""
+            } else {
+                "  <- dead, usage still counted until swept"
+            };
+            if p.devices.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}{note}",
+                    p.pid, host, p.state, "-", "0 B", "-"
+                );
+            }
+            for d in &p.devices {
+                let _ = writeln!(
+                    out,
+                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{note}",
+                    p.pid,
+                    host,
+                    p.state,
+                    d.index,
+                    format_bytes(d.memory_used_bytes),
+                    d.sm_utilization_percent
+                );
+            }
+        }
+        out
+    }
+
+    /// The JSON document `vgpu status --json` prints.
+    pub fn render_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+/// `vgpu status`.
+pub fn status(args: &StatusArgs) -> Result<ExitCode, Failure> {
+    let path = cache_path(&args.cache);
+    let report = read(&path)?;
+    if args.json {
+        println!("{}", report.render_json());
+    } else {
+        print!("{}", report.render_text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> StatusReport {
+        StatusReport {
+            schema: SCHEMA,
+            cache: "/tmp/x.cache".into(),
+            devices: vec![DeviceStatus {
+                index: 0,
+                uuid: Some("GPU-00000000-0000-0000-0000-000000000001".into()),
+                memory_limit_bytes: Some(1 << 30),
+                memory_used_bytes: 832 << 20,
+                context_bytes: 64 << 20,
+                module_bytes: 0,
+                data_bytes: 768 << 20,
+                sm_limit_percent: Some(50),
+                sm_utilization_percent: 12,
+            }],
+            processes: vec![
+                ProcessStatus {
+                    pid: 42,
+                    host_pid: Some(4242),
+                    alive: true,
+                    state: "running",
+                    memory_used_bytes: 832 << 20,
+                    devices: vec![ProcessDevice {
+                        index: 0,
+                        memory_used_bytes: 832 << 20,
+                        context_bytes: 64 << 20,
+                        module_bytes: 0,
+                        data_bytes: 768 << 20,
+                        sm_utilization_percent: 12,
+                    }],
+                },
+                ProcessStatus {
+                    pid: 7,
+                    host_pid: None,
+                    alive: false,
+                    state: "dead",
+                    memory_used_bytes: 0,
+                    devices: vec![],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn text_shows_limits_usage_and_dead_processes() {
+        let text = sample().render_text();
+        assert!(text.contains("832 MiB / 1 GiB (81%)"), "{text}");
+        assert!(text.contains("50%"), "{text}");
+        assert!(text.contains("4242") && text.contains("running"), "{text}");
+        assert!(
+            text.contains("dead") && text.contains("still counted"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn json_has_the_documented_fields() {
+        let v: serde_json::Value = serde_json::from_str(&sample().render_json()).unwrap();
+        assert_eq!(v["schema"], SCHEMA);
+        assert_eq!(v["devices"][0]["memory_limit_bytes"], 1u64 << 30);
+        assert_eq!(v["devices"][0]["sm_limit_percent"], 50);
+        assert_eq!(v["processes"][0]["host_pid"], 4242);
+        assert_eq!(v["processes"][1]["host_pid"], serde_json::Value::Null);
+        assert_eq!(v["processes"][1]["alive"], false);
+        assert_eq!(v["processes"][0]["devices"][0]["data_bytes"], 768u64 << 20);
+    }
+}

@@ -1,0 +1,79 @@
+//! Human-readable sizes and durations.
+
+use std::time::Duration;
+
+/// Bytes in binary units with up to two decimals: `0 B`, `512 KiB`, `1.50 GiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >= 1u64 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    if unit == 0 {
+        return format!("{bytes} B");
+    }
+    let scale = 1u64 << (10 * unit);
+    if bytes % scale == 0 {
+        format!("{} {}", bytes / scale, UNITS[unit])
+    } else {
+        format!("{:.2} {}", bytes as f64 / scale as f64, UNITS[unit])
+    }
+}
+
+/// A limit for display: `unlimited` for `None`.
+pub fn format_limit(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), format_bytes)
+}
+
+/// Parse `1s`, `500ms`, `2m`, `1.5s` or a number of seconds; between 10 ms and 1 hour.
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && !num.starts_with('.') && !num.ends_with('.'))
+        .ok_or_else(|| format!("`{text}` is not a duration (examples: 1s, 500ms, 2m, 1.5)"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" | "min" => value * 60.0,
+        _ => return Err(format!("`{text}`: unknown unit `{unit}` (use ms, s or m)")),
+    };
+    if !(0.01..=3600.0).contains(&seconds) {
+        return Err(format!("`{text}` is out of range (10ms to 1 hour)"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_format() {
+        assert_eq!(format_bytes(0), "0 B");
+        assert_eq!(format_bytes(1023), "1023 B");
+        assert_eq!(format_bytes(1024), "1 KiB");
+        assert_eq!(format_bytes(256 << 20), "256 MiB");
+        assert_eq!(format_bytes(3 << 29), "1.50 GiB");
+        assert_eq!(format_bytes(u64::MAX), "16384.00 PiB");
+        assert_eq!(format_limit(None), "unlimited");
+    }
+
+    #[test]
+    fn intervals_parse() {
+        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_interval("1.5"), Ok(Duration::from_millis(1500)));
+        for bad in [
+            "", "s", "1h", "0", "5ms", "2 hours", "-1s", "1.s", ".5s", "nan",
+        ] {
+            assert!(parse_interval(bad).is_err(), "{bad}");
+        }
+    }
+}

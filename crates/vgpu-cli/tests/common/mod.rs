@@ -1,0 +1,130 @@
+//! Helpers shared by the CLI's integration tests: run `vgpu` as a user would, bounded in time.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub use vgpu_cli::tempdir::TempDir;
+
+/// The `vgpu` binary under test.
+pub fn vgpu_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vgpu"))
+}
+
+/// A `vgpu` command with a clean limit/preload environment (the test runner's own
+/// environment must not leak into what is checked).
+pub fn vgpu() -> Command {
+    let mut cmd = Command::new(vgpu_exe());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CUDA_")
+            || k.starts_with("VGPU_")
+            || k == "LD_PRELOAD"
+            || k == "LIBCUDA_LOG_LEVEL"
+        {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// What a finished command printed.
+#[derive(Debug)]
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+}
+
+fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_string(&mut s);
+        }
+        s
+    })
+}
+
+/// Run to completion, killing it after `limit`.
+pub fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn vgpu");
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let status = wait_bounded(&mut child, limit);
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// Wait for `child`, killing it (and failing the test) after `limit`.
+pub fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("command did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Run with a 30 s bound.
+pub fn run(cmd: Command) -> Output {
+    run_bounded(cmd, Duration::from_secs(30))
+}
+
+/// The directory holding the workspace's build outputs (target/<profile>/), from the test exe.
+pub fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test>-<hash>
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// A library the workspace build produces next to the binaries, or a failure that says how to build it.
+pub fn built_library(name: &str) -> PathBuf {
+    let p = build_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: these tests need the workspace's cdylibs; run `cargo xtask test` \
+         (or `cargo build --workspace` first)",
+        p.display()
+    );
+    p
+}
+
+/// Assert a command failed with `code` and said something containing each of `needles` on stderr.
+#[track_caller]
+pub fn assert_fails(out: &Output, code: i32, needles: &[&str]) {
+    assert_eq!(
+        out.code(),
+        Some(code),
+        "stdout: {}\nstderr: {}",
+        out.stdout,
+        out.stderr
+    );
+    for n in needles {
+        assert!(
+            out.stderr.contains(n),
+            "stderr lacks {n:?}:\n{}",
+            out.stderr
+        );
+    }
+}
