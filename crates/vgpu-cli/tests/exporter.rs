@@ -13,6 +13,7 @@ use vgpu_cli::http;
 const T: Duration = Duration::from_secs(5);
 
 /// A running exporter, killed on drop.
+#[derive(Debug)]
 pub struct Exporter {
     child: Child,
     pub addr: String,
