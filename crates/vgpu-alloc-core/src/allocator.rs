@@ -107,6 +107,21 @@ pub struct ContextReleased {
     pub released: u64,
 }
 
+/// One region as [`Allocator::regions`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Its device.
+    pub device: DeviceIndex,
+    /// The context it serves.
+    pub context: ContextId,
+    /// Its first byte.
+    pub base: DevicePtr,
+    /// Chunks in it.
+    pub chunks: u32,
+    /// Chunks not in use.
+    pub free_chunks: u32,
+}
+
 /// Counters for tests, logs and `vgpu` status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AllocatorStats {
@@ -710,6 +725,21 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             stale_replaced: st.stale_replaced,
             region_free_failures: st.region_free_failures,
         }
+    }
+
+    /// Every region held (tests, diagnostics; O(regions)).
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        self.lock()
+            .regions
+            .iter()
+            .map(|(_, s)| RegionInfo {
+                device: s.device,
+                context: s.context,
+                base: s.region.base(),
+                chunks: s.region.chunks(),
+                free_chunks: s.region.free_chunks(),
+            })
+            .collect()
     }
 
     /// A copy of every live entry (tests, diagnostics; O(n)).

@@ -152,6 +152,11 @@ impl MockBackend {
         self.lock().fail_next = n;
     }
 
+    /// Injected failures not yet consumed.
+    pub fn pending_failures(&self) -> u32 {
+        self.lock().fail_next
+    }
+
     /// Number of live allocations (all devices).
     pub fn live_allocations(&self) -> usize {
         self.lock().live.len()
@@ -169,6 +174,31 @@ impl MockBackend {
     /// Size of the live allocation at `ptr`, if any.
     pub fn allocation_size(&self, ptr: DevicePtr) -> Option<u64> {
         self.lock().live.get(&ptr.0).map(|&(_, _, b)| b)
+    }
+
+    /// Live allocations and their bytes on `device`.
+    pub fn live_on(&self, device: DeviceIndex) -> (usize, u64) {
+        let st = self.lock();
+        st.live
+            .values()
+            .filter(|(d, _, _)| *d == device)
+            .fold((0, 0), |(n, b), e| (n + 1, b + e.2))
+    }
+
+    /// Emulate `cuCtxDestroy`: the driver frees everything `context` allocated.
+    /// Returns how many allocations went.
+    pub fn destroy_context(&self, context: ContextId) -> usize {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let before = st.live.len();
+        let used = &mut st.used;
+        st.live.retain(|_, (d, c, bytes)| {
+            if *c == context {
+                used[d.as_usize()] -= *bytes;
+            }
+            *c != context
+        });
+        before - st.live.len()
     }
 
     /// How many times `allocate` / `free` were called.

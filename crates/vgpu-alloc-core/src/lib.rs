@@ -4,13 +4,14 @@
 pub mod allocator;
 pub mod backend;
 pub mod config;
+pub mod fuzzing;
 pub mod ledger;
 pub mod region;
 pub mod table;
 
 pub use allocator::{
     AddressRange, AllocError, Allocated, Allocator, AllocatorStats, ContextReleased, FreeError,
-    Freed, InvalidAllocatorConfig, PendingRecord,
+    Freed, InvalidAllocatorConfig, PendingRecord, RegionInfo,
 };
 pub use backend::{BackendError, ContextId, DeviceBackend, DevicePtr, MemoryInfo, MockBackend};
 pub use config::{AllocatorConfig, Config, ConfigError, ConfigErrors, CorePolicy, DeviceSelector};
