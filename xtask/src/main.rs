@@ -78,6 +78,24 @@ fn test(extra: &[String]) -> Result<(), String> {
     build(false)?;
     let mut cmd = cargo();
     cmd.args(["test", "--workspace"]).args(extra);
+    run(cmd)?;
+    loom()
+}
+
+/// The loom models of the shared table's atomic protocols. They need `--cfg loom` for the whole
+/// build, so they get their own target directory (switching flags would rebuild everything).
+fn loom() -> Result<(), String> {
+    let target = env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
+        .join("loom");
+    let mut cmd = cargo();
+    cmd.env("RUSTFLAGS", "--cfg loom")
+        .env("CARGO_TARGET_DIR", target)
+        .env(
+            "LOOM_MAX_PREEMPTIONS",
+            env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "3".into()),
+        )
+        .args(["test", "-p", "vgpu-shm", "--release", "--lib", "loom"]);
     run(cmd)
 }
 
