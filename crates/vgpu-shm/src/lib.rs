@@ -1,1 +1,49 @@
-//! vgpu-shm (work in progress).
+//! The cross-process device-memory usage table: one memory-mapped file per container
+//! (`CUDA_DEVICE_MEMORY_SHARED_CACHE`) through which every process's reservations add up
+//! against the container's per-device limits.
+//!
+//! The file keeps HAMi-core's version 1.2 layout byte for byte (so HAMi's monitor still reads
+//! and writes it) and appends vgpu's own block. Reservations are atomic against the limit
+//! across processes, cost O(1) in the number of processes, and survive `kill -9` at any
+//! instruction: see `docs/shm-protocol.md`.
+//!
+//! ```no_run
+//! use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
+//! use vgpu_shm::{TableInit, UsageTable};
+//!
+//! let init = TableInit {
+//!     uuids: vec!["GPU-0".into()],
+//!     memory_limits: vec![Some(1 << 30)],
+//!     sm_limits: vec![None],
+//!     priority: 1,
+//! };
+//! let table = UsageTable::open_or_create("/tmp/cudevshr.cache", &init)?;
+//! let me = table.register_self()?;
+//! me.try_reserve(DeviceIndex(0), UsageClass::Data, 4096).expect("fits");
+//! me.release(DeviceIndex(0), UsageClass::Data, 4096);
+//! println!("{:?}", table.snapshot());
+//! # Ok::<(), vgpu_shm::ShmError>(())
+//! ```
+
+mod error;
+pub mod layout;
+mod protocol;
+mod sync;
+mod sys;
+mod table;
+mod validate;
+
+pub use error::{ImageError, ShmError};
+pub use table::{
+    DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot, TableInit, TableSnapshot,
+    UsageTable,
+};
+pub use validate::ImageInfo;
+
+/// Validate arbitrary file contents as a vgpu table (the attach path's checks; fuzzed).
+pub fn validate_image(bytes: &[u8]) -> Result<ImageInfo, ImageError> {
+    validate::validate(bytes)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,0 +1,301 @@
+//! The ABI of the shared file: the only module that knows byte offsets.
+//!
+//! The file is HAMi-core's version 1.2 region (2,008,952 bytes, every offset exact, so HAMi's
+//! Kubernetes monitor keeps reading it), one spare byte (HAMi's files are `sizeof(region) + 1`
+//! long), padding to a 64-byte boundary, then vgpu's [`Extension`]: our magic and version, the
+//! per-device lock and reservation total, and one [`SlotRecord`] per process slot holding the
+//! process's usage (the truth; HAMi's per-slot fields are a mirror of it).
+//!
+//! Every field is an atomic type: other processes write the file concurrently, so a shared
+//! reference to these structs is only sound if all access goes through atomics.
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU32, AtomicU64};
+
+/// Devices in the file (HAMi's `CUDA_DEVICE_MAX_COUNT`).
+pub const MAX_DEVICES: usize = 16;
+/// Process slots in the file (HAMi's `SHARED_REGION_MAX_PROCESS_NUM`).
+pub const MAX_SLOTS: usize = 1024;
+/// Bytes of one NVML UUID string field.
+pub const UUID_LEN: usize = 96;
+/// HAMi's `initialized_flag` value of an initialized file.
+pub const HAMI_MAGIC: i32 = 19_920_718;
+/// HAMi layout version this file implements.
+pub const HAMI_MAJOR: u32 = 1;
+/// HAMi layout minor version this file implements.
+pub const HAMI_MINOR: u32 = 2;
+/// HAMi slot `status`: running.
+pub const HAMI_STATUS_RUNNING: i32 = 1;
+
+/// `sizeof(shared_region_t)` in HAMi-core 1.2.
+pub const REGION_SIZE: usize = 2_008_952;
+/// Length of a file written by HAMi-core itself (no extension).
+pub const HAMI_FILE_LEN: usize = REGION_SIZE + 1;
+/// Where [`Extension`] starts: after the region and HAMi's spare byte, 64-byte aligned.
+pub const EXT_OFFSET: usize = HAMI_FILE_LEN.div_ceil(64) * 64;
+/// Length of a vgpu file.
+pub const FILE_LEN: usize = EXT_OFFSET + size_of::<Extension>();
+
+/// Our extension's magic: ASCII "VGPUSHM\0" little endian.
+pub const EXT_MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
+/// Our extension's format version (bump on any incompatible change).
+pub const EXT_VERSION: u32 = 1;
+
+/// Usage classes stored per slot and device, in HAMi field order.
+pub const CLASSES: usize = 3;
+
+/// HAMi `device_memory_t`: one device's usage by one process.
+#[repr(C)]
+#[derive(Debug)]
+pub struct HamiDeviceMemory {
+    /// `context_size`.
+    pub context_size: AtomicU64,
+    /// `module_size`.
+    pub module_size: AtomicU64,
+    /// `data_size`.
+    pub data_size: AtomicU64,
+    /// `offset` (unused by vgpu, kept 0).
+    pub offset: AtomicU64,
+    /// `total` = context + module + data + offset.
+    pub total: AtomicU64,
+    /// Unused.
+    pub unused: [AtomicU64; 3],
+}
+
+/// HAMi `device_util_t`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct HamiDeviceUtil {
+    /// `dec_util`.
+    pub dec_util: AtomicU64,
+    /// `enc_util`.
+    pub enc_util: AtomicU64,
+    /// `sm_util` (percent).
+    pub sm_util: AtomicU64,
+    /// Unused.
+    pub unused: [AtomicU64; 3],
+}
+
+/// HAMi `shrreg_proc_slot_t`: one process as the monitor sees it.
+#[repr(C)]
+#[derive(Debug)]
+pub struct HamiProcSlot {
+    /// Pid in the container's namespace; 0 = free.
+    pub pid: AtomicI32,
+    /// Pid in the host namespace (the monitor may write it).
+    pub hostpid: AtomicI32,
+    /// Per-device memory usage.
+    pub used: [HamiDeviceMemory; MAX_DEVICES],
+    /// Memory as NVML sees it (not maintained by vgpu, kept 0).
+    pub monitorused: [AtomicU64; MAX_DEVICES],
+    /// Per-device utilization.
+    pub device_util: [HamiDeviceUtil; MAX_DEVICES],
+    /// 1 running, 2 suspended, 0 dead.
+    pub status: AtomicI32,
+    /// Padding the C compiler inserts before `seqlock`.
+    pub pad0: AtomicU32,
+    /// HAMi's per-slot sequence lock; vgpu keeps it even (stable) so no reader ever waits.
+    pub seqlock: AtomicU64,
+    /// Unused.
+    pub unused: [AtomicU64; 2],
+}
+
+/// HAMi `shared_region_t` version 1.2.
+#[repr(C)]
+#[derive(Debug)]
+pub struct HamiRegion {
+    /// [`HAMI_MAGIC`] once initialized.
+    pub initialized_flag: AtomicI32,
+    /// [`HAMI_MAJOR`].
+    pub major_version: AtomicU32,
+    /// [`HAMI_MINOR`].
+    pub minor_version: AtomicU32,
+    /// HAMi-core's SM-watcher flag (kept 0).
+    pub sm_init_flag: AtomicI32,
+    /// Pid of the initializing process.
+    pub owner_pid: AtomicU64,
+    /// glibc `sem_t` (vgpu does not use it; initialized to a posted semaphore).
+    pub sem: [AtomicU8; 32],
+    /// Number of devices.
+    pub device_num: AtomicU64,
+    /// NVML UUID strings, NUL padded.
+    pub uuids: [[AtomicU8; UUID_LEN]; MAX_DEVICES],
+    /// Memory limit in bytes per device; 0 = unlimited. The monitor may rewrite it.
+    pub limit: [AtomicU64; MAX_DEVICES],
+    /// SM limit in percent per device; 0 or >= 100 = unlimited. The monitor may rewrite it.
+    pub sm_limit: [AtomicU64; MAX_DEVICES],
+    /// Process slots; `[0, proc_num)` are exactly the live processes.
+    pub procs: [HamiProcSlot; MAX_SLOTS],
+    /// Number of live slots.
+    pub proc_num: AtomicI32,
+    /// Written by the monitor.
+    pub utilization_switch: AtomicI32,
+    /// Written by the monitor; negative blocks launches of a lower-priority task.
+    pub recent_kernel: AtomicI32,
+    /// Task priority (`CUDA_TASK_PRIORITY`).
+    pub priority: AtomicI32,
+    /// Seconds since the epoch of the last kernel launch.
+    pub last_kernel_time: AtomicU64,
+    /// glibc `sem_t` (unused by vgpu).
+    pub sem_postinit: [AtomicU8; 32],
+}
+
+/// vgpu's extension header.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct ExtHeader {
+    /// [`EXT_MAGIC`] once initialized.
+    pub magic: AtomicU64,
+    /// [`EXT_VERSION`].
+    pub version: AtomicU32,
+    /// `size_of::<Extension>()`, a cheap check that the writer agreed on the layout.
+    pub ext_size: AtomicU32,
+    /// [`MAX_SLOTS`].
+    pub max_slots: AtomicU32,
+    /// [`MAX_DEVICES`].
+    pub max_devices: AtomicU32,
+    /// Nonzero while an administrative section (register, deregister, sweep) runs; found set
+    /// by the next administrator it means the previous one died inside, and it repairs.
+    pub admin_dirty: AtomicU64,
+    /// Incremented by every administrative section; part of the device-lock owner word an
+    /// administrator writes, so a dead administrator's locks are told apart from a live one's.
+    pub admin_epoch: AtomicU64,
+    /// Seconds since the epoch when the file was initialized.
+    pub created_at: AtomicU64,
+}
+
+/// Per-device lock and reservation total.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct DeviceRecord {
+    /// 0 = free, else the owner word (see `protocol`).
+    pub lock: AtomicU64,
+    /// Bytes reserved on the device by all slots: equals the sum of all slots' `held`
+    /// whenever `lock` is free.
+    pub total: AtomicU64,
+    /// Padding to a cache line.
+    pub pad: [AtomicU64; 6],
+}
+
+/// Per-process slot: vgpu's truth about one process.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct SlotRecord {
+    /// `generation << 32 | state` (state 0 free, 1 live).
+    pub ident: AtomicU64,
+    /// Pid (the registering process's namespace).
+    pub pid: AtomicI32,
+    /// Host pid if known, else 0.
+    pub hostpid: AtomicI32,
+    /// Process start time, clock ticks after boot (`/proc/<pid>/stat` field 22).
+    pub start_time: AtomicU64,
+    /// This slot's index in HAMi's `procs[]` while live.
+    pub hami_index: AtomicU32,
+    /// Padding.
+    pub pad: AtomicU32,
+    /// Bytes held per device and class (context, module, data).
+    pub held: [[AtomicU64; CLASSES]; MAX_DEVICES],
+    /// Last SM utilization reported per device (percent), mirrored into HAMi's slot.
+    pub sm_util: [AtomicU64; MAX_DEVICES],
+}
+
+/// Everything vgpu keeps after HAMi's region.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Extension {
+    /// Header.
+    pub header: ExtHeader,
+    /// One lock and total per device.
+    pub devices: [DeviceRecord; MAX_DEVICES],
+    /// One record per slot.
+    pub slots: [SlotRecord; MAX_SLOTS],
+}
+
+// Compile-time proof of every offset in docs hami-compat.md (x86_64 / 64-bit little endian).
+const _: () = {
+    assert!(size_of::<HamiRegion>() == REGION_SIZE);
+    assert!(offset_of!(HamiRegion, initialized_flag) == 0);
+    assert!(offset_of!(HamiRegion, major_version) == 4);
+    assert!(offset_of!(HamiRegion, minor_version) == 8);
+    assert!(offset_of!(HamiRegion, sm_init_flag) == 12);
+    assert!(offset_of!(HamiRegion, owner_pid) == 16);
+    assert!(offset_of!(HamiRegion, sem) == 24);
+    assert!(offset_of!(HamiRegion, device_num) == 56);
+    assert!(offset_of!(HamiRegion, uuids) == 64);
+    assert!(size_of::<[[AtomicU8; UUID_LEN]; MAX_DEVICES]>() == 16 * 96);
+    assert!(offset_of!(HamiRegion, limit) == 1600);
+    assert!(offset_of!(HamiRegion, sm_limit) == 1728);
+    assert!(offset_of!(HamiRegion, procs) == 1856);
+    assert!(offset_of!(HamiRegion, proc_num) == 2_008_896);
+    assert!(offset_of!(HamiRegion, utilization_switch) == 2_008_900);
+    assert!(offset_of!(HamiRegion, recent_kernel) == 2_008_904);
+    assert!(offset_of!(HamiRegion, priority) == 2_008_908);
+    assert!(offset_of!(HamiRegion, last_kernel_time) == 2_008_912);
+    assert!(offset_of!(HamiRegion, sem_postinit) == 2_008_920);
+
+    assert!(size_of::<HamiProcSlot>() == 1960);
+    assert!(offset_of!(HamiProcSlot, pid) == 0);
+    assert!(offset_of!(HamiProcSlot, hostpid) == 4);
+    assert!(offset_of!(HamiProcSlot, used) == 8);
+    assert!(offset_of!(HamiProcSlot, monitorused) == 1032);
+    assert!(offset_of!(HamiProcSlot, device_util) == 1160);
+    assert!(offset_of!(HamiProcSlot, status) == 1928);
+    assert!(offset_of!(HamiProcSlot, seqlock) == 1936);
+    assert!(offset_of!(HamiProcSlot, unused) == 1944);
+
+    assert!(size_of::<HamiDeviceMemory>() == 64);
+    assert!(offset_of!(HamiDeviceMemory, context_size) == 0);
+    assert!(offset_of!(HamiDeviceMemory, module_size) == 8);
+    assert!(offset_of!(HamiDeviceMemory, data_size) == 16);
+    assert!(offset_of!(HamiDeviceMemory, offset) == 24);
+    assert!(offset_of!(HamiDeviceMemory, total) == 32);
+    assert!(size_of::<HamiDeviceUtil>() == 48);
+    assert!(offset_of!(HamiDeviceUtil, dec_util) == 0);
+    assert!(offset_of!(HamiDeviceUtil, enc_util) == 8);
+    assert!(offset_of!(HamiDeviceUtil, sm_util) == 16);
+
+    assert!(EXT_OFFSET == 2_008_960);
+    assert!(EXT_OFFSET % 64 == 0);
+    assert!(size_of::<ExtHeader>() == 64);
+    assert!(size_of::<DeviceRecord>() == 64);
+    assert!(size_of::<SlotRecord>() % 64 == 0);
+    assert!(offset_of!(Extension, devices) == 64);
+    assert!(size_of::<Extension>() < u32::MAX as usize);
+};
+
+/// Byte offsets of fields other code (tests, the monitor emulation, validation) needs by number.
+pub mod offsets {
+    use super::*;
+    /// `initialized_flag`.
+    pub const INITIALIZED_FLAG: usize = offset_of!(HamiRegion, initialized_flag);
+    /// `major_version`.
+    pub const MAJOR_VERSION: usize = offset_of!(HamiRegion, major_version);
+    /// `minor_version`.
+    pub const MINOR_VERSION: usize = offset_of!(HamiRegion, minor_version);
+    /// `device_num`.
+    pub const DEVICE_NUM: usize = offset_of!(HamiRegion, device_num);
+    /// `limit[0]`.
+    pub const LIMIT: usize = offset_of!(HamiRegion, limit);
+    /// `sm_limit[0]`.
+    pub const SM_LIMIT: usize = offset_of!(HamiRegion, sm_limit);
+    /// `procs[0]`.
+    pub const PROCS: usize = offset_of!(HamiRegion, procs);
+    /// Size of one HAMi process slot.
+    pub const PROC_SLOT_SIZE: usize = size_of::<HamiProcSlot>();
+    /// `proc_num`.
+    pub const PROC_NUM: usize = offset_of!(HamiRegion, proc_num);
+    /// `utilization_switch`.
+    pub const UTILIZATION_SWITCH: usize = offset_of!(HamiRegion, utilization_switch);
+    /// `recent_kernel`.
+    pub const RECENT_KERNEL: usize = offset_of!(HamiRegion, recent_kernel);
+    /// Extension magic.
+    pub const EXT_MAGIC: usize = EXT_OFFSET + offset_of!(ExtHeader, magic);
+    /// Extension version.
+    pub const EXT_VERSION: usize = EXT_OFFSET + offset_of!(ExtHeader, version);
+    /// Extension size field.
+    pub const EXT_SIZE: usize = EXT_OFFSET + offset_of!(ExtHeader, ext_size);
+    /// Extension max slots field.
+    pub const EXT_MAX_SLOTS: usize = EXT_OFFSET + offset_of!(ExtHeader, max_slots);
+    /// Extension max devices field.
+    pub const EXT_MAX_DEVICES: usize = EXT_OFFSET + offset_of!(ExtHeader, max_devices);
+}

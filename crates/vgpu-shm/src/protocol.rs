@@ -1,0 +1,715 @@
+//! The reservation protocol, generic over its storage so loom can check it.
+//!
+//! State (per device `d`): a lock word, a `total`, a `limit` (0 = unlimited); per slot `j`:
+//! an `ident` word (generation, free/live) and `held[j][d][class]`.
+//!
+//! Invariant **I**: whenever lock `d` is free, `total[d] == Σ_j Σ_c held[j][d][c]`.
+//! Every write of `total[d]` or any `held[_][d][_]` happens under lock `d`, so:
+//! - reserve: under the lock, `total + bytes <= limit` or refuse (nothing written); else
+//!   `total += bytes`, then `held += bytes`. Release: `held -= a`, then `total -= a`.
+//!   Hence `Σ held <= total <= limit` at every instant (the limit only bounds new reservations).
+//! - a process killed anywhere inside the lock leaves its owner word in the lock. A waiter that
+//!   finds the owner dead (kernel-held liveness lock gone, or its slot reused) takes the lock
+//!   over with one CAS (only one waiter can win) and *recomputes* `total[d]` from the `held`
+//!   words, which restores **I** whatever step the dead owner stopped at. The owner's partial
+//!   effect is then either fully in `held` or not at all, and a dead slot's `held` is given
+//!   back by [`normalize`] (under every device lock).
+//!
+//! Owner words: a slot owner writes `gen << 32 | (j + 1)`; an administrator writes
+//! `ADMIN_TAG | epoch`, with a fresh epoch per administrative section, so that a dead
+//! administrator's word differs from the current one's and is taken over exactly once.
+
+use crate::sync::{Atomic64, Backoff, Ordering};
+
+/// Set in every administrator's owner word.
+pub(crate) const ADMIN_TAG: u64 = 1 << 63;
+/// Slot state: free.
+pub(crate) const STATE_FREE: u32 = 0;
+/// Slot state: registered by a process.
+pub(crate) const STATE_LIVE: u32 = 1;
+
+/// Everything the protocol reads or writes. Indices passed in are always in range
+/// (`slot < slot_count()`, `device < device_count()`, `class < 3`): the protocol checks any
+/// index that comes from shared memory before use.
+pub(crate) trait Store {
+    type A: Atomic64;
+    fn device_count(&self) -> usize;
+    fn slot_count(&self) -> usize;
+    fn lock_word(&self, device: usize) -> &Self::A;
+    fn total(&self, device: usize) -> &Self::A;
+    /// The limit in bytes, read fresh on every reservation (the monitor may change it); 0 =
+    /// unlimited.
+    fn limit(&self, device: usize) -> u64;
+    fn held(&self, slot: usize, device: usize, class: usize) -> &Self::A;
+    fn ident(&self, slot: usize) -> &Self::A;
+    /// The current administrative epoch.
+    fn admin_epoch(&self) -> u64;
+    /// Whether the process registered in `slot` is alive (its kernel liveness lock is held).
+    /// Must synchronize with the death: values written by the dead process before it died are
+    /// visible after this returns `false`.
+    fn probe_slot_alive(&self, slot: usize) -> bool;
+    /// Whether an administrator currently holds the administrative lock.
+    fn probe_admin_alive(&self) -> bool;
+    /// Copy slot `slot`'s usage on `device` into any mirror (HAMi's fields). Called under lock
+    /// `device`.
+    fn mirror(&self, _slot: usize, _device: usize) {}
+    /// Rebuild any view of the live slots (HAMi's compacted `procs[]`). Called under every
+    /// device lock by an administrator.
+    fn rebuild_view(&self) {}
+}
+
+/// The owner word a slot's process writes into a device lock.
+pub(crate) fn slot_owner_word(slot: usize, generation: u32) -> u64 {
+    (u64::from(generation & 0x7fff_ffff) << 32) | (slot as u64 + 1)
+}
+
+/// The owner word of the administrator of `epoch`.
+pub(crate) fn admin_owner_word(epoch: u64) -> u64 {
+    ADMIN_TAG | (epoch & !ADMIN_TAG).max(1)
+}
+
+/// An `ident` word.
+pub(crate) fn ident_word(generation: u32, state: u32) -> u64 {
+    (u64::from(generation) << 32) | u64::from(state)
+}
+
+/// Split an `ident` word into (generation, state).
+pub(crate) fn split_ident(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
+}
+
+/// A simulated death at a named step (tests); production uses [`NoCrash`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Died;
+
+/// Where a process may be killed; a test hook that compiles to nothing in production.
+pub(crate) trait Crash {
+    fn at(&self) -> Result<(), Died>;
+}
+
+/// Never crashes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NoCrash;
+
+impl Crash for NoCrash {
+    #[inline(always)]
+    fn at(&self) -> Result<(), Died> {
+        Ok(())
+    }
+}
+
+/// A refused reservation: nothing was changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub in_use: u64,
+    pub limit: u64,
+}
+
+/// How a lock was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    /// It was free (or became free).
+    Clean,
+    /// It was taken over from a dead owner and `total` recomputed; dead usage may be waiting
+    /// for a sweep.
+    TakenOver,
+}
+
+/// Whether the owner of a lock word is alive, as seen by `me`.
+pub(crate) fn owner_alive<S: Store>(s: &S, owner: u64, me: u64) -> bool {
+    if owner & ADMIN_TAG != 0 {
+        if me & ADMIN_TAG != 0 {
+            // Administrators are mutually exclusive: another administrator's word is stale.
+            return false;
+        }
+        let epoch = s.admin_epoch();
+        return owner == admin_owner_word(epoch) && s.probe_admin_alive();
+    }
+    let index = (owner & 0xffff_ffff) as usize;
+    if index == 0 || index > s.slot_count() {
+        return false; // not a word any process writes: garbage from a corrupt file
+    }
+    let slot = index - 1;
+    let (generation, state) = split_ident(s.ident(slot).load(Ordering::Acquire));
+    if state != STATE_LIVE || slot_owner_word(slot, generation) != owner {
+        return false; // the slot was reclaimed or reused since
+    }
+    // Another thread of our own process: alive by definition.
+    owner == me || s.probe_slot_alive(slot)
+}
+
+/// Take lock `device` as `me`, taking it over from a dead owner if needed.
+pub(crate) fn lock_device<S: Store, C: Crash>(
+    s: &S,
+    device: usize,
+    me: u64,
+    crash: &C,
+) -> Result<Acquired, Died> {
+    let lock = s.lock_word(device);
+    let mut backoff = Backoff::new();
+    let mut current = 0;
+    loop {
+        match lock.compare_exchange(current, me, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) if current == 0 => return Ok(Acquired::Clean),
+            Ok(_) => {
+                // Taken over from the dead owner `current`: no one else can win this CAS.
+                crash.at()?;
+                recompute_total(s, device);
+                crash.at()?;
+                return Ok(Acquired::TakenOver);
+            }
+            Err(owner) => {
+                if owner == 0 {
+                    current = 0;
+                    continue;
+                }
+                if backoff.probe_due() && !owner_alive(s, owner, me) {
+                    current = owner;
+                    continue;
+                }
+                current = 0;
+                backoff.snooze();
+            }
+        }
+    }
+}
+
+/// Release lock `device`.
+pub(crate) fn unlock_device<S: Store>(s: &S, device: usize) {
+    s.lock_word(device).store(0, Ordering::Release);
+}
+
+/// Restore invariant **I** for `device` (caller holds its lock).
+pub(crate) fn recompute_total<S: Store>(s: &S, device: usize) {
+    let mut sum: u64 = 0;
+    for slot in 0..s.slot_count() {
+        for class in 0..3 {
+            sum = sum.saturating_add(s.held(slot, device, class).load(Ordering::Relaxed));
+        }
+    }
+    s.total(device).store(sum, Ordering::Relaxed);
+}
+
+/// What a successful lock-protected operation also reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Done<T> {
+    pub value: T,
+    /// A dead owner's lock was taken over on the way.
+    pub took_over: bool,
+}
+
+/// Reserve `bytes` for `class` on `device` for the slot whose owner word is `me`.
+pub(crate) fn reserve<S: Store, C: Crash>(
+    s: &S,
+    slot: usize,
+    me: u64,
+    device: usize,
+    class: usize,
+    bytes: u64,
+    crash: &C,
+) -> Result<Done<Result<u64, Refusal>>, Died> {
+    let took_over = lock_device(s, device, me, crash)? == Acquired::TakenOver;
+    crash.at()?;
+    let limit = s.limit(device);
+    let cap = if limit == 0 { u64::MAX } else { limit };
+    let total = s.total(device);
+    let t = total.load(Ordering::Relaxed);
+    let next = match t.checked_add(bytes) {
+        Some(n) if n <= cap => n,
+        _ => {
+            unlock_device(s, device);
+            return Ok(Done {
+                value: Err(Refusal { in_use: t, limit }),
+                took_over,
+            });
+        }
+    };
+    total.store(next, Ordering::Relaxed);
+    crash.at()?;
+    let held = s.held(slot, device, class);
+    held.store(
+        held.load(Ordering::Relaxed).saturating_add(bytes),
+        Ordering::Relaxed,
+    );
+    crash.at()?;
+    s.mirror(slot, device);
+    crash.at()?;
+    unlock_device(s, device);
+    Ok(Done {
+        value: Ok(next),
+        took_over,
+    })
+}
+
+/// Release up to `bytes` of `class` on `device` held by `slot`; returns the bytes released
+/// (less than asked only if the caller releases more than it holds).
+pub(crate) fn release<S: Store, C: Crash>(
+    s: &S,
+    slot: usize,
+    me: u64,
+    device: usize,
+    class: usize,
+    bytes: u64,
+    crash: &C,
+) -> Result<Done<u64>, Died> {
+    let took_over = lock_device(s, device, me, crash)? == Acquired::TakenOver;
+    crash.at()?;
+    let held = s.held(slot, device, class);
+    let h = held.load(Ordering::Relaxed);
+    let amount = h.min(bytes);
+    held.store(h - amount, Ordering::Relaxed);
+    crash.at()?;
+    let total = s.total(device);
+    total.store(
+        total.load(Ordering::Relaxed).saturating_sub(amount),
+        Ordering::Relaxed,
+    );
+    crash.at()?;
+    s.mirror(slot, device);
+    crash.at()?;
+    unlock_device(s, device);
+    Ok(Done {
+        value: amount,
+        took_over,
+    })
+}
+
+/// Live slots whose process is dead. Death is permanent and, while the caller is the
+/// administrator, no slot can be registered, so the answer stays true until [`normalize`].
+pub(crate) fn find_dead<S: Store>(s: &S) -> Vec<usize> {
+    (0..s.slot_count())
+        .filter(|&slot| {
+            let (_, state) = split_ident(s.ident(slot).load(Ordering::Acquire));
+            state == STATE_LIVE && !s.probe_slot_alive(slot)
+        })
+        .collect()
+}
+
+/// The administrator's repair, idempotent and safe to re-run after a crash at any step: under
+/// every device lock, give back the usage of `dead` slots (and of any slot not live), free
+/// them, recompute every total and rebuild the view. Returns how many slots it freed.
+pub(crate) fn normalize<S: Store, C: Crash>(
+    s: &S,
+    me: u64,
+    dead: &[usize],
+    crash: &C,
+) -> Result<usize, Died> {
+    for device in 0..s.device_count() {
+        lock_device(s, device, me, crash)?;
+    }
+    crash.at()?;
+    let mut freed = 0;
+    for slot in 0..s.slot_count() {
+        let ident = s.ident(slot);
+        let (generation, state) = split_ident(ident.load(Ordering::Acquire));
+        let is_dead = dead.contains(&slot);
+        if state == STATE_LIVE && !is_dead {
+            continue;
+        }
+        for device in 0..s.device_count() {
+            for class in 0..3 {
+                let h = s.held(slot, device, class);
+                if h.load(Ordering::Relaxed) != 0 {
+                    h.store(0, Ordering::Relaxed);
+                    crash.at()?;
+                }
+            }
+        }
+        if state != STATE_FREE {
+            ident.store(ident_word(generation, STATE_FREE), Ordering::Release);
+            freed += 1;
+            crash.at()?;
+        }
+    }
+    for device in 0..s.device_count() {
+        recompute_total(s, device);
+    }
+    crash.at()?;
+    s.rebuild_view();
+    crash.at()?;
+    for device in (0..s.device_count()).rev() {
+        unlock_device(s, device);
+    }
+    Ok(freed)
+}
+
+#[cfg(test)]
+pub(crate) mod model {
+    //! A heap store for unit tests and loom models.
+
+    use super::*;
+    use crate::sync::AtomicU64;
+    use std::cell::Cell;
+
+    /// Dies at the `n`-th crash point it passes (counting from 0); never if `None`.
+    #[derive(Debug)]
+    pub(crate) struct CrashAfter {
+        left: Cell<Option<u32>>,
+    }
+
+    impl CrashAfter {
+        pub(crate) fn new(n: Option<u32>) -> Self {
+            Self { left: Cell::new(n) }
+        }
+    }
+
+    impl Crash for CrashAfter {
+        fn at(&self) -> Result<(), Died> {
+            match self.left.get() {
+                Some(0) => Err(Died),
+                Some(n) => {
+                    self.left.set(Some(n - 1));
+                    Ok(())
+                }
+                None => Ok(()),
+            }
+        }
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct ModelStore {
+        pub devices: usize,
+        pub slots: usize,
+        pub locks: Vec<AtomicU64>,
+        pub totals: Vec<AtomicU64>,
+        pub limits: Vec<AtomicU64>,
+        pub held: Vec<AtomicU64>,
+        pub idents: Vec<AtomicU64>,
+        /// 1 while the slot's process lives (the kernel liveness lock).
+        pub alive: Vec<AtomicU64>,
+        pub admin_alive: AtomicU64,
+        pub admin_epoch: AtomicU64,
+    }
+
+    impl ModelStore {
+        pub(crate) fn new(devices: usize, slots: usize, limit: u64) -> Self {
+            let v = |n: usize, x: u64| (0..n).map(|_| AtomicU64::new(x)).collect::<Vec<_>>();
+            Self {
+                devices,
+                slots,
+                locks: v(devices, 0),
+                totals: v(devices, 0),
+                limits: v(devices, limit),
+                held: v(slots * devices * 3, 0),
+                idents: v(slots, 0),
+                alive: v(slots, 0),
+                admin_alive: AtomicU64::new(0),
+                admin_epoch: AtomicU64::new(1),
+            }
+        }
+
+        /// Register `slot` as a live process; returns its owner word.
+        pub(crate) fn register(&self, slot: usize) -> u64 {
+            let (generation, _) = split_ident(self.idents[slot].load(Ordering::Relaxed));
+            let generation = generation + 1;
+            self.alive[slot].store(1, Ordering::SeqCst);
+            self.idents[slot].store(ident_word(generation, STATE_LIVE), Ordering::SeqCst);
+            slot_owner_word(slot, generation)
+        }
+
+        /// The process in `slot` dies (the kernel drops its liveness lock).
+        pub(crate) fn kill(&self, slot: usize) {
+            self.alive[slot].store(0, Ordering::Release);
+        }
+
+        pub(crate) fn held_by(&self, slot: usize, device: usize) -> u64 {
+            (0..3)
+                .map(|c| self.held(slot, device, c).load(Ordering::SeqCst))
+                .sum()
+        }
+    }
+
+    impl Store for ModelStore {
+        type A = AtomicU64;
+        fn device_count(&self) -> usize {
+            self.devices
+        }
+        fn slot_count(&self) -> usize {
+            self.slots
+        }
+        fn lock_word(&self, device: usize) -> &AtomicU64 {
+            &self.locks[device]
+        }
+        fn total(&self, device: usize) -> &AtomicU64 {
+            &self.totals[device]
+        }
+        fn limit(&self, device: usize) -> u64 {
+            self.limits[device].load(Ordering::Relaxed)
+        }
+        fn held(&self, slot: usize, device: usize, class: usize) -> &AtomicU64 {
+            &self.held[(slot * self.devices + device) * 3 + class]
+        }
+        fn ident(&self, slot: usize) -> &AtomicU64 {
+            &self.idents[slot]
+        }
+        fn admin_epoch(&self) -> u64 {
+            self.admin_epoch.load(Ordering::Acquire)
+        }
+        fn probe_slot_alive(&self, slot: usize) -> bool {
+            self.alive[slot].load(Ordering::Acquire) == 1
+        }
+        fn probe_admin_alive(&self) -> bool {
+            self.admin_alive.load(Ordering::Acquire) == 1
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::model::*;
+    use super::*;
+
+    /// Every crash point of reserve and release, then recovery by a survivor and a sweep:
+    /// the totals equal exactly what the survivor holds.
+    #[test]
+    fn crash_at_every_step_of_reserve_and_release_recovers_exactly() {
+        for op in 0..2 {
+            for point in 0..16 {
+                let s = ModelStore::new(1, 3, 100);
+                let victim = s.register(0);
+                let survivor = s.register(1);
+                // The victim holds 30 before the storm.
+                reserve(&s, 0, victim, 0, 2, 30, &NoCrash)
+                    .unwrap()
+                    .value
+                    .unwrap();
+                let died = if op == 0 {
+                    reserve(&s, 0, victim, 0, 2, 50, &CrashAfter::new(Some(point))).is_err()
+                } else {
+                    release(&s, 0, victim, 0, 2, 20, &CrashAfter::new(Some(point))).is_err()
+                };
+                s.kill(0);
+                // The survivor must not hang on a lock the victim may hold.
+                let got = reserve(&s, 1, survivor, 0, 0, 10, &NoCrash)
+                    .unwrap()
+                    .value
+                    .unwrap();
+                assert!(got <= 100);
+                assert!(s.totals[0].load(Ordering::SeqCst) <= 100);
+                let dead = find_dead(&s);
+                assert_eq!(dead, vec![0]);
+                let admin = admin_owner_word(1);
+                assert_eq!(normalize(&s, admin, &dead, &NoCrash), Ok(1));
+                assert_eq!(
+                    s.totals[0].load(Ordering::SeqCst),
+                    10,
+                    "op {op} point {point}"
+                );
+                assert_eq!(s.held_by(0, 0), 0);
+                assert_eq!(s.held_by(1, 0), 10);
+                assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
+                if !died {
+                    break; // past the last crash point
+                }
+            }
+        }
+    }
+
+    /// An administrator killed at any step of its repair: the next one finishes the job, and
+    /// a reserving process is never stuck meanwhile.
+    #[test]
+    fn crash_at_every_step_of_normalize_recovers() {
+        for point in 0..64 {
+            let s = ModelStore::new(2, 3, 100);
+            let a = s.register(0);
+            let b = s.register(1);
+            reserve(&s, 0, a, 0, 2, 40, &NoCrash)
+                .unwrap()
+                .value
+                .unwrap();
+            reserve(&s, 0, a, 1, 0, 5, &NoCrash).unwrap().value.unwrap();
+            reserve(&s, 1, b, 0, 1, 7, &NoCrash).unwrap().value.unwrap();
+            s.kill(0);
+            s.admin_alive.store(1, Ordering::SeqCst);
+            let dead = find_dead(&s);
+            let first = normalize(
+                &s,
+                admin_owner_word(1),
+                &dead,
+                &CrashAfter::new(Some(point)),
+            );
+            s.admin_alive.store(0, Ordering::SeqCst);
+            // A reserving process takes over any lock the dead administrator left.
+            reserve(&s, 1, b, 1, 2, 3, &NoCrash).unwrap().value.unwrap();
+            s.admin_epoch.store(2, Ordering::SeqCst);
+            let dead = find_dead(&s);
+            normalize(&s, admin_owner_word(2), &dead, &NoCrash).unwrap();
+            assert_eq!(s.totals[0].load(Ordering::SeqCst), 7, "point {point}");
+            assert_eq!(s.totals[1].load(Ordering::SeqCst), 3, "point {point}");
+            assert_eq!(
+                split_ident(s.idents[0].load(Ordering::SeqCst)).1,
+                STATE_FREE
+            );
+            if first.is_ok() {
+                break;
+            }
+        }
+    }
+
+    #[test]
+    fn refused_reservation_changes_nothing_and_limit_is_read_each_time() {
+        let s = ModelStore::new(1, 2, 100);
+        let a = s.register(0);
+        assert_eq!(reserve(&s, 0, a, 0, 2, 60, &NoCrash).unwrap().value, Ok(60));
+        assert_eq!(
+            reserve(&s, 0, a, 0, 2, 41, &NoCrash).unwrap().value,
+            Err(Refusal {
+                in_use: 60,
+                limit: 100
+            })
+        );
+        assert_eq!(s.held_by(0, 0), 60);
+        s.limits[0].store(50, Ordering::SeqCst); // the monitor shrinks the limit
+        assert!(reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap().value.is_err());
+        assert_eq!(release(&s, 0, a, 0, 2, 1000, &NoCrash).unwrap().value, 60);
+        assert_eq!(s.totals[0].load(Ordering::SeqCst), 0);
+        s.limits[0].store(0, Ordering::SeqCst); // unlimited
+        assert_eq!(
+            reserve(&s, 0, a, 0, 2, u64::MAX, &NoCrash).unwrap().value,
+            Ok(u64::MAX)
+        );
+        assert!(reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap().value.is_err()); // overflow
+    }
+
+    #[test]
+    fn garbage_owner_words_are_taken_over() {
+        let s = ModelStore::new(1, 2, 100);
+        let a = s.register(0);
+        for garbage in [u64::MAX >> 1, 3 | (7 << 32), 0xffff_ffff, ADMIN_TAG | 99] {
+            s.locks[0].store(garbage, Ordering::SeqCst);
+            let done = reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap();
+            assert!(done.took_over);
+            release(&s, 0, a, 0, 2, 1, &NoCrash).unwrap();
+        }
+        assert_eq!(s.totals[0].load(Ordering::SeqCst), 0);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! Run: `RUSTFLAGS="--cfg loom" cargo test -p vgpu-shm --release --lib loom`.
+    use super::model::*;
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    fn builder() -> loom::model::Builder {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b
+    }
+
+    /// Two processes reserve against a limit that fits only one, a third watches the total.
+    #[test]
+    fn loom_concurrent_reserve_never_exceeds_limit() {
+        builder().check(|| {
+            let s = Arc::new(ModelStore::new(1, 2, 10));
+            let a = s.register(0);
+            let b = s.register(1);
+            let worker = |slot: usize, me: u64, s: Arc<ModelStore>| {
+                move || {
+                    let got = reserve(&*s, slot, me, 0, 2, 7, &NoCrash).unwrap().value;
+                    if got.is_ok() {
+                        release(&*s, slot, me, 0, 2, 7, &NoCrash).unwrap();
+                    }
+                    got.is_ok()
+                }
+            };
+            let t1 = thread::spawn(worker(0, a, s.clone()));
+            let t2 = thread::spawn(worker(1, b, s.clone()));
+            let observed = s.totals[0].load(Ordering::Relaxed);
+            assert!(observed <= 10);
+            let ok1 = t1.join().unwrap();
+            let ok2 = t2.join().unwrap();
+            assert!(ok1 || ok2, "at least one fits");
+            assert_eq!(s.totals[0].load(Ordering::SeqCst), 0);
+            assert_eq!(s.held_by(0, 0) + s.held_by(1, 0), 0);
+        });
+    }
+
+    /// A process dies at every possible step of a reserve or release while another process
+    /// reserves; the survivor never hangs, the limit holds throughout, and after the sweep the
+    /// total equals exactly what the survivor holds.
+    #[test]
+    fn loom_crash_during_reserve_release_recovers_exactly() {
+        for op in 0..2u32 {
+            for point in 0..5u32 {
+                builder().check(move || {
+                    let s = Arc::new(ModelStore::new(1, 2, 10));
+                    let victim = s.register(0);
+                    let survivor = s.register(1);
+                    reserve(&*s, 0, victim, 0, 2, 4, &NoCrash)
+                        .unwrap()
+                        .value
+                        .unwrap();
+                    let sv = s.clone();
+                    let v = thread::spawn(move || {
+                        let crash = CrashAfter::new(Some(point));
+                        let _ = if op == 0 {
+                            reserve(&*sv, 0, victim, 0, 2, 3, &crash).map(|_| ())
+                        } else {
+                            release(&*sv, 0, victim, 0, 2, 4, &crash).map(|_| ())
+                        };
+                        sv.kill(0);
+                    });
+                    let ss = s.clone();
+                    let w = thread::spawn(move || {
+                        let got = reserve(&*ss, 1, survivor, 0, 2, 3, &NoCrash).unwrap().value;
+                        assert!(ss.totals[0].load(Ordering::Relaxed) <= 10);
+                        got.is_ok()
+                    });
+                    assert!(s.totals[0].load(Ordering::Relaxed) <= 10);
+                    v.join().unwrap();
+                    let survivor_holds = if w.join().unwrap() { 3 } else { 0 };
+                    let dead = find_dead(&*s);
+                    normalize(&*s, admin_owner_word(1), &dead, &NoCrash).unwrap();
+                    assert_eq!(s.totals[0].load(Ordering::SeqCst), survivor_holds);
+                    assert_eq!(s.held_by(1, 0), survivor_holds);
+                });
+            }
+        }
+    }
+
+    /// The administrator dies at any step of its repair while a process reserves; the process
+    /// takes over the administrator's locks, and the next repair leaves exact totals.
+    #[test]
+    fn loom_crash_during_normalize_recovers() {
+        for point in 0..5u32 {
+            builder().check(move || {
+                let s = Arc::new(ModelStore::new(1, 2, 10));
+                let victim = s.register(0);
+                let survivor = s.register(1);
+                reserve(&*s, 0, victim, 0, 2, 6, &NoCrash)
+                    .unwrap()
+                    .value
+                    .unwrap();
+                s.kill(0);
+                s.admin_alive.store(1, Ordering::SeqCst);
+                let sa = s.clone();
+                let admin = thread::spawn(move || {
+                    let dead = find_dead(&*sa);
+                    let _ = normalize(
+                        &*sa,
+                        admin_owner_word(1),
+                        &dead,
+                        &CrashAfter::new(Some(point)),
+                    );
+                    sa.admin_alive.store(0, Ordering::Release);
+                });
+                let ss = s.clone();
+                let w = thread::spawn(move || {
+                    reserve(&*ss, 1, survivor, 0, 2, 4, &NoCrash)
+                        .unwrap()
+                        .value
+                        .is_ok()
+                });
+                admin.join().unwrap();
+                let holds = if w.join().unwrap() { 4 } else { 0 };
+                s.admin_epoch.store(2, Ordering::SeqCst);
+                let dead = find_dead(&*s);
+                normalize(&*s, admin_owner_word(2), &dead, &NoCrash).unwrap();
+                assert_eq!(s.totals[0].load(Ordering::SeqCst), holds);
+            });
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Every system call and every `unsafe` block of the crate: the mapping, `flock`, open file
+//! description (OFD) record locks, and the fork hook.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::Once;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use crate::layout::{EXT_OFFSET, Extension, HamiRegion, REGION_SIZE};
+
+/// A shared mapping of the whole file.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all access goes through atomics (`layout` makes
+// every field atomic, and the `load_*` helpers are atomic loads), so it may be used from any
+// thread.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: concurrent access is only through atomics.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Map `len` bytes of `file` shared, read-write if `writable`.
+    pub(crate) fn map(file: &File, len: usize, writable: bool) -> io::Result<Self> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty file"));
+        }
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh mapping chosen by the kernel (addr null) of a file we hold open; it
+        // aliases no Rust object. The length was taken from fstat by the caller; if the file is
+        // truncated later, access beyond its end raises SIGBUS, which is the documented limit
+        // of sharing a file (see docs/security.md).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| io::Error::other("mmap returned a null pointer"))?;
+        Ok(Self { ptr, len })
+    }
+
+    /// Mapped length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// HAMi's region, if the mapping is long enough.
+    pub(crate) fn region(&self) -> Option<&HamiRegion> {
+        if self.len < REGION_SIZE {
+            return None;
+        }
+        // SAFETY: the mapping is page aligned (>= the 8-byte alignment of HamiRegion) and at
+        // least REGION_SIZE bytes long; every field is an atomic, so a shared reference stays
+        // sound while other processes write; the reference lives no longer than `self`.
+        Some(unsafe { &*self.ptr.as_ptr().cast::<HamiRegion>() })
+    }
+
+    /// vgpu's extension, if the mapping is long enough.
+    pub(crate) fn extension(&self) -> Option<&Extension> {
+        if self.len < EXT_OFFSET + size_of::<Extension>() {
+            return None;
+        }
+        // SAFETY: EXT_OFFSET is a multiple of 64 (asserted in `layout`) from a page-aligned
+        // base, so the pointer meets Extension's alignment; the bounds were checked above; all
+        // fields are atomics (see `region`).
+        Some(unsafe { &*self.ptr.as_ptr().add(EXT_OFFSET).cast::<Extension>() })
+    }
+
+    /// Atomic load of the little-endian u32 at `offset` (must be 4-aligned).
+    pub(crate) fn load_u32(&self, offset: usize) -> Option<u32> {
+        if offset % 4 != 0 || offset.checked_add(4)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds and 4-aligned (page-aligned base); atomic like every writer.
+        let v = unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(offset).cast()) };
+        Some(v.load(Ordering::Acquire))
+    }
+
+    /// Atomic load of the little-endian u64 at `offset` (must be 8-aligned).
+    pub(crate) fn load_u64(&self, offset: usize) -> Option<u64> {
+        if offset % 8 != 0 || offset.checked_add(8)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds and 8-aligned (page-aligned base); atomic like every writer.
+        let v = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast()) };
+        Some(v.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `map` mapped; no reference derived from it outlives
+        // `self` (they all borrow `self`).
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// `flock(LOCK_EX | LOCK_NB)`: `Ok(false)` if someone else holds it.
+pub(crate) fn try_flock_exclusive(file: &File) -> io::Result<bool> {
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
+}
+
+/// Release a `flock`.
+pub(crate) fn unflock(file: &File) {
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    unsafe {
+        libc::flock(file.as_raw_fd(), libc::LOCK_UN);
+    }
+}
+
+fn ofd_lock_request(kind: libc::c_int, offset: u64) -> libc::flock {
+    // SAFETY: `flock` is a plain C struct of integers; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = offset as libc::off_t;
+    fl.l_len = 1;
+    fl.l_pid = 0; // required by F_OFD_*
+    fl
+}
+
+/// Take the one-byte OFD write lock at `offset` without waiting: `Ok(false)` if another open
+/// file description holds it. The kernel drops it when the description is closed, i.e. when
+/// the process dies.
+pub(crate) fn ofd_try_lock(file: &File, offset: u64) -> io::Result<bool> {
+    let fl = ofd_lock_request(libc::F_WRLCK, offset);
+    // SAFETY: fcntl with a pointer to a live, initialized `flock` on a descriptor we own.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(err),
+    }
+}
+
+/// Release the OFD lock at `offset`.
+pub(crate) fn ofd_unlock(file: &File, offset: u64) {
+    let fl = ofd_lock_request(libc::F_UNLCK, offset);
+    // SAFETY: as in `ofd_try_lock`.
+    unsafe {
+        libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl);
+    }
+}
+
+/// Whether any open file description other than `probe`'s holds a write lock on the byte at
+/// `offset`. `probe` must never hold locks itself (its own locks never conflict). Errors are
+/// answered "held": a wrong "dead" would give away a live process's usage.
+pub(crate) fn ofd_is_locked(probe: &File, offset: u64) -> bool {
+    let mut fl = ofd_lock_request(libc::F_RDLCK, offset);
+    // SAFETY: fcntl F_OFD_GETLK writes into the live `flock` we pass.
+    let rc = unsafe { libc::fcntl(probe.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    rc != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
+}
+
+/// `/proc/<pid>/stat` field 22: start time in clock ticks after boot.
+pub(crate) fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+// --- fork -----------------------------------------------------------------------------------
+
+/// Descriptors a forked child must not keep: they carry this process's liveness locks.
+static FORK_FDS: [AtomicI32; 256] = [const { AtomicI32::new(-1) }; 256];
+/// Incremented in every forked child; handles opened before a fork refuse to work after it.
+static FORK_EPOCH: AtomicU64 = AtomicU64::new(0);
+static ATFORK: Once = Once::new();
+
+extern "C" fn close_lock_fds_in_child() {
+    FORK_EPOCH.fetch_add(1, Ordering::SeqCst);
+    for slot in &FORK_FDS {
+        let fd = slot.swap(-1, Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: `fd` was registered by a live handle; in the child it is a copy that only
+            // this handler closes (the handle sees the new fork epoch and forgets it). close is
+            // async-signal-safe, as required after fork.
+            unsafe {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+/// The current fork epoch.
+pub(crate) fn fork_epoch() -> u64 {
+    FORK_EPOCH.load(Ordering::Relaxed)
+}
+
+/// Have forked children close `fd`; `false` if the registry is full (a child then keeps the
+/// descriptor, and this process's slots look alive while it lives, until it execs or exits).
+pub(crate) fn register_fork_fd(fd: RawFd) -> bool {
+    ATFORK.call_once(|| {
+        // SAFETY: registers a handler that only touches static atomics and calls close().
+        unsafe {
+            libc::pthread_atfork(None, None, Some(close_lock_fds_in_child));
+        }
+    });
+    FORK_FDS.iter().any(|s| {
+        s.compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    })
+}
+
+/// Forget `fd` (before closing it).
+pub(crate) fn unregister_fork_fd(fd: RawFd) {
+    for s in &FORK_FDS {
+        let _ = s.compare_exchange(fd, -1, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}

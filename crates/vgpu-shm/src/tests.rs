@@ -1,0 +1,460 @@
+//! Unit tests of the table against real files.
+
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use vgpu_alloc_core::{DeviceIndex, OutOfMemory, UsageClass, UsageLedger};
+
+use crate::layout::{self, FILE_LEN, HAMI_FILE_LEN, MAX_SLOTS, offsets};
+use crate::{ImageError, ShmError, TableInit, UsageTable, validate_image};
+
+const D0: DeviceIndex = DeviceIndex(0);
+const D1: DeviceIndex = DeviceIndex(1);
+
+/// A unique path in the temp dir, removed on drop.
+pub(crate) struct TempPath(pub PathBuf);
+
+impl TempPath {
+    pub(crate) fn new(tag: &str) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        Self(std::env::temp_dir().join(format!("vgpu-shm-{tag}-{}-{n}.cache", std::process::id())))
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn init(limit0: u64, limit1: u64) -> TableInit {
+    TableInit {
+        uuids: vec!["GPU-aaaa".into(), "GPU-bbbb".into()],
+        memory_limits: vec![Some(limit0), Some(limit1)],
+        sm_limits: vec![Some(30), None],
+        priority: 1,
+    }
+}
+
+fn read_u64(bytes: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(bytes[off..off + 8].try_into().unwrap())
+}
+fn read_i32(bytes: &[u8], off: usize) -> i32 {
+    i32::from_le_bytes(bytes[off..off + 4].try_into().unwrap())
+}
+
+/// The monitor's view: write raw bytes into the live file.
+fn poke(path: &TempPath, off: usize, bytes: &[u8]) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path.0)
+        .unwrap();
+    f.write_all_at(bytes, off as u64).unwrap();
+}
+
+#[test]
+fn file_has_hami_layout_at_exact_offsets() {
+    let p = TempPath::new("layout");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    assert!(t.created());
+    let me = t.register_self().unwrap();
+    me.try_reserve(D1, UsageClass::Data, 300).unwrap();
+    me.try_reserve(D1, UsageClass::Context, 20).unwrap();
+    me.set_sm_util(D1, 42);
+    t.touch_kernel_time();
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(b.len(), FILE_LEN);
+    assert_eq!(read_i32(&b, 0), 19_920_718);
+    assert_eq!(read_i32(&b, 4), 1);
+    assert_eq!(read_i32(&b, 8), 2);
+    assert_eq!(read_u64(&b, 16), u64::from(std::process::id()));
+    assert_eq!(read_u64(&b, 56), 2);
+    assert_eq!(&b[64..72], b"GPU-aaaa");
+    assert_eq!(b[72], 0);
+    assert_eq!(&b[64 + 96..64 + 96 + 8], b"GPU-bbbb");
+    assert_eq!(read_u64(&b, 1600), 1000);
+    assert_eq!(read_u64(&b, 1608), 2000);
+    assert_eq!(read_u64(&b, 1728), 30);
+    assert_eq!(read_u64(&b, 1736), 0);
+    let slot0 = 1856;
+    assert_eq!(read_i32(&b, slot0), std::process::id() as i32);
+    let used1 = slot0 + 8 + 64; // used[1]
+    assert_eq!(read_u64(&b, used1), 20); // context_size
+    assert_eq!(read_u64(&b, used1 + 16), 300); // data_size
+    assert_eq!(read_u64(&b, used1 + 32), 320); // total
+    assert_eq!(read_u64(&b, slot0 + 1160 + 48 + 16), 42); // device_util[1].sm_util
+    assert_eq!(read_i32(&b, slot0 + 1928), 1); // status
+    assert_eq!(read_u64(&b, slot0 + 1936) % 2, 0); // seqlock even
+    assert_eq!(read_i32(&b, 2_008_896), 1); // proc_num
+    assert_eq!(read_i32(&b, 2_008_908), 1); // priority
+    assert!(read_u64(&b, 2_008_912) > 1_700_000_000); // last_kernel_time
+    me.release(D1, UsageClass::Data, 300);
+    me.release(D1, UsageClass::Context, 20);
+}
+
+#[test]
+fn created_file_is_mode_0666() {
+    let p = TempPath::new("mode");
+    let _t = UsageTable::open_or_create(&p.0, &init(1, 1)).unwrap();
+    let mode = std::fs::metadata(&p.0).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666);
+}
+
+#[test]
+fn limits_in_an_existing_file_win_over_init() {
+    let p = TempPath::new("win");
+    let a = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let b = UsageTable::open_or_create(&p.0, &init(5, 5)).unwrap();
+    assert!(!b.created());
+    assert_eq!(b.memory_limit(D0), Some(1000));
+    assert_eq!(b.sm_limit(D0), Some(30));
+    assert_eq!(b.uuid(D1), "GPU-bbbb");
+    drop(a);
+}
+
+#[test]
+fn refused_reservation_changes_nothing() {
+    let p = TempPath::new("refuse");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 60).unwrap();
+    let before = std::fs::read(&p.0).unwrap();
+    let err = me.try_reserve(D0, UsageClass::Data, 41).unwrap_err();
+    assert_eq!(
+        err,
+        OutOfMemory {
+            device: D0,
+            requested: 41,
+            in_use: 60,
+            limit: 100
+        }
+    );
+    assert_eq!(std::fs::read(&p.0).unwrap(), before);
+    assert_eq!(me.usage(D0).used, 60);
+    me.release(D0, UsageClass::Data, 60);
+    assert_eq!(t.usage(D0).used, 0);
+    // Out-of-range device: refused, not a panic.
+    assert!(
+        me.try_reserve(DeviceIndex(99), UsageClass::Data, 1)
+            .is_err()
+    );
+}
+
+#[test]
+fn dead_process_usage_returns_when_a_reservation_would_fail() {
+    let p = TempPath::new("dead");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let victim = t.register_self().unwrap();
+    let other = t.register_self().unwrap();
+    victim.try_reserve(D0, UsageClass::Data, 80).unwrap();
+    other.try_reserve(D0, UsageClass::Data, 10).unwrap();
+    victim.simulate_death();
+    assert_eq!(t.usage(D0).used, 90); // still counted until someone needs it
+    other.try_reserve(D0, UsageClass::Data, 50).unwrap();
+    assert_eq!(t.usage(D0).used, 60);
+    let snap = t.snapshot();
+    assert_eq!(snap.processes.len(), 1);
+    assert_eq!(snap.proc_num, 1);
+    assert_eq!(snap.processes[0].devices[0].data, 60);
+    assert_eq!(other.audit(D0), Some((60, 60, 60)));
+}
+
+#[test]
+fn reused_pid_does_not_keep_a_dead_slot_alive() {
+    // The dead slot carries a pid (ours) that is alive and even has the right start time:
+    // only the kernel-held liveness lock counts.
+    let p = TempPath::new("pidreuse");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let victim = t.register_self().unwrap();
+    victim.try_reserve(D0, UsageClass::Data, 70).unwrap();
+    victim.simulate_death();
+    assert_eq!(t.sweep_dead().unwrap(), 1);
+    assert_eq!(t.usage(D0).used, 0);
+    assert!(t.snapshot().processes.is_empty());
+}
+
+#[test]
+fn compaction_keeps_live_slots_dense_and_writers_follow_their_slot() {
+    let p = TempPath::new("compact");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 1000)).unwrap();
+    let a = t.register_self().unwrap();
+    let b = t.register_self().unwrap();
+    let c = t.register_self().unwrap();
+    a.try_reserve(D0, UsageClass::Data, 1).unwrap();
+    b.try_reserve(D0, UsageClass::Data, 2).unwrap();
+    c.try_reserve(D0, UsageClass::Data, 4).unwrap();
+    // The monitor tags c's HAMi slot (index 2) with a host pid.
+    poke(
+        &p,
+        offsets::PROCS + 2 * offsets::PROC_SLOT_SIZE + 4,
+        &4242i32.to_le_bytes(),
+    );
+    b.deregister().unwrap();
+    c.try_reserve(D0, UsageClass::Data, 8).unwrap();
+    let bytes = std::fs::read(&p.0).unwrap();
+    let total_of = |k: usize| {
+        read_u64(
+            &bytes,
+            offsets::PROCS + k * offsets::PROC_SLOT_SIZE + 8 + 32,
+        )
+    };
+    assert_eq!(read_i32(&bytes, offsets::PROC_NUM), 2);
+    assert_eq!(total_of(0), 1);
+    assert_eq!(
+        total_of(1),
+        12,
+        "c moved to index 1 and its new reservation landed there"
+    );
+    assert_eq!(total_of(2), 0, "no stale write to the old index");
+    assert_eq!(
+        read_i32(&bytes, offsets::PROCS + 2 * offsets::PROC_SLOT_SIZE),
+        0
+    );
+    let snap = t.snapshot();
+    let c_snap = snap.processes.iter().find(|p| p.slot == c.index()).unwrap();
+    assert_eq!(c_snap.hami_index, 1);
+    assert_eq!(
+        c_snap.hostpid, 4242,
+        "the monitor's hostpid moved with the slot"
+    );
+    assert_eq!(a.audit(D0), Some((13, 13, 13)));
+}
+
+#[test]
+fn monitor_writes_are_honoured() {
+    let p = TempPath::new("monitor");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 50).unwrap();
+    poke(&p, offsets::LIMIT, &60u64.to_le_bytes()); // the monitor shrinks the limit
+    assert!(me.try_reserve(D0, UsageClass::Data, 20).is_err());
+    me.try_reserve(D0, UsageClass::Data, 10).unwrap();
+    poke(&p, offsets::SM_LIMIT + 8, &25u64.to_le_bytes());
+    assert_eq!(t.sm_limit(D1), Some(25));
+    poke(&p, offsets::RECENT_KERNEL, &(-1i32).to_le_bytes());
+    poke(&p, offsets::UTILIZATION_SWITCH, &1i32.to_le_bytes());
+    assert_eq!(t.recent_kernel(), -1);
+    assert_eq!(t.utilization_switch(), 1);
+    me.release(D0, UsageClass::Data, 60);
+}
+
+#[test]
+fn set_limits_on_a_live_file() {
+    let p = TempPath::new("setlimit");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let me = t.register_self().unwrap();
+    let cli = UsageTable::open_existing(&p.0).unwrap();
+    cli.set_memory_limit(D0, Some(10)).unwrap();
+    assert!(me.try_reserve(D0, UsageClass::Data, 11).is_err());
+    cli.set_memory_limit(D0, None).unwrap();
+    me.try_reserve(D0, UsageClass::Data, 1 << 40).unwrap();
+    cli.set_sm_limit(D1, Some(50)).unwrap();
+    assert_eq!(t.sm_limit(D1), Some(50));
+    assert!(matches!(
+        cli.set_memory_limit(DeviceIndex(16), Some(1)),
+        Err(ShmError::InvalidDevice { .. })
+    ));
+    assert!(matches!(
+        cli.set_memory_limit(D0, Some(0)),
+        Err(ShmError::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        cli.set_sm_limit(D0, Some(101)),
+        Err(ShmError::InvalidValue { .. })
+    ));
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    assert!(matches!(
+        ro.set_memory_limit(D0, Some(1)),
+        Err(ShmError::ReadOnly)
+    ));
+    assert!(matches!(ro.register_self(), Err(ShmError::ReadOnly)));
+    let snap = ro.snapshot();
+    assert_eq!(snap.devices[0].used, 1 << 40);
+    assert!(snap.processes[0].alive);
+    me.release(D0, UsageClass::Data, 1 << 40);
+}
+
+#[test]
+fn snapshot_reports_devices_and_processes() {
+    let p = TempPath::new("snap");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Context, 5).unwrap();
+    me.try_reserve(D0, UsageClass::Module, 6).unwrap();
+    me.try_reserve(D0, UsageClass::Data, 7).unwrap();
+    me.set_sm_util(D0, 33);
+    me.set_hostpid(777);
+    let s = t.snapshot();
+    assert_eq!(s.devices.len(), 2);
+    let d = &s.devices[0];
+    assert_eq!((d.used, d.context, d.module, d.data), (18, 5, 6, 7));
+    assert_eq!(d.limit, Some(1000));
+    assert_eq!(d.uuid, "GPU-aaaa");
+    assert_eq!(s.devices[1].sm_limit, None);
+    let pr = &s.processes[0];
+    assert_eq!(pr.pid, std::process::id() as i32);
+    assert_eq!(pr.hostpid, 777);
+    assert!(pr.start_time > 0);
+    assert_eq!(pr.devices[0].total(), 18);
+    assert_eq!(pr.devices[0].sm_util, 33);
+}
+
+#[test]
+fn crash_inside_a_device_lock_recovers_within_100ms() {
+    use crate::protocol::Store;
+    let p = TempPath::new("lockcrash");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let victim = t.register_self().unwrap();
+    let other = t.register_self().unwrap();
+    victim.try_reserve(D0, UsageClass::Data, 30).unwrap();
+    // The victim dies inside reserve, after `total += 50` and before `held += 50`.
+    {
+        let st = t.store();
+        st.lock_word(0).store(victim.owner, Ordering::SeqCst);
+        st.total(0).store(80, Ordering::SeqCst);
+    }
+    victim.simulate_death();
+    let start = Instant::now();
+    other.try_reserve(D0, UsageClass::Data, 90).unwrap(); // needs the dead usage back
+    assert!(
+        start.elapsed().as_millis() < 100,
+        "recovery took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(t.usage(D0).used, 90);
+    assert_eq!(other.audit(D0), Some((90, 90, 90)));
+}
+
+#[test]
+fn full_slot_table_is_a_clear_error() {
+    let p = TempPath::new("full");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let mut slots = Vec::new();
+    for _ in 0..MAX_SLOTS {
+        slots.push(t.register_self().unwrap());
+    }
+    assert!(matches!(
+        t.register_self(),
+        Err(ShmError::TableFull { slots: 1024, .. })
+    ));
+    // One dies: its slot is found on the next registration.
+    slots.pop().unwrap().simulate_death();
+    let again = t.register_self().unwrap();
+    assert_eq!(t.snapshot().proc_num, 1024);
+    // Exiting 1,024 processes one by one is O(n²) probes; leak them instead (test only).
+    std::mem::forget(again);
+    for s in slots {
+        std::mem::forget(s);
+    }
+}
+
+#[test]
+fn bad_files_get_typed_errors() {
+    let p = TempPath::new("bad");
+    let open = |bytes: &[u8]| {
+        std::fs::write(&p.0, bytes).unwrap();
+        match UsageTable::open_existing(&p.0) {
+            Err(ShmError::InvalidFile { source, .. }) => source,
+            other => panic!("expected InvalidFile, got {other:?}"),
+        }
+    };
+    assert!(matches!(
+        open(b"hello"),
+        ImageError::Truncated { len: 5, .. }
+    ));
+    let mut junk = vec![0u8; FILE_LEN];
+    junk[0..4].copy_from_slice(&1234u32.to_le_bytes());
+    assert_eq!(open(&junk), ImageError::Foreign { flag: 1234 });
+    let mut hami = vec![0u8; HAMI_FILE_LEN];
+    hami[0..4].copy_from_slice(&19_920_718i32.to_le_bytes());
+    hami[4..8].copy_from_slice(&1u32.to_le_bytes());
+    hami[8..12].copy_from_slice(&2u32.to_le_bytes());
+    assert_eq!(open(&hami), ImageError::HamiCoreFile);
+    hami[8..12].copy_from_slice(&1u32.to_le_bytes());
+    assert_eq!(
+        open(&hami),
+        ImageError::UnsupportedHamiVersion { major: 1, minor: 1 }
+    );
+
+    let good = {
+        let q = TempPath::new("good");
+        drop(UsageTable::open_or_create(&q.0, &init(1, 1)).unwrap());
+        std::fs::read(&q.0).unwrap()
+    };
+    let mut newer = good.clone();
+    newer[offsets::EXT_VERSION..offsets::EXT_VERSION + 4].copy_from_slice(&2u32.to_le_bytes());
+    assert_eq!(
+        open(&newer),
+        ImageError::NewerVersion {
+            found: 2,
+            supported: 1
+        }
+    );
+    let mut corrupt = good.clone();
+    corrupt[offsets::DEVICE_NUM..offsets::DEVICE_NUM + 8].copy_from_slice(&99u64.to_le_bytes());
+    assert_eq!(
+        open(&corrupt),
+        ImageError::Corrupt {
+            field: "device_num",
+            value: 99
+        }
+    );
+    assert!(matches!(
+        open(&good[..FILE_LEN - 1]),
+        ImageError::Truncated { .. }
+    ));
+    // A zero-filled file of our size: an initializer died; open_existing says so, and
+    // open_or_create initializes it.
+    assert_eq!(open(&vec![0u8; FILE_LEN]), ImageError::Uninitialized);
+    let t = UsageTable::open_or_create(&p.0, &init(7, 7)).unwrap();
+    assert_eq!(t.memory_limit(D0), Some(7));
+    // Not a regular file.
+    assert!(matches!(
+        UsageTable::open_existing(std::env::temp_dir()),
+        Err(ShmError::Io { .. })
+    ));
+}
+
+/// A small deterministic generator (no extra dependency).
+pub(crate) struct XorShift(pub u64);
+impl XorShift {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn validate_image_never_panics_on_random_bytes() {
+    let q = TempPath::new("fuzzbase");
+    drop(UsageTable::open_or_create(&q.0, &init(1, 1)).unwrap());
+    let good = std::fs::read(&q.0).unwrap();
+    assert!(validate_image(&good).is_ok());
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..2000 {
+        let len = (rng.next() % 4096) as usize;
+        let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let _ = validate_image(&bytes);
+        // A good image with a few random header words patched.
+        let mut img = good.clone();
+        for _ in 0..(rng.next() % 4) {
+            let hot = [
+                0,
+                4,
+                8,
+                56,
+                layout::offsets::PROC_NUM,
+                offsets::EXT_MAGIC,
+                offsets::EXT_VERSION,
+            ];
+            let off = hot[(rng.next() % hot.len() as u64) as usize];
+            img[off] = rng.next() as u8;
+        }
+        let _ = validate_image(&img);
+    }
+}

@@ -1,0 +1,167 @@
+//! Children are SIGKILLed at random moments of reserve/release storms (inside locks, halfway
+//! through updates); afterwards the table's usage equals exactly what the survivors hold, and
+//! no survivor ever waited long.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
+use vgpu_shm::{TableInit, UsageTable};
+
+const FIRST: usize = 16;
+const LATE: usize = 8;
+const KILLS: usize = 12;
+const LIMIT: u64 = 20_000;
+const D0: DeviceIndex = DeviceIndex(0);
+const D1: DeviceIndex = DeviceIndex(1);
+
+// Control words: [STOP, RELEASE, then per child: READY, HELD0, HELD1, MAX_OP_MICROS, OPS].
+const STOP: usize = 0;
+const RELEASE: usize = 1;
+const PER: usize = 5;
+fn w(child: usize, field: usize) -> usize {
+    2 + child * PER + field
+}
+
+fn init() -> TableInit {
+    TableInit {
+        uuids: vec!["GPU-k0".into(), "GPU-k1".into()],
+        memory_limits: vec![Some(LIMIT), Some(LIMIT / 2)],
+        sm_limits: vec![None, None],
+        priority: 1,
+    }
+}
+
+fn storm(path: &TempPath, ctl: &Control, child: usize) -> i32 {
+    let t = UsageTable::open_or_create(&path.0, &init()).unwrap();
+    let me = t.register_self().unwrap();
+    let mut rng =
+        XorShift(0xdead_beef_cafe_f00d ^ (child as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let classes = [UsageClass::Context, UsageClass::Module, UsageClass::Data];
+    let mut held: Vec<(DeviceIndex, UsageClass, u64)> = Vec::new();
+    let mut max_op = Duration::ZERO;
+    let mut ops = 0u64;
+    while ctl.word(STOP).load(Ordering::Relaxed) == 0 {
+        let start = Instant::now();
+        if !held.is_empty() && rng.next() % 2 == 0 {
+            let (d, c, b) = held.swap_remove((rng.next() % held.len() as u64) as usize);
+            me.release(d, c, b);
+        } else {
+            let d = if rng.next() % 3 == 0 { D1 } else { D0 };
+            let c = classes[(rng.next() % 3) as usize];
+            let b = 1 + rng.next() % 1500;
+            if me.try_reserve(d, c, b).is_ok() {
+                held.push((d, c, b));
+            }
+        }
+        max_op = max_op.max(start.elapsed());
+        ops += 1;
+    }
+    let sum = |dev: DeviceIndex| held.iter().filter(|h| h.0 == dev).map(|h| h.2).sum::<u64>();
+    ctl.word(w(child, 1)).store(sum(D0), Ordering::SeqCst);
+    ctl.word(w(child, 2)).store(sum(D1), Ordering::SeqCst);
+    ctl.word(w(child, 3))
+        .store(max_op.as_micros() as u64, Ordering::SeqCst);
+    ctl.word(w(child, 4)).store(ops, Ordering::SeqCst);
+    ctl.word(w(child, 0)).store(1, Ordering::SeqCst);
+    while ctl.word(RELEASE).load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for (d, c, b) in held {
+        me.release(d, c, b);
+    }
+    0
+}
+
+#[test]
+fn killed_processes_give_back_exactly_their_usage() {
+    let path = TempPath::new("kill");
+    let ctl = Control::new(2 + (FIRST + LATE) * PER);
+    drop(UsageTable::open_or_create(&path.0, &init()).unwrap());
+    let mut rng = XorShift(0x0bad_5eed_1234_4321);
+
+    let mut children: Vec<(usize, libc::pid_t)> = (0..FIRST)
+        .map(|c| (c, fork_child(|| storm(&path, &ctl, c))))
+        .collect();
+    let mut killed = Vec::new();
+    let mut late = 0;
+    std::thread::sleep(Duration::from_millis(100));
+    for k in 0..KILLS {
+        std::thread::sleep(Duration::from_micros(5_000 + rng.next() % 60_000));
+        let victim = (rng.next() % children.len() as u64) as usize;
+        let (c, pid) = children.swap_remove(victim);
+        kill9(pid);
+        killed.push((c, pid));
+        if k % 2 == 1 && late < LATE {
+            // Newcomers register while others die.
+            let c = FIRST + late;
+            late += 1;
+            children.push((c, fork_child(|| storm(&path, &ctl, c))));
+        }
+    }
+    for &(_, pid) in &killed {
+        assert_eq!(wait(pid), 128 + libc::SIGKILL);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    ctl.word(STOP).store(1, Ordering::SeqCst);
+    let all_ready = wait_until(Duration::from_secs(10), || {
+        children.iter().all(|&(c, _)| load(ctl.word(w(c, 0))) == 1)
+    });
+    if !all_ready {
+        for &(c, pid) in &children {
+            eprintln!("child {c} ready={}", load(ctl.word(w(c, 0))));
+            kill9(pid);
+            wait(pid);
+        }
+        panic!("a survivor hung or failed");
+    }
+
+    let expect0: u64 = children.iter().map(|&(c, _)| load(ctl.word(w(c, 1)))).sum();
+    let expect1: u64 = children.iter().map(|&(c, _)| load(ctl.word(w(c, 2)))).sum();
+    let max_op = children
+        .iter()
+        .map(|&(c, _)| load(ctl.word(w(c, 3))))
+        .max()
+        .unwrap();
+    let ops: u64 = children.iter().map(|&(c, _)| load(ctl.word(w(c, 4)))).sum();
+    eprintln!(
+        "{} survivors, {} killed, {ops} survivor ops, slowest op {max_op} µs, survivors hold {expect0} + {expect1}",
+        children.len(),
+        killed.len()
+    );
+
+    let t = UsageTable::open_existing(&path.0).unwrap(); // attaching sweeps
+    t.sweep_dead().unwrap();
+    let snap = t.snapshot();
+    assert_eq!(
+        snap.devices[0].used, expect0,
+        "device 0 usage != what survivors hold"
+    );
+    assert_eq!(
+        snap.devices[1].used, expect1,
+        "device 1 usage != what survivors hold"
+    );
+    assert_eq!(snap.processes.len(), children.len());
+    assert_eq!(snap.proc_num as usize, children.len());
+    assert!(snap.processes.iter().all(|p| p.alive));
+    let auditor = t.register_self().unwrap();
+    for d in [D0, D1] {
+        let (total, held, hami) = auditor.audit(d).unwrap();
+        assert_eq!((total, held), (hami, hami));
+    }
+    drop(auditor);
+    assert!(max_op < 1_000_000, "an operation waited {max_op} µs");
+
+    ctl.word(RELEASE).store(1, Ordering::SeqCst);
+    for &(_, pid) in &children {
+        assert_eq!(wait(pid), 0);
+    }
+    let snap = t.snapshot();
+    assert_eq!(
+        (snap.devices[0].used, snap.devices[1].used, snap.proc_num),
+        (0, 0, 0)
+    );
+}
