@@ -169,6 +169,8 @@ macro_rules! cuda_used_functions {
                 fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
             cuDeviceGetGraphMemAttribute ["cuDeviceGetGraphMemAttribute", 11040, any]
                 fn(dev: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult;
+            cuDevicePrimaryCtxGetState ["cuDevicePrimaryCtxGetState", 7000, any]
+                fn(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult;
         }
     };
 }
@@ -194,6 +196,8 @@ macro_rules! nvml_used_functions {
             nvmlInit_v2 ["nvmlInit_v2", 0, any] fn() -> nvmlReturn_t;
             nvmlDeviceGetUUID ["nvmlDeviceGetUUID", 0, any]
                 fn(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
+            nvmlDeviceGetHandleByUUID ["nvmlDeviceGetHandleByUUID", 0, any]
+                fn(uuid: *const c_char, device: *mut nvmlDevice_t) -> nvmlReturn_t;
         }
     };
 }

@@ -1,0 +1,253 @@
+//! Calls into the real driver that the accounting needs, wrapped so the rest of the hook
+//! does not touch raw function pointers. Handles (`CUstream`, `CUmemoryPool`, ...) are
+//! opaque values the driver validates itself.
+
+use std::collections::HashMap;
+
+use vgpu_alloc_core::{BackendError, ContextId, DeviceBackend, DeviceIndex, DevicePtr, MemoryInfo};
+use vgpu_cuda_abi::*;
+
+use crate::real::{self, Cuda};
+
+/// Calls a real driver function that may be missing from an old driver.
+macro_rules! call {
+    ($cuda:expr, $table:ident . $f:ident ( $($arg:expr),* )) => {
+        match $cuda.$table.$f {
+            // SAFETY: a real driver entry point of exactly this signature (declaration
+            // list), called with arguments that satisfy its contract (see each caller).
+            Some(f) => unsafe { f($($arg),*) },
+            None => CUresult::NOT_SUPPORTED,
+        }
+    };
+}
+pub(crate) use call;
+
+/// The current context (`cuCtxGetCurrent`); `INVALID_CONTEXT` when there is none.
+pub(crate) fn current_context(cuda: &Cuda) -> Result<CUcontext, CUresult> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    call!(cuda, u.cuCtxGetCurrent(&mut ctx)).ok()?;
+    if ctx.is_null() {
+        Err(CUresult::INVALID_CONTEXT)
+    } else {
+        Ok(ctx)
+    }
+}
+
+/// The current context's device (`cuCtxGetDevice`).
+pub(crate) fn current_device(cuda: &Cuda) -> Result<CUdevice, CUresult> {
+    let mut dev = CUdevice(0);
+    call!(cuda, u.cuCtxGetDevice(&mut dev)).ok()?;
+    Ok(dev)
+}
+
+/// The current context and its device.
+pub(crate) fn current(cuda: &Cuda) -> Result<(CUcontext, CUdevice), CUresult> {
+    Ok((current_context(cuda)?, current_device(cuda)?))
+}
+
+/// The device a stream's work runs on. The null (default) streams belong to the current
+/// context; other streams may belong to another context, made current briefly.
+pub(crate) fn stream_device(cuda: &Cuda, stream: CUstream) -> Result<CUdevice, CUresult> {
+    // CU_STREAM_LEGACY (0x1) and CU_STREAM_PER_THREAD (0x2) are also current-context streams.
+    if (stream as usize) <= 2 {
+        return current_device(cuda);
+    }
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    call!(cuda, u.cuStreamGetCtx(stream, &mut ctx)).ok()?;
+    let cur = current_context(cuda).unwrap_or(std::ptr::null_mut());
+    if ctx.is_null() || ctx == cur {
+        return current_device(cuda);
+    }
+    call!(cuda, u.cuCtxPushCurrent_v2(ctx)).ok()?;
+    let dev = current_device(cuda);
+    let mut popped: CUcontext = std::ptr::null_mut();
+    let _ = call!(cuda, u.cuCtxPopCurrent_v2(&mut popped));
+    dev
+}
+
+/// Physical `(free, total)` of the current context's device (real `cuMemGetInfo_v2`).
+pub(crate) fn mem_get_info(cuda: &Cuda) -> Result<(u64, u64), CUresult> {
+    let (mut free, mut total) = (0usize, 0usize);
+    call!(cuda, h.cuMemGetInfo_v2(&mut free, &mut total)).ok()?;
+    Ok((free as u64, total as u64))
+}
+
+/// A `cuuint64_t` attribute of a memory pool.
+pub(crate) fn pool_attr(
+    cuda: &Cuda,
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+) -> Result<u64, CUresult> {
+    let mut v: u64 = 0;
+    call!(
+        cuda,
+        u.cuMemPoolGetAttribute(pool, attr, (&raw mut v).cast())
+    )
+    .ok()?;
+    Ok(v)
+}
+
+/// The current memory pool of a device (what `cuMemAllocAsync` uses).
+pub(crate) fn device_mem_pool(cuda: &Cuda, dev: CUdevice) -> Result<CUmemoryPool, CUresult> {
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    call!(cuda, u.cuDeviceGetMemPool(&mut pool, dev)).ok()?;
+    Ok(pool)
+}
+
+/// Which device `pool` belongs to, if it is some device's default or current pool.
+pub(crate) fn find_pool_device(cuda: &Cuda, pool: CUmemoryPool) -> Option<CUdevice> {
+    let n = device_count(cuda).ok()?;
+    (0..n).map(CUdevice).find(|&d| {
+        let mut p: CUmemoryPool = std::ptr::null_mut();
+        (call!(cuda, u.cuDeviceGetDefaultMemPool(&mut p, d)).is_success() && p == pool)
+            || device_mem_pool(cuda, d).is_ok_and(|p| p == pool)
+    })
+}
+
+/// Graph memory the driver holds for `dev` (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`).
+pub(crate) fn graph_mem_reserved(cuda: &Cuda, dev: CUdevice) -> Result<u64, CUresult> {
+    let mut v: u64 = 0;
+    call!(
+        cuda,
+        u.cuDeviceGetGraphMemAttribute(
+            dev,
+            CUgraphMem_attribute::RESERVED_MEM_CURRENT,
+            (&raw mut v).cast()
+        )
+    )
+    .ok()?;
+    Ok(v)
+}
+
+/// Minimum allocation granularity for `prop` (`cuMemCreate` sizes are multiples of it).
+pub(crate) fn granularity(cuda: &Cuda, prop: &CUmemAllocationProp) -> Result<u64, CUresult> {
+    let mut g: usize = 0;
+    call!(
+        cuda,
+        u.cuMemGetAllocationGranularity(&mut g, prop, CUmemAllocationGranularity_flags::MINIMUM)
+    )
+    .ok()?;
+    Ok(g as u64)
+}
+
+/// Whether the device's primary context is active (`cuDevicePrimaryCtxGetState`).
+pub(crate) fn primary_ctx_active(cuda: &Cuda, dev: CUdevice) -> Result<bool, CUresult> {
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    call!(
+        cuda,
+        u.cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active)
+    )
+    .ok()?;
+    Ok(active != 0)
+}
+
+/// Number of devices this process sees (`cuDeviceGetCount`).
+pub(crate) fn device_count(cuda: &Cuda) -> Result<i32, CUresult> {
+    let mut n: c_int = 0;
+    call!(cuda, u.cuDeviceGetCount(&mut n)).ok()?;
+    Ok(n)
+}
+
+/// NVML-style UUID string of a CUDA device.
+pub(crate) fn device_uuid(cuda: &Cuda, dev: CUdevice) -> Result<String, CUresult> {
+    let mut u = CUuuid::default();
+    call!(cuda, u.cuDeviceGetUuid(&mut u, dev)).ok()?;
+    Ok(format_gpu_uuid(&u))
+}
+
+/// UUID → CUDA ordinal for every device this process sees (after `CUDA_VISIBLE_DEVICES`).
+/// Initializes the driver if needed (`nvidia-smi` never calls `cuInit`).
+pub(crate) fn cuda_ordinals_by_uuid(cuda: &Cuda) -> HashMap<String, i32> {
+    let _ = call!(cuda, h.cuInit(0));
+    let n = device_count(cuda).unwrap_or(0);
+    (0..n)
+        .filter_map(|i| device_uuid(cuda, CUdevice(i)).ok().map(|u| (u, i)))
+        .collect()
+}
+
+/// UUID of an NVML device handle.
+pub(crate) fn nvml_uuid(nvml: &real::Nvml, device: nvmlDevice_t) -> Option<String> {
+    let f = nvml.u.nvmlDeviceGetUUID?;
+    let mut buf = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    // SAFETY: the buffer is as long as we say; NVML NUL-terminates on success.
+    let r = unsafe { f(device, buf.as_mut_ptr(), buf.len() as c_uint) };
+    if !r.is_success() {
+        return None;
+    }
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8(bytes).ok()
+}
+
+/// Memory used on a CUDA device as NVML reports it (no context needed), for measuring
+/// what context creation takes. `None` when NVML is not available.
+pub(crate) fn nvml_used_bytes(cuda: &Cuda, dev: CUdevice) -> Option<u64> {
+    let nvml = real::nvml().ok()?;
+    let uuid = device_uuid(cuda, dev).ok()?;
+    let cuuid = std::ffi::CString::new(uuid).ok()?;
+    if let Some(init) = nvml.u.nvmlInit_v2 {
+        // SAFETY: nvmlInit_v2 takes no arguments; repeated calls only bump a reference count.
+        unsafe { init() };
+    }
+    let by_uuid = nvml.u.nvmlDeviceGetHandleByUUID?;
+    let mut handle: nvmlDevice_t = std::ptr::null_mut();
+    // SAFETY: NUL-terminated UUID and a valid out-pointer.
+    if !unsafe { by_uuid(cuuid.as_ptr(), &mut handle) }.is_success() {
+        return None;
+    }
+    let get = nvml.h.nvmlDeviceGetMemoryInfo?;
+    let mut m = nvmlMemory_t::default();
+    // SAFETY: a handle NVML just gave us and a valid out-pointer.
+    unsafe { get(handle, &mut m) }
+        .is_success()
+        .then_some(m.used)
+}
+
+/// The real driver as the allocator's device backend: `cuMemAlloc_v2`/`cuMemFree_v2` in
+/// the caller's current context (the allocator is only called from inside the hooked
+/// call, with the caller's context current).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RealBackend;
+
+fn backend_err(r: CUresult) -> BackendError {
+    BackendError { code: r.0 }
+}
+
+impl DeviceBackend for RealBackend {
+    fn allocate(
+        &self,
+        _device: DeviceIndex,
+        _context: ContextId,
+        bytes: u64,
+    ) -> Result<DevicePtr, BackendError> {
+        let cuda = real::cuda().map_err(backend_err)?;
+        let size = usize::try_from(bytes).map_err(|_| BackendError::OUT_OF_MEMORY)?;
+        let mut p = CUdeviceptr(0);
+        call!(cuda, h.cuMemAlloc_v2(&mut p, size))
+            .ok()
+            .map_err(backend_err)?;
+        Ok(DevicePtr(p.0))
+    }
+
+    fn free(
+        &self,
+        _device: DeviceIndex,
+        _context: ContextId,
+        ptr: DevicePtr,
+    ) -> Result<(), BackendError> {
+        let cuda = real::cuda().map_err(backend_err)?;
+        // Unified addressing: cuMemFree takes any context's pointer.
+        call!(cuda, h.cuMemFree_v2(CUdeviceptr(ptr.0)))
+            .ok()
+            .map_err(backend_err)
+    }
+
+    fn memory_info(&self, _device: DeviceIndex) -> Result<MemoryInfo, BackendError> {
+        let cuda = real::cuda().map_err(backend_err)?;
+        let (free, total) = mem_get_info(cuda).map_err(backend_err)?;
+        Ok(MemoryInfo { free, total })
+    }
+}

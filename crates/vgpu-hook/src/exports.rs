@@ -1,0 +1,142 @@
+//! The exported C ABI, generated from the declaration lists of `vgpu-cuda-abi`: one
+//! `#[no_mangle] extern "C"` function per hooked symbol, each forwarding to the Rust
+//! implementation of the same name in [`crate::hooks`] behind a panic guard, plus `dlsym`.
+//!
+//! The version script written by `build.rs` keeps exactly these symbols global.
+
+use std::ffi::CStr;
+
+use vgpu_cuda_abi::*;
+
+use crate::ffi::guard;
+
+macro_rules! export_fns {
+    ($list:ident; $( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        $(
+            #[doc = concat!("Exported `", stringify!($name), "`.")]
+            ///
+            /// # Safety
+            /// The driver API's contract for this function.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                // SAFETY: the caller upholds the driver's contract for this call; the
+                // implementation receives the arguments unchanged.
+                guard(stringify!($name), || unsafe { crate::hooks::$name($($arg),*) })
+            }
+        )*
+
+        /// Our export's address for each entry of the list, in list order.
+        pub(crate) static $list: ExportAddrs = ExportAddrs(&[$($name as *const (),)*]);
+    };
+}
+
+/// Addresses of our exported functions, indexed like the declaration list.
+#[derive(Debug)]
+pub(crate) struct ExportAddrs(&'static [*const ()]);
+
+// SAFETY: the table holds addresses of functions, immutable for the program's lifetime.
+unsafe impl Sync for ExportAddrs {}
+
+impl ExportAddrs {
+    /// The address of entry `index`.
+    pub(crate) fn get(&self, index: usize) -> *mut c_void {
+        self.0
+            .get(index)
+            .map_or(std::ptr::null_mut(), |p| p.cast_mut().cast())
+    }
+
+    /// Index of the export at `addr`, if it is one of ours.
+    pub(crate) fn index_of(&self, addr: *mut c_void) -> Option<usize> {
+        self.0.iter().position(|p| p.cast_mut().cast() == addr)
+    }
+}
+
+macro_rules! cuda_exports { ($($t:tt)*) => { export_fns!(CUDA_EXPORTS; $($t)*); }; }
+macro_rules! nvml_exports { ($($t:tt)*) => { export_fns!(NVML_EXPORTS; $($t)*); }; }
+cuda_hooked_functions!(cuda_exports);
+nvml_hooked_functions!(nvml_exports);
+
+/// Exported `dlsym`.
+///
+/// `dlsym(RTLD_NEXT, name)` searches the objects after the *caller's*, and glibc finds
+/// the caller from the return address. So for `RTLD_NEXT` this stub jumps (not calls)
+/// to the real `dlsym` with the original return address still on the stack: the lookup
+/// behaves exactly as if we were not there. Other handles go to [`dlsym_impl`], which
+/// substitutes our wrappers for the hooked driver/NVML functions.
+///
+/// # Safety
+/// `dlsym`'s contract: `handle` is a handle from `dlopen` or a pseudo-handle, `symbol`
+/// a NUL-terminated string.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmp rdi, -1",     // RTLD_NEXT == (void *)-1
+        "jne {imp}",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",      // keep the stack 16-byte aligned for the call
+        "call {real}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "jmp rax",
+        imp = sym dlsym_impl,
+        real = sym real_dlsym_for_next,
+    )
+}
+
+/// Exported `dlsym` (aarch64): `x0 == RTLD_NEXT` tail-branches to the real `dlsym` with the
+/// caller's link register intact, as on x86_64.
+///
+/// # Safety
+/// `dlsym`'s contract.
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmn x0, #1",
+        "b.ne {imp}",
+        "stp x0, x1, [sp, #-32]!",
+        "str x30, [sp, #16]",
+        "bl {real}",
+        "mov x16, x0",
+        "ldr x30, [sp, #16]",
+        "ldp x0, x1, [sp], #32",
+        "br x16",
+        imp = sym dlsym_impl,
+        real = sym real_dlsym_for_next,
+    )
+}
+
+/// The real `dlsym` for the `RTLD_NEXT` trampoline; never null (falls back to a function
+/// answering "not found").
+extern "C" fn real_dlsym_for_next() -> *const () {
+    match crate::real::real_dlsym() {
+        Some(f) => f as *const (),
+        None => dlsym_not_found as *const (),
+    }
+}
+
+extern "C" fn dlsym_not_found(_handle: *mut c_void, _symbol: *const c_char) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+/// `dlsym` for every handle but `RTLD_NEXT`: the real lookup, then our wrapper in place of a
+/// hooked driver function.
+extern "C" fn dlsym_impl(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    let Some(real) = crate::real::real_dlsym() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: forwarded unchanged under dlsym's contract.
+    let found = unsafe { real(handle, symbol) };
+    if found.is_null() || symbol.is_null() || crate::real::in_loader() {
+        return found;
+    }
+    // SAFETY: dlsym's contract: `symbol` is NUL-terminated (and the real dlsym just read it).
+    let name = unsafe { CStr::from_ptr(symbol) };
+    std::panic::catch_unwind(|| crate::interpose::substitute_dlsym(name.to_bytes(), found))
+        .unwrap_or(found)
+}

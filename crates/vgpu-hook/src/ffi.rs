@@ -1,0 +1,94 @@
+//! Small unsafe helpers at the C boundary: out-pointer writes, in-pointer reads, stderr.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use vgpu_cuda_abi::{CUresult, nvmlReturn_t};
+
+use crate::log::{ERROR, vlog};
+
+/// Writes `bytes` to fd 2 with `write(2)` calls, ignoring errors (logging must never fail
+/// the program).
+pub(crate) fn write_stderr(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: writes from a valid slice to fd 2.
+        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        if n <= 0 {
+            return;
+        }
+        bytes = &bytes[n as usize..];
+    }
+}
+
+/// A C return type that has an "internal error" value for caught panics.
+pub(crate) trait PanicCode: Copy + std::fmt::Debug {
+    /// Returned when the hook's own code panicked.
+    const PANIC: Self;
+}
+
+impl PanicCode for CUresult {
+    const PANIC: Self = CUresult::UNKNOWN;
+}
+
+impl PanicCode for nvmlReturn_t {
+    const PANIC: Self = nvmlReturn_t::UNKNOWN;
+}
+
+/// Runs an export's body, turning a panic into a logged error code: unwinding must never
+/// cross into C.
+#[inline(always)]
+pub(crate) fn guard<R: PanicCode>(name: &'static str, body: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(_) => {
+            vlog!(
+                ERROR,
+                "internal error (panic) in {name}; returning {:?}",
+                R::PANIC
+            );
+            R::PANIC
+        }
+    }
+}
+
+/// Stores `value` through a caller's out-pointer; `INVALID_VALUE` for null.
+///
+/// # Safety
+/// `out` must be null or valid for a write of `T` (the driver API contract).
+#[inline]
+pub(crate) unsafe fn write_out<T>(out: *mut T, value: T) -> Result<(), CUresult> {
+    if out.is_null() {
+        return Err(CUresult::INVALID_VALUE);
+    }
+    // SAFETY: non-null and valid for writes per this function's contract.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// Reads a caller's in-pointer; `None` for null.
+///
+/// # Safety
+/// `p` must be null or valid for a read of `T` (the driver API contract).
+#[inline]
+pub(crate) unsafe fn read_in<T: Copy>(p: *const T) -> Option<T> {
+    // SAFETY: non-null pointers are valid for reads per this function's contract.
+    (!p.is_null()).then(|| unsafe { p.read() })
+}
+
+/// Reads a caller's out-pointer after the real driver filled it.
+///
+/// # Safety
+/// `p` must be null or valid for a read of `T`.
+#[inline]
+pub(crate) unsafe fn read_back<T: Copy>(p: *const T) -> Option<T> {
+    // SAFETY: per this function's contract.
+    unsafe { read_in(p) }
+}
+
+/// Collapses `Result<(), CUresult>` into the code returned to C.
+#[inline]
+pub(crate) fn code(r: Result<(), CUresult>) -> CUresult {
+    match r {
+        Ok(()) => CUresult::SUCCESS,
+        Err(e) => e,
+    }
+}

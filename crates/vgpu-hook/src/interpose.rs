@@ -1,0 +1,89 @@
+//! Which function a lookup should return: the three ways a program reaches the driver
+//! (linked symbols are handled by the exports themselves; `dlsym` and `cuGetProcAddress`
+//! are handled here).
+//!
+//! Rule: a pointer that *is* the real driver's implementation of a hooked symbol is
+//! replaced by our wrapper of that same symbol (same ABI by construction). For
+//! `cuGetProcAddress` a pointer the real driver returns that is not one of its exported
+//! symbols (an internal entry point) falls back to a name + version + stream-flavour
+//! lookup in the declaration list. Everything else passes through untouched.
+
+use vgpu_cuda_abi::*;
+
+use crate::exports::{CUDA_EXPORTS, NVML_EXPORTS};
+use crate::log::{DEBUG, vlog};
+use crate::real;
+
+/// Our wrapper for `found`, the real `dlsym` result for `name`, or `found` itself.
+pub(crate) fn substitute_dlsym(name: &[u8], found: *mut c_void) -> *mut c_void {
+    if name.starts_with(b"cu") {
+        let Some(index) = CUDA_HOOKED_SYMBOLS
+            .iter()
+            .position(|s| s.name.as_bytes() == name)
+        else {
+            return found;
+        };
+        if CUDA_EXPORTS.index_of(found).is_some() {
+            return found; // already ours (RTLD_DEFAULT finds the preloaded export first)
+        }
+        // The handle may be libcuda itself, opened by the program: loading our table
+        // from it is then only a reference-count bump.
+        let Ok(cuda) = real::cuda() else { return found };
+        if cuda.hooked_addr(index) == found as usize {
+            vlog!(DEBUG, "dlsym({}) -> hook", String::from_utf8_lossy(name));
+            return CUDA_EXPORTS.get(index);
+        }
+    } else if name.starts_with(b"nvml") {
+        let Some(index) = NVML_HOOKED_SYMBOLS
+            .iter()
+            .position(|s| s.name.as_bytes() == name)
+        else {
+            return found;
+        };
+        if NVML_EXPORTS.index_of(found).is_some() {
+            return found;
+        }
+        let Ok(nvml) = real::nvml() else { return found };
+        if nvml.hooked_index_of(found as usize) == Some(index) {
+            vlog!(DEBUG, "dlsym({}) -> hook", String::from_utf8_lossy(name));
+            return NVML_EXPORTS.get(index);
+        }
+    }
+    found
+}
+
+/// Our wrapper for `found`, what the real `cuGetProcAddress(name, cuda_version, flags)`
+/// returned, or `found` itself.
+pub(crate) fn substitute_proc_address(
+    cuda: &real::Cuda,
+    name: &str,
+    found: *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+) -> *mut c_void {
+    if found.is_null() {
+        return found;
+    }
+    if let Some(index) = cuda.hooked_index_of(found as usize) {
+        return CUDA_EXPORTS.get(index);
+    }
+    if CUDA_EXPORTS.index_of(found).is_some() {
+        return found;
+    }
+    // Not an exported symbol of the driver: decide by name, version and stream flavour,
+    // as the driver does. Only when the driver has that variant, so our wrapper has a
+    // real function to forward to.
+    if let Some(sym) = select_variant(CUDA_HOOKED_SYMBOLS, name, cuda_version, flags) {
+        if let Some(index) = CUDA_HOOKED_SYMBOLS.iter().position(|s| s.name == sym.name) {
+            if cuda.hooked_addr(index) != 0 {
+                vlog!(
+                    DEBUG,
+                    "cuGetProcAddress({name}, {cuda_version}, {flags}): internal entry point replaced by hook {}",
+                    sym.name
+                );
+                return CUDA_EXPORTS.get(index);
+            }
+        }
+    }
+    found
+}

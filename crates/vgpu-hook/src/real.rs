@@ -1,0 +1,295 @@
+//! The real driver: `libcuda.so.1` and `libnvidia-ml.so.1` loaded with the real `dlsym`.
+//!
+//! Initialization is lazy and lock-free: a thread that finds a table missing builds one
+//! (dlopen/dlsym take the loader's own lock, never ours) and publishes it with a
+//! compare-and-swap; a losing thread leaks its copy (a few hundred bytes, at most once per
+//! racing thread). So no thread ever waits on us while holding the loader lock.
+//!
+//! A thread-local guard marks "inside our loader calls": the `dlsym` export passes lookups
+//! straight through while it is set, because loading a library runs its constructors,
+//! which may call `dlsym` again.
+
+use std::cell::Cell;
+use std::ffi::CStr;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use vgpu_cuda_abi::*;
+
+use crate::log::{ERROR, vlog};
+
+/// `dlsym`'s C signature.
+pub(crate) type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+/// The C library's `dlsym` (not ours), found with `dlvsym(RTLD_NEXT, ...)`.
+pub(crate) fn real_dlsym() -> Option<DlsymFn> {
+    let cached = REAL_DLSYM.load(Ordering::Acquire);
+    if cached != 0 {
+        // SAFETY: only ever stores a non-null `dlsym` address returned by `dlvsym`.
+        return Some(unsafe { std::mem::transmute::<usize, DlsymFn>(cached) });
+    }
+    // glibc ≥ 2.34 defines dlsym@GLIBC_2.34 in libc; older ones dlsym@GLIBC_2.2.5
+    // (x86_64) or @GLIBC_2.17 (aarch64) in libdl.
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
+        // SAFETY: dlvsym with valid NUL-terminated strings; RTLD_NEXT searches the objects
+        // loaded after this library, where the C library's dlsym lives.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+        if !p.is_null() {
+            REAL_DLSYM.store(p as usize, Ordering::Release);
+            // SAFETY: `p` is the address of the C library's dlsym, which has this signature.
+            return Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) });
+        }
+    }
+    None
+}
+
+thread_local! {
+    static IN_LOADER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while this thread is inside our own dlopen/dlsym work.
+pub(crate) fn in_loader() -> bool {
+    IN_LOADER.with(|f| f.get())
+}
+
+struct LoaderGuard;
+impl LoaderGuard {
+    fn enter() -> Option<Self> {
+        IN_LOADER.with(|f| {
+            if f.replace(true) {
+                None
+            } else {
+                Some(LoaderGuard)
+            }
+        })
+    }
+}
+impl Drop for LoaderGuard {
+    fn drop(&mut self) {
+        IN_LOADER.with(|f| f.set(false));
+    }
+}
+
+macro_rules! fn_table {
+    ($table:ident; $( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        /// Real entry points (`None` where the library lacks the symbol).
+        #[derive(Debug, Clone, Copy)]
+        pub(crate) struct $table {
+            $(pub(crate) $name: Option<pfn::$name>,)*
+        }
+
+        impl $table {
+            /// Resolves every entry in `lib` with the real dlsym.
+            fn resolve(dlsym: DlsymFn, lib: *mut c_void) -> Self {
+                Self {$(
+                    // SAFETY: dlsym on a live handle with a NUL-terminated name; a non-null
+                    // result is the library's function of exactly this C signature (the
+                    // declaration list is checked against the driver headers), and
+                    // Option<fn> has the null pointer as None.
+                    $name: unsafe {
+                        std::mem::transmute::<*mut c_void, Option<pfn::$name>>(
+                            dlsym(lib, concat!(stringify!($name), "\0").as_ptr().cast()),
+                        )
+                    },
+                )*}
+            }
+
+            /// `(symbol, real address)` for every entry, in declaration-list order.
+            #[allow(dead_code)]
+            fn addresses(&self) -> Vec<usize> {
+                vec![$(self.$name.map_or(0, |f| f as usize),)*]
+            }
+        }
+    };
+}
+
+macro_rules! cuda_hooked_table { ($($t:tt)*) => { fn_table!(CudaHooked; $($t)*); }; }
+macro_rules! cuda_used_table { ($($t:tt)*) => { fn_table!(CudaUsed; $($t)*); }; }
+macro_rules! nvml_hooked_table { ($($t:tt)*) => { fn_table!(NvmlHooked; $($t)*); }; }
+macro_rules! nvml_used_table { ($($t:tt)*) => { fn_table!(NvmlUsed; $($t)*); }; }
+cuda_hooked_functions!(cuda_hooked_table);
+cuda_used_functions!(cuda_used_table);
+nvml_hooked_functions!(nvml_hooked_table);
+nvml_used_functions!(nvml_used_table);
+
+/// The real CUDA driver.
+#[derive(Debug)]
+pub(crate) struct Cuda {
+    /// Hooked functions (what our wrappers forward to).
+    pub(crate) h: CudaHooked,
+    /// Functions we call without hooking.
+    pub(crate) u: CudaUsed,
+    /// The `dlopen` handle.
+    handle: usize,
+    /// Real address of each entry of `CUDA_HOOKED_SYMBOLS` (0 if absent).
+    hooked_addrs: Vec<usize>,
+}
+
+/// The real NVML library.
+#[derive(Debug)]
+pub(crate) struct Nvml {
+    /// Hooked functions.
+    pub(crate) h: NvmlHooked,
+    /// Functions we call without hooking.
+    pub(crate) u: NvmlUsed,
+    handle: usize,
+    hooked_addrs: Vec<usize>,
+}
+
+impl Cuda {
+    /// Index into `CUDA_HOOKED_SYMBOLS` of the hooked symbol whose real address is `addr`.
+    pub(crate) fn hooked_index_of(&self, addr: usize) -> Option<usize> {
+        if addr == 0 {
+            return None;
+        }
+        self.hooked_addrs.iter().position(|&a| a == addr)
+    }
+
+    /// Real address of `CUDA_HOOKED_SYMBOLS[index]` (0 if the driver lacks it).
+    pub(crate) fn hooked_addr(&self, index: usize) -> usize {
+        self.hooked_addrs.get(index).copied().unwrap_or(0)
+    }
+
+    /// Whether `handle` is the handle we hold for the driver.
+    #[allow(dead_code)]
+    pub(crate) fn is_handle(&self, handle: *mut c_void) -> bool {
+        handle as usize == self.handle
+    }
+}
+
+impl Nvml {
+    /// Index into `NVML_HOOKED_SYMBOLS` of the hooked symbol whose real address is `addr`.
+    pub(crate) fn hooked_index_of(&self, addr: usize) -> Option<usize> {
+        if addr == 0 {
+            return None;
+        }
+        self.hooked_addrs.iter().position(|&a| a == addr)
+    }
+
+    /// Whether `handle` is the handle we hold for NVML.
+    #[allow(dead_code)]
+    pub(crate) fn is_handle(&self, handle: *mut c_void) -> bool {
+        handle as usize == self.handle
+    }
+}
+
+/// Name of the real driver library.
+pub(crate) const LIBCUDA: &CStr = c"libcuda.so.1";
+/// Name of the real NVML library.
+pub(crate) const LIBNVML: &CStr = c"libnvidia-ml.so.1";
+
+static CUDA: AtomicPtr<Cuda> = AtomicPtr::new(ptr::null_mut());
+static NVML: AtomicPtr<Nvml> = AtomicPtr::new(ptr::null_mut());
+
+fn open(name: &CStr) -> Option<(DlsymFn, *mut c_void)> {
+    let dlsym = real_dlsym()?;
+    // SAFETY: dlopen with a NUL-terminated name. RTLD_LOCAL: we must not change which
+    // definitions the program's own later lookups find.
+    let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if lib.is_null() {
+        None
+    } else {
+        Some((dlsym, lib))
+    }
+}
+
+/// The real driver, loading it on first use. `Err` when it cannot be loaded (logged once)
+/// or when called re-entrantly from inside our own loading.
+pub(crate) fn cuda() -> Result<&'static Cuda, CUresult> {
+    let p = CUDA.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: published pointers come from Box::leak and are never freed.
+        return Ok(unsafe { &*p });
+    }
+    load_cuda()
+}
+
+#[cold]
+fn load_cuda() -> Result<&'static Cuda, CUresult> {
+    let Some(_guard) = LoaderGuard::enter() else {
+        return Err(CUresult::NOT_INITIALIZED);
+    };
+    let Some((dlsym, lib)) = open(LIBCUDA) else {
+        static LOGGED: AtomicUsize = AtomicUsize::new(0);
+        if LOGGED.swap(1, Ordering::Relaxed) == 0 {
+            vlog!(
+                ERROR,
+                "cannot load the real driver {}: {}",
+                LIBCUDA.to_string_lossy(),
+                dlerror()
+            );
+        }
+        return Err(CUresult::NOT_INITIALIZED);
+    };
+    let h = CudaHooked::resolve(dlsym, lib);
+    let table = Cuda {
+        h,
+        u: CudaUsed::resolve(dlsym, lib),
+        handle: lib as usize,
+        hooked_addrs: h.addresses(),
+    };
+    Ok(publish(&CUDA, table))
+}
+
+/// Real NVML, loading it on first use.
+pub(crate) fn nvml() -> Result<&'static Nvml, nvmlReturn_t> {
+    let p = NVML.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: published pointers come from Box::leak and are never freed.
+        return Ok(unsafe { &*p });
+    }
+    load_nvml()
+}
+
+#[cold]
+fn load_nvml() -> Result<&'static Nvml, nvmlReturn_t> {
+    let Some(_guard) = LoaderGuard::enter() else {
+        return Err(nvmlReturn_t::UNINITIALIZED);
+    };
+    let Some((dlsym, lib)) = open(LIBNVML) else {
+        vlog!(
+            ERROR,
+            "cannot load {}: {}",
+            LIBNVML.to_string_lossy(),
+            dlerror()
+        );
+        return Err(nvmlReturn_t::LIBRARY_NOT_FOUND);
+    };
+    let h = NvmlHooked::resolve(dlsym, lib);
+    let table = Nvml {
+        h,
+        u: NvmlUsed::resolve(dlsym, lib),
+        handle: lib as usize,
+        hooked_addrs: h.addresses(),
+    };
+    Ok(publish(&NVML, table))
+}
+
+fn publish<T>(slot: &AtomicPtr<T>, value: T) -> &'static T {
+    let fresh = Box::into_raw(Box::new(value));
+    match slot.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: `fresh` was just leaked and is now published, never freed.
+        Ok(_) => unsafe { &*fresh },
+        Err(winner) => {
+            // Another thread published first. Ours may be dropped: nobody saw it. The extra
+            // dlopen reference is harmless (the library stays loaded either way).
+            // SAFETY: `fresh` came from Box::into_raw above and was never shared.
+            drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: the winner's pointer comes from Box::leak and is never freed.
+            unsafe { &*winner }
+        }
+    }
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated thread-local message.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown error".into()
+    } else {
+        // SAFETY: non-null dlerror() result is a valid C string until the next dl call.
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}

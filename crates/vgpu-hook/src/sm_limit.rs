@@ -1,0 +1,596 @@
+//! Compute (SM) limit on the launch path.
+//!
+//! # Interface (stable; the call sites in `hooks.rs` depend on it)
+//!
+//! Every launch export (`cuLaunchKernel`, `cuLaunchKernelEx`, `cuLaunchCooperativeKernel`,
+//! `cuGraphLaunch` and their `_ptsz` variants) does:
+//!
+//! ```text
+//! let dev = if sm_limit::enabled() { Some(device of the stream) } else { None };
+//! if let Some(d) = dev { sm_limit::before_launch(d, stream, kind)?; }   // may wait; Err = return code
+//! let r = real launch;
+//! if let Some(d) = dev { sm_limit::after_launch(d, stream, kind, r); }
+//! ```
+//!
+//! - [`enabled`] is one relaxed atomic load. When no SM limit is configured it is false,
+//!   and the launch path does no syscall, takes no lock and writes no shared memory.
+//! - [`configure`] is called once when the process's state is built (and again in a
+//!   forked child that uses CUDA), with the parsed environment.
+//! - [`before_launch`] runs before the real launch on the caller's thread; returning
+//!   `Err(code)` makes the launch return `code` without launching.
+//! - [`after_launch`] runs after the real launch with its result.
+//! - [`after_fork_in_child`] runs in the `pthread_atfork` child handler: only atomic
+//!   stores are allowed there.
+//! - `stream` is the stream as the driver will see it: a `_ptsz` export passes
+//!   `CU_STREAM_PER_THREAD` (0x2) when the application passed 0, so that the limiter's
+//!   events go to the same (per-thread) stream as the launch.
+//! - Added (backward compatible): [`attach`] gives the limiter the process's slot in the
+//!   shared file once it is registered: container-wide limits, `sm_util` reporting and the
+//!   monitor's fields. Without it the environment's limits apply per process.
+//!
+//! # Body
+//!
+//! The control logic is the pure crate `vgpu-limiter` (docs/sm-limit.md says why it is
+//! built this way). This file supplies its three inputs: a monotonic clock, CUDA events as
+//! its GPU timer (resolved from the real `libcuda.so.1` with the real `dlsym`, never through
+//! our exports), and the shared file as its container view. One limiter per device sits
+//! behind a mutex that a launch holds from [`before_launch`] to [`after_launch`] (kept in a
+//! thread-local), so admission, the marker around the launch and its accounting are one
+//! step; a throttled launch sleeps holding it, which throttles the device's other launching
+//! threads too, as the limit is per device.
+
+use std::cell::{Cell, RefCell};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use vgpu_alloc_core::{Config, CorePolicy, DeviceIndex, MAX_DEVICES};
+use vgpu_cuda_abi::{CUcontext, CUevent, CUresult, CUstream, c_int, c_uint, c_void};
+use vgpu_limiter::{
+    Admission, Clock, ContainerView, GpuTimer, Limiter, LimiterConfig, Nanos, PeerUsage, Policy,
+    Ticket, TimerError,
+};
+use vgpu_shm::ProcessSlot;
+
+use crate::log::{INFO, WARN, vlog};
+
+/// Which launch entry point is calling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LaunchKind {
+    /// `cuLaunchKernel[_ptsz]`
+    Kernel,
+    /// `cuLaunchKernelEx[_ptsz]`
+    KernelEx,
+    /// `cuLaunchCooperativeKernel[_ptsz]`
+    Cooperative,
+    /// `cuGraphLaunch[_ptsz]`: a whole graph of kernels.
+    Graph,
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Whether any SM limit is active in this process (one relaxed load).
+#[inline(always)]
+pub(crate) fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// SM limit per device from the environment, percent (0 = none).
+static ENV_LIMIT: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+/// The policy, as `policy_code`.
+static POLICY: AtomicU8 = AtomicU8::new(0);
+/// The process's slot in the shared file, once [`attach`]ed (leaked, never freed).
+static SLOT: AtomicPtr<ProcessSlot> = AtomicPtr::new(ptr::null_mut());
+/// One limiter per device, built on its first throttled launch (leaked, never freed).
+static DEVICES: [AtomicPtr<DeviceLimiter>; MAX_DEVICES] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_DEVICES];
+
+fn policy_code(p: Policy) -> u8 {
+    match p {
+        Policy::Default => 0,
+        Policy::Force => 1,
+        Policy::Disable => 2,
+        Policy::Monitor => 3,
+    }
+}
+
+fn policy() -> Policy {
+    match POLICY.load(Ordering::Relaxed) {
+        1 => Policy::Force,
+        2 => Policy::Disable,
+        3 => Policy::Monitor,
+        _ => Policy::Default,
+    }
+}
+
+/// Reads the SM limits from the configuration.
+pub(crate) fn configure(config: &Config) {
+    let policy = match config.core_policy {
+        CorePolicy::Default => Policy::Default,
+        CorePolicy::Force => Policy::Force,
+        CorePolicy::Disable => Policy::Disable,
+    };
+    POLICY.store(policy_code(policy), Ordering::Relaxed);
+    for (d, l) in config.sm_limit.iter().enumerate() {
+        let pct = l.map_or(0, u32::from);
+        ENV_LIMIT[d].store(pct, Ordering::Relaxed);
+        if pct > 0 {
+            vlog!(INFO, "device {d}: SM limit {pct}% (policy {policy:?})");
+        }
+    }
+    update_enabled();
+}
+
+/// Gives the limiter this process's registration in the shared file. Limits stored in
+/// the file win over the environment; achieved utilization is reported in the slot.
+#[allow(dead_code)]
+pub(crate) fn attach(slot: &'static ProcessSlot) {
+    SLOT.store(ptr::from_ref(slot).cast_mut(), Ordering::Release);
+    update_enabled();
+}
+
+fn slot() -> Option<&'static ProcessSlot> {
+    let p = SLOT.load(Ordering::Acquire);
+    // SAFETY: only ever set from a `&'static ProcessSlot` in `attach`.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// The limit of device `d` in percent (0 = none): the file's when it has one, else the
+/// environment's.
+fn limit_pct(d: usize) -> u32 {
+    if let Some(s) = slot()
+        && let Some(p) = s.table().sm_limit(DeviceIndex(d as u32))
+    {
+        return p as u32;
+    }
+    ENV_LIMIT[d].load(Ordering::Relaxed)
+}
+
+fn update_enabled() {
+    let any = (0..MAX_DEVICES).any(|d| limit_pct(d) > 0);
+    ENABLED.store(any && policy() != Policy::Disable, Ordering::Relaxed);
+}
+
+/// Before a launch on `device`/`stream`.
+pub(crate) fn before_launch(
+    device: DeviceIndex,
+    stream: CUstream,
+    _kind: LaunchKind,
+) -> Result<(), CUresult> {
+    // A guard left by a launch whose `after_launch` never ran (it cannot happen with the
+    // hook's call sites, but must not deadlock this thread).
+    drop(HELD.with(|h| h.borrow_mut().take()));
+    let d = device.0 as usize;
+    if d >= MAX_DEVICES {
+        return Ok(());
+    }
+    let Some(fns) = events() else {
+        return Ok(());
+    };
+    let key = StreamKey::of(stream);
+    if fns.capturing(stream) {
+        // Captured launches do not run now; the graph's launch is measured instead.
+        return Ok(());
+    }
+    let mut guard = device_limiter(d, fns)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    loop {
+        match guard.admit(key) {
+            Admission::Go(ticket) => {
+                if ticket.counted() {
+                    HELD.with(|h| *h.borrow_mut() = Some(Held { guard, ticket, key }));
+                }
+                return Ok(());
+            }
+            Admission::Wait(ns) => std::thread::sleep(Duration::from_nanos(ns)),
+        }
+    }
+}
+
+/// After a launch on `device`/`stream` that returned `result`.
+pub(crate) fn after_launch(
+    _device: DeviceIndex,
+    _stream: CUstream,
+    _kind: LaunchKind,
+    result: CUresult,
+) {
+    if let Some(mut held) = HELD.with(|h| h.borrow_mut().take()) {
+        held.guard
+            .launched(held.ticket, held.key, result.is_success());
+    }
+}
+
+/// In the child after `fork`: forget per-process limiter state.
+pub(crate) fn after_fork_in_child() {
+    ENABLED.store(false, Ordering::Relaxed);
+    // The parent's limiters are leaked, not dropped: their mutexes may be held by threads
+    // that were not copied, and their events belong to the parent's contexts.
+    for d in &DEVICES {
+        d.store(ptr::null_mut(), Ordering::Relaxed);
+    }
+    SLOT.store(ptr::null_mut(), Ordering::Relaxed);
+}
+
+type DeviceLimiter = Mutex<Limiter<MonoClock, EventTimer, FileView>>;
+
+struct Held {
+    guard: MutexGuard<'static, Limiter<MonoClock, EventTimer, FileView>>,
+    ticket: Ticket,
+    key: StreamKey,
+}
+
+thread_local! {
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    static THREAD_TOKEN: Cell<u64> = const { Cell::new(0) };
+}
+
+fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
+    let p = DEVICES[d].load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: published pointers come from Box::into_raw and are never freed.
+        return unsafe { &*p };
+    }
+    let cfg = LimiterConfig {
+        policy: policy(),
+        ..LimiterConfig::default()
+    };
+    let limiter = Limiter::new(cfg, MonoClock, EventTimer::new(fns), FileView { device: d });
+    let fresh = Box::into_raw(Box::new(Mutex::new(limiter)));
+    match DEVICES[d].compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: just published; never freed.
+        Ok(_) => unsafe { &*fresh },
+        Err(winner) => {
+            // SAFETY: `fresh` was never shared.
+            drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: published pointers are never freed.
+            unsafe { &*winner }
+        }
+    }
+}
+
+/// A small number unique to the calling thread (never 0).
+fn thread_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    THREAD_TOKEN.with(|t| {
+        if t.get() == 0 {
+            t.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        t.get()
+    })
+}
+
+/// `CU_STREAM_LEGACY`.
+const STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+const STREAM_PER_THREAD: usize = 0x2;
+
+/// A stream as the limiter tells streams apart: the per-thread default stream is a
+/// different stream in every thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StreamKey {
+    handle: usize,
+    /// The owning thread's token for the per-thread stream, else 0.
+    owner: u64,
+}
+
+impl StreamKey {
+    fn of(stream: CUstream) -> Self {
+        match stream as usize {
+            STREAM_PER_THREAD => Self {
+                handle: STREAM_PER_THREAD,
+                owner: thread_token(),
+            },
+            // The NULL stream and CU_STREAM_LEGACY are the same stream.
+            STREAM_LEGACY => Self {
+                handle: 0,
+                owner: 0,
+            },
+            h => Self {
+                handle: h,
+                owner: 0,
+            },
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` through `Instant` (a vDSO read, no syscall).
+#[derive(Debug, Clone, Copy)]
+struct MonoClock;
+
+impl Clock for MonoClock {
+    fn now(&self) -> Nanos {
+        static BASE: OnceLock<Instant> = OnceLock::new();
+        let base = *BASE.get_or_init(Instant::now);
+        base.elapsed().as_nanos() as Nanos
+    }
+}
+
+type EventCreateFn = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
+type EventFn = unsafe extern "C" fn(CUevent) -> CUresult;
+type EventRecordFn = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+type EventElapsedFn = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+type StreamIsCapturingFn = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
+type CtxGetCurrentFn = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+
+/// The real driver's event functions.
+#[derive(Debug)]
+struct EventFns {
+    create: EventCreateFn,
+    destroy: EventFn,
+    record: EventRecordFn,
+    query: EventFn,
+    elapsed: EventElapsedFn,
+    is_capturing: StreamIsCapturingFn,
+    ctx_current: CtxGetCurrentFn,
+}
+
+/// The event functions, resolved on first use (`None`, logged once, if the driver lacks any).
+fn events() -> Option<&'static EventFns> {
+    static FNS: AtomicPtr<EventFns> = AtomicPtr::new(ptr::null_mut());
+    static FAILED: AtomicBool = AtomicBool::new(false);
+    let p = FNS.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: published pointers come from Box::into_raw and are never freed.
+        return Some(unsafe { &*p });
+    }
+    if FAILED.load(Ordering::Relaxed) {
+        return None;
+    }
+    match resolve_events() {
+        Some(fns) => {
+            let fresh = Box::into_raw(Box::new(fns));
+            match FNS.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
+            {
+                // SAFETY: just published; never freed.
+                Ok(_) => Some(unsafe { &*fresh }),
+                Err(winner) => {
+                    // SAFETY: `fresh` was never shared.
+                    drop(unsafe { Box::from_raw(fresh) });
+                    // SAFETY: published pointers are never freed.
+                    Some(unsafe { &*winner })
+                }
+            }
+        }
+        None => {
+            if !FAILED.swap(true, Ordering::Relaxed) {
+                vlog!(
+                    WARN,
+                    "SM limit not enforced: the driver lacks the event functions it needs"
+                );
+            }
+            None
+        }
+    }
+}
+
+#[cold]
+fn resolve_events() -> Option<EventFns> {
+    let cuda = crate::real::cuda().ok()?;
+    let ctx_current = cuda.u.cuCtxGetCurrent?;
+    let dlsym = crate::real::real_dlsym()?;
+    // SAFETY: RTLD_NOLOAD returns the already-loaded driver (the hook loaded it to get
+    // `cuda`) without running any initializer.
+    let lib = unsafe {
+        libc::dlopen(
+            crate::real::LIBCUDA.as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NOLOAD,
+        )
+    };
+    if lib.is_null() {
+        return None;
+    }
+    let sym = |names: &[&std::ffi::CStr]| -> Option<*mut c_void> {
+        names.iter().find_map(|n| {
+            // SAFETY: dlsym on a live handle with a NUL-terminated name.
+            let p = unsafe { dlsym(lib, n.as_ptr()) };
+            (!p.is_null()).then_some(p)
+        })
+    };
+    // SAFETY: each transmute turns a non-null symbol of the driver into its function of
+    // exactly the C signature of the target type (cuda.h).
+    unsafe {
+        Some(EventFns {
+            create: std::mem::transmute::<*mut c_void, EventCreateFn>(sym(&[c"cuEventCreate"])?),
+            destroy: std::mem::transmute::<*mut c_void, EventFn>(sym(&[
+                c"cuEventDestroy_v2",
+                c"cuEventDestroy",
+            ])?),
+            record: std::mem::transmute::<*mut c_void, EventRecordFn>(sym(&[c"cuEventRecord"])?),
+            query: std::mem::transmute::<*mut c_void, EventFn>(sym(&[c"cuEventQuery"])?),
+            elapsed: std::mem::transmute::<*mut c_void, EventElapsedFn>(sym(&[
+                c"cuEventElapsedTime_v2",
+                c"cuEventElapsedTime",
+            ])?),
+            is_capturing: std::mem::transmute::<*mut c_void, StreamIsCapturingFn>(sym(&[
+                c"cuStreamIsCapturing",
+            ])?),
+            ctx_current,
+        })
+    }
+}
+
+impl EventFns {
+    /// Whether `stream` is being captured into a graph (errors count as capturing: then
+    /// the limiter stays away from the stream).
+    fn capturing(&self, stream: CUstream) -> bool {
+        let mut status: c_int = 0;
+        // SAFETY: valid out-pointer; the stream handle is the application's, as it passes
+        // it to the launch.
+        let r = unsafe { (self.is_capturing)(stream, &mut status) };
+        !r.is_success() || status != 0
+    }
+
+    fn current_context(&self) -> Option<usize> {
+        let mut ctx: CUcontext = ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { (self.ctx_current)(&mut ctx) };
+        (r.is_success() && !ctx.is_null()).then_some(ctx as usize)
+    }
+}
+
+/// A recorded event and the context it was created in.
+#[derive(Debug, Clone, Copy)]
+struct EventMarker {
+    event: usize,
+    ctx: usize,
+}
+
+/// CUDA events as the limiter's GPU timer, recycled per context.
+struct EventTimer {
+    fns: &'static EventFns,
+    /// Idle events per context.
+    pool: Vec<(usize, Vec<usize>)>,
+}
+
+/// Idle events kept per context.
+const POOL_PER_CONTEXT: usize = 64;
+
+fn timer_error(r: CUresult) -> TimerError {
+    TimerError { code: r.0 as i32 }
+}
+
+impl EventTimer {
+    fn new(fns: &'static EventFns) -> Self {
+        Self {
+            fns,
+            pool: Vec::new(),
+        }
+    }
+
+    fn take(&mut self, ctx: usize) -> Option<usize> {
+        self.pool.iter_mut().find(|(c, _)| *c == ctx)?.1.pop()
+    }
+
+    fn create(&self) -> Result<usize, TimerError> {
+        let mut ev: CUevent = ptr::null_mut();
+        // SAFETY: valid out-pointer; flags 0 = a timing event that spins on sync.
+        let r = unsafe { (self.fns.create)(&mut ev, 0) };
+        if r.is_success() && !ev.is_null() {
+            Ok(ev as usize)
+        } else {
+            Err(timer_error(r))
+        }
+    }
+
+    fn destroy(&self, event: usize) {
+        // SAFETY: an event we created; errors (e.g. its context is gone) leave nothing to do.
+        let _ = unsafe { (self.fns.destroy)(event as CUevent) };
+    }
+
+    fn record_on(&self, event: usize, handle: usize) -> CUresult {
+        // SAFETY: an event of the current context and the application's stream handle.
+        unsafe { (self.fns.record)(event as CUevent, handle as CUstream) }
+    }
+}
+
+impl GpuTimer for EventTimer {
+    type Stream = StreamKey;
+    type Marker = EventMarker;
+
+    fn record(&mut self, stream: StreamKey) -> Result<EventMarker, TimerError> {
+        if stream.owner != 0 && stream.owner != thread_token() {
+            // Another thread's per-thread stream cannot be named from this thread.
+            return Err(TimerError { code: -1 });
+        }
+        let ctx = self.fns.current_context().ok_or(TimerError { code: -2 })?;
+        if let Some(event) = self.take(ctx) {
+            if self.record_on(event, stream.handle).is_success() {
+                return Ok(EventMarker { event, ctx });
+            }
+            // A stale pooled event (its context was destroyed and the handle reused).
+            self.destroy(event);
+        }
+        let event = self.create()?;
+        let r = self.record_on(event, stream.handle);
+        if r.is_success() {
+            Ok(EventMarker { event, ctx })
+        } else {
+            self.destroy(event);
+            Err(timer_error(r))
+        }
+    }
+
+    fn is_complete(&mut self, marker: EventMarker) -> Result<bool, TimerError> {
+        // SAFETY: a recorded event we own.
+        let r = unsafe { (self.fns.query)(marker.event as CUevent) };
+        match r {
+            CUresult::SUCCESS => Ok(true),
+            CUresult::NOT_READY => Ok(false),
+            e => Err(timer_error(e)),
+        }
+    }
+
+    fn elapsed(&mut self, start: EventMarker, end: EventMarker) -> Result<Nanos, TimerError> {
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer; two completed events we own.
+        let r =
+            unsafe { (self.fns.elapsed)(&mut ms, start.event as CUevent, end.event as CUevent) };
+        if r.is_success() {
+            Ok((f64::from(ms) * 1e6).max(0.0) as Nanos)
+        } else {
+            Err(timer_error(r))
+        }
+    }
+
+    fn release(&mut self, marker: EventMarker) {
+        match self.pool.iter_mut().find(|(c, _)| *c == marker.ctx) {
+            Some((_, idle)) if idle.len() < POOL_PER_CONTEXT => idle.push(marker.event),
+            Some(_) => self.destroy(marker.event),
+            None => self.pool.push((marker.ctx, vec![marker.event])),
+        }
+    }
+}
+
+/// The shared file's view of one device (environment limits only until [`attach`]).
+struct FileView {
+    device: usize,
+}
+
+impl ContainerView for FileView {
+    fn sm_limit_pct(&self) -> u32 {
+        limit_pct(self.device)
+    }
+
+    fn recent_kernel(&self) -> i32 {
+        slot().map_or(0, |s| s.table().recent_kernel())
+    }
+
+    fn utilization_switch(&self) -> i32 {
+        // Without a file there is no monitor: treat the device as shared.
+        slot().map_or(1, |s| s.table().utilization_switch())
+    }
+
+    fn peers(&self) -> PeerUsage {
+        let Some(me) = slot() else {
+            return PeerUsage::default();
+        };
+        let snap = me.table().snapshot();
+        let mut peers = PeerUsage::default();
+        for p in snap
+            .processes
+            .iter()
+            .filter(|p| p.slot != me.index() && p.alive)
+        {
+            let util = p.devices.get(self.device).map_or(0, |u| u.sm_util);
+            if util > 0 {
+                peers.util_pct = peers.util_pct.saturating_add(util.min(100) as u32);
+                peers.active += 1;
+            }
+        }
+        peers
+    }
+
+    fn publish_util(&mut self, util_pct: u32) {
+        if let Some(s) = slot() {
+            s.set_sm_util(DeviceIndex(self.device as u32), u64::from(util_pct));
+        }
+    }
+
+    fn note_activity(&mut self, _now: Nanos) {
+        if let Some(s) = slot() {
+            s.touch_kernel_time();
+        }
+    }
+}
