@@ -111,10 +111,13 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
     }
     println!("hook:      {} ({})", hook.path.display(), hook.how);
     println!("limit:     {} on every device", format_bytes(args.memory));
-    println!("usage file {}", cache.display());
     println!(
-        "same as:   vgpu run --memory {} --cache {} -- <your program>",
-        args.memory,
+        "usage:     {} (a private file, removed at the end)",
+        cache.display()
+    );
+    println!(
+        "like:      vgpu run --memory {} --cache {} -- <your program>",
+        crate::units::format_size_arg(args.memory),
         cache.display()
     );
     println!();

@@ -82,9 +82,11 @@ fn check_hook(lib: Option<&Path>) -> (Check, Option<Found>) {
             ),
         ),
         Ok(l) => {
+            // Defined by the library itself (dlsym on a handle also searches its
+            // dependencies, where libc's dlsym lives).
             let missing: Vec<&str> = ["cuMemAlloc_v2", "cuGetProcAddress", "dlsym"]
                 .into_iter()
-                .filter(|s| l.symbol(s).is_none())
+                .filter(|s| l.file_of(s).as_deref() != Some(found.path.as_path()))
                 .collect();
             if missing.is_empty() {
                 check(

@@ -137,21 +137,10 @@ impl StatusReport {
         } else {
             let _ = writeln!(
                 out,
-                "{:>3}  {:<14} {:>28}  {:>10}  {:>10}  {:>10}  {:>9}  {:>7}",
-                "DEV",
-                "UUID",
-                "MEMORY USED / LIMIT",
-                "CONTEXT",
-                "MODULE",
-                "DATA",
-                "SM LIMIT",
-                "SM UTIL"
+                "{:>3}  {:>28}  {:>10}  {:>10}  {:>10}  {:>9}  {:>7}  UUID",
+                "DEV", "MEMORY USED / LIMIT", "CONTEXT", "MODULE", "DATA", "SM LIMIT", "SM UTIL",
             );
             for d in &self.devices {
-                let uuid = d
-                    .uuid
-                    .as_deref()
-                    .map_or_else(|| "-".to_owned(), |u| u.chars().take(14).collect());
                 let mem = format!(
                     "{} / {}{}",
                     format_bytes(d.memory_used_bytes),
@@ -160,15 +149,15 @@ impl StatusReport {
                 );
                 let _ = writeln!(
                     out,
-                    "{:>3}  {:<14} {:>28}  {:>10}  {:>10}  {:>10}  {:>9}  {:>6}%",
+                    "{:>3}  {:>28}  {:>10}  {:>10}  {:>10}  {:>9}  {:>6}%  {}",
                     d.index,
-                    uuid,
                     mem,
                     format_bytes(d.context_bytes),
                     format_bytes(d.module_bytes),
                     format_bytes(d.data_bytes),
                     opt_pct(d.sm_limit_percent),
-                    d.sm_utilization_percent
+                    d.sm_utilization_percent,
+                    d.uuid.as_deref().unwrap_or("-"),
                 );
             }
         }

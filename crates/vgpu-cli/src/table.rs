@@ -1,13 +1,96 @@
-//! The adapter between vgpu-shm's `UsageTable` and the CLI's report model.
+//! The adapter between vgpu-shm's [`UsageTable`] and the CLI's report model: a read-only
+//! snapshot for `status`/`watch`/the exporter, and the limit setters for `set-limit`.
 
 use std::path::Path;
 
-use crate::report::StatusReport;
+use vgpu_shm::{ShmError, TableSnapshot, UsageTable};
 
-/// Read a usage file into a report.
+use crate::report::{DeviceStatus, ProcessDevice, ProcessStatus, SCHEMA, StatusReport};
+
+/// Explain an attach error in words a user can act on.
+pub fn describe(path: &Path, err: &ShmError) -> String {
+    match err {
+        ShmError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => format!(
+            "{} does not exist: no program has run under the hook with this usage file yet \
+             (give another one with --cache or $CUDA_DEVICE_MEMORY_SHARED_CACHE)",
+            path.display()
+        ),
+        ShmError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            format!("{}: permission denied ({err})", path.display())
+        }
+        ShmError::InvalidFile { .. } => format!("not a usable vgpu usage file: {err}"),
+        _ => err.to_string(),
+    }
+}
+
+/// Build the report from a snapshot.
+pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport {
+    let devices = snap
+        .devices
+        .iter()
+        .map(|d| DeviceStatus {
+            index: d.index,
+            uuid: (!d.uuid.is_empty()).then(|| d.uuid.clone()),
+            memory_limit_bytes: d.limit,
+            memory_used_bytes: d.used,
+            context_bytes: d.context,
+            module_bytes: d.module,
+            data_bytes: d.data,
+            sm_limit_percent: d.sm_limit,
+            sm_utilization_percent: snap
+                .processes
+                .iter()
+                .filter_map(|p| p.devices.get(d.index as usize))
+                .map(|u| u.sm_util)
+                .fold(0u64, u64::saturating_add),
+        })
+        .collect();
+    let processes = snap
+        .processes
+        .iter()
+        .map(|p| {
+            let devices: Vec<ProcessDevice> = p
+                .devices
+                .iter()
+                .enumerate()
+                .filter(|(_, u)| u.total() > 0 || u.sm_util > 0)
+                .map(|(i, u)| ProcessDevice {
+                    index: i as u32,
+                    memory_used_bytes: u.total(),
+                    context_bytes: u.context,
+                    module_bytes: u.module,
+                    data_bytes: u.data,
+                    sm_utilization_percent: u.sm_util,
+                })
+                .collect();
+            ProcessStatus {
+                pid: p.pid,
+                host_pid: (p.hostpid != 0).then_some(p.hostpid),
+                alive: p.alive,
+                state: if p.alive { "running" } else { "dead" },
+                memory_used_bytes: devices
+                    .iter()
+                    .map(|d| d.memory_used_bytes)
+                    .fold(0, u64::saturating_add),
+                devices,
+            }
+        })
+        .collect();
+    StatusReport {
+        schema: SCHEMA,
+        cache: cache.display().to_string(),
+        devices,
+        processes,
+    }
+}
+
+/// Read a usage file into a report, read-only (never sweeps or writes).
 pub fn read_report(path: &Path) -> Result<StatusReport, String> {
-    Err(format!(
-        "{}: reading usage files is not implemented yet",
-        path.display()
-    ))
+    let table = UsageTable::open_read_only(path).map_err(|e| describe(path, &e))?;
+    Ok(report_from_snapshot(path, &table.snapshot()))
+}
+
+/// Open a usage file for writing limits.
+pub fn open_writable(path: &Path) -> Result<UsageTable, String> {
+    UsageTable::open_existing(path).map_err(|e| describe(path, &e))
 }

@@ -20,6 +20,16 @@ pub fn format_bytes(bytes: u64) -> String {
     }
 }
 
+/// A size as a short `--memory` argument: `4g`, `384m`, `12k`, or bytes.
+pub fn format_size_arg(bytes: u64) -> String {
+    for (shift, unit) in [(40, "t"), (30, "g"), (20, "m"), (10, "k")] {
+        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// A limit for display: `unlimited` for `None`.
 pub fn format_limit(limit: Option<u64>) -> String {
     limit.map_or_else(|| "unlimited".to_owned(), format_bytes)
@@ -62,6 +72,11 @@ mod tests {
         assert_eq!(format_bytes(3 << 29), "1.50 GiB");
         assert_eq!(format_bytes(u64::MAX), "16384.00 PiB");
         assert_eq!(format_limit(None), "unlimited");
+        assert_eq!(format_size_arg(4 << 30), "4g");
+        assert_eq!(format_size_arg(384 << 20), "384m");
+        assert_eq!(format_size_arg(3 << 29), "1536m");
+        assert_eq!(format_size_arg(1000), "1000");
+        assert_eq!(format_size_arg(0), "0");
     }
 
     #[test]

@@ -196,18 +196,24 @@ impl WorkloadProcess {
         show_stderr: bool,
     ) -> Result<Self, String> {
         let mut cmd = Command::new(vgpu_exe);
-        cmd.arg("workload")
-            .stdin(Stdio::piped())
+        cmd.arg("workload");
+        configure(&mut cmd);
+        Self::spawn_command(cmd, show_stderr)
+    }
+
+    /// Start a command that ends up running `vgpu workload` (e.g. `vgpu run ... -- vgpu
+    /// workload`), talking to it over its stdin and stdout.
+    pub fn spawn_command(mut cmd: Command, show_stderr: bool) -> Result<Self, String> {
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(if show_stderr {
                 Stdio::inherit()
             } else {
                 Stdio::null()
             });
-        configure(&mut cmd);
         let mut child = cmd
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", vgpu_exe.display()))?;
+            .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().ok_or("no stdout pipe")?;
         let (tx, rx) = mpsc::channel();

@@ -1,0 +1,466 @@
+//! `status`, `watch`, `set-limit` and the exporter on a real usage file written through
+//! vgpu-shm by helper processes (one alive, one SIGKILLed while still counted).
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
+use vgpu_shm::{TableInit, UsageTable};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const HELPER_VAR: &str = "VGPU_CLI_TEST_HELPER";
+
+/// Not a test: the entry point of the helper processes the tests below start (this same
+/// test binary re-executed with `--ignored --exact`). It registers in the table named by
+/// `$VGPU_CLI_TEST_HELPER` (`PATH;DEV:CLASS:BYTES;...`), reserves, reports `ready`, and
+/// holds everything until its stdin closes.
+#[test]
+#[ignore = "helper process entry point, started by the other tests"]
+fn helper_process_entry_point() {
+    let spec = std::env::var(HELPER_VAR).expect("started as a helper");
+    let mut parts = spec.split(';');
+    let table = UsageTable::open_existing(parts.next().unwrap()).unwrap();
+    let slot = table.register_self().unwrap();
+    for r in parts {
+        let f: Vec<&str> = r.split(':').collect();
+        let class = match f[1] {
+            "context" => UsageClass::Context,
+            "module" => UsageClass::Module,
+            _ => UsageClass::Data,
+        };
+        let dev = DeviceIndex(f[0].parse().unwrap());
+        if f[1] == "sm" {
+            slot.set_sm_util(dev, f[2].parse().unwrap());
+        } else {
+            slot.try_reserve(dev, class, f[2].parse().unwrap()).unwrap();
+        }
+    }
+    println!("ready {}", std::process::id());
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    drop(slot);
+}
+
+/// A helper process holding usage in the table.
+struct Helper {
+    child: Child,
+}
+
+impl Helper {
+    fn start(table: &Path, reservations: &str) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "helper_process_entry_point",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(HELPER_VAR, format!("{};{reservations}", table.display()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        // Bounded: the helper only attaches, reserves and prints.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            loop {
+                line.clear();
+                // libtest prints "test NAME ... " without a newline before the helper's own line.
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line.contains("ready ") {
+                    let _ = tx.send(line.clone());
+                    return;
+                }
+            }
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("helper ready");
+        assert!(got.contains("ready "), "helper failed: {got:?}");
+        Helper { child }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn make_table(dir: &TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("usage.cache");
+    let init = TableInit {
+        uuids: vec![
+            "GPU-aaaaaaaa-0000-0000-0000-000000000000".into(),
+            "GPU-bbbbbbbb-0000-0000-0000-000000000001".into(),
+        ],
+        memory_limits: vec![Some(GIB), None],
+        sm_limits: vec![Some(50), None],
+        priority: 1,
+    };
+    drop(UsageTable::open_or_create(&path, &init).unwrap());
+    path
+}
+
+fn status_json(path: &Path) -> serde_json::Value {
+    let mut cmd = vgpu();
+    cmd.args(["status", "--json", "--cache", path.to_str().unwrap()]);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
+#[test]
+fn status_json_reports_devices_processes_and_the_dead() {
+    let dir = TempDir::new("vgpu-status").unwrap();
+    let path = make_table(&dir);
+    let alive = Helper::start(
+        &path,
+        &format!("0:context:{};0:data:{};0:sm:30", 64 * MIB, 256 * MIB),
+    );
+    let mut dead = Helper::start(&path, &format!("1:data:{}", 128 * MIB));
+    let dead_pid = dead.pid();
+    dead.kill();
+
+    let v = status_json(&path);
+    assert_eq!(v["schema"], "vgpu.status.v1");
+    assert_eq!(v["cache"], path.to_str().unwrap());
+    let d0 = &v["devices"][0];
+    assert_eq!(d0["index"], 0);
+    assert_eq!(d0["uuid"], "GPU-aaaaaaaa-0000-0000-0000-000000000000");
+    assert_eq!(d0["memory_limit_bytes"], GIB);
+    assert_eq!(d0["memory_used_bytes"], 320 * MIB);
+    assert_eq!(d0["context_bytes"], 64 * MIB);
+    assert_eq!(d0["module_bytes"], 0);
+    assert_eq!(d0["data_bytes"], 256 * MIB);
+    assert_eq!(d0["sm_limit_percent"], 50);
+    assert_eq!(d0["sm_utilization_percent"], 30);
+    let d1 = &v["devices"][1];
+    assert_eq!(d1["memory_limit_bytes"], serde_json::Value::Null);
+    assert_eq!(d1["sm_limit_percent"], serde_json::Value::Null);
+    // The dead process is still counted: status never sweeps.
+    assert_eq!(d1["memory_used_bytes"], 128 * MIB);
+
+    let procs = v["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "{v:#}");
+    let a = procs
+        .iter()
+        .find(|p| p["pid"] == alive.pid())
+        .expect("live helper listed");
+    assert_eq!(a["alive"], true);
+    assert_eq!(a["state"], "running");
+    assert_eq!(a["memory_used_bytes"], 320 * MIB);
+    assert_eq!(a["devices"][0]["index"], 0);
+    assert_eq!(a["devices"][0]["context_bytes"], 64 * MIB);
+    assert_eq!(a["devices"][0]["sm_utilization_percent"], 30);
+    assert_eq!(
+        a["devices"].as_array().unwrap().len(),
+        1,
+        "unused devices are left out"
+    );
+    let d = procs
+        .iter()
+        .find(|p| p["pid"] == dead_pid)
+        .expect("dead helper listed");
+    assert_eq!(d["alive"], false);
+    assert_eq!(d["state"], "dead");
+    assert_eq!(d["devices"][0]["index"], 1);
+    assert_eq!(d["devices"][0]["memory_used_bytes"], 128 * MIB);
+
+    // The text view says the same in words.
+    let mut cmd = vgpu();
+    cmd.args(["status", "--cache", path.to_str().unwrap()]);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0));
+    assert!(
+        out.stdout.contains("320 MiB / 1 GiB (31%)"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("128 MiB / unlimited"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains(&dead_pid.to_string()) && out.stdout.contains("dead"),
+        "{}",
+        out.stdout
+    );
+    // Still there at a second look: reading changed nothing.
+    assert_eq!(status_json(&path)["processes"].as_array().unwrap().len(), 2);
+    drop(alive);
+}
+
+#[test]
+fn set_limit_changes_the_live_file() {
+    let dir = TempDir::new("vgpu-setlimit").unwrap();
+    let path = make_table(&dir);
+    let p = path.to_str().unwrap();
+    let _holder = Helper::start(&path, &format!("0:data:{}", 512 * MIB));
+    let set = |args: &[&str]| {
+        let mut cmd = vgpu();
+        cmd.arg("set-limit").args(args).args(["--cache", p]);
+        run(cmd)
+    };
+    let out = set(&["--device", "0", "--memory", "2g"]);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "device 0: memory limit 1 GiB -> 2 GiB\n");
+    assert_eq!(
+        status_json(&path)["devices"][0]["memory_limit_bytes"],
+        2 * GIB
+    );
+    // The table enforces it at once for every process attached to it.
+    let table = UsageTable::open_existing(&path).unwrap();
+    let me = table.register_self().unwrap();
+    assert!(
+        me.try_reserve(DeviceIndex(0), UsageClass::Data, GIB)
+            .is_ok()
+    );
+    me.release(DeviceIndex(0), UsageClass::Data, GIB);
+    let out = set(&["--memory", "256m"]);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("device 0: memory limit 2 GiB -> 256 MiB (usage 512 MiB is above it"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("device 1: memory limit unlimited -> 256 MiB\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        me.try_reserve(DeviceIndex(0), UsageClass::Data, MIB)
+            .is_err(),
+        "lowered limit refuses"
+    );
+    let out = set(&["--sm", "0"]);
+    assert_eq!(
+        out.stdout,
+        "device 0: SM limit 50% -> unlimited\ndevice 1: SM limit unlimited -> unlimited\n"
+    );
+    let out = set(&["--device", "1", "--sm", "25", "--memory", "0"]);
+    assert_eq!(
+        out.stdout,
+        "device 1: memory limit 256 MiB -> unlimited\ndevice 1: SM limit unlimited -> 25%\n"
+    );
+    let v = status_json(&path);
+    assert_eq!(v["devices"][1]["sm_limit_percent"], 25);
+    assert_eq!(
+        v["devices"][1]["memory_limit_bytes"],
+        serde_json::Value::Null
+    );
+    assert_fails(
+        &set(&["--device", "5", "--sm", "10"]),
+        1,
+        &["device 5 is not in", "2 device(s)"],
+    );
+    drop(me);
+}
+
+#[test]
+fn missing_and_foreign_files_are_clear_errors() {
+    let dir = TempDir::new("vgpu-status").unwrap();
+    let missing = dir.path().join("nope.cache");
+    let mut cmd = vgpu();
+    cmd.args(["status", "--cache", missing.to_str().unwrap()]);
+    assert_fails(
+        &run(cmd),
+        1,
+        &["does not exist", "no program has run under the hook"],
+    );
+    let mut cmd = vgpu();
+    cmd.args([
+        "set-limit",
+        "--memory",
+        "1g",
+        "--cache",
+        missing.to_str().unwrap(),
+    ]);
+    assert_fails(&run(cmd), 1, &["does not exist"]);
+    let foreign = dir.path().join("foreign.cache");
+    std::fs::write(&foreign, vec![7u8; 4096]).unwrap();
+    let mut cmd = vgpu();
+    cmd.args(["status", "--json", "--cache", foreign.to_str().unwrap()]);
+    let out = run(cmd);
+    assert_fails(&out, 1, &["not a usable vgpu usage file", "foreign.cache"]);
+    assert!(out.stdout.is_empty());
+    // The default path comes from the environment variable the hook uses.
+    let mut cmd = vgpu();
+    cmd.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &missing)
+        .arg("status");
+    assert_fails(&run(cmd), 1, &["nope.cache"]);
+}
+
+#[test]
+fn watch_refreshes_and_stops_after_count() {
+    let dir = TempDir::new("vgpu-watch").unwrap();
+    let path = make_table(&dir);
+    let _h = Helper::start(&path, &format!("0:data:{}", 100 * MIB));
+    let mut cmd = vgpu();
+    cmd.args([
+        "watch",
+        "--interval",
+        "10ms",
+        "--count",
+        "3",
+        "--cache",
+        path.to_str().unwrap(),
+    ]);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout.matches("refresh ").count(), 3, "{}", out.stdout);
+    assert_eq!(
+        out.stdout.matches("100 MiB / 1 GiB").count(),
+        3,
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stdout.contains('\x1b'),
+        "no escape codes when not a terminal"
+    );
+    // Without --count and without a terminal: one frame.
+    let mut cmd = vgpu();
+    cmd.args(["watch", "--cache", path.to_str().unwrap()]);
+    let out = run_bounded(cmd, Duration::from_secs(10));
+    assert_eq!(out.stdout.matches("refresh ").count(), 1);
+    // A missing file is shown, not fatal.
+    let mut cmd = vgpu();
+    cmd.args([
+        "watch",
+        "--count",
+        "2",
+        "--interval",
+        "10ms",
+        "--cache",
+        "/nonexistent/x.cache",
+    ]);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0));
+    assert_eq!(
+        out.stdout.matches("does not exist").count(),
+        2,
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn watch_stops_cleanly_on_ctrl_c() {
+    let dir = TempDir::new("vgpu-watch").unwrap();
+    let path = make_table(&dir);
+    let mut cmd = vgpu();
+    cmd.args([
+        "watch",
+        "--interval",
+        "10s",
+        "--count",
+        "0",
+        "--cache",
+        path.to_str().unwrap(),
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.contains("refresh 1"), "{line}");
+    // SAFETY: sending SIGINT to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = wait_bounded(&mut child, Duration::from_secs(5));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "Ctrl-C ends watch with success, within a sleep slice"
+    );
+}
+
+#[test]
+fn exporter_reports_a_live_file() {
+    let dir = TempDir::new("vgpu-exp-live").unwrap();
+    let path = make_table(&dir);
+    let second_dir = dir.path().join("c2");
+    std::fs::create_dir(&second_dir).unwrap();
+    let h = Helper::start(&path, &format!("0:data:{};0:sm:40", 300 * MIB));
+    let mut cmd = vgpu();
+    cmd.args([
+        "exporter",
+        "--listen",
+        "127.0.0.1:0",
+        "--cache",
+        &format!("{}/*.cache", dir.path().display()),
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let get = || vgpu_cli::http::get(&addr, "/metrics", Duration::from_secs(5)).unwrap();
+    let (status, body) = get();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(status, 200);
+    let c = format!("cache=\"{}\"", path.display());
+    let dev = format!("{c},device=\"0\",uuid=\"GPU-aaaaaaaa-0000-0000-0000-000000000000\"");
+    for want in [
+        format!("vgpu_up{{{c}}} 1"),
+        "vgpu_exporter_files 1".to_owned(),
+        format!("vgpu_device_memory_limit_bytes{{{dev}}} {GIB}"),
+        format!("vgpu_device_memory_used_bytes{{{dev}}} {}", 300 * MIB),
+        format!(
+            "vgpu_device_memory_class_bytes{{{dev},class=\"data\"}} {}",
+            300 * MIB
+        ),
+        format!("vgpu_device_sm_limit_percent{{{dev}}} 50"),
+        format!("vgpu_device_sm_utilization_percent{{{dev}}} 40"),
+        format!("vgpu_device_processes{{{dev}}} 1"),
+        format!(
+            "vgpu_process_memory_used_bytes{{{c},pid=\"{}\",host_pid=\"\",device=\"0\"}} {}",
+            h.pid(),
+            300 * MIB
+        ),
+        format!(
+            "vgpu_process_sm_utilization_percent{{{c},pid=\"{}\",host_pid=\"\",device=\"0\"}} 40",
+            h.pid()
+        ),
+        format!(
+            "vgpu_process_alive{{{c},pid=\"{}\",host_pid=\"\"}} 1",
+            h.pid()
+        ),
+    ] {
+        assert!(
+            body.lines().any(|l| l == want),
+            "missing {want:?} in\n{body}"
+        );
+    }
+}
