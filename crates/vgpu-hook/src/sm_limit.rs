@@ -431,7 +431,7 @@ impl EventFns {
 }
 
 /// A recorded event and the context it was created in.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct EventMarker {
     event: usize,
     ctx: usize,

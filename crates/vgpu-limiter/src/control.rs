@@ -68,10 +68,29 @@ impl Default for LimiterConfig {
 /// The answer to [`Limiter::admit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// Launch now, then call [`Limiter::launched`].
-    Go,
+    /// Launch now, then hand the ticket to [`Limiter::launched`].
+    Go(Ticket),
     /// Sleep this many nanoseconds, then ask again.
     Wait(Nanos),
+}
+
+/// Proof of admission, handed back with the launch's outcome.
+///
+/// It says whether the launch is to be accounted (it is not when no limit is enforced),
+/// so that accounting does not depend on state another thread may change in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    counted: bool,
+}
+
+impl Ticket {
+    /// A ticket for a launch that is not accounted.
+    pub const UNCOUNTED: Ticket = Ticket { counted: false };
+
+    /// Whether the launch is accounted.
+    pub fn counted(self) -> bool {
+        self.counted
+    }
 }
 
 /// Counters for tests, logs and the benchmark.
@@ -96,6 +115,8 @@ struct Segment<S, M> {
     start: M,
     /// False when `start` is the previous segment's end, still owned by that segment.
     start_owned: bool,
+    /// `start` is the end marker of the previous segment on the stream.
+    chained: bool,
     end: Option<M>,
     /// False once ownership of `end` passed to the following segment (chaining).
     end_owned: bool,
@@ -123,8 +144,6 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     /// Effective limit as a fraction, after the peers' share.
     limit: f64,
     peers: PeerUsage,
-    /// `admit` said Go on the enforcing path; `launched` must account the launch.
-    armed: bool,
     last_poll: Nanos,
     next_publish: Nanos,
     next_activity: Nanos,
@@ -163,7 +182,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             cost: None,
             limit: 1.0,
             peers: PeerUsage::default(),
-            armed: false,
             last_poll: now,
             next_publish: now,
             next_activity: now,
@@ -199,10 +217,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     /// With no limit, or policy `disable`, this reads the limit and answers `Go` without
     /// touching the timer or writing the shared view.
     pub fn admit(&mut self, stream: T::Stream) -> Admission {
-        self.armed = false;
         let pct = self.view.sm_limit_pct();
         if self.cfg.policy == Policy::Disable || pct == 0 || pct >= 100 {
-            return Admission::Go;
+            return Admission::Go(Ticket::UNCOUNTED);
         }
         let now = self.clock.now();
         if self.view.recent_kernel() < 0 {
@@ -217,7 +234,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             self.next_activity = now + self.cfg.activity_period;
         }
         if !self.cfg.policy.enforces(self.view.utilization_switch()) {
-            return Admission::Go;
+            return Admission::Go(Ticket::UNCOUNTED);
         }
         if self.throttled
             || now.saturating_sub(self.last_poll) >= self.cfg.poll_interval
@@ -255,14 +272,13 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             return self.wait_until_vt(now_f);
         }
         self.prepare(now, stream);
-        self.armed = true;
-        Admission::Go
+        Admission::Go(Ticket { counted: true })
     }
 
-    /// Reports the launch that [`Limiter::admit`] let go; `ok` is whether the driver
-    /// accepted it.
-    pub fn launched(&mut self, stream: T::Stream, ok: bool) {
-        if !std::mem::take(&mut self.armed) || !ok {
+    /// Reports the launch that [`Limiter::admit`] let go with `ticket`; `ok` is whether
+    /// the driver accepted it.
+    pub fn launched(&mut self, ticket: Ticket, stream: T::Stream, ok: bool) {
+        if !ticket.counted || !ok {
             return;
         }
         let now = self.clock.now();
@@ -326,6 +342,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 }
             }
         }
+        let chained = start.is_some();
         let (start, start_owned) = match start {
             Some(s) => s,
             None => match self.timer.record(stream) {
@@ -344,6 +361,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             stream,
             start,
             start_owned,
+            chained,
             end: None,
             end_owned: true,
             launches: 0,
@@ -358,7 +376,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             return;
         };
         if seg.launches == 0 {
-            self.release_start(&seg);
+            self.drop_start(&seg);
             return;
         }
         match self.timer.record(seg.stream) {
@@ -372,15 +390,29 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             }
             Err(_) => {
                 self.stats.timer_errors += 1;
-                self.release_start(&seg);
+                self.drop_start(&seg);
             }
         }
     }
 
-    fn release_start(&mut self, seg: &Segment<T::Stream, T::Marker>) {
-        if seg.start_owned {
-            self.timer.release(seg.start);
+    /// Lets go of the start marker of a segment that was dropped unmeasured.
+    fn drop_start(&mut self, seg: &Segment<T::Stream, T::Marker>) {
+        if !seg.start_owned {
+            return;
         }
+        if seg.chained {
+            // The previous segment still waits on this marker as its end: hand it back.
+            if let Some(prev) = self
+                .closed
+                .iter_mut()
+                .rev()
+                .find(|p| !p.end_owned && p.end == Some(seg.start))
+            {
+                prev.end_owned = true;
+                return;
+            }
+        }
+        self.timer.release(seg.start);
     }
 
     /// Settles every closed segment whose end marker the GPU has reached.
@@ -443,7 +475,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.bin_busy += measured;
         self.stats.busy_ns += measured;
         self.stats.segments += 1;
-        self.release_start(&seg);
+        // Settled segments are complete, so a chained predecessor was settled before: the
+        // start marker is this segment's alone.
+        if seg.start_owned {
+            self.timer.release(seg.start);
+        }
         if seg.end_owned {
             self.timer.release(end);
         }

@@ -29,6 +29,6 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-pub use control::{Admission, Limiter, LimiterConfig, LimiterStats};
+pub use control::{Admission, Limiter, LimiterConfig, LimiterStats, Ticket};
 pub use policy::{Policy, PolicyError};
 pub use traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage, TimerError};

@@ -290,6 +290,9 @@ pub struct App {
     pub max_oversleep: Nanos,
     /// Cycles of `Sync` completed (throughput of bursty workloads).
     pub syncs: u64,
+    /// Every n-th launch is refused by the driver (nothing runs), if set.
+    pub fail_every: Option<u64>,
+    launches: u64,
 }
 
 pub struct World {
@@ -326,6 +329,8 @@ impl World {
             rng: 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1),
             max_oversleep: 80 * US,
             syncs: 0,
+            fail_every: None,
+            launches: 0,
         });
         id
     }
@@ -355,9 +360,13 @@ impl World {
                     app.next = gpu.stream_idle_at(app.stream).max(t) + US;
                 }
                 Step::Launch(d) => match app.limiter.admit(app.stream) {
-                    Admission::Go => {
-                        gpu.enqueue(app.stream, t, d, app.id);
-                        app.limiter.launched(app.stream, true);
+                    Admission::Go(ticket) => {
+                        app.launches += 1;
+                        let fail = app.fail_every.is_some_and(|n| app.launches % n == 0);
+                        if !fail {
+                            gpu.enqueue(app.stream, t, d, app.id);
+                        }
+                        app.limiter.launched(ticket, app.stream, !fail);
                         app.next = t + app.launch_cost;
                     }
                     Admission::Wait(w) => {

@@ -300,6 +300,56 @@ fn timer_failures_do_not_block_or_panic() {
 }
 
 #[test]
+fn failed_launches_are_not_charged_and_keep_markers_consistent() {
+    // Every 7th launch fails; some fail right after a segment was chained onto the
+    // previous one's end marker, which must then stay alive for that segment.
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(40);
+    let id = w.add(cfg(), table.view(), kernel_loop(100 * US));
+    w.apps[id].fail_every = Some(7);
+    w.run_until(4 * S);
+    assert_near(
+        "with failures",
+        w.gpu.busy_fraction(id, S, 4 * S),
+        0.40,
+        2.0,
+    );
+}
+
+#[test]
+fn failed_launch_on_a_chained_segment_keeps_the_shared_marker() {
+    let w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(50);
+    let timer = SimTimer {
+        gpu: w.gpu.clone(),
+        clock: w.clock.clone(),
+    };
+    let mut lim = Limiter::new(cfg(), w.clock.clone(), timer, table.view());
+    let go = |lim: &mut Limiter<_, _, _>, stream: u32, t: Nanos, ok: bool| {
+        w.clock.set(t);
+        let Admission::Go(ticket) = lim.admit(stream) else {
+            panic!("throttled at {t}")
+        };
+        if ok {
+            w.gpu.enqueue(stream, t, MS, 0);
+        }
+        lim.launched(ticket, stream, ok);
+    };
+    go(&mut lim, 1, 0, true); // calibration launch, measured alone
+    w.clock.set(MS);
+    go(&mut lim, 1, MS, true); // cost known: a 1 ms segment, closed at once
+    go(&mut lim, 1, MS + 10 * US, false); // chains onto its end marker, then fails
+    go(&mut lim, 2, MS + 20 * US, true); // another stream closes the empty segment
+    // The first stream's segment still completes and is measured.
+    w.clock.set(3 * MS);
+    go(&mut lim, 2, 3 * MS, true);
+    w.clock.set(10 * MS);
+    go(&mut lim, 2, 10 * MS, true);
+    assert_eq!(lim.stats().segments, 4, "{:?}", lim.stats());
+    assert!((lim.stats().busy_ns - 4e6).abs() < 1e3, "{:?}", lim.stats());
+}
+
+#[test]
 fn first_launch_calibrates_before_queueing_more() {
     let w = World::new(GpuMode::Concurrent);
     let table = SimTable::new(50);
@@ -308,9 +358,12 @@ fn first_launch_calibrates_before_queueing_more() {
         clock: w.clock.clone(),
     };
     let mut lim = Limiter::new(cfg(), w.clock.clone(), timer, table.view());
-    assert_eq!(lim.admit(1), Admission::Go);
+    let Admission::Go(ticket) = lim.admit(1) else {
+        panic!("first launch waits")
+    };
+    assert!(ticket.counted());
     w.gpu.enqueue(1, 0, 3 * MS, 0);
-    lim.launched(1, true);
+    lim.launched(ticket, 1, true);
     // The cost of a launch is unknown until the first one is measured.
     assert!(matches!(lim.admit(1), Admission::Wait(_)));
     w.clock.set(3 * MS);

@@ -34,7 +34,7 @@ pub trait GpuTimer {
     /// A stream handle as the application passed it (after per-thread-stream mapping).
     type Stream: Copy + Eq + fmt::Debug;
     /// A recorded marker.
-    type Marker: Copy + fmt::Debug;
+    type Marker: Copy + PartialEq + fmt::Debug;
 
     /// Records a new marker at the current end of `stream`.
     fn record(&mut self, stream: Self::Stream) -> Result<Self::Marker, TimerError>;
