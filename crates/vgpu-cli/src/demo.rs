@@ -188,10 +188,20 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
         "vgpu status --cache {} (while the workload holds its memory):",
         cache.display()
     );
-    match report::read(&cache) {
-        Ok(r) => print!("{}", indent(&r.render_text())),
-        Err(e) => println!("  cannot read the usage file: {e}"),
-    }
+    // What the file counts on device 0 while the workload holds its memory (context included).
+    let counted = match report::read(&cache) {
+        Ok(r) => {
+            print!("{}", indent(&r.render_text()));
+            r.devices
+                .iter()
+                .find(|d| d.index == 0)
+                .map(|d| d.memory_used_bytes)
+        }
+        Err(e) => {
+            println!("  cannot read the usage file: {e}");
+            None
+        }
+    };
     println!();
     // Freeing gives the bytes back: the same request fits again.
     let mut reuse_ok = None;
@@ -213,22 +223,40 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
     println!("workload exited: {status}");
     if let Ok(r) = report::read(&cache) {
         let used: u64 = r.devices.iter().map(|d| d.memory_used_bytes).sum();
-        println!(
-            "usage left in the file after it exited: {}",
-            format_bytes(used)
-        );
+        let dead = r.processes.iter().filter(|p| !p.alive).count();
+        if dead > 0 {
+            println!(
+                "after it exited: {} still counted for {dead} dead process(es) until the next \
+                 program attaches to the file",
+                format_bytes(used)
+            );
+            // Attaching for writing sweeps dead processes, as any hooked program's start does.
+            match crate::table::open_writable(&cache).and_then(|t| {
+                t.sweep_dead().map_err(|e| e.to_string())?;
+                Ok(t.usage(vgpu_alloc_core::DeviceIndex(0)).used)
+            }) {
+                Ok(left) => println!("attached and swept: {} counted now", format_bytes(left)),
+                Err(e) => println!("could not sweep the file: {e}"),
+            }
+        } else {
+            println!(
+                "after it exited: {} counted in the file",
+                format_bytes(used)
+            );
+        }
     }
     println!();
 
     let limit_seen = seen_total == Some(args.memory);
+    // The refusal is the limit's doing only if the request would really have crossed it.
+    let over_limit = counted.is_some_and(|c| c.saturating_add(args.step) > args.memory);
     let verdict = match refused {
-        Some((_, code, _))
-            if code == CUDA_ERROR_OUT_OF_MEMORY && granted > 0 && granted <= args.memory =>
-        {
+        Some((_, code, _)) if code == CUDA_ERROR_OUT_OF_MEMORY && granted > 0 && over_limit => {
             println!(
-                "RESULT: limit enforced. {} granted, the next {} refused with CUDA_ERROR_OUT_OF_MEMORY; \
-                 the device showed {} total.",
+                "RESULT: limit enforced. {} granted ({} counted with the context), the next {} \
+                 refused with CUDA_ERROR_OUT_OF_MEMORY; the device showed {} total.",
                 format_bytes(granted),
+                counted.map_or("?".into(), format_bytes),
                 format_bytes(args.step),
                 seen_total.map_or("?".into(), format_bytes)
             );
@@ -236,8 +264,11 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
         }
         Some((_, code, name)) => {
             println!(
-                "RESULT: NOT as expected: an allocation failed with {name} ({code}) after {}",
-                format_bytes(granted)
+                "RESULT: NOT as expected: an allocation failed with {name} ({code}) after {} \
+                 while the file counted {} of the {} limit",
+                format_bytes(granted),
+                counted.map_or("nothing".into(), format_bytes),
+                format_bytes(args.memory)
             );
             false
         }

@@ -164,7 +164,9 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode, Failure> {
         println!("exec {}", words.join(" "));
         return Ok(std::process::ExitCode::SUCCESS);
     }
-    warn_if_file_wins(&env);
+    if !args.memory.is_empty() {
+        warn_if_file_wins(&env);
+    }
     let mut cmd = Command::new(program);
     cmd.args(rest);
     env.apply(&mut cmd);
