@@ -169,9 +169,10 @@ pub struct DoctorArgs {
 /// `vgpu demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Memory limit for the workload.
-    #[arg(long, default_value = "1g", value_name = "SIZE", value_parser = crate::limits::parse_nonzero_memory_value)]
-    pub memory: u64,
+    /// Memory limit for the workload [default: 1g on the simulated driver, 2g on a real GPU,
+    /// whose context alone takes a few hundred MiB].
+    #[arg(long, value_name = "SIZE", value_parser = crate::limits::parse_nonzero_memory_value)]
+    pub memory: Option<u64>,
     /// Size of each allocation the workload makes.
     #[arg(long, default_value = "256m", value_name = "SIZE", value_parser = crate::limits::parse_nonzero_memory_value)]
     pub step: u64,

@@ -80,16 +80,19 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
         DriverChoice::Real => false,
         DriverChoice::Auto => !matches!(real_gpu_present(&vgpu_exe), Ok((_, n)) if n > 0),
     };
+    let limit = args
+        .memory
+        .unwrap_or(if simulated { 1 << 30 } else { 2 << 30 });
     let mut env: HookEnv = hook_env(&HookSetup {
         hook: &hook.path,
         memory: &[MemoryFlag {
             device: None,
-            bytes: args.memory,
+            bytes: limit,
         }],
         sm: &[],
         cache: Some(&cache),
     })?;
-    let sim_total = args.memory.saturating_mul(4).max(8 << 30);
+    let sim_total = limit.saturating_mul(4).max(8 << 30);
     if simulated {
         let sim = locate::find_sim()?;
         let links = tmp.path().join("driver");
@@ -110,14 +113,14 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
         println!("vgpu demo: running against the real CUDA driver");
     }
     println!("hook:      {} ({})", hook.path.display(), hook.how);
-    println!("limit:     {} on every device", format_bytes(args.memory));
+    println!("limit:     {} on every device", format_bytes(limit));
     println!(
         "usage:     {} (a private file, removed at the end)",
         cache.display()
     );
     println!(
         "like:      vgpu run --memory {} --cache {} -- <your program>",
-        crate::units::format_size_arg(args.memory),
+        crate::units::format_size_arg(limit),
         cache.display()
     );
     println!();
@@ -162,7 +165,7 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
         format_bytes(args.step)
     );
 
-    let max_steps = args.memory / args.step + 4;
+    let max_steps = limit / args.step + 4;
     let mut granted = 0u64;
     let mut held = Vec::new();
     let mut refused: Option<(u64, i32, String)> = None;
@@ -247,9 +250,9 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
     }
     println!();
 
-    let limit_seen = seen_total == Some(args.memory);
+    let limit_seen = seen_total == Some(limit);
     // The refusal is the limit's doing only if the request would really have crossed it.
-    let over_limit = counted.is_some_and(|c| c.saturating_add(args.step) > args.memory);
+    let over_limit = counted.is_some_and(|c| c.saturating_add(args.step) > limit);
     let verdict = match refused {
         Some((_, code, _)) if code == CUDA_ERROR_OUT_OF_MEMORY && granted > 0 && over_limit => {
             println!(
@@ -268,7 +271,7 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
                  while the file counted {} of the {} limit",
                 format_bytes(granted),
                 counted.map_or("nothing".into(), format_bytes),
-                format_bytes(args.memory)
+                format_bytes(limit)
             );
             false
         }
@@ -276,7 +279,7 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
             println!(
                 "RESULT: NOT ENFORCED: {} allocated, past the {} limit",
                 format_bytes(granted),
-                format_bytes(args.memory)
+                format_bytes(limit)
             );
             false
         }
@@ -284,7 +287,7 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
     if !limit_seen {
         println!(
             "note: cuDeviceTotalMem_v2 should report the limit ({}); it reported {:?}",
-            args.memory, seen_total
+            limit, seen_total
         );
     }
     Ok(if verdict {

@@ -464,3 +464,83 @@ fn exporter_reports_a_live_file() {
         );
     }
 }
+
+#[test]
+fn run_notes_when_the_file_holds_another_limit() {
+    let dir = TempDir::new("vgpu-status").unwrap();
+    let path = make_table(&dir);
+    let lib = dir.path().join("libvgpu.so");
+    std::fs::write(&lib, b"").unwrap();
+    let mut cmd = vgpu();
+    cmd.args([
+        "run",
+        "--lib",
+        lib.to_str().unwrap(),
+        "--memory",
+        "2g",
+        "--cache",
+        path.to_str().unwrap(),
+        "--",
+        "true",
+    ]);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("already holds a memory limit of 1 GiB for device 0")
+            && out.stderr.contains("vgpu set-limit"),
+        "{}",
+        out.stderr
+    );
+    // The same limit as the file: nothing to say about device 0.
+    let mut cmd = vgpu();
+    cmd.args([
+        "run",
+        "--lib",
+        lib.to_str().unwrap(),
+        "--memory",
+        "0=1g",
+        "--cache",
+        path.to_str().unwrap(),
+        "--",
+        "true",
+    ]);
+    let out = run(cmd);
+    assert!(!out.stderr.contains("for device 0"), "{}", out.stderr);
+}
+
+#[test]
+fn exporter_defaults_to_the_hooks_usage_file() {
+    let dir = TempDir::new("vgpu-exp-default").unwrap();
+    let path = make_table(&dir);
+    let mut cmd = vgpu();
+    cmd.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &path)
+        .args(["exporter", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.ends_with(&format!("for {}\n", path.display())),
+        "{line}"
+    );
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let (status, body) = vgpu_cli::http::get(&addr, "/metrics", Duration::from_secs(5)).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(status, 200);
+    assert!(
+        body.contains(&format!("vgpu_up{{cache=\"{}\"}} 1\n", path.display())),
+        "{body}"
+    );
+}
