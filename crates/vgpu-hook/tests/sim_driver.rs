@@ -1,0 +1,472 @@
+//! End to end: `libvgpu.so` preloaded into C programs that run on the simulated driver.
+//!
+//! Each test runs `tests/programs/probe.c` (built here with `cc`) as a child process with
+//! `LD_PRELOAD=libvgpu.so`, the simulated `libcuda.so.1`/`libnvidia-ml.so.1` on
+//! `LD_LIBRARY_PATH`, HAMi's environment variables and a fresh shared file. The probe reaches
+//! the driver the way `VGPU_VIA` says: linked symbols, `dlopen`+`dlsym`, or `cuGetProcAddress`
+//! (with and without the per-thread-default-stream flag).
+//!
+//! Every test checks something the bare driver does not do, so each fails without the hook;
+//! `without_the_hook_these_checks_fail` shows that for the main ones. Needs `libvgpu.so` and
+//! `libvgpusim.so` in the target directory: run `cargo xtask test`.
+
+mod support;
+
+use support::*;
+
+const VIAS: [&str; 4] = ["link", "dlsym", "procaddr", "ptsz"];
+
+/// The hook is in effect in this environment: the device's total is the limit.
+fn assert_hooked(run: &Run, limit: u64) {
+    let o = run.run(&["info"]);
+    assert_eq!(
+        o.u("dev0_total_mem"),
+        limit,
+        "the hook is not in effect:\n{}",
+        o.stdout
+    );
+}
+
+#[test]
+fn views_show_the_limit_whichever_way_the_driver_is_reached() {
+    for via in VIAS {
+        let o = Run::hooked("256m").via(via).run(&["info"]);
+        assert_eq!(o.get("init"), "0");
+        assert_eq!(
+            o.u("dev0_total_mem"),
+            256 * MIB,
+            "cuDeviceTotalMem via {via}"
+        );
+        assert_eq!(o.u("dev0_total"), 256 * MIB, "cuMemGetInfo total via {via}");
+        assert_eq!(o.u("dev0_free"), 256 * MIB, "cuMemGetInfo free via {via}");
+        assert_eq!(
+            o.u("nvml0_total"),
+            256 * MIB,
+            "nvmlDeviceGetMemoryInfo total"
+        );
+        assert_eq!(o.u("nvml0_free"), 256 * MIB, "nvmlDeviceGetMemoryInfo free");
+        assert_eq!(o.u("nvml0_used"), 0, "nvmlDeviceGetMemoryInfo used");
+        assert_eq!(o.get("nvml0_v2_rc"), "0");
+        assert_eq!(
+            o.u("nvml0_v2_total"),
+            256 * MIB,
+            "nvmlDeviceGetMemoryInfo_v2 total"
+        );
+        assert_eq!(o.u("nvml0_v2_used"), 0, "nvmlDeviceGetMemoryInfo_v2 used");
+    }
+}
+
+#[test]
+fn free_memory_is_the_smaller_of_limit_headroom_and_physical_free() {
+    // 900 MiB of the 1 GiB device are used by someone outside the container.
+    let o = Run::hooked("256m")
+        .var("VGPU_SIM_OTHER_USED", "900m")
+        .run(&["info"]);
+    assert_eq!(o.u("dev0_total"), 256 * MIB);
+    assert_eq!(
+        o.u("dev0_free"),
+        124 * MIB,
+        "physical free (124 MiB) is below the limit headroom"
+    );
+    // A limit above the physical memory: the total shows the physical memory.
+    let o = Run::hooked("4g").run(&["info"]);
+    assert_eq!(o.u("dev0_total_mem"), 1 << 30);
+    assert_eq!(o.u("dev0_total"), 1 << 30);
+}
+
+#[test]
+fn past_the_limit_is_out_of_memory_with_one_log_line() {
+    let run = Run::hooked("256m");
+    let o = run.run(&["try", "314572800"]);
+    assert_eq!(o.get("alloc"), "2", "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(o.get("name"), "CUDA_ERROR_OUT_OF_MEMORY");
+    let lines: Vec<&str> = o
+        .stderr
+        .lines()
+        .filter(|l| l.contains("314572800"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one log line naming the request:\n{}",
+        o.stderr
+    );
+    assert!(
+        lines[0].contains("268435456"),
+        "the line names the limit: {}",
+        lines[0]
+    );
+    // Just under the limit works.
+    assert_eq!(run.run(&["try", "268435456"]).get("alloc"), "0");
+    // LIBCUDA_LOG_LEVEL=0 keeps only errors: the refusal is still a refusal, but silent.
+    let o = run
+        .clone()
+        .var("LIBCUDA_LOG_LEVEL", "0")
+        .run(&["try", "314572800"]);
+    assert_eq!(o.get("alloc"), "2");
+    assert!(!o.stderr.contains("314572800"), "{}", o.stderr);
+}
+
+/// Takes 48 MiB by `path` under a 64 MiB limit: a 32 MiB cuMemAlloc must be refused while it
+/// is held and succeed once it is given back, and usage returns to where it started.
+fn check_path(path: &str, via: &str) {
+    let o = Run::hooked("64m")
+        .via(via)
+        .run(&["counted", path, "50331648", "33554432"]);
+    let ctx = format!("path {path} via {via}:\n{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.get("take"), "0", "{ctx}");
+    assert_eq!(o.get("probe_held"), "2", "not counted: {ctx}");
+    assert_eq!(o.get("give"), "0", "{ctx}");
+    assert_eq!(o.get("probe_after"), "0", "not released: {ctx}");
+    assert!(o.u("used_held") >= 48 * MIB, "{ctx}");
+    assert_eq!(o.u("used_after"), o.u("used_before"), "leaked: {ctx}");
+}
+
+const PATHS: [&str; 11] = [
+    "alloc",
+    "pitch",
+    "managed",
+    "vmm",
+    "async",
+    "async_memfree",
+    "pool",
+    "array",
+    "array3d",
+    "mipmap",
+    "graph",
+];
+
+#[test]
+fn every_allocation_path_is_counted_and_released_linked() {
+    for p in PATHS {
+        check_path(p, "link");
+    }
+}
+
+#[test]
+fn every_allocation_path_is_counted_and_released_through_dlsym() {
+    for p in PATHS {
+        check_path(p, "dlsym");
+    }
+}
+
+#[test]
+fn every_allocation_path_is_counted_and_released_through_get_proc_address() {
+    for p in PATHS {
+        check_path(p, "procaddr");
+        check_path(p, "ptsz");
+    }
+}
+
+#[test]
+fn contexts_are_measured_and_counted() {
+    // Each context takes 24 MiB of the simulated device; the limit is 96 MiB. The primary
+    // context plus a created one (48 MiB) leave no room for 64 MiB until the second is gone.
+    for via in ["link", "procaddr"] {
+        let o = Run::hooked("96m")
+            .var("VGPU_SIM_CTX_OVERHEAD", "24m")
+            .via(via)
+            .run(&["counted", "ctx", "0", "67108864"]);
+        let ctx = format!("via {via}:\n{}\n{}", o.stdout, o.stderr);
+        assert_eq!(o.get("take"), "0", "{ctx}");
+        assert_eq!(
+            o.get("probe_held"),
+            "2",
+            "created context not counted: {ctx}"
+        );
+        assert_eq!(
+            o.get("probe_after"),
+            "0",
+            "destroyed context not released: {ctx}"
+        );
+        assert_eq!(o.u("used_before"), 24 * MIB, "primary context: {ctx}");
+        assert_eq!(o.u("used_held"), 48 * MIB, "{ctx}");
+        assert_eq!(o.u("used_after"), 24 * MIB, "{ctx}");
+    }
+}
+
+#[test]
+fn processes_share_one_limit_and_a_killed_one_gives_its_memory_back() {
+    let run = Run::hooked("64m");
+    let mut a = run.spawn(&["hold", "41943040"]);
+    assert_eq!(a.wait_for("hold="), "hold=0");
+    let o = run.run(&["try", "33554432"]);
+    assert_eq!(
+        o.get("alloc"),
+        "2",
+        "the other process's 40 MiB count against this one"
+    );
+    assert_eq!(
+        o.u("used"),
+        40 * MIB,
+        "cuMemGetInfo shows the container's usage"
+    );
+    a.finish();
+    assert_eq!(run.run(&["try", "33554432"]).get("alloc"), "0");
+
+    // A process killed while holding memory does not keep it.
+    let mut b = run.spawn(&["hold", "41943040"]);
+    assert_eq!(b.wait_for("hold="), "hold=0");
+    b.kill();
+    let o = run.run(&["try", "33554432"]);
+    assert_eq!(
+        o.get("alloc"),
+        "0",
+        "a dead process's usage still counted:\n{}\n{}",
+        o.stdout,
+        o.stderr
+    );
+}
+
+#[test]
+fn a_process_that_exits_without_freeing_leaves_nothing_behind() {
+    let run = Run::hooked("64m");
+    let o = run.run(&["leak", "4194304"]);
+    for p in [
+        "alloc", "pitch", "managed", "vmm", "async", "array", "mipmap", "small",
+    ] {
+        assert_eq!(o.get(&format!("leak_{p}")), "0", "{p}");
+    }
+    assert!(o.u("used") >= 28 * MIB);
+    let o = run.run(&["info"]);
+    assert_eq!(o.u("dev0_total"), 64 * MIB);
+    assert_eq!(
+        o.u("dev0_free"),
+        64 * MIB,
+        "usage of the exited process is still counted"
+    );
+}
+
+#[test]
+fn fork_keeps_the_parents_usage_and_an_exec_child_cleans_up() {
+    let run = Run::hooked("64m");
+    assert_hooked(&run, 64 * MIB);
+    let o = run.run(&["fork", "8388608"]);
+    let before = o.u("used_before");
+    assert!(before >= 8 * MIB, "{}", o.stdout);
+    assert_eq!(
+        o.u("used_after_child"),
+        before,
+        "a child exiting took the parent's usage"
+    );
+    assert_eq!(
+        o.u("used_after_exec_child"),
+        before,
+        "an exec'd child left usage behind"
+    );
+    assert_eq!(o.get("exec_status"), "0");
+    assert_eq!(o.u("used_end"), 0);
+}
+
+#[test]
+fn sixty_four_threads_allocate_and_free_without_errors_or_leaks() {
+    // 128 MiB for 64 threads of up to 8 live allocations of up to 4 MiB: many refusals.
+    let run = Run::hooked("128m");
+    assert_hooked(&run, 128 * MIB);
+    for via in ["link", "procaddr"] {
+        let o = run
+            .clone()
+            .via(via)
+            .var("LIBCUDA_LOG_LEVEL", "0")
+            .run(&["threads", "64", "300"]);
+        assert_eq!(o.get("errors"), "0", "{}", o.stdout);
+        assert_eq!(o.u("used_before"), 0);
+        // The hook may keep one empty sub-allocator region warm (counted as used); it must
+        // give way when the memory is needed.
+        assert_eq!(
+            o.get("full_alloc"),
+            "0",
+            "leaked under concurrency via {via}: {}",
+            o.stdout
+        );
+        assert_eq!(o.u("full_alloc_size"), 128 * MIB);
+    }
+    assert_eq!(run.run(&["info"]).u("dev0_free"), 128 * MIB);
+}
+
+#[test]
+fn sub_allocations_answer_their_own_range_and_refuse_ipc() {
+    let o = Run::hooked("256m").run(&["range"]);
+    assert_eq!(o.get("range_rc"), "0");
+    assert_eq!(o.get("range_base_off"), "0");
+    assert_eq!(
+        o.get("range_size"),
+        "3000",
+        "cuMemGetAddressRange of a sub-allocation"
+    );
+    assert_eq!(o.get("attr_rc"), "0,0");
+    assert_eq!(o.get("attr_start_off"), "0");
+    assert_eq!(
+        o.get("attr_size"),
+        "3000",
+        "CU_POINTER_ATTRIBUTE_RANGE_SIZE of a sub-allocation"
+    );
+    assert_eq!(o.get("copy_ok"), "1");
+    assert_eq!(
+        o.get("neighbour_ok"),
+        "1",
+        "a copy into one sub-allocation touched another"
+    );
+    assert_ne!(
+        o.get("ipc_small"),
+        "0",
+        "cuIpcGetMemHandle must refuse a sub-allocated pointer"
+    );
+    assert!(
+        o.stderr.contains("VGPU_SUBALLOC=0"),
+        "the refusal says how to turn sub-allocation off:\n{}",
+        o.stderr
+    );
+    assert_eq!(o.get("ipc_big"), "0");
+    assert_eq!(
+        o.get("full_alloc"),
+        "0",
+        "memory not given back: {}",
+        o.stdout
+    );
+    assert_eq!(o.u("full_alloc_size"), 256 * MIB);
+    // With sub-allocation off, IPC works for small allocations too.
+    let o = Run::hooked("256m")
+        .var("VGPU_SUBALLOC", "0")
+        .run(&["range"]);
+    assert_eq!(o.get("ipc_small"), "0");
+}
+
+#[test]
+fn visible_devices_by_index_map_limits_usage_and_views_to_the_right_device() {
+    let run = Run::hooked("0")
+        .var("VGPU_SIM_DEVICE_COUNT", "3")
+        .var("CUDA_DEVICE_MEMORY_LIMIT_0", "100m")
+        .var("CUDA_DEVICE_MEMORY_LIMIT_1", "200m")
+        .var("CUDA_VISIBLE_DEVICES", "2,0");
+    let o = run.run(&["devices", "10485760"]);
+    assert_eq!(o.get("count"), "2");
+    assert_eq!(
+        o.u("dev0_total_mem"),
+        100 * MIB,
+        "ordinal 0 (physical 2) has limit _0"
+    );
+    assert_eq!(
+        o.u("dev1_total_mem"),
+        200 * MIB,
+        "ordinal 1 (physical 0) has limit _1"
+    );
+    assert_eq!(o.get("dev0_alloc"), "0");
+    assert_eq!(o.u("dev0_used"), 10 * MIB);
+    assert_eq!(o.u("dev1_used"), 20 * MIB);
+    // NVML (all physical devices): each visible one shows its container usage and limit.
+    assert_eq!(o.u("nvml2_used"), 10 * MIB);
+    assert_eq!(o.u("nvml2_total"), 100 * MIB);
+    assert_eq!(o.u("nvml0_used"), 20 * MIB);
+    assert_eq!(o.u("nvml0_total"), 200 * MIB);
+    assert_eq!(o.u("nvml1_used"), 0);
+    // Past a device's own limit.
+    let o = run.run(&["devices", "110100480"]);
+    assert_eq!(o.get("dev0_alloc"), "2", "105 MiB on a 100 MiB device");
+}
+
+#[test]
+fn visible_devices_by_uuid_map_to_the_named_device() {
+    let run = Run::hooked("100m").var("VGPU_SIM_DEVICE_COUNT", "3").var(
+        "CUDA_VISIBLE_DEVICES",
+        "GPU-5a1e5130-0000-4000-8000-00000000d001",
+    );
+    let o = run.run(&["devices", "10485760"]);
+    assert_eq!(o.get("count"), "1");
+    assert_eq!(o.u("dev0_total_mem"), 100 * MIB);
+    assert_eq!(
+        o.u("nvml1_used"),
+        10 * MIB,
+        "usage must land on physical device 1:\n{}",
+        o.stdout
+    );
+    assert_eq!(o.u("nvml1_total"), 100 * MIB);
+    assert_eq!(o.u("nvml0_used"), 0);
+    assert_eq!(
+        o.u("nvml0_total"),
+        1 << 30,
+        "device 0 is not the container's"
+    );
+}
+
+#[test]
+fn a_malformed_limit_is_a_clear_error_not_unlimited() {
+    let o = Run::hooked("lots")
+        .var("VGPU_SIM_TOTAL_MEM", "4g")
+        .run(&["try", "2147483648"]);
+    assert!(
+        o.stderr.contains("CUDA_DEVICE_MEMORY_LIMIT"),
+        "no message naming the variable:\n{}",
+        o.stderr
+    );
+    assert!(
+        o.get("init") != "0" || o.get("alloc") != "0",
+        "a 2 GiB allocation went through:\n{}",
+        o.stdout
+    );
+}
+
+#[test]
+fn driver_errors_are_forwarded_intact_and_leave_no_usage() {
+    // A code from a newer driver that nobody knows, on small (sub-allocated) and large requests.
+    let run = Run::hooked("256m").var("VGPU_SIM_FAULTS", "cuMemAlloc_v2:*:1234");
+    assert_hooked(&run, 256 * MIB);
+    for size in ["100", "67108864"] {
+        let o = run.run(&["try", size]);
+        assert_eq!(o.get("alloc"), "1234", "size {size}");
+        assert_eq!(o.u("used"), 0, "a failed allocation left usage behind");
+    }
+    // The driver's own out-of-memory.
+    let o = Run::hooked("256m")
+        .var("VGPU_SIM_FAULTS", "cuMemAlloc_v2:1:2")
+        .run(&["try", "67108864"]);
+    assert_eq!(o.get("alloc"), "2");
+    assert_eq!(o.u("used"), 0);
+    // A failing cuMemCreate and cuMemAllocAsync.
+    let o = Run::hooked("64m")
+        .var("VGPU_SIM_FAULTS", "cuMemCreate:1:999")
+        .run(&["counted", "vmm", "4194304", "1048576"]);
+    assert_eq!(o.get("take"), "999");
+    assert_eq!(o.u("used_after"), 0);
+    let o = Run::hooked("64m")
+        .var("VGPU_SIM_FAULTS", "cuMemAllocAsync:1:4321")
+        .run(&["counted", "async", "4194304", "1048576"]);
+    assert_eq!(o.get("take"), "4321");
+    assert_eq!(o.u("used_after"), 0);
+}
+
+#[test]
+fn kernels_launch_every_way_under_the_hook() {
+    for via in VIAS {
+        let run = Run::hooked("256m").via(via);
+        assert_hooked(&run, 256 * MIB);
+        let o = run.run(&["launch", "200"]);
+        let ctx = format!("via {via}:\n{}\n{}", o.stdout, o.stderr);
+        assert_eq!(o.get("fill"), "0", "{ctx}");
+        assert_eq!(o.get("fill_ok"), "1", "{ctx}");
+        assert_eq!(o.get("launch_errors"), "0", "{ctx}");
+        assert_eq!(o.get("launch_ex"), "0", "{ctx}");
+        assert_eq!(o.get("launch_coop"), "0", "{ctx}");
+        assert_eq!(o.get("launch_default_stream"), "0", "{ctx}");
+        assert_eq!(o.get("graph"), "0,0,0,0", "{ctx}");
+        let ms: f64 = o.get("spin20_ms").parse().unwrap();
+        assert!(ms >= 19.0, "a 20 ms kernel took {ms} ms: {ctx}");
+    }
+}
+
+#[test]
+fn without_the_hook_these_checks_fail() {
+    // The same environments, bare: the tests above would fail, so they test the hook.
+    let bare = Run::hooked("256m").bare();
+    assert_eq!(bare.run(&["info"]).u("dev0_total_mem"), 1 << 30);
+    assert_eq!(bare.run(&["try", "314572800"]).get("alloc"), "0");
+    let o = Run::hooked("64m")
+        .bare()
+        .via("procaddr")
+        .run(&["counted", "vmm", "50331648", "33554432"]);
+    assert_eq!(o.get("probe_held"), "0");
+    assert_eq!(
+        Run::hooked("256m").bare().run(&["range"]).get("ipc_small"),
+        "0"
+    );
+}

@@ -1,0 +1,323 @@
+//! Shared plumbing of the end-to-end tests: find `libvgpu.so` and the simulated driver, build
+//! the C test programs with `cc`, run them as children under the hook with a fresh shared
+//! file each, and parse their `key=value` output.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub const MIB: u64 = 1 << 20;
+
+/// Where the built libraries and the compiled programs are.
+pub struct Env {
+    /// `libvgpu.so`.
+    pub hook: PathBuf,
+    /// Directory holding `libcuda.so(.1)` and `libnvidia-ml.so(.1)` → `libvgpusim.so`.
+    pub simlib: PathBuf,
+    /// The compiled `probe` program.
+    pub probe: PathBuf,
+    /// Scratch directory of this test binary.
+    pub scratch: PathBuf,
+}
+
+fn target_profile_dir() -> PathBuf {
+    // The test executable lives in target/<profile>/deps/.
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+fn programs_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
+}
+
+/// Builds (once per test binary) the environment every test needs.
+pub fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let dir = target_profile_dir();
+        let hook = dir.join("libvgpu.so");
+        let sim = dir.join("libvgpusim.so");
+        for lib in [&hook, &sim] {
+            assert!(
+                lib.exists(),
+                "{} is missing: `cargo test` does not build cdylibs; run `cargo xtask test` \
+                 (or `cargo build --workspace` first)",
+                lib.display()
+            );
+        }
+        let scratch = std::env::temp_dir().join(format!("vgpu-hook-tests-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).expect("scratch dir");
+        let simlib = scratch.join("simlib");
+        std::fs::create_dir_all(&simlib).expect("simlib dir");
+        for name in [
+            "libcuda.so",
+            "libcuda.so.1",
+            "libnvidia-ml.so",
+            "libnvidia-ml.so.1",
+        ] {
+            std::os::unix::fs::symlink(&sim, simlib.join(name)).expect("symlink");
+        }
+        let probe = scratch.join("probe");
+        let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-O1", "-Wall", "-o"])
+            .arg(&probe)
+            .arg(programs_dir().join("probe.c"))
+            .arg("-I")
+            .arg(programs_dir())
+            .arg("-L")
+            .arg(&simlib)
+            .args(["-lcuda", "-ldl", "-lpthread"])
+            .output()
+            .expect("cannot run cc: a C compiler is needed for these tests");
+        assert!(
+            out.status.success(),
+            "cc failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Env {
+            hook,
+            simlib,
+            probe,
+            scratch,
+        }
+    })
+}
+
+/// A fresh shared-cache path for one test.
+pub fn fresh_cache(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    env().scratch.join(format!("{tag}-{n}.cache"))
+}
+
+/// The `key=value` lines a program printed (repeated keys keep every value).
+#[derive(Debug, Default, Clone)]
+pub struct Out {
+    pub map: HashMap<String, Vec<String>>,
+    pub stdout: String,
+    pub stderr: String,
+    pub status: Option<i32>,
+}
+
+impl Out {
+    pub fn parse(stdout: &str, stderr: &str, status: Option<i32>) -> Out {
+        let mut map: HashMap<String, Vec<String>> = HashMap::new();
+        for line in stdout.lines() {
+            if let Some((k, v)) = line.split_once('=') {
+                map.entry(k.trim().to_string())
+                    .or_default()
+                    .push(v.trim().to_string());
+            }
+        }
+        Out {
+            map,
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+            status,
+        }
+    }
+
+    /// The (last) value of `key`; panics with the whole output when absent.
+    pub fn get(&self, key: &str) -> &str {
+        match self.map.get(key).and_then(|v| v.last()) {
+            Some(v) => v,
+            None => panic!(
+                "no `{key}` in the output:\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            ),
+        }
+    }
+
+    pub fn num(&self, key: &str) -> i64 {
+        let v = self.get(key);
+        v.parse()
+            .unwrap_or_else(|_| panic!("`{key}={v}` is not a number:\n{}", self.stdout))
+    }
+
+    pub fn u(&self, key: &str) -> u64 {
+        self.num(key) as u64
+    }
+}
+
+/// One run of the probe under the hook (or not), with the environment of a container.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub vars: Vec<(String, String)>,
+    pub hooked: bool,
+    pub via: String,
+}
+
+impl Run {
+    /// Under the hook, with `limit` on every device, a fresh shared file, and a simulated
+    /// 1 GiB device with no context or module overhead unless a test says otherwise.
+    pub fn hooked(limit: &str) -> Run {
+        let cache = fresh_cache("t");
+        Run {
+            vars: vec![
+                ("CUDA_DEVICE_MEMORY_LIMIT".into(), limit.into()),
+                (
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+                    cache.display().to_string(),
+                ),
+                ("VGPU_SIM_TOTAL_MEM".into(), "1g".into()),
+                ("VGPU_SIM_CTX_OVERHEAD".into(), "0".into()),
+                ("VGPU_SIM_MODULE_OVERHEAD".into(), "0".into()),
+            ],
+            hooked: true,
+            via: "link".into(),
+        }
+    }
+
+    /// The same environment without the hook (to show a test can fail).
+    pub fn bare(mut self) -> Run {
+        self.hooked = false;
+        self
+    }
+
+    pub fn var(mut self, k: &str, v: &str) -> Run {
+        self.vars.retain(|(x, _)| x != k);
+        self.vars.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn via(mut self, via: &str) -> Run {
+        self.via = via.into();
+        self
+    }
+
+    pub fn cache(&self) -> String {
+        self.vars
+            .iter()
+            .find(|(k, _)| k == "CUDA_DEVICE_MEMORY_SHARED_CACHE")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let e = env();
+        let mut c = Command::new(&e.probe);
+        c.args(args);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CUDA_")
+                || k.starts_with("VGPU_")
+                || k == "LD_PRELOAD"
+                || k == "LIBCUDA_LOG_LEVEL"
+            {
+                c.env_remove(&k);
+            }
+        }
+        c.env("LD_LIBRARY_PATH", &e.simlib);
+        c.env("VGPU_VIA", &self.via);
+        if self.hooked {
+            c.env("LD_PRELOAD", &e.hook);
+        }
+        for (k, v) in &self.vars {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Runs the probe to completion (60 s at most).
+    pub fn run(&self, args: &[&str]) -> Out {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn probe");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if child.try_wait().expect("wait").is_some() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("probe {args:?} did not finish in 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let o = child.wait_with_output().expect("output");
+        let out = Out::parse(
+            &String::from_utf8_lossy(&o.stdout),
+            &String::from_utf8_lossy(&o.stderr),
+            o.status.code(),
+        );
+        assert!(
+            o.status.success(),
+            "probe {args:?} failed ({:?}) under {:?}:\n{}\nstderr:\n{}",
+            o.status,
+            self,
+            out.stdout,
+            out.stderr
+        );
+        out
+    }
+
+    /// Starts a probe that keeps running (for `hold`), with stdin and stdout piped.
+    pub fn spawn(&self, args: &[&str]) -> Held {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn probe");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Held {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+}
+
+/// A running probe.
+pub struct Held {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Held {
+    /// Reads lines until one starts with `prefix`; returns it.
+    pub fn wait_for(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.stdout.read_line(&mut line).expect("read");
+            assert!(n > 0, "probe exited before printing `{prefix}`");
+            if line.starts_with(prefix) {
+                return line.trim().to_string();
+            }
+        }
+    }
+
+    /// Tells a `hold` probe to let go, and waits for it to exit.
+    pub fn finish(mut self) -> String {
+        if let Some(mut i) = self.stdin.take() {
+            let _ = i.write_all(b"go\n");
+        }
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut self.stdout, &mut rest);
+        let st = self.child.wait().expect("wait");
+        assert!(st.success(), "held probe failed: {st:?}");
+        rest
+    }
+
+    /// Kills the probe (SIGKILL) and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
