@@ -191,6 +191,11 @@ pub fn render_metrics(
         // Comments are ignored by Prometheus but visible to a person reading the page.
         let _ = writeln!(out, "# glob error: {}", e.replace('\n', " "));
     }
+    for (cache, result) in results {
+        if let Err(e) = result {
+            let _ = writeln!(out, "# error reading {cache}: {}", e.replace('\n', " "));
+        }
+    }
     for (name, kind, help) in FAMILIES {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         if *name == "vgpu_exporter_files" {
@@ -327,6 +332,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("vgpu_exporter_files 2\n"), "{text}");
+        assert!(
+            text.contains("# error reading /tmp/bad\"name: not a usage file\n"),
+            "{text}"
+        );
         assert!(text.contains(
             "vgpu_device_memory_limit_bytes{cache=\"/tmp/x.cache\",device=\"0\",uuid=\"GPU-00000000-0000-0000-0000-000000000001\"} 1073741824\n"
         ), "{text}");

@@ -68,6 +68,14 @@ impl fmt::Display for Failure {
 /// Run one parsed command line.
 pub fn dispatch(cli: cli::Cli) -> Result<ExitCode, Failure> {
     use cli::Command;
+    // Commands that only print die quietly on a closed pipe (`vgpu status | head`), like any
+    // Unix tool. The others talk to children or sockets and handle EPIPE as an error.
+    if matches!(
+        cli.command,
+        Command::Run(_) | Command::Status(_) | Command::SetLimit(_)
+    ) {
+        signals::restore_default_sigpipe();
+    }
     match cli.command {
         Command::Run(a) => run::run(&a),
         Command::Status(a) => report::status(&a),

@@ -83,6 +83,12 @@ pub fn hook_env(setup: &HookSetup<'_>) -> Result<HookEnv, Failure> {
                 "--cache {s} is a directory; give the path of a file"
             )));
         }
+        if let Some(parent) = abs.parent().filter(|p| !p.is_dir()) {
+            return Err(Failure::msg(format!(
+                "--cache {s}: the directory {} does not exist (the hook creates the file, not the directory)",
+                parent.display()
+            )));
+        }
         env.set
             .insert(config::ENV_SHARED_CACHE.to_owned(), s.to_owned());
     }

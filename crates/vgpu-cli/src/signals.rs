@@ -26,6 +26,16 @@ pub fn install_stop_handler() {
     }
 }
 
+/// Put SIGPIPE back to its default action. Rust programs start with SIGPIPE ignored, and
+/// an ignored signal stays ignored across `exec`: without this, a program started by
+/// `vgpu run` would get EPIPE errors where it expects to die quietly (`yes | head`).
+pub fn restore_default_sigpipe() {
+    // SAFETY: setting a signal to its default action has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Whether a stop signal arrived.
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::Relaxed)

@@ -173,6 +173,17 @@ fn missing_program_and_library_are_clear_errors() {
         "true",
     ]);
     assert_fails(&run(cmd), 1, &["is a directory"]);
+    let mut cmd = vgpu();
+    cmd.args([
+        "run",
+        "--lib",
+        &lib,
+        "--cache",
+        "/nonexistent/dir/x.cache",
+        "--",
+        "true",
+    ]);
+    assert_fails(&run(cmd), 1, &["/nonexistent/dir does not exist"]);
 }
 
 #[test]

@@ -544,3 +544,21 @@ fn exporter_defaults_to_the_hooks_usage_file() {
         "{body}"
     );
 }
+
+#[test]
+fn status_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = TempDir::new("vgpu-status").unwrap();
+    let path = make_table(&dir);
+    let mut cmd = vgpu();
+    cmd.args(["status", "--cache", path.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    drop(child.stdout.take()); // the reader is gone before vgpu writes (`vgpu status | true`)
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = wait_bounded(&mut child, Duration::from_secs(10));
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}: {stderr}");
+    assert!(stderr.is_empty(), "no panic message: {stderr}");
+}
