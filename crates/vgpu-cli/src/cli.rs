@@ -169,8 +169,7 @@ pub struct DoctorArgs {
 /// `vgpu demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Memory limit for the workload [default: 1g on the simulated driver, 2g on a real GPU,
-    /// whose context alone takes a few hundred MiB].
+    /// Memory limit for the workload (default: 1g simulated, 2g on a real GPU).
     #[arg(long, value_name = "SIZE", value_parser = crate::limits::parse_nonzero_memory_value)]
     pub memory: Option<u64>,
     /// Size of each allocation the workload makes.
