@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use vgpu_shm::{ShmError, TableSnapshot, UsageTable};
+use vgpu_shm::{ImageError, ShmError, TableSnapshot, UsageTable};
 
 use crate::report::{DeviceStatus, ProcessDevice, ProcessStatus, SCHEMA, StatusReport};
 
@@ -84,10 +84,17 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
     }
 }
 
-/// Read a usage file into a report, read-only (never sweeps or writes).
+/// Read a usage file into a report, read-only (never sweeps or writes). A file written by
+/// HAMi-core itself is decoded from its region alone.
 pub fn read_report(path: &Path) -> Result<StatusReport, String> {
-    let table = UsageTable::open_read_only(path).map_err(|e| describe(path, &e))?;
-    Ok(report_from_snapshot(path, &table.snapshot()))
+    match UsageTable::open_read_only(path) {
+        Ok(table) => Ok(report_from_snapshot(path, &table.snapshot())),
+        Err(ShmError::InvalidFile {
+            source: ImageError::HamiCoreFile,
+            ..
+        }) => crate::hami::read(path),
+        Err(e) => Err(describe(path, &e)),
+    }
 }
 
 /// Open a usage file for writing limits.

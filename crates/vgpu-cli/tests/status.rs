@@ -562,3 +562,41 @@ fn status_into_a_closed_pipe_ends_quietly() {
     assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}: {stderr}");
     assert!(stderr.is_empty(), "no panic message: {stderr}");
 }
+
+#[test]
+fn a_file_written_by_hami_core_is_shown_read_only() {
+    // A HAMi-core 1.2 file (no vgpu extension), built at the documented byte offsets.
+    let mut b = vec![0u8; 2_008_953];
+    let put = |b: &mut Vec<u8>, at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
+    put(&mut b, 0, &19_920_718i32.to_le_bytes());
+    put(&mut b, 4, &1u32.to_le_bytes());
+    put(&mut b, 8, &2u32.to_le_bytes());
+    put(&mut b, 56, &1u64.to_le_bytes());
+    put(&mut b, 64, b"GPU-hami");
+    put(&mut b, 1600, &(2 * GIB).to_le_bytes());
+    put(&mut b, 1856, &77i32.to_le_bytes());
+    put(&mut b, 1856 + 8 + 16, &(700 * MIB).to_le_bytes());
+    put(&mut b, 1856 + 8 + 32, &(700 * MIB).to_le_bytes());
+    put(&mut b, 1856 + 1928, &1i32.to_le_bytes());
+    put(&mut b, 2_008_896, &1i32.to_le_bytes());
+    let dir = TempDir::new("vgpu-hami").unwrap();
+    let path = dir.path().join("hami.cache");
+    std::fs::write(&path, &b).unwrap();
+    let v = status_json(&path);
+    assert_eq!(v["devices"][0]["uuid"], "GPU-hami");
+    assert_eq!(v["devices"][0]["memory_limit_bytes"], 2 * GIB);
+    assert_eq!(v["devices"][0]["memory_used_bytes"], 700 * MIB);
+    assert_eq!(v["processes"][0]["pid"], 77);
+    assert_eq!(v["processes"][0]["state"], "running");
+    // Changing it is refused: vgpu writes only its own format.
+    let mut cmd = vgpu();
+    cmd.args([
+        "set-limit",
+        "--memory",
+        "1g",
+        "--cache",
+        path.to_str().unwrap(),
+    ]);
+    assert_fails(&run(cmd), 1, &["created by HAMi-core"]);
+    assert_eq!(std::fs::read(&path).unwrap(), b, "the file is untouched");
+}
