@@ -148,8 +148,18 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
     let total = step(&mut w, "total")?;
     let info = step(&mut w, "info")?;
     let seen_total = total.num("bytes");
+    let physical = if simulated {
+        format!("the device's {}", format_bytes(sim_total))
+    } else {
+        "the physical total".to_owned()
+    };
+    let meaning = if seen_total == Some(limit) {
+        format!("the limit, not {physical}")
+    } else {
+        format!("expected the limit, {}", format_bytes(limit))
+    };
     println!(
-        "cuDeviceTotalMem_v2 says {} (the device really has more)",
+        "cuDeviceTotalMem_v2 says {} ({meaning})",
         seen_total.map_or("?".into(), format_bytes)
     );
     if let (Some(free), Some(t)) = (info.num("free"), info.num("total")) {

@@ -17,8 +17,9 @@ use crate::tempdir::TempDir;
 use crate::units::{format_bytes, format_limit};
 use crate::workload::WorkloadProcess;
 
-/// The limit the mechanism probe runs under.
-pub const PROBE_LIMIT: u64 = 256 << 20;
+/// The limit the mechanism probe runs under: room for a large GPU's context (a few hundred
+/// MiB, counted against the limit), and not the physical total of any current GPU.
+pub const PROBE_LIMIT: u64 = 1536 << 20;
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
