@@ -239,8 +239,10 @@ fn a_process_that_exits_without_freeing_leaves_nothing_behind() {
 
 #[test]
 fn fork_keeps_the_parents_usage_and_an_exec_child_cleans_up() {
-    let run = Run::hooked("64m");
-    assert_hooked(&run, 64 * MIB);
+    // The limit leaves the exec'd child room for a whole sub-allocator region (its 1 MiB
+    // request), so a child that exits without its usage leaving the table is seen.
+    let run = Run::hooked("1g");
+    assert_hooked(&run, 1 << 30);
     let o = run.run(&["fork", "8388608"]);
     let before = o.u("used_before");
     assert!(before >= 8 * MIB, "{}", o.stdout);
@@ -279,7 +281,7 @@ fn sixty_four_threads_allocate_and_free_without_errors_or_leaks() {
             "leaked under concurrency via {via}: {}",
             o.stdout
         );
-        assert_eq!(o.u("full_alloc_size"), 128 * MIB);
+        assert_eq!(o.u("full_alloc_size"), 128 * MIB - o.u("used_before"));
     }
     assert_eq!(run.run(&["info"]).u("dev0_free"), 128 * MIB);
 }

@@ -299,15 +299,15 @@ static CUresult take(const char *path, size_t size, held_t *h) {
         return r;
     }
     if (!strcmp(path, "array")) {
-        CUDA_ARRAY_DESCRIPTOR d = {size / 16 / 256, 256, CU_AD_FORMAT_FLOAT, 4};
+        CUDA_ARRAY_DESCRIPTOR d = {size / 16 / 1024, 1024, CU_AD_FORMAT_FLOAT, 4};
         return A.cuArrayCreate_v2(&h->arr, &d);
     }
     if (!strcmp(path, "array3d")) {
-        CUDA_ARRAY3D_DESCRIPTOR d = {size / 4 / 64 / 4, 64, 4, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0};
+        CUDA_ARRAY3D_DESCRIPTOR d = {size / 4 / 256 / 64, 256, 64, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0};
         return A.cuArray3DCreate_v2(&h->arr, &d);
     }
     if (!strcmp(path, "mipmap")) {
-        CUDA_ARRAY3D_DESCRIPTOR d = {size / 4 / 256, 256, 0, CU_AD_FORMAT_FLOAT, 1, 0};
+        CUDA_ARRAY3D_DESCRIPTOR d = {size / 4 / 4096, 4096, 0, CU_AD_FORMAT_FLOAT, 1, 0};
         return A.cuMipmappedArrayCreate(&h->mip, &d, 3);
     }
     if (!strcmp(path, "ctx")) {
@@ -406,11 +406,13 @@ static int cmd_counted(const char *path, size_t size, size_t probe) {
     return 0;
 }
 
-/* After everything was freed, the whole device (the view's total) can be allocated at once:
+/* After everything was freed, the whole device (the view's total less what was in use at the
+ * start, i.e. the context) can be allocated at once:
  * nothing leaked, and whatever the hook keeps warm gives way under pressure. */
-static void full_alloc(void) {
+static void full_alloc(size_t base_used) {
     size_t f = 0, t = 0;
     A.cuMemGetInfo_v2(&f, &t);
+    t -= base_used;
     CUdeviceptr p;
     CUresult r = A.cuMemAlloc_v2(&p, t);
     if (!r) A.cuMemFree_v2(p);
@@ -458,7 +460,7 @@ static int cmd_threads(int n, int iters) {
     for (int i = 0; i < n; i++) pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)(i + 1));
     for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
     printf("threads=%d\nerrors=%d\nused_before=%zu\nused_after=%zu\n", n, g_errors, before, used_now());
-    full_alloc();
+    full_alloc(before);
     return 0;
 }
 
@@ -528,6 +530,7 @@ static int cmd_fork(size_t size, const char *self) {
 static int cmd_range(void) {
     must(A.cuInit(0), "cuInit");
     ctx_on(0);
+    size_t base_used = used_now();
     CUdeviceptr a, b, big;
     must(A.cuMemAlloc_v2(&a, 1000), "cuMemAlloc a");
     must(A.cuMemAlloc_v2(&b, 3000), "cuMemAlloc b");
@@ -556,7 +559,7 @@ static int cmd_range(void) {
     A.cuMemFree_v2(b);
     A.cuMemFree_v2(big);
     printf("used_end=%zu\n", used_now());
-    full_alloc();
+    full_alloc(base_used);
     return 0;
 }
 

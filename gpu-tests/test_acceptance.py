@@ -1,0 +1,337 @@
+"""Acceptance of libvgpu.so on a real NVIDIA GPU (run through gpu-tests/run.sh).
+
+Every test runs real programs as child processes with LD_PRELOAD=libvgpu.so and HAMi's
+environment (a fresh shared file each), and checks what they see and are allowed to do.
+Skips cleanly when there is no GPU or no libvgpu.so.
+"""
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+LIB = os.environ.get("VGPU_LIB", "")
+PROBE = os.environ.get("VGPU_PROBE", "")
+RT_PROBE = os.environ.get("VGPU_RUNTIME_PROBE", "")
+OUT = os.environ.get("VGPU_OUT", tempfile.gettempdir())
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOBS = os.path.join(HERE, "jobs.py")
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def _have_gpu():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+pytestmark = pytest.mark.skipif(
+    not (_have_gpu() and os.path.isfile(LIB) and os.path.isfile(PROBE)),
+    reason="needs an NVIDIA GPU, VGPU_LIB and VGPU_PROBE (run gpu-tests/run.sh)",
+)
+
+
+def _has(module):
+    try:
+        __import__(module)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def parse(text):
+    d = {}
+    for line in text.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            d[k.strip()] = v.strip()
+    return d
+
+
+def record(name, text):
+    with open(os.path.join(OUT, "records.txt"), "a") as f:
+        f.write(f"## {name}\n{text.rstrip()}\n\n")
+
+
+class Container:
+    """One container's environment: a limit and a fresh shared file."""
+
+    def __init__(self, limit=None, hooked=True, **extra):
+        self.cache = tempfile.mktemp(prefix="vgpu-", suffix=".cache", dir=OUT)
+        self.limit = limit
+        self.hooked = hooked
+        self.extra = extra
+
+    def env(self, via=None):
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD"))}
+        if self.hooked:
+            e["LD_PRELOAD"] = LIB
+        if self.limit is not None:
+            e["CUDA_DEVICE_MEMORY_LIMIT"] = self.limit
+        e["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = self.cache
+        if via:
+            e["VGPU_VIA"] = via
+        e.update(self.extra)
+        return e
+
+    def run(self, args, via=None, timeout=600, check=True, name=None):
+        p = subprocess.run(args, env=self.env(via), capture_output=True, text=True, timeout=timeout)
+        record(name or " ".join(os.path.basename(a) for a in args[:3]),
+               f"$ {' '.join(args)} (limit={self.limit}, via={via})\n{p.stdout}{p.stderr[-3000:]}")
+        if check:
+            assert p.returncode == 0, f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr[-3000:]}"
+        d = parse(p.stdout)
+        d["_stderr"] = p.stderr
+        d["_rc"] = p.returncode
+        return d
+
+    def probe(self, *args, via=None, **kw):
+        return self.run([PROBE, *map(str, args)], via=via, **kw)
+
+    def job(self, *args, **kw):
+        return self.run([sys.executable, JOBS, *map(str, args)], **kw)
+
+    def spawn(self, args, via=None):
+        return subprocess.Popen(args, env=self.env(via), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+
+def wait_line(p, prefix, timeout=300):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        line = p.stdout.readline()
+        if not line:
+            raise AssertionError(f"process exited before {prefix!r}: {p.stderr.read()[-2000:]}")
+        if line.startswith(prefix):
+            return line.strip()
+    raise AssertionError(f"no {prefix!r} within {timeout}s")
+
+
+def context_bytes():
+    """What one process's primary context costs under the hook (measured, counted)."""
+    d = Container("64g").probe("info")
+    return int(d["dev0_total"]) - int(d["dev0_free"])
+
+
+@pytest.fixture(scope="session")
+def ctx_bytes():
+    c = context_bytes()
+    record("context_bytes", str(c))
+    return c
+
+
+def slot_usage(cache, pid, dev=0):
+    """Bytes the shared file (HAMi layout 1.2) charges to `pid` on `dev`: (context, data, total)."""
+    with open(cache, "rb") as f:
+        b = f.read()
+    (proc_num,) = struct.unpack_from("<i", b, 2008896)
+    for i in range(min(proc_num, 1024)):
+        base = 1856 + i * 1960
+        (p,) = struct.unpack_from("<i", b, base)
+        if p == pid:
+            ctx, mod, data, off, total = struct.unpack_from("<5Q", b, base + 8 + dev * 64)
+            return ctx, data, total
+    return None
+
+
+# ---------------------------------------------------------------- C driver-API programs
+
+
+@pytest.mark.parametrize("via", ["link", "dlsym", "procaddr", "ptsz"])
+def test_driver_api_views_show_the_limit(via):
+    d = Container("4g").probe("info", via=via)
+    assert d["init"] == "0"
+    assert int(d["dev0_total_mem"]) == 4 * GIB, "cuDeviceTotalMem_v2"
+    assert int(d["dev0_total"]) == 4 * GIB, "cuMemGetInfo_v2 total"
+    assert int(d["dev0_free"]) <= 4 * GIB
+    assert int(d["nvml0_total"]) == 4 * GIB, "nvmlDeviceGetMemoryInfo"
+    assert int(d["nvml0_v2_total"]) == 4 * GIB, "nvmlDeviceGetMemoryInfo_v2"
+    bare = Container("4g", hooked=False).probe("info", via=via)
+    assert int(bare["dev0_total_mem"]) > 100 * GIB
+
+
+PATHS = ["alloc", "pitch", "managed", "vmm", "async", "async_memfree", "pool", "array", "array3d", "mipmap", "graph"]
+
+
+@pytest.mark.parametrize("via", ["link", "procaddr"])
+@pytest.mark.parametrize("path", PATHS)
+def test_driver_api_allocation_path_is_counted_and_released(path, via, ctx_bytes):
+    # Hold 512 MiB by `path`; the limit leaves room for 768 MiB besides the context, so a
+    # 512 MiB cuMemAlloc must fail while it is held and succeed after it is given back.
+    limit = ctx_bytes + 768 * MIB
+    d = Container(str(limit)).probe("counted", path, 512 * MIB, 512 * MIB, via=via)
+    assert d["take"] == "0", d
+    assert d["probe_held"] == "2", f"{path} not counted: {d}"
+    assert d["give"] == "0", d
+    assert d["probe_after"] == "0", f"{path} not released: {d}"
+    assert int(d["used_after"]) == int(d["used_before"]), d
+
+
+def test_driver_api_created_context_is_measured():
+    d = Container("16g").probe("counted", "ctx", 0, 1)
+    extra = int(d["used_held"]) - int(d["used_before"])
+    record("cuCtxCreate charge", f"{extra} bytes")
+    assert extra > 0, d
+    assert int(d["used_after"]) == int(d["used_before"]), d
+
+
+def test_driver_api_out_of_memory_code_and_log():
+    d = Container("2g").probe("try", 3 * GIB)
+    assert d["alloc"] == "2" and d["name"] == "CUDA_ERROR_OUT_OF_MEMORY", d
+    assert str(3 * GIB) in d["_stderr"], d["_stderr"]
+
+
+def test_driver_api_ranges_ipc_threads_fork():
+    c = Container("8g")
+    d = c.probe("range")
+    assert d["range_size"] == "3000" and d["attr_size"] == "3000", d
+    assert d["ipc_small"] != "0" and d["ipc_big"] == "0", d
+    assert d["full_alloc"] == "0", d
+    d = c.probe("threads", 64, 200, name="threads")
+    assert d["errors"] == "0" and d["full_alloc"] == "0", d
+    d = c.probe("fork", 256 * MIB)
+    assert d["used_after_child"] == d["used_before"] == d["used_after_exec_child"], d
+
+
+def test_driver_api_kernels_every_way():
+    for via in ["link", "dlsym", "procaddr", "ptsz"]:
+        d = Container("8g").probe("launch", 1000, via=via)
+        assert d["fill_ok"] == "1" and d["launch_errors"] == "0", d
+        assert d["launch_ex"] == "0" and d["launch_coop"] == "0" and d["graph"] == "0,0,0,0", d
+        assert float(d["spin20_ms"]) >= 19.0, d
+
+
+def test_processes_share_one_limit(ctx_bytes):
+    # A holds 1 GiB; the limit leaves B (its own context plus 1 GiB) 512 MiB short.
+    limit = 2 * ctx_bytes + 1536 * MIB
+    c = Container(str(limit))
+    a = c.spawn([PROBE, "hold", str(GIB)])
+    try:
+        assert wait_line(a, "hold=") == "hold=0"
+        d = c.probe("try", GIB)
+        assert d["alloc"] == "2", f"B got 1 GiB although A holds 1 GiB of {limit}: {d}"
+    finally:
+        a.communicate("go\n", timeout=120)
+    assert c.probe("try", GIB)["alloc"] == "0"
+    # A killed process's usage is not kept.
+    b = c.spawn([PROBE, "hold", str(GIB)])
+    assert wait_line(b, "hold=") == "hold=0"
+    b.kill()
+    b.wait()
+    assert c.probe("try", GIB)["alloc"] == "0"
+
+
+def test_accounted_usage_against_nvml_per_process():
+    c = Container("16g")
+    a = c.spawn([PROBE, "hold", str(2 * GIB)])
+    try:
+        wait_line(a, "hold=")
+        slot = slot_usage(c.cache, a.pid)
+        q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=60).stdout
+        nvml = {int(p): int(m) * MIB for p, m in (l.split(",") for l in q.strip().splitlines() if "," in l)}
+    finally:
+        a.communicate("go\n", timeout=120)
+    record("accounted vs NVML", f"slot(ctx,data,total)={slot} nvml={nvml} pid={a.pid}")
+    assert slot is not None, "no slot for the process in the shared file"
+    if a.pid not in nvml:
+        pytest.skip(f"NVML lists no process {a.pid} (PID namespace?): {nvml}")
+    assert abs(slot[2] - nvml[a.pid]) <= max(64 * MIB, nvml[a.pid] // 20), (slot, nvml[a.pid])
+
+
+def test_nvidia_smi_under_the_hook():
+    c = Container("4g")
+    a = c.spawn([PROBE, "hold", str(GIB)])
+    try:
+        wait_line(a, "hold=")
+        q = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"],
+                           env=c.env(), capture_output=True, text=True, timeout=120)
+        table = subprocess.run(["nvidia-smi"], env=c.env(), capture_output=True, text=True, timeout=120)
+    finally:
+        a.communicate("go\n", timeout=120)
+    record("nvidia-smi under the hook (1 GiB held, limit 4g)", q.stdout + q.stderr + table.stdout + table.stderr)
+    assert q.returncode == 0 and table.returncode == 0, q.stderr + table.stderr
+    total, used = (int(x) for x in q.stdout.strip().splitlines()[0].split(","))
+    assert total == 4096, q.stdout
+    assert 1024 <= used <= 4096, q.stdout
+
+
+# ---------------------------------------------------------------- runtime API (.cu)
+
+
+@pytest.mark.skipif(not os.path.isfile(RT_PROBE), reason="nvcc not available")
+def test_runtime_api_program():
+    d = Container("2g").run([RT_PROBE, "256"])
+    assert int(d["rt_total"]) == 2 * GIB, d
+    got = int(d["rt_chunks"]) * int(d["rt_chunk"])
+    assert 1 * GIB <= got <= 2 * GIB, d
+    assert d["rt_oom_error"] == "2", d  # cudaErrorMemoryAllocation
+    assert d["rt_kernel_ok"] == "1", d
+    assert d["rt_async_alloc"] == "0" and d["rt_async_too_big"] != "0", d
+
+
+# ---------------------------------------------------------------- PyTorch
+
+
+torch_only = pytest.mark.skipif(not _has("torch"), reason="PyTorch not installed")
+
+
+@torch_only
+def test_torch_mem_get_info_shows_the_limit():
+    d = Container("4g").job("torch_meminfo")
+    assert int(d["total"]) == 4 * GIB, d
+    assert 0 < int(d["free"]) <= 4 * GIB, d
+
+
+@torch_only
+def test_torch_out_of_memory_close_to_the_limit():
+    d = Container("4g").job("torch_oom", 256)
+    assert d["error"] == "OutOfMemoryError", d
+    assert int(d["allocated"]) <= 4 * GIB, d
+    assert int(d["free_at_oom"]) < 256 * MIB + 64 * MIB, f"memory left unusable at OOM: {d}"
+
+
+@torch_only
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
+def test_torch_training_runs_under_the_limit(conf):
+    extra = {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}
+    d = Container("3g", **extra).job("torch_train", 100)
+    assert float(d["loss_last"]) < float(d["loss_first"]), d
+    assert int(d["max_reserved"]) <= 3 * GIB and int(d["total"]) == 3 * GIB, d
+
+
+@torch_only
+def test_torch_two_processes_share_one_limit():
+    c = Container("6g")
+    a = c.spawn([sys.executable, JOBS, "torch_hold", "2048"])
+    try:
+        wait_line(a, "held=")
+        d = c.job("torch_oom", 256)
+    finally:
+        a.communicate("go\n", timeout=120)
+    assert d["error"] == "OutOfMemoryError", d
+    assert int(d["allocated"]) <= 4 * GIB - 256 * MIB, f"B ignored A's 2 GiB: {d}"
+
+
+# ---------------------------------------------------------------- CuPy, JAX
+
+
+@pytest.mark.skipif(not _has("cupy"), reason="CuPy not installed")
+def test_cupy_sees_and_respects_the_limit():
+    d = Container("2g").job("cupy_oom", 256)
+    assert int(d["total"]) == 2 * GIB, d
+    assert d["error"] == "OutOfMemoryError", d
+    assert int(d["allocated"]) <= 2 * GIB and d["sum_ok"] == "1", d
+
+
+@pytest.mark.skipif(not _has("jax"), reason="JAX not installed")
+def test_jax_respects_the_limit():
+    d = Container("2g", XLA_PYTHON_CLIENT_PREALLOCATE="false").job("jax_alloc", 512, 3072)
+    assert d["alloc_512"] == "ok", d
+    assert d["alloc_3072"] != "ok", f"JAX got 3 GiB under a 2 GiB limit: {d}"
