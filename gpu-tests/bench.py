@@ -15,6 +15,7 @@ LIB = os.environ["VGPU_LIB"]
 PROBE = os.environ["VGPU_PROBE"]
 OUT = os.environ.get("VGPU_OUT", tempfile.gettempdir())
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs.py")
+SCRATCH = tempfile.mkdtemp(prefix="vgpu-bench-")
 ROUNDS = int(os.environ.get("VGPU_BENCH_ROUNDS", "3"))
 
 
@@ -23,7 +24,7 @@ def run(args, hooked):
     if hooked:
         env["LD_PRELOAD"] = LIB
         env["CUDA_DEVICE_MEMORY_LIMIT"] = "100g"
-        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = tempfile.mktemp(suffix=".cache", dir=OUT)
+        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = tempfile.mktemp(suffix=".cache", dir=SCRATCH)
     p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(f"{args} hooked={hooked} failed: {p.stdout}\n{p.stderr[-2000:]}")
@@ -65,7 +66,7 @@ def add(name, args, key, unit, goal):
     return b, h
 
 
-add("direct cuMemAlloc+cuMemFree pair, 4 MiB", [PROBE, "bench_alloc", "2000", str(4 << 20)], "pair_us", "us",
+add("direct cuMemAlloc+cuMemFree pair, 4 MiB", [PROBE, "bench_alloc", "1000", str(4 << 20)], "pair_us", "us",
     "added <= 1 us")
 small = add("small cuMemAlloc, 1 KiB (20,000 live)", [PROBE, "bench_small", "20000", "1024"], "alloc_us", "us",
             "hooked >= 20x faster")
@@ -76,7 +77,7 @@ live20k = add("free with 20,000 live, 1 KiB", [PROBE, "bench_free_live", "20000"
 live1b = add("free with 1 live, 2 MiB", [PROBE, "bench_free_live", "1", "500", str(2 << 20)], "free_us", "us", "")
 live20kb = add("free with 20,000 live, 2 MiB", [PROBE, "bench_free_live", "20000", "500", str(2 << 20)], "free_us",
                "us", "same as with 1 live")
-add("kernel launch (host side, empty kernel)", [PROBE, "bench_launch", "100000"], "launch_us", "us", "<= 1%")
+add("kernel launch (host side, empty kernel)", [PROBE, "bench_launch", "50000"], "launch_us", "us", "<= 1%")
 try:
     import torch  # noqa: F401
 

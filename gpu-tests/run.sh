@@ -40,7 +40,7 @@ fi
 lib="$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")"
 
 # Build the C programs against the real driver (the same sources the simulator tests use).
-build="$out/build"
+build="$(mktemp -d /tmp/vgpu-build.XXXXXX)"
 mkdir -p "$build/lib"
 libcuda="$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')"
 [ -z "$libcuda" ] && for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/local/cuda/compat /usr/lib64; do
@@ -69,7 +69,7 @@ fi
 export VGPU_LIB="$lib" VGPU_PROBE="$build/probe" VGPU_RUNTIME_PROBE="$build/runtime_probe" VGPU_OUT="$out"
 export VGPU_GPU_TESTS="$here" PYTHONUNBUFFERED=1
 cd "$here"
-python3 -m pytest -v -rA -p no:cacheprovider --junitxml="$out/junit.xml" "${pyargs[@]}" test_acceptance.py 2>&1 | tee "$out/pytest.log"
+python3 -m pytest -v -rfEs -p no:cacheprovider --junitxml="$out/junit.xml" "${pyargs[@]}" test_acceptance.py 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}
 
 if [ "$bench" = 1 ]; then

@@ -18,6 +18,7 @@ LIB = os.environ.get("VGPU_LIB", "")
 PROBE = os.environ.get("VGPU_PROBE", "")
 RT_PROBE = os.environ.get("VGPU_RUNTIME_PROBE", "")
 OUT = os.environ.get("VGPU_OUT", tempfile.gettempdir())
+SCRATCH = tempfile.mkdtemp(prefix="vgpu-gpu-tests-")
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = os.path.join(HERE, "jobs.py")
 MIB = 1 << 20
@@ -63,7 +64,7 @@ class Container:
     """One container's environment: a limit and a fresh shared file."""
 
     def __init__(self, limit=None, hooked=True, **extra):
-        self.cache = tempfile.mktemp(prefix="vgpu-", suffix=".cache", dir=OUT)
+        self.cache = tempfile.mktemp(prefix="vgpu-", suffix=".cache", dir=SCRATCH)
         self.limit = limit
         self.hooked = hooked
         self.extra = extra
@@ -80,7 +81,7 @@ class Container:
         e.update(self.extra)
         return e
 
-    def run(self, args, via=None, timeout=600, check=True, name=None):
+    def run(self, args, via=None, timeout=300, check=True, name=None):
         p = subprocess.run(args, env=self.env(via), capture_output=True, text=True, timeout=timeout)
         record(name or " ".join(os.path.basename(a) for a in args[:3]),
                f"$ {' '.join(args)} (limit={self.limit}, via={via})\n{p.stdout}{p.stderr[-3000:]}")
