@@ -11,10 +11,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use vgpu_alloc_core::{
-    Allocator, Config, DeviceIndex, DeviceUsage, InMemoryLedger, OutOfMemory, UsageClass,
-    UsageLedger,
+    Allocator, Config, DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory,
+    UsageClass, UsageLedger,
 };
-use vgpu_cuda_abi::CUresult;
+use vgpu_cuda_abi::{CUdevice, CUresult};
+use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
 
 use crate::driver::RealBackend;
 use crate::log::{ERROR, INFO, vlog};
@@ -24,8 +25,11 @@ use crate::measured::MeasuredTracker;
 /// the cross-process shared table.
 #[derive(Debug)]
 pub(crate) enum HookLedger {
-    /// Process-local (used until the shared table is wired in, and in tests).
-    Local(InMemoryLedger),
+    /// Process-local (tests).
+    #[allow(dead_code)]
+    Local(Box<InMemoryLedger>),
+    /// This process's slot in the container's shared table (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
+    Shared(ProcessSlot),
 }
 
 impl UsageLedger for HookLedger {
@@ -37,18 +41,21 @@ impl UsageLedger for HookLedger {
     ) -> Result<(), OutOfMemory> {
         match self {
             Self::Local(l) => l.try_reserve(device, class, bytes),
+            Self::Shared(t) => t.try_reserve(device, class, bytes),
         }
     }
 
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
         match self {
             Self::Local(l) => l.release(device, class, bytes),
+            Self::Shared(t) => t.release(device, class, bytes),
         }
     }
 
     fn usage(&self, device: DeviceIndex) -> DeviceUsage {
         match self {
             Self::Local(l) => l.usage(device),
+            Self::Shared(t) => t.table().usage(device),
         }
     }
 }
@@ -122,6 +129,11 @@ pub(crate) fn ready() -> Result<&'static Ready, CUresult> {
 
 #[cold]
 fn build() -> &'static Enforcement {
+    // Everything that may enter the loader or the driver happens before the flag is taken.
+    let env = |name: &str| std::env::var(name).ok();
+    let config = Config::from_lookup(env);
+    let uuids = visible_uuids();
+    let open_shared_table = move |c: &Config| open_table(c, uuids);
     loop {
         if BUILDING
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -142,8 +154,7 @@ fn build() -> &'static Enforcement {
         // SAFETY: as in get().
         return unsafe { &*p };
     }
-    let env = |name: &str| std::env::var(name).ok();
-    let state = make(Config::from_lookup(env));
+    let state = make(config, open_shared_table);
     let fresh = Box::into_raw(Box::new(state));
     STATE.store(fresh, Ordering::Release);
     BUILDING.store(false, Ordering::Release);
@@ -155,8 +166,49 @@ fn build() -> &'static Enforcement {
     unsafe { &*fresh }
 }
 
-/// Builds the state from a parsed configuration (separate from the globals for tests).
-pub(crate) fn make(config: Result<Config, vgpu_alloc_core::ConfigErrors>) -> Enforcement {
+/// UUIDs of the devices this process sees, in CUDA ordinal order (what the shared table's
+/// `uuids[]` are indexed by). Empty when the driver is unavailable.
+fn visible_uuids() -> Vec<String> {
+    let Ok(cuda) = crate::real::cuda() else {
+        return Vec::new();
+    };
+    let _ = crate::driver::call!(cuda, h.cuInit(0));
+    let n = crate::driver::device_count(cuda)
+        .unwrap_or(0)
+        .clamp(0, MAX_DEVICES as i32);
+    (0..n)
+        .map(|i| crate::driver::device_uuid(cuda, CUdevice(i)).unwrap_or_default())
+        .collect()
+}
+
+/// Opens (or creates) the shared table and registers this process in it.
+fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String> {
+    let init = TableInit {
+        uuids,
+        memory_limits: config.memory_limit.to_vec(),
+        sm_limits: config.sm_limit.iter().map(|l| l.map(u64::from)).collect(),
+        priority: config.task_priority,
+    };
+    let path = &config.shared_cache;
+    let table =
+        UsageTable::open_or_create(path, &init).map_err(|e| format!("shared table {path}: {e}"))?;
+    let slot = table
+        .register_self()
+        .map_err(|e| format!("shared table {path}: {e}"))?;
+    vlog!(
+        INFO,
+        "registered in shared table {path} (slot {})",
+        slot.index()
+    );
+    Ok(HookLedger::Shared(slot))
+}
+
+/// Builds the state from a parsed configuration and a ledger opener (separate from the
+/// globals for tests).
+pub(crate) fn make(
+    config: Result<Config, vgpu_alloc_core::ConfigErrors>,
+    open_ledger: impl FnOnce(&Config) -> Result<HookLedger, String>,
+) -> Enforcement {
     let config = match config {
         Ok(c) => c,
         Err(e) => {
@@ -165,7 +217,16 @@ pub(crate) fn make(config: Result<Config, vgpu_alloc_core::ConfigErrors>) -> Enf
             return Enforcement::Broken(why);
         }
     };
-    let ledger = HookLedger::Local(InMemoryLedger::new(config.memory_limit));
+    let ledger = match open_ledger(&config) {
+        Ok(l) => l,
+        Err(why) => {
+            vlog!(
+                ERROR,
+                "{why}; every allocation will fail until it is fixed (the limit is never ignored)"
+            );
+            return Enforcement::Broken(why);
+        }
+    };
     let alloc = match Allocator::new(config.allocator, RealBackend, ledger) {
         Ok(a) => a,
         Err(e) => {
@@ -175,10 +236,18 @@ pub(crate) fn make(config: Result<Config, vgpu_alloc_core::ConfigErrors>) -> Enf
         }
     };
     crate::sm_limit::configure(&config);
-    for (i, l) in config.memory_limit.iter().enumerate() {
-        if let Some(l) = l {
-            vlog!(INFO, "device {i}: memory limit {l} bytes");
-        }
+    if crate::log::enabled(INFO) {
+        let limits: Vec<String> = config
+            .memory_limit
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.map(|l| format!("{i}={l}")))
+            .collect();
+        vlog!(
+            INFO,
+            "memory limits (bytes, by device; the shared table's own limits win): {}",
+            limits.join(" ")
+        );
     }
     Enforcement::Ready(Box::new(Ready {
         config,
@@ -197,4 +266,90 @@ extern "C" fn after_fork_in_child() {
     STATE.store(std::ptr::null_mut(), Ordering::Release);
     BUILDING.store(false, Ordering::Release);
     crate::sm_limit::after_fork_in_child();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(e: &Enforcement) -> &Ready {
+        match e {
+            Enforcement::Ready(r) => r,
+            Enforcement::Broken(why) => panic!("broken: {why}"),
+        }
+    }
+
+    #[test]
+    fn malformed_limit_breaks_enforcement_instead_of_unlimiting() {
+        let cfg = Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT", "4 gigs")]);
+        let e = make(cfg, |_| panic!("must not open the table with a bad config"));
+        match e {
+            Enforcement::Broken(why) => assert!(why.contains("CUDA_DEVICE_MEMORY_LIMIT"), "{why}"),
+            Enforcement::Ready(_) => panic!("a malformed limit must not run unenforced"),
+        }
+    }
+
+    #[test]
+    fn unusable_table_breaks_enforcement() {
+        let cfg = Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT", "1g")]);
+        let e = make(cfg, |_| Err("shared table /x: corrupt".into()));
+        assert!(matches!(e, Enforcement::Broken(ref w) if w.contains("corrupt")));
+    }
+
+    #[test]
+    fn limits_reach_the_ledger() {
+        let cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "512m"),
+        ]);
+        let e = make(cfg, |c| {
+            Ok(HookLedger::Local(Box::new(InMemoryLedger::new(
+                c.memory_limit,
+            ))))
+        });
+        let r = ready(&e);
+        assert_eq!(r.ledger().usage(DeviceIndex(0)).limit, Some(1 << 30));
+        assert_eq!(r.ledger().usage(DeviceIndex(1)).limit, Some(512 << 20));
+        assert!(
+            r.ledger()
+                .try_reserve(DeviceIndex(1), UsageClass::Data, (512 << 20) + 1)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn shared_table_ledger_enforces_across_handles() {
+        let dir = std::env::temp_dir().join(format!("vgpu-hook-state-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let path = dir.to_str().unwrap().to_owned();
+        let pairs = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", path.as_str()),
+        ];
+        let a = make(Config::from_pairs(pairs), |c| {
+            open_table(c, vec!["GPU-test".into()])
+        });
+        let b = make(Config::from_pairs(pairs), |c| {
+            open_table(c, vec!["GPU-test".into()])
+        });
+        let (a, b) = (ready(&a), ready(&b));
+        let d = DeviceIndex(0);
+        a.ledger()
+            .try_reserve(d, UsageClass::Data, 40 << 20)
+            .unwrap();
+        // The second registration sees the first one's usage and cannot exceed the limit.
+        assert_eq!(b.ledger().usage(d).used, 40 << 20);
+        assert!(
+            b.ledger()
+                .try_reserve(d, UsageClass::Data, 30 << 20)
+                .is_err()
+        );
+        b.ledger()
+            .try_reserve(d, UsageClass::Data, 24 << 20)
+            .unwrap();
+        a.ledger().release(d, UsageClass::Data, 40 << 20);
+        b.ledger().release(d, UsageClass::Data, 24 << 20);
+        assert_eq!(a.ledger().usage(d).used, 0);
+        let _ = std::fs::remove_file(&dir);
+    }
 }
