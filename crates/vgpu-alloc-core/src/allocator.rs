@@ -7,7 +7,7 @@
 //! asked and released only *after* the device freed them, so concurrent processes can
 //! never together exceed a limit.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::{BackendError, ContextId, DeviceBackend, DevicePtr};
@@ -155,12 +155,27 @@ struct Pool {
 struct State {
     table: AllocationTable,
     regions: slab::Slab<RegionSlot>,
+    /// Region base address -> slot, to find the region of an interior address.
+    region_bases: BTreeMap<u64, usize>,
     pools: HashMap<(DeviceIndex, ContextId), Pool>,
     stale_replaced: u64,
     region_free_failures: u64,
 }
 
 impl State {
+    fn add_region(&mut self, slot: RegionSlot) -> usize {
+        let base = slot.region.base().0;
+        let rid = self.regions.insert(slot);
+        self.region_bases.insert(base, rid);
+        rid
+    }
+
+    fn take_region(&mut self, rid: usize) -> Option<RegionSlot> {
+        let slot = self.regions.try_remove(rid)?;
+        self.region_bases.remove(&slot.region.base().0);
+        Some(slot)
+    }
+
     /// Detach `rid` from its pool if it is empty and the pool already has another
     /// empty region (keep at most one warm per context).
     fn detach_if_surplus(&mut self, rid: usize) -> Option<RegionSlot> {
@@ -180,34 +195,39 @@ impl State {
         }
         pool.regions.retain(|&r| r != rid);
         pool.current = 0;
-        self.regions.try_remove(rid)
+        self.take_region(rid)
     }
 
     /// Detach every empty region (of `device`, or all), for eviction under pressure.
     fn detach_empty(&mut self, device: Option<DeviceIndex>) -> Vec<RegionSlot> {
-        let mut out = Vec::new();
-        let regions = &mut self.regions;
+        let mut victims = Vec::new();
         for (&(d, _), pool) in self.pools.iter_mut() {
             if device.is_some_and(|want| want != d) {
                 continue;
             }
+            let regions = &self.regions;
             pool.regions.retain(|&r| {
                 let empty = regions.get(r).is_some_and(|s| s.region.is_empty());
                 if empty {
-                    out.extend(regions.try_remove(r));
+                    victims.push(r);
                 }
                 !empty
             });
             pool.current = 0;
         }
         self.pools.retain(|_, p| !p.regions.is_empty());
-        out
+        victims
+            .into_iter()
+            .filter_map(|r| self.take_region(r))
+            .collect()
     }
 
-    fn attach(&mut self, slot: RegionSlot) {
+    /// Add a region to its pool; returns its slot.
+    fn attach(&mut self, slot: RegionSlot) -> usize {
         let key = (slot.device, slot.context);
-        let rid = self.regions.insert(slot);
+        let rid = self.add_region(slot);
         self.pools.entry(key).or_default().regions.push(rid);
+        rid
     }
 }
 
@@ -220,6 +240,8 @@ pub struct Allocator<B: DeviceBackend, L: UsageLedger> {
     config: AllocatorConfig,
     chunk_shift: u32,
     chunks_per_region: u32,
+    /// Chunks of the longest possible sub-allocation.
+    max_run_chunks: u32,
     state: Mutex<State>,
 }
 
@@ -241,6 +263,7 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             ledger,
             chunk_shift: config.chunk_size.trailing_zeros(),
             chunks_per_region: config.chunks_per_region() as u32,
+            max_run_chunks: config.suballoc_threshold.div_ceil(config.chunk_size) as u32,
             config,
             state: Mutex::new(State::default()),
         })
@@ -379,15 +402,15 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             ));
         };
         let mut st = self.lock();
-        let key = (device, context);
-        let rid = st.regions.insert(RegionSlot {
+        let rid = st.attach(RegionSlot {
             region,
             device,
             context,
         });
-        let pool = st.pools.entry(key).or_default();
-        pool.regions.push(rid);
-        pool.current = pool.regions.len() - 1;
+        if let Some(pool) = st.pools.get_mut(&(device, context)) {
+            // Serve the next requests from the new region first.
+            pool.current = pool.regions.len() - 1;
+        }
         // The region now owns its bytes; they go back when the region does.
         reservation.commit();
         self.record_chunks(&mut st, rid, start, count, device, context, bytes)
@@ -598,7 +621,7 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             Err(_) => {
                 let mut st = self.lock();
                 st.region_free_failures += 1;
-                st.attach(slot);
+                let _ = st.attach(slot);
                 0
             }
         }
@@ -650,10 +673,28 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
     }
 
     /// The address allocation containing `addr` (`cuMemGetAddressRange`); `None` when
-    /// untracked, including free space inside a region.
+    /// untracked, including free space inside a region. Logarithmic: one range query
+    /// among allocations with their own driver allocation, else one among regions and a
+    /// bounded bitmap scan inside the region.
     pub fn containing(&self, addr: DevicePtr) -> Option<AddressRange> {
         let st = self.lock();
-        let (_, a) = st.table.containing(addr)?;
+        let a = match st.table.containing(addr) {
+            Some((_, a)) => *a,
+            None => {
+                let (_, &rid) = st.region_bases.range(..=addr.0).next_back()?;
+                let region = &st.regions.get(rid)?.region;
+                if !region.contains(addr) {
+                    return None;
+                }
+                let chunk = ((addr.0 - region.base().0) >> self.chunk_shift) as u32;
+                let start = region.run_start_at_or_before(chunk, self.max_run_chunks)?;
+                let (_, a) = st.table.get_address(region.address_of(start))?;
+                if addr.0 - a.key >= a.requested.max(1) {
+                    return None;
+                }
+                *a
+            }
+        };
         Some(AddressRange {
             base: a.ptr(),
             size: a.requested,
@@ -683,14 +724,15 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             let mut st = self.lock();
             let st = &mut *st;
             let entries = st.table.drain_context(context);
-            let mut regions = Vec::new();
-            let slots = &mut st.regions;
+            let mut rids = Vec::new();
             st.pools.retain(|&(_, c), pool| {
                 if c == context {
-                    regions.extend(pool.regions.iter().filter_map(|&r| slots.try_remove(r)));
+                    rids.extend_from_slice(&pool.regions);
                 }
                 c != context
             });
+            let regions: Vec<RegionSlot> =
+                rids.into_iter().filter_map(|r| st.take_region(r)).collect();
             (entries, regions)
         };
         let mut out = ContextReleased {

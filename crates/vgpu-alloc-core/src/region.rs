@@ -40,7 +40,10 @@ pub struct Region {
     chunks: u32,
     free_chunks: u32,
     next_fit: u32,
+    /// Bit set = chunk in use.
     words: Box<[u64]>,
+    /// Bit set = first chunk of a live run, so an interior address finds its run.
+    starts: Box<[u64]>,
 }
 
 impl Region {
@@ -62,6 +65,7 @@ impl Region {
             free_chunks: chunks,
             next_fit: 0,
             words,
+            starts: vec![0u64; n_words].into_boxed_slice(),
         }
     }
 
@@ -109,6 +113,7 @@ impl Region {
                 self.find_run(0, to, count)
             })?;
         self.set_run(start, count, true);
+        self.starts[(start / 64) as usize] |= 1 << (start % 64);
         self.free_chunks -= count;
         let next = start + count;
         self.next_fit = if next >= self.chunks { 0 } else { next };
@@ -127,12 +132,47 @@ impl Region {
                 chunks: self.chunks,
             });
         }
-        if !self.run_is_set(start, count) {
+        let start_bit = 1u64 << (start % 64);
+        // Exactly one whole run: it starts here, is fully in use, and the chunk after it
+        // is free or starts another run.
+        let end = start + count;
+        let run_continues =
+            end < self.chunks && self.bit(&self.words, end) && !self.bit(&self.starts, end);
+        if self.starts[(start / 64) as usize] & start_bit == 0
+            || !self.run_is_set(start, count)
+            || run_continues
+        {
             return Err(RegionError::NotAllocated { start, count });
         }
+        self.starts[(start / 64) as usize] &= !start_bit;
         self.set_run(start, count, false);
         self.free_chunks += count;
         Ok(())
+    }
+
+    /// The start of the latest live run beginning at or before `chunk` and at most
+    /// `max_run - 1` chunks before it (no run is longer than `max_run`): the only run
+    /// that can cover `chunk`. The caller checks the run's length. Scans at most
+    /// `max_run / 64 + 1` words.
+    pub fn run_start_at_or_before(&self, chunk: u32, max_run: u32) -> Option<u32> {
+        if chunk >= self.chunks {
+            return None;
+        }
+        let lo = chunk.saturating_sub(max_run.saturating_sub(1));
+        let mut w = chunk / 64;
+        // Keep bits 0..=chunk%64 of the first word.
+        let mut word = self.starts[w as usize] & (!0u64 >> (63 - chunk % 64));
+        loop {
+            if word != 0 {
+                let i = w * 64 + 63 - word.leading_zeros();
+                return (i >= lo).then_some(i);
+            }
+            if w == 0 || w * 64 <= lo {
+                return None;
+            }
+            w -= 1;
+            word = self.starts[w as usize];
+        }
     }
 
     /// First run of `count` free chunks lying entirely in `[from, to)`.
@@ -167,6 +207,10 @@ impl Region {
             }
             word = self.words.get(w)? ^ flip;
         }
+    }
+
+    fn bit(&self, map: &[u64], i: u32) -> bool {
+        map[(i / 64) as usize] & (1 << (i % 64)) != 0
     }
 
     fn run_is_set(&self, start: u32, count: u32) -> bool {
@@ -215,6 +259,14 @@ mod tests {
         assert_eq!(r.allocate(1), None);
         assert_eq!(r.free_chunks(), 0);
         assert_eq!(r.address_of(81), DevicePtr(0x1000_0000 + 81 * 512));
+        assert_eq!(r.run_start_at_or_before(85, 16), Some(81));
+        assert_eq!(r.run_start_at_or_before(199, 200), Some(86));
+        assert_eq!(
+            r.run_start_at_or_before(199, 100),
+            None,
+            "too far back to cover 199"
+        );
+        assert_eq!(r.run_start_at_or_before(200, 16), None, "past the end");
     }
 
     #[test]
@@ -237,6 +289,13 @@ mod tests {
             r.free(a, 5),
             Err(RegionError::NotAllocated { start: a, count: 5 })
         );
+        // Only a whole run, from its first chunk, can be freed.
+        for (start, count) in [(a + 1, 3), (a, 3)] {
+            assert_eq!(
+                r.free(start, count),
+                Err(RegionError::NotAllocated { start, count })
+            );
+        }
         assert_eq!(
             r.free(127, 2),
             Err(RegionError::OutOfRange {

@@ -1,15 +1,20 @@
 //! The allocation table of the process: every live allocation, whatever made it.
 //!
-//! Entries live in a [`slab::Slab`] (stable [`AllocId`]s, O(1) insert/remove). Device
-//! addresses are indexed by a `BTreeMap` keyed by base address, so freeing costs
-//! O(log n) (flat in practice from 1 to 100,000 live allocations, where HAMi-core walks
-//! a linked list) and "which allocation contains this address" is one range query.
-//! Things that are not device addresses (VMM handles, arrays, contexts, modules, graph
-//! memory) are indexed by `(kind, handle)` in a hash map, so one table tracks everything.
+//! Entries live in a [`slab::Slab`] (stable [`AllocId`]s, O(1) insert/remove). Every
+//! address entry is indexed by its exact base address in a hash map, so a free costs
+//! the same with 1 or 100,000 live allocations (HAMi-core walks a linked list). Entries
+//! with their own driver allocation are also kept in a `BTreeMap` by base address, so
+//! "which allocation contains this address" is one logarithmic range query; the
+//! sub-allocations, the numerous small ones, stay out of it and are found through their
+//! region instead ([`crate::Allocator::containing`]), which keeps their free path off
+//! the tree. Things that are not device addresses (VMM handles, arrays, contexts,
+//! modules, graph memory) are indexed by `(kind, handle)`, so one table tracks
+//! everything.
 //!
 //! The table itself is plain data; [`crate::Allocator`] wraps it in its lock.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::backend::{ContextId, DevicePtr};
 use crate::ledger::{DeviceIndex, UsageClass};
@@ -116,11 +121,39 @@ pub struct DuplicateKey {
     pub key: u64,
 }
 
+/// Hashes device addresses: a 64-bit finalizer (splitmix64), because addresses are
+/// 512-byte or 2 MiB aligned and differ mostly in middle bits. Not DoS-resistant, and
+/// needs not be: the driver, not an attacker, picks the keys.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 ^= v;
+    }
+}
+
+type AddressMap = HashMap<u64, usize, BuildHasherDefault<AddressHasher>>;
+
 /// Every live allocation of the process, indexed by address and by handle.
 #[derive(Debug, Default)]
 pub struct AllocationTable {
     entries: slab::Slab<Allocation>,
-    by_address: BTreeMap<u64, usize>,
+    /// Every address entry by exact base.
+    by_address: AddressMap,
+    /// Address entries with their own driver allocation, ordered, for range queries.
+    ranges: BTreeMap<u64, usize>,
     by_handle: HashMap<(AllocationKind, u64), usize>,
 }
 
@@ -140,21 +173,23 @@ impl AllocationTable {
         self.entries.is_empty()
     }
 
-    /// Track `a`. Address kinds must not overlap their key with a live address entry.
+    /// Track `a`. Address kinds share one namespace of base addresses; each handle kind
+    /// has its own.
     pub fn insert(&mut self, a: Allocation) -> Result<AllocId, DuplicateKey> {
         let dup = DuplicateKey {
             kind: a.kind,
             key: a.key,
         };
         if a.kind.is_address() {
-            match self.by_address.entry(a.key) {
-                std::collections::btree_map::Entry::Occupied(_) => Err(dup),
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    let id = self.entries.insert(a);
-                    v.insert(id);
-                    Ok(AllocId(id))
-                }
+            if self.by_address.contains_key(&a.key) {
+                return Err(dup);
             }
+            let id = self.entries.insert(a);
+            self.by_address.insert(a.key, id);
+            if a.placement == Placement::Own {
+                self.ranges.insert(a.key, id);
+            }
+            Ok(AllocId(id))
         } else {
             match self.by_handle.entry((a.kind, a.key)) {
                 std::collections::hash_map::Entry::Occupied(_) => Err(dup),
@@ -184,9 +219,11 @@ impl AllocationTable {
         self.entries.get(id).map(|a| (AllocId(id), a))
     }
 
-    /// The address entry whose `[base, base + max(requested, 1))` contains `addr`.
+    /// The entry with its own driver allocation whose `[base, base + max(requested, 1))`
+    /// contains `addr`. Sub-allocations are not searched here: their region knows them
+    /// ([`crate::Allocator::containing`] asks both).
     pub fn containing(&self, addr: DevicePtr) -> Option<(AllocId, &Allocation)> {
-        let (_, &id) = self.by_address.range(..=addr.0).next_back()?;
+        let (_, &id) = self.ranges.range(..=addr.0).next_back()?;
         let a = self.entries.get(id)?;
         (addr.0 - a.key < a.requested.max(1)).then_some((AllocId(id), a))
     }
@@ -194,7 +231,11 @@ impl AllocationTable {
     /// Remove the address entry whose base is exactly `ptr`.
     pub fn remove_address(&mut self, ptr: DevicePtr) -> Option<Allocation> {
         let id = self.by_address.remove(&ptr.0)?;
-        self.entries.try_remove(id)
+        let a = self.entries.try_remove(id)?;
+        if a.placement == Placement::Own {
+            self.ranges.remove(&ptr.0);
+        }
+        Some(a)
     }
 
     /// Remove the handle entry `(kind, handle)`.
@@ -229,6 +270,7 @@ impl AllocationTable {
             let a = self.entries.remove(id);
             if a.kind.is_address() {
                 self.by_address.remove(&a.key);
+                self.ranges.remove(&a.key);
             } else {
                 self.by_handle.remove(&(a.kind, a.key));
             }

@@ -60,9 +60,9 @@ proptest! {
                 }
                 RegionOp::Free(_) => {}
                 RegionOp::BadFree(s, n) => {
-                    let valid = n > 0 && s + n <= chunks;
-                    let all_used = valid && used[s as usize..(s + n) as usize].iter().all(|&u| u);
-                    if !all_used {
+                    // Anything but exactly a live run is refused and changes nothing,
+                    // including a part of a run or two adjacent runs.
+                    if !live.contains(&(s, n)) {
                         let before = r.free_chunks();
                         let refused = matches!(
                             r.free(s, n),
@@ -75,6 +75,12 @@ proptest! {
             }
             let free = used.iter().filter(|u| !**u).count() as u32;
             prop_assert_eq!(r.free_chunks(), free);
+            // Every chunk of a live run leads back to the run's start.
+            for &(s, n) in &live {
+                for k in [s, s + n / 2, s + n - 1] {
+                    prop_assert_eq!(r.run_start_at_or_before(k, n), Some(s));
+                }
+            }
             prop_assert_eq!(r.is_empty(), free == chunks);
         }
         for (s, n) in live {
