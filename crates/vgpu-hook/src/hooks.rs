@@ -193,7 +193,7 @@ pub(crate) unsafe fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUr
     let (Some(f), Some(t)) = (unsafe { read_back(free) }, unsafe { read_back(total) }) else {
         return r;
     };
-    let (f, t) = virtual_mem_info(f as u64, t as u64, st.ledger().usage(idx));
+    let (f, t) = virtual_mem_info(f as u64, t as u64, st.ledger().usage_for_view(idx));
     // SAFETY: valid out-pointers (checked non-null above).
     unsafe {
         *free = f as usize;
@@ -236,7 +236,7 @@ fn nvml_device_usage(
     }
     let ordinal = *map.as_ref()?.get(&uuid)?;
     drop(map);
-    Some(st.ledger().usage(dev_index(CUdevice(ordinal))?))
+    Some(st.ledger().usage_for_view(dev_index(CUdevice(ordinal))?))
 }
 
 pub(crate) unsafe fn nvmlDeviceGetMemoryInfo(

@@ -60,6 +60,18 @@ impl UsageLedger for HookLedger {
     }
 }
 
+impl HookLedger {
+    /// Usage for a view (`cuMemGetInfo`, NVML): first gives dead processes' usage back, so
+    /// a process that just exited is not shown as still holding memory. Costs one lock probe
+    /// per live process; not for allocation paths (refused reservations sweep by themselves).
+    pub(crate) fn usage_for_view(&self, device: DeviceIndex) -> DeviceUsage {
+        if let Self::Shared(t) = self {
+            let _ = t.table().sweep_dead();
+        }
+        self.usage(device)
+    }
+}
+
 /// Working enforcement.
 #[derive(Debug)]
 pub(crate) struct Ready {
