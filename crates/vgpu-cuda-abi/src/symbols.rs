@@ -78,6 +78,7 @@ macro_rules! cuda_hooked_functions {
             cuStreamSynchronize ["cuStreamSynchronize", 2000, legacy] fn(stream: CUstream) -> CUresult;
             cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, ptsz] fn(stream: CUstream) -> CUresult;
             cuCtxSynchronize ["cuCtxSynchronize", 2000, any] fn() -> CUresult;
+            cuEventSynchronize ["cuEventSynchronize", 2000, any] fn(event: CUevent) -> CUresult;
 
             // Arrays.
             cuArrayCreate_v2 ["cuArrayCreate", 3020, any]

@@ -335,6 +335,17 @@ fn ffi_code(r: Result<(), CUresult>) -> CUresult {
     crate::ffi::code(r)
 }
 
+/// Whether `ptr` lies inside one of the sub-allocator's regions (in a chunk that is not a
+/// live allocation's base: a double free or an interior pointer). The driver must not see
+/// it, or it would free the whole region under the other sub-allocations.
+fn inside_region(st: &Ready, ptr: CUdeviceptr) -> bool {
+    let chunk = st.config.allocator.chunk_size;
+    st.alloc.regions().iter().any(|r| {
+        let size = u64::from(r.chunks) * chunk;
+        ptr.0.wrapping_sub(r.base.0) < size
+    })
+}
+
 pub(crate) unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     let cuda = tri!(real::cuda());
     let st = match state::get() {
@@ -343,6 +354,14 @@ pub(crate) unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     };
     match st.alloc.free(DevicePtr(dptr.0)) {
         Ok(_) => CUresult::SUCCESS,
+        Err(FreeError::NotTracked) if inside_region(st, dptr) => {
+            vlog!(
+                WARN,
+                "cuMemFree({:#x}): not a live allocation (double free or interior pointer)",
+                dptr.0
+            );
+            CUresult::INVALID_VALUE
+        }
         Err(FreeError::NotTracked) => {
             // Not ours to account (e.g. stream-ordered memory freed synchronously): the
             // driver frees it and answers as it would without vgpu.
@@ -922,6 +941,13 @@ pub(crate) unsafe fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult {
 pub(crate) unsafe fn cuCtxSynchronize() -> CUresult {
     let cuda = tri!(real::cuda());
     let r = call!(cuda, h.cuCtxSynchronize());
+    after_sync(cuda);
+    r
+}
+
+pub(crate) unsafe fn cuEventSynchronize(event: CUevent) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(cuda, h.cuEventSynchronize(event));
     after_sync(cuda);
     r
 }

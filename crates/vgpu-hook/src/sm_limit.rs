@@ -53,7 +53,7 @@ use vgpu_limiter::{
 };
 use vgpu_shm::ProcessSlot;
 
-use crate::log::{INFO, WARN, vlog};
+use crate::log::{DEBUG, INFO, WARN, vlog};
 
 /// Which launch entry point is calling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -583,6 +583,11 @@ impl ContainerView for FileView {
     }
 
     fn publish_util(&mut self, util_pct: u32) {
+        vlog!(
+            DEBUG,
+            "device {}: achieved SM utilization {util_pct}%",
+            self.device
+        );
         if let Some(s) = slot() {
             s.set_sm_util(DeviceIndex(self.device as u32), u64::from(util_pct));
         }
