@@ -130,6 +130,20 @@ pub(crate) fn attach(slot: &'static ProcessSlot) {
     update_enabled();
 }
 
+/// Finds the process's slot in the hook's state when nobody [`attach`]ed it (once; the
+/// state exists by the first launch, as allocations come first).
+fn find_slot() {
+    static TRIED: AtomicBool = AtomicBool::new(false);
+    if !SLOT.load(Ordering::Relaxed).is_null() || TRIED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    if let crate::state::Enforcement::Ready(ready) = crate::state::get()
+        && let crate::state::HookLedger::Shared(slot) = ready.ledger()
+    {
+        attach(slot);
+    }
+}
+
 fn slot() -> Option<&'static ProcessSlot> {
     let p = SLOT.load(Ordering::Acquire);
     // SAFETY: only ever set from a `&'static ProcessSlot` in `attach`.
@@ -168,6 +182,7 @@ pub(crate) fn before_launch(
     let Some(fns) = events() else {
         return Ok(());
     };
+    find_slot();
     let key = StreamKey::of(stream);
     if fns.capturing(stream) {
         // Captured launches do not run now; the graph's launch is measured instead.
