@@ -226,17 +226,18 @@ fn check_exports(lib: &Path) -> Result<(), String> {
         .filter_map(|l| l.split_whitespace().nth(7))
         .map(|s| s.split('@').next().unwrap_or(s))
         .collect();
-    for must in [
-        "cuMemAlloc_v2",
-        "cuMemFree_v2",
-        "cuGetProcAddress",
-        "cuMemGetInfo_v2",
-        "dlsym",
-        "nvmlDeviceGetMemoryInfo",
-    ] {
-        if !exported.contains(&must) {
-            return Err(format!("{} does not export {must}", lib.display()));
-        }
+    // The declaration list is the one source of what must be exported.
+    let declared = vgpu_cuda_abi::CUDA_HOOKED_SYMBOLS
+        .iter()
+        .chain(vgpu_cuda_abi::NVML_HOOKED_SYMBOLS)
+        .map(|s| s.name)
+        .chain(["dlsym"]);
+    let missing: Vec<&str> = declared.filter(|name| !exported.contains(name)).collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} does not export declared symbols: {missing:?}",
+            lib.display()
+        ));
     }
     let stray: Vec<&&str> = exported
         .iter()
