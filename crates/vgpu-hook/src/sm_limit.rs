@@ -82,6 +82,8 @@ static ENV_LIMIT: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_D
 static POLICY: AtomicU8 = AtomicU8::new(0);
 /// The process's slot in the shared file, once [`attach`]ed (leaked, never freed).
 static SLOT: AtomicPtr<ProcessSlot> = AtomicPtr::new(ptr::null_mut());
+/// [`find_slot`] has looked for the slot in the hook's state.
+static SLOT_LOOKED_UP: AtomicBool = AtomicBool::new(false);
 /// One limiter per device, built on its first throttled launch (leaked, never freed).
 static DEVICES: [AtomicPtr<DeviceLimiter>; MAX_DEVICES] =
     [const { AtomicPtr::new(ptr::null_mut()) }; MAX_DEVICES];
@@ -133,8 +135,7 @@ pub(crate) fn attach(slot: &'static ProcessSlot) {
 /// Finds the process's slot in the hook's state when nobody [`attach`]ed it (once; the
 /// state exists by the first launch, as allocations come first).
 fn find_slot() {
-    static TRIED: AtomicBool = AtomicBool::new(false);
-    if !SLOT.load(Ordering::Relaxed).is_null() || TRIED.swap(true, Ordering::Relaxed) {
+    if !SLOT.load(Ordering::Relaxed).is_null() || SLOT_LOOKED_UP.swap(true, Ordering::Relaxed) {
         return;
     }
     if let crate::state::Enforcement::Ready(ready) = crate::state::get()
@@ -226,6 +227,7 @@ pub(crate) fn after_fork_in_child() {
         d.store(ptr::null_mut(), Ordering::Relaxed);
     }
     SLOT.store(ptr::null_mut(), Ordering::Relaxed);
+    SLOT_LOOKED_UP.store(false, Ordering::Relaxed);
 }
 
 type DeviceLimiter = Mutex<Limiter<MonoClock, EventTimer, FileView>>;

@@ -30,6 +30,7 @@ static double now(void) {
 int main(int argc, char **argv) {
   if (argc < 4) return 1;
   double seconds = atof(argv[1]);
+  double warmup = argc > 4 ? atof(argv[4]) : 0.3;
   unsigned long long ns = strtoull(argv[2], 0, 10);
   char mode = argv[3][0]; /* k: cuLaunchKernel, p: cuLaunchKernel_ptsz on stream 0,
                              c: cuLaunchCooperativeKernel, g: cuGraphLaunch of 4 kernels */
@@ -85,7 +86,7 @@ int main(int argc, char **argv) {
   double t0 = 0, start = now();
   for (;;) {
     double t = now();
-    if (t0 == 0 && t - start >= 0.3) {  /* warm-up done: count from here */
+    if (t0 == 0 && t - start >= warmup) {  /* warm-up done: count from here */
       CHECK(mode == 'p' ? cuStreamSynchronize((H)2) : cuStreamSynchronize(s));
       t0 = now();
       n = 0;
@@ -302,6 +303,46 @@ fn graph_launches_are_measured_and_held() {
     let base = baseline('g', 1_000);
     let got = run(Some(25), "g25.cache", 1.5, 1_000, 'g');
     assert_held("cuGraphLaunch at 25%", got, base, 25.0, 5.0);
+}
+
+#[test]
+fn two_processes_share_one_container_limit() {
+    let _one = serial();
+    let e = env();
+    let cache = e.dir.join("shared50.cache");
+    let _ = std::fs::remove_file(&cache);
+    let spawn_one = || {
+        let mut cmd = Command::new(&e.program);
+        cmd.args(["2", "2000000", "k", "1.0"])
+            .env("LD_PRELOAD", &e.hook)
+            .env("LD_LIBRARY_PATH", &e.dir)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+            .env("CUDA_DEVICE_SM_LIMIT", "50")
+            .env("VGPU_SIM_UTIL_WINDOW_MS", "2000")
+            .env_remove("GPU_CORE_UTILIZATION_POLICY")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd.spawn().expect("spawn")
+    };
+    let (a, b) = (spawn_one(), spawn_one());
+    let (a, b) = (
+        parse(&a.wait_with_output().unwrap()),
+        parse(&b.wait_with_output().unwrap()),
+    );
+    eprintln!(
+        "two processes at one 50% limit: {}% + {}%",
+        a.busy_pct, b.busy_pct
+    );
+    // Each simulated process has its own simulated GPU; the limit is the container's.
+    let total = a.busy_pct + b.busy_pct;
+    assert!(
+        (total - 50.0).abs() <= 7.0,
+        "container total {total}% for 50%: {a:?} {b:?}"
+    );
+    assert!(
+        a.busy_pct >= 10.0 && b.busy_pct >= 10.0,
+        "one starved: {a:?} {b:?}"
+    );
 }
 
 #[test]
