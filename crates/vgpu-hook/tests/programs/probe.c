@@ -412,7 +412,8 @@ static int cmd_counted(const char *path, size_t size, size_t probe) {
 static void full_alloc(size_t base_used) {
     size_t f = 0, t = 0;
     A.cuMemGetInfo_v2(&f, &t);
-    t -= base_used;
+    /* Whole 2 MiB pages: a direct allocation is charged at the driver's granularity. */
+    t = (t - base_used) & ~(size_t)(2 * MIB - 1);
     CUdeviceptr p;
     CUresult r = A.cuMemAlloc_v2(&p, t);
     if (!r) A.cuMemFree_v2(p);
