@@ -600,3 +600,53 @@ fn a_file_written_by_hami_core_is_shown_read_only() {
     assert_fails(&run(cmd), 1, &["created by HAMi-core"]);
     assert_eq!(std::fs::read(&path).unwrap(), b, "the file is untouched");
 }
+
+#[test]
+fn watch_on_a_terminal_clears_and_redraws() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let dir = TempDir::new("vgpu-watch").unwrap();
+    let path = make_table(&dir);
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two descriptors into the out-pointers; name/termios/winsize unused.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both descriptors were just returned by openpty and are owned here.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut cmd = vgpu();
+    cmd.args([
+        "watch",
+        "--interval",
+        "10ms",
+        "--count",
+        "2",
+        "--cache",
+        path.to_str().unwrap(),
+    ])
+    .stdout(Stdio::from(slave))
+    .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let status = wait_bounded(&mut child, Duration::from_secs(10));
+    drop(cmd); // closes our copy of the slave, so reading the master ends
+    assert_eq!(status.code(), Some(0));
+    let mut out = Vec::new();
+    let mut master = std::fs::File::from(master);
+    let mut buf = [0u8; 4096];
+    // Reading a pty master whose slave is closed ends with EIO, not 0.
+    while let Ok(n) = std::io::Read::read(&mut master, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(text.matches("\x1b[H\x1b[2J").count(), 2, "{text:?}");
+    assert!(text.contains("refresh 2"), "{text:?}");
+}
