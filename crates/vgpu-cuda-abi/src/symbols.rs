@@ -154,6 +154,7 @@ macro_rules! cuda_used_functions {
             cuDeviceGet ["cuDeviceGet", 2000, any] fn(dev: *mut CUdevice, ordinal: c_int) -> CUresult;
             cuDeviceGetCount ["cuDeviceGetCount", 2000, any] fn(count: *mut c_int) -> CUresult;
             cuDeviceGetUuid ["cuDeviceGetUuid", 9020, any] fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+            cuDeviceGetUuid_v2 ["cuDeviceGetUuid", 11040, any] fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
             cuCtxGetCurrent ["cuCtxGetCurrent", 4000, any] fn(pctx: *mut CUcontext) -> CUresult;
             cuCtxGetDevice ["cuCtxGetDevice", 2000, any] fn(dev: *mut CUdevice) -> CUresult;
             cuCtxPushCurrent_v2 ["cuCtxPushCurrent", 4000, any] fn(ctx: CUcontext) -> CUresult;

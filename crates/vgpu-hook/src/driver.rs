@@ -151,7 +151,13 @@ pub(crate) fn device_count(cuda: &Cuda) -> Result<i32, CUresult> {
 /// NVML-style UUID string of a CUDA device.
 pub(crate) fn device_uuid(cuda: &Cuda, dev: CUdevice) -> Result<String, CUresult> {
     let mut u = CUuuid::default();
-    call!(cuda, u.cuDeviceGetUuid(&mut u, dev)).ok()?;
+    // The GPU's own UUID (what NVML reports); drivers that dropped the v1 entry point have v2,
+    // which answers the same for a non-MIG device.
+    let mut r = call!(cuda, u.cuDeviceGetUuid(&mut u, dev));
+    if r == CUresult::NOT_SUPPORTED {
+        r = call!(cuda, u.cuDeviceGetUuid_v2(&mut u, dev));
+    }
+    r.ok()?;
     Ok(format_gpu_uuid(&u))
 }
 
