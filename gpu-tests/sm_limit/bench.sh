@@ -35,13 +35,18 @@ run() {
   local envs=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cache")
   [ "$limit" != "-" ] && envs+=(CUDA_DEVICE_SM_LIMIT="$limit")
   echo "+ limit=$limit $*" >>"$LOG"
-  env "${envs[@]}" "$@" >"$WORK/o$run_id" 2>&1
+  timeout 90 env "${envs[@]}" "$@" >"$WORK/o$run_id" 2>&1
   local rc=$?
   cat "$WORK/o$run_id" >>"$LOG"
   [ $rc -eq 0 ] || echo "  (exit $rc)" >>"$LOG"
   grep -m1 '^RESULT' "$WORK/o$run_id" || echo "RESULT failed=1"
 }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+
+# Sanity: the hook loads, sees the limit and reports what it measures (log level 4).
+echo "+ sanity" >>"$LOG"
+timeout 60 env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/sanity.cache" CUDA_DEVICE_SM_LIMIT=50 \
+  LIBCUDA_LOG_LEVEL=4 "$WORK/spin" 1000 1 plain 2>&1 | grep -v "cuMem\|alloc" | tail -20 >>"$LOG"
 
 printf '%-28s %6s %14s %10s %8s\n' workload limit per_second '%unlim' error | tee "$TABLE"
 row() { # name limit value base
@@ -59,7 +64,7 @@ for kus in 50 5000; do
   for mode in plain graph; do
     [ "$mode" = graph ] && [ "$kus" = 5000 ] && continue
     name="spin ${kus}us $mode"
-    bare=$(env "$WORK/spin" "$kus" "$SECS" "$mode" 2>>"$LOG")
+    bare=$(timeout 90 "$WORK/spin" "$kus" "$SECS" "$mode" 2>>"$LOG")
     echo "+ bare $bare" >>"$LOG"
     iters=$(echo "$bare" | field iters)
     res=$(run - "$WORK/spin" "$kus" "$SECS" "$mode" "$iters")
@@ -92,10 +97,10 @@ pair() { # label limitA limitB shared(0|1)
   start=$(python3 -c 'import time; print(time.time() + 2.0)')
   echo "+ pair $1" >>"$LOG"
   SPIN_START_AT=$start LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$ca" CUDA_DEVICE_SM_LIMIT="$2" \
-    "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pa" 2>&1 &
+    timeout 90 "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pa" 2>&1 &
   local pa=$!
   SPIN_START_AT=$start LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cb" CUDA_DEVICE_SM_LIMIT="$3" \
-    "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pb" 2>&1 &
+    timeout 90 "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pb" 2>&1 &
   local pb=$!
   wait "$pa" "$pb"
   cat "$WORK/pa" "$WORK/pb" >>"$LOG"

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CHECK(x)                                                                   \
   do {                                                                             \
@@ -97,6 +98,14 @@ int main(int argc, char **argv) {
     CHECK(cudaStreamEndCapture(s, &g));
     CHECK(cudaGraphInstantiate(&exec, g, 0));
   }
+  // Keep about 20 ms of work queued (a real driver would queue ~1000 launches, and the
+  // final synchronization would then wait for seconds of unlimited work).
+  double launch_us = kernel_us * (graph ? per_graph : 1);
+  int depth = (int)(20000.0 / (launch_us > 1 ? launch_us : 1));
+  depth = depth < 2 ? 2 : (depth > 512 ? 512 : depth);
+  std::vector<cudaEvent_t> ring(depth);
+  for (auto &e : ring) CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  long launched = 0;
   auto launch = [&]() {
     if (graph) {
       CHECK(cudaGraphLaunch(exec, s));
@@ -104,6 +113,9 @@ int main(int argc, char **argv) {
       spin<<<blocks, threads, 0, s>>>(out, iters);
       CHECK(cudaGetLastError());
     }
+    CHECK(cudaEventRecord(ring[launched % depth], s));
+    ++launched;
+    CHECK(cudaEventSynchronize(ring[launched % depth]));
   };
   // Warm up into steady state, then count.
   double t = now_s();
