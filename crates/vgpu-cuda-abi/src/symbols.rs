@@ -160,6 +160,8 @@ macro_rules! cuda_used_functions {
             cuCtxPushCurrent_v2 ["cuCtxPushCurrent", 4000, any] fn(ctx: CUcontext) -> CUresult;
             cuCtxPopCurrent_v2 ["cuCtxPopCurrent", 4000, any] fn(pctx: *mut CUcontext) -> CUresult;
             cuStreamGetCtx ["cuStreamGetCtx", 9020, legacy] fn(stream: CUstream, pctx: *mut CUcontext) -> CUresult;
+            cuStreamIsCapturing ["cuStreamIsCapturing", 10000, legacy]
+                fn(stream: CUstream, status: *mut CUstreamCaptureStatus) -> CUresult;
             cuMemGetAllocationGranularity ["cuMemGetAllocationGranularity", 10020, any]
                 fn(granularity: *mut usize, prop: *const CUmemAllocationProp,
                    option: CUmemAllocationGranularity_flags) -> CUresult;

@@ -235,6 +235,18 @@ c_enum! {
 }
 
 c_enum! {
+    /// `CUstreamCaptureStatus`
+    CUstreamCaptureStatus(c_uint) {
+        /// `CU_STREAM_CAPTURE_STATUS_NONE`
+        NONE = 0,
+        /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`
+        ACTIVE = 1,
+        /// `CU_STREAM_CAPTURE_STATUS_INVALIDATED`
+        INVALIDATED = 2,
+    }
+}
+
+c_enum! {
     /// `CUmemLocationType`
     CUmemLocationType(c_uint) {
         /// `CU_MEM_LOCATION_TYPE_INVALID`

@@ -65,6 +65,21 @@ pub(crate) fn stream_device(cuda: &Cuda, stream: CUstream) -> Result<CUdevice, C
     dev
 }
 
+/// Whether work submitted to `stream` is being captured into a graph (then a stream-ordered
+/// allocation becomes a graph memory node). `per_thread`: the null stream means the calling
+/// thread's default stream (a `_ptsz` entry point).
+pub(crate) fn stream_capturing(cuda: &Cuda, stream: CUstream, per_thread: bool) -> bool {
+    // CU_STREAM_PER_THREAD names the per-thread default stream from any entry point.
+    let stream = if stream.is_null() && per_thread {
+        2usize as CUstream
+    } else {
+        stream
+    };
+    let mut status = CUstreamCaptureStatus::NONE;
+    call!(cuda, u.cuStreamIsCapturing(stream, &mut status)).is_success()
+        && status != CUstreamCaptureStatus::NONE
+}
+
 /// Physical `(free, total)` of the current context's device (real `cuMemGetInfo_v2`).
 pub(crate) fn mem_get_info(cuda: &Cuda) -> Result<(u64, u64), CUresult> {
     let (mut free, mut total) = (0usize, 0usize);

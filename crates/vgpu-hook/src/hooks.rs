@@ -714,6 +714,7 @@ fn alloc_async(
     bytesize: usize,
     pool: Option<CUmemoryPool>,
     stream: CUstream,
+    per_thread: bool,
     real: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let st = tri!(state::ready());
@@ -734,7 +735,10 @@ fn alloc_async(
         );
         return real();
     };
-    st.graph_mem_possible.store(true, Ordering::Relaxed);
+    if driver::stream_capturing(cuda, stream, per_thread) {
+        // Becomes a graph memory node: graph launches must measure graph memory from now on.
+        st.graph_mem_possible.store(true, Ordering::Relaxed);
+    }
     // The part of the request the pool cannot serve from memory it already holds.
     let reserved =
         driver::pool_attr(cuda, pool, CUmemPool_attribute::RESERVED_MEM_CURRENT).unwrap_or(0);
@@ -765,7 +769,7 @@ pub(crate) unsafe fn cuMemAllocAsync(
     stream: CUstream,
 ) -> CUresult {
     let cuda = tri!(real::cuda());
-    alloc_async(dptr, bytesize, None, stream, || {
+    alloc_async(dptr, bytesize, None, stream, false, || {
         call!(cuda, h.cuMemAllocAsync(dptr, bytesize, stream))
     })
 }
@@ -776,7 +780,7 @@ pub(crate) unsafe fn cuMemAllocAsync_ptsz(
     stream: CUstream,
 ) -> CUresult {
     let cuda = tri!(real::cuda());
-    alloc_async(dptr, bytesize, None, stream, || {
+    alloc_async(dptr, bytesize, None, stream, true, || {
         call!(cuda, h.cuMemAllocAsync_ptsz(dptr, bytesize, stream))
     })
 }
@@ -788,7 +792,7 @@ pub(crate) unsafe fn cuMemAllocFromPoolAsync(
     stream: CUstream,
 ) -> CUresult {
     let cuda = tri!(real::cuda());
-    alloc_async(dptr, bytesize, Some(pool), stream, || {
+    alloc_async(dptr, bytesize, Some(pool), stream, false, || {
         call!(
             cuda,
             h.cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream)
@@ -803,7 +807,7 @@ pub(crate) unsafe fn cuMemAllocFromPoolAsync_ptsz(
     stream: CUstream,
 ) -> CUresult {
     let cuda = tri!(real::cuda());
-    alloc_async(dptr, bytesize, Some(pool), stream, || {
+    alloc_async(dptr, bytesize, Some(pool), stream, true, || {
         call!(
             cuda,
             h.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream)
