@@ -724,14 +724,28 @@ fn alloc_async(
     }
     let target = match pool {
         Some(p) => pool_device(st, cuda, p).map(|d| (p, d)),
-        None => driver::stream_device(cuda, stream)
-            .ok()
-            .and_then(|dev| Some((driver::device_mem_pool(cuda, dev).ok()?, dev_index(dev)?))),
+        None => {
+            let Some(idx) = driver::stream_device(cuda, stream).ok().and_then(|dev| {
+                let idx = dev_index(dev)?;
+                match driver::device_mem_pool(cuda, dev) {
+                    Ok(p) => Some(Ok((p, idx))),
+                    Err(_) => Some(Err(idx)),
+                }
+            }) else {
+                return real(); // the driver reports the bad stream
+            };
+            match idx {
+                Ok(t) => Some(t),
+                // The pool cannot be named (a driver without cuDeviceGetMemPool): charge the
+                // allocation itself, so it is still counted and released on free.
+                Err(idx) => return alloc_async_unpooled(st, cuda, dptr, bytesize, idx, real),
+            }
+        }
     };
     let Some((pool, idx)) = target else {
         vlog!(
             DEBUG,
-            "stream-ordered allocation from an untracked (host or unknown) pool: passed through"
+            "stream-ordered allocation from an untracked (host) pool: passed through"
         );
         return real();
     };
@@ -760,6 +774,40 @@ fn alloc_async(
         return r;
     }
     settle_pool(st, cuda, pool, idx, tentative);
+    r
+}
+
+/// Stream-ordered allocation charged per allocation (rounded to the pool granule), for when
+/// the pool cannot be measured.
+fn alloc_async_unpooled(
+    st: &Ready,
+    cuda: &Cuda,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    idx: DeviceIndex,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Some(charge) = align_up(bytesize as u64, POOL_GRANULE) else {
+        return CUresult::OUT_OF_MEMORY;
+    };
+    let ctx = driver::current_context(cuda).unwrap_or(std::ptr::null_mut());
+    let pending = tri!(
+        with_pool_retry(st, cuda, || st.alloc.begin_record(
+            AllocationKind::PoolAsync,
+            idx,
+            ctx_id(ctx),
+            bytesize as u64,
+            charge
+        ))
+        .map_err(alloc_err)
+    );
+    let r = real();
+    if r.is_success() {
+        // SAFETY: the driver filled the non-null out-pointer.
+        if let Err(e) = pending.commit(unsafe { *dptr }.0) {
+            commit_err(e, "a stream-ordered allocation");
+        }
+    }
     r
 }
 
