@@ -97,6 +97,17 @@ impl Ready {
     pub(crate) fn ledger(&self) -> &HookLedger {
         self.alloc.ledger()
     }
+
+    /// This process's slot in the shared table (for the SM limiter: `sm_util`, the
+    /// monitor's `recent_kernel`/`utilization_switch`, live `sm_limit[]`), if the ledger is
+    /// the shared table.
+    #[allow(dead_code)]
+    pub(crate) fn slot(&self) -> Option<&ProcessSlot> {
+        match self.ledger() {
+            HookLedger::Shared(slot) => Some(slot),
+            HookLedger::Local(_) => None,
+        }
+    }
 }
 
 /// What the hook does with allocations.
