@@ -21,6 +21,10 @@
 //! - [`after_launch`] runs after the real launch with its result.
 //! - [`after_fork_in_child`] runs in the `pthread_atfork` child handler: only atomic
 //!   stores are allowed there.
+//! - The shared table (this process's `ProcessSlot`: `set_sm_util`, `table().sm_limit(..)`,
+//!   `recent_kernel()`, `utilization_switch()`) is reachable as
+//!   `crate::state::get()` → `Enforcement::Ready(r)` → `r.slot()`, once `configure` has run
+//!   (the state is being built while `configure` runs, so fetch it lazily, not inside it).
 //! - `stream` is the stream as the driver will see it: a `_ptsz` export passes
 //!   `CU_STREAM_PER_THREAD` (0x2) when the application passed 0, so that the limiter's
 //!   events go to the same (per-thread) stream as the launch.
