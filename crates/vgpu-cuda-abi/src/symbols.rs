@@ -79,6 +79,8 @@ macro_rules! cuda_hooked_functions {
             cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, ptsz] fn(stream: CUstream) -> CUresult;
             cuCtxSynchronize ["cuCtxSynchronize", 2000, any] fn() -> CUresult;
             cuEventSynchronize ["cuEventSynchronize", 2000, any] fn(event: CUevent) -> CUresult;
+            // CUDA 13's context-argument variant: its own API, not a newer cuCtxSynchronize.
+            cuCtxSynchronize_v2 ["cuCtxSynchronize_v2", 13000, any] fn(ctx: CUcontext) -> CUresult;
 
             // Arrays.
             cuArrayCreate_v2 ["cuArrayCreate", 3020, any]

@@ -997,6 +997,13 @@ pub(crate) unsafe fn cuCtxSynchronize() -> CUresult {
     r
 }
 
+pub(crate) unsafe fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(cuda, h.cuCtxSynchronize_v2(ctx));
+    after_sync(cuda);
+    r
+}
+
 pub(crate) unsafe fn cuEventSynchronize(event: CUevent) -> CUresult {
     let cuda = tri!(real::cuda());
     let r = call!(cuda, h.cuEventSynchronize(event));
