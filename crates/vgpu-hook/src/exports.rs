@@ -1,6 +1,6 @@
 //! The exported C ABI, generated from the declaration lists of `vgpu-cuda-abi`: one
 //! `#[no_mangle] extern "C"` function per hooked symbol, each forwarding to the Rust
-//! implementation of the same name in [`crate::hooks`] behind a panic guard, plus `dlsym`.
+//! implementation of the same name in `crate::hooks` behind a panic guard, plus `dlsym`.
 //!
 //! The version script written by `build.rs` keeps exactly these symbols global.
 
@@ -61,7 +61,7 @@ nvml_hooked_functions!(nvml_exports);
 /// `dlsym(RTLD_NEXT, name)` searches the objects after the *caller's*, and glibc finds
 /// the caller from the return address. So for `RTLD_NEXT` this stub jumps (not calls)
 /// to the real `dlsym` with the original return address still on the stack: the lookup
-/// behaves exactly as if we were not there. Other handles go to [`dlsym_impl`], which
+/// behaves exactly as if we were not there. Other handles go to `dlsym_impl`, which
 /// substitutes our wrappers for the hooked driver/NVML functions.
 ///
 /// # Safety

@@ -1,5 +1,5 @@
 //! `libvgpu.so`: preloaded into unmodified CUDA programs, it intercepts the CUDA driver API
-//! and NVML and enforces per-device memory limits (and, through [`sm_limit`]'s hooks,
+//! and NVML and enforces per-device memory limits (and, through `sm_limit`'s hooks,
 //! compute limits) for every process sharing one usage table.
 //!
 //! Layout:
