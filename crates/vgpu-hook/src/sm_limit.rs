@@ -143,7 +143,7 @@ fn find_slot() {
         return;
     }
     if let crate::state::Enforcement::Ready(ready) = crate::state::get()
-        && let crate::state::HookLedger::Shared(slot) = ready.ledger()
+        && let Some(slot) = ready.slot()
     {
         attach(slot);
     }
