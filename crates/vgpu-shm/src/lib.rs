@@ -26,6 +26,7 @@
 //! ```
 
 mod error;
+pub mod fuzzing;
 pub mod layout;
 mod protocol;
 mod sync;

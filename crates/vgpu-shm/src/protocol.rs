@@ -596,34 +596,66 @@ mod loom_tests {
     fn builder() -> loom::model::Builder {
         let mut b = loom::model::Builder::new();
         b.preemption_bound = Some(3);
+        b.max_branches = 50_000;
         b
     }
 
-    /// Two processes reserve against a limit that fits only one, a third watches the total.
+    /// Two processes reserve 7 each against a limit of 10: exactly one gets it, the other is
+    /// refused with the winner's usage, and nothing else changes.
     #[test]
-    fn loom_concurrent_reserve_never_exceeds_limit() {
+    fn loom_concurrent_reserves_never_exceed_limit() {
         builder().check(|| {
             let s = Arc::new(ModelStore::new(1, 2, 10));
             let a = s.register(0);
             let b = s.register(1);
-            let worker = |slot: usize, me: u64, s: Arc<ModelStore>| {
-                move || {
-                    let got = reserve(&*s, slot, me, 0, 2, 7, &NoCrash).unwrap().value;
-                    if got.is_ok() {
-                        release(&*s, slot, me, 0, 2, 7, &NoCrash).unwrap();
-                    }
-                    got.is_ok()
-                }
+            let reserver = |slot: usize, me: u64, s: Arc<ModelStore>| {
+                move || reserve(&*s, slot, me, 0, 2, 7, &NoCrash).unwrap().value
             };
-            let t1 = thread::spawn(worker(0, a, s.clone()));
-            let t2 = thread::spawn(worker(1, b, s.clone()));
-            let observed = s.totals[0].load(Ordering::Relaxed);
-            assert!(observed <= 10);
-            let ok1 = t1.join().unwrap();
-            let ok2 = t2.join().unwrap();
-            assert!(ok1 || ok2, "at least one fits");
-            assert_eq!(s.totals[0].load(Ordering::SeqCst), 0);
-            assert_eq!(s.held_by(0, 0) + s.held_by(1, 0), 0);
+            let t1 = thread::spawn(reserver(0, a, s.clone()));
+            let t2 = thread::spawn(reserver(1, b, s.clone()));
+            assert!(s.totals[0].load(Ordering::Relaxed) <= 10);
+            let (r1, r2) = (t1.join().unwrap(), t2.join().unwrap());
+            assert!(r1.is_ok() != r2.is_ok(), "exactly one fits: {r1:?} {r2:?}");
+            let refusal = r1.err().or(r2.err()).unwrap();
+            assert_eq!(
+                refusal,
+                Refusal {
+                    in_use: 7,
+                    limit: 10
+                }
+            );
+            assert_eq!(s.totals[0].load(Ordering::SeqCst), 7);
+            assert_eq!(s.held_by(0, 0) + s.held_by(1, 0), 7);
+            assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
+        });
+    }
+
+    /// A reservation races a release on a full device: it succeeds exactly when the release
+    /// came first, and the end state adds up either way.
+    #[test]
+    fn loom_reserve_racing_release_is_exact() {
+        builder().check(|| {
+            let s = Arc::new(ModelStore::new(1, 2, 10));
+            let a = s.register(0);
+            let b = s.register(1);
+            reserve(&*s, 1, b, 0, 1, 10, &NoCrash)
+                .unwrap()
+                .value
+                .unwrap();
+            let sa = s.clone();
+            let t1 = thread::spawn(move || reserve(&*sa, 0, a, 0, 2, 5, &NoCrash).unwrap().value);
+            let sb = s.clone();
+            let t2 = thread::spawn(move || release(&*sb, 1, b, 0, 1, 5, &NoCrash).unwrap().value);
+            assert!(s.totals[0].load(Ordering::Relaxed) <= 10);
+            let got = t1.join().unwrap();
+            assert_eq!(t2.join().unwrap(), 5);
+            match got {
+                Ok(total) => assert_eq!(total, 10),
+                Err(refusal) => assert_eq!(refusal.in_use, 10),
+            }
+            let want = if got.is_ok() { 10 } else { 5 };
+            assert_eq!(s.totals[0].load(Ordering::SeqCst), want);
+            assert_eq!(s.held_by(0, 0) + s.held_by(1, 0), want);
         });
     }
 
@@ -654,13 +686,24 @@ mod loom_tests {
                     });
                     let ss = s.clone();
                     let w = thread::spawn(move || {
-                        let got = reserve(&*ss, 1, survivor, 0, 2, 3, &NoCrash).unwrap().value;
+                        let got = reserve(&*ss, 1, survivor, 0, 2, 4, &NoCrash).unwrap().value;
                         assert!(ss.totals[0].load(Ordering::Relaxed) <= 10);
                         got.is_ok()
                     });
                     assert!(s.totals[0].load(Ordering::Relaxed) <= 10);
                     v.join().unwrap();
-                    let survivor_holds = if w.join().unwrap() { 3 } else { 0 };
+                    let survivor_holds = if w.join().unwrap() { 4 } else { 0 };
+                    // Any lock the victim died in is taken over by the next user, and that
+                    // restores invariant I before any repair.
+                    reserve(&*s, 1, survivor, 0, 2, 0, &NoCrash)
+                        .unwrap()
+                        .value
+                        .unwrap();
+                    assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
+                    assert_eq!(
+                        s.totals[0].load(Ordering::SeqCst),
+                        s.held_by(0, 0) + s.held_by(1, 0)
+                    );
                     let dead = find_dead(&*s);
                     normalize(&*s, admin_owner_word(1), &dead, &NoCrash).unwrap();
                     assert_eq!(s.totals[0].load(Ordering::SeqCst), survivor_holds);

@@ -1090,7 +1090,7 @@ impl ProcessSlot {
     }
 
     /// Test hook: behave as if this process died (drop the liveness lock, skip all cleanup).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn simulate_death(mut self) {
         if let Some(f) = &self.table.inner.lock_file {
             sys::ofd_unlock(f, SLOT_LOCK_BASE + self.index as u64);

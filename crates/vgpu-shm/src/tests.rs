@@ -458,3 +458,29 @@ fn validate_image_never_panics_on_random_bytes() {
         let _ = validate_image(&img);
     }
 }
+
+#[test]
+fn attach_path_survives_random_file_contents() {
+    let mut rng = XorShift(0x5eed_f00d_dead_beef);
+    for round in 0..60 {
+        let len = (rng.next() % 64) as usize * 5;
+        let mut data: Vec<u8> = (0..len + 1).map(|_| rng.next() as u8).collect();
+        if round % 2 == 0 {
+            data[0] = b'P'; // patch a valid file
+        }
+        crate::fuzzing::attach_arbitrary(&data);
+    }
+    // Hot fields of a valid file, patched with extreme values.
+    for off in [
+        0u32, 4, 8, 56, 1600, 1728, 1856, 2_008_896, 2_009_024, 2_010_048,
+    ] {
+        for v in [0u8, 1, 0x7f, 0xff] {
+            let mut data = vec![b'P'];
+            for k in 0..8 {
+                data.extend_from_slice(&(off + k).to_le_bytes());
+                data.push(v);
+            }
+            crate::fuzzing::attach_arbitrary(&data);
+        }
+    }
+}
