@@ -2,7 +2,9 @@
 //! does not touch raw function pointers. Handles (`CUstream`, `CUmemoryPool`, ...) are
 //! opaque values the driver validates itself.
 
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_alloc_core::{BackendError, ContextId, DeviceBackend, DeviceIndex, DevicePtr, MemoryInfo};
 use vgpu_cuda_abi::*;
@@ -40,9 +42,33 @@ pub(crate) fn current_device(cuda: &Cuda) -> Result<CUdevice, CUresult> {
     Ok(dev)
 }
 
-/// The current context and its device.
+thread_local! {
+    /// The last `(context, device, generation)` this thread resolved.
+    static LAST_CONTEXT: Cell<(usize, i32, u64)> = const { Cell::new((0, 0, u64::MAX)) };
+}
+
+/// Bumped whenever a context may have been destroyed (its handle could then be reused for a
+/// context on another device), which invalidates every thread's cached device.
+static CONTEXT_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// A context was (or may have been) destroyed: forget cached context → device pairs.
+pub(crate) fn contexts_changed() {
+    CONTEXT_GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The current context and its device. The device of a context never changes while it
+/// lives, so it is cached per thread; the allocation path then makes one driver call here
+/// instead of two.
 pub(crate) fn current(cuda: &Cuda) -> Result<(CUcontext, CUdevice), CUresult> {
-    Ok((current_context(cuda)?, current_device(cuda)?))
+    let ctx = current_context(cuda)?;
+    let generation = CONTEXT_GENERATION.load(Ordering::Acquire);
+    let (c, d, g) = LAST_CONTEXT.with(Cell::get);
+    if c == ctx as usize && g == generation {
+        return Ok((ctx, CUdevice(d)));
+    }
+    let dev = current_device(cuda)?;
+    LAST_CONTEXT.with(|l| l.set((ctx as usize, dev.0, generation)));
+    Ok((ctx, dev))
 }
 
 /// The device a stream's work runs on. The null (default) streams belong to the current

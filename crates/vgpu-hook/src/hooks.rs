@@ -1219,6 +1219,7 @@ fn primary_gone(cuda: &Cuda, dev: CUdevice, r: CUresult) -> CUresult {
     if driver::primary_ctx_active(cuda, dev).unwrap_or(true) {
         return r;
     }
+    driver::contexts_changed();
     let ctx = st
         .primary
         .lock()
@@ -1249,6 +1250,7 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
 /// Reset destroys every allocation of the primary context (it stays retained).
 fn primary_reset(dev: CUdevice, r: CUresult) -> CUresult {
     if let Some(st) = ready_state().filter(|_| r.is_success()) {
+        driver::contexts_changed();
         let ctx = st
             .primary
             .lock()
@@ -1340,6 +1342,9 @@ pub(crate) unsafe fn cuCtxCreate_v4(
 }
 
 fn context_destroyed(ctx: CUcontext, r: CUresult) -> CUresult {
+    if r.is_success() {
+        driver::contexts_changed();
+    }
     if let Some(st) = ready_state().filter(|_| r.is_success()) {
         st.alloc.release_context(ctx_id(ctx));
     }
