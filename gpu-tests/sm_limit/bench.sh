@@ -26,37 +26,59 @@ nvcc -O3 -arch=sm_90 -o "$WORK/spin" "$HERE/spin.cu" 2>&1 | tee -a "$LOG" || exi
 [ -x "$WORK/spin" ] || { echo "nvcc failed" >&2; exit 2; }
 
 run_id=0
-# run <limit|-> <cache-file-or-empty> <cmd...>: prints the RESULT line.
+# median of the numbers on stdin (empty if none)
+median() { python3 -c 'import sys,statistics as s; v=[float(x) for x in sys.stdin.read().split()]; print(f"{s.median(v):.0f}" if v else "")'; }
+# run <limit|-> <cmd...>: prints the RESULT line, extended with what the limiter measured
+# (busy=, median of its published utilization over the second half of the run) and the
+# GPU's median SM clock and power draw over the second half (mhz=, watts=).
 run() {
   local limit="$1"; shift
   run_id=$((run_id + 1))
-  local cache="$WORK/c$run_id.cache"
+  local cache="$WORK/c$run_id.cache" smi="$WORK/smi$run_id"
   rm -f "$cache"
-  local envs=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cache")
+  local envs=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cache" LIBCUDA_LOG_LEVEL=4)
   [ "$limit" != "-" ] && envs+=(CUDA_DEVICE_SM_LIMIT="$limit")
   echo "+ limit=$limit $*" >>"$LOG"
-  timeout 90 env "${envs[@]}" "$@" >"$WORK/o$run_id" 2>&1
+  nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 250 >"$smi" 2>/dev/null &
+  local sampler=$!
+  timeout 90 env "${envs[@]}" "$@" >"$WORK/o$run_id" 2>"$WORK/e$run_id"
   local rc=$?
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  grep -v DEBUG "$WORK/e$run_id" | tail -5 >>"$LOG"
   cat "$WORK/o$run_id" >>"$LOG"
   [ $rc -eq 0 ] || echo "  (exit $rc)" >>"$LOG"
-  grep -m1 '^RESULT' "$WORK/o$run_id" || echo "RESULT failed=1"
+  local util half busy mhz watts n
+  util=$(sed -n 's/.*achieved SM utilization \([0-9]*\)%.*/\1/p' "$WORK/e$run_id")
+  n=$(echo "$util" | wc -w); half=$(( (n + 1) / 2 ))
+  busy=$(echo "$util" | tail -n "$half" | median)
+  n=$(wc -l <"$smi"); half=$(( (n + 1) / 2 ))
+  mhz=$(tail -n "$half" "$smi" | cut -d, -f1 | median)
+  watts=$(tail -n "$half" "$smi" | cut -d, -f2 | median)
+  local res
+  res=$(grep -m1 '^RESULT' "$WORK/o$run_id" || echo "RESULT failed=1")
+  echo "$res busy=${busy:-} mhz=${mhz:-} watts=${watts:-}"
+  echo "  limiter busy=${busy:-?}% sm=${mhz:-?}MHz power=${watts:-?}W" >>"$LOG"
 }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 
 # Sanity: the hook loads, sees the limit and reports what it measures (log level 4).
+# The table's busy% column is the limiter's own measurement (events), SM_MHz and W the GPU's
+# median clock and power over the second half of the run: a throughput ratio above the
+# limit with busy% on target means the GPU ran faster per busy second (clocks).
 echo "+ sanity" >>"$LOG"
 timeout 60 env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/sanity.cache" CUDA_DEVICE_SM_LIMIT=50 \
   LIBCUDA_LOG_LEVEL=4 "$WORK/spin" 1000 1 plain 2>&1 | grep -v "cuMem\|alloc" | tail -20 >>"$LOG"
 
-printf '%-28s %6s %14s %10s %8s\n' workload limit per_second '%unlim' error | tee "$TABLE"
-row() { # name limit value base
-  local pct err
+printf '%-34s %6s %12s %8s %7s %6s %6s %5s\n' workload limit per_second '%unlim' error busy% SM_MHz W | tee "$TABLE"
+row() { # name limit value base [result-line for busy/mhz/watts]
+  local pct err busy mhz watts
+  busy=$(echo "${5:-}" | field busy); mhz=$(echo "${5:-}" | field mhz); watts=$(echo "${5:-}" | field watts)
   if [ -z "$3" ] || [ -z "$4" ]; then
-    printf '%-28s %6s %14s %10s %8s\n' "$1" "$2" "${3:-FAIL}" "-" "-" | tee -a "$TABLE"; return
+    printf '%-34s %6s %12s %8s %7s\n' "$1" "$2" "${3:-FAIL}" "-" "-" | tee -a "$TABLE"; return
   fi
   pct=$(python3 -c "print(f'{100*$3/$4:.1f}')")
   if [ "$2" = "-" ]; then err="-"; else err=$(python3 -c "print(f'{100*$3/$4-$2:+.1f}')"); fi
-  printf '%-28s %6s %14s %10s %8s\n' "$1" "$2" "$3" "$pct" "$err" | tee -a "$TABLE"
+  printf '%-34s %6s %12s %8s %7s %6s %6s %5s\n' "$1" "$2" "$3" "$pct" "$err" "${busy:--}" "${mhz:--}" "${watts:--}" | tee -a "$TABLE"
 }
 
 declare -A ITERS BASE
@@ -71,21 +93,24 @@ for kus in 50 5000; do
     base=$(echo "$res" | field kernels_per_s)
     ITERS[$kus]=$iters; BASE[$kus$mode]=$base
     row "$name (no preload)" - "$(echo "$bare" | field kernels_per_s)" "$base"
-    row "$name kernel=$(echo "$res" | field kernel_us)us" - "$base" "$base"
+    row "$name kernel=$(echo "$res" | field kernel_us)us" - "$base" "$base" "$res"
     limits="10 25 50 75"; [ "$mode" = graph ] && limits="25 50"
     for l in $limits; do
       res=$(run "$l" "$WORK/spin" "$kus" "$SECS" "$mode" "$iters")
-      row "$name" "$l" "$(echo "$res" | field kernels_per_s)" "$base"
+      row "$name" "$l" "$(echo "$res" | field kernels_per_s)" "$base" "$res"
     done
   done
 done
 
-res=$(run - python3 "$HERE/matmul.py" 4096 "$SECS")
-mbase=$(echo "$res" | field matmuls_per_s)
-row "torch matmul 4096 bf16 $(echo "$res" | field ms_per_matmul)ms" - "$mbase" "$mbase"
-for l in 10 25 50 75; do
-  res=$(run "$l" python3 "$HERE/matmul.py" 4096 "$SECS")
-  row "torch matmul 4096 bf16" "$l" "$(echo "$res" | field matmuls_per_s)" "$mbase"
+# PyTorch: 4096³ (~0.2 ms per product) and 8192³ (~1.4 ms, certainly GPU-bound) bf16.
+for size in 4096 8192; do
+  res=$(run - python3 "$HERE/matmul.py" "$size" "$SECS")
+  mbase=$(echo "$res" | field matmuls_per_s)
+  row "torch matmul $size bf16 $(echo "$res" | field ms_per_matmul)ms" - "$mbase" "$mbase" "$res"
+  for l in 10 25 50 75; do
+    res=$(run "$l" python3 "$HERE/matmul.py" "$size" "$SECS")
+    row "torch matmul $size bf16" "$l" "$(echo "$res" | field matmuls_per_s)" "$mbase" "$res"
+  done
 done
 
 # Two containers (two files) at 30 and 70, and two processes sharing one file at 50,
