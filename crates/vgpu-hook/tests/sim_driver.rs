@@ -475,3 +475,23 @@ fn without_the_hook_these_checks_fail() {
         "0"
     );
 }
+
+#[test]
+fn the_simulators_proc_address_pointers_cannot_be_interposed() {
+    // A preloaded library defining cuMemAlloc_v2 catches linked calls, but not the pointer the
+    // simulator's cuGetProcAddress returns: a hook must answer cuGetProcAddress itself, as with
+    // the real driver, or the tests above would see it bypassed.
+    let mut run = Run::hooked("0").bare();
+    run.preload = Some(env().interposer.clone());
+    assert_eq!(
+        run.clone().via("link").run(&["try", "4096"]).get("alloc"),
+        "777"
+    );
+    assert_eq!(
+        run.clone()
+            .via("procaddr")
+            .run(&["try", "4096"])
+            .get("alloc"),
+        "0"
+    );
+}

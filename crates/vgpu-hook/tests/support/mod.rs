@@ -23,6 +23,8 @@ pub struct Env {
     pub probe: PathBuf,
     /// Scratch directory of this test binary.
     pub scratch: PathBuf,
+    /// `interposer.so`: defines `cuMemAlloc_v2` (returning 777) and nothing else.
+    pub interposer: PathBuf,
 }
 
 fn target_profile_dir() -> PathBuf {
@@ -83,11 +85,24 @@ pub fn env() -> &'static Env {
             "cc failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let interposer = scratch.join("interposer.so");
+        let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&interposer)
+            .arg(programs_dir().join("interposer.c"))
+            .output()
+            .expect("cannot run cc");
+        assert!(
+            out.status.success(),
+            "cc failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Env {
             hook,
             simlib,
             probe,
             scratch,
+            interposer,
         }
     })
 }
@@ -154,6 +169,8 @@ pub struct Run {
     pub vars: Vec<(String, String)>,
     pub hooked: bool,
     pub via: String,
+    /// Preload this library instead of the hook.
+    pub preload: Option<PathBuf>,
 }
 
 impl Run {
@@ -174,6 +191,7 @@ impl Run {
             ],
             hooked: true,
             via: "link".into(),
+            preload: None,
         }
     }
 
@@ -219,6 +237,9 @@ impl Run {
         c.env("VGPU_VIA", &self.via);
         if self.hooked {
             c.env("LD_PRELOAD", &e.hook);
+        }
+        if let Some(p) = &self.preload {
+            c.env("LD_PRELOAD", p);
         }
         for (k, v) in &self.vars {
             c.env(k, v);
