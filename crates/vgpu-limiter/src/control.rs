@@ -43,6 +43,14 @@ pub struct LimiterConfig {
     pub activity_period: Nanos,
     /// Budget against `limit − other processes' share` (the container-wide limit).
     pub share_with_peers: bool,
+    /// How often the device's own accounting ([`ContainerView::device_sample`]) is compared
+    /// with the events' measurements; 0 turns the contention correction off.
+    pub contention_period: Nanos,
+    /// The correction applies only when the device sees clearly less of our work than the
+    /// events do (ratio below this), and other processes are active.
+    pub contention_threshold: f64,
+    /// Lowest correction factor: measurements are never discounted by more than this.
+    pub contention_floor: f64,
 }
 
 impl Default for LimiterConfig {
@@ -61,6 +69,9 @@ impl Default for LimiterConfig {
             publish_period: 100 * MILLIS,
             activity_period: 1_000 * MILLIS,
             share_with_peers: true,
+            contention_period: 500 * MILLIS,
+            contention_threshold: 0.9,
+            contention_floor: 0.5,
         }
     }
 }
@@ -150,6 +161,16 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     bin_start: Nanos,
     bin_busy: f64,
     util: Option<f64>,
+    /// Factor applied to measured GPU time (1 = none): the device's share of our work over
+    /// the events' measurement, when other processes' time slices inflate the latter.
+    correction: f64,
+    next_contention: Nanos,
+    /// Raw (uncorrected) measured GPU time since the last contention check.
+    raw_busy: f64,
+    raw_start: Nanos,
+    /// Smoothed raw utilization and device-reported utilization.
+    raw_util: Option<f64>,
+    device_util: Option<f64>,
     stats: LimiterStats,
 }
 
@@ -188,6 +209,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             bin_start: now,
             bin_busy: 0.0,
             util: None,
+            correction: 1.0,
+            next_contention: now + cfg.contention_period,
+            raw_busy: 0.0,
+            raw_start: now,
+            raw_util: None,
+            device_util: None,
             stats: LimiterStats::default(),
         }
     }
@@ -200,6 +227,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     /// Achieved utilization (fraction of wall time) as last published, if any.
     pub fn utilization(&self) -> Option<f64> {
         self.util
+    }
+
+    /// The factor applied to measured GPU time for contention (1 = none).
+    pub fn contention_correction(&self) -> f64 {
+        self.correction
     }
 
     /// The effective limit (fraction) used for the last admission.
@@ -243,6 +275,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             self.poll(now);
         }
         self.maybe_publish(now);
+        self.maybe_correct(now);
         self.limit = self.effective(pct);
         let floor = now as f64 - self.cfg.burst as f64;
         if self.vt < floor {
@@ -471,6 +504,8 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 span
             }
         };
+        self.raw_busy += measured;
+        let measured = measured * self.correction;
         self.vt += (measured - seg.est) / self.limit;
         self.bin_busy += measured;
         self.stats.busy_ns += measured;
@@ -505,5 +540,52 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             self.peers = self.view.peers();
         }
         self.next_publish = now + self.cfg.publish_period;
+    }
+
+    /// Compares the events' measurements with the device's own accounting of our work.
+    ///
+    /// Events measure wall time on the GPU: while our queued work waits behind another
+    /// process's time slice, that wait is measured as ours. The device's per-process
+    /// utilization does not count it. When other processes are active and the device
+    /// sees clearly less of our work than the events do, measurements are scaled down by
+    /// the ratio (smoothed, floored); otherwise the factor returns to 1. Alone on the
+    /// device, nothing changes.
+    fn maybe_correct(&mut self, now: Nanos) {
+        if self.cfg.contention_period == 0 || now < self.next_contention {
+            return;
+        }
+        self.next_contention = now + self.cfg.contention_period;
+        let elapsed = now.saturating_sub(self.raw_start);
+        let raw = if elapsed > 0 {
+            (self.raw_busy / elapsed as f64).min(1.0)
+        } else {
+            0.0
+        };
+        self.raw_busy = 0.0;
+        self.raw_start = now;
+        let smooth = |old: Option<f64>, new: f64| old.map_or(new, |o| 0.5 * o + 0.5 * new);
+        let target = match self.view.device_sample() {
+            Some(s) if s.others_active => {
+                let raw_u = smooth(self.raw_util, raw);
+                let dev_u = smooth(self.device_util, s.own.clamp(0.0, 1.0));
+                self.raw_util = Some(raw_u);
+                self.device_util = Some(dev_u);
+                let ratio = if raw_u > 0.02 { dev_u / raw_u } else { 1.0 };
+                if ratio < self.cfg.contention_threshold {
+                    ratio.max(self.cfg.contention_floor)
+                } else {
+                    1.0
+                }
+            }
+            _ => {
+                self.raw_util = None;
+                self.device_util = None;
+                1.0
+            }
+        };
+        self.correction = 0.5 * self.correction + 0.5 * target;
+        if (self.correction - 1.0).abs() < 0.01 {
+            self.correction = 1.0;
+        }
     }
 }

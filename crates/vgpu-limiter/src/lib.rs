@@ -31,4 +31,4 @@ mod tests;
 
 pub use control::{Admission, Limiter, LimiterConfig, LimiterStats, Ticket};
 pub use policy::{Policy, PolicyError};
-pub use traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage, TimerError};
+pub use traits::{Clock, ContainerView, DeviceSample, GpuTimer, Nanos, PeerUsage, TimerError};

@@ -5,7 +5,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::{
-    Admission, Clock, ContainerView, GpuTimer, Limiter, LimiterConfig, Nanos, PeerUsage, TimerError,
+    Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
+    PeerUsage, TimerError,
 };
 
 pub const US: Nanos = 1_000;
@@ -218,13 +219,40 @@ impl SimTable {
         SimView {
             table: self.clone(),
             slot: t.slots.len() - 1,
+            device: None,
         }
     }
+
+    /// A view whose device accounting ("NVML") reports `scale` × the process's true busy
+    /// share, with other processes active or not.
+    pub fn view_with_device(&self, world: &World, scale: f64, others_active: bool) -> SimView {
+        let mut v = self.view();
+        v.device = Some(DeviceAccounting {
+            gpu: world.gpu.clone(),
+            clock: world.clock.clone(),
+            owner: world.apps.len(),
+            scale,
+            others_active,
+            last: world.clock.now(),
+        });
+        v
+    }
+}
+
+/// A simulated NVML per-process utilization source.
+pub struct DeviceAccounting {
+    gpu: SimGpu,
+    clock: SimClock,
+    owner: usize,
+    scale: f64,
+    others_active: bool,
+    last: Nanos,
 }
 
 pub struct SimView {
     table: SimTable,
     slot: usize,
+    device: Option<DeviceAccounting>,
 }
 
 impl ContainerView for SimView {
@@ -253,6 +281,20 @@ impl ContainerView for SimView {
         t.writes += 1;
         t.slots[self.slot] = util_pct;
     }
+    fn device_sample(&mut self) -> Option<DeviceSample> {
+        let d = self.device.as_mut()?;
+        let now = d.clock.now();
+        if now <= d.last {
+            return None;
+        }
+        let own = d.gpu.busy_fraction(d.owner, d.last, now) * d.scale;
+        d.last = now;
+        Some(DeviceSample {
+            own,
+            others_active: d.others_active,
+        })
+    }
+
     fn note_activity(&mut self, _now: Nanos) {
         let mut t = self.table.0.borrow_mut();
         t.writes += 1;

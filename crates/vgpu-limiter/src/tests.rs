@@ -184,6 +184,52 @@ fn two_containers_at_30_and_70() {
     assert_near("70% container", w.gpu.busy_fraction(b, S, 8 * S), 0.70, 2.0);
 }
 
+/// Runs one 50% loop whose device accounting reports `scale` × its true busy share;
+/// returns (true busy share, correction factor).
+fn corrected(scale: f64, others_active: bool, c: LimiterConfig) -> (f64, f64) {
+    let mut w = World::new(GpuMode::Concurrent);
+    let table = SimTable::new(50);
+    let view = table.view_with_device(&w, scale, others_active);
+    let id = w.add(c, view, kernel_loop(100 * US));
+    w.run_until(10 * S);
+    (
+        w.gpu.busy_fraction(id, 4 * S, 10 * S),
+        w.apps[id].limiter.contention_correction(),
+    )
+}
+
+#[test]
+fn contention_correction_follows_the_devices_own_accounting() {
+    // The events count 1/0.75 of what the device attributes to us (our work waited behind
+    // another process's time slices): the device's view of our share is held at 50%.
+    let (busy, factor) = corrected(0.75, true, cfg());
+    assert!((factor - 0.75).abs() < 0.03, "factor {factor}");
+    assert_near("device-accounted share", busy * 0.75, 0.50, 2.0);
+}
+
+#[test]
+fn contention_correction_stays_off_alone_or_when_close() {
+    // Alone on the device: no correction, whatever the device reports.
+    let (busy, factor) = corrected(0.6, false, cfg());
+    assert_eq!(factor, 1.0);
+    assert_near("alone", busy, 0.50, 2.0);
+    // Device and events agree within the threshold: no correction.
+    let (busy, factor) = corrected(0.95, true, cfg());
+    assert_eq!(factor, 1.0);
+    assert_near("close", busy, 0.50, 2.0);
+    // Never discounted below the floor.
+    let (_, factor) = corrected(0.2, true, cfg());
+    assert!((factor - 0.5).abs() < 0.01, "floor: {factor}");
+    // Turned off.
+    let off = LimiterConfig {
+        contention_period: 0,
+        ..cfg()
+    };
+    let (busy, factor) = corrected(0.75, true, off);
+    assert_eq!(factor, 1.0);
+    assert_near("off", busy, 0.50, 2.0);
+}
+
 #[test]
 fn policies() {
     let run = |policy: Policy, switch: i32| {

@@ -55,6 +55,16 @@ pub struct PeerUsage {
     pub active: u32,
 }
 
+/// The device's own accounting of this process's work (NVML's per-process utilization),
+/// over the period since the previous sample.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DeviceSample {
+    /// Fraction of the period during which this process's kernels ran, as the device saw it.
+    pub own: f64,
+    /// Whether other processes (any container) ran kernels on the device in the period.
+    pub others_active: bool,
+}
+
 /// The container-wide state of one device, as the shared file holds it.
 ///
 /// Reads are cheap loads (called on every throttled launch); [`ContainerView::peers`]
@@ -72,4 +82,10 @@ pub trait ContainerView {
     fn publish_util(&mut self, util_pct: u32);
     /// Tells the monitor this process launches kernels (`recent_kernel`, `last_kernel_time`).
     fn note_activity(&mut self, now: Nanos);
+    /// The device's own view of this process's utilization since the last call, if it has
+    /// one (called once per contention period). Used only to correct for time the events
+    /// count while this process's work waits behind other processes' time slices.
+    fn device_sample(&mut self) -> Option<DeviceSample> {
+        None
+    }
 }
