@@ -1519,7 +1519,7 @@ pub(crate) unsafe fn cuLaunchKernel_ptsz(
     let cuda = tri!(real::cuda());
     launch(
         cuda,
-        || stream,
+        || per_thread(stream),
         LaunchKind::Kernel,
         || {
             call!(
@@ -1540,6 +1540,17 @@ pub(crate) unsafe fn cuLaunchKernel_ptsz(
             )
         },
     )
+}
+
+/// The stream a `_ptsz` entry point runs on: the null stream there is the calling thread's
+/// default stream, which the limiter must name as `CU_STREAM_PER_THREAD` to record its events
+/// on the same stream.
+fn per_thread(stream: CUstream) -> CUstream {
+    if stream.is_null() {
+        2usize as CUstream
+    } else {
+        stream
+    }
 }
 
 /// The stream of a `CUlaunchConfig` (null config: the default stream; the driver reports it).
@@ -1577,7 +1588,7 @@ pub(crate) unsafe fn cuLaunchKernelEx_ptsz(
     // SAFETY: `config` per the driver contract.
     launch(
         cuda,
-        || unsafe { config_stream(config) },
+        || per_thread(unsafe { config_stream(config) }),
         LaunchKind::KernelEx,
         || {
             call!(
@@ -1640,7 +1651,7 @@ pub(crate) unsafe fn cuLaunchCooperativeKernel_ptsz(
     let cuda = tri!(real::cuda());
     launch(
         cuda,
-        || stream,
+        || per_thread(stream),
         LaunchKind::Cooperative,
         || {
             call!(
@@ -1689,7 +1700,7 @@ pub(crate) unsafe fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> 
     let cuda = tri!(real::cuda());
     let r = launch(
         cuda,
-        || stream,
+        || per_thread(stream),
         LaunchKind::Graph,
         || call!(cuda, h.cuGraphLaunch_ptsz(exec, stream)),
     );
