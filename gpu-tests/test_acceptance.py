@@ -157,7 +157,7 @@ def test_driver_api_views_show_the_limit(via):
     assert int(bare["dev0_total_mem"]) > 100 * GIB
 
 
-PATHS = ["alloc", "pitch", "managed", "vmm", "async", "async_memfree", "pool", "array", "array3d", "mipmap", "graph"]
+PATHS = ["alloc", "alloc_freeasync", "pitch", "managed", "vmm", "async", "async_memfree", "pool", "array", "array3d", "mipmap", "graph"]
 
 
 @pytest.mark.parametrize("via", ["link", "procaddr"])
@@ -193,6 +193,7 @@ def test_driver_api_ranges_ipc_threads_fork():
     d = c.probe("range")
     assert d["range_size"] == "3000" and d["attr_size"] == "3000", d
     assert d["ipc_small"] != "0" and d["ipc_big"] == "0", d
+    assert d["double_free_small"] != "0" and d["double_free_big"] != "0" and d["interior_free"] != "0", d
     assert d["full_alloc"] == "0", d
     d = c.probe("threads", 64, 200, name="threads")
     assert d["errors"] == "0" and d["full_alloc"] == "0", d
@@ -205,6 +206,7 @@ def test_driver_api_kernels_every_way():
         d = Container("8g").probe("launch", 1000, via=via)
         assert d["fill_ok"] == "1" and d["launch_errors"] == "0", d
         assert d["launch_ex"] == "0" and d["launch_coop"] == "0" and d["graph"] == "0,0,0,0", d
+        assert d["graph_node"] == "0,0,0,0" and d["graph_node_ok"] == "1", d
         assert float(d["spin20_ms"]) >= 19.0, d
 
 
@@ -336,3 +338,34 @@ def test_jax_respects_the_limit():
     d = Container("2g", XLA_PYTHON_CLIENT_PREALLOCATE="false").job("jax_alloc", 512, 3072)
     assert d["alloc_512"] == "ok", d
     assert d["alloc_3072"] != "ok", f"JAX got 3 GiB under a 2 GiB limit: {d}"
+
+
+@pytest.mark.skipif(not _has("jax"), reason="JAX not installed")
+def test_jax_platform_allocator_is_refused_by_the_hook():
+    # No BFC allocator cap in between: every buffer is a cuMemAlloc, so the refusal is the hook's.
+    d = Container("2g", XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_ALLOCATOR="platform").job(
+        "jax_alloc", 1024, 3072)
+    assert d["alloc_1024"] == "ok", d
+    assert d["alloc_3072"] != "ok", f"JAX got 3 GiB under a 2 GiB limit: {d}"
+    bare = Container("2g", hooked=False, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                     XLA_PYTHON_CLIENT_ALLOCATOR="platform").job("jax_alloc", 3072)
+    assert bare["alloc_3072"] == "ok", bare
+
+
+@torch_only
+def test_torch_process_accounted_against_nvml():
+    c = Container("16g")
+    a = c.spawn([sys.executable, JOBS, "torch_hold", "3072"])
+    try:
+        wait_line(a, "held=")
+        slot = slot_usage(c.cache, a.pid)
+        q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=60).stdout
+        nvml = {int(p): int(m) * MIB for p, m in (l.split(",") for l in q.strip().splitlines() if "," in l)}
+    finally:
+        a.communicate("go\n", timeout=120)
+    record("torch process: accounted vs NVML", f"slot(ctx,data,total)={slot} nvml={nvml} pid={a.pid}")
+    assert slot is not None
+    if a.pid not in nvml:
+        pytest.skip(f"NVML lists no process {a.pid}: {nvml}")
+    assert abs(slot[2] - nvml[a.pid]) <= max(64 * MIB, nvml[a.pid] // 20), (slot, nvml[a.pid])

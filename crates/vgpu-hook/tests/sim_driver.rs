@@ -122,7 +122,8 @@ fn check_path(path: &str, via: &str) {
     assert_eq!(o.u("used_after"), o.u("used_before"), "leaked: {ctx}");
 }
 
-const PATHS: [&str; 11] = [
+const PATHS: [&str; 12] = [
+    "alloc_freeasync",
     "alloc",
     "pitch",
     "managed",
@@ -324,6 +325,17 @@ fn sub_allocations_answer_their_own_range_and_refuse_ipc() {
     );
     assert_eq!(o.get("ipc_big"), "0");
     assert_eq!(
+        o.get("double_free_small"),
+        "1",
+        "double free of a sub-allocation"
+    );
+    assert_eq!(
+        o.get("double_free_big"),
+        "1",
+        "double free of a direct allocation"
+    );
+    assert_eq!(o.get("interior_free"), "1", "free of an interior pointer");
+    assert_eq!(
         o.get("full_alloc"),
         "0",
         "memory not given back: {}",
@@ -454,6 +466,8 @@ fn kernels_launch_every_way_under_the_hook() {
         assert_eq!(o.get("launch_coop"), "0", "{ctx}");
         assert_eq!(o.get("launch_default_stream"), "0", "{ctx}");
         assert_eq!(o.get("graph"), "0,0,0,0", "{ctx}");
+        assert_eq!(o.get("graph_node"), "0,0,0,0", "{ctx}");
+        assert_eq!(o.get("graph_node_ok"), "1", "{ctx}");
         let ms: f64 = o.get("spin20_ms").parse().unwrap();
         assert!(ms >= 19.0, "a 20 ms kernel took {ms} ms: {ctx}");
     }

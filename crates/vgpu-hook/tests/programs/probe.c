@@ -260,6 +260,10 @@ typedef struct {
 static CUresult take(const char *path, size_t size, held_t *h) {
     memset(h, 0, sizeof *h);
     if (!strcmp(path, "alloc")) return A.cuMemAlloc_v2(&h->p, size);
+    if (!strcmp(path, "alloc_freeasync")) {
+        must(A.cuStreamCreate(&h->s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        return A.cuMemAlloc_v2(&h->p, size);
+    }
     if (!strcmp(path, "pitch")) return A.cuMemAllocPitch_v2(&h->p, &h->pitch, size / 256, 256, 4);
     if (!strcmp(path, "managed")) return A.cuMemAllocManaged(&h->p, size, CU_MEM_ATTACH_GLOBAL);
     if (!strcmp(path, "vmm")) {
@@ -351,7 +355,7 @@ static CUresult give(const char *path, held_t *h) {
         r = A.cuMemUnmap(h->p, h->mapped);
         if (!r) r = A.cuMemRelease(h->h);
         if (!r) r = A.cuMemAddressFree(h->p, h->mapped);
-    } else if (!strcmp(path, "async")) {
+    } else if (!strcmp(path, "async") || !strcmp(path, "alloc_freeasync")) {
         r = A.cuMemFreeAsync(h->p, h->s);
         if (!r) r = A.cuStreamSynchronize(h->s);
     } else if (!strcmp(path, "pool")) {
@@ -559,6 +563,9 @@ static int cmd_range(void) {
     A.cuMemFree_v2(a);
     A.cuMemFree_v2(b);
     A.cuMemFree_v2(big);
+    printf("double_free_small=%d\n", A.cuMemFree_v2(a));
+    printf("double_free_big=%d\n", A.cuMemFree_v2(big));
+    printf("interior_free=%d\n", A.cuMemFree_v2(b + 16));
     printf("used_end=%zu\n", used_now());
     full_alloc(base_used);
     return 0;
@@ -658,6 +665,29 @@ static int cmd_launch(int n) {
     CUresult rl = A.cuGraphLaunch(ge, s);
     A.cuStreamSynchronize(s);
     printf("graph=%d,%d,%d,%d\n", rc, re, ri, rl);
+    /* A constructed graph: one kernel node writing a new value. */
+    CUgraph g2;
+    CUgraphNode node;
+    CUgraphExec ge2;
+    unsigned val2 = 0xBEEF;
+    void *fargs2[] = {&buf, &val2, &count};
+    CUDA_KERNEL_NODE_PARAMS kp;
+    memset(&kp, 0, sizeof kp);
+    kp.func = f_fill;
+    kp.gridDimX = 4;
+    kp.gridDimY = kp.gridDimZ = 1;
+    kp.blockDimX = 256;
+    kp.blockDimY = kp.blockDimZ = 1;
+    kp.kernelParams = fargs2;
+    CUresult g0 = A.cuGraphCreate(&g2, 0);
+    CUresult g1 = A.cuGraphAddKernelNode_v2(&node, g2, NULL, 0, &kp);
+    CUresult gi = A.cuGraphInstantiateWithFlags(&ge2, g2, 0);
+    CUresult gl = A.cuGraphLaunch(ge2, s);
+    A.cuStreamSynchronize(s);
+    A.cuMemcpyDtoH_v2(host, buf, sizeof host);
+    ok = 1;
+    for (int i = 0; i < 1024; i++) ok &= host[i] == val2;
+    printf("graph_node=%d,%d,%d,%d\ngraph_node_ok=%d\n", g0, g1, gi, gl, ok);
     A.cuCtxSynchronize();
     A.cuMemFree_v2(buf);
     return 0;
