@@ -100,17 +100,12 @@ fn loom() -> Result<(), String> {
 }
 
 fn demo(extra: &[String]) -> Result<(), String> {
+    // The demo preloads libvgpu.so and, without a GPU, serves libvgpusim.so as the driver:
+    // both are cdylibs that only a workspace build produces.
+    build(false)?;
     let mut cmd = cargo();
-    cmd.args([
-        "run",
-        "--quiet",
-        "-p",
-        "vgpu-alloc-core",
-        "--example",
-        "demo",
-        "--",
-    ])
-    .args(extra);
+    cmd.args(["run", "--quiet", "-p", "vgpu-cli", "--", "demo"])
+        .args(extra);
     run(cmd)
 }
 
