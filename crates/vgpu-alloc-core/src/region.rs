@@ -192,21 +192,25 @@ impl Region {
 
     /// Index of the first bit equal to `value` in `[pos, to)`.
     fn next_bit(&self, pos: u32, to: u32, value: bool) -> Option<u32> {
-        let mut w = (pos / 64) as usize;
-        let flip = if value { 0 } else { !0u64 };
-        // Bits of interest become 1; bits below `pos` in the first word are cleared.
-        let mut word = (self.words.get(w)? ^ flip) & (!0u64 << (pos % 64));
-        loop {
-            if word != 0 {
-                let i = (w as u32) * 64 + word.trailing_zeros();
-                return (i < to).then_some(i);
-            }
-            w += 1;
-            if (w as u32) * 64 >= to {
-                return None;
-            }
-            word = self.words.get(w)? ^ flip;
+        if pos >= to {
+            return None;
         }
+        // A word "has a hit" when it differs from `skip` (all ones when looking for a
+        // zero, all zeros when looking for a one).
+        let skip = if value { 0 } else { !0u64 };
+        let first = (pos / 64) as usize;
+        // Bits below `pos` in the first word must not count. Most searches end here.
+        let head = (*self.words.get(first)? ^ skip) & (!0u64 << (pos % 64));
+        let (w, hits) = if head != 0 {
+            (first, head)
+        } else {
+            let last = ((to - 1) / 64) as usize;
+            let rest = self.words.get(first + 1..=last)?;
+            let k = rest.iter().position(|&x| x != skip)?;
+            (first + 1 + k, rest[k] ^ skip)
+        };
+        let i = w as u32 * 64 + hits.trailing_zeros();
+        (i < to).then_some(i)
     }
 
     fn bit(&self, map: &[u64], i: u32) -> bool {
@@ -218,23 +222,21 @@ impl Region {
     }
 
     fn set_run(&mut self, start: u32, count: u32, value: bool) {
-        let end = start + count;
-        let mut i = start;
-        while i < end {
-            let w = (i / 64) as usize;
-            let lo = i % 64;
-            let n = (end - i).min(64 - lo);
-            let mask = if n == 64 {
-                !0u64
-            } else {
-                ((1u64 << n) - 1) << lo
-            };
-            if value {
-                self.words[w] |= mask;
-            } else {
-                self.words[w] &= !mask;
-            }
-            i += n;
+        let end = start + count; // callers keep end <= chunks
+        let first = (start / 64) as usize;
+        let last = ((end - 1) / 64) as usize;
+        let head = !0u64 << (start % 64);
+        let tail = !0u64 >> (63 - (end - 1) % 64);
+        let fill = if value { !0u64 } else { 0 };
+        let apply = |word: &mut u64, mask: u64| {
+            *word = if value { *word | mask } else { *word & !mask };
+        };
+        if first == last {
+            apply(&mut self.words[first], head & tail);
+        } else {
+            apply(&mut self.words[first], head);
+            self.words[first + 1..last].fill(fill);
+            apply(&mut self.words[last], tail);
         }
     }
 }
