@@ -78,6 +78,9 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Variant>> {
             "cuCtxGetId": 12000 => cuCtxGetId;
             "cuCtxGetApiVersion": 3020 => cuCtxGetApiVersion;
             "cuCtxSynchronize": 2000 => cuCtxSynchronize;
+            // CUDA 13's context-argument variants are APIs of their own, not newer versions.
+            "cuCtxSynchronize_v2": 13000 => cuCtxSynchronize_v2;
+            "cuCtxGetDevice_v2": 13000 => cuCtxGetDevice_v2;
             "cuCtxSetLimit": 3010 => cuCtxSetLimit;
             "cuCtxGetLimit": 3010 => cuCtxGetLimit;
             "cuCtxGetStreamPriorityRange": 5050 => cuCtxGetStreamPriorityRange;
