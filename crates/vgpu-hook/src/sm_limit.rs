@@ -50,10 +50,13 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use vgpu_alloc_core::{Config, CorePolicy, DeviceIndex, MAX_DEVICES};
-use vgpu_cuda_abi::{CUcontext, CUevent, CUresult, CUstream, c_int, c_uint, c_void};
+use vgpu_cuda_abi::{
+    CUcontext, CUdevice, CUevent, CUresult, CUstream, c_int, c_uint, c_void, nvmlDevice_t,
+    nvmlReturn_t,
+};
 use vgpu_limiter::{
-    Admission, Clock, ContainerView, GpuTimer, Limiter, LimiterConfig, Nanos, PeerUsage, Policy,
-    Ticket, TimerError,
+    Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
+    PeerUsage, Policy, Ticket, TimerError,
 };
 use vgpu_shm::ProcessSlot;
 
@@ -253,11 +256,19 @@ fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
         // SAFETY: published pointers come from Box::into_raw and are never freed.
         return unsafe { &*p };
     }
-    let cfg = LimiterConfig {
+    let mut cfg = LimiterConfig {
         policy: policy(),
         ..LimiterConfig::default()
     };
-    let limiter = Limiter::new(cfg, MonoClock, EventTimer::new(fns), FileView { device: d });
+    // VGPU_SM_CONTENTION=0 turns the NVML-based contention correction off.
+    if std::env::var("VGPU_SM_CONTENTION").is_ok_and(|v| v.trim() == "0") {
+        cfg.contention_period = 0;
+    }
+    let view = FileView {
+        device: d,
+        nvml: NvmlProbe::Unopened,
+    };
+    let limiter = Limiter::new(cfg, MonoClock, EventTimer::new(fns), view);
     let fresh = Box::into_raw(Box::new(Mutex::new(limiter)));
     match DEVICES[d].compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
         // SAFETY: just published; never freed.
@@ -567,6 +578,136 @@ impl GpuTimer for EventTimer {
 /// The shared file's view of one device (environment limits only until [`attach`]).
 struct FileView {
     device: usize,
+    nvml: NvmlProbe,
+}
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcessUtilizationSample {
+    pid: c_uint,
+    time_stamp: u64,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+type NvmlProcessUtilizationFn = unsafe extern "C" fn(
+    nvmlDevice_t,
+    *mut ProcessUtilizationSample,
+    *mut c_uint,
+    u64,
+) -> nvmlReturn_t;
+
+/// NVML's per-process utilization of one device, for the limiter's contention correction.
+enum NvmlProbe {
+    Unopened,
+    Unavailable,
+    Open {
+        get: NvmlProcessUtilizationFn,
+        device: usize,
+        last_seen: u64,
+        pid: u32,
+        buf: Vec<ProcessUtilizationSample>,
+    },
+}
+
+impl NvmlProbe {
+    #[cold]
+    fn open(device: usize) -> Self {
+        let open = || -> Option<Self> {
+            let cuda = crate::real::cuda().ok()?;
+            let nvml = crate::real::nvml().ok()?;
+            let uuid = crate::driver::device_uuid(cuda, CUdevice(device as c_int)).ok()?;
+            let cuuid = std::ffi::CString::new(uuid).ok()?;
+            // SAFETY: nvmlInit_v2 takes no arguments; repeated calls bump a reference count.
+            if !unsafe { nvml.u.nvmlInit_v2?() }.is_success() {
+                return None;
+            }
+            let mut handle: nvmlDevice_t = ptr::null_mut();
+            // SAFETY: NUL-terminated UUID and a valid out-pointer.
+            if !unsafe { nvml.u.nvmlDeviceGetHandleByUUID?(cuuid.as_ptr(), &mut handle) }
+                .is_success()
+            {
+                return None;
+            }
+            let dlsym = crate::real::real_dlsym()?;
+            // SAFETY: RTLD_NOLOAD finds the NVML that `real::nvml` loaded, running nothing.
+            let lib = unsafe {
+                libc::dlopen(
+                    crate::real::LIBNVML.as_ptr(),
+                    libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NOLOAD,
+                )
+            };
+            if lib.is_null() {
+                return None;
+            }
+            // SAFETY: dlsym on a live handle with a NUL-terminated name.
+            let p = unsafe { dlsym(lib, c"nvmlDeviceGetProcessUtilization".as_ptr()) };
+            if p.is_null() {
+                return None;
+            }
+            // SAFETY: NVML's function of exactly this signature (nvml.h).
+            let get = unsafe { std::mem::transmute::<*mut c_void, NvmlProcessUtilizationFn>(p) };
+            Some(Self::Open {
+                get,
+                device: handle as usize,
+                last_seen: 0,
+                pid: std::process::id(),
+                buf: Vec::new(),
+            })
+        };
+        open().unwrap_or(Self::Unavailable)
+    }
+
+    /// Our share and whether others ran, from the samples since the previous call. `None`
+    /// when NVML has no sample of this process (for instance when it reports host pids
+    /// and this process runs in a pid namespace): then no correction is made.
+    fn sample(&mut self, device: usize) -> Option<DeviceSample> {
+        if matches!(self, Self::Unopened) {
+            *self = Self::open(device);
+        }
+        let Self::Open {
+            get,
+            device,
+            last_seen,
+            pid,
+            buf,
+        } = self
+        else {
+            return None;
+        };
+        let handle = *device as nvmlDevice_t;
+        let mut count: c_uint = 0;
+        // SAFETY: a null buffer with count 0 asks for the number of samples.
+        let r = unsafe { get(handle, ptr::null_mut(), &mut count, *last_seen) };
+        if r != nvmlReturn_t::INSUFFICIENT_SIZE && !r.is_success() {
+            return None;
+        }
+        buf.clear();
+        buf.resize(count as usize + 8, ProcessUtilizationSample::default());
+        let mut count = buf.len() as c_uint;
+        // SAFETY: `buf` has room for `count` samples.
+        if !unsafe { get(handle, buf.as_mut_ptr(), &mut count, *last_seen) }.is_success() {
+            return None;
+        }
+        let samples = &buf[..(count as usize).min(buf.len())];
+        let (mut own, mut n, mut others) = (0u64, 0u64, false);
+        for s in samples {
+            *last_seen = (*last_seen).max(s.time_stamp);
+            if s.pid == *pid {
+                own += u64::from(s.sm_util.min(100));
+                n += 1;
+            } else if s.sm_util > 0 {
+                others = true;
+            }
+        }
+        (n > 0).then(|| DeviceSample {
+            own: own as f64 / n as f64 / 100.0,
+            others_active: others,
+        })
+    }
 }
 
 impl ContainerView for FileView {
@@ -618,5 +759,23 @@ impl ContainerView for FileView {
         if let Some(s) = slot() {
             s.touch_kernel_time();
         }
+    }
+
+    fn device_sample(&mut self) -> Option<DeviceSample> {
+        let sample = self.nvml.sample(self.device);
+        if let Some(s) = sample {
+            vlog!(
+                DEBUG,
+                "device {}: NVML sees this process at {:.0}%{}",
+                self.device,
+                s.own * 100.0,
+                if s.others_active {
+                    ", others active"
+                } else {
+                    ""
+                }
+            );
+        }
+        sample
     }
 }
