@@ -115,20 +115,25 @@ done
 
 # Two containers (two files) at 30 and 70, and two processes sharing one file at 50,
 # each running the 50 µs loop over the same window; compared with the solo unlimited run.
-pair() { # label limitA limitB shared(0|1)
+pair() { # label limitA limitB shared(0|1) contention-correction(1|0)
   local ca="$WORK/pa$RANDOM.cache" cb start
   cb="$ca"; [ "$4" = 0 ] && cb="$WORK/pb$RANDOM.cache"
   rm -f "$ca" "$cb"
   start=$(python3 -c 'import time; print(time.time() + 2.0)')
   echo "+ pair $1" >>"$LOG"
-  SPIN_START_AT=$start LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$ca" CUDA_DEVICE_SM_LIMIT="$2" \
-    timeout 90 "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pa" 2>&1 &
+  local common=(LD_PRELOAD="$LIB" LIBCUDA_LOG_LEVEL=4 SPIN_START_AT="$start" VGPU_SM_CONTENTION="${5:-1}")
+  env "${common[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$ca" CUDA_DEVICE_SM_LIMIT="$2" \
+    timeout 90 "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pa" 2>"$WORK/pae" &
   local pa=$!
-  SPIN_START_AT=$start LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cb" CUDA_DEVICE_SM_LIMIT="$3" \
-    timeout 90 "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pb" 2>&1 &
+  env "${common[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cb" CUDA_DEVICE_SM_LIMIT="$3" \
+    timeout 90 "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pb" 2>"$WORK/pbe" &
   local pb=$!
   wait "$pa" "$pb"
   cat "$WORK/pa" "$WORK/pb" >>"$LOG"
+  for e in pae pbe; do
+    echo "  [$e] $(grep -c 'NVML sees' "$WORK/$e") NVML samples; last lines:" >>"$LOG"
+    grep -E "NVML sees|achieved" "$WORK/$e" | tail -6 >>"$LOG"
+  done
   local a b
   a=$(grep -m1 RESULT "$WORK/pa" | field kernels_per_s)
   b=$(grep -m1 RESULT "$WORK/pb" | field kernels_per_s)
@@ -138,8 +143,9 @@ pair() { # label limitA limitB shared(0|1)
     row "$1 A+B" "$2" "$(python3 -c "print($a+$b)")" "${BASE[50plain]}"
   fi
 }
-pair "2 containers 30/70 spin 50us" 30 70 0
-pair "1 container 2 procs spin 50us" 50 50 1
+pair "2 containers 30/70 spin 50us" 30 70 0 1
+pair "2 containers 30/70, no NVML corr." 30 70 0 0
+pair "1 container 2 procs spin 50us" 50 50 1 1
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')" | tee -a "$TABLE"
 rm -rf "$WORK"
