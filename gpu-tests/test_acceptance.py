@@ -157,7 +157,7 @@ def test_driver_api_views_show_the_limit(via):
     assert int(bare["dev0_total_mem"]) > 100 * GIB
 
 
-PATHS = ["alloc", "alloc_freeasync", "pitch", "managed", "vmm", "async", "async_memfree", "pool", "array", "array3d", "mipmap", "graph"]
+PATHS = ["alloc", "alloc_freeasync", "pitch", "managed", "vmm", "async", "async_memfree", "pool", "array", "array3d", "mipmap", "graph", "capture_async"]
 
 
 @pytest.mark.parametrize("via", ["link", "procaddr"])

@@ -122,7 +122,8 @@ fn check_path(path: &str, via: &str) {
     assert_eq!(o.u("used_after"), o.u("used_before"), "leaked: {ctx}");
 }
 
-const PATHS: [&str; 12] = [
+const PATHS: [&str; 13] = [
+    "capture_async",
     "alloc_freeasync",
     "alloc",
     "pitch",

@@ -967,7 +967,12 @@ impl Sim {
         }
         let mut st = self.st();
         match st.allocs.get(&p).map(|a| a.kind) {
-            None | Some(AllocKind::Graph) => Err(CUDA_ERROR_INVALID_VALUE),
+            None => Err(CUDA_ERROR_INVALID_VALUE),
+            Some(AllocKind::Graph) => {
+                drop(st);
+                self.graph_unlive(p);
+                Ok(())
+            }
             Some(_) => {
                 let a = st.allocs.remove(&p).expect("present");
                 self.drop_alloc(&mut st, a);
@@ -1539,10 +1544,15 @@ impl Sim {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (_q, capturing) = self.stream_queue(stream, per_thread)?;
-        if capturing {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        }
         let (ctx, dev) = self.cur_dev()?;
+        if capturing {
+            // Captured, it becomes a memory node of the graph being built, as with the driver.
+            let g = self.capture_graph(stream)?;
+            let ord = self.ordinal_of(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+            return Ok(self
+                .graph_add_mem_alloc(handle(tag::GRAPH, g), ord, size)?
+                .1);
+        }
         let block = round_up(size, GRANULARITY).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         let mut st = self.st();
         let id = if pool == 0 {
@@ -1605,11 +1615,25 @@ impl Sim {
     pub fn free_async(&'static self, p: u64, stream: u64, per_thread: bool) -> CuResult<()> {
         let (q, capturing) = self.stream_queue(stream, per_thread)?;
         if capturing {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            // Only graph memory can be freed inside a capture (a memory-free node).
+            if !self.st().graph_allocs.contains_key(&p) {
+                return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
+            let g = self.capture_graph(stream)?;
+            self.graph_add_mem_free(handle(tag::GRAPH, g), p)?;
+            return Ok(());
         }
         let mut st = self.st();
         match st.allocs.get(&p).map(|a| a.kind) {
-            None | Some(AllocKind::Graph) => return Err(CUDA_ERROR_INVALID_VALUE),
+            None => return Err(CUDA_ERROR_INVALID_VALUE),
+            Some(AllocKind::Graph) => {
+                // Graph memory freed outside its graph: it stays reserved for graphs until
+                // cuDeviceGraphMemTrim.
+                st.allocs.remove(&p);
+                drop(st);
+                q.submit(Box::new(move || self.graph_unlive(p)));
+                return Ok(());
+            }
             Some(_) => {}
         }
         let a = st.allocs.remove(&p).expect("present");
@@ -1619,6 +1643,28 @@ impl Sim {
             self.drop_alloc(&mut st, a);
         }));
         Ok(())
+    }
+
+    fn capture_graph(&self, stream: u64) -> CuResult<u64> {
+        let id = unhandle(tag::STREAM, stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.st()
+            .streams
+            .get(&id)
+            .and_then(|s| s.capture)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// A graph allocation is no longer in use (freed by a node, `cuMemFree` or `cuMemFreeAsync`).
+    fn graph_unlive(&self, dptr: u64) {
+        let mut st = self.st();
+        st.allocs.remove(&dptr);
+        if let Some(ga) = st.graph_allocs.get_mut(&dptr)
+            && ga.live
+        {
+            ga.live = false;
+            let (dev, size) = (ga.dev, ga.size);
+            st.graph_mem[dev].used -= size;
+        }
     }
 
     // ----- arrays -----
@@ -2264,17 +2310,7 @@ impl Sim {
                     q.submit(Box::new(move || self.run_kernel(&l)));
                 }
                 Node::MemFree { dptr } => {
-                    q.submit(Box::new(move || {
-                        let mut st = self.st();
-                        st.allocs.remove(&dptr);
-                        if let Some(ga) = st.graph_allocs.get_mut(&dptr)
-                            && ga.live
-                        {
-                            ga.live = false;
-                            let (dev, size) = (ga.dev, ga.size);
-                            st.graph_mem[dev].used -= size;
-                        }
-                    }));
+                    q.submit(Box::new(move || self.graph_unlive(dptr)));
                 }
                 Node::Empty | Node::MemAlloc { .. } => {}
             }
@@ -2543,6 +2579,29 @@ mod tests {
         s.stream_sync(st, false).unwrap();
         assert_eq!(s.graph_mem_attr(0, 0).unwrap(), 0);
         assert_eq!(s.graph_mem_attr(0, 2).unwrap(), 4 << 20);
+        s.graph_mem_trim(0).unwrap();
+        assert_eq!(used(s, 0), 0);
+    }
+
+    #[test]
+    fn stream_ordered_allocation_in_a_capture_becomes_graph_memory() {
+        let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
+        s.ctx_create(0, 0).unwrap();
+        let st = s.stream_create(0).unwrap();
+        s.begin_capture(st).unwrap();
+        let p = s.alloc_async(3 << 20, 0, st, false).unwrap();
+        assert_eq!(used(s, 0), 0, "nothing is taken while capturing");
+        let g = s.end_capture(st).unwrap();
+        let e = s.graph_instantiate(g).unwrap();
+        s.graph_launch(e, st, false).unwrap();
+        s.stream_sync(st, false).unwrap();
+        assert_eq!(used(s, 0), 4 << 20);
+        s.memset(p, 1, 1, 3 << 20).unwrap();
+        // Freed outside its graph, it stays reserved for graphs until trimmed.
+        s.free_async(p, st, false).unwrap();
+        s.stream_sync(st, false).unwrap();
+        assert_eq!(s.graph_mem_attr(0, 0).unwrap(), 0);
+        assert_eq!(used(s, 0), 4 << 20);
         s.graph_mem_trim(0).unwrap();
         assert_eq!(used(s, 0), 0);
     }

@@ -320,6 +320,18 @@ static CUresult take(const char *path, size_t size, held_t *h) {
         CUresult r = A.cuCtxCreate_v2(&h->ctx, 0, dev);
         return r;
     }
+    if (!strcmp(path, "capture_async")) {
+        /* A stream-ordered allocation captured into a graph becomes a graph memory node. */
+        must(A.cuStreamCreate(&h->s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        must(A.cuStreamBeginCapture_v2(h->s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+        CUresult r = A.cuMemAllocAsync(&h->p, size, h->s);
+        must(A.cuStreamEndCapture(h->s, &h->g), "cuStreamEndCapture");
+        if (r) return r;
+        must(A.cuGraphInstantiateWithFlags(&h->e, h->g, 0), "cuGraphInstantiate");
+        r = A.cuGraphLaunch(h->e, h->s);
+        A.cuStreamSynchronize(h->s);
+        return r;
+    }
     if (!strcmp(path, "graph")) {
         CUDA_MEM_ALLOC_NODE_PARAMS p;
         CUgraphNode n;
@@ -370,6 +382,12 @@ static CUresult give(const char *path, held_t *h) {
     else if (!strcmp(path, "ctx")) {
         r = A.cuCtxDestroy_v2(h->ctx);
         ctx_on(0);
+    } else if (!strcmp(path, "capture_async")) {
+        r = A.cuMemFreeAsync(h->p, h->s);
+        if (!r) r = A.cuStreamSynchronize(h->s);
+        if (!r) r = A.cuDeviceGraphMemTrim(0);
+        A.cuGraphExecDestroy(h->e);
+        A.cuGraphDestroy(h->g);
     } else if (!strcmp(path, "graph")) {
         CUgraph g2;
         CUgraphNode n;
@@ -385,7 +403,7 @@ static CUresult give(const char *path, held_t *h) {
         A.cuGraphExecDestroy(h->e);
         A.cuGraphDestroy(h->g);
     }
-    if (h->s && strcmp(path, "graph")) A.cuStreamDestroy_v2(h->s);
+    if (h->s && strcmp(path, "graph") && strcmp(path, "capture_async")) A.cuStreamDestroy_v2(h->s);
     return r;
 }
 
