@@ -51,53 +51,81 @@ impl Atomic64 for loom::sync::atomic::AtomicU64 {
     }
 }
 
-/// Waiting for a lock held by someone else: spin briefly, then yield the CPU; says when it is
-/// time to ask whether the holder is still alive (a system call, so not on every turn).
-#[derive(Debug, Default)]
+/// Waiting for a lock held by someone else: spin briefly, then yield the CPU, then sleep;
+/// says when it is time to ask whether the holder is still alive (a system call, so not on
+/// every turn, but by the clock: a yield can cost a whole time slice on a busy machine).
+#[derive(Debug)]
 pub(crate) struct Backoff {
+    #[cfg(not(loom))]
     turns: u32,
+    #[cfg(not(loom))]
+    since: Option<std::time::Instant>,
+    #[cfg(not(loom))]
+    last_probe: Option<std::time::Instant>,
 }
 
+#[cfg(not(loom))]
 impl Backoff {
-    /// Turns of pure spinning before yielding.
-    #[cfg(not(loom))]
+    /// Turns of pure spinning before yielding (a holder normally leaves within nanoseconds).
     const SPIN_TURNS: u32 = 32;
+    /// Interval of liveness probes while waiting.
+    const PROBE_EVERY: std::time::Duration = std::time::Duration::from_micros(500);
+    /// After this much waiting, sleep instead of yielding (a stopped or descheduled holder).
+    const SLEEP_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
 
     pub(crate) fn new() -> Self {
-        Self { turns: 0 }
+        Self {
+            turns: 0,
+            since: None,
+            last_probe: None,
+        }
     }
 
     /// Wait a little.
     pub(crate) fn snooze(&mut self) {
-        self.turns = self.turns.wrapping_add(1);
-        #[cfg(loom)]
-        loom::thread::yield_now();
-        #[cfg(not(loom))]
-        {
-            if self.turns < Self::SPIN_TURNS {
-                std::hint::spin_loop();
-            } else if self.turns < 4096 {
-                std::thread::yield_now();
-            } else {
-                // A live holder that long is descheduled or stopped: stop burning a core.
-                std::thread::sleep(std::time::Duration::from_micros(50));
-            }
+        self.turns = self.turns.saturating_add(1);
+        if self.turns < Self::SPIN_TURNS {
+            std::hint::spin_loop();
+            return;
+        }
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < Self::SLEEP_AFTER {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
         }
     }
 
-    /// Whether to check the holder's liveness now. Under loom: every turn (a dead holder must
-    /// be noticed in every explored schedule). Otherwise after the spinning phase, then every
-    /// 128 turns (about every 100 µs to 1 ms), well under the 100 ms recovery goal.
-    pub(crate) fn probe_due(&self) -> bool {
-        #[cfg(loom)]
-        {
-            true
+    /// Whether to check the holder's liveness now: when spinning ends, then every 500 µs of
+    /// waiting, so a dead holder is noticed within about a millisecond (goal: < 100 ms).
+    pub(crate) fn probe_due(&mut self) -> bool {
+        if self.turns < Self::SPIN_TURNS {
+            return false;
         }
-        #[cfg(not(loom))]
-        {
-            self.turns == Self::SPIN_TURNS
-                || (self.turns > Self::SPIN_TURNS && self.turns % 128 == 0)
-                || self.turns >= 4096
+        let now = std::time::Instant::now();
+        match self.last_probe {
+            Some(t) if now.duration_since(t) < Self::PROBE_EVERY => false,
+            _ => {
+                self.last_probe = Some(now);
+                true
+            }
         }
+    }
+}
+
+#[cfg(loom)]
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Self {}
+    }
+
+    /// Let another thread run.
+    pub(crate) fn snooze(&mut self) {
+        loom::thread::yield_now();
+    }
+
+    /// Every turn: a dead holder must be noticed in every explored schedule.
+    pub(crate) fn probe_due(&mut self) -> bool {
+        true
     }
 }

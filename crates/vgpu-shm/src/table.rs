@@ -573,7 +573,7 @@ impl UsageTable {
             match sys::ofd_try_lock(lock_file, ADMIN_LOCK_OFFSET) {
                 Ok(true) => break,
                 Ok(false) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_micros(200))
+                    std::thread::sleep(Duration::from_micros(50))
                 }
                 Ok(false) => {
                     return Err(ShmError::AdminLockTimeout {

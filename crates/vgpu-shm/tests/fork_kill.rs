@@ -43,22 +43,36 @@ fn storm(path: &TempPath, ctl: &Control, child: usize) -> i32 {
     let classes = [UsageClass::Context, UsageClass::Module, UsageClass::Data];
     let mut held: Vec<(DeviceIndex, UsageClass, u64)> = Vec::new();
     let mut max_op = Duration::ZERO;
+    let mut kinds = [Duration::ZERO; 3];
     let mut ops = 0u64;
     while ctl.word(STOP).load(Ordering::Relaxed) == 0 {
         let start = Instant::now();
+        let kind;
         if !held.is_empty() && rng.next() % 2 == 0 {
             let (d, c, b) = held.swap_remove((rng.next() % held.len() as u64) as usize);
             me.release(d, c, b);
+            kind = 0;
         } else {
             let d = if rng.next() % 3 == 0 { D1 } else { D0 };
             let c = classes[(rng.next() % 3) as usize];
             let b = 1 + rng.next() % 1500;
             if me.try_reserve(d, c, b).is_ok() {
                 held.push((d, c, b));
+                kind = 1;
+            } else {
+                kind = 2;
             }
         }
-        max_op = max_op.max(start.elapsed());
+        let took = start.elapsed();
+        kinds[kind] = kinds[kind].max(took);
+        max_op = max_op.max(took);
         ops += 1;
+    }
+    if std::env::var_os("VGPU_SHM_TEST_VERBOSE").is_some() {
+        eprintln!(
+            "child {child}: slowest release {:?}, reserve {:?}, refusal {:?}",
+            kinds[0], kinds[1], kinds[2]
+        );
     }
     let sum = |dev: DeviceIndex| held.iter().filter(|h| h.0 == dev).map(|h| h.2).sum::<u64>();
     ctl.word(w(child, 1)).store(sum(D0), Ordering::SeqCst);
