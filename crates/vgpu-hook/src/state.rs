@@ -66,7 +66,24 @@ impl HookLedger {
     /// per live process; not for allocation paths (refused reservations sweep by themselves).
     pub(crate) fn usage_for_view(&self, device: DeviceIndex) -> DeviceUsage {
         if let Self::Shared(t) = self {
-            let _ = t.table().sweep_dead();
+            // At most one sweep per millisecond: a program polling cuMemGetInfo in a loop must not
+            // pay one lock probe per process of the container on every call.
+            static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+            static LAST_SWEEP_NS: std::sync::atomic::AtomicU64 =
+                std::sync::atomic::AtomicU64::new(0);
+            let now = EPOCH
+                .get_or_init(std::time::Instant::now)
+                .elapsed()
+                .as_nanos() as u64
+                + 1;
+            let last = LAST_SWEEP_NS.load(Ordering::Relaxed);
+            let due = (last == 0 || now.saturating_sub(last) >= 1_000_000)
+                && LAST_SWEEP_NS
+                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok();
+            if due {
+                let _ = t.table().sweep_dead();
+            }
         }
         self.usage(device)
     }
