@@ -2,10 +2,12 @@
 //! chunks, tracked by a bitmap of `u64` words (bit set = chunk in use), a next-fit
 //! mark and a count of free chunks (HAMi-core's allocator design).
 //!
-//! Plain `u64` words rather than `bitvec`: the hot operations are "first zero bit from
-//! here" and "set/clear a run", which are `trailing_zeros` and two masks per word; the
-//! hand-written version is as short as the `bitvec` one and has no generic layers to
-//! trust in a hot path.
+//! Plain `u64` words rather than `bitvec`: the hot operations are "first zero/one bit
+//! from here" and "set/clear a run", i.e. `trailing_zeros`, two edge masks and a slice
+//! fill. Measured with callgrind, the same next-fit search written with `bitvec`'s
+//! `first_zero`/`first_one`/`fill`/`all` took 520 instructions per 2-chunk allocate+free
+//! and 2056 per 4095-chunk pair, against 325 and 1440 here (which also keeps the run-start
+//! bitmap).
 
 use crate::backend::DevicePtr;
 
