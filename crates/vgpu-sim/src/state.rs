@@ -448,6 +448,13 @@ pub struct Sim {
 
 static SIM: OnceLock<Result<Sim, ConfigError>> = OnceLock::new();
 
+/// Set in a child after `fork`: the parent's driver state is not usable there.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn forked_child() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
 /// The process-wide simulator (configured from the environment on first use).
 pub fn global() -> Result<&'static Sim, u32> {
     match SIM.get_or_init(|| SimConfig::from_env().map(Sim::new)) {
@@ -465,7 +472,7 @@ pub fn global() -> Result<&'static Sim, u32> {
 /// The simulator if `cuInit` succeeded in this process, else `CUDA_ERROR_NOT_INITIALIZED`.
 pub fn inited() -> CuResult<&'static Sim> {
     match SIM.get() {
-        Some(Ok(s)) if s.inited.load(Ordering::Acquire) && s.pid == std::process::id() => Ok(s),
+        Some(Ok(s)) if s.inited.load(Ordering::Acquire) && !FORKED.load(Ordering::Relaxed) => Ok(s),
         _ => Err(CUDA_ERROR_NOT_INITIALIZED),
     }
 }
@@ -494,6 +501,8 @@ impl Sim {
             })
             .collect::<Vec<_>>();
         let n = devices.len();
+        static AT_FORK: std::sync::Once = std::sync::Once::new();
+        AT_FORK.call_once(|| crate::hostmem::at_fork_child(forked_child));
         let st = State {
             primary: vec![Primary::default(); n],
             default_pool: vec![None; n],
@@ -520,7 +529,7 @@ impl Sim {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if self.pid != std::process::id() {
+        if FORKED.load(Ordering::Relaxed) {
             // Like the real driver: a child forked after initialization cannot use it.
             return Err(CUDA_ERROR_NOT_INITIALIZED);
         }
