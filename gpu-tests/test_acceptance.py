@@ -201,6 +201,22 @@ def test_driver_api_ranges_ipc_threads_fork():
     assert d["used_after_child"] == d["used_before"] == d["used_after_exec_child"], d
 
 
+def test_visible_device_by_uuid_and_per_device_limit():
+    lines = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    uuid = lines.split("UUID: ")[1].split(")")[0].strip()
+    c = Container(None, CUDA_VISIBLE_DEVICES=uuid, CUDA_DEVICE_MEMORY_LIMIT_0="3g")
+    d = c.probe("devices", 256 * MIB)
+    assert d["count"] == "1" and int(d["dev0_total_mem"]) == 3 * GIB, d
+    assert d["dev0_alloc"] == "0", d
+    assert int(d["nvml0_total"]) == 3 * GIB, d
+
+
+def test_malformed_limit_is_refused_not_unlimited():
+    d = Container("lots").probe("try", GIB)
+    assert "CUDA_DEVICE_MEMORY_LIMIT" in d["_stderr"], d["_stderr"]
+    assert d["init"] != "0" or d.get("alloc") != "0", d
+
+
 def test_driver_api_kernels_every_way():
     for via in ["link", "dlsym", "procaddr", "ptsz"]:
         d = Container("8g").probe("launch", 1000, via=via)
