@@ -57,6 +57,8 @@ macro_rules! cuda_hooked_functions {
                 fn(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp,
                    flags: u64) -> CUresult;
             cuMemRelease ["cuMemRelease", 10020, any] fn(handle: CUmemGenericAllocationHandle) -> CUresult;
+            cuMemRetainAllocationHandle ["cuMemRetainAllocationHandle", 11000, any]
+                fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult;
 
             // Stream-ordered allocation and pools.
             cuMemAllocAsync ["cuMemAllocAsync", 11020, legacy]

@@ -659,9 +659,40 @@ pub(crate) unsafe fn cuMemCreate(
 pub(crate) unsafe fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
     let cuda = tri!(real::cuda());
     let r = call!(cuda, h.cuMemRelease(handle));
-    if r.is_success() {
-        if let Some(st) = ready_state() {
-            let _ = st.alloc.release_record(AllocationKind::VmmHandle, handle.0);
+    if let Some(st) = ready_state().filter(|_| r.is_success()) {
+        let mut refs = st.vmm_extra_refs.lock().unwrap_or_else(|e| e.into_inner());
+        match refs.get_mut(&handle.0) {
+            // A reference from cuMemRetainAllocationHandle: the allocation lives on.
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                refs.remove(&handle.0);
+            }
+            None => {
+                drop(refs);
+                let _ = st.alloc.release_record(AllocationKind::VmmHandle, handle.0);
+            }
+        }
+    }
+    r
+}
+
+pub(crate) unsafe fn cuMemRetainAllocationHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(cuda, h.cuMemRetainAllocationHandle(handle, addr));
+    if let Some(st) = ready_state().filter(|_| r.is_success()) {
+        // SAFETY: the driver filled the out-pointer (it fails on null).
+        if let Some(h) = unsafe { read_back(handle) } {
+            // The same handle value as cuMemCreate returned, one reference more.
+            if st.alloc.lookup(AllocationKind::VmmHandle, h.0).is_some() {
+                *st.vmm_extra_refs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(h.0)
+                    .or_insert(0) += 1;
+            }
         }
     }
     r

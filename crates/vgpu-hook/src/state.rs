@@ -103,6 +103,9 @@ pub(crate) struct Ready {
     /// Graph memory may exist (an alloc node was added or a stream-ordered allocation was
     /// made, which stream capture turns into one): graph launches measure it.
     pub(crate) graph_mem_possible: AtomicBool,
+    /// Extra references to charged `cuMemCreate` handles taken by
+    /// `cuMemRetainAllocationHandle`: the charge goes with the last `cuMemRelease`.
+    pub(crate) vmm_extra_refs: Mutex<HashMap<u64, u32>>,
     /// Primary context handle per CUDA ordinal, while we hold its memory charge.
     pub(crate) primary: Mutex<HashMap<i32, usize>>,
     /// NVML UUID → CUDA ordinal, built on the first NVML view.
@@ -295,6 +298,7 @@ pub(crate) fn make(
         pools: MeasuredTracker::default(),
         graph: MeasuredTracker::default(),
         graph_mem_possible: AtomicBool::new(false),
+        vmm_extra_refs: Mutex::new(HashMap::new()),
         primary: Mutex::new(HashMap::new()),
         ordinals_by_uuid: Mutex::new(None),
     }))
