@@ -55,6 +55,7 @@ pub fn env() -> &'static Env {
                 lib.display()
             );
         }
+        remove_stale_scratch();
         let scratch = std::env::temp_dir().join(format!("vgpu-hook-tests-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&scratch);
         std::fs::create_dir_all(&scratch).expect("scratch dir");
@@ -105,6 +106,26 @@ pub fn env() -> &'static Env {
             interposer,
         }
     })
+}
+
+/// Scratch directories of earlier test runs whose process is gone (nothing runs at exit to
+/// remove them).
+fn remove_stale_scratch() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("vgpu-hook-tests-")
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// A fresh shared-cache path for one test.
