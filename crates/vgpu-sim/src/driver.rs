@@ -1,6 +1,6 @@
 //! The exported CUDA driver API: pointer translation around [`crate::state::Sim`].
 //!
-//! Every export runs inside [`entry`]: the driver must be initialized (except for the few
+//! Every export runs inside `entry`: the driver must be initialized (except for the few
 //! functions real drivers answer before `cuInit`), injected faults apply, and a panic becomes
 //! `CUDA_ERROR_UNKNOWN` instead of unwinding into C.
 
