@@ -769,6 +769,22 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         }
     }
 
+    /// The region whose memory contains `addr`, if any (O(log regions), no allocation):
+    /// an untracked address inside a region is a double free or an interior pointer, which
+    /// must not reach the driver.
+    pub fn region_containing(&self, addr: DevicePtr) -> Option<RegionInfo> {
+        let st = self.lock();
+        let (_, &rid) = st.region_bases.range(..=addr.0).next_back()?;
+        let s = st.regions.get(rid)?;
+        s.region.contains(addr).then(|| RegionInfo {
+            device: s.device,
+            context: s.context,
+            base: s.region.base(),
+            chunks: s.region.chunks(),
+            free_chunks: s.region.free_chunks(),
+        })
+    }
+
     /// Every region held (tests, diagnostics; O(regions)).
     pub fn regions(&self) -> Vec<RegionInfo> {
         self.lock()
@@ -807,6 +823,21 @@ impl<B: DeviceBackend, L: UsageLedger> PendingRecord<'_, B, L> {
     /// Bytes charged.
     pub fn accounted(&self) -> u64 {
         self.reservation.bytes()
+    }
+
+    /// Change the charge to `accounted` (e.g. a pitched allocation's estimate corrected
+    /// with the real pitch) without holding two charges at once. Growing may give warm
+    /// empty regions back first, like any reservation.
+    pub fn resize(&mut self, accounted: u64) -> Result<(), AllocError> {
+        match self.reservation.resize(accounted) {
+            Ok(()) => Ok(()),
+            Err(oom) => {
+                if self.allocator.evict_empty_regions(Some(self.device)) == 0 {
+                    return Err(oom.into());
+                }
+                self.reservation.resize(accounted).map_err(Into::into)
+            }
+        }
     }
 
     /// The driver succeeded and returned `key` (address or handle): track it.

@@ -122,6 +122,21 @@ impl<'a> Reservation<'a> {
         self.bytes
     }
 
+    /// Change the reserved amount to `bytes` (an estimate corrected once the driver
+    /// answered): growing reserves the difference (refused as [`OutOfMemory`] for the
+    /// difference, leaving the reservation as it was), shrinking releases it.
+    pub fn resize(&mut self, bytes: u64) -> Result<(), OutOfMemory> {
+        if bytes > self.bytes {
+            self.ledger
+                .try_reserve(self.device, self.class, bytes - self.bytes)?;
+        } else if bytes < self.bytes {
+            self.ledger
+                .release(self.device, self.class, self.bytes - bytes);
+        }
+        self.bytes = bytes;
+        Ok(())
+    }
+
     /// Keep the bytes reserved: the allocation they pay for now exists. The caller
     /// releases them through the ledger when the allocation is freed.
     pub fn commit(self) {
@@ -238,5 +253,27 @@ mod tests {
                 limit: Some(100)
             }
         );
+    }
+
+    #[test]
+    fn reservation_resizes_within_the_limit() {
+        let mut limits = [None; MAX_DEVICES];
+        limits[0] = Some(100);
+        let ledger = InMemoryLedger::new(limits);
+        let d = DeviceIndex(0);
+        let mut r = Reservation::new(&ledger, d, UsageClass::Data, 60).unwrap();
+        r.resize(90).unwrap();
+        assert_eq!(ledger.usage(d).used, 90);
+        let err = r.resize(101).unwrap_err();
+        assert_eq!((err.requested, err.in_use), (11, 90));
+        assert_eq!(
+            (r.bytes(), ledger.usage(d).used),
+            (90, 90),
+            "a refused resize changes nothing"
+        );
+        r.resize(10).unwrap();
+        assert_eq!(ledger.usage(d).used, 10);
+        drop(r);
+        assert_eq!(ledger.usage(d).used, 0);
     }
 }

@@ -270,6 +270,51 @@ fn records_made_by_the_hook_are_charged_tracked_and_released() {
 }
 
 #[test]
+fn a_pending_record_resizes_without_a_double_charge() {
+    let a = allocator(Some(10 * MIB));
+    let mut p = a
+        .begin_record(AllocationKind::Pitched, D0, C1, 5 * MIB, 6 * MIB)
+        .unwrap();
+    // Two reservations (6 + 8 MiB) would not fit a 10 MiB limit; a resize does.
+    p.resize(8 * MIB).unwrap();
+    assert_eq!(a.usage(D0).used, 8 * MIB);
+    assert!(matches!(
+        p.resize(11 * MIB),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert_eq!((p.accounted(), a.usage(D0).used), (8 * MIB, 8 * MIB));
+    p.resize(4 * MIB).unwrap();
+    p.commit(0x1000).unwrap();
+    assert_eq!(a.usage(D0).used, 4 * MIB);
+    assert_eq!(
+        a.release_record(AllocationKind::Pitched, 0x1000)
+            .unwrap()
+            .released,
+        4 * MIB
+    );
+    assert_eq!(a.usage(D0).used, 0);
+}
+
+#[test]
+fn region_containing_finds_the_region_of_any_interior_address() {
+    let a = allocator(None);
+    let s = a.allocate(D0, C1, 1000).unwrap();
+    let r = a.region_containing(DevicePtr(s.ptr.0 + 5000)).unwrap();
+    assert_eq!((r.device, r.context, r.chunks), (D0, C1, 262_144));
+    assert!(
+        a.region_containing(DevicePtr(r.base.0 + (128 << 20) - 1))
+            .is_some()
+    );
+    assert!(
+        a.region_containing(DevicePtr(r.base.0 + (128 << 20)))
+            .is_none()
+    );
+    assert!(a.region_containing(DevicePtr(r.base.0 - 1)).is_none());
+    let d = a.allocate(D0, C1, 4 * MIB).unwrap();
+    assert!(a.region_containing(d.ptr).is_none());
+}
+
+#[test]
 fn a_reused_key_replaces_the_stale_entry_and_its_charge() {
     let a = allocator(None);
     a.begin_record(AllocationKind::Array, D0, C1, 1, MIB)
