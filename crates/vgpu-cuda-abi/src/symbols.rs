@@ -118,6 +118,9 @@ macro_rules! cuda_hooked_functions {
                 fn(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode,
                    num_dependencies: usize, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
             cuDeviceGraphMemTrim ["cuDeviceGraphMemTrim", 11040, any] fn(dev: CUdevice) -> CUresult;
+            // Uploading a graph reserves its memory ahead of its first launch.
+            cuGraphUpload ["cuGraphUpload", 11010, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
+            cuGraphUpload_ptsz ["cuGraphUpload", 11010, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
 
             // Work submission (the SM limit's entry points).
             cuLaunchKernel ["cuLaunchKernel", 4000, legacy]

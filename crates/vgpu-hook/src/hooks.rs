@@ -1461,6 +1461,18 @@ pub(crate) unsafe fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
     r
 }
 
+pub(crate) unsafe fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(cuda, h.cuGraphUpload(exec, stream));
+    after_graph_launch(cuda, stream, r)
+}
+
+pub(crate) unsafe fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(cuda, h.cuGraphUpload_ptsz(exec, stream));
+    after_graph_launch(cuda, stream, r)
+}
+
 // ---------------------------------------------------------------------------------------
 // Launches.
 
@@ -1704,7 +1716,7 @@ pub(crate) unsafe fn cuLaunchCooperativeKernel_ptsz(
     )
 }
 
-/// After a graph launch: graphs with memory nodes reserve device memory now.
+/// After a graph launch or upload: graphs with memory nodes reserve device memory now.
 fn after_graph_launch(cuda: &Cuda, stream: CUstream, r: CUresult) -> CUresult {
     if r.is_success() {
         if let Some(st) = ready_state().filter(|st| st.graph_mem_possible.load(Ordering::Relaxed)) {
