@@ -260,9 +260,10 @@ fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
         policy: policy(),
         ..LimiterConfig::default()
     };
-    // VGPU_SM_CONTENTION=0 turns the NVML-based contention correction off.
-    if std::env::var("VGPU_SM_CONTENTION").is_ok_and(|v| v.trim() == "0") {
-        cfg.contention_period = 0;
+    // VGPU_SM_CONTENTION=1 turns the NVML-based contention correction on (experimental:
+    // NVML's per-process utilization proved unreliable under time slicing on the H200).
+    if std::env::var("VGPU_SM_CONTENTION").is_ok_and(|v| v.trim() == "1") {
+        cfg.contention_period = 500_000_000;
     }
     let view = FileView {
         device: d,

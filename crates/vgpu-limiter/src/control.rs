@@ -44,7 +44,9 @@ pub struct LimiterConfig {
     /// Budget against `limit − other processes' share` (the container-wide limit).
     pub share_with_peers: bool,
     /// How often the device's own accounting ([`ContainerView::device_sample`]) is compared
-    /// with the events' measurements; 0 turns the contention correction off.
+    /// with the events' measurements; 0 (the default) turns the contention correction off.
+    /// Off by default: on the H200, NVML's per-process utilization split time-sliced work
+    /// about evenly between two tenants whatever their real shares (docs/sm-limit.md).
     pub contention_period: Nanos,
     /// The correction applies only when the device sees clearly less of our work than the
     /// events do (ratio below this), and other processes are active.
@@ -69,7 +71,7 @@ impl Default for LimiterConfig {
             publish_period: 100 * MILLIS,
             activity_period: 1_000 * MILLIS,
             share_with_peers: true,
-            contention_period: 500 * MILLIS,
+            contention_period: 0,
             contention_threshold: 0.9,
             contention_floor: 0.5,
         }

@@ -184,6 +184,14 @@ fn two_containers_at_30_and_70() {
     assert_near("70% container", w.gpu.busy_fraction(b, S, 8 * S), 0.70, 2.0);
 }
 
+/// A configuration with the contention correction on.
+fn correcting() -> LimiterConfig {
+    LimiterConfig {
+        contention_period: 500 * MS,
+        ..cfg()
+    }
+}
+
 /// Runs one 50% loop whose device accounting reports `scale` × its true busy share;
 /// returns (true busy share, correction factor).
 fn corrected(scale: f64, others_active: bool, c: LimiterConfig) -> (f64, f64) {
@@ -202,7 +210,7 @@ fn corrected(scale: f64, others_active: bool, c: LimiterConfig) -> (f64, f64) {
 fn contention_correction_follows_the_devices_own_accounting() {
     // The events count 1/0.75 of what the device attributes to us (our work waited behind
     // another process's time slices): the device's view of our share is held at 50%.
-    let (busy, factor) = corrected(0.75, true, cfg());
+    let (busy, factor) = corrected(0.75, true, correcting());
     assert!((factor - 0.75).abs() < 0.03, "factor {factor}");
     assert_near("device-accounted share", busy * 0.75, 0.50, 2.0);
 }
@@ -210,22 +218,18 @@ fn contention_correction_follows_the_devices_own_accounting() {
 #[test]
 fn contention_correction_stays_off_alone_or_when_close() {
     // Alone on the device: no correction, whatever the device reports.
-    let (busy, factor) = corrected(0.6, false, cfg());
+    let (busy, factor) = corrected(0.6, false, correcting());
     assert_eq!(factor, 1.0);
     assert_near("alone", busy, 0.50, 2.0);
     // Device and events agree within the threshold: no correction.
-    let (busy, factor) = corrected(0.95, true, cfg());
+    let (busy, factor) = corrected(0.95, true, correcting());
     assert_eq!(factor, 1.0);
     assert_near("close", busy, 0.50, 2.0);
     // Never discounted below the floor.
-    let (_, factor) = corrected(0.2, true, cfg());
+    let (_, factor) = corrected(0.2, true, correcting());
     assert!((factor - 0.5).abs() < 0.01, "floor: {factor}");
-    // Turned off.
-    let off = LimiterConfig {
-        contention_period: 0,
-        ..cfg()
-    };
-    let (busy, factor) = corrected(0.75, true, off);
+    // Off (the default).
+    let (busy, factor) = corrected(0.75, true, cfg());
     assert_eq!(factor, 1.0);
     assert_near("off", busy, 0.50, 2.0);
 }
