@@ -87,3 +87,116 @@ pub(crate) fn substitute_proc_address(
     }
     found
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_cuda_abi::proc_address_flags::{DEFAULT, PER_THREAD_DEFAULT_STREAM};
+
+    const BASE: usize = 0x7000_0000;
+
+    /// A fake driver exporting every hooked symbol at BASE + 16 * index.
+    fn driver() -> real::Cuda {
+        real::Cuda::fake(
+            (0..CUDA_HOOKED_SYMBOLS.len())
+                .map(|i| BASE + 16 * i)
+                .collect(),
+        )
+    }
+
+    fn index(name: &str) -> usize {
+        CUDA_HOOKED_SYMBOLS
+            .iter()
+            .position(|s| s.name == name)
+            .unwrap()
+    }
+
+    fn ours(name: &str) -> *mut c_void {
+        CUDA_EXPORTS.get(index(name))
+    }
+
+    #[test]
+    fn a_real_hooked_pointer_becomes_our_wrapper_of_the_same_symbol() {
+        let cuda = driver();
+        for s in CUDA_HOOKED_SYMBOLS {
+            let real = (BASE + 16 * index(s.name)) as *mut c_void;
+            // Whatever name and version the caller used: the pointer decides.
+            assert_eq!(
+                substitute_proc_address(&cuda, s.base, real, 12000, DEFAULT),
+                ours(s.name),
+                "{}",
+                s.name
+            );
+        }
+    }
+
+    #[test]
+    fn an_internal_entry_point_falls_back_to_name_version_and_stream_flavour() {
+        let cuda = driver();
+        let internal = 0x1234_5000 as *mut c_void;
+        assert_eq!(
+            substitute_proc_address(&cuda, "cuMemAlloc", internal, 12000, DEFAULT),
+            ours("cuMemAlloc_v2")
+        );
+        assert_eq!(
+            substitute_proc_address(&cuda, "cuCtxCreate", internal, 11040, DEFAULT),
+            ours("cuCtxCreate_v3")
+        );
+        assert_eq!(
+            substitute_proc_address(&cuda, "cuCtxCreate", internal, 13000, DEFAULT),
+            ours("cuCtxCreate_v4")
+        );
+        assert_eq!(
+            substitute_proc_address(
+                &cuda,
+                "cuLaunchKernel",
+                internal,
+                12000,
+                PER_THREAD_DEFAULT_STREAM
+            ),
+            ours("cuLaunchKernel_ptsz")
+        );
+        assert_eq!(
+            substitute_proc_address(&cuda, "cuLaunchKernel", internal, 12000, DEFAULT),
+            ours("cuLaunchKernel")
+        );
+        // A version older than any hooked variant (the 32-bit v1 API): untouched.
+        assert_eq!(
+            substitute_proc_address(&cuda, "cuMemAlloc", internal, 3000, DEFAULT),
+            internal
+        );
+    }
+
+    #[test]
+    fn everything_else_passes_through() {
+        let cuda = driver();
+        let p = 0x4242_0000 as *mut c_void;
+        assert_eq!(
+            substitute_proc_address(&cuda, "cuMemcpyHtoD", p, 12000, DEFAULT),
+            p
+        );
+        assert_eq!(
+            substitute_proc_address(&cuda, "cuMemAlloc", std::ptr::null_mut(), 12000, DEFAULT),
+            std::ptr::null_mut()
+        );
+        // Our own wrapper stays ours.
+        assert_eq!(
+            substitute_proc_address(&cuda, "cuMemAlloc", ours("cuMemAlloc_v2"), 12000, DEFAULT),
+            ours("cuMemAlloc_v2")
+        );
+    }
+
+    #[test]
+    fn no_fallback_to_a_variant_the_driver_does_not_have() {
+        let mut addrs: Vec<usize> = (0..CUDA_HOOKED_SYMBOLS.len())
+            .map(|i| BASE + 16 * i)
+            .collect();
+        addrs[index("cuCtxCreate_v4")] = 0;
+        let cuda = real::Cuda::fake(addrs);
+        let internal = 0x1234_5000 as *mut c_void;
+        assert_eq!(
+            substitute_proc_address(&cuda, "cuCtxCreate", internal, 13000, DEFAULT),
+            internal
+        );
+    }
+}

@@ -96,6 +96,13 @@ macro_rules! fn_table {
                 )*}
             }
 
+            /// A table with no functions (tests).
+            #[cfg(test)]
+            #[allow(dead_code)]
+            fn none() -> Self {
+                Self {$($name: None,)*}
+            }
+
             /// `(symbol, real address)` for every entry, in declaration-list order.
             #[allow(dead_code)]
             fn addresses(&self) -> Vec<usize> {
@@ -156,6 +163,19 @@ impl Cuda {
     #[allow(dead_code)]
     pub(crate) fn is_handle(&self, handle: *mut c_void) -> bool {
         handle as usize == self.handle
+    }
+}
+
+impl Cuda {
+    /// A driver whose hooked symbols live at `hooked_addrs` (tests of the lookup logic).
+    #[cfg(test)]
+    pub(crate) fn fake(hooked_addrs: Vec<usize>) -> Self {
+        Cuda {
+            h: CudaHooked::none(),
+            u: CudaUsed::none(),
+            handle: 0,
+            hooked_addrs,
+        }
     }
 }
 
