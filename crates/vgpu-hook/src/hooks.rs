@@ -5,6 +5,7 @@
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::atomic::Ordering;
 
@@ -226,16 +227,25 @@ fn nvml_device_usage(
     device: nvmlDevice_t,
 ) -> Option<vgpu_alloc_core::DeviceUsage> {
     let uuid = driver::nvml_uuid(nvml, device)?;
-    let mut map = st
+    let cached = |map: &HashMap<String, i32>| map.get(&uuid).copied();
+    let known = st
         .ordinals_by_uuid
         .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if map.is_none() {
-        let cuda = real::cuda().ok()?;
-        *map = Some(driver::cuda_ordinals_by_uuid(cuda));
-    }
-    let ordinal = *map.as_ref()?.get(&uuid)?;
-    drop(map);
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(cached);
+    let ordinal = match known {
+        Some(ordinal) => ordinal?,
+        None => {
+            // Built without holding our lock: loading the driver may wait on the loader.
+            let map = driver::cuda_ordinals_by_uuid(real::cuda().ok()?);
+            let ordinal = cached(&map);
+            *st.ordinals_by_uuid
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(map);
+            ordinal?
+        }
+    };
     Some(st.ledger().usage_for_view(dev_index(CUdevice(ordinal))?))
 }
 
@@ -1217,16 +1227,18 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevic
     if !r.is_success() || pctx.is_null() {
         return r;
     }
-    // SAFETY: the driver filled the non-null out-pointer.
-    let ctx = unsafe { *pctx };
-    let mut primary = st.primary.lock().unwrap_or_else(|e| e.into_inner());
-    if !creating || primary.contains_key(&dev.0) {
+    if !creating {
         return r;
     }
-    let Some(bytes) = before
-        .zip(driver::nvml_used_bytes(cuda, dev))
-        .map(|(b, a)| measured_growth(b, a))
-    else {
+    // SAFETY: the driver filled the non-null out-pointer.
+    let ctx = unsafe { *pctx };
+    // Measured before taking our lock (NVML calls may enter the loader).
+    let after = before.and_then(|_| driver::nvml_used_bytes(cuda, dev));
+    let mut primary = st.primary.lock().unwrap_or_else(|e| e.into_inner());
+    if primary.contains_key(&dev.0) {
+        return r; // another thread created and charged it
+    }
+    let Some(bytes) = before.zip(after).map(|(b, a)| measured_growth(b, a)) else {
         vlog!(
             INFO,
             "device {idx}: context memory not measured (NVML unavailable)"
