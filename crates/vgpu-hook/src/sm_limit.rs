@@ -445,14 +445,15 @@ fn resolve_events() -> Option<EventFns> {
 }
 
 impl EventFns {
-    /// Whether `stream` is being captured into a graph (errors count as capturing: then
-    /// the limiter stays away from the stream).
+    /// Whether `stream` is being captured into a graph. An error counts as "not capturing":
+    /// the launch then most likely fails too, and a failing event record only leaves the
+    /// launch unmeasured (charged its estimate).
     fn capturing(&self, stream: CUstream) -> bool {
         let mut status: c_int = 0;
         // SAFETY: valid out-pointer; the stream handle is the application's, as it passes
         // it to the launch.
         let r = unsafe { (self.is_capturing)(stream, &mut status) };
-        !r.is_success() || status != 0
+        r.is_success() && status != 0
     }
 
     fn current_context(&self) -> Option<usize> {

@@ -346,7 +346,6 @@ fn two_processes_share_one_container_limit() {
 }
 
 #[test]
-#[ignore = "needs the _ptsz hooks to pass CU_STREAM_PER_THREAD (0x2) for stream 0 (see sm_limit.rs)"]
 fn per_thread_stream_launches_are_held() {
     let _one = serial();
     let base = baseline('p', 2_000);
