@@ -47,6 +47,7 @@ fn steady_state_within_two_points_short_and_long_kernels() {
 fn events_are_batched_not_per_launch() {
     let (_, w) = steady(50, 50 * US, S, 3 * S);
     let stats = w.apps[0].limiter.stats();
+    eprintln!("{} launches, {} markers", stats.launches, stats.markers);
     assert!(stats.launches > 10_000, "{stats:?}");
     // About 10 launches of 50 µs per 500 µs segment: far fewer markers than launches.
     assert!(
