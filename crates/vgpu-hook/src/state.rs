@@ -234,10 +234,10 @@ fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String>
     };
     let path = &config.shared_cache;
     let table =
-        UsageTable::open_or_create(path, &init).map_err(|e| format!("shared table {path}: {e}"))?;
+        UsageTable::open_or_create(path, &init).map_err(|e| format!("shared table: {e}"))?;
     let slot = table
         .register_self()
-        .map_err(|e| format!("shared table {path}: {e}"))?;
+        .map_err(|e| format!("shared table: {e}"))?;
     vlog!(
         INFO,
         "registered in shared table {path} (slot {})",
