@@ -177,6 +177,7 @@ fn build() -> &'static Enforcement {
     let config = Config::from_lookup(env);
     let uuids = visible_uuids();
     let open_shared_table = move |c: &Config| open_table(c, uuids);
+    let mut waits = 0u32;
     loop {
         if BUILDING
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -189,7 +190,14 @@ fn build() -> &'static Enforcement {
             // SAFETY: as in get().
             return unsafe { &*p };
         }
-        std::thread::yield_now();
+        // The builder may wait on the shared file's initialization lock (seconds at worst):
+        // yield at first, then sleep, rather than burn a core.
+        waits += 1;
+        if waits < 100 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
     }
     let p = STATE.load(Ordering::Acquire);
     if !p.is_null() {
