@@ -98,7 +98,9 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
         "cmn x0, #1",
-        "b.ne {imp}",
+        "b.eq 2f",
+        "b {imp}", // b (±128 MiB, veneers allowed), not b.ne (±1 MiB)
+        "2:",
         "stp x0, x1, [sp, #-32]!",
         "str x30, [sp, #16]",
         "bl {real}",
