@@ -510,3 +510,41 @@ fn the_simulators_proc_address_pointers_cannot_be_interposed() {
         "0"
     );
 }
+
+/// (context, data, total) the shared file (HAMi layout 1.2) charges to `pid` on device 0.
+fn slot_usage(cache: &str, pid: u32) -> Option<(u64, u64, u64)> {
+    let b = std::fs::read(cache).ok()?;
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let proc_num = i32::from_le_bytes(b[2_008_896..2_008_900].try_into().unwrap());
+    (0..proc_num.clamp(0, 1024) as usize).find_map(|i| {
+        let base = 1856 + i * 1960;
+        let p = i32::from_le_bytes(b[base..base + 4].try_into().unwrap());
+        (p == pid as i32).then(|| {
+            (
+                u64_at(base + 8),
+                u64_at(base + 8 + 16),
+                u64_at(base + 8 + 32),
+            )
+        })
+    })
+}
+
+#[test]
+fn accounted_usage_of_a_process_matches_what_nvml_reports_for_it() {
+    // Each context takes 24 MiB of the simulated device; the process holds 40 MiB more.
+    let run = Run::hooked("256m").var("VGPU_SIM_CTX_OVERHEAD", "24m");
+    let mut a = run.spawn(&["hold", "41943040"]);
+    let nvml_line = a.wait_for("nvml_self_used=");
+    assert_eq!(a.wait_for("hold="), "hold=0");
+    let slot =
+        slot_usage(&run.cache(), a.pid()).expect("no slot for the process in the shared file");
+    a.finish();
+    let nvml: u64 = nvml_line
+        .trim_start_matches("nvml_self_used=")
+        .parse()
+        .unwrap();
+    assert_eq!(nvml, 64 * MIB, "the simulated NVML figure");
+    assert_eq!(slot.0, 24 * MIB, "context charge");
+    assert_eq!(slot.1, 40 * MIB, "data charge");
+    assert_eq!(slot.2, nvml, "accounted total against NVML");
+}

@@ -494,7 +494,16 @@ static int cmd_hold(size_t size) {
     ctx_on(0);
     CUdeviceptr p = 0;
     CUresult r = A.cuMemAlloc_v2(&p, size);
-    printf("hold=%d\nused=%zu\n", r, used_now());
+    /* What NVML says this process uses on device 0 (before "hold=" so a reader has it). */
+    if (N.Init && N.Init() == 0) {
+        nvmlDevice_t d;
+        nvmlProcessInfo_t procs[64];
+        unsigned np = 64;
+        if (N.GetHandleByIndex(0, &d) == 0 && N.GetProcs && N.GetProcs(d, &np, procs) == 0)
+            for (unsigned k = 0; k < np; k++)
+                if (procs[k].pid == (unsigned)getpid()) printf("nvml_self_used=%llu\n", procs[k].usedGpuMemory);
+    }
+    printf("used=%zu\nhold=%d\n", used_now(), r);
     fflush(stdout);
     char line[64];
     if (!fgets(line, sizeof line, stdin)) {

@@ -357,6 +357,11 @@ impl Held {
         rest
     }
 
+    /// The probe's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the probe (SIGKILL) and reaps it.
     pub fn kill(mut self) {
         let _ = self.child.kill();
