@@ -261,6 +261,7 @@ const _: () = {
     assert!(size_of::<SlotRecord>() % 64 == 0);
     assert!(offset_of!(Extension, devices) == 64);
     assert!(size_of::<Extension>() < u32::MAX as usize);
+    assert!(FILE_LEN == 2_599_872);
 };
 
 /// Byte offsets of fields other code (tests, the monitor emulation, validation) needs by number.

@@ -36,9 +36,9 @@ const SWEEP_LOCK_TIMEOUT: Duration = Duration::from_millis(100);
 pub struct TableInit {
     /// NVML UUIDs in NVML index order; their count is the file's `device_num` (at most 16).
     pub uuids: Vec<String>,
-    /// Memory limit per device in bytes (`None` or missing = unlimited).
+    /// Memory limit per device in bytes (`None`, `Some(0)` or missing = unlimited).
     pub memory_limits: Vec<Option<u64>>,
-    /// SM limit per device in percent (`None` or missing = unlimited).
+    /// SM limit per device in percent, at most 100 (`None`, 0, 100 or missing = unlimited).
     pub sm_limits: Vec<Option<u64>>,
     /// `CUDA_TASK_PRIORITY` (HAMi's default is 1).
     pub priority: i32,
@@ -56,15 +56,8 @@ impl TableInit {
         if let Some(u) = self.uuids.iter().find(|u| u.len() >= UUID_LEN) {
             return invalid("uuid (too long)", u.clone());
         }
-        if self.memory_limits.contains(&Some(0)) {
-            return invalid("memory limit", "0 (use None for unlimited)".into());
-        }
-        if let Some(p) = self
-            .sm_limits
-            .iter()
-            .flatten()
-            .find(|&&p| p == 0 || p > 100)
-        {
+        // As in HAMi, a limit of 0 means unlimited (stored as 0).
+        if let Some(p) = self.sm_limits.iter().flatten().find(|&&p| p > 100) {
             return invalid("SM limit percent", p.to_string());
         }
         Ok(())

@@ -45,7 +45,8 @@ fn storm(path: &TempPath, ctl: &Control, child: usize) -> i32 {
     let mut max_op = Duration::ZERO;
     let mut kinds = [Duration::ZERO; 3];
     let mut ops = 0u64;
-    while ctl.word(STOP).load(Ordering::Relaxed) == 0 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ctl.word(STOP).load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
         let start = Instant::now();
         let kind;
         if !held.is_empty() && rng.next() % 2 == 0 {
@@ -81,9 +82,10 @@ fn storm(path: &TempPath, ctl: &Control, child: usize) -> i32 {
         .store(max_op.as_micros() as u64, Ordering::SeqCst);
     ctl.word(w(child, 4)).store(ops, Ordering::SeqCst);
     ctl.word(w(child, 0)).store(1, Ordering::SeqCst);
-    while ctl.word(RELEASE).load(Ordering::SeqCst) == 0 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    // Bounded, so a failing test never leaves an orphan behind.
+    wait_until(Duration::from_secs(30), || {
+        ctl.word(RELEASE).load(Ordering::SeqCst) != 0
+    });
     for (d, c, b) in held {
         me.release(d, c, b);
     }

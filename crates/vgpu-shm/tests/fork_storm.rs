@@ -42,7 +42,8 @@ fn sixteen_processes_never_exceed_the_limit_and_end_at_zero() {
         let t = UsageTable::open_or_create(&path.0, &init()).unwrap();
         let me = t.register_self().unwrap();
         let mut n = 0u64;
-        while ctl.word(STOP).load(Ordering::SeqCst) == 0 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while ctl.word(STOP).load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
             let used = t.usage(D0).used;
             if used > LIMIT {
                 ctl.word(VIOLATIONS).fetch_add(1, Ordering::SeqCst);
