@@ -384,7 +384,6 @@ impl UsageTable {
             path: path.to_path_buf(),
             source,
         };
-        let mut created = false;
         let file = match init {
             Some(_) => {
                 match OpenOptions::new()
@@ -398,7 +397,6 @@ impl UsageTable {
                         // The umask may have masked bits; set them without touching the umask.
                         f.set_permissions(std::fs::Permissions::from_mode(0o666))
                             .map_err(io("fchmod"))?;
-                        created = true;
                         f
                     }
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => OpenOptions::new()
@@ -432,7 +430,9 @@ impl UsageTable {
         }
         let guard = FlockGuard(&file);
         let len = file.metadata().map_err(io("fstat"))?.len();
+        let mut created = false;
         let map = if len == 0 && init.is_some() {
+            created = true;
             Self::initialize(&file, init.unwrap_or(&TableInit::default()))
                 .map_err(io("initialize"))?
         } else {
@@ -444,6 +444,7 @@ impl UsageTable {
                 Ok(_) => unreachable_truncated(len).map_err(invalid)?,
                 Err(ImageError::Uninitialized) if init.is_some() => {
                     drop(map);
+                    created = true;
                     Self::initialize(&file, init.unwrap_or(&TableInit::default()))
                         .map_err(io("initialize"))?
                 }
@@ -511,7 +512,7 @@ impl UsageTable {
         &self.inner.path
     }
 
-    /// Whether this handle created (initialized) the file.
+    /// Whether this handle initialized the file (else it found an initialized table).
     pub fn created(&self) -> bool {
         self.inner.created
     }
