@@ -814,6 +814,11 @@ impl UsageTable {
         self.region().priority.load(Ordering::Relaxed)
     }
 
+    /// `last_kernel_time`: seconds since the epoch of the last recorded kernel launch.
+    pub fn last_kernel_time(&self) -> u64 {
+        self.region().last_kernel_time.load(Ordering::Relaxed)
+    }
+
     /// Record a kernel launch now in `last_kernel_time` (written only when the second changes,
     /// so launches do not bounce the cache line).
     pub fn touch_kernel_time(&self) {

@@ -91,6 +91,7 @@ fn file_has_hami_layout_at_exact_offsets() {
     assert_eq!(read_i32(&b, 2_008_896), 1); // proc_num
     assert_eq!(read_i32(&b, 2_008_908), 1); // priority
     assert!(read_u64(&b, 2_008_912) > 1_700_000_000); // last_kernel_time
+    assert_eq!(t.last_kernel_time(), read_u64(&b, 2_008_912));
     me.release(D1, UsageClass::Data, 300);
     me.release(D1, UsageClass::Context, 20);
 }
