@@ -7,7 +7,7 @@
 //! asked and released only *after* the device freed them, so concurrent processes can
 //! never together exceed a limit.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::{BackendError, ContextId, DeviceBackend, DevicePtr};
@@ -16,7 +16,7 @@ use crate::ledger::{
     DeviceIndex, DeviceUsage, MAX_DEVICES, OutOfMemory, Reservation, UsageClass, UsageLedger,
 };
 use crate::region::Region;
-use crate::table::{AllocId, Allocation, AllocationKind, AllocationTable, Placement};
+use crate::table::{AllocId, Allocation, AllocationKind, AllocationTable, IdHashMap, Placement};
 
 /// Why an allocation (or a reservation for one) was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -157,7 +157,7 @@ struct State {
     regions: slab::Slab<RegionSlot>,
     /// Region base address -> slot, to find the region of an interior address.
     region_bases: BTreeMap<u64, usize>,
-    pools: HashMap<(DeviceIndex, ContextId), Pool>,
+    pools: IdHashMap<(DeviceIndex, ContextId), Pool>,
     stale_replaced: u64,
     region_free_failures: u64,
 }

@@ -93,7 +93,13 @@ impl Region {
 
     /// Device address of chunk `index`.
     pub fn address_of(&self, index: u32) -> DevicePtr {
-        DevicePtr(self.base.0 + (u64::from(index) << self.chunk_shift))
+        // The driver never maps a region across the top of the address space; wrap
+        // rather than panic if a broken backend ever claims otherwise.
+        DevicePtr(
+            self.base
+                .0
+                .wrapping_add(u64::from(index) << self.chunk_shift),
+        )
     }
 
     /// Whether `ptr` lies inside the region.
