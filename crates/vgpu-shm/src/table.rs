@@ -522,7 +522,7 @@ impl UsageTable {
         self.inner.lock_file.is_some()
     }
 
-    fn region(&self) -> &HamiRegion {
+    pub(crate) fn region(&self) -> &HamiRegion {
         // Attach only succeeds with a mapping of at least FILE_LEN bytes.
         self.inner
             .map
@@ -530,7 +530,7 @@ impl UsageTable {
             .expect("mapping validated at attach")
     }
 
-    fn ext(&self) -> &Extension {
+    pub(crate) fn ext(&self) -> &Extension {
         self.inner
             .map
             .extension()
@@ -613,8 +613,10 @@ impl UsageTable {
     }
 
     fn sweep_with_timeout(&self, timeout: Duration) -> Result<usize, ShmError> {
-        // Probing without the lock first keeps the common case (nobody died) cheap.
-        if protocol::find_dead(&self.store()).is_empty() {
+        // Probing without the lock first keeps the common case (nobody died) cheap. A set
+        // `admin_dirty` means an administrator is at work or died inside (then `admin` repairs).
+        let dirty = self.ext().header.admin_dirty.load(Ordering::Acquire) != 0;
+        if !dirty && protocol::find_dead(&self.store()).is_empty() {
             return Ok(0);
         }
         self.admin(timeout, |st, me| {

@@ -330,6 +330,39 @@ fn crash_inside_a_device_lock_recovers_within_100ms() {
 }
 
 #[test]
+fn administrator_killed_mid_repair_is_finished_by_the_next_reservation() {
+    use crate::protocol::{Store, admin_owner_word};
+    let p = TempPath::new("admincrash");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let a = t.register_self().unwrap();
+    let b = t.register_self().unwrap();
+    a.try_reserve(D0, UsageClass::Data, 30).unwrap();
+    b.try_reserve(D1, UsageClass::Data, 20).unwrap();
+    // An administrator (a CLI, no slot of its own) died while rebuilding HAMi's view: device
+    // lock 0 still names it, the view is half written, the dirty flag is set.
+    {
+        let st = t.store();
+        let epoch = t.ext().header.admin_epoch.load(Ordering::SeqCst);
+        st.lock_word(0)
+            .store(admin_owner_word(epoch), Ordering::SeqCst);
+        t.ext().header.admin_dirty.store(1, Ordering::SeqCst);
+        t.region().proc_num.store(0, Ordering::SeqCst);
+    }
+    let start = Instant::now();
+    b.try_reserve(D0, UsageClass::Data, 70).unwrap();
+    assert!(
+        start.elapsed().as_millis() < 100,
+        "took {:?}",
+        start.elapsed()
+    );
+    let snap = t.snapshot();
+    assert_eq!(snap.proc_num, 2, "the view was rebuilt");
+    assert_eq!(snap.devices[0].used, 100);
+    assert_eq!(a.audit(D0), Some((100, 100, 100)));
+    assert_eq!(a.audit(D1), Some((20, 20, 20)));
+}
+
+#[test]
 fn full_slot_table_is_a_clear_error() {
     let p = TempPath::new("full");
     let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
