@@ -563,11 +563,17 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
                 start,
                 count,
             } => {
-                let Some(slot) = st.regions.get_mut(region) else {
-                    return Err(FreeError::Internal("sub-allocation names a missing region"));
+                let freed = match st.regions.get_mut(region) {
+                    None => Err("sub-allocation names a missing region"),
+                    Some(slot) => slot
+                        .region
+                        .free(start, count)
+                        .map_err(|_| "sub-allocation chunks were not in use"),
                 };
-                if slot.region.free(start, count).is_err() {
-                    return Err(FreeError::Internal("sub-allocation chunks were not in use"));
+                if let Err(why) = freed {
+                    // A failed call changes nothing: the entry stays tracked.
+                    let _ = st.table.insert(entry);
+                    return Err(FreeError::Internal(why));
                 }
                 let surplus = st.detach_if_surplus(region);
                 drop(st);
