@@ -36,8 +36,8 @@ mod validate;
 
 pub use error::{ImageError, ShmError};
 pub use table::{
-    DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot, TableInit, TableSnapshot,
-    UsageTable,
+    DeviceAudit, DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot, TableInit,
+    TableSnapshot, UsageTable,
 };
 pub use validate::ImageInfo;
 

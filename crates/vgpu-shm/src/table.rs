@@ -964,6 +964,24 @@ fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit) {
     r.initialized_flag.store(HAMI_MAGIC, Ordering::Release);
 }
 
+/// One device's numbers read together under its lock (see [`ProcessSlot::audit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAudit {
+    /// The device's reservation total.
+    pub total: u64,
+    /// Sum of every slot's held bytes (equals `total` by the protocol's invariant).
+    pub held: u64,
+    /// Sum of HAMi's `used[device].total` over `[0, proc_num)` (what the monitor adds up).
+    pub hami_used: u64,
+}
+
+impl DeviceAudit {
+    /// Whether the three agree.
+    pub fn is_consistent(&self) -> bool {
+        self.total == self.held && self.held == self.hami_used
+    }
+}
+
 /// This process's registration in a table: the [`UsageLedger`] the hook reserves through.
 ///
 /// Dropping it deregisters (returns its usage to the pool); so does process death, through
@@ -1045,10 +1063,10 @@ impl ProcessSlot {
         }
     }
 
-    /// Check invariant **I** for `device` under its lock: returns (total, sum of all slots'
-    /// held bytes, sum of HAMi's `used[].total` over `[0, proc_num)`). O(slots); for tests
-    /// and `vgpu status --check`.
-    pub fn audit(&self, device: DeviceIndex) -> Option<(u64, u64, u64)> {
+    /// Read `device`'s total, the sum of every slot's held bytes and the sum of HAMi's
+    /// `used[].total` over `[0, proc_num)`, all under the device lock (so they must agree).
+    /// O(slots); for tests and consistency checks. `None` for a bad device or a forked handle.
+    pub fn audit(&self, device: DeviceIndex) -> Option<DeviceAudit> {
         let d = device.as_usize();
         self.with_device_locked(d, |st| {
             let total = st.ext.devices[d].total.load(Ordering::Relaxed);
@@ -1065,7 +1083,11 @@ impl ProcessSlot {
                 .iter()
                 .map(|p| p.used[d].total.load(Ordering::Relaxed))
                 .fold(0u64, u64::saturating_add);
-            (total, held, hami)
+            DeviceAudit {
+                total,
+                held,
+                hami_used: hami,
+            }
         })
     }
 
