@@ -593,6 +593,20 @@ mod loom_tests {
     use loom::sync::Arc;
     use loom::thread;
 
+    /// Runs a model and returns how many interleavings loom explored.
+    fn explore(f: impl Fn() + Sync + Send + 'static) -> usize {
+        use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
+        let count = std::sync::Arc::new(AtomicUsize::new(0));
+        let c = count.clone();
+        builder().check(move || {
+            c.fetch_add(1, StdOrdering::Relaxed);
+            f();
+        });
+        let n = count.load(StdOrdering::Relaxed);
+        eprintln!("loom explored {n} interleavings");
+        n
+    }
+
     fn builder() -> loom::model::Builder {
         let mut b = loom::model::Builder::new();
         b.preemption_bound = Some(3);
@@ -604,7 +618,7 @@ mod loom_tests {
     /// refused with the winner's usage, and nothing else changes.
     #[test]
     fn loom_concurrent_reserves_never_exceed_limit() {
-        builder().check(|| {
+        let n = explore(|| {
             let s = Arc::new(ModelStore::new(1, 2, 10));
             let a = s.register(0);
             let b = s.register(1);
@@ -628,13 +642,14 @@ mod loom_tests {
             assert_eq!(s.held_by(0, 0) + s.held_by(1, 0), 7);
             assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
         });
+        assert!(n > 1, "the model must explore interleavings");
     }
 
     /// A reservation races a release on a full device: it succeeds exactly when the release
     /// came first, and the end state adds up either way.
     #[test]
     fn loom_reserve_racing_release_is_exact() {
-        builder().check(|| {
+        let n = explore(|| {
             let s = Arc::new(ModelStore::new(1, 2, 10));
             let a = s.register(0);
             let b = s.register(1);
@@ -657,6 +672,7 @@ mod loom_tests {
             assert_eq!(s.totals[0].load(Ordering::SeqCst), want);
             assert_eq!(s.held_by(0, 0) + s.held_by(1, 0), want);
         });
+        assert!(n > 1, "the model must explore interleavings");
     }
 
     /// A process dies at every possible step of a reserve or release while another process
@@ -666,7 +682,7 @@ mod loom_tests {
     fn loom_crash_during_reserve_release_recovers_exactly() {
         for op in 0..2u32 {
             for point in 0..5u32 {
-                builder().check(move || {
+                let n = explore(move || {
                     let s = Arc::new(ModelStore::new(1, 2, 10));
                     let victim = s.register(0);
                     let survivor = s.register(1);
@@ -709,7 +725,48 @@ mod loom_tests {
                     assert_eq!(s.totals[0].load(Ordering::SeqCst), survivor_holds);
                     assert_eq!(s.held_by(1, 0), survivor_holds);
                 });
+                assert!(n > 1, "the model must explore interleavings");
             }
+        }
+    }
+
+    /// Two survivors race for the lock a victim died in (at every step of a reservation):
+    /// exactly one takes it over, neither hangs, and the books balance.
+    #[test]
+    fn loom_two_survivors_race_to_take_over() {
+        for point in 0..4u32 {
+            let mut b = builder();
+            b.preemption_bound = Some(2);
+            let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let c = count.clone();
+            b.check(move || {
+                c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let s = Arc::new(ModelStore::new(1, 3, 12));
+                let victim = s.register(0);
+                let _ = reserve(&*s, 0, victim, 0, 2, 5, &CrashAfter::new(Some(point)));
+                s.kill(0);
+                let spawn = |slot: usize, s: Arc<ModelStore>| {
+                    let me = slot_owner_word(slot, 1);
+                    thread::spawn(move || {
+                        let got = reserve(&*s, slot, me, 0, 2, 4, &NoCrash).unwrap().value;
+                        assert!(s.totals[0].load(Ordering::Relaxed) <= 12);
+                        got.is_ok()
+                    })
+                };
+                let ids = [s.register(1), s.register(2)];
+                assert_eq!(ids, [slot_owner_word(1, 1), slot_owner_word(2, 1)]);
+                let t1 = spawn(1, s.clone());
+                let t2 = spawn(2, s.clone());
+                let granted = [t1.join().unwrap(), t2.join().unwrap()];
+                let held = 4 * granted.iter().filter(|&&g| g).count() as u64;
+                assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
+                let total = s.totals[0].load(Ordering::SeqCst);
+                assert_eq!(total, s.held_by(0, 0) + held);
+                let dead = find_dead(&*s);
+                normalize(&*s, admin_owner_word(1), &dead, &NoCrash).unwrap();
+                assert_eq!(s.totals[0].load(Ordering::SeqCst), held);
+            });
+            assert!(count.load(std::sync::atomic::Ordering::Relaxed) > 1);
         }
     }
 
@@ -718,7 +775,7 @@ mod loom_tests {
     #[test]
     fn loom_crash_during_normalize_recovers() {
         for point in 0..5u32 {
-            builder().check(move || {
+            let n = explore(move || {
                 let s = Arc::new(ModelStore::new(1, 2, 10));
                 let victim = s.register(0);
                 let survivor = s.register(1);
@@ -753,6 +810,7 @@ mod loom_tests {
                 normalize(&*s, admin_owner_word(2), &dead, &NoCrash).unwrap();
                 assert_eq!(s.totals[0].load(Ordering::SeqCst), holds);
             });
+            assert!(n > 1, "the model must explore interleavings");
         }
     }
 }
