@@ -77,6 +77,8 @@ struct Inner {
     admin: Mutex<()>,
     fork_epoch: u64,
     created: bool,
+    /// Seconds since the epoch of this handle's last periodic sweep.
+    last_periodic_sweep: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Inner {
@@ -485,6 +487,7 @@ impl UsageTable {
                 admin: Mutex::new(()),
                 fork_epoch: sys::fork_epoch(),
                 created,
+                last_periodic_sweep: std::sync::atomic::AtomicU64::new(now_secs()),
             }),
         };
         if writable {
@@ -626,6 +629,21 @@ impl UsageTable {
             }
             Ok(protocol::normalize(st, me, &dead, &NoCrash).unwrap_or(0))
         })
+    }
+
+    /// Sweep if this handle has not in the last second (cheap when nobody died: one probe per
+    /// live slot, no lock).
+    fn periodic_sweep(&self) {
+        let now = now_secs();
+        let last = &self.inner.last_periodic_sweep;
+        let prev = last.load(Ordering::Relaxed);
+        if now > prev
+            && last
+                .compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let _ = self.sweep_with_timeout(Duration::ZERO);
+        }
     }
 
     /// Register the calling process: take a free slot, hold its liveness lock, publish it in
@@ -1025,6 +1043,9 @@ impl ProcessSlot {
     }
 
     /// Report this process's SM utilization of `device` (percent) for the monitor.
+    ///
+    /// Called periodically off the hot path (the SM-limit thread), it also sweeps dead processes
+    /// at most once a second, so the monitor's numbers do not wait for the next refusal.
     pub fn set_sm_util(&self, device: DeviceIndex, percent: u64) {
         self.with_device_locked(device.as_usize(), |st| {
             let d = device.as_usize();
@@ -1033,6 +1054,7 @@ impl ProcessSlot {
                 p.device_util[d].sm_util.store(percent, Ordering::Relaxed);
             }
         });
+        self.table.periodic_sweep();
     }
 
     /// Record this process's host pid (if the hook knows it; the monitor may also write it).

@@ -167,6 +167,24 @@ fn dead_process_usage_returns_when_a_reservation_would_fail() {
 }
 
 #[test]
+fn periodic_sm_util_report_sweeps_dead_processes() {
+    let p = TempPath::new("periodic");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let victim = t.register_self().unwrap();
+    let other = t.register_self().unwrap();
+    victim.try_reserve(D0, UsageClass::Data, 40).unwrap();
+    victim.simulate_death();
+    other.set_sm_util(D0, 5);
+    // Nobody reserved or inspected; the SM-limit thread's next report (a second later) sweeps.
+    let deadline = Instant::now() + std::time::Duration::from_secs(3);
+    while t.usage(D0).used != 0 && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        other.set_sm_util(D0, 5);
+    }
+    assert_eq!(t.usage(D0).used, 0);
+}
+
+#[test]
 fn reused_pid_does_not_keep_a_dead_slot_alive() {
     // The dead slot carries a pid (ours) that is alive and even has the right start time:
     // only the kernel-held liveness lock counts.
