@@ -20,7 +20,7 @@ pub const ENV_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 pub const ENV_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 /// Path of the shared usage file.
 pub const ENV_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
-/// `force`, `disable` or `default`.
+/// `force`, `disable`, `monitor` or `default`.
 pub const ENV_CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
 /// Priority written to the shared file for the monitor.
 pub const ENV_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
@@ -118,13 +118,17 @@ impl AllocatorConfig {
 /// `GPU_CORE_UTILIZATION_POLICY`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CorePolicy {
-    /// Enforce the SM limit only when the device is shared (HAMi-core's default).
+    /// Enforce a set SM limit always, also when the tenant is alone on the device (vgpu's
+    /// default; HAMi-core's default limits only while the device is shared, see `Monitor`).
     #[default]
     Default,
     /// Always enforce the SM limit.
     Force,
     /// Never enforce the SM limit.
     Disable,
+    /// HAMi-core's default behaviour: enforce only while the monitor's `utilization_switch`
+    /// is set, i.e. while the device is shared.
+    Monitor,
 }
 
 /// One entry of `CUDA_VISIBLE_DEVICES`, kept as written for the hook to resolve.
@@ -370,10 +374,11 @@ impl Config {
                 "default" => cfg.core_policy = CorePolicy::Default,
                 "force" => cfg.core_policy = CorePolicy::Force,
                 "disable" => cfg.core_policy = CorePolicy::Disable,
+                "monitor" => cfg.core_policy = CorePolicy::Monitor,
                 _ => fail(
                     ENV_CORE_POLICY,
                     &v,
-                    "expected force, disable or default".into(),
+                    "expected force, disable, monitor or default".into(),
                 ),
             }
         }
@@ -636,6 +641,7 @@ mod tests {
         );
         for (p, want) in [
             ("disable", CorePolicy::Disable),
+            ("Monitor", CorePolicy::Monitor),
             ("Default", CorePolicy::Default),
             ("force", CorePolicy::Force),
         ] {

@@ -119,6 +119,7 @@ pub(crate) fn configure(config: &Config) {
         CorePolicy::Default => Policy::Default,
         CorePolicy::Force => Policy::Force,
         CorePolicy::Disable => Policy::Disable,
+        CorePolicy::Monitor => Policy::Monitor,
     };
     POLICY.store(policy_code(policy), Ordering::Relaxed);
     for (d, l) in config.sm_limit.iter().enumerate() {

@@ -30,5 +30,5 @@ mod sim;
 mod tests;
 
 pub use control::{Admission, Limiter, LimiterConfig, LimiterStats, Ticket};
-pub use policy::{Policy, PolicyError};
+pub use policy::Policy;
 pub use traits::{Clock, ContainerView, DeviceSample, GpuTimer, Nanos, PeerUsage, TimerError};

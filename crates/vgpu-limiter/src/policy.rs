@@ -1,6 +1,5 @@
-//! `GPU_CORE_UTILIZATION_POLICY`.
-
-use std::fmt;
+//! `GPU_CORE_UTILIZATION_POLICY`. The variable is parsed in one place,
+//! `vgpu_alloc_core::config`; the hook maps its `CorePolicy` onto this.
 
 /// When the SM limit is enforced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -19,34 +18,7 @@ pub enum Policy {
     Monitor,
 }
 
-/// An unknown `GPU_CORE_UTILIZATION_POLICY` value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyError(pub String);
-
-impl fmt::Display for PolicyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "GPU_CORE_UTILIZATION_POLICY={:?}: expected default, force, disable or monitor",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for PolicyError {}
-
 impl Policy {
-    /// Parses the variable's value (case-insensitive, surrounding blanks ignored; empty = default).
-    pub fn parse(value: &str) -> Result<Self, PolicyError> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "" | "default" => Ok(Self::Default),
-            "force" => Ok(Self::Force),
-            "disable" => Ok(Self::Disable),
-            "monitor" => Ok(Self::Monitor),
-            _ => Err(PolicyError(value.to_owned())),
-        }
-    }
-
     /// Whether a set limit is enforced given the monitor's `utilization_switch`.
     pub fn enforces(self, utilization_switch: i32) -> bool {
         match self {

@@ -266,17 +266,6 @@ fn policies() {
 }
 
 #[test]
-fn policy_parsing() {
-    assert_eq!(Policy::parse(""), Ok(Policy::Default));
-    assert_eq!(Policy::parse(" FORCE "), Ok(Policy::Force));
-    assert_eq!(Policy::parse("Disable"), Ok(Policy::Disable));
-    assert_eq!(Policy::parse("monitor"), Ok(Policy::Monitor));
-    assert_eq!(Policy::parse("default"), Ok(Policy::Default));
-    let err = Policy::parse("always").unwrap_err();
-    assert!(err.to_string().contains("always"), "{err}");
-}
-
-#[test]
 fn recent_kernel_blocks_launches_while_negative() {
     let mut w = World::new(GpuMode::Concurrent);
     let table = SimTable::new(50);
