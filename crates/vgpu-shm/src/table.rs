@@ -627,7 +627,7 @@ impl UsageTable {
             if dead.is_empty() {
                 return Ok(0);
             }
-            Ok(protocol::normalize(st, me, &dead, &NoCrash).unwrap_or(0))
+            Ok(protocol::release_dead(st, me, &dead, &NoCrash).unwrap_or(0))
         })
     }
 
@@ -1129,7 +1129,7 @@ impl ProcessSlot {
                 sys::ofd_unlock(f, SLOT_LOCK_BASE + index as u64);
             }
             let dead = protocol::find_dead(st);
-            let _ = protocol::normalize(st, me, &dead, &NoCrash);
+            let _ = protocol::release_dead(st, me, &dead, &NoCrash);
             Ok(())
         })
     }
