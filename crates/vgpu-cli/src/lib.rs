@@ -10,7 +10,6 @@ pub mod demo;
 pub mod doctor;
 pub mod exporter;
 pub mod glob;
-pub mod hami;
 pub mod http;
 pub mod limits;
 pub mod locate;

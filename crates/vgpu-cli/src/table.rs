@@ -67,7 +67,11 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
                 pid: p.pid,
                 host_pid: (p.hostpid != 0).then_some(p.hostpid),
                 alive: p.alive,
-                state: if p.alive { "running" } else { "dead" },
+                state: match (p.alive, p.suspended) {
+                    (false, _) => "dead",
+                    (true, true) => "suspended",
+                    (true, false) => "running",
+                },
                 memory_used_bytes: devices
                     .iter()
                     .map(|d| d.memory_used_bytes)
@@ -92,7 +96,9 @@ pub fn read_report(path: &Path) -> Result<StatusReport, String> {
         Err(ShmError::InvalidFile {
             source: ImageError::HamiCoreFile,
             ..
-        }) => crate::hami::read(path),
+        }) => TableSnapshot::read_hami_core_file(path)
+            .map(|snap| report_from_snapshot(path, &snap))
+            .map_err(|e| describe(path, &e)),
         Err(e) => Err(describe(path, &e)),
     }
 }
@@ -100,4 +106,43 @@ pub fn read_report(path: &Path) -> Result<StatusReport, String> {
 /// Open a usage file for writing limits.
 pub fn open_writable(path: &Path) -> Result<UsageTable, String> {
     UsageTable::open_existing(path).map_err(|e| describe(path, &e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_shm::{ProcessDeviceUsage, ProcessSnapshot};
+
+    #[test]
+    fn process_states_follow_liveness_and_hami_status() {
+        let process = |pid, alive, suspended| ProcessSnapshot {
+            slot: 0,
+            hami_index: 0,
+            pid,
+            hostpid: 0,
+            start_time: 0,
+            alive,
+            suspended,
+            devices: vec![ProcessDeviceUsage::default()],
+        };
+        let snap = TableSnapshot {
+            devices: Vec::new(),
+            processes: vec![
+                process(1, true, false),
+                process(2, true, true),
+                process(3, false, false),
+            ],
+            proc_num: 3,
+            priority: 1,
+            recent_kernel: 0,
+            utilization_switch: 0,
+            last_kernel_time: 0,
+        };
+        let r = report_from_snapshot(Path::new("/x.cache"), &snap);
+        let states: Vec<_> = r.processes.iter().map(|p| (p.state, p.alive)).collect();
+        assert_eq!(
+            states,
+            [("running", true), ("suspended", true), ("dead", false)]
+        );
+    }
 }

@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
-use vgpu_shm::{TableInit, UsageTable};
+use vgpu_shm::{
+    DeviceSnapshot, ProcessDeviceUsage, ProcessSnapshot, TableInit, TableSnapshot, UsageTable,
+};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -565,20 +567,38 @@ fn status_into_a_closed_pipe_ends_quietly() {
 
 #[test]
 fn a_file_written_by_hami_core_is_shown_read_only() {
-    // A HAMi-core 1.2 file (no vgpu extension), built at the documented byte offsets.
-    let mut b = vec![0u8; 2_008_953];
-    let put = |b: &mut Vec<u8>, at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
-    put(&mut b, 0, &19_920_718i32.to_le_bytes());
-    put(&mut b, 4, &1u32.to_le_bytes());
-    put(&mut b, 8, &2u32.to_le_bytes());
-    put(&mut b, 56, &1u64.to_le_bytes());
-    put(&mut b, 64, b"GPU-hami");
-    put(&mut b, 1600, &(2 * GIB).to_le_bytes());
-    put(&mut b, 1856, &77i32.to_le_bytes());
-    put(&mut b, 1856 + 8 + 16, &(700 * MIB).to_le_bytes());
-    put(&mut b, 1856 + 8 + 32, &(700 * MIB).to_le_bytes());
-    put(&mut b, 1856 + 1928, &1i32.to_le_bytes());
-    put(&mut b, 2_008_896, &1i32.to_le_bytes());
+    // A HAMi-core 1.2 file (no vgpu extension), as HAMi-core writes it.
+    let snap = TableSnapshot {
+        devices: vec![DeviceSnapshot {
+            index: 0,
+            uuid: "GPU-hami".into(),
+            limit: Some(2 * GIB),
+            sm_limit: None,
+            used: 700 * MIB,
+            context: 0,
+            module: 0,
+            data: 700 * MIB,
+        }],
+        processes: vec![ProcessSnapshot {
+            slot: 0,
+            hami_index: 0,
+            pid: 77,
+            hostpid: 0,
+            start_time: 0,
+            alive: true,
+            suspended: false,
+            devices: vec![ProcessDeviceUsage {
+                data: 700 * MIB,
+                ..ProcessDeviceUsage::default()
+            }],
+        }],
+        proc_num: 1,
+        priority: 0,
+        recent_kernel: 0,
+        utilization_switch: 0,
+        last_kernel_time: 0,
+    };
+    let b = snap.to_hami_core_image();
     let dir = TempDir::new("vgpu-hami").unwrap();
     let path = dir.path().join("hami.cache");
     std::fs::write(&path, &b).unwrap();

@@ -15,6 +15,15 @@ pub enum ImageError {
         /// Expected length.
         expected: u64,
     },
+    /// Shorter than HAMi-core's region (reading a file written by HAMi-core).
+    #[error(
+        "file is {len} bytes, shorter than a HAMi-core 1.2 region ({} bytes)",
+        crate::layout::REGION_SIZE
+    )]
+    ShortHamiRegion {
+        /// Actual length.
+        len: u64,
+    },
     /// Zero-filled: an initializer died before finishing (re-initialized under the init lock).
     #[error("file is not initialized")]
     Uninitialized,

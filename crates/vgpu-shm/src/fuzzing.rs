@@ -7,15 +7,16 @@ use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
 use crate::layout::FILE_LEN;
 use crate::{TableInit, UsageTable, validate_image};
 
-/// Write `data` as a table file and use it the way the hook and the CLI do: validate, attach,
-/// register, reserve, release, set limits, sweep, snapshot. Must never panic, hang or exit,
-/// whatever the bytes.
+/// Write `data` as a table file and use it the way the hook and the CLI do: validate (also as
+/// a HAMi-core-written file), attach, register, reserve, release, set limits, sweep, snapshot.
+/// Must never panic, hang or exit, whatever the bytes.
 ///
 /// If `data` starts with `b'P'`, the rest is a list of patches `(offset: u32 LE, byte)` applied
 /// to a freshly initialized valid file, which reaches the code behind validation; otherwise
 /// `data` is the whole file.
 pub fn attach_arbitrary(data: &[u8]) {
     let _ = validate_image(data);
+    let _ = crate::TableSnapshot::from_hami_core_image(data);
     static N: AtomicU64 = AtomicU64::new(0);
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
         std::path::PathBuf::from("/dev/shm")

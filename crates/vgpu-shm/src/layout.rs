@@ -36,6 +36,25 @@ pub const EXT_OFFSET: usize = HAMI_FILE_LEN.div_ceil(64) * 64;
 /// Length of a vgpu file.
 pub const FILE_LEN: usize = EXT_OFFSET + size_of::<Extension>();
 
+/// HAMi slot `status`: suspended.
+pub const HAMI_STATUS_SUSPENDED: i32 = 2;
+
+/// A `limit[d]` word as a limit: 0 means unlimited.
+pub fn memory_limit_of(word: u64) -> Option<u64> {
+    (word != 0).then_some(word)
+}
+
+/// An `sm_limit[d]` word as a limit: 0 or 100 and above mean unlimited.
+pub fn sm_limit_of(word: u64) -> Option<u64> {
+    (word != 0 && word < 100).then_some(word)
+}
+
+/// A NUL-padded `uuids[d]` field as a string (empty if unset).
+pub fn uuid_of(field: impl IntoIterator<Item = u8>) -> String {
+    let bytes: Vec<u8> = field.into_iter().take_while(|&b| b != 0).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// Our extension's magic: ASCII "VGPUSHM\0" little endian.
 pub const EXT_MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// Our extension's format version (bump on any incompatible change).
@@ -275,6 +294,8 @@ pub mod offsets {
     pub const MINOR_VERSION: usize = offset_of!(HamiRegion, minor_version);
     /// `device_num`.
     pub const DEVICE_NUM: usize = offset_of!(HamiRegion, device_num);
+    /// `uuids[0]` (each [`UUID_LEN`] bytes).
+    pub const UUIDS: usize = offset_of!(HamiRegion, uuids);
     /// `limit[0]`.
     pub const LIMIT: usize = offset_of!(HamiRegion, limit);
     /// `sm_limit[0]`.
@@ -289,6 +310,34 @@ pub mod offsets {
     pub const UTILIZATION_SWITCH: usize = offset_of!(HamiRegion, utilization_switch);
     /// `recent_kernel`.
     pub const RECENT_KERNEL: usize = offset_of!(HamiRegion, recent_kernel);
+    /// `priority`.
+    pub const PRIORITY: usize = offset_of!(HamiRegion, priority);
+    /// `last_kernel_time`.
+    pub const LAST_KERNEL_TIME: usize = offset_of!(HamiRegion, last_kernel_time);
+    /// `procs[j].pid`, relative to the slot.
+    pub const SLOT_PID: usize = offset_of!(HamiProcSlot, pid);
+    /// `procs[j].hostpid`, relative to the slot.
+    pub const SLOT_HOSTPID: usize = offset_of!(HamiProcSlot, hostpid);
+    /// `procs[j].status`, relative to the slot.
+    pub const SLOT_STATUS: usize = offset_of!(HamiProcSlot, status);
+    /// `procs[j].used[d]`, relative to the slot.
+    pub const fn slot_memory(device: usize) -> usize {
+        offset_of!(HamiProcSlot, used) + device * size_of::<HamiDeviceMemory>()
+    }
+    /// `procs[j].device_util[d].sm_util`, relative to the slot.
+    pub const fn slot_sm_util(device: usize) -> usize {
+        offset_of!(HamiProcSlot, device_util)
+            + device * size_of::<HamiDeviceUtil>()
+            + offset_of!(HamiDeviceUtil, sm_util)
+    }
+    /// `context_size`, `module_size`, `data_size` of a `device_memory_t` (class order).
+    pub const MEMORY_CLASSES: [usize; CLASSES] = [
+        offset_of!(HamiDeviceMemory, context_size),
+        offset_of!(HamiDeviceMemory, module_size),
+        offset_of!(HamiDeviceMemory, data_size),
+    ];
+    /// `total` of a `device_memory_t`.
+    pub const MEMORY_TOTAL: usize = offset_of!(HamiDeviceMemory, total);
     /// Extension magic.
     pub const EXT_MAGIC: usize = EXT_OFFSET + offset_of!(ExtHeader, magic);
     /// Extension version.

@@ -27,6 +27,7 @@
 
 mod error;
 pub mod fuzzing;
+mod hami_file;
 pub mod layout;
 mod protocol;
 mod sync;

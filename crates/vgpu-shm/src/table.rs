@@ -12,8 +12,9 @@ use vgpu_alloc_core::{DeviceIndex, DeviceUsage, OutOfMemory, UsageClass, UsageLe
 
 use crate::error::{ImageError, ShmError};
 use crate::layout::{
-    EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR,
-    HAMI_STATUS_RUNNING, HamiProcSlot, HamiRegion, MAX_DEVICES, MAX_SLOTS, SlotRecord, UUID_LEN,
+    self, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR,
+    HAMI_STATUS_RUNNING, HAMI_STATUS_SUSPENDED, HamiProcSlot, HamiRegion, MAX_DEVICES, MAX_SLOTS,
+    SlotRecord, UUID_LEN,
 };
 use crate::protocol::{self, NoCrash, STATE_FREE, STATE_LIVE, Store, ident_word, split_ident};
 use crate::sys::{self, Mapping};
@@ -326,8 +327,11 @@ pub struct ProcessSnapshot {
     pub hostpid: i32,
     /// Start time in clock ticks after boot.
     pub start_time: u64,
-    /// Whether the process holds its liveness lock (false: dead, awaiting a sweep).
+    /// Whether the process holds its liveness lock (false: dead, awaiting a sweep); in a
+    /// HAMi-core file, whether its slot `status` says running or suspended.
     pub alive: bool,
+    /// Whether HAMi's slot `status` says suspended (only HAMi-core's own library writes that).
+    pub suspended: bool,
     /// Usage per device, `device_num` entries.
     pub devices: Vec<ProcessDeviceUsage>,
 }
@@ -739,35 +743,20 @@ impl UsageTable {
         self.region()
             .uuids
             .get(device.as_usize())
-            .map(|u| {
-                let bytes: Vec<u8> = u
-                    .iter()
-                    .map(|b| b.load(Ordering::Relaxed))
-                    .take_while(|&b| b != 0)
-                    .collect();
-                String::from_utf8_lossy(&bytes).into_owned()
-            })
+            .map(|u| layout::uuid_of(u.iter().map(|b| b.load(Ordering::Relaxed))))
             .unwrap_or_default()
     }
 
     /// Memory limit of `device` as stored now (`None` = unlimited).
     pub fn memory_limit(&self, device: DeviceIndex) -> Option<u64> {
-        let v = self
-            .region()
-            .limit
-            .get(device.as_usize())?
-            .load(Ordering::Relaxed);
-        (v != 0).then_some(v)
+        let v = self.region().limit.get(device.as_usize())?;
+        layout::memory_limit_of(v.load(Ordering::Relaxed))
     }
 
     /// SM limit of `device` in percent (`None` = unlimited: 0 or >= 100).
     pub fn sm_limit(&self, device: DeviceIndex) -> Option<u64> {
-        let v = self
-            .region()
-            .sm_limit
-            .get(device.as_usize())?
-            .load(Ordering::Relaxed);
-        (v != 0 && v < 100).then_some(v)
+        let v = self.region().sm_limit.get(device.as_usize())?;
+        layout::sm_limit_of(v.load(Ordering::Relaxed))
     }
 
     /// Change the memory limit of `device` on the live file; enforced from the next
@@ -906,13 +895,16 @@ impl UsageTable {
             }
             let hami_index = rec.hami_index.load(Ordering::Relaxed);
             let pid = rec.pid.load(Ordering::Relaxed);
-            let hostpid = r
+            let mirror = r
                 .procs
                 .get(hami_index as usize)
-                .filter(|p| p.pid.load(Ordering::Relaxed) == pid)
+                .filter(|p| p.pid.load(Ordering::Relaxed) == pid);
+            let hostpid = mirror
                 .map(|p| p.hostpid.load(Ordering::Relaxed))
                 .filter(|&h| h != 0)
                 .unwrap_or_else(|| rec.hostpid.load(Ordering::Relaxed));
+            let suspended =
+                mirror.is_some_and(|p| p.status.load(Ordering::Relaxed) == HAMI_STATUS_SUSPENDED);
             processes.push(ProcessSnapshot {
                 slot: j,
                 hami_index,
@@ -920,6 +912,7 @@ impl UsageTable {
                 hostpid,
                 start_time: rec.start_time.load(Ordering::Relaxed),
                 alive: st.probe_slot_alive(j),
+                suspended,
                 devices: (0..device_num).map(usage).collect(),
             });
         }

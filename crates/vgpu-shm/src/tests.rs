@@ -551,3 +551,115 @@ fn attach_path_survives_random_file_contents() {
         }
     }
 }
+
+/// A HAMi-core file image built at the byte offsets of docs hami-compat.md (literal numbers,
+/// independent of the layout module, so a wrong offset there fails here).
+fn hami_core_literal_image() -> Vec<u8> {
+    let mut b = vec![0u8; 2_008_953];
+    let put32 =
+        |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let put64 =
+        |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    put32(&mut b, 0, 19_920_718);
+    put32(&mut b, 4, 1);
+    put32(&mut b, 8, 2);
+    put64(&mut b, 56, 2);
+    b[64..64 + 8].copy_from_slice(b"GPU-abcd");
+    b[64 + 96..64 + 96 + 8].copy_from_slice(b"GPU-efgh");
+    put64(&mut b, 1600, 4 << 30);
+    put64(&mut b, 1728 + 8, 30);
+    // Two slots: pid 100 running on device 0, pid 200 dead on device 1.
+    for (j, pid, status, dev, ctx, data, sm) in [
+        (
+            0usize,
+            100u32,
+            1u32,
+            0usize,
+            300u64 << 20,
+            1u64 << 30,
+            40u64,
+        ),
+        (1, 200, 0, 1, 0, 512 << 20, 0),
+    ] {
+        let slot = 1856 + j * 1960;
+        put32(&mut b, slot, pid);
+        put32(&mut b, slot + 4, pid + 1000);
+        let m = slot + 8 + dev * 64;
+        put64(&mut b, m, ctx);
+        put64(&mut b, m + 16, data);
+        put64(&mut b, m + 32, ctx + data);
+        put64(&mut b, slot + 1160 + dev * 48 + 16, sm);
+        put32(&mut b, slot + 1928, status);
+    }
+    put32(&mut b, 2_008_896, 2);
+    put32(&mut b, 2_008_908, 1);
+    b
+}
+
+#[test]
+fn a_hami_core_file_decodes_at_the_documented_offsets() {
+    let s = crate::TableSnapshot::from_hami_core_image(&hami_core_literal_image()).unwrap();
+    assert_eq!(s.devices.len(), 2);
+    let d0 = &s.devices[0];
+    assert_eq!(d0.uuid, "GPU-abcd");
+    assert_eq!(d0.limit, Some(4 << 30));
+    assert_eq!(
+        (d0.context, d0.data, d0.used),
+        (300 << 20, 1 << 30, (300 << 20) + (1 << 30))
+    );
+    assert_eq!(d0.sm_limit, None);
+    let d1 = &s.devices[1];
+    assert_eq!(
+        (d1.limit, d1.sm_limit, d1.data),
+        (None, Some(30), 512 << 20)
+    );
+    assert_eq!((s.proc_num, s.priority), (2, 1));
+    assert_eq!(s.processes.len(), 2);
+    let (p0, p1) = (&s.processes[0], &s.processes[1]);
+    assert_eq!(
+        (p0.pid, p0.hostpid, p0.alive, p0.suspended),
+        (100, 1100, true, false)
+    );
+    assert_eq!(p0.devices[0].sm_util, 40);
+    assert_eq!(p0.devices[0].total(), (300 << 20) + (1 << 30));
+    assert_eq!((p1.pid, p1.alive, p1.slot), (200, false, 1));
+    assert_eq!(p1.devices[0].total(), 0);
+    assert_eq!(p1.devices[1].data, 512 << 20);
+}
+
+#[test]
+fn a_hami_core_image_round_trips_and_is_refused_by_attach() {
+    let mut s = crate::TableSnapshot::from_hami_core_image(&hami_core_literal_image()).unwrap();
+    s.processes[0].suspended = true;
+    s.last_kernel_time = 1234;
+    let image = s.to_hami_core_image();
+    assert_eq!(image.len(), HAMI_FILE_LEN);
+    assert_eq!(crate::TableSnapshot::from_hami_core_image(&image), Ok(s));
+    assert_eq!(validate_image(&image), Err(ImageError::HamiCoreFile));
+    let p = TempPath::new("hami-core");
+    std::fs::write(&p.0, &image).unwrap();
+    let read = crate::TableSnapshot::read_hami_core_file(&p.0).unwrap();
+    assert!(read.processes[0].suspended && read.processes[0].alive);
+    assert_eq!(std::fs::read(&p.0).unwrap(), image, "reading never writes");
+}
+
+#[test]
+fn other_files_are_refused_as_hami_core_files() {
+    let decode = crate::TableSnapshot::from_hami_core_image;
+    let short = decode(&[0u8; 100]).unwrap_err();
+    assert_eq!(short, ImageError::ShortHamiRegion { len: 100 });
+    assert!(short.to_string().contains("shorter"));
+    let mut img = hami_core_literal_image();
+    img[8] = 3;
+    let newer = decode(&img).unwrap_err();
+    assert!(newer.to_string().contains("version 1.3"), "{newer}");
+    let mut img = hami_core_literal_image();
+    img[0] = 0;
+    assert!(matches!(decode(&img), Err(ImageError::Foreign { .. })));
+    // A proc_num beyond the slot count is clamped, not trusted.
+    let mut img = hami_core_literal_image();
+    img[2_008_896..2_008_900].copy_from_slice(&i32::MAX.to_le_bytes());
+    assert_eq!(decode(&img).unwrap().processes.len(), 2);
+    let missing = crate::TableSnapshot::read_hami_core_file("/nonexistent/vgpu-x.cache");
+    assert!(matches!(missing, Err(ShmError::Io { op: "read", .. })));
+}

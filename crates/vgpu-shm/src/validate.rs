@@ -49,6 +49,20 @@ pub struct ImageInfo {
     pub proc_num: u32,
 }
 
+/// Check HAMi's magic and layout version (`Err(None)`: too short to hold them).
+pub(crate) fn check_hami_header<I: Image + ?Sized>(image: &I) -> Result<(), Option<ImageError>> {
+    let flag = image.u32_at(offsets::INITIALIZED_FLAG).ok_or(None)?;
+    if flag != HAMI_MAGIC as u32 {
+        return Err(Some(ImageError::Foreign { flag }));
+    }
+    let major = image.u32_at(offsets::MAJOR_VERSION).ok_or(None)?;
+    let minor = image.u32_at(offsets::MINOR_VERSION).ok_or(None)?;
+    if (major, minor) != (HAMI_MAJOR, HAMI_MINOR) {
+        return Err(Some(ImageError::UnsupportedHamiVersion { major, minor }));
+    }
+    Ok(())
+}
+
 /// Check that `image` is an initialized vgpu table this library can use.
 pub(crate) fn validate<I: Image + ?Sized>(image: &I) -> Result<ImageInfo, ImageError> {
     let len = image.len();
@@ -70,14 +84,7 @@ pub(crate) fn validate<I: Image + ?Sized>(image: &I) -> Result<ImageInfo, ImageE
             truncated()
         });
     }
-    if flag != HAMI_MAGIC as u32 {
-        return Err(ImageError::Foreign { flag });
-    }
-    let major = image.u32_at(offsets::MAJOR_VERSION).ok_or_else(truncated)?;
-    let minor = image.u32_at(offsets::MINOR_VERSION).ok_or_else(truncated)?;
-    if (major, minor) != (HAMI_MAJOR, HAMI_MINOR) {
-        return Err(ImageError::UnsupportedHamiVersion { major, minor });
-    }
+    check_hami_header(image).map_err(|e| e.unwrap_or_else(truncated))?;
     if len < FILE_LEN {
         return Err(if len == HAMI_FILE_LEN || len == REGION_SIZE {
             ImageError::HamiCoreFile
