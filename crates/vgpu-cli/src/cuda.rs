@@ -4,33 +4,26 @@
 //!
 //! All `unsafe` of this crate's driver access is in this module.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_void};
+use std::mem::ManuallyDrop;
 use std::path::PathBuf;
 
-/// `CUDA_SUCCESS`.
-pub const CUDA_SUCCESS: i32 = 0;
-/// `CUDA_ERROR_OUT_OF_MEMORY`.
-pub const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
+use libloading::os::unix::{Library as Loaded, RTLD_LOCAL, RTLD_NOW};
+use vgpu_cuda_abi::{CUcontext, CUdevice, CUdeviceptr, CUresult, c_int, pfn};
 
 /// A loaded shared library. Never unloaded: unloading a driver under a running program is
 /// unsafe, and the tool is short-lived.
 #[derive(Debug)]
 pub struct Library {
+    lib: ManuallyDrop<Loaded>,
+    /// The `dlopen` handle of `lib`, for `dladdr`/`dlinfo` (which libloading does not cover).
     handle: *mut c_void,
     name: String,
 }
 
-fn dlerror_text() -> String {
-    // SAFETY: dlerror returns NULL or a valid C string owned by the loader, read at once.
-    let msg = unsafe { libc::dlerror() };
-    if msg.is_null() {
-        "unknown loader error".to_owned()
-    } else {
-        // SAFETY: non-null, NUL-terminated, valid until the next dl* call on this thread.
-        unsafe { CStr::from_ptr(msg) }
-            .to_string_lossy()
-            .into_owned()
-    }
+/// The loader's own words for a failure (libloading's `Display` says only "dlopen failed").
+fn loader_error(e: &libloading::Error) -> String {
+    std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
 }
 
 impl Library {
@@ -38,14 +31,17 @@ impl Library {
     /// (`LD_LIBRARY_PATH`, cache), a path is taken as is. RTLD_NOW so a missing dependency
     /// shows here rather than at the first call.
     pub fn open(name: &str) -> Result<Self, String> {
-        let c = CString::new(name).map_err(|_| format!("{name:?} contains a NUL byte"))?;
-        // SAFETY: `c` is a valid C string; loading runs the library's initializers, which is
-        // the point (we check that it loads).
-        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            return Err(dlerror_text());
+        if name.contains('\0') {
+            return Err(format!("{name:?} contains a NUL byte"));
         }
+        // SAFETY: loading runs the library's initializers, which is the point (we check that
+        // it loads); it is never unloaded, so no finalizer runs under us.
+        let lib = unsafe { Loaded::open(Some(name), RTLD_NOW | RTLD_LOCAL) }
+            .map_err(|e| loader_error(&e))?;
+        let handle = lib.into_raw();
         Ok(Self {
+            // SAFETY: `handle` was just returned by `into_raw` of a loaded library.
+            lib: ManuallyDrop::new(unsafe { Loaded::from_raw(handle) }),
             handle,
             name: name.to_owned(),
         })
@@ -53,10 +49,33 @@ impl Library {
 
     /// The address of `symbol`, if the library (or what it depends on) defines it.
     pub fn symbol(&self, symbol: &str) -> Option<*mut c_void> {
-        let c = CString::new(symbol).ok()?;
-        // SAFETY: handle came from a successful dlopen and is never closed.
-        let p = unsafe { libc::dlsym(self.handle, c.as_ptr()) };
+        // SAFETY: only the address is taken, never used as a value of some type.
+        let p = unsafe { self.lib.get::<*mut c_void>(symbol) }
+            .ok()?
+            .into_raw();
         (!p.is_null()).then_some(p)
+    }
+
+    /// The function `symbol` as a `T` (`None` if undefined or NULL). It goes through `dlsym`,
+    /// so under `LD_PRELOAD=libvgpu.so` the hook's exported `dlsym` picks the function.
+    ///
+    /// # Safety
+    /// `T` must be the `unsafe extern "C" fn` type of the C function of that name.
+    unsafe fn function<T: Copy>(&self, symbol: &str) -> Option<T> {
+        // SAFETY: the caller vouches for `T`; `Option<fn>` is pointer-sized, NULL is `None`.
+        unsafe { self.lib.get::<Option<T>>(symbol) }
+            .ok()
+            .and_then(|f| *f)
+    }
+
+    /// As [`Self::function`], a missing symbol being an error naming it.
+    ///
+    /// # Safety
+    /// As [`Self::function`].
+    unsafe fn require<T: Copy>(&self, symbol: &str) -> Result<T, String> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.function(symbol) }
+            .ok_or_else(|| format!("{} has no symbol {symbol}", self.name))
     }
 
     /// The file that defines `symbol` (which file the loader really picked).
@@ -113,81 +132,66 @@ pub struct CuError {
     /// Which call.
     pub call: &'static str,
     /// The `CUresult`.
-    pub code: i32,
+    pub code: CUresult,
     /// The driver's name for it (`CUDA_ERROR_OUT_OF_MEMORY`), when it knows one.
     pub name: String,
 }
 
 impl std::fmt::Display for CuError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} failed: {} ({})", self.call, self.name, self.code)
+        write!(f, "{} failed: {} ({})", self.call, self.name, self.code.0)
     }
 }
 
-type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
-type CuDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
-type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
-type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
-type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
-type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
-type CuPrimaryCtxRetain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
-type CuCtxSetCurrent = unsafe extern "C" fn(*mut c_void) -> c_int;
-type CuMemAlloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
-type CuMemFree = unsafe extern "C" fn(u64) -> c_int;
-type CuMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
-type CuGetErrorName = unsafe extern "C" fn(c_int, *mut *const c_char) -> c_int;
+// Driver functions the CLI calls that vgpu-cuda-abi's lists do not declare (the hook neither
+// intercepts nor calls them), in vgpu-cuda-abi's types.
+/// `cuDeviceGetName(char *name, int len, CUdevice dev)`.
+type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, CUdevice) -> CUresult;
+/// `cuCtxSetCurrent(CUcontext ctx)`.
+type CuCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+/// `cuGetErrorName(CUresult error, const char **name)`.
+type CuGetErrorName = unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult;
 
 /// The driver entry points the workload uses, resolved once.
 #[derive(Debug)]
 pub struct Driver {
     lib: Library,
-    init: CuInit,
-    driver_get_version: CuDriverGetVersion,
-    device_get_count: CuDeviceGetCount,
-    device_get: CuDeviceGet,
+    init: pfn::cuInit,
+    driver_get_version: pfn::cuDriverGetVersion,
+    device_get_count: pfn::cuDeviceGetCount,
+    device_get: pfn::cuDeviceGet,
     device_get_name: CuDeviceGetName,
-    device_total_mem: CuDeviceTotalMem,
-    primary_ctx_retain: CuPrimaryCtxRetain,
+    device_total_mem: pfn::cuDeviceTotalMem_v2,
+    primary_ctx_retain: pfn::cuDevicePrimaryCtxRetain,
     ctx_set_current: CuCtxSetCurrent,
-    mem_alloc: CuMemAlloc,
-    mem_free: CuMemFree,
-    mem_get_info: CuMemGetInfo,
+    mem_alloc: pfn::cuMemAlloc_v2,
+    mem_free: pfn::cuMemFree_v2,
+    mem_get_info: pfn::cuMemGetInfo_v2,
     get_error_name: Option<CuGetErrorName>,
-}
-
-macro_rules! resolve {
-    ($lib:expr, $name:literal, $ty:ty) => {{
-        let p = $lib
-            .symbol($name)
-            .ok_or_else(|| format!("{} has no symbol {}", $lib.name(), $name))?;
-        // SAFETY: the symbol is the driver function of that name, whose C signature $ty mirrors.
-        unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
-    }};
 }
 
 impl Driver {
     /// Open the driver library (`libcuda.so.1` normally) and resolve the entry points.
     pub fn open(name: &str) -> Result<Self, String> {
         let lib = Library::open(name)?;
-        let get_error_name = lib.symbol("cuGetErrorName").map(|p| {
-            // SAFETY: as in resolve!: cuGetErrorName(CUresult, const char**).
-            unsafe { std::mem::transmute::<*mut c_void, CuGetErrorName>(p) }
-        });
-        Ok(Self {
-            init: resolve!(lib, "cuInit", CuInit),
-            driver_get_version: resolve!(lib, "cuDriverGetVersion", CuDriverGetVersion),
-            device_get_count: resolve!(lib, "cuDeviceGetCount", CuDeviceGetCount),
-            device_get: resolve!(lib, "cuDeviceGet", CuDeviceGet),
-            device_get_name: resolve!(lib, "cuDeviceGetName", CuDeviceGetName),
-            device_total_mem: resolve!(lib, "cuDeviceTotalMem_v2", CuDeviceTotalMem),
-            primary_ctx_retain: resolve!(lib, "cuDevicePrimaryCtxRetain", CuPrimaryCtxRetain),
-            ctx_set_current: resolve!(lib, "cuCtxSetCurrent", CuCtxSetCurrent),
-            mem_alloc: resolve!(lib, "cuMemAlloc_v2", CuMemAlloc),
-            mem_free: resolve!(lib, "cuMemFree_v2", CuMemFree),
-            mem_get_info: resolve!(lib, "cuMemGetInfo_v2", CuMemGetInfo),
-            get_error_name,
-            lib,
-        })
+        // SAFETY: each field's type is the C signature of the driver function of that name.
+        unsafe {
+            Ok(Self {
+                init: lib.require("cuInit")?,
+                driver_get_version: lib.require("cuDriverGetVersion")?,
+                device_get_count: lib.require("cuDeviceGetCount")?,
+                device_get: lib.require("cuDeviceGet")?,
+                device_get_name: lib.require("cuDeviceGetName")?,
+                device_total_mem: lib.require("cuDeviceTotalMem_v2")?,
+                primary_ctx_retain: lib.require("cuDevicePrimaryCtxRetain")?,
+                ctx_set_current: lib.require("cuCtxSetCurrent")?,
+                mem_alloc: lib.require("cuMemAlloc_v2")?,
+                mem_free: lib.require("cuMemFree_v2")?,
+                mem_get_info: lib.require("cuMemGetInfo_v2")?,
+                get_error_name: lib.function("cuGetErrorName"),
+                lib,
+            })
+        }
     }
 
     /// The library the driver was loaded from.
@@ -195,15 +199,15 @@ impl Driver {
         &self.lib
     }
 
-    fn check(&self, call: &'static str, code: c_int) -> Result<(), CuError> {
-        if code == CUDA_SUCCESS {
+    fn check(&self, call: &'static str, code: CUresult) -> Result<(), CuError> {
+        if code.is_success() {
             return Ok(());
         }
-        let mut name = format!("CUresult {code}");
+        let mut name = format!("CUresult {}", code.0);
         if let Some(f) = self.get_error_name {
             let mut p: *const c_char = std::ptr::null();
             // SAFETY: f is cuGetErrorName; p is a valid out-pointer.
-            if unsafe { f(code, &mut p) } == CUDA_SUCCESS && !p.is_null() {
+            if unsafe { f(code, &mut p) }.is_success() && !p.is_null() {
                 // SAFETY: the driver returns a static NUL-terminated string.
                 name = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
             }
@@ -238,15 +242,15 @@ impl Driver {
     }
 
     /// `cuDeviceGet(ordinal)`.
-    pub fn device(&self, ordinal: i32) -> Result<i32, CuError> {
-        let mut d = 0;
+    pub fn device(&self, ordinal: i32) -> Result<CUdevice, CuError> {
+        let mut d = CUdevice::default();
         // SAFETY: valid out-pointer.
         self.check("cuDeviceGet", unsafe { (self.device_get)(&mut d, ordinal) })?;
         Ok(d)
     }
 
     /// `cuDeviceGetName`.
-    pub fn device_name(&self, device: i32) -> Result<String, CuError> {
+    pub fn device_name(&self, device: CUdevice) -> Result<String, CuError> {
         let mut buf = [0 as c_char; 256];
         // SAFETY: buf is writable for its length, which we pass.
         self.check("cuDeviceGetName", unsafe {
@@ -260,7 +264,7 @@ impl Driver {
     }
 
     /// `cuDeviceTotalMem_v2`: the limit under the hook, the physical total without.
-    pub fn device_total_mem(&self, device: i32) -> Result<u64, CuError> {
+    pub fn device_total_mem(&self, device: CUdevice) -> Result<u64, CuError> {
         let mut total = 0usize;
         // SAFETY: valid out-pointer.
         self.check("cuDeviceTotalMem_v2", unsafe {
@@ -270,8 +274,8 @@ impl Driver {
     }
 
     /// Retain the device's primary context and make it current on this thread.
-    pub fn use_primary_context(&self, device: i32) -> Result<(), CuError> {
-        let mut ctx = std::ptr::null_mut();
+    pub fn use_primary_context(&self, device: CUdevice) -> Result<(), CuError> {
+        let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the context stays retained for the process's life.
         self.check("cuDevicePrimaryCtxRetain", unsafe {
             (self.primary_ctx_retain)(&mut ctx, device)
@@ -281,20 +285,20 @@ impl Driver {
     }
 
     /// `cuMemAlloc_v2(bytes)`: a device pointer.
-    pub fn mem_alloc(&self, bytes: u64) -> Result<u64, CuError> {
+    pub fn mem_alloc(&self, bytes: u64) -> Result<CUdeviceptr, CuError> {
         let size = usize::try_from(bytes).map_err(|_| CuError {
             call: "cuMemAlloc_v2",
-            code: CUDA_ERROR_OUT_OF_MEMORY,
+            code: CUresult::OUT_OF_MEMORY,
             name: "request does not fit in size_t".into(),
         })?;
-        let mut ptr = 0u64;
+        let mut ptr = CUdeviceptr::default();
         // SAFETY: valid out-pointer.
         self.check("cuMemAlloc_v2", unsafe { (self.mem_alloc)(&mut ptr, size) })?;
         Ok(ptr)
     }
 
     /// `cuMemFree_v2(ptr)`.
-    pub fn mem_free(&self, ptr: u64) -> Result<(), CuError> {
+    pub fn mem_free(&self, ptr: CUdeviceptr) -> Result<(), CuError> {
         // SAFETY: the driver validates the pointer and returns an error for a bad one.
         self.check("cuMemFree_v2", unsafe { (self.mem_free)(ptr) })
     }
@@ -307,5 +311,33 @@ impl Driver {
             (self.mem_get_info)(&mut free, &mut total)
         })?;
         Ok((free as u64, total as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loader_failures_are_reported_in_the_loaders_words() {
+        let e = Library::open("libvgpu-no-such-library.so.7").unwrap_err();
+        assert!(e.contains("libvgpu-no-such-library.so.7"), "{e}");
+        assert!(Library::open("a\0b").unwrap_err().contains("NUL"));
+        let e = Driver::open("libc.so.6").unwrap_err();
+        assert_eq!(e, "libc.so.6 has no symbol cuInit");
+    }
+
+    #[test]
+    fn symbols_resolve_to_the_file_that_defines_them() {
+        let libc = Library::open("libc.so.6").unwrap();
+        assert!(libc.symbol("getpid").is_some());
+        assert!(libc.symbol("vgpu_no_such_symbol").is_none());
+        let file = libc.file_of("getpid").unwrap();
+        assert_eq!(libc.path(), Some(file.clone()));
+        assert!(
+            file.to_string_lossy().contains("libc"),
+            "{}",
+            file.display()
+        );
     }
 }

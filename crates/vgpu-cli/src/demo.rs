@@ -9,9 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use vgpu_cuda_abi::CUresult;
+
 use crate::Failure;
 use crate::cli::{DemoArgs, DriverChoice};
-use crate::cuda::CUDA_ERROR_OUT_OF_MEMORY;
 use crate::limits::MemoryFlag;
 use crate::locate;
 use crate::report;
@@ -264,7 +265,11 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
     // The refusal is the limit's doing only if the request would really have crossed it.
     let over_limit = counted.is_some_and(|c| c.saturating_add(args.step) > limit);
     let verdict = match refused {
-        Some((_, code, _)) if code == CUDA_ERROR_OUT_OF_MEMORY && granted > 0 && over_limit => {
+        Some((_, code, _))
+            if i64::from(code) == i64::from(CUresult::OUT_OF_MEMORY.0)
+                && granted > 0
+                && over_limit =>
+        {
             println!(
                 "RESULT: limit enforced. {} granted ({} counted with the context), the next {} \
                  refused with CUDA_ERROR_OUT_OF_MEMORY; the device showed {} total.",

@@ -13,6 +13,8 @@ use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use vgpu_cuda_abi::CUdeviceptr;
+
 use crate::Failure;
 use crate::cli::WorkloadArgs;
 use crate::cuda::{CuError, Driver};
@@ -24,12 +26,15 @@ pub const DRIVER_NAME: &str = "libcuda.so.1";
 struct State {
     device: i32,
     driver: Option<Driver>,
-    allocations: HashMap<u64, (u64, u64)>,
+    allocations: HashMap<u64, (CUdeviceptr, u64)>,
     next_id: u64,
 }
 
 fn cu_err(what: &str, e: &CuError) -> String {
-    format!("err {what} code={} name={} msg={}", e.code, e.name, e.call)
+    format!(
+        "err {what} code={} name={} msg={}",
+        e.code.0, e.name, e.call
+    )
 }
 
 impl State {
@@ -94,7 +99,7 @@ impl State {
                     result.map(|ptr| {
                         self.next_id += 1;
                         self.allocations.insert(id, (ptr, bytes));
-                        format!("ok alloc id={id} bytes={bytes} ptr={ptr:#x}")
+                        format!("ok alloc id={id} bytes={bytes} ptr={:#x}", ptr.0)
                     })
                 }
             },
