@@ -215,6 +215,17 @@ impl Driver {
         Err(CuError { call, code, name })
     }
 
+    /// The value a call writes through its out-pointer, if it succeeds.
+    fn output<T: Default>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&mut T) -> CUresult,
+    ) -> Result<T, CuError> {
+        let mut value = T::default();
+        self.check(call, f(&mut value))?;
+        Ok(value)
+    }
+
     /// `cuInit(0)`.
     pub fn init(&self) -> Result<(), CuError> {
         // SAFETY: cuInit takes flags by value.
@@ -223,30 +234,24 @@ impl Driver {
 
     /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
     pub fn driver_version(&self) -> Result<i32, CuError> {
-        let mut v = 0;
         // SAFETY: valid out-pointer.
-        self.check("cuDriverGetVersion", unsafe {
-            (self.driver_get_version)(&mut v)
-        })?;
-        Ok(v)
+        self.output("cuDriverGetVersion", |v| unsafe {
+            (self.driver_get_version)(v)
+        })
     }
 
     /// `cuDeviceGetCount`.
     pub fn device_count(&self) -> Result<i32, CuError> {
-        let mut n = 0;
         // SAFETY: valid out-pointer.
-        self.check("cuDeviceGetCount", unsafe {
-            (self.device_get_count)(&mut n)
-        })?;
-        Ok(n)
+        self.output("cuDeviceGetCount", |n| unsafe {
+            (self.device_get_count)(n)
+        })
     }
 
     /// `cuDeviceGet(ordinal)`.
     pub fn device(&self, ordinal: i32) -> Result<CUdevice, CuError> {
-        let mut d = CUdevice::default();
         // SAFETY: valid out-pointer.
-        self.check("cuDeviceGet", unsafe { (self.device_get)(&mut d, ordinal) })?;
-        Ok(d)
+        self.output("cuDeviceGet", |d| unsafe { (self.device_get)(d, ordinal) })
     }
 
     /// `cuDeviceGetName`.
@@ -265,10 +270,9 @@ impl Driver {
 
     /// `cuDeviceTotalMem_v2`: the limit under the hook, the physical total without.
     pub fn device_total_mem(&self, device: CUdevice) -> Result<u64, CuError> {
-        let mut total = 0usize;
         // SAFETY: valid out-pointer.
-        self.check("cuDeviceTotalMem_v2", unsafe {
-            (self.device_total_mem)(&mut total, device)
+        let total: usize = self.output("cuDeviceTotalMem_v2", |t| unsafe {
+            (self.device_total_mem)(t, device)
         })?;
         Ok(total as u64)
     }
@@ -291,10 +295,8 @@ impl Driver {
             code: CUresult::OUT_OF_MEMORY,
             name: "request does not fit in size_t".into(),
         })?;
-        let mut ptr = CUdeviceptr::default();
         // SAFETY: valid out-pointer.
-        self.check("cuMemAlloc_v2", unsafe { (self.mem_alloc)(&mut ptr, size) })?;
-        Ok(ptr)
+        self.output("cuMemAlloc_v2", |p| unsafe { (self.mem_alloc)(p, size) })
     }
 
     /// `cuMemFree_v2(ptr)`.

@@ -213,15 +213,13 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     cmd.args(["doctor", "--cache", cache.to_str().unwrap()]);
     let out = run(cmd);
     assert_eq!(out.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
-    assert!(out.stdout.contains("[ ok ] libvgpu.so"), "{}", out.stdout);
-    assert!(out.stdout.contains("[warn] preload"), "{}", out.stdout);
-    assert!(out.stdout.contains("SIMULATED driver"), "{}", out.stdout);
-    assert!(out.stdout.contains("[ ok ] probe (hook)"), "{}", out.stdout);
-    assert!(
-        out.stdout.contains("sees cuDeviceTotalMem 1.50 GiB"),
-        "{}",
-        out.stdout
-    );
+    out.assert_stdout_has(&[
+        "[ ok ] libvgpu.so",
+        "[warn] preload",
+        "SIMULATED driver",
+        "[ ok ] probe (hook)",
+        "sees cuDeviceTotalMem 1.50 GiB",
+    ]);
 
     // Preloaded here with a limit: the probe in this very environment sees it.
     let mut cmd = sim.vgpu();
@@ -231,13 +229,11 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
         .arg("doctor");
     let out = run(cmd);
     assert_eq!(out.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
-    assert!(out.stdout.contains("[ ok ] preload"), "{}", out.stdout);
-    assert!(out.stdout.contains("[ ok ] probe (here)"), "{}", out.stdout);
-    assert!(
-        out.stdout.contains("sees device 0 as 768 MiB"),
-        "{}",
-        out.stdout
-    );
+    out.assert_stdout_has(&[
+        "[ ok ] preload",
+        "[ ok ] probe (here)",
+        "sees device 0 as 768 MiB",
+    ]);
 
     // A preload entry naming a missing file, or a library that is not the hook, fails.
     let mut cmd = sim.vgpu();
@@ -249,11 +245,7 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     ]);
     let out = run(cmd);
     assert_eq!(out.code(), Some(1), "{}", out.stdout);
-    assert!(
-        out.stdout.contains("[FAIL] preload") && out.stdout.contains("does not exist"),
-        "{}",
-        out.stdout
-    );
+    out.assert_stdout_has(&["[FAIL] preload", "does not exist"]);
     let bogus = sim.dir.path().join("libvgpu.so");
     std::fs::write(&bogus, b"not an ELF file").unwrap();
     let mut cmd = sim.vgpu();
@@ -266,17 +258,12 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     ]);
     let out = run(cmd);
     assert_eq!(out.code(), Some(1), "{}", out.stdout);
-    assert!(
-        out.stdout.contains("[FAIL] libvgpu.so") && out.stdout.contains("does not load"),
-        "{}",
-        out.stdout
-    );
-    assert!(out.stdout.contains("[skip] probe (hook)"), "{}", out.stdout);
-    assert!(
-        out.stdout.contains("enforcement is NOT in effect"),
-        "{}",
-        out.stdout
-    );
+    out.assert_stdout_has(&[
+        "[FAIL] libvgpu.so",
+        "does not load",
+        "[skip] probe (hook)",
+        "enforcement is NOT in effect",
+    ]);
 }
 
 #[test]

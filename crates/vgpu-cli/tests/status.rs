@@ -473,19 +473,13 @@ fn run_notes_when_the_file_holds_another_limit() {
     let path = make_table(&dir);
     let lib = dir.path().join("libvgpu.so");
     std::fs::write(&lib, b"").unwrap();
-    let mut cmd = vgpu();
-    cmd.args([
-        "run",
-        "--lib",
-        lib.to_str().unwrap(),
-        "--memory",
-        "2g",
-        "--cache",
-        path.to_str().unwrap(),
-        "--",
-        "true",
-    ]);
-    let out = run(cmd);
+    let run_with = |memory: &str| {
+        let mut cmd = vgpu();
+        cmd.args(["run", "--lib", lib.to_str().unwrap(), "--memory", memory])
+            .args(["--cache", path.to_str().unwrap(), "--", "true"]);
+        run(cmd)
+    };
+    let out = run_with("2g");
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
     assert!(
         out.stderr
@@ -495,19 +489,7 @@ fn run_notes_when_the_file_holds_another_limit() {
         out.stderr
     );
     // The same limit as the file: nothing to say about device 0.
-    let mut cmd = vgpu();
-    cmd.args([
-        "run",
-        "--lib",
-        lib.to_str().unwrap(),
-        "--memory",
-        "0=1g",
-        "--cache",
-        path.to_str().unwrap(),
-        "--",
-        "true",
-    ]);
-    let out = run(cmd);
+    let out = run_with("0=1g");
     assert!(!out.stderr.contains("for device 0"), "{}", out.stderr);
 }
 

@@ -42,6 +42,19 @@ impl Output {
     pub fn code(&self) -> Option<i32> {
         self.status.code()
     }
+
+    /// Assert stdout contains each of `needles`.
+    #[track_caller]
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn assert_stdout_has(&self, needles: &[&str]) {
+        for n in needles {
+            assert!(
+                self.stdout.contains(n),
+                "stdout lacks {n:?}:\n{}",
+                self.stdout
+            );
+        }
+    }
 }
 
 fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
