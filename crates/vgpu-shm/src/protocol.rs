@@ -19,6 +19,7 @@
 //! `ADMIN_TAG | epoch`, with a fresh epoch per administrative section, so that a dead
 //! administrator's word differs from the current one's and is taken over exactly once.
 
+use crate::layout::CLASSES;
 use crate::sync::{Atomic64, Backoff, Ordering};
 
 /// Set in every administrator's owner word.
@@ -179,11 +180,26 @@ pub(crate) fn unlock_device<S: Store>(s: &S, device: usize) {
     s.lock_word(device).store(0, Ordering::Release);
 }
 
+/// The end of a reservation or release (caller holds lock `device`): update HAMi's mirror of
+/// `slot`, then unlock; a process may die before, between or after.
+fn mirror_and_unlock<S: Store, C: Crash>(
+    s: &S,
+    slot: usize,
+    device: usize,
+    crash: &C,
+) -> Result<(), Died> {
+    crash.at()?;
+    s.mirror(slot, device);
+    crash.at()?;
+    unlock_device(s, device);
+    Ok(())
+}
+
 /// Restore invariant **I** for `device` (caller holds its lock).
 pub(crate) fn recompute_total<S: Store>(s: &S, device: usize) {
     let mut sum: u64 = 0;
     for slot in 0..s.slot_count() {
-        for class in 0..3 {
+        for class in 0..CLASSES {
             sum = sum.saturating_add(s.held(slot, device, class).load(Ordering::Relaxed));
         }
     }
@@ -231,10 +247,7 @@ pub(crate) fn reserve<S: Store, C: Crash>(
         held.load(Ordering::Relaxed).saturating_add(bytes),
         Ordering::Relaxed,
     );
-    crash.at()?;
-    s.mirror(slot, device);
-    crash.at()?;
-    unlock_device(s, device);
+    mirror_and_unlock(s, slot, device, crash)?;
     Ok(Done {
         value: Ok(next),
         took_over,
@@ -264,10 +277,7 @@ pub(crate) fn release<S: Store, C: Crash>(
         total.load(Ordering::Relaxed).saturating_sub(amount),
         Ordering::Relaxed,
     );
-    crash.at()?;
-    s.mirror(slot, device);
-    crash.at()?;
-    unlock_device(s, device);
+    mirror_and_unlock(s, slot, device, crash)?;
     Ok(Done {
         value: amount,
         took_over,
@@ -302,7 +312,7 @@ pub(crate) fn release_dead<S: Store, C: Crash>(
     for device in 0..s.device_count() {
         lock_device(s, device, me, crash)?;
         for &slot in dead {
-            for class in 0..3 {
+            for class in 0..CLASSES {
                 let h = s.held(slot, device, class);
                 let bytes = h.load(Ordering::Relaxed);
                 if bytes != 0 {
@@ -366,7 +376,7 @@ pub(crate) fn normalize<S: Store, C: Crash>(
             continue;
         }
         for device in 0..s.device_count() {
-            for class in 0..3 {
+            for class in 0..CLASSES {
                 let h = s.held(slot, device, class);
                 if h.load(Ordering::Relaxed) != 0 {
                     h.store(0, Ordering::Relaxed);
@@ -472,7 +482,7 @@ pub(crate) mod model {
         }
 
         pub(crate) fn held_by(&self, slot: usize, device: usize) -> u64 {
-            (0..3)
+            (0..CLASSES)
                 .map(|c| self.held(slot, device, c).load(Ordering::SeqCst))
                 .sum()
         }

@@ -54,6 +54,11 @@ impl Atomic64 for loom::sync::atomic::AtomicU64 {
 /// Waiting for a lock held by someone else: spin briefly, then yield the CPU, then sleep;
 /// says when it is time to ask whether the holder is still alive (a system call, so not on
 /// every turn, but by the clock: a yield can cost a whole time slice on a busy machine).
+///
+/// Not `crossbeam_utils::Backoff`: its step count neither sleeps nor tells when spinning
+/// ends, so the clock state here would stay anyway; and under our `cfg(loom)` it would spin
+/// on std's hints, which loom's scheduler never sees (crossbeam switches only under its own
+/// `cfg(crossbeam_loom)`), so the loom variant below would stay too.
 #[derive(Debug)]
 pub(crate) struct Backoff {
     #[cfg(not(loom))]

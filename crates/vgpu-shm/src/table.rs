@@ -12,7 +12,7 @@ use vgpu_alloc_core::{DeviceIndex, DeviceUsage, OutOfMemory, UsageClass, UsageLe
 
 use crate::error::{ImageError, ShmError};
 use crate::layout::{
-    self, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR,
+    self, CLASSES, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR,
     HAMI_STATUS_RUNNING, HAMI_STATUS_SUSPENDED, HamiProcSlot, HamiRegion, MAX_DEVICES, MAX_SLOTS,
     SlotRecord, UUID_LEN,
 };
@@ -1086,7 +1086,7 @@ impl ProcessSlot {
         self.with_device_locked(d, |st| {
             let total = st.ext.devices[d].total.load(Ordering::Relaxed);
             let held = (0..MAX_SLOTS)
-                .flat_map(|j| (0..3).map(move |c| (j, c)))
+                .flat_map(|j| (0..CLASSES).map(move |c| (j, c)))
                 .map(|(j, c)| st.ext.slots[j].held[d][c].load(Ordering::Relaxed))
                 .fold(0u64, u64::saturating_add);
             let n = st
