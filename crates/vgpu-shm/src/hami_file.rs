@@ -19,13 +19,6 @@ use crate::layout::{
 use crate::table::{DeviceSnapshot, ProcessDeviceUsage, ProcessSnapshot, TableSnapshot};
 use crate::validate::{Image, check_hami_header};
 
-/// Bytes of one `limit[d]` / `sm_limit[d]` word.
-const WORD: usize = size_of::<u64>();
-
-fn slot_offset(j: usize) -> usize {
-    offsets::PROCS + j * offsets::PROC_SLOT_SIZE
-}
-
 impl TableSnapshot {
     /// Decode the image of a file written by HAMi-core 1.2 (at least its region; a vgpu
     /// extension after it is ignored). Slots `[0, proc_num)` with a nonzero pid are the
@@ -46,12 +39,12 @@ impl TableSnapshot {
         let proc_num = i32_at(offsets::PROC_NUM);
         let mut devices: Vec<DeviceSnapshot> = (0..device_num)
             .map(|d| {
-                let uuid = offsets::UUIDS + d * UUID_LEN;
+                let uuid = offsets::uuid(d);
                 DeviceSnapshot {
                     index: d as u32,
                     uuid: uuid_of(image[uuid..uuid + UUID_LEN].iter().copied()),
-                    limit: memory_limit_of(u64_at(offsets::LIMIT + d * WORD)),
-                    sm_limit: sm_limit_of(u64_at(offsets::SM_LIMIT + d * WORD)),
+                    limit: memory_limit_of(u64_at(offsets::limit(d))),
+                    sm_limit: sm_limit_of(u64_at(offsets::sm_limit(d))),
                     used: 0,
                     context: 0,
                     module: 0,
@@ -62,7 +55,7 @@ impl TableSnapshot {
         let mut processes = Vec::new();
         // A proc_num beyond the slot count is clamped, not trusted.
         for j in 0..proc_num.clamp(0, MAX_SLOTS as i32) as usize {
-            let slot = slot_offset(j);
+            let slot = offsets::slot(j);
             let pid = i32_at(slot + offsets::SLOT_PID);
             if pid == 0 {
                 continue;
@@ -139,15 +132,15 @@ impl TableSnapshot {
         put(offsets::DEVICE_NUM, &(devices.len() as u64).to_le_bytes());
         for (d, dev) in devices.iter().enumerate() {
             let uuid = &dev.uuid.as_bytes()[..dev.uuid.len().min(UUID_LEN - 1)];
-            put(offsets::UUIDS + d * UUID_LEN, uuid);
+            put(offsets::uuid(d), uuid);
             let limit = dev.limit.unwrap_or(0);
-            put(offsets::LIMIT + d * WORD, &limit.to_le_bytes());
+            put(offsets::limit(d), &limit.to_le_bytes());
             let sm_limit = dev.sm_limit.unwrap_or(0);
-            put(offsets::SM_LIMIT + d * WORD, &sm_limit.to_le_bytes());
+            put(offsets::sm_limit(d), &sm_limit.to_le_bytes());
         }
         let processes = &self.processes[..self.processes.len().min(MAX_SLOTS)];
         for (j, p) in processes.iter().enumerate() {
-            let slot = slot_offset(j);
+            let slot = offsets::slot(j);
             put(slot + offsets::SLOT_PID, &p.pid.to_le_bytes());
             put(slot + offsets::SLOT_HOSTPID, &p.hostpid.to_le_bytes());
             let status = match (p.suspended, p.alive) {

@@ -314,6 +314,22 @@ pub mod offsets {
     pub const PRIORITY: usize = offset_of!(HamiRegion, priority);
     /// `last_kernel_time`.
     pub const LAST_KERNEL_TIME: usize = offset_of!(HamiRegion, last_kernel_time);
+    /// `uuids[d]`.
+    pub const fn uuid(device: usize) -> usize {
+        UUIDS + device * UUID_LEN
+    }
+    /// `limit[d]`.
+    pub const fn limit(device: usize) -> usize {
+        LIMIT + device * size_of::<u64>()
+    }
+    /// `sm_limit[d]`.
+    pub const fn sm_limit(device: usize) -> usize {
+        SM_LIMIT + device * size_of::<u64>()
+    }
+    /// `procs[j]`.
+    pub const fn slot(j: usize) -> usize {
+        PROCS + j * PROC_SLOT_SIZE
+    }
     /// `procs[j].pid`, relative to the slot.
     pub const SLOT_PID: usize = offset_of!(HamiProcSlot, pid);
     /// `procs[j].hostpid`, relative to the slot.
