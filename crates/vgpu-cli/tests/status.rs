@@ -543,7 +543,12 @@ fn status_into_a_closed_pipe_ends_quietly() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     let status = wait_bounded(&mut child, Duration::from_secs(10));
-    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}: {stderr}");
+    // Another test thread forking at that moment holds a copy of the read end until its
+    // child execs; then the write succeeds and vgpu exits 0. Either way it must be quiet.
+    assert!(
+        status.signal() == Some(libc::SIGPIPE) || status.success(),
+        "{status:?}: {stderr}"
+    );
     assert!(stderr.is_empty(), "no panic message: {stderr}");
 }
 
