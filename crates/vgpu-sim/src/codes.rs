@@ -95,6 +95,11 @@ pub const CUDA_ERRORS: &[(u32, &str, &str)] = &[
         "operation not permitted when stream is capturing\0",
     ),
     (
+        901,
+        "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED\0",
+        "operation failed due to a previous error during capture\0",
+    ),
+    (
         903,
         "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED\0",
         "capture was not initiated in this stream\0",

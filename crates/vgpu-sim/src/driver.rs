@@ -946,10 +946,10 @@ exports_pt! {
     cuEventRecordWithFlags / cuEventRecordWithFlags_ptsz(ev: CUevent, st: CUstream, _flags: c_uint) false |s, pt| {
         s.event_record(hv(ev), hv(st), pt)
     }
-    cuStreamBeginCapture_v2 / cuStreamBeginCapture_v2_ptsz(st: CUstream, _mode: c_uint) false |s, _pt| {
-        s.begin_capture(hv(st))
+    cuStreamBeginCapture_v2 / cuStreamBeginCapture_v2_ptsz(st: CUstream, mode: c_uint) false |s, _pt| {
+        s.begin_capture(hv(st), mode)
     }
-    cuStreamBeginCapture / cuStreamBeginCapture_ptsz(st: CUstream) false |s, _pt| { s.begin_capture(hv(st)) }
+    cuStreamBeginCapture / cuStreamBeginCapture_ptsz(st: CUstream) false |s, _pt| { s.begin_capture(hv(st), 0) }
     cuStreamEndCapture / cuStreamEndCapture_ptsz(st: CUstream, graph: *mut CUgraph) false |s, _pt| {
         if graph.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -1143,6 +1143,9 @@ exports_pt! {
     }
     cuGraphLaunch / cuGraphLaunch_ptsz(exec: CUgraphExec, st: CUstream) false |s, pt| {
         s.graph_launch(hv(exec), hv(st), pt)
+    }
+    cuGraphUpload / cuGraphUpload_ptsz(exec: CUgraphExec, st: CUstream) true |s, pt| {
+        s.graph_upload(hv(exec), hv(st), pt)
     }
 }
 

@@ -189,6 +189,7 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Variant>> {
             "cuGraphInstantiate": 11000 => cuGraphInstantiate_v2, 12000 => cuGraphInstantiateWithFlags;
             "cuGraphInstantiateWithFlags": 11040 => cuGraphInstantiateWithFlags;
             "cuGraphLaunch": 10000 => cuGraphLaunch / cuGraphLaunch_ptsz;
+            "cuGraphUpload": 11010 => cuGraphUpload / cuGraphUpload_ptsz;
             "cuGraphExecDestroy": 10000 => cuGraphExecDestroy;
         }
     })

@@ -232,7 +232,18 @@ struct Stream {
     ctx: u64,
     flags: u32,
     q: Arc<StreamQueue>,
-    capture: Option<u64>,
+    capture: Option<Capture>,
+}
+
+/// A stream capture in progress.
+#[derive(Debug, Clone, Copy)]
+struct Capture {
+    graph: u64,
+    /// `CUstreamCaptureMode`: 0 global, 1 thread-local, 2 relaxed.
+    mode: u32,
+    thread: std::thread::ThreadId,
+    /// A prohibited call was made while it ran: ending it fails.
+    invalidated: bool,
 }
 
 /// The built-in kernels a simulated module can contain.
@@ -1510,8 +1521,9 @@ impl Sim {
         }
     }
 
-    /// `cuMemPoolGetAttribute` (value widened to u64).
+    /// `cuMemPoolGetAttribute` (value widened to u64); prohibited during stream capture.
     pub fn pool_get_attr(&self, pool: u64, attr: u32) -> CuResult<u64> {
+        self.capture_unsafe_call()?;
         let id = unhandle(tag::POOL, pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let st = self.st();
         let p = st.pools.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -1660,6 +1672,7 @@ impl Sim {
             .streams
             .get(&id)
             .and_then(|s| s.capture)
+            .map(|c| c.graph)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 
@@ -2080,6 +2093,7 @@ impl Sim {
                 .streams
                 .get(&id)
                 .and_then(|s| s.capture)
+                .map(|c| c.graph)
                 .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             let nid = st.id();
             st.graphs
@@ -2204,8 +2218,12 @@ impl Sim {
             .ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 
-    /// `cuStreamBeginCapture_v2`.
-    pub fn begin_capture(&self, stream: u64) -> CuResult<()> {
+    /// `cuStreamBeginCapture_v2` with `CUstreamCaptureMode` `mode` (0 global, 1 thread-local,
+    /// 2 relaxed).
+    pub fn begin_capture(&self, stream: u64, mode: u32) -> CuResult<()> {
+        if mode > 2 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
         let id = unhandle(tag::STREAM, stream).ok_or(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)?;
         let mut st = self.st();
         let gid = st.id();
@@ -2213,29 +2231,68 @@ impl Sim {
         if s.capture.is_some() {
             return Err(CUDA_ERROR_ILLEGAL_STATE);
         }
-        s.capture = Some(gid);
+        let thread = std::thread::current().id();
+        s.capture = Some(Capture {
+            graph: gid,
+            mode,
+            thread,
+            invalidated: false,
+        });
         st.graphs.insert(gid, Graph::default());
         Ok(())
     }
 
-    /// `cuStreamEndCapture`: the captured graph.
+    /// `cuStreamEndCapture`: the captured graph, or `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`
+    /// when a prohibited call was made during the capture.
     pub fn end_capture(&self, stream: u64) -> CuResult<u64> {
         let id = unhandle(tag::STREAM, stream).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
         let mut st = self.st();
         let s = st.streams.get_mut(&id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let g = s.capture.take().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-        Ok(handle(tag::GRAPH, g))
+        let c = s.capture.take().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+        if c.invalidated {
+            st.graphs.remove(&c.graph);
+            return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        }
+        Ok(handle(tag::GRAPH, c.graph))
     }
 
-    /// `cuStreamIsCapturing`: 0 none, 1 active.
+    /// `cuStreamIsCapturing`: 0 none, 1 active, 2 invalidated.
     pub fn is_capturing(&self, stream: u64) -> CuResult<u32> {
         match unhandle(tag::STREAM, stream) {
             None => Ok(0),
             Some(id) => {
                 let st = self.st();
                 let s = st.streams.get(&id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-                Ok(s.capture.is_some() as u32)
+                Ok(match s.capture {
+                    None => 0,
+                    Some(c) if c.invalidated => 2,
+                    Some(_) => 1,
+                })
             }
+        }
+    }
+
+    /// A call that is prohibited during stream capture: refused with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the captures that prohibit it are
+    /// invalidated, as the driver does. Prohibited: a non-relaxed capture begun by this thread,
+    /// or a global-mode capture begun by any thread. (Seen on an H200 with driver 580 for
+    /// `cuMemPoolGetAttribute`; `docs/gpu-acceptance.md`.)
+    fn capture_unsafe_call(&self) -> CuResult<()> {
+        let me = std::thread::current().id();
+        let mut st = self.st();
+        let mut hit = false;
+        for s in st.streams.values_mut() {
+            if let Some(c) = s.capture.as_mut()
+                && (c.mode == 0 || (c.mode == 1 && c.thread == me))
+            {
+                c.invalidated = true;
+                hit = true;
+            }
+        }
+        if hit {
+            Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        } else {
+            Ok(())
         }
     }
 
@@ -2327,6 +2384,35 @@ impl Sim {
         Ok(())
     }
 
+    /// `cuGraphUpload`: the graph's memory nodes take their memory from the device now (so the
+    /// first launch does not have to).
+    pub fn graph_upload(&self, e: u64, stream: u64, per_thread: bool) -> CuResult<()> {
+        let id = unhandle(tag::EXEC, e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (_q, capturing) = self.stream_queue(stream, per_thread)?;
+        if capturing {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        let mut st = self.st();
+        let nodes = st.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
+        for n in &nodes {
+            if let Node::MemAlloc { dev, dptr } = n {
+                let ga = st
+                    .graph_allocs
+                    .get_mut(dptr)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                if !ga.backed {
+                    self.devices[*dev].reserve(ga.size)?;
+                    ga.backed = true;
+                    let s = ga.size;
+                    let gm = &mut st.graph_mem[*dev];
+                    gm.reserved += s;
+                    gm.reserved_high = gm.reserved_high.max(gm.reserved);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `cuDeviceGetGraphMemAttribute`.
     pub fn graph_mem_attr(&self, ord: i32, attr: u32) -> CuResult<u64> {
         let p = self.phys(ord)?;
@@ -2402,6 +2488,8 @@ impl Sim {
 
 /// `CUDA_ERROR_ILLEGAL_STATE`.
 pub const CUDA_ERROR_ILLEGAL_STATE: u32 = 401;
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: u32 = 901;
 
 #[cfg(test)]
 mod tests {
@@ -2569,7 +2657,7 @@ mod tests {
         let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
         s.ctx_create(0, 0).unwrap();
         let st = s.stream_create(0).unwrap();
-        s.begin_capture(st).unwrap();
+        s.begin_capture(st, 0).unwrap();
         let l = Launch {
             kernel: Kernel::Noop,
             dev: 0,
@@ -2583,6 +2671,9 @@ mod tests {
         let (_, p) = s.graph_add_mem_alloc(g, 0, 3 << 20).unwrap();
         s.graph_add_mem_free(g, p).unwrap();
         let e = s.graph_instantiate(g).unwrap();
+        s.graph_upload(e, st, false).unwrap();
+        assert_eq!(used(s, 0), 4 << 20, "uploading takes the graph's memory");
+        assert_eq!(s.graph_mem_attr(0, 0).unwrap(), 0, "reserved, not in use");
         s.graph_launch(e, st, false).unwrap();
         assert_eq!(used(s, 0), 4 << 20);
         s.stream_sync(st, false).unwrap();
@@ -2597,7 +2688,7 @@ mod tests {
         let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
         s.ctx_create(0, 0).unwrap();
         let st = s.stream_create(0).unwrap();
-        s.begin_capture(st).unwrap();
+        s.begin_capture(st, 0).unwrap();
         let p = s.alloc_async(3 << 20, 0, st, false).unwrap();
         assert_eq!(used(s, 0), 0, "nothing is taken while capturing");
         let g = s.end_capture(st).unwrap();
@@ -2613,6 +2704,32 @@ mod tests {
         assert_eq!(used(s, 0), 4 << 20);
         s.graph_mem_trim(0).unwrap();
         assert_eq!(used(s, 0), 0);
+    }
+
+    #[test]
+    fn pool_queries_invalidate_a_global_capture_but_not_a_relaxed_one() {
+        let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
+        s.ctx_create(0, 0).unwrap();
+        let pool = s.default_pool(0).unwrap();
+        let st = s.stream_create(0).unwrap();
+        s.begin_capture(st, 0).unwrap();
+        assert_eq!(
+            s.pool_get_attr(pool, 5),
+            Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        );
+        assert_eq!(s.is_capturing(st), Ok(2));
+        assert_eq!(
+            s.end_capture(st),
+            Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+        );
+        s.begin_capture(st, 2).unwrap();
+        assert_eq!(s.pool_get_attr(pool, 5), Ok(0));
+        assert!(s.end_capture(st).is_ok());
+        assert_eq!(
+            s.pool_get_attr(pool, 5),
+            Ok(0),
+            "no capture, no restriction"
+        );
     }
 
     #[test]

@@ -323,7 +323,8 @@ static CUresult take(const char *path, size_t size, held_t *h) {
     if (!strcmp(path, "capture_async")) {
         /* A stream-ordered allocation captured into a graph becomes a graph memory node. */
         must(A.cuStreamCreate(&h->s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-        must(A.cuStreamBeginCapture_v2(h->s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+        const char *mode = getenv("VGPU_CAPTURE_MODE"); /* 0 global (default), 1 thread-local, 2 relaxed */
+        must(A.cuStreamBeginCapture_v2(h->s, mode ? atoi(mode) : CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
         CUresult r = A.cuMemAllocAsync(&h->p, size, h->s);
         must(A.cuStreamEndCapture(h->s, &h->g), "cuStreamEndCapture");
         if (r) return r;
