@@ -113,6 +113,9 @@ impl Region {
         if count == 0 || count > self.free_chunks {
             return None;
         }
+        if let Some(start) = self.allocate_in_word(count) {
+            return Some(start);
+        }
         let start = self
             .find_run(self.next_fit, self.chunks, count)
             .or_else(|| {
@@ -128,8 +131,44 @@ impl Region {
         Some(start)
     }
 
+    /// The common case of [`Region::allocate`], in a few instructions: the first free
+    /// chunk at or after the mark starts a long enough run inside the same word. That is
+    /// the run the general search would return (it too takes the first free chunk from
+    /// the mark when its run is long enough), so both give the same layouts.
+    #[inline]
+    fn allocate_in_word(&mut self, count: u32) -> Option<u32> {
+        if count >= 64 {
+            return None;
+        }
+        let w = (self.next_fit / 64) as usize;
+        let used = *self.words.get(w)?;
+        let free = !used & (!0u64 << (self.next_fit % 64));
+        if free == 0 {
+            return None;
+        }
+        let shift = free.trailing_zeros();
+        if shift + count > 64 {
+            return None;
+        }
+        let mask = ((1u64 << count) - 1) << shift;
+        // Phantom bits past the last chunk are set, so a clear run is all real chunks.
+        if used & mask != 0 {
+            return None;
+        }
+        self.words[w] = used | mask;
+        self.starts[w] |= 1 << shift;
+        self.free_chunks -= count;
+        let start = w as u32 * 64 + shift;
+        let next = start + count;
+        self.next_fit = if next >= self.chunks { 0 } else { next };
+        Some(start)
+    }
+
     /// Return a run previously handed out by [`Region::allocate`].
     pub fn free(&mut self, start: u32, count: u32) -> Result<(), RegionError> {
+        if self.free_in_word(start, count) {
+            return Ok(());
+        }
         let end = start
             .checked_add(count)
             .filter(|&e| e <= self.chunks && count > 0);
@@ -156,6 +195,36 @@ impl Region {
         self.set_run(start, count, false);
         self.free_chunks += count;
         Ok(())
+    }
+
+    /// The common case of [`Region::free`]: a run that ends inside its first word, with
+    /// the same checks (it starts a run, is fully in use, and the chunk after it is free
+    /// or starts another run) done with masks. False means "not handled here" (not
+    /// "invalid"): the general path then decides, and reports any error.
+    #[inline]
+    fn free_in_word(&mut self, start: u32, count: u32) -> bool {
+        let shift = start % 64;
+        // end < chunks keeps the chunk after the run real (phantom tail bits are "in use").
+        if count == 0
+            || count >= 64 - shift
+            || u64::from(start) + u64::from(count) >= u64::from(self.chunks)
+        {
+            return false;
+        }
+        let w = (start / 64) as usize;
+        let (used, starts) = (self.words[w], self.starts[w]);
+        let mask = ((1u64 << count) - 1) << shift;
+        let first = 1u64 << shift;
+        let after = 1u64 << (shift + count);
+        let whole_run = starts & mask == first && used & mask == mask;
+        let run_continues = used & after != 0 && starts & after == 0;
+        if !whole_run || run_continues {
+            return false;
+        }
+        self.words[w] = used & !mask;
+        self.starts[w] = starts & !first;
+        self.free_chunks += count;
+        true
     }
 
     /// The start of the latest live run beginning at or before `chunk` and at most

@@ -189,11 +189,12 @@ impl AllocationTable {
             key: a.key,
         };
         if a.kind.is_address() {
-            if self.by_address.contains_key(&a.key) {
+            // One hash probe: the entry API both checks and inserts.
+            let std::collections::hash_map::Entry::Vacant(v) = self.by_address.entry(a.key) else {
                 return Err(dup);
-            }
+            };
             let id = self.entries.insert(a);
-            self.by_address.insert(a.key, id);
+            v.insert(id);
             if a.placement == Placement::Own {
                 self.ranges.insert(a.key, id);
             }

@@ -1,0 +1,36 @@
+//! Cost of one steady-state allocate+free pair, for measuring under callgrind:
+//!
+//! `pair_cost <pairs> <bytes>` warms one region up, then allocates and frees `bytes`
+//! `pairs` times with 64 other allocations live. (run with N − run with 0) / N is the
+//! cost of one pair, setup cancelled out. `docs/benchmarks.md` shows the script.
+
+use vgpu_alloc_core::{
+    Allocator, AllocatorConfig, ContextId, DeviceIndex, InMemoryLedger, MAX_DEVICES, MockBackend,
+};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [pairs, bytes] = &args[..] else {
+        eprintln!("usage: pair_cost <pairs> <bytes>");
+        std::process::exit(2);
+    };
+    let pairs: usize = pairs.parse().expect("pairs");
+    let bytes: u64 = bytes.parse().expect("bytes");
+    let mut limits = [None; MAX_DEVICES];
+    limits[0] = Some(1 << 50);
+    let a = Allocator::new(
+        AllocatorConfig::default(),
+        MockBackend::new(),
+        InMemoryLedger::new(limits),
+    )
+    .expect("valid sizes");
+    let (dev, ctx) = (DeviceIndex(0), ContextId(1));
+    let live: Vec<_> = (0..64)
+        .map(|_| a.allocate(dev, ctx, 1024).expect("allocate").ptr)
+        .collect();
+    for _ in 0..pairs {
+        let p = a.allocate(dev, ctx, bytes).expect("allocate").ptr;
+        a.free(std::hint::black_box(p)).expect("free");
+    }
+    assert_eq!(a.stats().live_allocations, live.len());
+}
