@@ -10,8 +10,8 @@ use std::ffi::CStr;
 use std::sync::atomic::Ordering;
 
 use vgpu_alloc_core::{
-    AllocError, AllocationKind, ContextId, DeviceIndex, DevicePtr, FreeError, MAX_DEVICES,
-    OutOfMemory, UsageClass, UsageLedger,
+    AllocError, AllocationKind, ContextId, DeviceBackend, DeviceIndex, DevicePtr, FreeError,
+    MAX_DEVICES, OutOfMemory, PendingRecord, UsageClass, UsageLedger,
 };
 use vgpu_cuda_abi::*;
 
@@ -347,13 +347,10 @@ fn ffi_code(r: Result<(), CUresult>) -> CUresult {
 
 /// Whether `ptr` lies inside one of the sub-allocator's regions (in a chunk that is not a
 /// live allocation's base: a double free or an interior pointer). The driver must not see
-/// it, or it would free the whole region under the other sub-allocations.
+/// it, or it would free the whole region under the other sub-allocations. One ordered
+/// lookup, no copy of the region list.
 fn inside_region(st: &Ready, ptr: CUdeviceptr) -> bool {
-    let chunk = st.config.allocator.chunk_size;
-    st.alloc.regions().iter().any(|r| {
-        let size = u64::from(r.chunks) * chunk;
-        ptr.0.wrapping_sub(r.base.0) < size
-    })
+    st.alloc.region_containing(DevicePtr(ptr.0)).is_some()
 }
 
 pub(crate) unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
@@ -442,28 +439,29 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
     // SAFETY: the driver filled both out-pointers (checked non-null above).
     let (ptr, real_pitch) = unsafe { (*dptr, *pitch) };
     let actual = charge((real_pitch as u64).checked_mul(height as u64)).unwrap_or(u64::MAX);
-    let pending = if actual == estimate {
-        pending
-    } else {
-        match st
-            .alloc
-            .begin_record(AllocationKind::Pitched, idx, ctx_id(ctx), requested, actual)
-        {
-            Ok(exact) => {
-                drop(pending);
-                exact
-            }
-            Err(e) => {
-                drop(pending);
-                let _ = call!(cuda, h.cuMemFree_v2(ptr));
-                return alloc_err(e);
-            }
-        }
-    };
+    let mut pending = pending;
+    if let Err(e) = correct_charge(&mut pending, actual) {
+        drop(pending);
+        let _ = call!(cuda, h.cuMemFree_v2(ptr));
+        return alloc_err(e);
+    }
     if let Err(e) = pending.commit(ptr.0) {
         commit_err(e, "a pitched allocation");
     }
     r
+}
+
+/// Change a pending charge to the size the driver really allocated, in place: the estimate
+/// and the exact charge are never held together, so an allocation that fits the limit is
+/// not refused because its estimate was still charged.
+fn correct_charge<B: DeviceBackend, L: UsageLedger>(
+    pending: &mut PendingRecord<'_, B, L>,
+    actual: u64,
+) -> Result<(), AllocError> {
+    if pending.accounted() == actual {
+        return Ok(());
+    }
+    pending.resize(actual)
 }
 
 pub(crate) unsafe fn cuMemAllocManaged(
@@ -1760,4 +1758,47 @@ pub(crate) unsafe fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> 
         || call!(cuda, h.cuGraphLaunch_ptsz(exec, stream)),
     );
     after_graph_launch(cuda, stream, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_alloc_core::{Allocator, AllocatorConfig, InMemoryLedger, MockBackend};
+
+    /// A pitched allocation whose estimate and real size together exceed the limit, while
+    /// either alone fits: correcting the charge must succeed and leave only the real size
+    /// charged (taking the exact charge before dropping the estimate gave a false OOM).
+    #[test]
+    fn a_pitched_charge_is_corrected_in_place_near_the_limit() {
+        let mut limits = [None; MAX_DEVICES];
+        limits[0] = Some(100 << 20);
+        let a = Allocator::new(
+            AllocatorConfig::default(),
+            MockBackend::new(),
+            InMemoryLedger::new(limits),
+        )
+        .unwrap();
+        let (dev, ctx) = (DeviceIndex(0), ContextId(1));
+        let mut pending = a
+            .begin_record(AllocationKind::Pitched, dev, ctx, 60 << 20, 60 << 20)
+            .unwrap();
+        correct_charge(&mut pending, 70 << 20).unwrap();
+        assert_eq!(a.usage(dev).used, 70 << 20, "only the real size is charged");
+        pending.commit(0x7000_0000).unwrap();
+        assert_eq!(a.usage(dev).used, 70 << 20);
+        let mut too_big = a
+            .begin_record(AllocationKind::Pitched, dev, ctx, 20 << 20, 20 << 20)
+            .unwrap();
+        assert!(matches!(
+            correct_charge(&mut too_big, 40 << 20),
+            Err(AllocError::OutOfMemory(_))
+        ));
+        assert_eq!(
+            a.usage(dev).used,
+            90 << 20,
+            "a refused correction keeps the estimate"
+        );
+        drop(too_big);
+        assert_eq!(a.usage(dev).used, 70 << 20);
+    }
 }
