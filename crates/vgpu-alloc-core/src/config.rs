@@ -186,6 +186,11 @@ pub struct Config {
     pub count_managed: bool,
     /// Sub-allocator sizes and switch.
     pub allocator: AllocatorConfig,
+    /// Rejected variables that do not affect enforcement (`LIBCUDA_LOG_LEVEL`,
+    /// `CUDA_TASK_PRIORITY`): their defaults are used and the hook logs these and goes on,
+    /// since a typo there must not disable the GPU. Limits, SM limits, the policy, the
+    /// shared file and the allocator sizes stay fatal ([`ConfigErrors`]).
+    pub warnings: Vec<ConfigError>,
 }
 
 impl Default for Config {
@@ -201,6 +206,7 @@ impl Default for Config {
             visible_devices: None,
             count_managed: true,
             allocator: AllocatorConfig::default(),
+            warnings: Vec::new(),
         }
     }
 }
@@ -316,16 +322,22 @@ fn strict_int<T: std::str::FromStr>(s: &str) -> Option<T> {
 
 impl Config {
     /// Parse from a lookup function (`|name| std::env::var(name).ok()` in the hook).
-    /// Unset variables take their defaults; every bad one is reported.
+    /// Unset variables take their defaults; every bad one is reported: as an error when it
+    /// affects enforcement, else in [`Config::warnings`] with its default kept.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigErrors> {
         let mut cfg = Config::default();
         let mut errors = Vec::new();
+        let mut warnings = Vec::new();
+        let rejected = |variable: &str, value: &str, reason: String| ConfigError {
+            variable: variable.to_owned(),
+            value: value.to_owned(),
+            reason,
+        };
         let mut fail = |variable: &str, value: &str, reason: String| {
-            errors.push(ConfigError {
-                variable: variable.to_owned(),
-                value: value.to_owned(),
-                reason,
-            });
+            errors.push(rejected(variable, value, reason));
+        };
+        let mut warn = |variable: &str, value: &str, reason: String| {
+            warnings.push(rejected(variable, value, reason));
         };
 
         // Memory limits: the default first, then per-device overrides.
@@ -385,13 +397,13 @@ impl Config {
         if let Some(v) = lookup(ENV_TASK_PRIORITY) {
             match strict_int::<i32>(&v) {
                 Some(p) => cfg.task_priority = p,
-                None => fail(ENV_TASK_PRIORITY, &v, "expected a 32-bit integer".into()),
+                None => warn(ENV_TASK_PRIORITY, &v, "expected a 32-bit integer".into()),
             }
         }
         if let Some(v) = lookup(ENV_LOG_LEVEL) {
             match strict_int::<u8>(&v).filter(|l| *l <= 4) {
                 Some(l) => cfg.log_level = l,
-                None => fail(ENV_LOG_LEVEL, &v, "expected 0, 1, 2, 3 or 4".into()),
+                None => warn(ENV_LOG_LEVEL, &v, "expected 0, 1, 2, 3 or 4".into()),
             }
         }
         cfg.active_oom_killer = lookup(ENV_ACTIVE_OOM_KILLER);
@@ -451,6 +463,7 @@ impl Config {
         }
 
         if errors.is_empty() {
+            cfg.warnings = warnings;
             Ok(cfg)
         } else {
             Err(ConfigErrors(errors))
@@ -678,8 +691,6 @@ mod tests {
                 "CUDA_DEVICE_MEMORY_LIMIT_7",
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE",
                 "GPU_CORE_UTILIZATION_POLICY",
-                "CUDA_TASK_PRIORITY",
-                "LIBCUDA_LOG_LEVEL",
                 "VGPU_SUBALLOC",
                 "VGPU_COUNT_MANAGED",
                 "VGPU_ALLOC_ALIGN",
@@ -695,6 +706,35 @@ mod tests {
             text.contains("invalid CUDA_DEVICE_SM_LIMIT=\"50g\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_bad_log_level_or_priority_is_a_warning_not_an_error() {
+        let cfg = Config::from_pairs([
+            ("LIBCUDA_LOG_LEVEL", "verbose"),
+            ("CUDA_TASK_PRIORITY", "high"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ])
+        .expect("a log level or priority typo must not disable the GPU");
+        assert_eq!(cfg.memory_limit[0], Some(GIB), "the limit still applies");
+        assert_eq!((cfg.log_level, cfg.task_priority), (2, 1), "defaults kept");
+        let names: Vec<&str> = cfg.warnings.iter().map(|w| w.variable.as_str()).collect();
+        assert_eq!(names, ["CUDA_TASK_PRIORITY", "LIBCUDA_LOG_LEVEL"]);
+        assert_eq!(cfg.warnings[1].value, "verbose");
+        assert!(
+            Config::from_pairs([("LIBCUDA_LOG_LEVEL", "4")])
+                .unwrap()
+                .warnings
+                .is_empty()
+        );
+        // A warning never hides an error beside it.
+        let err = Config::from_pairs([
+            ("LIBCUDA_LOG_LEVEL", "9"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "lots"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0.len(), 1);
+        assert_eq!(err.0[0].variable, "CUDA_DEVICE_MEMORY_LIMIT");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use vgpu_cuda_abi::{CUdevice, CUresult};
 use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
 
 use crate::driver::RealBackend;
-use crate::log::{ERROR, INFO, vlog};
+use crate::log::{ERROR, INFO, WARN, vlog};
 use crate::measured::MeasuredTracker;
 
 /// The usage ledger behind the allocator: the seam between process-local accounting and
@@ -261,7 +261,13 @@ pub(crate) fn make(
     open_ledger: impl FnOnce(&Config) -> Result<HookLedger, String>,
 ) -> Enforcement {
     let config = match config {
-        Ok(c) => c,
+        Ok(c) => {
+            // Variables that do not affect enforcement: their defaults are in use.
+            for w in &c.warnings {
+                vlog!(WARN, "{w}; using the default");
+            }
+            c
+        }
         Err(e) => {
             let why = format!("bad configuration: {e}");
             vlog!(ERROR, "{why}; every allocation will fail until it is fixed");
@@ -339,6 +345,24 @@ mod tests {
             Enforcement::Broken(why) => assert!(why.contains("CUDA_DEVICE_MEMORY_LIMIT"), "{why}"),
             Enforcement::Ready(_) => panic!("a malformed limit must not run unenforced"),
         }
+    }
+
+    #[test]
+    fn a_bad_log_level_keeps_enforcement_running() {
+        let cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("LIBCUDA_LOG_LEVEL", "loud"),
+        ]);
+        let e = make(cfg, |c| {
+            Ok(HookLedger::Local(Box::new(InMemoryLedger::new(
+                c.memory_limit,
+            ))))
+        });
+        assert_eq!(
+            ready(&e).ledger().usage(DeviceIndex(0)).limit,
+            Some(1 << 30),
+            "the GPU stays usable and limited"
+        );
     }
 
     #[test]
