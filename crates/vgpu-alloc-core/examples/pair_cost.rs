@@ -1,7 +1,8 @@
 //! Cost of one steady-state allocate+free pair, for measuring under callgrind:
 //!
-//! `pair_cost <pairs> <bytes>` warms one region up, then allocates and frees `bytes`
-//! `pairs` times with 64 other allocations live. (run with N − run with 0) / N is the
+//! `pair_cost <pairs> <bytes> [live]` warms one region up, then allocates and frees
+//! `bytes` `pairs` times with `live` (default 64) 1 KiB allocations live; with 0 live
+//! every free empties the region (the keep-one-warm check runs each time). (run with N − run with 0) / N is the
 //! cost of one pair, setup cancelled out. `docs/benchmarks.md` shows the script.
 
 use vgpu_alloc_core::{
@@ -10,10 +11,15 @@ use vgpu_alloc_core::{
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [pairs, bytes] = &args[..] else {
-        eprintln!("usage: pair_cost <pairs> <bytes>");
-        std::process::exit(2);
+    let (pairs, bytes, live) = match &args[..] {
+        [p, b] => (p, b, "64"),
+        [p, b, l] => (p, b, l.as_str()),
+        _ => {
+            eprintln!("usage: pair_cost <pairs> <bytes> [live]");
+            std::process::exit(2);
+        }
     };
+    let live: usize = live.parse().expect("live");
     let pairs: usize = pairs.parse().expect("pairs");
     let bytes: u64 = bytes.parse().expect("bytes");
     let mut limits = [None; MAX_DEVICES];
@@ -25,7 +31,7 @@ fn main() {
     )
     .expect("valid sizes");
     let (dev, ctx) = (DeviceIndex(0), ContextId(1));
-    let live: Vec<_> = (0..64)
+    let live: Vec<_> = (0..live)
         .map(|_| a.allocate(dev, ctx, 1024).expect("allocate").ptr)
         .collect();
     for _ in 0..pairs {

@@ -177,12 +177,19 @@ impl State {
     }
 
     /// Detach `rid` from its pool if it is empty and the pool already has another
-    /// empty region (keep at most one warm per context).
+    /// empty region (keep at most one warm per context). Inline for the common case, a
+    /// region still in use after the free; the pool scan is out of line.
+    #[inline]
     fn detach_if_surplus(&mut self, rid: usize) -> Option<RegionSlot> {
-        let slot = self.regions.get(rid)?;
-        if !slot.region.is_empty() {
+        if !self.regions.get(rid)?.region.is_empty() {
             return None;
         }
+        self.detach_empty_surplus(rid)
+    }
+
+    #[cold]
+    fn detach_empty_surplus(&mut self, rid: usize) -> Option<RegionSlot> {
+        let slot = self.regions.get(rid)?;
         let key = (slot.device, slot.context);
         let pool = self.pools.get_mut(&key)?;
         let regions = &self.regions;
