@@ -249,15 +249,49 @@ fn nvml_device_usage(
     Some(st.ledger().usage_for_view(dev_index(CUdevice(ordinal))?))
 }
 
-pub(crate) unsafe fn nvmlDeviceGetMemoryInfo(
+/// One of NVML's memory-info structs, rewritten to the limit's view.
+trait NvmlMemoryView: Copy {
+    /// `(total, free)` as the driver reported them.
+    fn driver_view(&self) -> (u64, u64);
+    /// Replace the figures with the virtual `(total, free, used)`.
+    fn set_virtual(&mut self, total: u64, free: u64, used: u64);
+}
+
+impl NvmlMemoryView for nvmlMemory_t {
+    fn driver_view(&self) -> (u64, u64) {
+        (self.total, self.free)
+    }
+    fn set_virtual(&mut self, total: u64, free: u64, used: u64) {
+        (self.total, self.free, self.used) = (total, free, used);
+    }
+}
+
+impl NvmlMemoryView for nvmlMemory_v2_t {
+    fn driver_view(&self) -> (u64, u64) {
+        (self.total, self.free)
+    }
+    fn set_virtual(&mut self, total: u64, free: u64, used: u64) {
+        (self.total, self.free, self.used) = (total, free, used);
+        self.reserved = 0; // total = free + used under the limit
+    }
+}
+
+type NvmlMemoryFn<T> = unsafe extern "C" fn(nvmlDevice_t, *mut T) -> nvmlReturn_t;
+
+/// Both `nvmlDeviceGetMemoryInfo` versions: forward, then show the limit's view.
+///
+/// # Safety
+/// `memory` as NVML's contract requires (NVML itself rejects null).
+unsafe fn nvml_memory_info<T: NvmlMemoryView>(
     device: nvmlDevice_t,
-    memory: *mut nvmlMemory_t,
+    memory: *mut T,
+    real_fn: impl FnOnce(&real::Nvml) -> Option<NvmlMemoryFn<T>>,
 ) -> nvmlReturn_t {
     let nvml = match real::nvml() {
         Ok(n) => n,
         Err(e) => return e,
     };
-    let Some(f) = nvml.h.nvmlDeviceGetMemoryInfo else {
+    let Some(f) = real_fn(nvml) else {
         return nvmlReturn_t::FUNCTION_NOT_FOUND;
     };
     // SAFETY: forwarded unchanged.
@@ -269,49 +303,31 @@ pub(crate) unsafe fn nvmlDeviceGetMemoryInfo(
     let Some(mut m) = (unsafe { read_back(memory) }) else {
         return r;
     };
+    let (total, free) = m.driver_view();
     if let Some((total, free, used)) =
-        nvml_device_usage(st, nvml, device).and_then(|u| virtual_nvml_info(m.total, m.free, u))
+        nvml_device_usage(st, nvml, device).and_then(|u| virtual_nvml_info(total, free, u))
     {
-        m.total = total;
-        m.free = free;
-        m.used = used;
+        m.set_virtual(total, free, used);
         // SAFETY: valid out-pointer.
         unsafe { *memory = m };
     }
     r
 }
 
+pub(crate) unsafe fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    // SAFETY: the caller's pointer, as NVML's contract requires.
+    unsafe { nvml_memory_info(device, memory, |n| n.h.nvmlDeviceGetMemoryInfo) }
+}
+
 pub(crate) unsafe fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
-    let nvml = match real::nvml() {
-        Ok(n) => n,
-        Err(e) => return e,
-    };
-    let Some(f) = nvml.h.nvmlDeviceGetMemoryInfo_v2 else {
-        return nvmlReturn_t::FUNCTION_NOT_FOUND;
-    };
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { f(device, memory) };
-    let Some(st) = ready_state().filter(|_| r.is_success()) else {
-        return r;
-    };
-    // SAFETY: NVML filled it.
-    let Some(mut m) = (unsafe { read_back(memory) }) else {
-        return r;
-    };
-    if let Some((total, free, used)) =
-        nvml_device_usage(st, nvml, device).and_then(|u| virtual_nvml_info(m.total, m.free, u))
-    {
-        m.total = total;
-        m.free = free;
-        m.used = used;
-        m.reserved = 0; // total = free + used under the limit
-        // SAFETY: valid out-pointer.
-        unsafe { *memory = m };
-    }
-    r
+    // SAFETY: the caller's pointer, as NVML's contract requires.
+    unsafe { nvml_memory_info(device, memory, |n| n.h.nvmlDeviceGetMemoryInfo_v2) }
 }
 
 // ---------------------------------------------------------------------------------------
