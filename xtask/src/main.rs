@@ -77,7 +77,7 @@ fn build(release: bool) -> Result<(), String> {
 fn test(extra: &[String]) -> Result<(), String> {
     build(false)?;
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace"]).args(extra);
+    cmd.args(["test", "--workspace", "--no-fail-fast"]).args(extra);
     run(cmd)?;
     loom()
 }
