@@ -366,8 +366,11 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             return Ok(None);
         };
         let n = pool.regions.len();
+        // `current` < n (every change to the pool resets or sets it): a compare, not a
+        // division (tens of cycles), wraps the index.
+        let from = pool.current.min(n.saturating_sub(1));
         for k in 0..n {
-            let i = (pool.current + k) % n;
+            let i = if from + k < n { from + k } else { from + k - n };
             let rid = pool.regions[i];
             let Some(slot) = st.regions.get_mut(rid) else {
                 return Err(AllocError::Internal("pool names a missing region"));
