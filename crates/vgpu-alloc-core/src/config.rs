@@ -187,9 +187,10 @@ pub struct Config {
     /// Sub-allocator sizes and switch.
     pub allocator: AllocatorConfig,
     /// Rejected variables that do not affect enforcement (`LIBCUDA_LOG_LEVEL`,
-    /// `CUDA_TASK_PRIORITY`): their defaults are used and the hook logs these and goes on,
-    /// since a typo there must not disable the GPU. Limits, SM limits, the policy, the
-    /// shared file and the allocator sizes stay fatal ([`ConfigErrors`]).
+    /// `CUDA_TASK_PRIORITY`), from [`Config::from_lookup_with_warnings`] only: their
+    /// defaults are used and the hook logs these and goes on, since a typo there must not
+    /// disable the GPU. Limits, SM limits, the policy, the shared file and the allocator
+    /// sizes stay fatal ([`ConfigErrors`]).
     pub warnings: Vec<ConfigError>,
 }
 
@@ -321,24 +322,41 @@ fn strict_int<T: std::str::FromStr>(s: &str) -> Option<T> {
 }
 
 impl Config {
-    /// Parse from a lookup function (`|name| std::env::var(name).ok()` in the hook).
-    /// Unset variables take their defaults; every bad one is reported: as an error when it
-    /// affects enforcement, else in [`Config::warnings`] with its default kept.
+    /// Parse from a lookup function, strictly: unset variables take their defaults and
+    /// every bad value is an error, also one that does not affect enforcement. For tools
+    /// that check an environment before a program starts (`vgpu run`, `vgpu doctor`).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigErrors> {
+        Self::parse(lookup, true)
+    }
+
+    /// Parse as the hook does (`|name| std::env::var(name).ok()`): a bad value that affects
+    /// enforcement is an error (all of them are reported, with any warnings, in their
+    /// order); one that does not (`LIBCUDA_LOG_LEVEL`, `CUDA_TASK_PRIORITY`) keeps its
+    /// default and is listed in [`Config::warnings`].
+    pub fn from_lookup_with_warnings(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigErrors> {
+        Self::parse(lookup, false)
+    }
+
+    fn parse(lookup: impl Fn(&str) -> Option<String>, strict: bool) -> Result<Self, ConfigErrors> {
         let mut cfg = Config::default();
-        let mut errors = Vec::new();
-        let mut warnings = Vec::new();
-        let rejected = |variable: &str, value: &str, reason: String| ConfigError {
-            variable: variable.to_owned(),
-            value: value.to_owned(),
-            reason,
+        // (fatal, error) in the order the variables are read.
+        let problems = std::cell::RefCell::new(Vec::new());
+        let report = |fatal: bool, variable: &str, value: &str, reason: String| {
+            problems.borrow_mut().push((
+                fatal || strict,
+                ConfigError {
+                    variable: variable.to_owned(),
+                    value: value.to_owned(),
+                    reason,
+                },
+            ));
         };
-        let mut fail = |variable: &str, value: &str, reason: String| {
-            errors.push(rejected(variable, value, reason));
-        };
-        let mut warn = |variable: &str, value: &str, reason: String| {
-            warnings.push(rejected(variable, value, reason));
-        };
+        let fail =
+            |variable: &str, value: &str, reason: String| report(true, variable, value, reason);
+        let warn =
+            |variable: &str, value: &str, reason: String| report(false, variable, value, reason);
 
         // Memory limits: the default first, then per-device overrides.
         let mut default_limit = None;
@@ -462,12 +480,12 @@ impl Config {
             }
         }
 
-        if errors.is_empty() {
-            cfg.warnings = warnings;
-            Ok(cfg)
-        } else {
-            Err(ConfigErrors(errors))
+        let problems = problems.into_inner();
+        if problems.iter().any(|(fatal, _)| *fatal) {
+            return Err(ConfigErrors(problems.into_iter().map(|(_, e)| e).collect()));
         }
+        cfg.warnings = problems.into_iter().map(|(_, e)| e).collect();
+        Ok(cfg)
     }
 
     /// Parse from literal pairs (tests, the demo, a captured environment).
@@ -691,6 +709,8 @@ mod tests {
                 "CUDA_DEVICE_MEMORY_LIMIT_7",
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE",
                 "GPU_CORE_UTILIZATION_POLICY",
+                "CUDA_TASK_PRIORITY",
+                "LIBCUDA_LOG_LEVEL",
                 "VGPU_SUBALLOC",
                 "VGPU_COUNT_MANAGED",
                 "VGPU_ALLOC_ALIGN",
@@ -708,42 +728,56 @@ mod tests {
         );
     }
 
+    fn lenient(pairs: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Config::from_lookup_with_warnings(|k| map.get(k).cloned())
+    }
+
     #[test]
     fn a_bad_log_level_or_priority_is_a_warning_not_an_error() {
-        let cfg = Config::from_pairs([
+        let pairs = [
             ("LIBCUDA_LOG_LEVEL", "verbose"),
             ("CUDA_TASK_PRIORITY", "high"),
             ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
-        ])
-        .expect("a log level or priority typo must not disable the GPU");
+        ];
+        let cfg = lenient(&pairs).expect("a log level or priority typo must not disable the GPU");
         assert_eq!(cfg.memory_limit[0], Some(GIB), "the limit still applies");
         assert_eq!((cfg.log_level, cfg.task_priority), (2, 1), "defaults kept");
         let names: Vec<&str> = cfg.warnings.iter().map(|w| w.variable.as_str()).collect();
         assert_eq!(names, ["CUDA_TASK_PRIORITY", "LIBCUDA_LOG_LEVEL"]);
         assert_eq!(cfg.warnings[1].value, "verbose");
         assert!(
-            Config::from_pairs([("LIBCUDA_LOG_LEVEL", "4")])
+            lenient(&[("LIBCUDA_LOG_LEVEL", "4")])
                 .unwrap()
                 .warnings
                 .is_empty()
         );
-        // A warning never hides an error beside it.
-        let err = Config::from_pairs([
+        // The strict parse (pre-flight checks) still refuses both.
+        assert_eq!(Config::from_pairs(pairs).unwrap_err().0.len(), 2);
+        // A warning never hides an error beside it; both are named.
+        let err = lenient(&[
             ("LIBCUDA_LOG_LEVEL", "9"),
             ("CUDA_DEVICE_MEMORY_LIMIT", "lots"),
         ])
         .unwrap_err();
-        assert_eq!(err.0.len(), 1);
-        assert_eq!(err.0[0].variable, "CUDA_DEVICE_MEMORY_LIMIT");
+        let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
+        assert_eq!(names, ["CUDA_DEVICE_MEMORY_LIMIT", "LIBCUDA_LOG_LEVEL"]);
     }
 
     #[test]
     fn a_bad_limit_is_never_unlimited() {
         for bad in ["", "abc", "1.5", "-4g", "0x100000", "4g garbage", "nan"] {
-            let r = Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT", bad)]);
-            let err = r.expect_err(bad);
-            assert_eq!(err.0.len(), 1, "{bad:?}");
-            assert_eq!(err.0[0].variable, "CUDA_DEVICE_MEMORY_LIMIT");
+            for r in [
+                Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT", bad)]),
+                lenient(&[("CUDA_DEVICE_MEMORY_LIMIT", bad)]),
+            ] {
+                let err = r.expect_err(bad);
+                assert_eq!(err.0.len(), 1, "{bad:?}");
+                assert_eq!(err.0[0].variable, "CUDA_DEVICE_MEMORY_LIMIT");
+            }
         }
     }
 

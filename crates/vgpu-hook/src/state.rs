@@ -174,7 +174,8 @@ pub(crate) fn ready() -> Result<&'static Ready, CUresult> {
 fn build() -> &'static Enforcement {
     // Everything that may enter the loader or the driver happens before the flag is taken.
     let env = |name: &str| std::env::var(name).ok();
-    let config = Config::from_lookup(env);
+    // A bad log level or priority is a warning, not a reason to refuse every allocation.
+    let config = Config::from_lookup_with_warnings(env);
     let uuids = visible_uuids();
     let open_shared_table = move |c: &Config| open_table(c, uuids);
     let mut waits = 0u32;
@@ -349,10 +350,12 @@ mod tests {
 
     #[test]
     fn a_bad_log_level_keeps_enforcement_running() {
-        let cfg = Config::from_pairs([
-            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
-            ("LIBCUDA_LOG_LEVEL", "loud"),
-        ]);
+        let cfg = Config::from_lookup_with_warnings(|k| match k {
+            "CUDA_DEVICE_MEMORY_LIMIT" => Some("1g".into()),
+            "LIBCUDA_LOG_LEVEL" => Some("loud".into()),
+            _ => None,
+        });
+        assert_eq!(cfg.as_ref().map(|c| c.warnings.len()), Ok(1));
         let e = make(cfg, |c| {
             Ok(HookLedger::Local(Box::new(InMemoryLedger::new(
                 c.memory_limit,
