@@ -805,8 +805,14 @@ fn alloc_async(
         return real();
     };
     if driver::stream_capturing(cuda, stream, per_thread) {
-        // Becomes a graph memory node: graph launches must measure graph memory from now on.
+        // Becomes a graph memory node, charged when the graph is launched or uploaded (graph
+        // memory is measured from now on). No pool query: during a global-mode capture
+        // cuMemPoolGetAttribute invalidates the capture (seen on the H200, GPU run 2).
         st.graph_mem_possible.store(true, Ordering::Relaxed);
+        return match refuse_unless_it_fits(st, idx, bytesize as u64) {
+            Ok(()) => real(),
+            Err(r) => r,
+        };
     }
     // The part of the request the pool cannot serve from memory it already holds.
     let reserved =
@@ -1440,6 +1446,16 @@ fn settle_graph(st: &Ready, cuda: &Cuda, dev: CUdevice) {
     }
 }
 
+/// Refuses (with the usual log line) an allocation that alone cannot fit what is left of the
+/// limit, for memory charged later by measurement (graph memory nodes, captured allocations).
+fn refuse_unless_it_fits(st: &Ready, idx: DeviceIndex, bytes: u64) -> Result<(), CUresult> {
+    st.ledger()
+        .try_reserve(idx, UsageClass::Data, bytes)
+        .map_err(|oom| log_oom(&oom))?;
+    st.ledger().release(idx, UsageClass::Data, bytes);
+    Ok(())
+}
+
 pub(crate) unsafe fn cuGraphAddMemAllocNode(
     node: *mut CUgraphNode,
     graph: CUgraph,
@@ -1463,12 +1479,9 @@ pub(crate) unsafe fn cuGraphAddMemAllocNode(
         if let Some(idx) =
             dev_index(CUdevice(loc.id)).filter(|_| loc.type_ == CUmemLocationType::DEVICE)
         {
-            // Refuse a node whose allocation alone cannot fit what is left of the limit.
-            let bytes = p.bytesize as u64;
-            if let Err(oom) = st.ledger().try_reserve(idx, UsageClass::Data, bytes) {
-                return log_oom(&oom);
+            if let Err(r) = refuse_unless_it_fits(st, idx, p.bytesize as u64) {
+                return r;
             }
-            st.ledger().release(idx, UsageClass::Data, bytes);
         }
     }
     let r = real_call();
