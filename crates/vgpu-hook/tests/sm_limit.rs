@@ -242,23 +242,55 @@ fn parse(out: &Output) -> Measured {
 
 /// The limit holds if the GPU was busy `target`% of the time (± `tol` points), and the
 /// program made progress at the matching rate compared with an unlimited run.
-fn assert_held(what: &str, limited: Measured, unlimited: Measured, target: f64, tol: f64) {
+fn check_held(
+    what: &str,
+    limited: Measured,
+    unlimited: Measured,
+    target: f64,
+    tol: f64,
+) -> Result<(), String> {
     let ratio = 100.0 * limited.kernels_per_s / unlimited.kernels_per_s;
     eprintln!(
         "{what}: GPU busy {}% (unlimited {}%), throughput {ratio:.1}% of unlimited",
         limited.busy_pct, unlimited.busy_pct
     );
-    assert!(
-        (limited.busy_pct - target).abs() <= tol,
-        "{what}: GPU busy {}% for a limit of {target}% (± {tol}); {limited:?} vs unlimited {unlimited:?}",
-        limited.busy_pct
-    );
+    if (limited.busy_pct - target).abs() > tol {
+        return Err(format!(
+            "{what}: GPU busy {}% for a limit of {target}% (± {tol}); {limited:?} vs unlimited {unlimited:?}",
+            limited.busy_pct
+        ));
+    }
     // Throughput on a loaded test machine is noisy: only a coarse check.
     let expected = target * 100.0 / unlimited.busy_pct.max(1.0);
-    assert!(
-        ratio < expected * 1.6 && ratio > expected / 1.6,
-        "{what}: throughput {ratio:.1}% of unlimited, expected about {expected:.1}%"
-    );
+    if !(ratio < expected * 1.6 && ratio > expected / 1.6) {
+        return Err(format!(
+            "{what}: throughput {ratio:.1}% of unlimited, expected about {expected:.1}%"
+        ));
+    }
+    Ok(())
+}
+
+/// Measures an unlimited and a limited run of `mode` and checks the limit held. The simulated
+/// GPU's kernels are CPU threads, so a burst of load from elsewhere on a 2-core machine can
+/// stretch one measurement: a failed check is measured once more, and both must fail for the
+/// test to fail (a real regression fails every time).
+fn assert_held(what: &str, mode: char, kernel_us: u64, limit: u32, tol: f64) {
+    let mut failures = Vec::new();
+    for attempt in 0..2 {
+        let base = baseline(mode, kernel_us);
+        let got = run(
+            Some(limit),
+            &format!("{mode}{limit}-{attempt}.cache"),
+            1.5,
+            kernel_us,
+            mode,
+        );
+        match check_held(what, got, base, f64::from(limit), tol) {
+            Ok(()) => return,
+            Err(e) => failures.push(e),
+        }
+    }
+    panic!("{}", failures.join("\n"));
 }
 
 /// Timing tests run one at a time (the machine may have few cores).
@@ -268,7 +300,7 @@ fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Unlimited throughput of `mode`, measured once per test.
+/// Unlimited throughput of `mode`.
 fn baseline(mode: char, kernel_us: u64) -> Measured {
     run(
         None,
@@ -282,17 +314,13 @@ fn baseline(mode: char, kernel_us: u64) -> Measured {
 #[test]
 fn kernel_launches_are_held_to_the_limit() {
     let _one = serial();
-    let base = baseline('k', 2_000);
-    let got = run(Some(30), "k30.cache", 1.5, 2_000, 'k');
-    assert_held("cuLaunchKernel at 30%", got, base, 30.0, 5.0);
+    assert_held("cuLaunchKernel at 30%", 'k', 2_000, 30, 5.0);
 }
 
 #[test]
 fn cooperative_launches_are_held_to_the_limit() {
     let _one = serial();
-    let base = baseline('c', 2_000);
-    let got = run(Some(50), "c50.cache", 1.5, 2_000, 'c');
-    assert_held("cuLaunchCooperativeKernel at 50%", got, base, 50.0, 5.0);
+    assert_held("cuLaunchCooperativeKernel at 50%", 'c', 2_000, 50, 5.0);
 }
 
 #[test]
@@ -300,9 +328,7 @@ fn graph_launches_are_measured_and_held() {
     // Capturing goes through the hooked launch too: it must not be throttled or measured
     // (the simulator rejects events on a capturing stream), and the graph's launches are.
     let _one = serial();
-    let base = baseline('g', 1_000);
-    let got = run(Some(25), "g25.cache", 1.5, 1_000, 'g');
-    assert_held("cuGraphLaunch at 25%", got, base, 25.0, 5.0);
+    assert_held("cuGraphLaunch at 25%", 'g', 1_000, 25, 5.0);
 }
 
 #[test]
@@ -348,7 +374,5 @@ fn two_processes_share_one_container_limit() {
 #[test]
 fn per_thread_stream_launches_are_held() {
     let _one = serial();
-    let base = baseline('p', 2_000);
-    let got = run(Some(40), "p40.cache", 1.5, 2_000, 'p');
-    assert_held("cuLaunchKernel_ptsz at 40%", got, base, 40.0, 5.0);
+    assert_held("cuLaunchKernel_ptsz at 40%", 'p', 2_000, 40, 5.0);
 }
