@@ -77,7 +77,8 @@ fn build(release: bool) -> Result<(), String> {
 fn test(extra: &[String]) -> Result<(), String> {
     build(false)?;
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--no-fail-fast"]).args(extra);
+    cmd.args(["test", "--workspace", "--no-fail-fast"])
+        .args(extra);
     run(cmd)?;
     loom()
 }
