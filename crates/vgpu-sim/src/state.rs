@@ -2335,21 +2335,15 @@ impl Sim {
         let nodes = st.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
         for n in &nodes {
             if let Node::MemAlloc { dev, dptr } = n {
-                let ga = st
+                if st
                     .graph_allocs
-                    .get_mut(dptr)
-                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                if ga.live {
+                    .get(dptr)
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?
+                    .live
+                {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
-                if !ga.backed {
-                    self.devices[*dev].reserve(ga.size)?;
-                    ga.backed = true;
-                    let s = ga.size;
-                    let gm = &mut st.graph_mem[*dev];
-                    gm.reserved += s;
-                    gm.reserved_high = gm.reserved_high.max(gm.reserved);
-                }
+                self.back_graph_alloc(&mut st, *dev, *dptr)?;
                 let ga = st.graph_allocs.get_mut(dptr).expect("present");
                 ga.live = true;
                 let (size, region) = (ga.size, ga.region.clone());
@@ -2396,19 +2390,25 @@ impl Sim {
         let nodes = st.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
         for n in &nodes {
             if let Node::MemAlloc { dev, dptr } = n {
-                let ga = st
-                    .graph_allocs
-                    .get_mut(dptr)
-                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                if !ga.backed {
-                    self.devices[*dev].reserve(ga.size)?;
-                    ga.backed = true;
-                    let s = ga.size;
-                    let gm = &mut st.graph_mem[*dev];
-                    gm.reserved += s;
-                    gm.reserved_high = gm.reserved_high.max(gm.reserved);
-                }
+                self.back_graph_alloc(&mut st, *dev, *dptr)?;
             }
+        }
+        Ok(())
+    }
+
+    /// A graph memory node takes its memory from the device the first time its graph is
+    /// uploaded or launched (the driver's graph heap then keeps it).
+    fn back_graph_alloc(&self, st: &mut State, dev: usize, dptr: u64) -> CuResult<()> {
+        let ga = st
+            .graph_allocs
+            .get_mut(&dptr)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if !ga.backed {
+            self.devices[dev].reserve(ga.size)?;
+            ga.backed = true;
+            let gm = &mut st.graph_mem[dev];
+            gm.reserved += ga.size;
+            gm.reserved_high = gm.reserved_high.max(gm.reserved);
         }
         Ok(())
     }
