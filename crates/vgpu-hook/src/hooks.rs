@@ -20,7 +20,7 @@ use crate::accounting::{
     virtual_nvml_info,
 };
 use crate::driver::{self, call};
-use crate::ffi::{read_back, read_in, write_out};
+use crate::ffi::{self, read_back, read_in, write_out};
 use crate::log::{DEBUG, ERROR, INFO, MSG, WARN, vlog};
 use crate::real::{self, Cuda};
 use crate::sm_limit::{self, LaunchKind};
@@ -352,13 +352,9 @@ pub(crate) unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> C
         st.alloc.allocate(idx, ctx_id(ctx), bytesize as u64)
     }) {
         // SAFETY: non-null out-pointer (checked above).
-        Ok(a) => unsafe { ffi_code(write_out(dptr, CUdeviceptr(a.ptr.0))) },
+        Ok(a) => unsafe { ffi::code(write_out(dptr, CUdeviceptr(a.ptr.0))) },
         Err(e) => alloc_err(e),
     }
-}
-
-fn ffi_code(r: Result<(), CUresult>) -> CUresult {
-    crate::ffi::code(r)
 }
 
 /// Whether `ptr` lies inside one of the sub-allocator's regions (in a chunk that is not a
