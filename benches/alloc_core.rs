@@ -43,6 +43,46 @@ fn suballoc_pair(c: &mut Criterion) {
     });
 }
 
+/// The GPU bench's `bench_small`: 20,000 cuMemAlloc(1 KiB) into a fresh allocator (one
+/// region, created by the first call), then 20,000 frees in allocation order. Includes
+/// what a burst pays beyond a steady-state pair: the table and region bookkeeping growing.
+fn small_burst(c: &mut Criterion) {
+    const N: usize = 20_000;
+    let mut group = c.benchmark_group("small_burst_20000x1KiB");
+    group.throughput(criterion::Throughput::Elements(N as u64));
+    group.bench_function("allocate", |b| {
+        b.iter_batched(
+            || (allocator(), Vec::with_capacity(N)),
+            |(a, mut v)| {
+                for _ in 0..N {
+                    v.push(a.allocate(D0, C1, black_box(1024)).unwrap().ptr);
+                }
+                (a, v)
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("free", |b| {
+        b.iter_batched(
+            || {
+                let a = allocator();
+                let v: Vec<DevicePtr> = (0..N)
+                    .map(|_| a.allocate(D0, C1, 1024).unwrap().ptr)
+                    .collect();
+                (a, v)
+            },
+            |(a, v)| {
+                for p in &v {
+                    a.free(*p).unwrap();
+                }
+                a
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
 /// The ledger step of a direct allocation: reserve 2 MiB against the limit, release it.
 fn direct_reserve_release(c: &mut Criterion) {
     let a = allocator();
@@ -165,6 +205,7 @@ fn machine_random_load(c: &mut Criterion) {
 criterion_group!(
     benches,
     suballoc_pair,
+    small_burst,
     direct_reserve_release,
     free_with_live,
     free_newest_first,

@@ -7,7 +7,6 @@
 //! asked and released only *after* the device freed them, so concurrent processes can
 //! never together exceed a limit.
 
-use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::{BackendError, ContextId, DeviceBackend, DevicePtr};
@@ -15,7 +14,7 @@ use crate::config::AllocatorConfig;
 use crate::ledger::{
     DeviceIndex, DeviceUsage, MAX_DEVICES, OutOfMemory, Reservation, UsageClass, UsageLedger,
 };
-use crate::region::Region;
+use crate::region::{Region, chunks_for};
 use crate::table::{AllocId, Allocation, AllocationKind, AllocationTable, IdHashMap, Placement};
 
 /// Why an allocation (or a reservation for one) was refused.
@@ -67,8 +66,6 @@ pub struct Allocated {
     /// Bytes charged: whole chunks for a sub-allocation (its region was charged when it
     /// was created), the size rounded up to ALIGN for a direct one.
     pub accounted: u64,
-    /// Table id of the new entry.
-    pub id: AllocId,
 }
 
 /// What a free or release removed.
@@ -138,6 +135,24 @@ pub struct AllocatorStats {
     pub region_free_failures: u64,
 }
 
+/// A sub-allocation described as a table entry (it has none: its region holds it).
+fn sub_entry(rid: usize, slot: &RegionSlot, start: u32, requested: u32, shift: u32) -> Allocation {
+    let count = chunks_for(requested, shift);
+    Allocation {
+        kind: AllocationKind::SubAllocated,
+        key: slot.region.address_of(start).0,
+        device: slot.device,
+        context: slot.context,
+        requested: u64::from(requested),
+        accounted: 0,
+        placement: Placement::Chunks {
+            region: rid,
+            start,
+            count,
+        },
+    }
+}
+
 #[derive(Debug)]
 struct RegionSlot {
     region: Region,
@@ -155,8 +170,9 @@ struct Pool {
 struct State {
     table: AllocationTable,
     regions: slab::Slab<RegionSlot>,
-    /// Region base address -> slot, to find the region of an interior address.
-    region_bases: BTreeMap<u64, usize>,
+    /// Region base address -> slot, sorted by base, to find the region of any address
+    /// (a binary search over a few entries: one region per 128 MiB in use).
+    region_bases: Vec<(u64, usize)>,
     pools: IdHashMap<(DeviceIndex, ContextId), Pool>,
     stale_replaced: u64,
     region_free_failures: u64,
@@ -166,14 +182,48 @@ impl State {
     fn add_region(&mut self, slot: RegionSlot) -> usize {
         let base = slot.region.base().0;
         let rid = self.regions.insert(slot);
-        self.region_bases.insert(base, rid);
+        let at = self.region_bases.partition_point(|&(b, _)| b < base);
+        self.region_bases.insert(at, (base, rid));
         rid
     }
 
     fn take_region(&mut self, rid: usize) -> Option<RegionSlot> {
         let slot = self.regions.try_remove(rid)?;
-        self.region_bases.remove(&slot.region.base().0);
+        let base = slot.region.base().0;
+        if let Ok(at) = self.region_bases.binary_search_by_key(&base, |&(b, _)| b) {
+            self.region_bases.remove(at);
+        }
         Some(slot)
+    }
+
+    /// The region whose memory contains `addr`, with its slot id and `addr`'s chunk.
+    #[inline]
+    fn region_at(&self, addr: u64, chunk_shift: u32) -> Option<(usize, &RegionSlot, u32)> {
+        let at = self.region_bases.partition_point(|&(b, _)| b <= addr);
+        let &(base, rid) = self.region_bases.get(at.checked_sub(1)?)?;
+        let slot = self.regions.get(rid)?;
+        slot.region
+            .contains(DevicePtr(addr))
+            .then(|| (rid, slot, ((addr - base) >> chunk_shift) as u32))
+    }
+
+    /// The sub-allocation whose first byte is `addr`, as a table-style entry.
+    fn suballocation_at(&self, addr: u64, chunk_shift: u32) -> Option<Allocation> {
+        let (rid, slot, chunk) = self.region_at(addr, chunk_shift)?;
+        if slot.region.address_of(chunk).0 != addr {
+            return None;
+        }
+        let requested = slot.region.requested_at(chunk)?;
+        Some(sub_entry(rid, slot, chunk, requested, chunk_shift))
+    }
+
+    /// Live sub-allocations in all regions (diagnostics).
+    fn suballocations(&self, chunk_shift: u32) -> impl Iterator<Item = Allocation> + '_ {
+        self.regions.iter().flat_map(move |(rid, slot)| {
+            slot.region
+                .sized_runs()
+                .map(move |(start, req)| sub_entry(rid, slot, start, req, chunk_shift))
+        })
     }
 
     /// Detach `rid` from its pool if it is empty and the pool already has another
@@ -340,12 +390,12 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             return Err(AllocError::InvalidValue("device index out of range"));
         }
         if self.config.suballoc && bytes < self.config.suballoc_threshold {
-            // Cannot overflow: bytes < threshold <= region size <= u32::MAX chunks.
-            let count = bytes.div_ceil(self.config.chunk_size) as u32;
-            if let Some(done) = self.suballoc_existing(device, context, bytes, count)? {
+            // Cannot truncate: bytes < threshold <= 4 GiB (checked by the config).
+            let bytes = bytes as u32;
+            if let Some(done) = self.suballoc_existing(device, context, bytes) {
                 return Ok(done);
             }
-            if let Some(done) = self.suballoc_new_region(device, context, bytes, count)? {
+            if let Some(done) = self.suballoc_new_region(device, context, bytes)? {
                 return Ok(done);
             }
             // The region did not fit the limit or the device: fall through to direct.
@@ -353,18 +403,19 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         self.allocate_direct(device, context, bytes)
     }
 
+    /// Serve `bytes` from an existing region of the context. The region's bitmap and
+    /// size array are the whole record: no table entry, so a burst of small allocations
+    /// grows nothing but bits.
     fn suballoc_existing(
         &self,
         device: DeviceIndex,
         context: ContextId,
-        bytes: u64,
-        count: u32,
-    ) -> Result<Option<Allocated>, AllocError> {
+        bytes: u32,
+    ) -> Option<Allocated> {
+        let count = chunks_for(bytes, self.chunk_shift);
         let mut st = self.lock();
         let st = &mut *st;
-        let Some(pool) = st.pools.get_mut(&(device, context)) else {
-            return Ok(None);
-        };
+        let pool = st.pools.get_mut(&(device, context))?;
         let n = pool.regions.len();
         // `current` < n (every change to the pool resets or sets it): a compare, not a
         // division (tens of cycles), wraps the index.
@@ -372,28 +423,30 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         for k in 0..n {
             let i = if from + k < n { from + k } else { from + k - n };
             let rid = pool.regions[i];
+            // A pool never names a missing region (they leave together); skip if it did.
             let Some(slot) = st.regions.get_mut(rid) else {
-                return Err(AllocError::Internal("pool names a missing region"));
+                continue;
             };
             if slot.region.free_chunks() < count {
                 continue;
             }
-            if let Some(start) = slot.region.allocate(count) {
+            if let Some(start) = slot.region.allocate_sized(bytes) {
                 pool.current = i;
-                return self
-                    .record_chunks(st, rid, start, count, device, context, bytes)
-                    .map(Some);
+                return Some(Allocated {
+                    ptr: slot.region.address_of(start),
+                    kind: AllocationKind::SubAllocated,
+                    accounted: u64::from(count) << self.chunk_shift,
+                });
             }
         }
-        Ok(None)
+        None
     }
 
     fn suballoc_new_region(
         &self,
         device: DeviceIndex,
         context: ContextId,
-        bytes: u64,
-        count: u32,
+        bytes: u32,
     ) -> Result<Option<Allocated>, AllocError> {
         let size = self.config.region_size;
         let Ok(reservation) = self.reserve(device, UsageClass::Data, size) else {
@@ -404,7 +457,7 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             return Ok(None);
         };
         let mut region = Region::new(base, self.chunk_shift, self.chunks_per_region);
-        let Some(start) = region.allocate(count) else {
+        let Some(start) = region.allocate_sized(bytes) else {
             drop(reservation);
             let _ = self.backend.free(device, context, base);
             return Err(AllocError::Internal(
@@ -423,52 +476,16 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         }
         // The region now owns its bytes; they go back when the region does.
         reservation.commit();
-        self.record_chunks(&mut st, rid, start, count, device, context, bytes)
-            .map(Some)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn record_chunks(
-        &self,
-        st: &mut State,
-        rid: usize,
-        start: u32,
-        count: u32,
-        device: DeviceIndex,
-        context: ContextId,
-        bytes: u64,
-    ) -> Result<Allocated, AllocError> {
-        let ptr = match st.regions.get(rid) {
-            Some(slot) => slot.region.address_of(start),
-            None => return Err(AllocError::Internal("region vanished under the lock")),
-        };
-        let entry = Allocation {
+        let ptr = st
+            .regions
+            .get(rid)
+            .map(|slot| slot.region.address_of(start))
+            .ok_or(AllocError::Internal("region vanished under the lock"))?;
+        Ok(Some(Allocated {
+            ptr,
             kind: AllocationKind::SubAllocated,
-            key: ptr.0,
-            device,
-            context,
-            requested: bytes,
-            accounted: 0,
-            placement: Placement::Chunks {
-                region: rid,
-                start,
-                count,
-            },
-        };
-        match self.insert_entry(st, entry) {
-            Ok(id) => Ok(Allocated {
-                ptr,
-                kind: AllocationKind::SubAllocated,
-                accounted: u64::from(count) << self.chunk_shift,
-                id,
-            }),
-            Err(e) => {
-                if let Some(slot) = st.regions.get_mut(rid) {
-                    let _ = slot.region.free(start, count);
-                }
-                Err(e)
-            }
-        }
+            accounted: u64::from(chunks_for(bytes, self.chunk_shift)) << self.chunk_shift,
+        }))
     }
 
     fn allocate_direct(
@@ -493,13 +510,12 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         };
         let mut st = self.lock();
         match self.insert_entry(&mut st, entry) {
-            Ok(id) => {
+            Ok(_) => {
                 reservation.commit();
                 Ok(Allocated {
                     ptr,
                     kind: AllocationKind::Direct,
                     accounted,
-                    id,
                 })
             }
             Err(e) => {
@@ -513,6 +529,13 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
     /// Insert, replacing a stale entry with the same key: the driver just handed the key
     /// out again, so whatever the table held under it was freed behind our back.
     fn insert_entry(&self, st: &mut State, entry: Allocation) -> Result<AllocId, AllocError> {
+        if entry.kind.is_address() && st.region_at(entry.key, self.chunk_shift).is_some() {
+            // The driver handed out an address inside one of our regions: it cannot,
+            // unless the regions are corrupt.
+            return Err(AllocError::Internal(
+                "new allocation overlaps a sub-allocator region",
+            ));
+        }
         if let Ok(id) = st.table.insert(entry) {
             return Ok(id);
         }
@@ -528,12 +551,9 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
                 st.stale_replaced += 1;
             }
             Some(old) => {
-                // A live sub-allocation cannot share its address with a fresh driver
-                // allocation unless the regions are corrupt.
+                // Only allocations with their own placement are in the table.
                 let _ = st.table.insert(old);
-                return Err(AllocError::Internal(
-                    "new allocation overlaps a live sub-allocation",
-                ));
+                return Err(AllocError::Internal("table holds a sub-allocation"));
             }
             None => return Err(AllocError::Internal("duplicate key not found")),
         }
@@ -546,9 +566,52 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
     /// release what it was charged. `NotTracked` means the hook should pass the call to
     /// the driver unchanged (the driver then answers as it would without vgpu).
     pub fn free(&self, ptr: DevicePtr) -> Result<Freed, FreeError> {
-        let mut st = self.lock();
+        let st = self.lock();
+        if let Some((rid, _, chunk)) = st.region_at(ptr.0, self.chunk_shift) {
+            return self.free_suballocation(st, ptr, rid, chunk);
+        }
+        let mut st = st;
         let entry = st.table.remove_address(ptr).ok_or(FreeError::NotTracked)?;
         self.finish_removal(st, entry, true)
+    }
+
+    /// Free the sub-allocation whose base is `ptr` (`NotTracked` for any other address in
+    /// a region: free space, an interior pointer, a double free). Gives the region back
+    /// when it was the last run and another empty region is kept warm.
+    #[inline]
+    fn free_suballocation(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        ptr: DevicePtr,
+        region: usize,
+        chunk: u32,
+    ) -> Result<Freed, FreeError> {
+        let shift = self.chunk_shift;
+        let Some(slot) = st.regions.get_mut(region) else {
+            return Err(FreeError::Internal("region vanished under the lock"));
+        };
+        if slot.region.address_of(chunk) != ptr {
+            return Err(FreeError::NotTracked); // inside a chunk: not an allocation's base
+        }
+        // Not the start of a live run: free space, an interior chunk, a double free.
+        if slot.region.requested_at(chunk).is_none() {
+            return Err(FreeError::NotTracked);
+        }
+        let (requested, _) = slot
+            .region
+            .free_sized(chunk)
+            .map_err(|_| FreeError::Internal("sub-allocation chunks were not in use"))?;
+        let entry = sub_entry(region, slot, chunk, requested, shift);
+        let surplus = st.detach_if_surplus(region);
+        drop(st);
+        let released = match surplus {
+            Some(slot) => self.free_region(slot),
+            None => 0,
+        };
+        Ok(Freed {
+            allocation: entry,
+            released,
+        })
     }
 
     /// Remove `(kind, key)` and release its charge without calling the device, for
@@ -557,6 +620,12 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
     /// chunks go back to their region.
     pub fn release_record(&self, kind: AllocationKind, key: u64) -> Result<Freed, FreeError> {
         let mut st = self.lock();
+        if kind == AllocationKind::SubAllocated {
+            let Some((rid, _, chunk)) = st.region_at(key, self.chunk_shift) else {
+                return Err(FreeError::NotTracked);
+            };
+            return self.free_suballocation(st, DevicePtr(key), rid, chunk);
+        }
         let entry = st.table.remove(kind, key).ok_or(FreeError::NotTracked)?;
         self.finish_removal(st, entry, false)
     }
@@ -568,33 +637,10 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         call_device: bool,
     ) -> Result<Freed, FreeError> {
         match entry.placement {
-            Placement::Chunks {
-                region,
-                start,
-                count,
-            } => {
-                let freed = match st.regions.get_mut(region) {
-                    None => Err("sub-allocation names a missing region"),
-                    Some(slot) => slot
-                        .region
-                        .free(start, count)
-                        .map_err(|_| "sub-allocation chunks were not in use"),
-                };
-                if let Err(why) = freed {
-                    // A failed call changes nothing: the entry stays tracked.
-                    let _ = st.table.insert(entry);
-                    return Err(FreeError::Internal(why));
-                }
-                let surplus = st.detach_if_surplus(region);
-                drop(st);
-                let released = match surplus {
-                    Some(slot) => self.free_region(slot),
-                    None => 0,
-                };
-                Ok(Freed {
-                    allocation: entry,
-                    released,
-                })
+            Placement::Chunks { .. } => {
+                // Only allocations with their own placement are in the table.
+                let _ = st.table.insert(entry);
+                Err(FreeError::Internal("table holds a sub-allocation"))
             }
             Placement::Own => {
                 drop(st);
@@ -694,22 +740,17 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
     /// bounded bitmap scan inside the region.
     pub fn containing(&self, addr: DevicePtr) -> Option<AddressRange> {
         let st = self.lock();
-        let a = match st.table.containing(addr) {
-            Some((_, a)) => *a,
-            None => {
-                let (_, &rid) = st.region_bases.range(..=addr.0).next_back()?;
-                let region = &st.regions.get(rid)?.region;
-                if !region.contains(addr) {
-                    return None;
-                }
-                let chunk = ((addr.0 - region.base().0) >> self.chunk_shift) as u32;
+        let a = match st.region_at(addr.0, self.chunk_shift) {
+            Some((_, slot, chunk)) => {
+                let region = &slot.region;
                 let start = region.run_start_at_or_before(chunk, self.max_run_chunks)?;
-                let (_, a) = st.table.get_address(region.address_of(start))?;
+                let a = st.suballocation_at(region.address_of(start).0, self.chunk_shift)?;
                 if addr.0 - a.key >= a.requested.max(1) {
                     return None;
                 }
-                *a
+                a
             }
+            None => *st.table.containing(addr)?.1,
         };
         Some(AddressRange {
             base: a.ptr(),
@@ -723,7 +764,9 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
     /// The entry `(kind, key)`, if tracked.
     pub fn lookup(&self, kind: AllocationKind, key: u64) -> Option<Allocation> {
         let st = self.lock();
-        if kind.is_address() {
+        if kind == AllocationKind::SubAllocated {
+            st.suballocation_at(key, self.chunk_shift)
+        } else if kind.is_address() {
             st.table
                 .get_address(DevicePtr(key))
                 .map(|(_, a)| *a)
@@ -739,7 +782,7 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         let (entries, regions) = {
             let mut st = self.lock();
             let st = &mut *st;
-            let entries = st.table.drain_context(context);
+            let mut entries = st.table.drain_context(context);
             let mut rids = Vec::new();
             st.pools.retain(|&(_, c), pool| {
                 if c == context {
@@ -747,6 +790,17 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
                 }
                 c != context
             });
+            // Their sub-allocations go with them (reported, nothing more to release).
+            for &rid in &rids {
+                if let Some(slot) = st.regions.get(rid) {
+                    let shift = self.chunk_shift;
+                    entries.extend(
+                        slot.region
+                            .sized_runs()
+                            .map(|(start, req)| sub_entry(rid, slot, start, req, shift)),
+                    );
+                }
+            }
             let regions: Vec<RegionSlot> =
                 rids.into_iter().filter_map(|r| st.take_region(r)).collect();
             (entries, regions)
@@ -773,7 +827,11 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
     pub fn stats(&self) -> AllocatorStats {
         let st = self.lock();
         AllocatorStats {
-            live_allocations: st.table.len(),
+            live_allocations: st.table.len()
+                + st.regions
+                    .iter()
+                    .map(|(_, s)| s.region.live_runs())
+                    .sum::<usize>(),
             regions: st.regions.len(),
             empty_regions: st
                 .regions
@@ -790,9 +848,8 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
     /// must not reach the driver.
     pub fn region_containing(&self, addr: DevicePtr) -> Option<RegionInfo> {
         let st = self.lock();
-        let (_, &rid) = st.region_bases.range(..=addr.0).next_back()?;
-        let s = st.regions.get(rid)?;
-        s.region.contains(addr).then(|| RegionInfo {
+        let (_, s, _) = st.region_at(addr.0, self.chunk_shift)?;
+        Some(RegionInfo {
             device: s.device,
             context: s.context,
             base: s.region.base(),
@@ -818,7 +875,12 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
 
     /// A copy of every live entry (tests, diagnostics; O(n)).
     pub fn snapshot(&self) -> Vec<Allocation> {
-        self.lock().table.iter().map(|(_, a)| *a).collect()
+        let st = self.lock();
+        st.table
+            .iter()
+            .map(|(_, a)| *a)
+            .chain(st.suballocations(self.chunk_shift))
+            .collect()
     }
 }
 

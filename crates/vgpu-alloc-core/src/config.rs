@@ -105,6 +105,13 @@ impl AllocatorConfig {
                 self.region_size
             ));
         }
+        // A sub-allocation's size is kept in 32 bits beside its chunks.
+        if self.suballoc_threshold > 1 << 32 {
+            return Err(format!(
+                "sub-allocation threshold {} exceeds 4 GiB",
+                self.suballoc_threshold
+            ));
+        }
         if self.suballoc_threshold > self.region_size {
             return Err(format!(
                 "sub-allocation threshold {} exceeds the region size {}",

@@ -34,6 +34,14 @@ pub enum RegionError {
     },
 }
 
+/// Chunks of `1 << shift` bytes needed for `bytes` (at least one). Shifts, not
+/// `div_ceil`: the divisor is not a constant, and a division costs tens of cycles.
+#[inline]
+pub fn chunks_for(bytes: u32, shift: u32) -> u32 {
+    let mask = (1u64 << shift) - 1;
+    ((u64::from(bytes.max(1)) + mask) >> shift) as u32
+}
+
 /// A region's bitmap and its device base address.
 #[derive(Debug, Clone)]
 pub struct Region {
@@ -46,6 +54,12 @@ pub struct Region {
     words: Box<[u64]>,
     /// Bit set = first chunk of a live run, so an interior address finds its run.
     starts: Box<[u64]>,
+    /// Bytes requested for the sized run starting at each chunk (0: none starts there).
+    /// A sub-allocation needs no other record: its base address gives the region and
+    /// the chunk, this gives its length. Zero-initialized memory comes from the
+    /// allocator's calloc (fresh pages), so only the pages of chunks that start runs are
+    /// ever touched: 4 bytes per chunk, 1 MiB of address space per 128 MiB region.
+    requested: Box<[u32]>,
 }
 
 impl Region {
@@ -68,7 +82,67 @@ impl Region {
             next_fit: 0,
             words,
             starts: vec![0u64; n_words].into_boxed_slice(),
+            requested: vec![0u32; chunks as usize].into_boxed_slice(),
         }
+    }
+
+    /// Chunks needed for `bytes` (at least one).
+    #[inline]
+    fn chunks_for(&self, bytes: u32) -> u32 {
+        chunks_for(bytes, self.chunk_shift)
+    }
+
+    /// Mark enough chunks for `bytes` (> 0) in use, like [`Region::allocate`], and remember
+    /// the size so the run can be freed and measured from its start alone
+    /// ([`Region::free_sized`], [`Region::requested_at`]).
+    #[inline]
+    pub fn allocate_sized(&mut self, bytes: u32) -> Option<u32> {
+        if bytes == 0 {
+            return None;
+        }
+        let start = self.allocate(self.chunks_for(bytes))?;
+        self.requested[start as usize] = bytes;
+        Some(start)
+    }
+
+    /// Bytes requested for the live sized run starting at chunk `start`, if one does.
+    #[inline]
+    pub fn requested_at(&self, start: u32) -> Option<u32> {
+        let bytes = *self.requested.get(start as usize)?;
+        (bytes != 0 && self.bit(&self.starts, start)).then_some(bytes)
+    }
+
+    /// Return the sized run starting at `start`; returns its requested bytes and chunks.
+    #[inline]
+    pub fn free_sized(&mut self, start: u32) -> Result<(u32, u32), RegionError> {
+        let Some(bytes) = self.requested_at(start) else {
+            return Err(RegionError::NotAllocated { start, count: 0 });
+        };
+        let count = self.chunks_for(bytes);
+        self.free(start, count)?;
+        Ok((bytes, count))
+    }
+
+    /// Every live sized run as (first chunk, requested bytes), in address order
+    /// (diagnostics; O(chunks / 64)).
+    pub fn sized_runs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.starts.iter().enumerate().flat_map(move |(w, &word)| {
+            let mut bits = word;
+            std::iter::from_fn(move || {
+                if bits == 0 {
+                    return None;
+                }
+                let i = w as u32 * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                Some(i)
+            })
+            .filter_map(move |i| self.requested_at(i).map(|b| (i, b)))
+        })
+    }
+
+    /// Number of live runs (diagnostics; O(chunks / 64)).
+    pub fn live_runs(&self) -> usize {
+        self.starts.iter().map(|w| w.count_ones() as usize).sum()
     }
 
     /// Device address of the region's first byte.
@@ -192,6 +266,7 @@ impl Region {
             return Err(RegionError::NotAllocated { start, count });
         }
         self.starts[(start / 64) as usize] &= !start_bit;
+        self.requested[start as usize] = 0;
         self.set_run(start, count, false);
         self.free_chunks += count;
         Ok(())
@@ -223,6 +298,7 @@ impl Region {
         }
         self.words[w] = used & !mask;
         self.starts[w] = starts & !first;
+        self.requested[start as usize] = 0;
         self.free_chunks += count;
         true
     }
@@ -406,6 +482,41 @@ mod tests {
             r.free(a, 4),
             Err(RegionError::NotAllocated { start: a, count: 4 })
         );
+    }
+
+    #[test]
+    fn sized_runs_free_from_their_start_alone() {
+        let mut r = Region::new(DevicePtr(0), 9, 256);
+        let a = r.allocate_sized(1000).unwrap(); // 2 chunks
+        let b = r.allocate_sized(1).unwrap(); // 1 chunk
+        let c = r.allocate_sized(512 * 70 + 3).unwrap(); // 71 chunks, crosses a word
+        assert_eq!((a, b, c), (0, 2, 3));
+        assert_eq!(r.allocate_sized(0), None);
+        assert_eq!(r.requested_at(a), Some(1000));
+        assert_eq!(r.requested_at(a + 1), None, "interior chunk");
+        assert_eq!(
+            r.sized_runs().collect::<Vec<_>>(),
+            [(0, 1000), (2, 1), (3, 512 * 70 + 3)]
+        );
+        assert_eq!(r.live_runs(), 3);
+        assert_eq!(r.free_sized(c), Ok((512 * 70 + 3, 71)));
+        assert_eq!(
+            r.free_sized(c),
+            Err(RegionError::NotAllocated { start: c, count: 0 }),
+            "double free"
+        );
+        assert_eq!(
+            r.free_sized(a + 1),
+            Err(RegionError::NotAllocated { start: 1, count: 0 })
+        );
+        // An unsized run (raw allocate) is not freed by the sized call.
+        let raw = r.allocate(4).unwrap();
+        assert!(r.free_sized(raw).is_err());
+        r.free(raw, 4).unwrap();
+        assert_eq!(r.free_sized(a), Ok((1000, 2)));
+        assert_eq!(r.free_sized(b), Ok((1, 1)));
+        assert!(r.is_empty());
+        assert_eq!(r.sized_runs().count(), 0);
     }
 
     #[test]
