@@ -46,8 +46,8 @@
 use std::cell::{Cell, RefCell};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use vgpu_alloc_core::{Config, CorePolicy, DeviceIndex, MAX_DEVICES};
 use vgpu_cuda_abi::{
@@ -56,9 +56,9 @@ use vgpu_cuda_abi::{
 };
 use vgpu_limiter::{
     Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
-    PeerUsage, Policy, Ticket, TimerError,
+    PeerUsage, Policy, Ticket, TimerError, TurnTenant,
 };
-use vgpu_shm::ProcessSlot;
+use vgpu_shm::{ProcessSlot, TurnBoard};
 
 use crate::log::{DEBUG, INFO, WARN, vlog};
 
@@ -269,6 +269,7 @@ fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
     let view = FileView {
         device: d,
         nvml: NvmlProbe::Unopened,
+        turns: TurnProbe::Unopened,
     };
     let limiter = Limiter::new(cfg, MonoClock, EventTimer::new(fns), view);
     let fresh = Box::into_raw(Box::new(Mutex::new(limiter)));
@@ -329,15 +330,22 @@ impl StreamKey {
     }
 }
 
-/// `CLOCK_MONOTONIC` through `Instant` (a vDSO read, no syscall).
+/// `CLOCK_MONOTONIC` itself (a vDSO read, no syscall): absolute, so that every process of
+/// the node, in any container, sees the same time line (the turn board's cycles line up).
 #[derive(Debug, Clone, Copy)]
 struct MonoClock;
 
 impl Clock for MonoClock {
     fn now(&self) -> Nanos {
-        static BASE: OnceLock<Instant> = OnceLock::new();
-        let base = *BASE.get_or_init(Instant::now);
-        base.elapsed().as_nanos() as Nanos
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime(2) writes the timespec we own; CLOCK_MONOTONIC always exists.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (ts.tv_sec as Nanos)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as Nanos)
     }
 }
 
@@ -582,6 +590,77 @@ impl GpuTimer for EventTimer {
 struct FileView {
     device: usize,
     nvml: NvmlProbe,
+    turns: TurnProbe,
+}
+
+/// Directory of the node-wide turn boards: `VGPU_TURN_DIR`, default `/tmp/vgpulock` (the
+/// host directory HAMi's device plugin mounts into every container); `off` disables turns.
+const ENV_TURN_DIR: &str = "VGPU_TURN_DIR";
+const DEFAULT_TURN_DIR: &str = "/tmp/vgpulock";
+/// Announcements older than this are not tenants (three publish periods).
+const TURN_MAX_AGE: Nanos = 300_000_000;
+/// An entry this stale may be taken over.
+const TURN_STALE: Nanos = 1_000_000_000;
+
+/// This container's place on the GPU's turn board.
+enum TurnProbe {
+    Unopened,
+    Unavailable,
+    Open { board: TurnBoard, key: u64 },
+}
+
+impl TurnProbe {
+    #[cold]
+    fn open(device: usize) -> Self {
+        let dir = std::env::var(ENV_TURN_DIR).unwrap_or_else(|_| DEFAULT_TURN_DIR.to_owned());
+        let dir = dir.trim();
+        if dir.is_empty() || dir.eq_ignore_ascii_case("off") || dir == "0" {
+            return Self::Unavailable;
+        }
+        // Containers are told apart by their shared file (one per container); without one
+        // this process is its own container.
+        let key = match slot().and_then(|s| std::fs::metadata(s.table().path()).ok()) {
+            Some(m) => {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev().rotate_left(32) ^ m.ino()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
+            }
+            None => u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+        };
+        let uuid = crate::real::cuda()
+            .ok()
+            .and_then(|cuda| crate::driver::device_uuid(cuda, CUdevice(device as c_int)).ok());
+        let Some(uuid) = uuid else {
+            return Self::Unavailable;
+        };
+        let name: String = uuid
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = std::path::Path::new(dir).join(format!("vgpu-turns-{name}"));
+        if !std::path::Path::new(dir).is_dir() {
+            vlog!(
+                INFO,
+                "device {device}: no {dir} directory: containers on this GPU do not take turns"
+            );
+            return Self::Unavailable;
+        }
+        match TurnBoard::open_or_create(&path) {
+            Ok(board) => Self::Open { board, key },
+            Err(e) => {
+                vlog!(
+                    WARN,
+                    "device {device}: {e}: containers on this GPU do not take turns"
+                );
+                Self::Unavailable
+            }
+        }
+    }
 }
 
 /// `nvmlProcessUtilizationSample_t`.
@@ -762,6 +841,30 @@ impl ContainerView for FileView {
         if let Some(s) = slot() {
             s.touch_kernel_time();
         }
+    }
+
+    fn turn_tenants(&mut self, now: Nanos, launch_ns: u64) -> Option<(u64, Vec<TurnTenant>)> {
+        if matches!(self.turns, TurnProbe::Unopened) {
+            self.turns = TurnProbe::open(self.device);
+        }
+        let TurnProbe::Open { board, key } = &mut self.turns else {
+            return None;
+        };
+        let pct = limit_pct(self.device);
+        if let Err(e) = board.announce(*key, pct, launch_ns, now, TURN_STALE) {
+            vlog!(DEBUG, "device {}: turn board: {e}", self.device);
+            return None;
+        }
+        let tenants = board
+            .tenants(now, TURN_MAX_AGE)
+            .into_iter()
+            .map(|t| TurnTenant {
+                key: t.key,
+                limit_pct: t.limit_pct,
+                launch_ns: t.launch_ns,
+            })
+            .collect();
+        Some((*key, tenants))
     }
 
     fn device_sample(&mut self) -> Option<DeviceSample> {

@@ -376,3 +376,60 @@ fn per_thread_stream_launches_are_held() {
     let _one = serial();
     assert_held("cuLaunchKernel_ptsz at 40%", 'p', 2_000, 40, 5.0);
 }
+
+#[test]
+fn two_containers_announce_themselves_and_take_turns() {
+    // Two containers (two shared files) at 30% and 70% on one GPU, with a turn board
+    // directory: both announce themselves there and still hold their own limits while
+    // launching only in their windows. (Each simulated process has its own simulated GPU,
+    // so this checks the plumbing and that turns cost no accuracy; the contention they
+    // remove is modelled in vgpu-limiter's tests and measured on the H200.)
+    let _one = serial();
+    let e = env();
+    let turns = e.dir.join("turns");
+    let _ = std::fs::remove_dir_all(&turns);
+    std::fs::create_dir_all(&turns).unwrap();
+    let spawn_one = |name: &str, pct: &str| {
+        let cache = e.dir.join(name);
+        let _ = std::fs::remove_file(&cache);
+        let mut cmd = Command::new(&e.program);
+        cmd.args(["2", "2000000", "k", "1.0"])
+            .env("LD_PRELOAD", &e.hook)
+            .env("LD_LIBRARY_PATH", &e.dir)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+            .env("CUDA_DEVICE_SM_LIMIT", pct)
+            .env("VGPU_TURN_DIR", &turns)
+            .env("VGPU_SIM_UTIL_WINDOW_MS", "2000")
+            .env_remove("GPU_CORE_UTILIZATION_POLICY")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd.spawn().expect("spawn")
+    };
+    let (a, b) = (
+        spawn_one("turn30.cache", "30"),
+        spawn_one("turn70.cache", "70"),
+    );
+    let (a, b) = (
+        parse(&a.wait_with_output().unwrap()),
+        parse(&b.wait_with_output().unwrap()),
+    );
+    eprintln!(
+        "containers at 30% and 70% taking turns: {}% and {}%",
+        a.busy_pct, b.busy_pct
+    );
+    let boards: Vec<_> = std::fs::read_dir(&turns)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(boards.len(), 1, "one board per GPU: {boards:?}");
+    let board = vgpu_shm::TurnBoard::open_or_create(&boards[0]).unwrap();
+    let mut limits: Vec<u32> = board
+        .tenants(u64::MAX / 2, u64::MAX)
+        .iter()
+        .map(|t| t.limit_pct)
+        .collect();
+    limits.sort_unstable();
+    assert_eq!(limits, [30, 70], "both containers announced");
+    assert!((a.busy_pct - 30.0).abs() <= 7.0, "30% container: {a:?}");
+    assert!((b.busy_pct - 70.0).abs() <= 7.0, "70% container: {b:?}");
+}

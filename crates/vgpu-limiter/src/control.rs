@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use crate::policy::Policy;
-use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage};
+use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage, Turn};
 
 const MICROS: Nanos = 1_000;
 const MILLIS: Nanos = 1_000_000;
@@ -51,6 +51,9 @@ pub struct LimiterConfig {
     /// The correction applies only when the device sees clearly less of our work than the
     /// events do (ratio below this), and other processes are active.
     pub contention_threshold: f64,
+    /// Cycle of the turns limited containers on one GPU take
+    /// ([`ContainerView::turn_tenants`]).
+    pub turn_cycle: Nanos,
     /// Lowest correction factor: measurements are never discounted by more than this.
     pub contention_floor: f64,
 }
@@ -73,6 +76,7 @@ impl Default for LimiterConfig {
             share_with_peers: true,
             contention_period: 0,
             contention_threshold: 0.9,
+            turn_cycle: 10 * MILLIS,
             contention_floor: 0.5,
         }
     }
@@ -173,6 +177,10 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     /// Smoothed raw utilization and device-reported utilization.
     raw_util: Option<f64>,
     device_util: Option<f64>,
+    /// This container's turn among limited containers on the GPU, if they coordinate.
+    turn: Option<Turn>,
+    /// When the work queued so far is estimated to end (ns; only used with a turn).
+    horizon: f64,
     stats: LimiterStats,
 }
 
@@ -217,6 +225,8 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             raw_start: now,
             raw_util: None,
             device_util: None,
+            turn: None,
+            horizon: 0.0,
             stats: LimiterStats::default(),
         }
     }
@@ -239,6 +249,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     /// The effective limit (fraction) used for the last admission.
     pub fn effective_limit(&self) -> f64 {
         self.limit
+    }
+
+    /// This container's turn on the GPU, if limited containers take turns.
+    pub fn turn(&self) -> Option<Turn> {
+        self.turn
     }
 
     /// The container view, e.g. for the hook to publish a final zero at exit.
@@ -301,10 +316,23 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 return self.wait_until_vt(now_f);
             }
         }
-        if self.vt > now_f + self.cfg.period as f64 {
+        // With turns, a window's worth of work may be queued at once.
+        let lead = match self.turn {
+            Some(t) => self.cfg.period.max(t.cycle),
+            None => self.cfg.period,
+        };
+        if self.vt > now_f + lead as f64 {
             self.throttled = true;
             self.close_open(now);
             return self.wait_until_vt(now_f);
+        }
+        if let Some(turn) = self.turn {
+            let est = self.cost.unwrap_or(0.0);
+            if let Err(ns) = turn.admits(now, self.horizon.max(now_f), est) {
+                // Outside our window: let what is queued be measured, wait for the next.
+                self.close_open(now);
+                return self.wait(ns.min(self.cfg.max_wait));
+            }
         }
         self.prepare(now, stream);
         Admission::Go(Ticket { counted: true })
@@ -320,6 +348,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.stats.launches += 1;
         let est = self.cost.unwrap_or(0.0);
         self.vt += est / self.limit;
+        self.horizon = self.horizon.max(now as f64) + est;
         let Some(open) = self.open.as_mut().filter(|o| o.stream == stream) else {
             return;
         };
@@ -541,6 +570,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         if self.cfg.share_with_peers {
             self.peers = self.view.peers();
         }
+        let launch_ns = self.cost.unwrap_or(0.0).max(0.0) as u64;
+        self.turn = self
+            .view
+            .turn_tenants(now, launch_ns)
+            .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
         self.next_publish = now + self.cfg.publish_period;
     }
 

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use crate::{
     Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
-    PeerUsage, TimerError,
+    PeerUsage, TimerError, TurnTenant,
 };
 
 pub const US: Nanos = 1_000;
@@ -36,11 +36,19 @@ pub enum GpuMode {
     Concurrent,
     /// One engine runs all streams' work in submission order.
     Serial,
+    /// One engine; work arriving from one process runs at once, and every other process's
+    /// queued work is pushed back by its length (a time slice handed to the newcomer), as
+    /// two contexts time-slicing the H200 behaved: the short bursts of one tenant ran at
+    /// once, while the other's queued work waited (and its events counted the wait).
+    Preempting,
 }
 
 #[derive(Default)]
 struct GpuState {
     serial: bool,
+    preempting: bool,
+    /// Stream of each marker (pushed back with its stream's work).
+    marker_stream: Vec<u32>,
     busy_until: Vec<Nanos>,
     device_busy_until: Nanos,
     markers: Vec<Option<Nanos>>,
@@ -52,6 +60,46 @@ struct GpuState {
 }
 
 impl GpuState {
+    /// [`GpuMode::Preempting`]: the kernel starts behind its own stream only; whatever
+    /// other streams have not run by then moves back by `dur`.
+    fn enqueue_preempting(&mut self, stream: u32, now: Nanos, dur: Nanos, owner: usize) -> Nanos {
+        let start = now.max(*self.tail(stream));
+        let end = start + dur;
+        *self.tail(stream) = end;
+        for (s, tail) in self.busy_until.iter_mut().enumerate() {
+            if s != stream as usize && *tail > start {
+                *tail += dur;
+            }
+        }
+        for (m, t) in self.markers.iter_mut().enumerate() {
+            if let Some(t) = t {
+                if *t > start && self.marker_stream.get(m).is_some_and(|&s| s != stream) {
+                    *t += dur;
+                }
+            }
+        }
+        // Pending kernels are among the last ones queued (queues are milliseconds deep).
+        let mut split = Vec::new();
+        for k in self.kernels.iter_mut().rev() {
+            if k.2 + 100 * MS < start {
+                break;
+            }
+            if k.0 == owner || k.2 <= start {
+                continue;
+            }
+            if k.1 >= start {
+                k.1 += dur;
+                k.2 += dur;
+            } else {
+                split.push((k.0, start + dur, k.2 + dur));
+                k.2 = start;
+            }
+        }
+        self.kernels.extend(split);
+        self.kernels.push((owner, start, end));
+        end
+    }
+
     fn tail(&mut self, stream: u32) -> &mut Nanos {
         let s = stream as usize;
         if self.busy_until.len() <= s {
@@ -68,6 +116,7 @@ impl SimGpu {
     pub fn new(mode: GpuMode) -> Self {
         Self(Rc::new(RefCell::new(GpuState {
             serial: mode == GpuMode::Serial,
+            preempting: mode == GpuMode::Preempting,
             ..GpuState::default()
         })))
     }
@@ -75,6 +124,9 @@ impl SimGpu {
     /// Queues a kernel of `dur` on `stream` at time `now`; returns its end.
     pub fn enqueue(&self, stream: u32, now: Nanos, dur: Nanos, owner: usize) -> Nanos {
         let mut g = self.0.borrow_mut();
+        if g.preempting {
+            return g.enqueue_preempting(stream, now, dur, owner);
+        }
         let serial = g.serial;
         let dev = g.device_busy_until;
         let tail = g.tail(stream);
@@ -161,6 +213,10 @@ impl GpuTimer for SimTimer {
             }
         };
         g.markers[id] = Some(done);
+        if g.marker_stream.len() <= id {
+            g.marker_stream.resize(id + 1, 0);
+        }
+        g.marker_stream[id] = stream;
         Ok(id)
     }
 
@@ -220,7 +276,15 @@ impl SimTable {
             table: self.clone(),
             slot: t.slots.len() - 1,
             device: None,
+            node: None,
         }
+    }
+
+    /// A process's view whose container announces itself as `key` on `node`.
+    pub fn view_on_node(&self, node: &SimNode, key: u64) -> SimView {
+        let mut v = self.view();
+        v.node = Some((node.clone(), key));
+        v
     }
 
     /// A view whose device accounting ("NVML") reports `scale` × the process's true busy
@@ -253,7 +317,13 @@ pub struct SimView {
     table: SimTable,
     slot: usize,
     device: Option<DeviceAccounting>,
+    /// The node's turn board and this container's key on it.
+    node: Option<(SimNode, u64)>,
 }
+
+/// A node-wide turn board: (key, limit %, last announcement) per container.
+#[derive(Clone, Default)]
+pub struct SimNode(pub Rc<RefCell<Vec<(TurnTenant, Nanos)>>>);
 
 impl ContainerView for SimView {
     fn sm_limit_pct(&self) -> u32 {
@@ -293,6 +363,27 @@ impl ContainerView for SimView {
             own,
             others_active: d.others_active,
         })
+    }
+
+    fn turn_tenants(&mut self, now: Nanos, launch_ns: u64) -> Option<(u64, Vec<TurnTenant>)> {
+        let (node, key) = self.node.as_ref()?;
+        let pct = self.table.0.borrow().sm_limit;
+        let mut board = node.0.borrow_mut();
+        let me = TurnTenant {
+            key: *key,
+            limit_pct: pct,
+            launch_ns,
+        };
+        match board.iter_mut().find(|e| e.0.key == *key) {
+            Some(e) => *e = (me, now),
+            None => board.push((me, now)),
+        }
+        let live = board
+            .iter()
+            .filter(|e| now.saturating_sub(e.1) <= 300 * MS)
+            .map(|e| e.0)
+            .collect();
+        Some((*key, live))
     }
 
     fn note_activity(&mut self, _now: Nanos) {

@@ -457,3 +457,103 @@ proptest! {
         );
     }
 }
+
+/// Two containers (two files) at 30/70 with 47 µs kernel loops, on an engine that hands
+/// the device to arriving work at once (what the H200 showed), with or without the turn
+/// board; returns their achieved shares over [1 s, 6 s).
+fn two_containers_preempting(turns: bool, dur: Nanos) -> (f64, f64, World) {
+    let mut w = World::new(GpuMode::Preempting);
+    let (t30, t70) = (SimTable::new(30), SimTable::new(70));
+    let node = SimNode::default();
+    let (va, vb) = if turns {
+        (t30.view_on_node(&node, 0xa), t70.view_on_node(&node, 0xb))
+    } else {
+        (t30.view(), t70.view())
+    };
+    let a = w.add(cfg(), va, kernel_loop(dur));
+    let b = w.add(cfg(), vb, kernel_loop(dur));
+    w.run_until(6 * S);
+    (
+        w.gpu.busy_fraction(a, S, 6 * S),
+        w.gpu.busy_fraction(b, S, 6 * S),
+        w,
+    )
+}
+
+#[test]
+fn time_slicing_between_containers_costs_the_larger_one_its_share() {
+    // The model reproduces the H200's failure (there 29.8% / 52-54%): each tenant's events
+    // count the other's slices as its own, so the 70% tenant falls well short. (Here the
+    // 30% one loses too, ~23%: the model pushes its queue back as well.) Never above.
+    let (ua, ub, _) = two_containers_preempting(false, 47 * US);
+    eprintln!("without turns: {ua:.3} {ub:.3}");
+    assert!(ua <= 0.305 && ub <= 0.705, "over the limit: {ua} {ub}");
+    assert!(
+        ub < 0.62,
+        "70% container got {ub:.3}: the model shows no contention"
+    );
+}
+
+#[test]
+fn two_containers_taking_turns_split_30_70() {
+    // Launches of 2 ms are not covered: there the 30% tenant fell to 6% in this model
+    // (docs/sm-limit.md, "What it cannot do").
+    for dur in [47 * US, 500 * US] {
+        let (ua, ub, w) = two_containers_preempting(true, dur);
+        eprintln!("with turns, kernels of {dur} ns: {ua:.3} {ub:.3}");
+        assert!(w.apps[0].limiter.turn().is_some() && w.apps[1].limiter.turn().is_some());
+        assert!(ua <= 0.305 && ub <= 0.705, "over the limit: {ua} {ub}");
+        assert_near("30% container, turns", ua, 0.30, 3.0);
+        assert_near("70% container, turns", ub, 0.70, 3.0);
+    }
+}
+
+#[test]
+fn turn_layout_is_shared_and_proportional() {
+    use crate::{Turn, TurnTenant};
+    let t = |key, limit_pct, launch_ns| TurnTenant {
+        key,
+        limit_pct,
+        launch_ns,
+    };
+    let all = [t(9, 70, 47 * US), t(4, 30, 47 * US)];
+    let a = Turn::layout(4, &all, 10 * MS).unwrap();
+    let b = Turn::layout(9, &all, 10 * MS).unwrap();
+    assert_eq!((a.cycle, a.offset, a.width), (10 * MS, 0, 3 * MS));
+    assert_eq!((b.cycle, b.offset, b.width), (10 * MS, 3 * MS, 7 * MS));
+    // Alone, or not on the board: no turns.
+    assert_eq!(Turn::layout(4, &[t(4, 30, 0)], 10 * MS), None);
+    assert_eq!(Turn::layout(5, &all, 10 * MS), None);
+    // Oversubscribed (70 + 70): scaled to the cycle, no overlap.
+    let o = [t(1, 70, 0), t(2, 70, 0)];
+    let (x, y) = (
+        Turn::layout(1, &o, 10 * MS).unwrap(),
+        Turn::layout(2, &o, 10 * MS).unwrap(),
+    );
+    assert_eq!((x.width, y.offset, y.width), (5 * MS, 5 * MS, 5 * MS));
+    // Long launches stretch the cycle so that each window holds 16 of them (30% of a
+    // 2 ms launch × 16 / 0.3 = 106.7 ms, capped at 100 ms); both tenants agree on it.
+    let long = [t(4, 30, 500 * US), t(9, 70, 47 * US)];
+    let (la, lb) = (
+        Turn::layout(4, &long, 10 * MS).unwrap(),
+        Turn::layout(9, &long, 10 * MS).unwrap(),
+    );
+    assert_eq!(la.cycle, 500 * US * 16 * 100 / 30);
+    assert_eq!((lb.cycle, lb.offset), (la.cycle, la.width));
+    let capped = [t(4, 30, 2 * MS), t(9, 70, 0)];
+    assert_eq!(Turn::layout(4, &capped, 10 * MS).unwrap().cycle, 100 * MS);
+    // Admission: inside the window while queued work ends in it; else the next window.
+    assert_eq!(
+        b.admits(20 * MS + 4 * MS, (24 * MS) as f64, 100.0 * US as f64),
+        Ok(())
+    );
+    assert_eq!(
+        b.admits(20 * MS + 4 * MS, (30 * MS) as f64, 100.0 * US as f64),
+        Err(9 * MS),
+        "queue would run past the window"
+    );
+    assert_eq!(b.admits(20 * MS + MS, (21 * MS) as f64, 0.0), Err(2 * MS));
+    // Work longer than the window goes when nothing is queued.
+    assert_eq!(a.admits(0, 0.0, (5 * MS) as f64), Ok(()));
+    assert_eq!(a.admits(MS, (2 * MS) as f64, (5 * MS) as f64), Err(9 * MS));
+}

@@ -65,6 +65,102 @@ pub struct DeviceSample {
     pub others_active: bool,
 }
 
+/// Launches of its typical length each tenant's window should hold at least.
+const LAUNCHES_PER_WINDOW: u64 = 16;
+/// Longest turn cycle, whatever the launches' length.
+const MAX_TURN_CYCLE: Nanos = 100_000_000;
+
+/// One limited container announced on a GPU's turn board.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TurnTenant {
+    /// Its key (the same for every process of the container).
+    pub key: u64,
+    /// Its SM limit, percent.
+    pub limit_pct: u32,
+    /// The GPU time of its typical launch, nanoseconds (0 if unknown).
+    pub launch_ns: u64,
+}
+
+/// This container's turn on a GPU shared with other limited containers: a window of
+/// `width` ns starting `offset` ns into every `cycle` ns of the clock (all containers of a
+/// node share CLOCK_MONOTONIC, so their cycles line up). Launches wait for the window and
+/// stop early enough that the queued work ends in it; the containers' work then does not
+/// wait behind each other's time slices, which the events would count as ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    /// Length of the common cycle.
+    pub cycle: Nanos,
+    /// Start of this container's window in the cycle.
+    pub offset: Nanos,
+    /// Length of the window.
+    pub width: Nanos,
+}
+
+impl Turn {
+    /// The turn of tenant `me` among `tenants` (key, SM limit %; every limited container
+    /// on the GPU, `me` included), all computing the same layout: windows in key order,
+    /// each as long as its limit's share of the cycle (scaled down if the limits add up
+    /// to more than 100). `None` when `me` is alone or absent: nothing to coordinate.
+    pub fn layout(me: u64, tenants: &[TurnTenant], min_cycle: Nanos) -> Option<Turn> {
+        if tenants.len() < 2 || min_cycle == 0 {
+            return None;
+        }
+        let mut sorted: Vec<TurnTenant> = tenants.to_vec();
+        sorted.sort_unstable_by_key(|t| t.key);
+        sorted.dedup_by_key(|t| t.key);
+        let total: u64 = sorted
+            .iter()
+            .map(|t| u64::from(t.limit_pct))
+            .sum::<u64>()
+            .max(100);
+        // Long enough that every window holds several of its tenant's launches (whole
+        // launches fit a window, so a window of few launches loses a large fraction to
+        // rounding), bounded so that turns stay short against human time scales.
+        let cycle = sorted
+            .iter()
+            .filter(|t| t.limit_pct > 0)
+            .map(|t| {
+                t.launch_ns.saturating_mul(LAUNCHES_PER_WINDOW) * total / u64::from(t.limit_pct)
+            })
+            .max()
+            .unwrap_or(0)
+            .clamp(min_cycle, MAX_TURN_CYCLE.max(min_cycle));
+        let mut offset = 0;
+        for t in &sorted {
+            let width = cycle * u64::from(t.limit_pct) / total;
+            if t.key == me {
+                return (sorted.len() >= 2 && width > 0).then_some(Turn {
+                    cycle,
+                    offset,
+                    width,
+                });
+            }
+            offset += width;
+        }
+        None
+    }
+
+    /// Whether work estimated at `est` ns may be queued at `now` behind work that ends at
+    /// `horizon` (≥ now): `Ok` inside the window if it ends in the window, or if nothing is
+    /// queued (work longer than the window); otherwise `Err(ns until the next window)`.
+    pub fn admits(&self, now: Nanos, horizon: f64, est: f64) -> Result<(), Nanos> {
+        let phase = now % self.cycle;
+        let in_window = phase >= self.offset && phase < self.offset + self.width;
+        if in_window {
+            let end = (now - phase + self.offset + self.width) as f64;
+            if horizon + est <= end || horizon <= now as f64 {
+                return Ok(());
+            }
+        }
+        let next = if phase < self.offset {
+            self.offset - phase
+        } else {
+            self.cycle - phase + self.offset
+        };
+        Err(next.max(1))
+    }
+}
+
 /// The container-wide state of one device, as the shared file holds it.
 ///
 /// Reads are cheap loads (called on every throttled launch); [`ContainerView::peers`]
@@ -86,6 +182,12 @@ pub trait ContainerView {
     /// one (called once per contention period). Used only to correct for time the events
     /// count while this process's work waits behind other processes' time slices.
     fn device_sample(&mut self) -> Option<DeviceSample> {
+        None
+    }
+    /// Announces this container on the GPU's turn board (with the GPU time of its typical
+    /// launch) and returns its key with every limited container announced there, itself
+    /// included; `None` when containers do not coordinate. Called once per publish period.
+    fn turn_tenants(&mut self, _now: Nanos, _launch_ns: u64) -> Option<(u64, Vec<TurnTenant>)> {
         None
     }
 }

@@ -33,6 +33,7 @@ mod protocol;
 mod sync;
 mod sys;
 mod table;
+mod turns;
 mod validate;
 
 pub use error::{ImageError, ShmError};
@@ -40,6 +41,7 @@ pub use table::{
     DeviceAudit, DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot, TableInit,
     TableSnapshot, UsageTable,
 };
+pub use turns::{TURN_ENTRIES, TURN_FILE_LEN, Tenant, TurnBoard, TurnBoardError};
 pub use validate::ImageInfo;
 
 /// Validate arbitrary file contents as a vgpu table (the attach path's checks; fuzzed).
