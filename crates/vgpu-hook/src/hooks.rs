@@ -147,16 +147,15 @@ fn reconcile(
     mode: OverLimit,
 ) -> Result<(), OutOfMemory> {
     let ledger = st.ledger();
-    if !st.residual.enabled() || ledger.held_by_self(idx) == 0 {
-        return Ok(()); // off, or nothing of ours on this device (no context there)
+    if !st.residual.enabled() || !st.residual.tracks(idx) {
+        return Ok(()); // off, or no context of ours on this device
     }
     let used = match process_used(st, cuda, CUdevice(idx.0 as i32)) {
         ProcessUsage::Used(u) => u,
         ProcessUsage::Unavailable => return Ok(()),
         ProcessUsage::NotListed { listed } => {
-            if ledger.held_by_self(idx) == st.residual.charged(idx) {
-                // Every other charge is gone (the last context was destroyed): so is the
-                // driver's memory for this process.
+            if !st.residual.has_context(idx) {
+                // The last context was destroyed: so is the driver's memory for this process.
                 let _ = st
                     .residual
                     .settle(ledger, idx, 0, || ledger.held_by_self(idx), mode);
@@ -204,7 +203,7 @@ fn reconcile_all(st: &Ready, cuda: &Cuda, mode: OverLimit) -> Result<(), OutOfMe
     st.residual.ran_now();
     for d in 0..MAX_DEVICES as u32 {
         let idx = DeviceIndex(d);
-        if st.ledger().held_by_self(idx) > 0 {
+        if st.residual.tracks(idx) {
             reconcile(st, cuda, idx, mode)?;
         }
     }
@@ -1538,6 +1537,7 @@ fn charge_context(
             if let Err(e) = p.commit(ctx as u64) {
                 commit_err(e, "a context");
             }
+            st.residual.context_created(ctx as usize, idx);
             CUresult::SUCCESS
         }
         Err(e) => {
@@ -1605,6 +1605,7 @@ fn primary_gone(cuda: &Cuda, dev: CUdevice, r: CUresult) -> CUresult {
         .unwrap_or_else(|e| e.into_inner())
         .remove(&dev.0);
     if let Some(ctx) = ctx {
+        st.residual.context_gone(ctx);
         let released = st.alloc.release_context(ContextId(ctx as u64));
         vlog!(
             DEBUG,
@@ -1637,6 +1638,7 @@ fn primary_reset(dev: CUdevice, r: CUresult) -> CUresult {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&dev.0);
         if let Some(ctx) = ctx {
+            st.residual.context_gone(ctx);
             st.alloc.release_context(ContextId(ctx as u64));
         }
     }
@@ -1728,6 +1730,7 @@ fn context_destroyed(ctx: CUcontext, r: CUresult) -> CUresult {
         driver::contexts_changed();
     }
     if let Some(st) = ready_state().filter(|_| r.is_success()) {
+        st.residual.context_gone(ctx as usize);
         st.alloc.release_context(ctx_id(ctx));
     }
     after_code_unload(r)

@@ -15,6 +15,7 @@
 //!
 //! Pure bookkeeping here (no driver calls); unit tested with an in-memory ledger.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -58,6 +59,9 @@ pub(crate) struct Residual {
     epoch: Instant,
     /// When the last rate-limited settle was claimed (ns since `epoch`, + 1; 0 = never).
     last_ns: AtomicU64,
+    /// This process's contexts (handle → device) that vgpu measured: NVML lists a process
+    /// on a device only while it has a context there.
+    contexts: Mutex<HashMap<usize, DeviceIndex>>,
     /// One-time log flags.
     said_not_listed: AtomicBool,
     said_over_limit: AtomicBool,
@@ -73,6 +77,7 @@ impl Residual {
             interval_ns: interval_ms.map(|ms| ms.saturating_mul(1_000_000)),
             epoch: Instant::now(),
             last_ns: AtomicU64::new(0),
+            contexts: Mutex::new(HashMap::new()),
             said_not_listed: AtomicBool::new(false),
             said_over_limit: AtomicBool::new(false),
         }
@@ -106,6 +111,36 @@ impl Residual {
             let now = self.epoch.elapsed().as_nanos() as u64 + 1;
             self.last_ns.store(now, Ordering::Relaxed);
         }
+    }
+
+    /// A context of this process now exists on `device`.
+    pub(crate) fn context_created(&self, ctx: usize, device: DeviceIndex) {
+        self.contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ctx, device);
+    }
+
+    /// Context `ctx` is gone.
+    pub(crate) fn context_gone(&self, ctx: usize) {
+        self.contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ctx);
+    }
+
+    /// Whether this process has a context on `device`.
+    pub(crate) fn has_context(&self, device: DeviceIndex) -> bool {
+        self.contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|&d| d == device)
+    }
+
+    /// Whether `device` needs reconciling: a context there, or a residual still charged.
+    pub(crate) fn tracks(&self, device: DeviceIndex) -> bool {
+        self.has_context(device) || self.charged(device) > 0
     }
 
     /// The residual charged on `device`.
@@ -278,6 +313,24 @@ mod tests {
             .unwrap();
         assert_eq!(l.usage(D).used, 94 * M);
         assert!(r.first_over_limit() && !r.first_over_limit(), "logged once");
+    }
+
+    #[test]
+    fn devices_are_tracked_while_a_context_or_a_residual_is_there() {
+        let l = ledger(1 << 30);
+        let r = Residual::new(Some(100));
+        let d1 = DeviceIndex(1);
+        assert!(!r.tracks(D) && !r.tracks(d1));
+        r.context_created(0x10, D);
+        r.context_created(0x20, D);
+        assert!(r.tracks(D) && !r.tracks(d1));
+        r.settle(&l, D, 4 * M, held(&l), OverLimit::Charge).unwrap();
+        r.context_gone(0x10);
+        r.context_gone(0x20);
+        assert!(!r.has_context(D));
+        assert!(r.tracks(D), "a residual is still charged");
+        r.settle(&l, D, 0, held(&l), OverLimit::Charge).unwrap();
+        assert!(!r.tracks(D));
     }
 
     #[test]
