@@ -767,7 +767,22 @@ static void hold_here(const char *marker) {
 /* code API SIZE: load the test module (API module or library), try a SIZE allocation before
  * and after its first launch (lazy loading puts the code on the device then), unload it and
  * try again; usage (cuMemGetInfo) at each step. */
+/* The module image: VGPU_PTX_FILE's text when set (a GPU test adds a large global), else the
+ * built-in test PTX. */
+static const char *code_image(void) {
+    const char *path = getenv("VGPU_PTX_FILE");
+    if (!path || !*path) return VGPU_TEST_PTX;
+    FILE *f = fopen(path, "rb");
+    if (!f) die("VGPU_PTX_FILE cannot be opened");
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
 static int cmd_code(const char *api, size_t size) {
+    const char *image = code_image();
     must(A.cuInit(0), "cuInit");
     ctx_on(0);
     printf("used_ctx=%zu\n", used_now());
@@ -775,10 +790,10 @@ static int cmd_code(const char *api, size_t size) {
     CUlibrary lib = NULL;
     CUresult r;
     if (!strcmp(api, "library")) {
-        r = A.cuLibraryLoadData(&lib, VGPU_TEST_PTX, NULL, NULL, 0, NULL, NULL, 0);
+        r = A.cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
         if (!r) must(A.cuLibraryGetModule(&g_mod, lib), "cuLibraryGetModule");
     } else {
-        r = A.cuModuleLoadData(&g_mod, VGPU_TEST_PTX);
+        r = A.cuModuleLoadData(&g_mod, image);
     }
     printf("load=%d\nused_loaded=%zu\n", r, used_now());
     if (r) return 0;
