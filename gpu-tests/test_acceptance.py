@@ -166,7 +166,10 @@ def test_driver_api_allocation_path_is_counted_and_released(path, via, ctx_bytes
     # Hold 512 MiB by `path`; the limit leaves room for 768 MiB besides the context, so a
     # 512 MiB cuMemAlloc must fail while it is held and succeed after it is given back.
     limit = ctx_bytes + 768 * MIB
-    d = Container(str(limit)).probe("counted", path, 512 * MIB, 512 * MIB, via=via)
+    # VGPU_RECONCILE_MS=0: each usage reading reconciles driver-internal memory first, so the
+    # before/after readings compare like with like (otherwise the first reconciliation, 100 ms
+    # after the context, could fall between them and add driver heaps found only then).
+    d = Container(str(limit), VGPU_RECONCILE_MS="0").probe("counted", path, 512 * MIB, 512 * MIB, via=via)
     assert d["take"] == "0", d
     assert d["probe_held"] == "2", f"{path} not counted: {d}"
     assert d["give"] == "0", d
@@ -175,7 +178,7 @@ def test_driver_api_allocation_path_is_counted_and_released(path, via, ctx_bytes
 
 
 def test_driver_api_created_context_is_measured():
-    d = Container("16g").probe("counted", "ctx", 0, 1)
+    d = Container("16g", VGPU_RECONCILE_MS="0").probe("counted", "ctx", 0, 1)  # see above
     extra = int(d["used_held"]) - int(d["used_before"])
     record("cuCtxCreate charge", f"{extra} bytes")
     assert extra > 0, d
