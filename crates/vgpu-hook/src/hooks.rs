@@ -165,9 +165,9 @@ fn reconcile(
                     WARN,
                     "device {idx}: NVML does not list this process (pid {pid}) among the {listed} \
                      processes using the GPU, so memory the driver takes for it outside vgpu's view \
-                     (lazily loaded code, driver heaps) is not charged. NVML lists host pids: in a \
-                     container with its own PID namespace the monitor must write the host pid into \
-                     the shared file (hostpid). Said once."
+                     (lazily loaded code, driver heaps) is not charged while this lasts. NVML lists \
+                     host pids: in a container with its own PID namespace the monitor must write the \
+                     host pid into the shared file (hostpid). Said once."
                 );
             }
             return Ok(());
