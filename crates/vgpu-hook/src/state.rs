@@ -435,6 +435,46 @@ mod tests {
     }
 
     #[test]
+    fn the_process_own_holdings_and_nvml_pid_come_from_its_slot() {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-held-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let pairs = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", path.to_str().unwrap()),
+        ];
+        let a = make(Config::from_pairs(pairs), |c| {
+            open_table(c, vec!["GPU-test".into()])
+        });
+        let other = make(Config::from_pairs(pairs), |c| {
+            open_table(c, vec!["GPU-test".into()])
+        });
+        let (a, other) = (ready(&a), ready(&other));
+        let d = DeviceIndex(0);
+        a.ledger().try_reserve(d, UsageClass::Context, 5).unwrap();
+        a.ledger().try_reserve(d, UsageClass::Module, 6).unwrap();
+        a.ledger().try_reserve(d, UsageClass::Data, 7).unwrap();
+        other
+            .ledger()
+            .try_reserve(d, UsageClass::Data, 100)
+            .unwrap();
+        assert_eq!(
+            a.ledger().held_by_self(d),
+            18,
+            "its own classes, not the container's"
+        );
+        assert_eq!(
+            a.ledger().nvml_pid(),
+            std::process::id(),
+            "no host pid written"
+        );
+        if let HookLedger::Shared(slot) = a.ledger() {
+            slot.set_hostpid(4242);
+        }
+        assert_eq!(a.ledger().nvml_pid(), 4242, "the monitor's host pid");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
     fn shared_table_ledger_enforces_across_handles() {
         let dir = std::env::temp_dir().join(format!("vgpu-hook-state-{}", std::process::id()));
         let _ = std::fs::remove_file(&dir);
