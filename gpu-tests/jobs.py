@@ -4,6 +4,7 @@
     python3 jobs.py torch_oom CHUNK_MB
     python3 jobs.py torch_train STEPS [WIDTH]
     python3 jobs.py torch_hold MB            (holds until stdin closes or a line arrives)
+    python3 jobs.py torch_matmuls N          (N matmuls, cuBLAS fp16/fp32, a reduction; then holds)
     python3 jobs.py torch_step_time STEPS    (benchmark: ms per training step)
     python3 jobs.py cupy_oom CHUNK_MB
     python3 jobs.py jax_alloc MB [MB ...]
@@ -139,6 +140,30 @@ def torch_hold(mb):
     out("released", 1)
 
 
+def torch_matmuls(n):
+    """A few matmuls (cuBLAS, whose kernels load lazily), a half-precision GEMM and a
+    reduction; then, after the hook's rate limit has passed, a memory view (which reconciles
+    the accounting with NVML), and hold while the caller compares the two."""
+    import torch
+
+    a = torch.randn(2048, 2048, device="cuda")
+    for _ in range(n):
+        a = torch.relu(a @ a) / 2048
+    h = torch.randn(1024, 4096, device="cuda", dtype=torch.half)
+    g = h @ h.T
+    s = float(g.float().sum().item()) + float(a.sum().item())
+    torch.cuda.synchronize()
+    time.sleep(0.3)  # past VGPU_RECONCILE_MS (100 ms by default)
+    free, total = torch.cuda.mem_get_info()
+    out("checksum_finite", int(s == s))
+    out("free", free)
+    out("total", total)
+    out("reserved", torch.cuda.memory_reserved())
+    out("ready", 1)
+    sys.stdin.readline()
+    out("released", 1)
+
+
 def cupy_oom(chunk_mb):
     import cupy
 
@@ -188,6 +213,7 @@ def main():
         "torch_train": torch_train,
         "torch_step_time": torch_step_time,
         "torch_hold": torch_hold,
+        "torch_matmuls": torch_matmuls,
         "cupy_oom": cupy_oom,
         "jax_alloc": jax_alloc,
     }[cmd](*args)

@@ -42,6 +42,11 @@ pub const ENV_CHUNK_SIZE: &str = "VGPU_ALLOC_BITSIZE";
 pub const ENV_SUBALLOC_THRESHOLD: &str = "VGPU_ALLOC_IPCSIZE";
 /// Direct allocations are accounted rounded up to this (HAMi-core's ALIGN).
 pub const ENV_ALIGN: &str = "VGPU_ALLOC_ALIGN";
+/// How often (milliseconds) the hook may reconcile its accounting with NVML's per-process
+/// used memory on the paths that rate-limit it; `off` turns reconciliation off.
+pub const ENV_RECONCILE_MS: &str = "VGPU_RECONCILE_MS";
+/// Default of [`ENV_RECONCILE_MS`].
+pub const DEFAULT_RECONCILE_MS: u64 = 100;
 
 /// Default path of the shared usage file.
 pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
@@ -193,6 +198,10 @@ pub struct Config {
     pub count_managed: bool,
     /// Sub-allocator sizes and switch.
     pub allocator: AllocatorConfig,
+    /// Minimum interval between rate-limited reconciliations of this process's accounting
+    /// with NVML's per-process used memory (`VGPU_RECONCILE_MS`, default 100; 0 = on every
+    /// eligible call); `None` = reconciliation off (`off`).
+    pub reconcile_ms: Option<u64>,
     /// Rejected variables that do not affect enforcement (`LIBCUDA_LOG_LEVEL`,
     /// `CUDA_TASK_PRIORITY`), from [`Config::from_lookup_with_warnings`] only: their
     /// defaults are used and the hook logs these and goes on, since a typo there must not
@@ -214,6 +223,7 @@ impl Default for Config {
             visible_devices: None,
             count_managed: true,
             allocator: AllocatorConfig::default(),
+            reconcile_ms: Some(DEFAULT_RECONCILE_MS),
             warnings: Vec::new(),
         }
     }
@@ -429,6 +439,23 @@ impl Config {
             match strict_int::<u8>(&v).filter(|l| *l <= 4) {
                 Some(l) => cfg.log_level = l,
                 None => warn(ENV_LOG_LEVEL, &v, "expected 0, 1, 2, 3 or 4".into()),
+            }
+        }
+        if let Some(v) = lookup(ENV_RECONCILE_MS) {
+            let t = v.trim();
+            if t.eq_ignore_ascii_case("off") {
+                cfg.reconcile_ms = None;
+            } else {
+                match strict_int::<u64>(t).filter(|ms| *ms <= 3_600_000) {
+                    Some(ms) => cfg.reconcile_ms = Some(ms),
+                    // Accuracy, not enforcement: a typo keeps the default rather than
+                    // disabling the GPU.
+                    None => warn(
+                        ENV_RECONCILE_MS,
+                        &v,
+                        "expected milliseconds (0..=3600000) or off".into(),
+                    ),
+                }
             }
         }
         cfg.active_oom_killer = lookup(ENV_ACTIVE_OOM_KILLER);
@@ -772,6 +799,31 @@ mod tests {
         .unwrap_err();
         let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
         assert_eq!(names, ["CUDA_DEVICE_MEMORY_LIMIT", "LIBCUDA_LOG_LEVEL"]);
+    }
+
+    #[test]
+    fn reconcile_interval_parses_off_and_warns_on_typos() {
+        assert_eq!(lenient(&[]).unwrap().reconcile_ms, Some(100));
+        assert_eq!(
+            lenient(&[("VGPU_RECONCILE_MS", "0")]).unwrap().reconcile_ms,
+            Some(0)
+        );
+        assert_eq!(
+            lenient(&[("VGPU_RECONCILE_MS", " 250 ")])
+                .unwrap()
+                .reconcile_ms,
+            Some(250)
+        );
+        assert_eq!(
+            lenient(&[("VGPU_RECONCILE_MS", "OFF")])
+                .unwrap()
+                .reconcile_ms,
+            None
+        );
+        let cfg = lenient(&[("VGPU_RECONCILE_MS", "10ms")]).unwrap();
+        assert_eq!(cfg.reconcile_ms, Some(100), "the default is kept");
+        assert_eq!(cfg.warnings[0].variable, "VGPU_RECONCILE_MS");
+        assert!(Config::from_pairs([("VGPU_RECONCILE_MS", "-1")]).is_err());
     }
 
     #[test]

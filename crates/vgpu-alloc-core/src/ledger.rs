@@ -79,6 +79,12 @@ pub trait UsageLedger: Send + Sync {
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64);
     /// Current usage and limit of `device`.
     fn usage(&self, device: DeviceIndex) -> DeviceUsage;
+    /// Record `bytes` on `device` for `class` that are *already* taken, whatever the limit
+    /// says: memory the driver took on its own and that was measured after the fact (lazily
+    /// loaded code, driver-internal heaps). Never refused, so the usage may end up above the
+    /// limit; later reservations are then refused until it drops. Released with
+    /// [`release`](Self::release) like any reservation.
+    fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64);
 }
 
 /// Reserved bytes not yet committed; dropping it gives them back.
@@ -213,6 +219,14 @@ impl UsageLedger for InMemoryLedger {
             limit: self.limits.get(i).copied().flatten(),
         }
     }
+
+    fn charge_over_limit(&self, device: DeviceIndex, _class: UsageClass, bytes: u64) {
+        if let Some(used) = self.used.get(device.as_usize()) {
+            let _ = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                Some(cur.saturating_add(bytes))
+            });
+        }
+    }
 }
 
 #[cfg(test)]
@@ -275,5 +289,19 @@ mod tests {
         assert_eq!(ledger.usage(d).used, 10);
         drop(r);
         assert_eq!(ledger.usage(d).used, 0);
+    }
+
+    #[test]
+    fn a_charge_over_the_limit_is_recorded_and_blocks_later_reservations() {
+        let mut limits = [None; MAX_DEVICES];
+        limits[0] = Some(100);
+        let ledger = InMemoryLedger::new(limits);
+        let d = DeviceIndex(0);
+        ledger.try_reserve(d, UsageClass::Data, 80).unwrap();
+        ledger.charge_over_limit(d, UsageClass::Module, 40);
+        assert_eq!(ledger.usage(d).used, 120, "memory already taken is shown");
+        assert!(ledger.try_reserve(d, UsageClass::Data, 1).is_err());
+        ledger.release(d, UsageClass::Module, 40);
+        assert!(ledger.try_reserve(d, UsageClass::Data, 20).is_ok());
     }
 }

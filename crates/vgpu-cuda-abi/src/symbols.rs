@@ -113,6 +113,29 @@ macro_rules! cuda_hooked_functions {
             cuCtxDestroy ["cuCtxDestroy", 2000, any] fn(ctx: CUcontext) -> CUresult;
             cuCtxDestroy_v2 ["cuCtxDestroy", 4000, any] fn(ctx: CUcontext) -> CUresult;
 
+            // Modules and libraries: their code takes device memory, charged as module memory
+            // by reconciling with NVML's per-process used memory after each load and unload.
+            cuModuleLoad ["cuModuleLoad", 2000, any] fn(module: *mut CUmodule, fname: *const c_char) -> CUresult;
+            cuModuleLoadData ["cuModuleLoadData", 2000, any]
+                fn(module: *mut CUmodule, image: *const c_void) -> CUresult;
+            cuModuleLoadDataEx ["cuModuleLoadDataEx", 2010, any]
+                fn(module: *mut CUmodule, image: *const c_void, num_options: c_uint, options: *mut CUjit_option,
+                   option_values: *mut *mut c_void) -> CUresult;
+            cuModuleLoadFatBinary ["cuModuleLoadFatBinary", 2000, any]
+                fn(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult;
+            cuModuleUnload ["cuModuleUnload", 2000, any] fn(hmod: CUmodule) -> CUresult;
+            cuLibraryLoadData ["cuLibraryLoadData", 12000, any]
+                fn(library: *mut CUlibrary, code: *const c_void, jit_options: *mut CUjit_option,
+                   jit_options_values: *mut *mut c_void, num_jit_options: c_uint,
+                   library_options: *mut CUlibraryOption, library_option_values: *mut *mut c_void,
+                   num_library_options: c_uint) -> CUresult;
+            cuLibraryLoadFromFile ["cuLibraryLoadFromFile", 12000, any]
+                fn(library: *mut CUlibrary, file_name: *const c_char, jit_options: *mut CUjit_option,
+                   jit_options_values: *mut *mut c_void, num_jit_options: c_uint,
+                   library_options: *mut CUlibraryOption, library_option_values: *mut *mut c_void,
+                   num_library_options: c_uint) -> CUresult;
+            cuLibraryUnload ["cuLibraryUnload", 12000, any] fn(library: CUlibrary) -> CUresult;
+
             // Graph memory.
             cuGraphAddMemAllocNode ["cuGraphAddMemAllocNode", 11040, any]
                 fn(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode,
@@ -209,6 +232,10 @@ macro_rules! nvml_used_functions {
                 fn(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
             nvmlDeviceGetHandleByUUID ["nvmlDeviceGetHandleByUUID", 0, any]
                 fn(uuid: *const c_char, device: *mut nvmlDevice_t) -> nvmlReturn_t;
+            nvmlDeviceGetComputeRunningProcesses_v3 ["nvmlDeviceGetComputeRunningProcesses_v3", 0, any]
+                fn(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
+            nvmlDeviceGetComputeRunningProcesses_v2 ["nvmlDeviceGetComputeRunningProcesses_v2", 0, any]
+                fn(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
         }
     };
 }

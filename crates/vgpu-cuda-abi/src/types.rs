@@ -144,6 +144,8 @@ opaque_handles! {
     CUfunction => CUfunc_st;
     /// `CUkernel`
     CUkernel => CUkern_st;
+    /// `CUlibrary`
+    CUlibrary => CUlib_st;
     /// `CUarray`
     CUarray => CUarray_st;
     /// `CUmipmappedArray`
@@ -610,6 +612,28 @@ impl nvmlReturn_t {
     }
 }
 
+/// `CUjit_option` (only passed through, so a plain integer).
+pub type CUjit_option = c_uint;
+/// `CUlibraryOption` (only passed through, so a plain integer).
+pub type CUlibraryOption = c_uint;
+
+/// `nvmlProcessInfo_t` of `nvmlDeviceGetComputeRunningProcesses_v2`/`_v3`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct nvmlProcessInfo_t {
+    /// Process id (in the host's PID namespace).
+    pub pid: c_uint,
+    /// Device memory the process uses, in bytes; [`NVML_VALUE_NOT_AVAILABLE`] when unknown.
+    pub usedGpuMemory: u64,
+    /// MIG GPU instance (`u32::MAX` when not MIG).
+    pub gpuInstanceId: c_uint,
+    /// MIG compute instance (`u32::MAX` when not MIG).
+    pub computeInstanceId: c_uint,
+}
+
+/// NVML's "value not available" (`NVML_VALUE_NOT_AVAILABLE`, `(unsigned long long)-1`).
+pub const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+
 /// `nvmlMemory_t` (`nvmlDeviceGetMemoryInfo`)
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -699,6 +723,8 @@ const _: () = {
     assert!(offset_of!(CUlaunchConfig, numAttrs) == 48);
     assert!(size_of::<nvmlReturn_t>() == 4);
     assert!(size_of::<nvmlMemory_t>() == 24);
+    assert!(size_of::<nvmlProcessInfo_t>() == 24);
+    assert!(offset_of!(nvmlProcessInfo_t, usedGpuMemory) == 8);
     assert!(size_of::<nvmlMemory_v2_t>() == 40);
     assert!(offset_of!(nvmlMemory_v2_t, total) == 8);
     assert!(offset_of!(nvmlMemory_v2_t, used) == 32);

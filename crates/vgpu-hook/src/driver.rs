@@ -229,9 +229,9 @@ pub(crate) fn nvml_uuid(nvml: &real::Nvml, device: nvmlDevice_t) -> Option<Strin
     String::from_utf8(bytes).ok()
 }
 
-/// Memory used on a CUDA device as NVML reports it (no context needed), for measuring
-/// what context creation takes. `None` when NVML is not available.
-pub(crate) fn nvml_used_bytes(cuda: &Cuda, dev: CUdevice) -> Option<u64> {
+/// The NVML handle of a CUDA device (found by UUID; initializes NVML). `None` when NVML is
+/// not available.
+pub(crate) fn nvml_device(cuda: &Cuda, dev: CUdevice) -> Option<nvmlDevice_t> {
     let nvml = real::nvml().ok()?;
     let uuid = device_uuid(cuda, dev).ok()?;
     let cuuid = std::ffi::CString::new(uuid).ok()?;
@@ -245,6 +245,78 @@ pub(crate) fn nvml_used_bytes(cuda: &Cuda, dev: CUdevice) -> Option<u64> {
     if !unsafe { by_uuid(cuuid.as_ptr(), &mut handle) }.is_success() {
         return None;
     }
+    Some(handle)
+}
+
+/// One process's memory on one device as NVML's process list reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProcessUsage {
+    /// Listed, using this many bytes.
+    Used(u64),
+    /// NVML answered, but the pid is not among the `listed` processes.
+    NotListed {
+        /// How many processes NVML listed on the device.
+        listed: usize,
+    },
+    /// NVML (or the per-process figure) is not available.
+    Unavailable,
+}
+
+/// Device memory NVML reports for `pid` on `device` (`nvmlDeviceGetComputeRunningProcesses`,
+/// `_v3` or else `_v2`; several entries of one pid, e.g. MIG instances, are summed).
+pub(crate) fn nvml_process_used(device: nvmlDevice_t, pid: u32) -> ProcessUsage {
+    let Ok(nvml) = real::nvml() else {
+        return ProcessUsage::Unavailable;
+    };
+    let Some(list) = nvml
+        .u
+        .nvmlDeviceGetComputeRunningProcesses_v3
+        .or(nvml.u.nvmlDeviceGetComputeRunningProcesses_v2)
+    else {
+        return ProcessUsage::Unavailable;
+    };
+    let mut infos = vec![nvmlProcessInfo_t::default(); 32];
+    let mut count: c_uint = 0;
+    let mut answered = false;
+    // The list may grow between two calls: retry a few times with the size NVML asks for.
+    for _ in 0..4 {
+        count = infos.len() as c_uint;
+        // SAFETY: `infos` holds `count` entries of the struct both versions write.
+        let r = unsafe { list(device, &mut count, infos.as_mut_ptr()) };
+        if r.is_success() {
+            answered = true;
+            break;
+        }
+        if r != nvmlReturn_t::INSUFFICIENT_SIZE {
+            return ProcessUsage::Unavailable;
+        }
+        infos.resize(count as usize + 16, nvmlProcessInfo_t::default());
+    }
+    if !answered {
+        return ProcessUsage::Unavailable;
+    }
+    let listed = &infos[..(count as usize).min(infos.len())];
+    let mine: Vec<u64> = listed
+        .iter()
+        .filter(|p| p.pid == pid)
+        .map(|p| p.usedGpuMemory)
+        .collect();
+    if mine.is_empty() {
+        return ProcessUsage::NotListed {
+            listed: listed.len(),
+        };
+    }
+    if mine.contains(&NVML_VALUE_NOT_AVAILABLE) {
+        return ProcessUsage::Unavailable;
+    }
+    ProcessUsage::Used(mine.iter().fold(0u64, |a, &b| a.saturating_add(b)))
+}
+
+/// Memory used on a CUDA device as NVML reports it (no context needed), for measuring
+/// what context creation takes. `None` when NVML is not available.
+pub(crate) fn nvml_used_bytes(cuda: &Cuda, dev: CUdevice) -> Option<u64> {
+    let nvml = real::nvml().ok()?;
+    let handle = nvml_device(cuda, dev)?;
     let get = nvml.h.nvmlDeviceGetMemoryInfo?;
     let mut m = nvmlMemory_t::default();
     // SAFETY: a handle NVML just gave us and a valid out-pointer.

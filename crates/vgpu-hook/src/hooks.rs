@@ -19,10 +19,12 @@ use crate::accounting::{
     align_up, array2d_bytes, array3d_bytes, measured_growth, mipmapped_bytes, virtual_mem_info,
     virtual_nvml_info,
 };
+use crate::driver::ProcessUsage;
 use crate::driver::{self, call};
 use crate::ffi::{self, read_back, read_in, write_out};
 use crate::log::{DEBUG, ERROR, INFO, MSG, WARN, vlog};
 use crate::real::{self, Cuda};
+use crate::residual::OverLimit;
 use crate::sm_limit::{self, LaunchKind};
 use crate::state::{self, Enforcement, Ready};
 
@@ -93,12 +95,278 @@ fn with_pool_retry<T>(
     mut f: impl FnMut() -> Result<T, AllocError>,
 ) -> Result<T, AllocError> {
     match f() {
-        Err(AllocError::OutOfMemory(_)) if st.pools.is_active() => {
-            settle_all_pools(st, cuda);
+        Err(AllocError::OutOfMemory(oom)) if st.pools.is_active() || st.residual.any_charged() => {
+            if st.pools.is_active() {
+                settle_all_pools(st, cuda);
+            }
+            // Code unloaded since the last reconciliation may leave room.
+            if st.residual.any_charged() {
+                let _ = reconcile(st, cuda, oom.device, OverLimit::Charge);
+            }
             f()
         }
         r => r,
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Driver-internal memory: reconciled with NVML's per-process used memory (`residual.rs`).
+
+/// NVML's used memory of this process on `dev` (its NVML handle cached per ordinal).
+fn process_used(st: &Ready, cuda: &Cuda, dev: CUdevice) -> ProcessUsage {
+    let cached = st
+        .nvml_handles
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&dev.0)
+        .copied();
+    let handle = match cached {
+        Some(h) => h as nvmlDevice_t,
+        None => {
+            // Looked up without holding our lock: NVML may enter the loader.
+            let Some(h) = driver::nvml_device(cuda, dev) else {
+                return ProcessUsage::Unavailable;
+            };
+            st.nvml_handles
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(dev.0, h as usize);
+            h
+        }
+    };
+    driver::nvml_process_used(handle, st.ledger().nvml_pid())
+}
+
+/// Brings this process's module charge on `idx` to the residual: NVML's used memory of the
+/// process minus everything else vgpu charges for it there. `OverLimit::Refuse` reports a
+/// growth the limit refuses instead of charging it.
+fn reconcile(
+    st: &Ready,
+    cuda: &Cuda,
+    idx: DeviceIndex,
+    mode: OverLimit,
+) -> Result<(), OutOfMemory> {
+    let ledger = st.ledger();
+    if !st.residual.enabled() || !st.residual.tracks(idx) {
+        return Ok(()); // off, or no context of ours on this device
+    }
+    let used = match process_used(st, cuda, CUdevice(idx.0 as i32)) {
+        ProcessUsage::Used(u) => u,
+        ProcessUsage::Unavailable => return Ok(()),
+        ProcessUsage::NotListed { listed } => {
+            if !st.residual.has_context(idx) {
+                // The last context was destroyed: so is the driver's memory for this process.
+                let _ = st
+                    .residual
+                    .settle(ledger, idx, 0, || ledger.held_by_self(idx), mode);
+            } else if st.residual.first_not_listed() {
+                let pid = ledger.nvml_pid();
+                vlog!(
+                    WARN,
+                    "device {idx}: NVML does not list this process (pid {pid}) among the {listed} \
+                     processes using the GPU, so memory the driver takes for it outside vgpu's view \
+                     (lazily loaded code, driver heaps) is not charged while this lasts. NVML lists \
+                     host pids: in a container with its own PID namespace the monitor must write the \
+                     host pid into the shared file (hostpid). Said once."
+                );
+            }
+            return Ok(());
+        }
+    };
+    let settled = st
+        .residual
+        .settle(ledger, idx, used, || ledger.held_by_self(idx), mode)?;
+    if let Some(oom) = settled.over_limit {
+        if st.residual.first_over_limit() {
+            vlog!(
+                WARN,
+                "device {idx}: the driver holds {} bytes for this process outside vgpu's view \
+                 (module code, driver heaps); they are charged as module memory although usage is \
+                 now {} bytes, over the limit of {} bytes: the memory is already taken. Further \
+                 allocations are refused until usage drops. Said once.",
+                settled.charged,
+                oom.in_use.saturating_add(oom.requested),
+                oom.limit
+            );
+        }
+    }
+    vlog!(
+        DEBUG,
+        "device {idx}: NVML says this process uses {used} bytes; driver-internal residual {} bytes",
+        settled.charged
+    );
+    Ok(())
+}
+
+/// [`reconcile`] on every device where this process holds memory.
+fn reconcile_all(st: &Ready, cuda: &Cuda, mode: OverLimit) -> Result<(), OutOfMemory> {
+    st.residual.ran_now();
+    for d in 0..MAX_DEVICES as u32 {
+        let idx = DeviceIndex(d);
+        if st.residual.tracks(idx) {
+            reconcile(st, cuda, idx, mode)?;
+        }
+    }
+    Ok(())
+}
+
+/// Rate-limited [`reconcile`] for paths that may pay for it now and then (views,
+/// driver-reaching allocations): one clock read when not due.
+fn reconcile_if_due(st: &Ready, cuda: &Cuda, idx: DeviceIndex) {
+    if st.residual.due() {
+        let _ = reconcile(st, cuda, idx, OverLimit::Charge);
+    }
+}
+
+/// After a module or library load: charge what it put on the device; a load whose memory
+/// the limit refuses is undone and fails with `CUDA_ERROR_OUT_OF_MEMORY`.
+fn after_code_load(r: CUresult, unload: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(st) = ready_state().filter(|_| r.is_success()) else {
+        return r;
+    };
+    let Ok(cuda) = real::cuda() else { return r };
+    match reconcile_all(st, cuda, OverLimit::Refuse) {
+        Ok(()) => r,
+        Err(oom) => {
+            let undone = unload();
+            if !undone.is_success() {
+                vlog!(
+                    ERROR,
+                    "could not unload code refused by the limit ({undone:?}); it is charged"
+                );
+            }
+            let _ = reconcile_all(st, cuda, OverLimit::Charge);
+            log_oom(&oom)
+        }
+    }
+}
+
+/// Unloads the module a successful load wrote to `module` (refused by the limit).
+fn unload_module(cuda: &Cuda, module: *mut CUmodule) -> CUresult {
+    // SAFETY: the driver filled the out-pointer (a load fails on null).
+    let Some(m) = (unsafe { read_back(module) }) else {
+        return CUresult::INVALID_VALUE;
+    };
+    call!(cuda, h.cuModuleUnload(m))
+}
+
+/// Unloads the library a successful load wrote to `library` (refused by the limit).
+fn unload_library(cuda: &Cuda, library: *mut CUlibrary) -> CUresult {
+    // SAFETY: the driver filled the out-pointer (a load fails on null).
+    let Some(l) = (unsafe { read_back(library) }) else {
+        return CUresult::INVALID_VALUE;
+    };
+    call!(cuda, h.cuLibraryUnload(l))
+}
+
+/// After a module or library unload (or a context gone): give back what the driver freed.
+fn after_code_unload(r: CUresult) -> CUresult {
+    if let Some(st) = ready_state().filter(|_| r.is_success()) {
+        if let Ok(cuda) = real::cuda() {
+            let _ = reconcile_all(st, cuda, OverLimit::Charge);
+        }
+    }
+    r
+}
+
+pub(crate) unsafe fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(cuda, h.cuModuleLoad(module, fname));
+    after_code_load(r, || unload_module(cuda, module))
+}
+
+pub(crate) unsafe fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(cuda, h.cuModuleLoadData(module, image));
+    after_code_load(r, || unload_module(cuda, module))
+}
+
+pub(crate) unsafe fn cuModuleLoadDataEx(
+    module: *mut CUmodule,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut CUjit_option,
+    option_values: *mut *mut c_void,
+) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(
+        cuda,
+        h.cuModuleLoadDataEx(module, image, num_options, options, option_values)
+    );
+    after_code_load(r, || unload_module(cuda, module))
+}
+
+pub(crate) unsafe fn cuModuleLoadFatBinary(
+    module: *mut CUmodule,
+    fat_cubin: *const c_void,
+) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(cuda, h.cuModuleLoadFatBinary(module, fat_cubin));
+    after_code_load(r, || unload_module(cuda, module))
+}
+
+pub(crate) unsafe fn cuModuleUnload(hmod: CUmodule) -> CUresult {
+    let cuda = tri!(real::cuda());
+    after_code_unload(call!(cuda, h.cuModuleUnload(hmod)))
+}
+
+pub(crate) unsafe fn cuLibraryLoadData(
+    library: *mut CUlibrary,
+    code: *const c_void,
+    jit_options: *mut CUjit_option,
+    jit_options_values: *mut *mut c_void,
+    num_jit_options: c_uint,
+    library_options: *mut CUlibraryOption,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(
+        cuda,
+        h.cuLibraryLoadData(
+            library,
+            code,
+            jit_options,
+            jit_options_values,
+            num_jit_options,
+            library_options,
+            library_option_values,
+            num_library_options
+        )
+    );
+    after_code_load(r, || unload_library(cuda, library))
+}
+
+pub(crate) unsafe fn cuLibraryLoadFromFile(
+    library: *mut CUlibrary,
+    file_name: *const c_char,
+    jit_options: *mut CUjit_option,
+    jit_options_values: *mut *mut c_void,
+    num_jit_options: c_uint,
+    library_options: *mut CUlibraryOption,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(
+        cuda,
+        h.cuLibraryLoadFromFile(
+            library,
+            file_name,
+            jit_options,
+            jit_options_values,
+            num_jit_options,
+            library_options,
+            library_option_values,
+            num_library_options
+        )
+    );
+    after_code_load(r, || unload_library(cuda, library))
+}
+
+pub(crate) unsafe fn cuLibraryUnload(library: CUlibrary) -> CUresult {
+    let cuda = tri!(real::cuda());
+    after_code_unload(call!(cuda, h.cuLibraryUnload(library)))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -190,6 +458,7 @@ pub(crate) unsafe fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUr
     let Some(idx) = driver::current_device(cuda).ok().and_then(dev_index) else {
         return r;
     };
+    reconcile_if_due(st, cuda, idx);
     // SAFETY: the driver just filled both (it fails on null).
     let (Some(f), Some(t)) = (unsafe { read_back(free) }, unsafe { read_back(total) }) else {
         return r;
@@ -246,7 +515,11 @@ fn nvml_device_usage(
             ordinal?
         }
     };
-    Some(st.ledger().usage_for_view(dev_index(CUdevice(ordinal))?))
+    let idx = dev_index(CUdevice(ordinal))?;
+    if let Ok(cuda) = real::cuda() {
+        reconcile_if_due(st, cuda, idx);
+    }
+    Some(st.ledger().usage_for_view(idx))
 }
 
 /// One of NVML's memory-info structs, rewritten to the limit's view.
@@ -351,8 +624,15 @@ pub(crate) unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> C
     match with_pool_retry(st, cuda, || {
         st.alloc.allocate(idx, ctx_id(ctx), bytesize as u64)
     }) {
-        // SAFETY: non-null out-pointer (checked above).
-        Ok(a) => unsafe { ffi::code(write_out(dptr, CUdeviceptr(a.ptr.0))) },
+        Ok(a) => {
+            // Only allocations that reached the driver (no clock read on the sub-allocated path).
+            let alloc = &st.config.allocator;
+            if !alloc.suballoc || bytesize as u64 >= alloc.suballoc_threshold {
+                reconcile_if_due(st, cuda, idx);
+            }
+            // SAFETY: non-null out-pointer (checked above).
+            unsafe { ffi::code(write_out(dptr, CUdeviceptr(a.ptr.0))) }
+        }
         Err(e) => alloc_err(e),
     }
 }
@@ -460,6 +740,7 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
     if let Err(e) = pending.commit(ptr.0) {
         commit_err(e, "a pitched allocation");
     }
+    reconcile_if_due(st, cuda, idx);
     r
 }
 
@@ -510,6 +791,7 @@ pub(crate) unsafe fn cuMemAllocManaged(
         if let Err(e) = pending.commit(unsafe { *dptr }.0) {
             commit_err(e, "a managed allocation");
         }
+        reconcile_if_due(st, cuda, idx);
     }
     r
 }
@@ -672,6 +954,7 @@ pub(crate) unsafe fn cuMemCreate(
         if let Err(e) = pending.commit(unsafe { *handle }.0) {
             commit_err(e, "a cuMemCreate handle");
         }
+        reconcile_if_due(st, cuda, idx);
     }
     r
 }
@@ -831,6 +1114,7 @@ fn alloc_async(
         return r;
     }
     settle_pool(st, cuda, pool, idx, tentative);
+    reconcile_if_due(st, cuda, idx);
     r
 }
 
@@ -1105,6 +1389,7 @@ fn create_array(
         if let Err(e) = pending.commit(handle()) {
             commit_err(e, "an array");
         }
+        reconcile_if_due(st, cuda, idx);
     }
     r
 }
@@ -1197,6 +1482,40 @@ pub(crate) unsafe fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresu
 // Contexts: measured as the growth of the device's used memory (NVML, which needs no
 // context) across the creation.
 
+/// What NVML says around a context creation: this process's used memory on the device and
+/// the device's used memory.
+#[derive(Debug, Clone, Copy)]
+struct UsedSample {
+    process: ProcessUsage,
+    device: Option<u64>,
+}
+
+fn sample_used(st: &Ready, cuda: &Cuda, dev: CUdevice) -> UsedSample {
+    UsedSample {
+        process: process_used(st, cuda, dev),
+        device: driver::nvml_used_bytes(cuda, dev),
+    }
+}
+
+/// The memory a context creation took: the growth of this process's own used memory when
+/// NVML lists the process afterwards (before, a process without a context is not listed:
+/// 0), so another process allocating meanwhile does not inflate it; else the growth of the
+/// device's used memory. `None` when neither was measured.
+fn context_growth(before: UsedSample, after: UsedSample) -> Option<u64> {
+    let before_process = match before.process {
+        ProcessUsage::Used(u) => Some(u),
+        ProcessUsage::NotListed { .. } => Some(0),
+        ProcessUsage::Unavailable => None,
+    };
+    match (before_process, after.process) {
+        (Some(b), ProcessUsage::Used(a)) => Some(measured_growth(b, a)),
+        _ => before
+            .device
+            .zip(after.device)
+            .map(|(b, a)| measured_growth(b, a)),
+    }
+}
+
 /// Charges `bytes` of context memory for `ctx`; on refusal `undo` destroys the context.
 fn charge_context(
     st: &Ready,
@@ -1218,6 +1537,7 @@ fn charge_context(
             if let Err(e) = p.commit(ctx as u64) {
                 commit_err(e, "a context");
             }
+            st.residual.context_created(ctx as usize, idx);
             CUresult::SUCCESS
         }
         Err(e) => {
@@ -1234,11 +1554,7 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevic
         return real_call();
     };
     let creating = !driver::primary_ctx_active(cuda, dev).unwrap_or(true);
-    let before = if creating {
-        driver::nvml_used_bytes(cuda, dev)
-    } else {
-        None
-    };
+    let before = creating.then(|| sample_used(st, cuda, dev));
     let r = real_call();
     if !r.is_success() || pctx.is_null() {
         return r;
@@ -1249,12 +1565,12 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevic
     // SAFETY: the driver filled the non-null out-pointer.
     let ctx = unsafe { *pctx };
     // Measured before taking our lock (NVML calls may enter the loader).
-    let after = before.and_then(|_| driver::nvml_used_bytes(cuda, dev));
+    let after = before.map(|_| sample_used(st, cuda, dev));
     let mut primary = st.primary.lock().unwrap_or_else(|e| e.into_inner());
     if primary.contains_key(&dev.0) {
         return r; // another thread created and charged it
     }
-    let Some(bytes) = before.zip(after).map(|(b, a)| measured_growth(b, a)) else {
+    let Some(bytes) = before.zip(after).and_then(|(b, a)| context_growth(b, a)) else {
         vlog!(
             INFO,
             "device {idx}: context memory not measured (NVML unavailable)"
@@ -1266,6 +1582,10 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevic
     });
     if code.is_success() {
         primary.insert(dev.0, ctx as usize);
+        drop(primary);
+        // Anything else the driver took for this process meanwhile.
+        st.residual.ran_now();
+        let _ = reconcile(st, cuda, idx, OverLimit::Charge);
     }
     code
 }
@@ -1285,6 +1605,7 @@ fn primary_gone(cuda: &Cuda, dev: CUdevice, r: CUresult) -> CUresult {
         .unwrap_or_else(|e| e.into_inner())
         .remove(&dev.0);
     if let Some(ctx) = ctx {
+        st.residual.context_gone(ctx);
         let released = st.alloc.release_context(ContextId(ctx as u64));
         vlog!(
             DEBUG,
@@ -1293,7 +1614,8 @@ fn primary_gone(cuda: &Cuda, dev: CUdevice, r: CUresult) -> CUresult {
             released.released
         );
     }
-    r
+    // Its code went with it.
+    after_code_unload(r)
 }
 
 pub(crate) unsafe fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
@@ -1316,10 +1638,11 @@ fn primary_reset(dev: CUdevice, r: CUresult) -> CUresult {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&dev.0);
         if let Some(ctx) = ctx {
+            st.residual.context_gone(ctx);
             st.alloc.release_context(ContextId(ctx as u64));
         }
     }
-    r
+    after_code_unload(r)
 }
 
 pub(crate) unsafe fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
@@ -1342,26 +1665,28 @@ fn create_context(
     let (Some(st), Some(idx)) = (ready_state(), dev_index(dev)) else {
         return real();
     };
-    let before = driver::nvml_used_bytes(cuda, dev);
+    let before = sample_used(st, cuda, dev);
     let r = real();
     if !r.is_success() || pctx.is_null() {
         return r;
     }
     // SAFETY: the driver filled the non-null out-pointer.
     let ctx = unsafe { *pctx };
-    let Some(bytes) = before
-        .zip(driver::nvml_used_bytes(cuda, dev))
-        .map(|(b, a)| measured_growth(b, a))
-    else {
+    let Some(bytes) = context_growth(before, sample_used(st, cuda, dev)) else {
         vlog!(
             INFO,
             "device {idx}: context memory not measured (NVML unavailable)"
         );
         return r;
     };
-    charge_context(st, idx, ctx, bytes, || {
+    let code = charge_context(st, idx, ctx, bytes, || {
         let _ = call!(cuda, h.cuCtxDestroy_v2(ctx));
-    })
+    });
+    if code.is_success() {
+        st.residual.ran_now();
+        let _ = reconcile(st, cuda, idx, OverLimit::Charge);
+    }
+    code
 }
 
 pub(crate) unsafe fn cuCtxCreate_v2(
@@ -1405,9 +1730,10 @@ fn context_destroyed(ctx: CUcontext, r: CUresult) -> CUresult {
         driver::contexts_changed();
     }
     if let Some(st) = ready_state().filter(|_| r.is_success()) {
+        st.residual.context_gone(ctx as usize);
         st.alloc.release_context(ctx_id(ctx));
     }
-    r
+    after_code_unload(r)
 }
 
 pub(crate) unsafe fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
@@ -1789,6 +2115,28 @@ pub(crate) unsafe fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> 
 mod tests {
     use super::*;
     use vgpu_alloc_core::{Allocator, AllocatorConfig, InMemoryLedger, MockBackend};
+
+    #[test]
+    fn a_context_is_measured_by_the_process_own_growth_when_nvml_lists_it() {
+        let sample = |process, device| UsedSample { process, device };
+        const M: u64 = 1 << 20;
+        // Not listed before (no context yet), listed after: per-process growth, even though
+        // another process took 1 GiB of the device meanwhile.
+        let b = sample(ProcessUsage::NotListed { listed: 3 }, Some(10 * M));
+        let a = sample(ProcessUsage::Used(500 * M), Some(1534 * M));
+        assert_eq!(context_growth(b, a), Some(500 * M));
+        // A second context: growth of the process's figure.
+        let b = sample(ProcessUsage::Used(500 * M), Some(1534 * M));
+        let a = sample(ProcessUsage::Used(800 * M), Some(1834 * M));
+        assert_eq!(context_growth(b, a), Some(300 * M));
+        // Not listed after (a PID namespace NVML does not see): the device's growth.
+        let b = sample(ProcessUsage::NotListed { listed: 0 }, Some(10 * M));
+        let a = sample(ProcessUsage::NotListed { listed: 1 }, Some(510 * M));
+        assert_eq!(context_growth(b, a), Some(500 * M));
+        // Nothing measurable.
+        let none = sample(ProcessUsage::Unavailable, None);
+        assert_eq!(context_growth(none, none), None);
+    }
 
     /// A pitched allocation whose estimate and real size together exceed the limit, while
     /// either alone fits: correcting the charge must succeed and leave only the real size

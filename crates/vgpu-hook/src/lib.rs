@@ -5,7 +5,9 @@
 //! Layout:
 //! - `exports` (generated from `vgpu-cuda-abi`'s declaration lists) → `hooks` (one Rust
 //!   function per hooked symbol) → the allocator of `vgpu-alloc-core`, `measured`
-//!   (pools, graph memory) and `accounting` (sizes, views) → `real` (the real driver).
+//!   (pools, graph memory), `residual` (driver-internal memory reconciled with NVML's
+//!   per-process figure, charged as module memory) and `accounting` (sizes, views) →
+//!   `real` (the real driver).
 //! - `interpose`: what `dlsym` and `cuGetProcAddress` return.
 //! - `state`: the per-process state, lazily built, reset in a forked child.
 //!
@@ -20,5 +22,6 @@ mod interpose;
 mod log;
 mod measured;
 mod real;
+mod residual;
 mod sm_limit;
 mod state;

@@ -20,6 +20,7 @@ use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
 use crate::driver::RealBackend;
 use crate::log::{ERROR, INFO, WARN, vlog};
 use crate::measured::MeasuredTracker;
+use crate::residual::Residual;
 
 /// The usage ledger behind the allocator: the seam between process-local accounting and
 /// the cross-process shared table.
@@ -58,9 +59,38 @@ impl UsageLedger for HookLedger {
             Self::Shared(t) => t.table().usage(device),
         }
     }
+
+    fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
+        match self {
+            Self::Local(l) => l.charge_over_limit(device, class, bytes),
+            Self::Shared(t) => t.charge_over_limit(device, class, bytes),
+        }
+    }
 }
 
 impl HookLedger {
+    /// Bytes this process holds on `device`, every class (a process-local ledger holds only
+    /// this process's).
+    pub(crate) fn held_by_self(&self, device: DeviceIndex) -> u64 {
+        match self {
+            Self::Local(l) => l.usage(device).used,
+            Self::Shared(t) => {
+                let h = t.held(device);
+                h.context.saturating_add(h.module).saturating_add(h.data)
+            }
+        }
+    }
+
+    /// The pid NVML lists this process under: the host pid the monitor wrote into the shared
+    /// file, else `getpid()`.
+    pub(crate) fn nvml_pid(&self) -> u32 {
+        let hostpid = match self {
+            Self::Shared(t) => t.hostpid(),
+            Self::Local(_) => None,
+        };
+        hostpid.map_or_else(std::process::id, |h| h as u32)
+    }
+
     /// Usage for a view (`cuMemGetInfo`, NVML): first gives dead processes' usage back, so
     /// a process that just exited is not shown as still holding memory. Costs one lock probe
     /// per live process; not for allocation paths (refused reservations sweep by themselves).
@@ -110,6 +140,11 @@ pub(crate) struct Ready {
     pub(crate) primary: Mutex<HashMap<i32, usize>>,
     /// NVML UUID → CUDA ordinal, built on the first NVML view.
     pub(crate) ordinals_by_uuid: Mutex<Option<HashMap<String, i32>>>,
+    /// Driver-internal memory reconciled with NVML's per-process figure, charged as module
+    /// memory.
+    pub(crate) residual: Residual,
+    /// NVML device handle per CUDA ordinal (found by UUID once).
+    pub(crate) nvml_handles: Mutex<HashMap<i32, usize>>,
 }
 
 impl Ready {
@@ -307,6 +342,7 @@ pub(crate) fn make(
             limits.join(" ")
         );
     }
+    let residual = Residual::new(config.reconcile_ms);
     Enforcement::Ready(Box::new(Ready {
         config,
         alloc,
@@ -316,6 +352,8 @@ pub(crate) fn make(
         vmm_extra_refs: Mutex::new(HashMap::new()),
         primary: Mutex::new(HashMap::new()),
         ordinals_by_uuid: Mutex::new(None),
+        residual,
+        nvml_handles: Mutex::new(HashMap::new()),
     }))
 }
 
@@ -394,6 +432,46 @@ mod tests {
                 .try_reserve(DeviceIndex(1), UsageClass::Data, (512 << 20) + 1)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn the_process_own_holdings_and_nvml_pid_come_from_its_slot() {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-held-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let pairs = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", path.to_str().unwrap()),
+        ];
+        let a = make(Config::from_pairs(pairs), |c| {
+            open_table(c, vec!["GPU-test".into()])
+        });
+        let other = make(Config::from_pairs(pairs), |c| {
+            open_table(c, vec!["GPU-test".into()])
+        });
+        let (a, other) = (ready(&a), ready(&other));
+        let d = DeviceIndex(0);
+        a.ledger().try_reserve(d, UsageClass::Context, 5).unwrap();
+        a.ledger().try_reserve(d, UsageClass::Module, 6).unwrap();
+        a.ledger().try_reserve(d, UsageClass::Data, 7).unwrap();
+        other
+            .ledger()
+            .try_reserve(d, UsageClass::Data, 100)
+            .unwrap();
+        assert_eq!(
+            a.ledger().held_by_self(d),
+            18,
+            "its own classes, not the container's"
+        );
+        assert_eq!(
+            a.ledger().nvml_pid(),
+            std::process::id(),
+            "no host pid written"
+        );
+        if let HookLedger::Shared(slot) = a.ledger() {
+            slot.set_hostpid(4242);
+        }
+        assert_eq!(a.ledger().nvml_pid(), 4242, "the monitor's host pid");
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -531,20 +531,33 @@ fn the_simulators_proc_address_pointers_cannot_be_interposed() {
 }
 
 /// (context, data, total) the shared file (HAMi layout 1.2) charges to `pid` on device 0.
-fn slot_usage(cache: &str, pid: u32) -> Option<(u64, u64, u64)> {
+/// Device 0 usage of process `pid` in a HAMi shared file, as the monitor reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotUsage {
+    context: u64,
+    module: u64,
+    data: u64,
+    total: u64,
+}
+
+/// Byte offset of process `pid`'s HAMi slot in the shared file.
+fn slot_offset(cache: &str, pid: u32) -> Option<usize> {
+    let b = std::fs::read(cache).ok()?;
+    let proc_num = i32::from_le_bytes(b[2_008_896..2_008_900].try_into().unwrap());
+    (0..proc_num.clamp(0, 1024) as usize)
+        .map(|i| 1856 + i * 1960)
+        .find(|&base| i32::from_le_bytes(b[base..base + 4].try_into().unwrap()) == pid as i32)
+}
+
+fn slot_usage(cache: &str, pid: u32) -> Option<SlotUsage> {
+    let base = slot_offset(cache, pid)?;
     let b = std::fs::read(cache).ok()?;
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-    let proc_num = i32::from_le_bytes(b[2_008_896..2_008_900].try_into().unwrap());
-    (0..proc_num.clamp(0, 1024) as usize).find_map(|i| {
-        let base = 1856 + i * 1960;
-        let p = i32::from_le_bytes(b[base..base + 4].try_into().unwrap());
-        (p == pid as i32).then(|| {
-            (
-                u64_at(base + 8),
-                u64_at(base + 8 + 16),
-                u64_at(base + 8 + 32),
-            )
-        })
+    Some(SlotUsage {
+        context: u64_at(base + 8),
+        module: u64_at(base + 16),
+        data: u64_at(base + 24),
+        total: u64_at(base + 40),
     })
 }
 
@@ -563,7 +576,226 @@ fn accounted_usage_of_a_process_matches_what_nvml_reports_for_it() {
         .parse()
         .unwrap();
     assert_eq!(nvml, 64 * MIB, "the simulated NVML figure");
-    assert_eq!(slot.0, 24 * MIB, "context charge");
-    assert_eq!(slot.1, 40 * MIB, "data charge");
-    assert_eq!(slot.2, nvml, "accounted total against NVML");
+    assert_eq!(slot.context, 24 * MIB, "context charge");
+    assert_eq!(slot.data, 40 * MIB, "data charge");
+    assert_eq!(slot.total, nvml, "accounted total against NVML");
+}
+
+/// Runs `probe code API SIZE` held at its two pauses: `at_ctx` runs once the context exists
+/// (before the load), `at_loaded` once the code was launched (before the unload), with the
+/// process's slot. Returns the probe's whole output.
+fn run_code(
+    run: Run,
+    api: &str,
+    size: u64,
+    at_ctx: impl FnOnce(&Run, u32),
+    at_loaded: impl FnOnce(SlotUsage),
+) -> Out {
+    let run = run.var("VGPU_HOLD", "1");
+    let mut p = run.spawn(&["code", api, &size.to_string()]);
+    let mut all = p.read_until("ctx_ready=");
+    at_ctx(&run, p.pid());
+    p.send("go");
+    all.push_str(&p.read_until("loaded="));
+    at_loaded(slot_usage(&run.cache(), p.pid()).expect("no slot for the probe"));
+    all.push_str(&p.finish());
+    Out::parse(&all, "", Some(0))
+}
+
+const CODE: u64 = 32 * MIB;
+
+/// 128 MiB limit, 32 MiB of module code: a 112 MiB allocation fits without the code only.
+fn code_run(loading: &str, via: &str) -> Run {
+    Run::hooked("128m")
+        .var("VGPU_SIM_MODULE_OVERHEAD", "32m")
+        .var("CUDA_MODULE_LOADING", loading)
+        .via(via)
+}
+
+const FITS_WITHOUT_CODE: u64 = 112 * MIB;
+
+#[test]
+fn an_eagerly_loaded_module_is_charged_as_module_memory_limited_and_released() {
+    for api in ["module", "library"] {
+        for via in ["link", "procaddr"] {
+            // An hour between rate-limited reconciliations: only the load and unload count.
+            let run = code_run("EAGER", via).var("VGPU_RECONCILE_MS", "3600000");
+            let mut module = 0;
+            let o = run_code(
+                run,
+                api,
+                FITS_WITHOUT_CODE,
+                |_, _| {},
+                |s| {
+                    module = s.module;
+                    assert_eq!(s.total, s.context + s.module + s.data, "{s:?}");
+                },
+            );
+            let ctx = format!("{api} via {via}:\n{}", o.stdout);
+            assert_eq!(o.get("load"), "0", "{ctx}");
+            assert_eq!(module, CODE, "module_size in the shared file: {ctx}");
+            assert_eq!(o.u("used_loaded"), CODE, "{ctx}");
+            assert_eq!(
+                o.get("alloc_loaded"),
+                "2",
+                "the limit counts the code: {ctx}"
+            );
+            assert_eq!(o.get("alloc_launched"), "2", "{ctx}");
+            assert_eq!(o.get("unload"), "0", "{ctx}");
+            assert_eq!(o.u("used_unloaded"), 0, "unloading releases it: {ctx}");
+            assert_eq!(o.get("alloc_unloaded"), "0", "{ctx}");
+        }
+    }
+}
+
+#[test]
+fn lazily_loaded_code_is_charged_once_it_reaches_the_device() {
+    for api in ["module", "library"] {
+        // Every eligible call reconciles (the views here).
+        let run = code_run("LAZY", "link").var("VGPU_RECONCILE_MS", "0");
+        let mut slot = None;
+        let o = run_code(run, api, FITS_WITHOUT_CODE, |_, _| {}, |s| slot = Some(s));
+        let slot = slot.unwrap();
+        let ctx = format!("{api}:\n{}\n{slot:?}", o.stdout);
+        assert_eq!(o.u("used_loaded"), 0, "no code on the device yet: {ctx}");
+        assert_eq!(o.get("alloc_loaded"), "0", "{ctx}");
+        assert_eq!(o.get("launch"), "0", "{ctx}");
+        assert_eq!(
+            o.u("used_launched"),
+            CODE,
+            "the first launch loaded it: {ctx}"
+        );
+        assert_eq!(o.get("alloc_launched"), "2", "the limit counts it: {ctx}");
+        assert_eq!(slot.module, CODE, "{ctx}");
+        assert_eq!(
+            slot.total,
+            o.u("nvml_self_used"),
+            "accounted total against NVML's figure for the process: {ctx}"
+        );
+        assert_eq!(o.u("used_unloaded"), 0, "{ctx}");
+        assert_eq!(o.get("alloc_unloaded"), "0", "{ctx}");
+    }
+}
+
+#[test]
+fn without_reconciliation_module_code_is_not_counted() {
+    // The negative control of the two tests above: with reconciliation off the same runs
+    // leave module_size at 0 and let the allocation through, so those tests can fail.
+    for loading in ["EAGER", "LAZY"] {
+        let run = code_run(loading, "link").var("VGPU_RECONCILE_MS", "off");
+        let mut module = u64::MAX;
+        let o = run_code(
+            run,
+            "module",
+            FITS_WITHOUT_CODE,
+            |_, _| {},
+            |s| module = s.module,
+        );
+        assert_eq!(module, 0, "{loading}: {}", o.stdout);
+        assert_eq!(o.get("alloc_launched"), "0", "{loading}: {}", o.stdout);
+    }
+}
+
+#[test]
+fn code_past_the_limit_is_refused_when_loaded_and_charged_anyway_when_lazy() {
+    // Eager: the load is undone and fails with out of memory, leaving nothing charged.
+    let run = Run::hooked("16m")
+        .var("VGPU_SIM_MODULE_OVERHEAD", "32m")
+        .var("CUDA_MODULE_LOADING", "EAGER");
+    let o = run.run(&["code", "module", "4194304"]);
+    assert_eq!(o.get("load"), "2", "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.u("used_loaded"), 0, "{}", o.stdout);
+    assert!(
+        o.stderr.contains("out of memory on device 0"),
+        "{}",
+        o.stderr
+    );
+    // Lazy: the code is already on the device when it is seen, so it is charged above the
+    // limit (said once) and further allocations are refused.
+    let run = Run::hooked("16m")
+        .var("VGPU_SIM_MODULE_OVERHEAD", "32m")
+        .var("CUDA_MODULE_LOADING", "LAZY")
+        .var("VGPU_RECONCILE_MS", "0");
+    let mut module = 0;
+    let o = run_code(run, "module", 4 * MIB, |_, _| {}, |s| module = s.module);
+    assert_eq!(o.get("launch"), "0");
+    assert_eq!(module, CODE, "charged above the limit");
+    assert_eq!(o.get("alloc_launched"), "2", "{}", o.stdout);
+    assert_eq!(o.get("alloc_unloaded"), "0", "{}", o.stdout);
+}
+
+#[test]
+fn charging_over_the_limit_is_said_once() {
+    let o = Run::hooked("16m")
+        .var("VGPU_SIM_MODULE_OVERHEAD", "32m")
+        .var("CUDA_MODULE_LOADING", "LAZY")
+        .var("VGPU_RECONCILE_MS", "0")
+        .run(&["code", "module", "4194304"]);
+    assert_eq!(o.get("alloc_launched"), "2", "{}", o.stdout);
+    let said = o.stderr.matches("over the limit").count();
+    assert_eq!(said, 1, "{}", o.stderr);
+}
+
+#[test]
+fn hot_paths_make_no_nvml_query_and_direct_allocations_are_rate_limited() {
+    // Reconciling on every eligible call: sub-allocations and launches are not eligible.
+    let o = Run::hooked("1g")
+        .var("VGPU_SIM_MODULE_OVERHEAD", "2m")
+        .var("VGPU_RECONCILE_MS", "0")
+        .run(&["hot", "2000"]);
+    let ctx = format!("{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.get("hot_errors"), "0", "{ctx}");
+    assert_eq!(o.num("nvml_hot"), 0, "a hot path queried NVML: {ctx}");
+    assert!(
+        o.num("nvml_direct") >= 2000,
+        "direct allocations reconcile when due (and the counter counts): {ctx}"
+    );
+    // The default interval: at most one query per 100 ms of direct allocations.
+    let o = Run::hooked("1g")
+        .var("VGPU_SIM_MODULE_OVERHEAD", "2m")
+        .run(&["hot", "2000"]);
+    let ctx = format!("{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.num("nvml_hot"), 0, "{ctx}");
+    let ms: f64 = o.get("direct_ms").parse().unwrap();
+    assert!(
+        o.num("nvml_direct") as f64 <= ms / 100.0 + 2.0,
+        "rate limit: {ctx}"
+    );
+}
+
+#[test]
+fn a_process_nvml_does_not_list_is_said_once_and_the_monitors_hostpid_fixes_it() {
+    // NVML lists this process under another pid (a container's PID namespace).
+    let run = code_run("EAGER", "link")
+        .var("VGPU_SIM_NVML_PID", "999999")
+        .var("VGPU_RECONCILE_MS", "0");
+    let o = run.run(&["code", "module", "4194304"]);
+    assert_eq!(o.get("load"), "0");
+    assert_eq!(o.u("used_loaded"), 0, "not reconciled: {}", o.stdout);
+    assert_eq!(
+        o.stderr.matches("NVML does not list this process").count(),
+        1,
+        "said once: {}",
+        o.stderr
+    );
+    // The monitor writes the host pid into the process's HAMi slot: reconciled again.
+    let mut module = 0;
+    let o = run_code(
+        run,
+        "module",
+        4 * MIB,
+        |run, pid| {
+            use std::os::unix::fs::FileExt;
+            let base = slot_offset(&run.cache(), pid).expect("slot");
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(run.cache())
+                .unwrap();
+            f.write_all_at(&999999i32.to_le_bytes(), (base + 4) as u64)
+                .unwrap();
+        },
+        |s| module = s.module,
+    );
+    assert_eq!(module, CODE, "{}", o.stdout);
+    assert_eq!(o.u("used_loaded"), CODE, "{}", o.stdout);
 }

@@ -224,10 +224,44 @@ pub(crate) fn reserve<S: Store, C: Crash>(
     bytes: u64,
     crash: &C,
 ) -> Result<Done<Result<u64, Refusal>>, Died> {
+    add(s, slot, me, device, class, bytes, true, crash)
+}
+
+/// Add `bytes` that are already taken (measured after the fact) to `class` on `device` held
+/// by `slot`, whatever the limit: the total may end up above it. Same steps and crash points
+/// as [`reserve`]; only the limit check is skipped (an overflow still refuses).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn charge_over_limit<S: Store, C: Crash>(
+    s: &S,
+    slot: usize,
+    me: u64,
+    device: usize,
+    class: usize,
+    bytes: u64,
+    crash: &C,
+) -> Result<Done<Result<u64, Refusal>>, Died> {
+    add(s, slot, me, device, class, bytes, false, crash)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn add<S: Store, C: Crash>(
+    s: &S,
+    slot: usize,
+    me: u64,
+    device: usize,
+    class: usize,
+    bytes: u64,
+    check_limit: bool,
+    crash: &C,
+) -> Result<Done<Result<u64, Refusal>>, Died> {
     let took_over = lock_device(s, device, me, crash)? == Acquired::TakenOver;
     crash.at()?;
     let limit = s.limit(device);
-    let cap = if limit == 0 { u64::MAX } else { limit };
+    let cap = if limit == 0 || !check_limit {
+        u64::MAX
+    } else {
+        limit
+    };
     let total = s.total(device);
     let t = total.load(Ordering::Relaxed);
     let next = match t.checked_add(bytes) {
@@ -642,6 +676,32 @@ mod tests {
             Ok(u64::MAX)
         );
         assert!(reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap().value.is_err()); // overflow
+    }
+
+    #[test]
+    fn a_charge_over_the_limit_is_held_and_released_like_a_reservation() {
+        let s = ModelStore::new(1, 2, 100);
+        let a = s.register(0);
+        assert_eq!(reserve(&s, 0, a, 0, 2, 80, &NoCrash).unwrap().value, Ok(80));
+        assert_eq!(
+            charge_over_limit(&s, 0, a, 0, 1, 50, &NoCrash)
+                .unwrap()
+                .value,
+            Ok(130),
+            "already-taken memory is recorded above the limit"
+        );
+        assert_eq!(s.held_by(0, 0), 130);
+        assert!(reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap().value.is_err());
+        assert_eq!(release(&s, 0, a, 0, 1, 50, &NoCrash).unwrap().value, 50);
+        assert_eq!(s.totals[0].load(Ordering::SeqCst), 80);
+        assert!(
+            charge_over_limit(&s, 0, a, 0, 1, u64::MAX, &NoCrash)
+                .unwrap()
+                .value
+                .is_err(),
+            "an overflow is still refused"
+        );
+        assert_eq!(s.totals[0].load(Ordering::SeqCst), 80);
     }
 
     #[test]

@@ -1060,6 +1060,21 @@ impl ProcessSlot {
         });
     }
 
+    /// This process's host pid as the monitor wrote it into its HAMi slot (or
+    /// [`set_hostpid`](Self::set_hostpid) recorded), `None` if nobody did. NVML lists processes
+    /// by host pid, which differs from `getpid()` in a container with its own PID namespace.
+    pub fn hostpid(&self) -> Option<i32> {
+        let rec = self.record();
+        let st = self.table.store();
+        let pid = rec.pid.load(Ordering::Relaxed);
+        let written = st
+            .proc_of(self.index)
+            .filter(|p| p.pid.load(Ordering::Relaxed) == pid)
+            .map(|p| p.hostpid.load(Ordering::Relaxed))
+            .filter(|&h| h > 0);
+        written.or_else(|| Some(rec.hostpid.load(Ordering::Relaxed)).filter(|&h| h > 0))
+    }
+
     /// Record a kernel launch now (see [`UsageTable::touch_kernel_time`]).
     pub fn touch_kernel_time(&self) {
         self.table.touch_kernel_time();
@@ -1212,5 +1227,22 @@ impl UsageLedger for ProcessSlot {
 
     fn usage(&self, device: DeviceIndex) -> DeviceUsage {
         self.table.usage(device)
+    }
+
+    fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
+        let d = device.as_usize();
+        if d >= MAX_DEVICES || !self.usable() || self.owner == 0 || bytes == 0 {
+            return;
+        }
+        let st = self.table.store();
+        let _ = protocol::charge_over_limit(
+            &st,
+            self.index,
+            self.owner,
+            d,
+            class_index(class),
+            bytes,
+            &NoCrash,
+        );
     }
 }

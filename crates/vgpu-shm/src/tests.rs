@@ -303,6 +303,31 @@ fn set_limits_on_a_live_file() {
 }
 
 #[test]
+fn hostpid_is_what_the_monitor_or_the_process_wrote() {
+    let p = TempPath::new("hostpid");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    assert_eq!(me.hostpid(), None, "nobody wrote one");
+    me.set_hostpid(4242);
+    assert_eq!(me.hostpid(), Some(4242));
+}
+
+#[test]
+fn a_charge_over_the_limit_shows_in_the_file_and_refuses_later_reservations() {
+    let p = TempPath::new("overlimit");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 900).unwrap();
+    me.charge_over_limit(D0, UsageClass::Module, 300);
+    assert_eq!(t.usage(D0).used, 1200);
+    assert_eq!(me.held(D0).module, 300);
+    assert!(me.try_reserve(D0, UsageClass::Data, 1).is_err());
+    me.release(D0, UsageClass::Module, 300);
+    assert_eq!(t.usage(D0).used, 900);
+    assert!(me.audit(D0).unwrap().is_consistent());
+}
+
+#[test]
 fn snapshot_reports_devices_and_processes() {
     let p = TempPath::new("snap");
     let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();

@@ -51,6 +51,13 @@ pub struct SimConfig {
     pub ctx_overhead: u64,
     /// Bytes of device memory a loaded module takes.
     pub module_overhead: u64,
+    /// Module code is loaded on the first launch of one of its functions
+    /// (`CUDA_MODULE_LOADING=LAZY`, the real driver's default since CUDA 12.2), not when
+    /// the module is loaded (`EAGER`).
+    pub lazy_loading: bool,
+    /// The pid NVML lists this process under (`VGPU_SIM_NVML_PID`; default: its own), to
+    /// model a container whose PID namespace differs from the host's.
+    pub nvml_pid: Option<u32>,
     /// Streaming multiprocessors per device.
     pub sm_count: i32,
     /// Compute capability (major, minor).
@@ -303,6 +310,24 @@ impl SimConfig {
                 "expected > 0",
             ));
         }
+        let lazy_loading = match get("CUDA_MODULE_LOADING") {
+            None => true,
+            Some(v) => match v.trim().to_ascii_uppercase().as_str() {
+                "LAZY" | "" => true,
+                "EAGER" => false,
+                _ => return Err(err("CUDA_MODULE_LOADING", &v, "expected LAZY or EAGER")),
+            },
+        };
+        let nvml_pid = match get("VGPU_SIM_NVML_PID") {
+            None => None,
+            Some(v) => Some(
+                v.trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| err("VGPU_SIM_NVML_PID", &v, "expected a pid > 0"))?,
+            ),
+        };
         Ok(SimConfig {
             devices,
             visible,
@@ -312,6 +337,8 @@ impl SimConfig {
             name: get("VGPU_SIM_NAME").unwrap_or_else(|| "vgpu-sim Virtual GPU".into()),
             ctx_overhead: size_var("VGPU_SIM_CTX_OVERHEAD", 64 * MIB)?,
             module_overhead: size_var("VGPU_SIM_MODULE_OVERHEAD", 2 * MIB)?,
+            lazy_loading,
+            nvml_pid,
             sm_count: sm_count as i32,
             compute_capability,
             faults,

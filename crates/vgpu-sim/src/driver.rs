@@ -981,6 +981,21 @@ exports_pt! {
 
 // ----- modules and launches -----
 
+/// A library handle is its module's handle with the top bit set, so that the two kinds are
+/// told apart (a module handle passed as a library is `CUDA_ERROR_INVALID_HANDLE`).
+const LIBRARY_BIT: u64 = 1 << 63;
+
+fn library_of(module: u64) -> u64 {
+    module | LIBRARY_BIT
+}
+
+fn module_of(library: u64) -> CuResult<u64> {
+    if library & LIBRARY_BIT == 0 {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    Ok(library & !LIBRARY_BIT)
+}
+
 fn load_image(s: &Sim, image: *const c_void) -> CuResult<u64> {
     if image.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -1055,7 +1070,7 @@ fn launch(
     cooperative: bool,
     pt: bool,
 ) -> CuResult<()> {
-    let (kernel, dev) = s.function(hv(f))?;
+    let (kernel, dev) = s.function_to_launch(hv(f))?;
     s.check_dims(grid, block, cooperative)?;
     let args = pack_args(kernel, params, extra)?;
     s.launch(
@@ -1101,6 +1116,32 @@ exports! {
         Ok(())
     }
     cuModuleUnload(m: CUmodule) false |s| { s.module_unload(hv(m)) }
+    // Libraries are modules of the current context here (the real driver loads them into
+    // every context, context-independently).
+    cuLibraryLoadData(l: *mut CUmodule, code: *const c_void, _jo: *mut c_uint, _jv: *mut *mut c_void, _njo: c_uint, _lo: *mut c_uint, _lv: *mut *mut c_void, _nlo: c_uint) false |s| {
+        if l.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(l, hp(library_of(load_image(s, code)?)));
+        Ok(())
+    }
+    cuLibraryLoadFromFile(l: *mut CUmodule, path: *const c_char, _jo: *mut c_uint, _jv: *mut *mut c_void, _njo: c_uint, _lo: *mut c_uint, _lv: *mut *mut c_void, _nlo: c_uint) false |s| {
+        if l.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let path = cstr!(path);
+        let bytes = std::fs::read(path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        out!(l, hp(library_of(s.module_load(&bytes[..end])?)));
+        Ok(())
+    }
+    cuLibraryUnload(l: CUmodule) false |s| { s.module_unload(module_of(hv(l))?) }
+    cuLibraryGetModule(m: *mut CUmodule, l: CUmodule) false |s| {
+        let module = module_of(hv(l))?;
+        s.module_check(module)?;
+        out!(m, hp(module));
+        Ok(())
+    }
     cuModuleGetFunction(f: *mut CUfunction, m: CUmodule, name: *const c_char) false |s| {
         let name = cstr!(name);
         out!(f, hp(s.get_function(hv(m), name)?));
@@ -1178,7 +1219,7 @@ fn add_kernel_node(
     p: *const KernelNodeParams,
 ) -> CuResult<()> {
     let p: KernelNodeParams = inp!(p);
-    let (kernel, dev) = s.function(hv(p.func))?;
+    let (kernel, dev) = s.function_to_launch(hv(p.func))?;
     s.check_dims(p.grid, p.block, false)?;
     let args = pack_args(kernel, p.kernel_params, p.extra)?;
     out!(

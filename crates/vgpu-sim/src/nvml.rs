@@ -6,7 +6,7 @@
 
 use std::ffi::CStr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use vgpu_cuda_abi::{
@@ -51,7 +51,18 @@ pub const NVML_EXPORTS: &[&str] = &[
 
 type NResult<T> = Result<T, u32>;
 
+/// NVML device queries made by this process (every export of `nvml_exports!`), so tests can
+/// check that a path makes none.
+static QUERIES: AtomicU64 = AtomicU64::new(0);
+
+/// How many NVML device queries this process has made (test instrumentation, not NVML API).
+#[unsafe(no_mangle)]
+pub extern "C" fn vgpusim_nvml_queries() -> u64 {
+    QUERIES.load(Ordering::Relaxed)
+}
+
 fn run(f: impl FnOnce(&'static Sim) -> NResult<()>) -> nvmlReturn_t {
+    QUERIES.fetch_add(1, Ordering::Relaxed);
     let r = catch_unwind(AssertUnwindSafe(|| {
         if INIT_COUNT.load(Ordering::Acquire) == 0 {
             return Err(NVML_ERROR_UNINITIALIZED);
@@ -243,7 +254,7 @@ fn processes<T>(
     if cap < n || infos.is_null() {
         return Err(NVML_ERROR_INSUFFICIENT_SIZE);
     }
-    put!(infos, make(s.pid(), used));
+    put!(infos, make(s.nvml_pid(), used));
     Ok(())
 }
 
@@ -353,7 +364,7 @@ nvml_exports! {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
-        put!(samples, ProcessUtilizationSample { pid: s.pid(), time_stamp: now, sm_util: sm, mem_util: 0, enc_util: 0, dec_util: 0 });
+        put!(samples, ProcessUtilizationSample { pid: s.nvml_pid(), time_stamp: now, sm_util: sm, mem_util: 0, enc_util: 0, dec_util: 0 });
         Ok(())
     }
     nvmlDeviceGetComputeRunningProcesses(d: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfoV1) |s| {

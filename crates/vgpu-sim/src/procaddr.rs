@@ -172,6 +172,10 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Variant>> {
             "cuModuleLoadFatBinary": 2000 => cuModuleLoadFatBinary;
             "cuModuleUnload": 2000 => cuModuleUnload;
             "cuModuleGetFunction": 2000 => cuModuleGetFunction;
+            "cuLibraryLoadData": 12000 => cuLibraryLoadData;
+            "cuLibraryLoadFromFile": 12000 => cuLibraryLoadFromFile;
+            "cuLibraryUnload": 12000 => cuLibraryUnload;
+            "cuLibraryGetModule": 12000 => cuLibraryGetModule;
             "cuFuncGetAttribute": 2020 => cuFuncGetAttribute;
             "cuFuncSetAttribute": 9000 => cuFuncSetAttribute;
             "cuFuncSetCacheConfig": 3000 => cuFuncSetCacheConfig;

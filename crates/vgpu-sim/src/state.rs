@@ -282,7 +282,10 @@ struct Module {
     ctx: u64,
     dev: usize,
     entries: Vec<String>,
+    /// Device memory its code takes now (0 until loaded under lazy loading).
     accounted: u64,
+    /// Its code is on the device (at load when eager, at the first launch when lazy).
+    loaded: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -2009,7 +2012,12 @@ impl Sim {
     pub fn module_load(&self, image: &[u8]) -> CuResult<u64> {
         let entries = Self::parse_image(image)?;
         let (ctx, dev) = self.cur_dev()?;
-        let acc = self.cfg.module_overhead;
+        // Lazy loading: the code reaches the device at the first launch (`function_to_launch`).
+        let acc = if self.cfg.lazy_loading {
+            0
+        } else {
+            self.cfg.module_overhead
+        };
         self.devices[dev].reserve(acc)?;
         let mut st = self.st();
         let id = st.id();
@@ -2020,9 +2028,44 @@ impl Sim {
                 dev,
                 entries,
                 accounted: acc,
+                loaded: !self.cfg.lazy_loading,
             },
         );
         Ok(handle(tag::MODULE, id))
+    }
+
+    /// The kernel behind a function handle about to be launched (or put in a graph): under
+    /// lazy loading its module's code is loaded onto the device now, taking the module's
+    /// memory (`CUDA_ERROR_OUT_OF_MEMORY` if the device is full), as the real driver does.
+    pub fn function_to_launch(&self, f: u64) -> CuResult<(Kernel, usize)> {
+        let id = unhandle(tag::FUNC, f).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let mut st = self.st();
+        let func = st
+            .funcs
+            .get(&id)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let m = st
+            .modules
+            .get_mut(&func.module)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if !m.loaded {
+            let acc = self.cfg.module_overhead;
+            self.devices[m.dev].reserve(acc)?;
+            m.accounted = acc;
+            m.loaded = true;
+        }
+        Ok((func.kernel, m.dev))
+    }
+
+    /// Whether `h` is a live module.
+    pub fn module_check(&self, h: u64) -> CuResult<()> {
+        let id = unhandle(tag::MODULE, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if self.st().modules.contains_key(&id) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        }
     }
 
     /// `cuModuleUnload`.
@@ -2484,6 +2527,11 @@ impl Sim {
     pub fn pid(&self) -> u32 {
         self.pid
     }
+
+    /// The pid NVML lists this process under (`VGPU_SIM_NVML_PID`, else its own).
+    pub fn nvml_pid(&self) -> u32 {
+        self.cfg.nvml_pid.unwrap_or(self.pid)
+    }
 }
 
 /// `CUDA_ERROR_ILLEGAL_STATE`.
@@ -2616,6 +2664,64 @@ mod tests {
         s.mem_free(b).unwrap();
         s.pool_trim(pool, 0).unwrap();
         assert_eq!(used(s, 0), 0);
+    }
+
+    #[test]
+    fn module_code_takes_memory_at_load_when_eager_and_at_first_launch_when_lazy() {
+        const MOD: u64 = 8 << 20;
+        let launch_fill = |s: &'static Sim, f: u64| {
+            let (kernel, dev) = s.function_to_launch(f)?;
+            let l = Launch {
+                kernel,
+                dev,
+                grid: [1; 3],
+                block: [1; 3],
+                args: vec![0; 20],
+            };
+            s.launch(l, 0, false)
+        };
+        let eager = sim(&[
+            ("CUDA_MODULE_LOADING", "EAGER"),
+            ("VGPU_SIM_MODULE_OVERHEAD", "8m"),
+            ("VGPU_SIM_CTX_OVERHEAD", "0"),
+        ]);
+        eager.ctx_create(0, 0).unwrap();
+        let m = eager.module_load(b"vgpusim-module: fill").unwrap();
+        assert_eq!(used(eager, 0), MOD);
+        eager.module_unload(m).unwrap();
+        assert_eq!(used(eager, 0), 0);
+
+        let lazy = sim(&[
+            ("VGPU_SIM_MODULE_OVERHEAD", "8m"),
+            ("VGPU_SIM_CTX_OVERHEAD", "0"),
+            ("VGPU_SIM_TOTAL_MEM", "12m"),
+        ]);
+        assert!(
+            lazy.cfg.lazy_loading,
+            "lazy is the default, as with the real driver"
+        );
+        lazy.ctx_create(0, 0).unwrap();
+        let m = lazy.module_load(b"vgpusim-module: fill").unwrap();
+        let f = lazy.get_function(m, "fill").unwrap();
+        assert_eq!(
+            used(lazy, 0),
+            0,
+            "nothing on the device before the first launch"
+        );
+        launch_fill(lazy, f).unwrap();
+        assert_eq!(used(lazy, 0), MOD, "loaded by the first launch");
+        launch_fill(lazy, f).unwrap();
+        assert_eq!(used(lazy, 0), MOD, "once");
+        lazy.module_unload(m).unwrap();
+        assert_eq!(used(lazy, 0), 0);
+        // A device too full for the code: the launch fails with out of memory.
+        let big = lazy.mem_alloc(8 << 20).unwrap();
+        let m = lazy.module_load(b"vgpusim-module: fill").unwrap();
+        let f = lazy.get_function(m, "fill").unwrap();
+        assert_eq!(launch_fill(lazy, f), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        lazy.mem_free(big).unwrap();
+        launch_fill(lazy, f).unwrap();
+        assert_eq!(used(lazy, 0), MOD);
     }
 
     #[test]

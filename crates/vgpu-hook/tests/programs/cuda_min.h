@@ -16,6 +16,7 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUmod_st *CUmodule;
+typedef struct CUlib_st *CUlibrary;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
@@ -167,6 +168,10 @@ CUresult cuEventDestroy_v2(CUevent e);
 CUresult cuModuleLoadData(CUmodule *m, const void *image);
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name);
 CUresult cuModuleUnload(CUmodule m);
+CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, int *jit_options, void **jit_values, unsigned n_jit,
+                           int *lib_options, void **lib_values, unsigned n_lib);
+CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib);
+CUresult cuLibraryUnload(CUlibrary lib);
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, CUstream s, void **params, void **extra);
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra);

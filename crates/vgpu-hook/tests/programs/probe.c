@@ -81,6 +81,9 @@
     X(cuModuleLoadData, "cuModuleLoadData", 12000)                 \
     X(cuModuleGetFunction, "cuModuleGetFunction", 12000)           \
     X(cuModuleUnload, "cuModuleUnload", 12000)                     \
+    X(cuLibraryLoadData, "cuLibraryLoadData", 12000)               \
+    X(cuLibraryGetModule, "cuLibraryGetModule", 12000)             \
+    X(cuLibraryUnload, "cuLibraryUnload", 12000)                   \
     X(cuLaunchKernel, "cuLaunchKernel", 12000)                     \
     X(cuLaunchKernelEx, "cuLaunchKernelEx", 12000)                 \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 12000) \
@@ -721,6 +724,124 @@ static int cmd_launch(int n) {
     return 0;
 }
 
+static double now_us(void);
+
+/* ---------- module code: charged, limited, released; hot paths make no NVML query ---------- */
+
+/* What NVML's process list says this process uses on device 0 (-1: not listed). */
+static long long nvml_self_used(void) {
+    nvmlDevice_t d;
+    nvmlProcessInfo_t procs[64];
+    unsigned np = 64;
+    if (!N.Init || N.Init() != 0 || N.GetHandleByIndex(0, &d) != 0 || !N.GetProcs || N.GetProcs(d, &np, procs) != 0)
+        return -1;
+    for (unsigned k = 0; k < np; k++)
+        if (procs[k].pid == (unsigned)getpid()) return (long long)procs[k].usedGpuMemory;
+    return -1;
+}
+
+/* NVML queries made so far (the simulator counts them; -1 on a real driver). */
+static long long nvml_queries(void) {
+    unsigned long long (*q)(void) = (unsigned long long (*)(void))dlsym(RTLD_DEFAULT, "vgpusim_nvml_queries");
+    return q ? (long long)q() : -1;
+}
+
+static CUresult try_alloc(size_t size) {
+    CUdeviceptr p = 0;
+    CUresult r = A.cuMemAlloc_v2(&p, size);
+    if (!r) A.cuMemFree_v2(p);
+    return r;
+}
+
+/* Waits for a line on stdin when VGPU_HOLD is set (the test reads the shared file meanwhile). */
+static void hold_here(const char *marker) {
+    printf("%s=1\n", marker);
+    fflush(stdout);
+    if (getenv("VGPU_HOLD")) {
+        char line[64];
+        if (!fgets(line, sizeof line, stdin)) {
+        }
+    }
+}
+
+/* code API SIZE: load the test module (API module or library), try a SIZE allocation before
+ * and after its first launch (lazy loading puts the code on the device then), unload it and
+ * try again; usage (cuMemGetInfo) at each step. */
+/* The module image: VGPU_PTX_FILE's text when set (a GPU test adds a large global), else the
+ * built-in test PTX. */
+static const char *code_image(void) {
+    const char *path = getenv("VGPU_PTX_FILE");
+    if (!path || !*path) return VGPU_TEST_PTX;
+    FILE *f = fopen(path, "rb");
+    if (!f) die("VGPU_PTX_FILE cannot be opened");
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+static int cmd_code(const char *api, size_t size) {
+    const char *image = code_image();
+    must(A.cuInit(0), "cuInit");
+    ctx_on(0);
+    printf("used_ctx=%zu\n", used_now());
+    hold_here("ctx_ready");
+    CUlibrary lib = NULL;
+    CUresult r;
+    if (!strcmp(api, "library")) {
+        r = A.cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
+        if (!r) must(A.cuLibraryGetModule(&g_mod, lib), "cuLibraryGetModule");
+    } else {
+        r = A.cuModuleLoadData(&g_mod, image);
+    }
+    printf("load=%d\nused_loaded=%zu\n", r, used_now());
+    if (r) return 0;
+    printf("alloc_loaded=%d\n", try_alloc(size));
+    must(A.cuModuleGetFunction(&f_spin, g_mod, "spin"), "get spin");
+    unsigned long long ns = 0;
+    void *sargs[] = {&ns};
+    printf("launch=%d\n", A.cuLaunchKernel(f_spin, 1, 1, 1, 32, 1, 1, 0, NULL, sargs, NULL));
+    A.cuCtxSynchronize();
+    printf("used_launched=%zu\n", used_now());
+    printf("alloc_launched=%d\n", try_alloc(size));
+    printf("nvml_self_used=%lld\n", nvml_self_used());
+    hold_here("loaded");
+    r = lib ? A.cuLibraryUnload(lib) : A.cuModuleUnload(g_mod);
+    printf("unload=%d\nused_unloaded=%zu\nalloc_unloaded=%d\n", r, used_now(), try_alloc(size));
+    return 0;
+}
+
+/* hot N: N sub-allocated alloc+free pairs and N launches make no NVML query; then N direct
+ * (4 MiB) pairs, which may reconcile at most once per VGPU_RECONCILE_MS. */
+static int cmd_hot(int n) {
+    must(A.cuInit(0), "cuInit");
+    ctx_on(0);
+    load_module();
+    unsigned long long ns = 0;
+    void *sargs[] = {&ns};
+    must(A.cuLaunchKernel(f_spin, 1, 1, 1, 32, 1, 1, 0, NULL, sargs, NULL), "first launch");
+    A.cuCtxSynchronize();
+    must(try_alloc(1024), "warm sub-allocation");
+    CUdeviceptr keep;
+    must(A.cuMemAlloc_v2(&keep, 1024), "keep a region"); /* so no pair creates or frees one */
+    long long q0 = nvml_queries();
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        bad += try_alloc(1024) != 0;
+        bad += A.cuLaunchKernel(f_spin, 1, 1, 1, 32, 1, 1, 0, NULL, sargs, NULL) != 0;
+    }
+    A.cuCtxSynchronize();
+    long long q1 = nvml_queries();
+    double t0 = now_us();
+    for (int i = 0; i < n; i++) bad += try_alloc(4 * MIB) != 0;
+    double ms = (now_us() - t0) / 1e3;
+    long long q2 = nvml_queries();
+    printf("hot_errors=%d\nnvml_hot=%lld\nnvml_direct=%lld\ndirect_ms=%.3f\n", bad, q1 - q0, q2 - q1, ms);
+    A.cuMemFree_v2(keep);
+    return 0;
+}
+
 /* ---------- benchmarks (for callgrind and the GPU bench) ---------- */
 
 static double now_us(void) {
@@ -838,6 +959,8 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "bench_free_live")) return cmd_bench_free_live((int)ARG(2), (int)ARG(3), ARG(4));
     if (!strcmp(c, "bench_launch")) return cmd_bench_launch((int)ARG(2));
     if (!strcmp(c, "leak")) return cmd_leak(ARG(2));
+    if (!strcmp(c, "code") && argc == 4) return cmd_code(argv[2], ARG(3));
+    if (!strcmp(c, "hot")) return cmd_hot((int)ARG(2));
     die("unknown command");
     return 2;
 }

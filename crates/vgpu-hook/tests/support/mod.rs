@@ -345,6 +345,28 @@ impl Held {
         }
     }
 
+    /// Reads lines until one starts with `prefix`; returns every line read, that one included.
+    pub fn read_until(&mut self, prefix: &str) -> String {
+        let mut all = String::new();
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).expect("read");
+            assert!(n > 0, "probe exited before printing `{prefix}`:\n{all}");
+            all.push_str(&line);
+            if line.starts_with(prefix) {
+                return all;
+            }
+        }
+    }
+
+    /// Sends one line to the probe's stdin (it goes on from a `hold_here`).
+    pub fn send(&mut self, line: &str) {
+        if let Some(i) = self.stdin.as_mut() {
+            let _ = i.write_all(format!("{line}\n").as_bytes());
+            let _ = i.flush();
+        }
+    }
+
     /// Tells a `hold` probe to let go, and waits for it to exit.
     pub fn finish(mut self) -> String {
         if let Some(mut i) = self.stdin.take() {
