@@ -61,6 +61,15 @@ fn ready_state() -> Option<&'static Ready> {
 }
 
 fn log_oom(oom: &OutOfMemory) -> CUresult {
+    if crate::state::has_left() {
+        vlog!(
+            MSG,
+            "refusing {} bytes on device {}: this process is exiting and has given its usage back",
+            oom.requested,
+            oom.device
+        );
+        return CUresult::OUT_OF_MEMORY;
+    }
     vlog!(MSG, "{oom}");
     CUresult::OUT_OF_MEMORY
 }

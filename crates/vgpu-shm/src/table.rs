@@ -4,7 +4,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -30,6 +30,9 @@ const INIT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 const ADMIN_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a refused reservation or a snapshot waits to sweep dead processes before giving up.
 const SWEEP_LOCK_TIMEOUT: Duration = Duration::from_millis(100);
+/// How long [`ProcessSlot::leave`] waits for the locks it needs (it runs at process exit, which
+/// must not hang).
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What a newly created file is initialized with. Ignored when the file already exists:
 /// limits stored in an existing file win (as in HAMi-core).
@@ -568,8 +571,23 @@ impl UsageTable {
         f: impl FnOnce(&Mapped<'_>, u64) -> Result<R, ShmError>,
     ) -> Result<R, ShmError> {
         let lock_file = self.check_writable()?;
-        let _local = self.inner.admin.lock().unwrap_or_else(|e| e.into_inner());
         let deadline = Instant::now() + timeout;
+        // Polled, not blocking: `leave` runs at exit, possibly in a signal handler that
+        // interrupted this very thread inside an administrative section.
+        let _local = loop {
+            match self.inner.admin.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(50))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return Err(ShmError::AdminLockTimeout {
+                        path: self.inner.path.clone(),
+                    });
+                }
+            }
+        };
         loop {
             match sys::ofd_try_lock(lock_file, ADMIN_LOCK_OFFSET) {
                 Ok(true) => break,
@@ -675,7 +693,7 @@ impl UsageTable {
         Ok(ProcessSlot {
             table: self.clone(),
             index,
-            owner: protocol::slot_owner_word(index, generation),
+            owner: AtomicU64::new(protocol::slot_owner_word(index, generation)),
             fork_epoch: self.inner.fork_epoch,
         })
     }
@@ -995,13 +1013,14 @@ impl DeviceAudit {
 
 /// This process's registration in a table: the [`UsageLedger`] the hook reserves through.
 ///
-/// Dropping it deregisters (returns its usage to the pool); so does process death, through
-/// the kernel-held liveness lock.
+/// [`ProcessSlot::leave`] (at a normal exit) or dropping it deregisters (returns its usage to
+/// the pool); so does process death, through the kernel-held liveness lock.
 #[derive(Debug)]
 pub struct ProcessSlot {
     table: UsageTable,
     index: usize,
-    pub(crate) owner: u64,
+    /// The owner word this process writes into device locks; 0 once it left the table.
+    owner: AtomicU64,
     fork_epoch: u64,
 }
 
@@ -1020,12 +1039,42 @@ impl ProcessSlot {
         sys::fork_epoch() == self.fork_epoch
     }
 
+    /// The owner word, or `None` when the handle cannot act for the slot (forked, or left).
+    fn owner(&self) -> Option<u64> {
+        let owner = self.owner.load(Ordering::Relaxed);
+        (owner != 0 && self.usable()).then_some(owner)
+    }
+
+    /// The owner word (tests that plant it in a lock).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn owner_word(&self) -> u64 {
+        self.owner.load(Ordering::Relaxed)
+    }
+
+    /// Whether this process has left the table ([`ProcessSlot::leave`]): it then holds nothing,
+    /// every reservation is refused and releases change nothing.
+    pub fn has_left(&self) -> bool {
+        self.owner.load(Ordering::Relaxed) == 0
+    }
+
     fn with_device_locked<R>(&self, device: usize, f: impl FnOnce(&Mapped<'_>) -> R) -> Option<R> {
-        if !self.usable() || device >= MAX_DEVICES {
+        let owner = self.owner()?;
+        if device >= MAX_DEVICES {
             return None;
         }
         let st = self.table.store();
-        let _ = protocol::lock_device(&st, device, self.owner, &NoCrash);
+        let _ = protocol::lock_device(&st, device, owner, &NoCrash);
+        // Still ours? The process may have left the table while this thread waited.
+        let (generation, state) = split_ident(self.record().ident.load(Ordering::Relaxed));
+        if state != STATE_LIVE || protocol::slot_owner_word(self.index, generation) != owner {
+            let _ = st.ext.devices[device].lock.compare_exchange(
+                owner,
+                0,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+            return None;
+        }
         let r = f(&st);
         protocol::unlock_device(&st, device);
         Some(r)
@@ -1107,39 +1156,62 @@ impl ProcessSlot {
     }
 
     /// Leave the table: give this process's usage back and free the slot.
-    pub fn deregister(mut self) -> Result<(), ShmError> {
-        self.deregister_inner()
+    pub fn deregister(self) -> Result<(), ShmError> {
+        self.leave()
     }
 
-    fn deregister_inner(&mut self) -> Result<(), ShmError> {
-        if !self.usable() || self.owner == 0 {
+    /// Leave the table while other threads may still use this handle (the hook calls it when
+    /// the process exits normally): give the usage back, free the slot and drop its liveness
+    /// lock, at once, so that no sweep is needed. Afterwards every reservation through this
+    /// handle is refused and every release changes nothing, also for a thread that was already
+    /// waiting for a device lock (see `protocol::depart`). Waits at most one second for the
+    /// locks it needs (it must not hang an exiting process); on [`ShmError::LeaveTimeout`] or
+    /// [`ShmError::AdminLockTimeout`] the slot stays registered and usable, and the process's
+    /// death gives it back. Idempotent; a no-op in a forked child.
+    pub fn leave(&self) -> Result<(), ShmError> {
+        if !self.usable() {
+            return Ok(());
+        }
+        let owner = self.owner.swap(0, Ordering::AcqRel);
+        if owner == 0 {
             return Ok(());
         }
         let index = self.index;
-        self.owner = 0;
-        self.table.admin(ADMIN_LOCK_TIMEOUT, |st, me| {
+        let deadline = Instant::now() + LEAVE_TIMEOUT;
+        let left = self.table.admin(LEAVE_TIMEOUT, |st, me| {
+            let done = protocol::depart(st, me, index, &NoCrash, || Instant::now() >= deadline)
+                .unwrap_or(false);
+            if !done {
+                return Err(ShmError::LeaveTimeout {
+                    path: self.table.inner.path.clone(),
+                });
+            }
+            // The slot is free: dropping its liveness lock now changes nobody's view.
             if let Some(f) = &self.table.inner.lock_file {
                 sys::ofd_unlock(f, SLOT_LOCK_BASE + index as u64);
             }
-            let dead = protocol::find_dead(st);
-            let _ = protocol::release_dead(st, me, &dead, &NoCrash);
             Ok(())
-        })
+        });
+        if left.is_err() {
+            // Still registered and holding its usage: keep enforcing through it.
+            self.owner.store(owner, Ordering::Release);
+        }
+        left
     }
 
     /// Test hook: behave as if this process died (drop the liveness lock, skip all cleanup).
     #[cfg(all(test, not(loom)))]
-    pub(crate) fn simulate_death(mut self) {
+    pub(crate) fn simulate_death(self) {
         if let Some(f) = &self.table.inner.lock_file {
             sys::ofd_unlock(f, SLOT_LOCK_BASE + self.index as u64);
         }
-        self.owner = 0;
+        self.owner.store(0, Ordering::Relaxed);
     }
 }
 
 impl Drop for ProcessSlot {
     fn drop(&mut self) {
-        let _ = self.deregister_inner();
+        let _ = self.leave();
     }
 }
 
@@ -1157,9 +1229,10 @@ impl UsageLedger for ProcessSlot {
             in_use,
             limit,
         };
-        if d >= MAX_DEVICES || !self.usable() || self.owner == 0 {
-            return Err(refuse(0, 0));
-        }
+        let Some(owner) = self.owner().filter(|_| d < MAX_DEVICES) else {
+            let usage = self.table.usage(device);
+            return Err(refuse(usage.used, usage.limit.unwrap_or(0)));
+        };
         if bytes == 0 {
             return Ok(());
         }
@@ -1167,7 +1240,7 @@ impl UsageLedger for ProcessSlot {
         let mut swept = false;
         loop {
             let st = self.table.store();
-            let done = match protocol::reserve(&st, self.index, self.owner, d, c, bytes, &NoCrash) {
+            let done = match protocol::reserve(&st, self.index, owner, d, c, bytes, &NoCrash) {
                 Ok(done) => done,
                 Err(protocol::Died) => return Err(refuse(0, 0)), // NoCrash never dies
             };
@@ -1180,8 +1253,10 @@ impl UsageLedger for ProcessSlot {
                     return Ok(());
                 }
                 Err(refusal) => {
-                    // Before refusing, give back what dead processes hold, then try once more.
+                    // Before refusing, give back what dead processes hold, then try once more
+                    // (unless this process left the table meanwhile: nothing would fit).
                     if !swept
+                        && !self.has_left()
                         && matches!(self.table.sweep_with_timeout(SWEEP_LOCK_TIMEOUT), Ok(n) if n > 0)
                     {
                         swept = true;
@@ -1195,14 +1270,17 @@ impl UsageLedger for ProcessSlot {
 
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
         let d = device.as_usize();
-        if d >= MAX_DEVICES || !self.usable() || self.owner == 0 || bytes == 0 {
+        let Some(owner) = self.owner() else {
+            return;
+        };
+        if d >= MAX_DEVICES || bytes == 0 {
             return;
         }
         let st = self.table.store();
         let _ = protocol::release(
             &st,
             self.index,
-            self.owner,
+            owner,
             d,
             class_index(class),
             bytes,

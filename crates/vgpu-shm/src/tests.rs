@@ -338,7 +338,7 @@ fn crash_inside_a_device_lock_recovers_within_100ms() {
     // The victim dies inside reserve, after `total += 50` and before `held += 50`.
     {
         let st = t.store();
-        st.lock_word(0).store(victim.owner, Ordering::SeqCst);
+        st.lock_word(0).store(victim.owner_word(), Ordering::SeqCst);
         st.total(0).store(80, Ordering::SeqCst);
     }
     victim.simulate_death();
@@ -662,4 +662,69 @@ fn other_files_are_refused_as_hami_core_files() {
     assert_eq!(decode(&img).unwrap().processes.len(), 2);
     let missing = crate::TableSnapshot::read_hami_core_file("/nonexistent/vgpu-x.cache");
     assert!(matches!(missing, Err(ShmError::Io { op: "read", .. })));
+}
+
+/// `leave` while another thread keeps reserving and releasing through the same handle: the
+/// usage is gone from the file at once (a read-only reader, which never sweeps, sees no slot
+/// and no usage), later reservations are refused, releases change nothing, and a peer's usage
+/// is untouched.
+#[test]
+fn leave_gives_usage_back_at_once_while_another_thread_reserves() {
+    let p = TempPath::new("leave");
+    let t = UsageTable::open_or_create(&p.0, &init(1 << 30, 1 << 30)).unwrap();
+    let peer = t.register_self().unwrap();
+    peer.try_reserve(D0, UsageClass::Data, 1000).unwrap();
+    let me = std::sync::Arc::new(t.register_self().unwrap());
+    me.try_reserve(D0, UsageClass::Data, 5 << 20).unwrap();
+    me.try_reserve(D1, UsageClass::Context, 7).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = {
+        let (me, stop) = (me.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut granted, mut refused) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                match me.try_reserve(D0, UsageClass::Data, 4096) {
+                    Ok(()) => {
+                        granted += 1;
+                        me.release(D0, UsageClass::Data, 4096);
+                    }
+                    Err(_) => refused += 1,
+                }
+            }
+            (granted, refused)
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    me.leave().unwrap();
+    assert!(me.has_left());
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    let snap = ro.snapshot();
+    assert_eq!(
+        snap.processes.len(),
+        1,
+        "only the peer: {:?}",
+        snap.processes
+    );
+    assert_eq!(snap.processes[0].slot, peer.index());
+    assert_eq!(snap.proc_num, 1);
+    assert_eq!(snap.devices[0].used, 1000);
+    assert_eq!(snap.devices[1].used, 0);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    stop.store(true, Ordering::Relaxed);
+    let (granted, refused) = worker.join().unwrap();
+    assert!(granted > 0 && refused > 0, "{granted} {refused}");
+    assert_eq!(
+        ro.snapshot().devices[0].used,
+        1000,
+        "nothing charged after leaving"
+    );
+    assert!(me.try_reserve(D0, UsageClass::Data, 1).is_err());
+    me.release(D0, UsageClass::Data, 1000); // not ours: must not touch the peer's
+    assert_eq!(peer.audit(D0).unwrap().total, 1000);
+    assert!(peer.audit(D0).unwrap().is_consistent());
+    me.leave().unwrap(); // idempotent
+    // The slot is free for the next process.
+    let next = t.register_self().unwrap();
+    next.try_reserve(D0, UsageClass::Data, 1).unwrap();
+    assert_eq!(ro.snapshot().devices[0].used, 1001);
 }
