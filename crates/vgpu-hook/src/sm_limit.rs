@@ -759,8 +759,10 @@ impl ContainerView for FileView {
     }
 
     fn note_activity(&mut self, _now: Nanos) {
+        // At most once a second (the limiter's activity period), and only in processes with
+        // an SM limit: the unlimited launch path stays one relaxed load (docs/sm-limit.md).
         if let Some(s) = slot() {
-            s.touch_kernel_time();
+            s.table().note_kernel_activity();
         }
     }
 

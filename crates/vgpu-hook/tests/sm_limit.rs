@@ -376,3 +376,37 @@ fn per_thread_stream_launches_are_held() {
     let _one = serial();
     assert_held("cuLaunchKernel_ptsz at 40%", 'p', 2_000, 40, 5.0);
 }
+
+#[test]
+fn limited_launches_mark_recent_kernel_for_the_monitor() {
+    let _one = serial();
+    let e = env();
+    let file = |cache: &str| {
+        vgpu_shm::UsageTable::open_read_only(e.dir.join(cache))
+            .expect("open the shared file")
+            .snapshot()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // With a limit, launching marks the task active (HAMi-core's `recent_kernel = 2`) and
+    // records the launch time.
+    let _ = std::fs::remove_file(e.dir.join("rk-limited.cache"));
+    run(Some(50), "rk-limited.cache", 0.3, 1_000, 'k');
+    let limited = file("rk-limited.cache");
+    assert_eq!(limited.recent_kernel, vgpu_shm::RECENT_KERNEL_ACTIVE);
+    assert!(
+        limited.last_kernel_time.abs_diff(now) <= 5,
+        "last_kernel_time {} vs now {now}",
+        limited.last_kernel_time
+    );
+    // Without one the launch path writes nothing to the file.
+    let _ = std::fs::remove_file(e.dir.join("rk-unlimited.cache"));
+    run(None, "rk-unlimited.cache", 0.3, 1_000, 'k');
+    let unlimited = file("rk-unlimited.cache");
+    assert_eq!(
+        (unlimited.recent_kernel, unlimited.last_kernel_time),
+        (0, 0)
+    );
+}

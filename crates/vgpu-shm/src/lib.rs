@@ -37,8 +37,8 @@ mod validate;
 
 pub use error::{ImageError, ShmError};
 pub use table::{
-    DeviceAudit, DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot, TableInit,
-    TableSnapshot, UsageTable,
+    DeviceAudit, DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot,
+    RECENT_KERNEL_ACTIVE, TableInit, TableSnapshot, UsageTable,
 };
 pub use validate::ImageInfo;
 

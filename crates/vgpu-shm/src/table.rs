@@ -30,6 +30,8 @@ const INIT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 const ADMIN_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a refused reservation or a snapshot waits to sweep dead processes before giving up.
 const SWEEP_LOCK_TIMEOUT: Duration = Duration::from_millis(100);
+/// `recent_kernel` as HAMi-core writes it on launches ("this task is active").
+pub const RECENT_KERNEL_ACTIVE: i32 = 2;
 /// How long [`ProcessSlot::leave`] waits for the locks it needs (it runs at process exit, which
 /// must not hang).
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -857,6 +859,33 @@ impl UsageTable {
         if t.load(Ordering::Relaxed) != now {
             t.store(now, Ordering::Relaxed);
         }
+    }
+
+    /// Tell the monitor that this container launches kernels, as HAMi-core does on launches:
+    /// `recent_kernel = 2` (the monitor decrements it on each pass and counts the task as
+    /// active while it is positive) and `last_kernel_time` = now. A negative `recent_kernel`
+    /// is the monitor's "block launches" signal and is never overwritten: the store is a
+    /// compare-and-swap from a non-negative value, so a monitor write that lands in between
+    /// wins. Nothing is written when the value is already 2 (no cache-line bouncing). Meant
+    /// to be called at most about once a second (the hook calls it from the SM limiter).
+    pub fn note_kernel_activity(&self) {
+        if self.check_writable().is_err() {
+            return;
+        }
+        let recent = &self.region().recent_kernel;
+        let mut current = recent.load(Ordering::Relaxed);
+        while current >= 0 && current != RECENT_KERNEL_ACTIVE {
+            match recent.compare_exchange_weak(
+                current,
+                RECENT_KERNEL_ACTIVE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(seen) => current = seen,
+            }
+        }
+        self.touch_kernel_time();
     }
 
     /// Usage of `device` by everyone (the authoritative per-device total).

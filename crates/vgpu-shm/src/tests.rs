@@ -728,3 +728,37 @@ fn leave_gives_usage_back_at_once_while_another_thread_reserves() {
     next.try_reserve(D0, UsageClass::Data, 1).unwrap();
     assert_eq!(ro.snapshot().devices[0].used, 1001);
 }
+
+/// Kernel activity marks `recent_kernel = 2` like HAMi-core, but never overwrites the
+/// monitor's negative "block" value, and a read-only handle writes nothing.
+#[test]
+fn kernel_activity_marks_recent_kernel_but_never_a_negative_value() {
+    let p = TempPath::new("recent");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let rk = |v: i32| poke(&p, offsets::RECENT_KERNEL, &v.to_le_bytes());
+    assert_eq!((t.recent_kernel(), t.last_kernel_time()), (0, 0));
+    t.note_kernel_activity();
+    assert_eq!(t.recent_kernel(), crate::RECENT_KERNEL_ACTIVE);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(t.last_kernel_time().abs_diff(now) <= 2);
+    for (before, after) in [
+        (1, 2),
+        (0, 2),
+        (7, 2),
+        (-1, -1),
+        (-5, -5),
+        (i32::MIN, i32::MIN),
+    ] {
+        rk(before);
+        t.note_kernel_activity();
+        assert_eq!(t.recent_kernel(), after, "from {before}");
+    }
+    rk(0);
+    UsageTable::open_read_only(&p.0)
+        .unwrap()
+        .note_kernel_activity();
+    assert_eq!(t.recent_kernel(), 0, "a read-only handle writes nothing");
+}
