@@ -12,9 +12,9 @@ use vgpu_alloc_core::{DeviceIndex, DeviceUsage, OutOfMemory, UsageClass, UsageLe
 
 use crate::error::{ImageError, ShmError};
 use crate::layout::{
-    self, CLASSES, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR,
-    HAMI_STATUS_RUNNING, HAMI_STATUS_SUSPENDED, HamiProcSlot, HamiRegion, MAX_DEVICES, MAX_SLOTS,
-    SlotRecord, UUID_LEN,
+    self, BASE_FILE_LEN, CLASSES, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC,
+    HAMI_MAJOR, HAMI_MINOR, HAMI_STATUS_RUNNING, HAMI_STATUS_SUSPENDED, HamiProcSlot, HamiRegion,
+    MAX_DEVICES, MAX_SLOTS, PublishTimes, SlotRecord, UUID_LEN,
 };
 use crate::protocol::{self, NoCrash, STATE_FREE, STATE_LIVE, Store, ident_word, split_ident};
 use crate::sys::{self, Mapping};
@@ -308,6 +308,10 @@ pub struct ProcessDeviceUsage {
     pub data: u64,
     /// Last reported SM utilization, percent.
     pub sm_util: u64,
+    /// When `sm_util` was reported: `CLOCK_MONOTONIC` nanoseconds (one clock for every
+    /// process of the host). `None` when unknown: reported without a time, by a library that
+    /// writes none, or the file has no time table.
+    pub sm_util_at: Option<u64>,
 }
 
 impl ProcessDeviceUsage {
@@ -451,7 +455,12 @@ impl UsageTable {
             let map = Mapping::map(&file, map_len.max(1), writable).map_err(io("mmap"))?;
             // Report the real length, not the mapped one.
             match validate(&map) {
-                Ok(_) if len >= FILE_LEN as u64 => map,
+                Ok(info) if info.minor_version == 0 && writable => {
+                    // Written by a library from before the publish-time table: append it.
+                    drop(map);
+                    Self::upgrade(&file, len).map_err(io("upgrade"))?
+                }
+                Ok(_) if len >= BASE_FILE_LEN as u64 => map,
                 Ok(_) => unreachable_truncated(len).map_err(invalid)?,
                 Err(ImageError::Uninitialized) if init.is_some() => {
                     drop(map);
@@ -506,6 +515,31 @@ impl UsageTable {
         Ok(table)
     }
 
+    /// Append the publish-time table (extension minor version 1) to a valid minor-0 file
+    /// (caller holds the init flock). Everything before it stays as it is, so processes of
+    /// older libraries that map only the base keep working; they never read the new part.
+    fn upgrade(file: &File, len: u64) -> io::Result<Mapping> {
+        // Growing zero-fills; a longer file is never cut.
+        if len < FILE_LEN as u64 {
+            file.set_len(FILE_LEN as u64)?;
+        }
+        let map = Mapping::map(file, FILE_LEN, true)?;
+        let (Some(ext), Some(times)) = (map.extension(), map.publish_times()) else {
+            return Err(io::Error::other("mapping shorter than the table"));
+        };
+        // Whatever lay beyond the base belongs to nobody yet (the minor version says 0).
+        for slot in &times.slots {
+            slot.ident.store(0, Ordering::Relaxed);
+            for at in &slot.sm_util_at {
+                at.store(0, Ordering::Relaxed);
+            }
+        }
+        ext.header
+            .minor_version
+            .store(layout::EXT_MINOR, Ordering::Release);
+        Ok(map)
+    }
+
     /// Size the file and write a fresh table (caller holds the init flock).
     fn initialize(file: &File, init: &TableInit) -> io::Result<Mapping> {
         // Truncating to 0 first zero-fills whatever an interrupted initializer left.
@@ -547,6 +581,14 @@ impl UsageTable {
             .map
             .extension()
             .expect("mapping validated at attach")
+    }
+
+    /// The publish-time table, when the file has it (minor version ≥ 1 when attached).
+    pub(crate) fn times(&self) -> Option<&PublishTimes> {
+        if self.ext().header.minor_version.load(Ordering::Acquire) < 1 {
+            return None;
+        }
+        self.inner.map.publish_times()
     }
 
     pub(crate) fn store(&self) -> Mapped<'_> {
@@ -730,6 +772,16 @@ impl UsageTable {
             rec.pid.store(pid, Ordering::Relaxed);
             rec.hostpid.store(0, Ordering::Relaxed);
             rec.start_time.store(start_time, Ordering::Relaxed);
+            let generation = generation.wrapping_add(1) & 0x7fff_ffff;
+            if let Some(times) = self.times() {
+                // The new process has published nothing yet.
+                let t = &times.slots[j];
+                for at in &t.sm_util_at {
+                    at.store(0, Ordering::Relaxed);
+                }
+                t.ident
+                    .store(ident_word(generation, STATE_LIVE), Ordering::Release);
+            }
             for device in 0..MAX_DEVICES {
                 rec.sm_util[device].store(0, Ordering::Relaxed);
                 // A free slot holds nothing (normalize zeroes non-live slots).
@@ -741,7 +793,6 @@ impl UsageTable {
             }
             // Appending at `n` moves no live slot, so no device lock is needed.
             st.write_proc(n as usize, j, 0);
-            let generation = generation.wrapping_add(1) & 0x7fff_ffff;
             rec.ident
                 .store(ident_word(generation, STATE_LIVE), Ordering::Release);
             st.region.proc_num.store(n + 1, Ordering::Release);
@@ -923,13 +974,22 @@ impl UsageTable {
             })
             .collect();
         let mut processes = Vec::new();
+        let times = self.times();
         for (j, rec) in st.ext.slots.iter().enumerate() {
-            let (_, state) = split_ident(rec.ident.load(Ordering::Acquire));
+            let ident = rec.ident.load(Ordering::Acquire);
+            let (_, state) = split_ident(ident);
+            // Times count only if the slot's current process wrote them.
+            let own_times = times
+                .map(|t| &t.slots[j])
+                .filter(|t| t.ident.load(Ordering::Acquire) == ident);
             let usage = |d: usize| ProcessDeviceUsage {
                 context: rec.held[d][0].load(Ordering::Relaxed),
                 module: rec.held[d][1].load(Ordering::Relaxed),
                 data: rec.held[d][2].load(Ordering::Relaxed),
                 sm_util: rec.sm_util[d].load(Ordering::Relaxed),
+                sm_util_at: own_times
+                    .map(|t| t.sm_util_at[d].load(Ordering::Relaxed))
+                    .filter(|&at| at != 0),
             };
             for (d, dev) in devices.iter_mut().enumerate() {
                 let u = usage(d);
@@ -1017,6 +1077,7 @@ fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit) {
     h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);
     h.admin_epoch.store(1, Ordering::Relaxed);
     h.created_at.store(now_secs(), Ordering::Relaxed);
+    h.minor_version.store(layout::EXT_MINOR, Ordering::Relaxed);
     h.magic.store(EXT_MAGIC, Ordering::Release);
     // Last: the monitor and other processes treat the file as initialized from here on.
     r.initialized_flag.store(HAMI_MAGIC, Ordering::Release);
@@ -1113,16 +1174,36 @@ impl ProcessSlot {
         &self.table.ext().slots[self.index]
     }
 
-    /// Report this process's SM utilization of `device` (percent) for the monitor.
-    ///
-    /// Called periodically off the hot path (the SM-limit thread), it also sweeps dead processes
-    /// at most once a second, so the monitor's numbers do not wait for the next refusal.
+    /// Report this process's SM utilization of `device` (percent) for the monitor, without a
+    /// time (peers then take it as current until it changes; see [`ProcessSlot::publish_sm_util`]).
     pub fn set_sm_util(&self, device: DeviceIndex, percent: u64) {
+        self.publish(device, percent, 0);
+    }
+
+    /// Report this process's SM utilization of `device` (percent) for the monitor and the
+    /// peers, published at `at_ns` (`CLOCK_MONOTONIC` nanoseconds, the clock every process of
+    /// the host shares), so that peers can ignore it once it is old: a process publishes only
+    /// while it launches.
+    ///
+    /// Called periodically off the hot path (the SM limiter's publish step), it also sweeps dead
+    /// processes at most once a second, so the monitor's numbers do not wait for the next refusal.
+    pub fn publish_sm_util(&self, device: DeviceIndex, percent: u64, at_ns: u64) {
+        self.publish(device, percent, at_ns);
+    }
+
+    fn publish(&self, device: DeviceIndex, percent: u64, at_ns: u64) {
         self.with_device_locked(device.as_usize(), |st| {
             let d = device.as_usize();
-            self.record().sm_util[d].store(percent, Ordering::Relaxed);
+            let rec = self.record();
+            rec.sm_util[d].store(percent, Ordering::Relaxed);
             if let Some(p) = st.proc_of(self.index) {
                 p.device_util[d].sm_util.store(percent, Ordering::Relaxed);
+            }
+            if let Some(times) = self.table.times() {
+                let t = &times.slots[self.index];
+                t.sm_util_at[d].store(at_ns, Ordering::Relaxed);
+                t.ident
+                    .store(rec.ident.load(Ordering::Relaxed), Ordering::Release);
             }
         });
         self.table.periodic_sweep();
@@ -1153,6 +1234,15 @@ impl ProcessSlot {
             module: h[1].load(Ordering::Relaxed),
             data: h[2].load(Ordering::Relaxed),
             sm_util: self.record().sm_util[device.as_usize()].load(Ordering::Relaxed),
+            sm_util_at: self
+                .table
+                .times()
+                .map(|t| &t.slots[self.index])
+                .filter(|t| {
+                    t.ident.load(Ordering::Acquire) == self.record().ident.load(Ordering::Acquire)
+                })
+                .map(|t| t.sm_util_at[device.as_usize()].load(Ordering::Relaxed))
+                .filter(|&at| at != 0),
         }
     }
 

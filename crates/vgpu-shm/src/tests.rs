@@ -762,3 +762,124 @@ fn kernel_activity_marks_recent_kernel_but_never_a_negative_value() {
         .note_kernel_activity();
     assert_eq!(t.recent_kernel(), 0, "a read-only handle writes nothing");
 }
+
+/// `sm_util` publish times: per slot and device, read back by any handle; an untimed report
+/// clears the time; a new process in a reused slot starts without one.
+#[test]
+fn sm_util_publish_times_belong_to_the_slots_current_process() {
+    let p = TempPath::new("times");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(b.len(), FILE_LEN);
+    assert_eq!(
+        read_i32(&b, offsets::EXT_MINOR_VERSION),
+        layout::EXT_MINOR as i32
+    );
+    // The base an older library checks is unchanged: version 1, its extension size.
+    assert_eq!(read_i32(&b, offsets::EXT_VERSION), 1);
+    assert_eq!(
+        read_i32(&b, offsets::EXT_SIZE) as usize,
+        layout::BASE_FILE_LEN - layout::EXT_OFFSET
+    );
+    let a = t.register_self().unwrap();
+    a.publish_sm_util(D0, 40, 123_456_789);
+    a.publish_sm_util(D1, 7, 5);
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    let pa = &ro.snapshot().processes[0];
+    assert_eq!(pa.devices[0].sm_util, 40);
+    assert_eq!(pa.devices[0].sm_util_at, Some(123_456_789));
+    assert_eq!(pa.devices[1].sm_util_at, Some(5));
+    assert_eq!(a.held(D0).sm_util_at, Some(123_456_789));
+    a.set_sm_util(D1, 9); // no time: none is claimed
+    assert_eq!(ro.snapshot().processes[0].devices[1].sm_util_at, None);
+    let slot = a.index();
+    a.leave().unwrap();
+    let c = t.register_self().unwrap();
+    assert_eq!(c.index(), slot, "the freed slot is reused");
+    let pc = &ro.snapshot().processes[0];
+    assert_eq!((pc.devices[0].sm_util, pc.devices[0].sm_util_at), (0, None));
+    // A process of an older library (it writes no times) in a slot whose previous owner left
+    // times: those times are not its own.
+    c.publish_sm_util(D0, 30, 99);
+    let ident = &t.ext().slots[slot].ident;
+    let (generation, state) = crate::protocol::split_ident(ident.load(Ordering::SeqCst));
+    ident.store(
+        crate::protocol::ident_word(generation + 1, state),
+        Ordering::SeqCst,
+    );
+    assert_eq!(ro.snapshot().processes[0].devices[0].sm_util_at, None);
+    ident.store(
+        crate::protocol::ident_word(generation, state),
+        Ordering::SeqCst,
+    );
+}
+
+/// A file written before the publish-time table existed (extension minor version 0, the base
+/// length) is upgraded in place by the first writable open, keeping limits, slots and usage;
+/// a read-only open reads it as it is.
+#[test]
+fn a_minor_0_file_is_upgraded_in_place() {
+    let p = TempPath::new("minor0");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 300).unwrap();
+    me.set_sm_util(D0, 12);
+    // Make it what an older library writes: minor 0, base length, garbage after the base
+    // would be cut off anyway.
+    poke(&p, offsets::EXT_MINOR_VERSION, &0u32.to_le_bytes());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p.0)
+        .unwrap()
+        .set_len(layout::BASE_FILE_LEN as u64)
+        .unwrap();
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(validate_image(&b).unwrap().minor_version, 0);
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    let snap = ro.snapshot();
+    assert_eq!(snap.devices[0].used, 300);
+    assert_eq!(snap.processes[0].devices[0].sm_util, 12);
+    assert_eq!(snap.processes[0].devices[0].sm_util_at, None);
+    assert_eq!(
+        std::fs::metadata(&p.0).unwrap().len(),
+        layout::BASE_FILE_LEN as u64
+    );
+    // A writable open appends the table.
+    let again = UsageTable::open_existing(&p.0).unwrap();
+    assert_eq!(std::fs::metadata(&p.0).unwrap().len(), FILE_LEN as u64);
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(validate_image(&b).unwrap().minor_version, layout::EXT_MINOR);
+    assert_eq!(again.memory_limit(D1), Some(2000));
+    let other = again.register_self().unwrap();
+    other.publish_sm_util(D0, 20, 777);
+    let snap = again.snapshot();
+    assert_eq!(snap.devices[0].used, 300, "usage kept");
+    let po = snap
+        .processes
+        .iter()
+        .find(|p| p.slot == other.index())
+        .unwrap();
+    assert_eq!(po.devices[0].sm_util_at, Some(777));
+    // The earlier process wrote no time since the upgrade: its share has none.
+    let pm = snap
+        .processes
+        .iter()
+        .find(|p| p.slot == me.index())
+        .unwrap();
+    assert_eq!(
+        (pm.devices[0].sm_util, pm.devices[0].sm_util_at),
+        (12, None)
+    );
+    // A minor-1 file cut short is refused, not read past its end.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p.0)
+        .unwrap()
+        .set_len(FILE_LEN as u64 - 64)
+        .unwrap();
+    let b = std::fs::read(&p.0).unwrap();
+    assert!(matches!(
+        validate_image(&b),
+        Err(ImageError::Truncated { .. })
+    ));
+}
