@@ -141,6 +141,9 @@ def slot_usage(cache, pid, dev=0):
     return None
 
 
+torch_only = pytest.mark.skipif(not _has("torch"), reason="PyTorch not installed")
+
+
 # ---------------------------------------------------------------- C driver-API programs
 
 
@@ -202,6 +205,50 @@ def test_driver_api_ranges_ipc_threads_fork():
     assert d["errors"] == "0" and d["full_alloc"] == "0", d
     d = c.probe("fork", 256 * MIB)
     assert d["used_after_child"] == d["used_before"] == d["used_after_exec_child"], d
+
+
+def file_without_sweep(cache):
+    """(proc_num, {pid: total bytes on device 0}) of the shared file, read without sweeping: a
+    process that exited without leaving the table is still listed."""
+    with open(cache, "rb") as f:
+        b = f.read()
+    (proc_num,) = struct.unpack_from("<i", b, 2008896)
+    procs = {}
+    for i in range(min(max(proc_num, 0), 1024)):
+        base = 1856 + i * 1960
+        (p,) = struct.unpack_from("<i", b, base)
+        procs[p] = struct.unpack_from("<Q", b, base + 8 + 32)[0]
+    return proc_num, procs
+
+
+@pytest.mark.parametrize("how", ["return", "thread", "pthread_exit"])
+def test_normal_exit_leaves_the_shared_file_at_once(how):
+    # "thread": exit() from a new thread while another thread allocates and frees 4 MiB.
+    c = Container("8g")
+    d = c.probe("exit", how, 256 * MIB, name=f"exit {how}")
+    assert int(d["used"]) >= 256 * MIB, d
+    assert file_without_sweep(c.cache) == (0, {}), f"still counted after exit: {d}"
+
+
+def test_forked_child_exiting_normally_keeps_the_parents_usage():
+    c = Container("8g")
+    a = c.spawn([PROBE, "exit", "fork", str(256 * MIB)])
+    try:
+        assert wait_line(a, "child_status=") == "child_status=0"
+        assert wait_line(a, "hold=") == "hold=0"
+        n, procs = file_without_sweep(c.cache)
+        assert n == 1 and procs.get(a.pid, 0) >= 256 * MIB, (n, procs)
+    finally:
+        a.communicate("go\n", timeout=120)
+    assert file_without_sweep(c.cache) == (0, {})
+
+
+@torch_only
+def test_torch_exit_leaves_the_shared_file_at_once():
+    c = Container("4g")
+    d = c.job("torch_meminfo")
+    assert int(d["total"]) == 4 * GIB, d
+    assert file_without_sweep(c.cache) == (0, {}), d
 
 
 def test_visible_device_by_uuid_and_per_device_limit():
@@ -299,9 +346,6 @@ def test_runtime_api_program():
 
 
 # ---------------------------------------------------------------- PyTorch
-
-
-torch_only = pytest.mark.skipif(not _has("torch"), reason="PyTorch not installed")
 
 
 @torch_only

@@ -63,6 +63,20 @@ fn ready_state() -> Option<&'static Ready> {
 }
 
 fn log_oom(oom: &OutOfMemory) -> CUresult {
+    if crate::state::has_left() {
+        // Once: a thread allocating in a loop while the process exits would repeat it.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            vlog!(
+                MSG,
+                "refusing {} bytes on device {}: this process is exiting and has given its usage \
+                 back (further refusals while exiting are not logged)",
+                oom.requested,
+                oom.device
+            );
+        }
+        return CUresult::OUT_OF_MEMORY;
+    }
     vlog!(MSG, "{oom}");
     CUresult::OUT_OF_MEMORY
 }

@@ -56,7 +56,7 @@ use vgpu_cuda_abi::{
 };
 use vgpu_limiter::{
     Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
-    PeerUsage, Policy, Ticket, TimerError, TurnTenant,
+    PeerShare, Policy, Ticket, TimerError, TurnTenant,
 };
 use vgpu_shm::{ProcessSlot, TurnBoard};
 
@@ -330,8 +330,10 @@ impl StreamKey {
     }
 }
 
-/// `CLOCK_MONOTONIC` itself (a vDSO read, no syscall): absolute, so that every process of
-/// the node, in any container, sees the same time line (the turn board's cycles line up).
+/// `CLOCK_MONOTONIC` in nanoseconds (a vDSO read, no syscall), as is: the shared file's
+/// `sm_util` publish times are on this time line, which every process of the host shares
+/// (containers included: the monotonic clock is not namespaced), so a peer's time compares
+/// with ours.
 #[derive(Debug, Clone, Copy)]
 struct MonoClock;
 
@@ -341,11 +343,11 @@ impl Clock for MonoClock {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        // SAFETY: clock_gettime(2) writes the timespec we own; CLOCK_MONOTONIC always exists.
+        // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        (ts.tv_sec as Nanos)
+        (ts.tv_sec as u64)
             .saturating_mul(1_000_000_000)
-            .saturating_add(ts.tv_nsec as Nanos)
+            .saturating_add(ts.tv_nsec as u64)
     }
 }
 
@@ -806,40 +808,38 @@ impl ContainerView for FileView {
         slot().map_or(1, |s| s.table().utilization_switch())
     }
 
-    fn peers(&self) -> PeerUsage {
+    fn peers(&self) -> Vec<PeerShare> {
         let Some(me) = slot() else {
-            return PeerUsage::default();
+            return Vec::new();
         };
         let snap = me.table().snapshot();
-        let mut peers = PeerUsage::default();
-        for p in snap
-            .processes
+        snap.processes
             .iter()
             .filter(|p| p.slot != me.index() && p.alive)
-        {
-            let util = p.devices.get(self.device).map_or(0, |u| u.sm_util);
-            if util > 0 {
-                peers.util_pct = peers.util_pct.saturating_add(util.min(100) as u32);
-                peers.active += 1;
-            }
-        }
-        peers
+            .filter_map(|p| p.devices.get(self.device))
+            .map(|u| PeerShare {
+                util_pct: u.sm_util.min(100) as u32,
+                published_at: u.sm_util_at,
+            })
+            .collect()
     }
 
-    fn publish_util(&mut self, util_pct: u32) {
+    fn publish_util(&mut self, util_pct: u32, now: Nanos) {
         vlog!(
             DEBUG,
             "device {}: achieved SM utilization {util_pct}%",
             self.device
         );
         if let Some(s) = slot() {
-            s.set_sm_util(DeviceIndex(self.device as u32), u64::from(util_pct));
+            s.publish_sm_util(DeviceIndex(self.device as u32), u64::from(util_pct), now);
         }
     }
 
     fn note_activity(&mut self, _now: Nanos) {
+        // At most once a second (the limiter's activity period), and only in processes with
+        // an SM limit: the unlimited launch path stays one relaxed load (docs/sm-limit.md).
         if let Some(s) = slot() {
-            s.touch_kernel_time();
+            s.table().note_kernel_activity();
         }
     }
 

@@ -18,7 +18,7 @@ use vgpu_cuda_abi::{CUdevice, CUresult};
 use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
 
 use crate::driver::RealBackend;
-use crate::log::{ERROR, INFO, WARN, vlog};
+use crate::log::{DEBUG, ERROR, INFO, WARN, vlog};
 use crate::measured::MeasuredTracker;
 use crate::residual::Residual;
 
@@ -156,7 +156,6 @@ impl Ready {
     /// This process's slot in the shared table (for the SM limiter: `sm_util`, the
     /// monitor's `recent_kernel`/`utilization_switch`, live `sm_limit[]`), if the ledger is
     /// the shared table.
-    #[allow(dead_code)]
     pub(crate) fn slot(&self) -> Option<&ProcessSlot> {
         match self.ledger() {
             HookLedger::Shared(slot) => Some(slot),
@@ -362,7 +361,66 @@ extern "C" fn after_fork_in_child() {
     // were not copied into the child.
     STATE.store(std::ptr::null_mut(), Ordering::Release);
     BUILDING.store(false, Ordering::Release);
+    LEFT.store(false, Ordering::Relaxed);
     crate::sm_limit::after_fork_in_child();
+}
+
+/// Set once this process has left the shared table at exit (see [`leave_at_exit`]).
+static LEFT: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process has already left the shared table because it is exiting: its usage
+/// was given back, and allocations made by threads still running are refused.
+pub(crate) fn has_left() -> bool {
+    LEFT.load(Ordering::Relaxed)
+}
+
+/// Run by the dynamic loader when the process exits normally (return from `main`, `exit()`
+/// from any thread, the last thread calling `pthread_exit`) and when `libvgpu.so` is unloaded.
+///
+/// A `.fini_array` entry, not an `atexit` handler: the loader runs `.fini_array` entries after
+/// every `atexit` handler and, object by object, after the destructors of everything loaded
+/// after us (the CUDA runtime's and frameworks' teardown, which may still free memory
+/// through us), so the usage is given back as late as possible and nothing needs
+/// registering. It does nothing unless the state was built (no constructor-like work), and
+/// in a forked child it sees only the child's own state (the fork handler forgets the
+/// parent's; a parent's `ProcessSlot` also refuses to act in a child).
+// SAFETY: the entry is a plain `extern "C" fn()` with no arguments, which is what the loader
+// calls `.fini_array` entries as; the function catches every panic.
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static LEAVE_AT_EXIT: extern "C" fn() = leave_at_exit;
+
+extern "C" fn leave_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let p = STATE.load(Ordering::Acquire);
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: published pointers come from Box::into_raw and are never freed.
+        let Enforcement::Ready(ready) = (unsafe { &*p }) else {
+            return;
+        };
+        let Some(slot) = ready.slot() else {
+            return;
+        };
+        // From here on, allocations by threads still running are refused (never unenforced):
+        // the process is going away and its usage is no longer counted.
+        LEFT.store(true, Ordering::Relaxed);
+        match slot.leave() {
+            Ok(()) => vlog!(
+                DEBUG,
+                "exiting: left the shared table (slot {})",
+                slot.index()
+            ),
+            Err(e) => {
+                LEFT.store(false, Ordering::Relaxed);
+                vlog!(
+                    WARN,
+                    "exiting: could not leave the shared table ({e}); its usage returns when the process is gone"
+                );
+            }
+        }
+    });
 }
 
 #[cfg(test)]

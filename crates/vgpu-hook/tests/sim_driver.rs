@@ -799,3 +799,61 @@ fn a_process_nvml_does_not_list_is_said_once_and_the_monitors_hostpid_fixes_it()
     assert_eq!(module, CODE, "{}", o.stdout);
     assert_eq!(o.u("used_loaded"), CODE, "{}", o.stdout);
 }
+
+/// The shared file as a reader that never sweeps sees it (`vgpu status` on a read-only
+/// handle): a process that exited without leaving the table is still listed there.
+fn file_without_sweep(cache: &str) -> vgpu_shm::TableSnapshot {
+    vgpu_shm::UsageTable::open_read_only(cache)
+        .expect("open the shared file read-only")
+        .snapshot()
+}
+
+#[test]
+fn a_process_that_exits_normally_leaves_the_table_at_once() {
+    for how in ["return", "thread", "pthread_exit"] {
+        let run = Run::hooked("256m");
+        let o = run.run(&["exit", how, "8388608"]);
+        let ctx = format!("exit by {how}:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+        assert!(o.u("used") >= 8 * MIB, "{ctx}");
+        if how == "thread" {
+            // Another thread was allocating and freeing while exit() ran.
+            assert!(o.u("exiting_loops") >= 200, "{ctx}");
+            assert_eq!(o.get("alloc_errors"), "0", "{ctx}");
+        }
+        if how == "pthread_exit" {
+            assert_eq!(o.get("thread_alloc"), "0", "{ctx}");
+        }
+        assert!(!o.stderr.contains("panic"), "{ctx}");
+        let snap = file_without_sweep(&run.cache());
+        assert!(
+            snap.processes.is_empty(),
+            "still registered: {:?}\n{ctx}",
+            snap.processes
+        );
+        assert_eq!(snap.proc_num, 0, "{ctx}");
+        assert_eq!(snap.devices[0].used, 0, "usage still counted: {ctx}");
+    }
+}
+
+#[test]
+fn a_forked_child_exiting_normally_keeps_the_parents_usage() {
+    let run = Run::hooked("256m");
+    let mut parent = run.spawn(&["exit", "fork", "8388608"]);
+    assert_eq!(parent.wait_for("child_status="), "child_status=0");
+    assert_eq!(parent.wait_for("hold="), "hold=0");
+    let snap = file_without_sweep(&run.cache());
+    assert_eq!(snap.processes.len(), 1, "{:?}", snap.processes);
+    let p = &snap.processes[0];
+    assert_eq!(p.pid, parent.pid() as i32);
+    assert!(p.alive);
+    assert!(
+        p.devices[0].total() >= 8 * MIB,
+        "the child's exit took the parent's usage: {p:?}"
+    );
+    assert_eq!(snap.devices[0].used, p.devices[0].total());
+    parent.finish();
+    // The parent's own normal exit then leaves the table.
+    let snap = file_without_sweep(&run.cache());
+    assert!(snap.processes.is_empty(), "{:?}", snap.processes);
+    assert_eq!(snap.devices[0].used, 0);
+}

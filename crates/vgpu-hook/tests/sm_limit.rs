@@ -120,6 +120,13 @@ int main(int argc, char **argv) {
   CHECK(nvmlDeviceGetUtilizationRates(nd, util));
   CHECK(mode == 'p' ? cuStreamSynchronize((H)2) : cuStreamSynchronize(s));
   printf("RESULT kernels_per_s=%f busy_pct=%u\n", n * per_launch / wall, util[0]);
+  fflush(stdout);
+  /* Optionally stay alive without launching (a peer whose last published share goes stale). */
+  if (argc > 5) {
+    double linger = atof(argv[5]);
+    struct timespec d = {(time_t)linger, (long)((linger - (time_t)linger) * 1e9)};
+    nanosleep(&d, 0);
+  }
   return 0;
 }
 "#;
@@ -432,4 +439,89 @@ fn two_containers_announce_themselves_and_take_turns() {
     assert_eq!(limits, [30, 70], "both containers announced");
     assert!((a.busy_pct - 30.0).abs() <= 7.0, "30% container: {a:?}");
     assert!((b.busy_pct - 70.0).abs() <= 7.0, "70% container: {b:?}");
+}
+
+#[test]
+fn limited_launches_mark_recent_kernel_for_the_monitor() {
+    let _one = serial();
+    let e = env();
+    let file = |cache: &str| {
+        vgpu_shm::UsageTable::open_read_only(e.dir.join(cache))
+            .expect("open the shared file")
+            .snapshot()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // With a limit, launching marks the task active (HAMi-core's `recent_kernel = 2`) and
+    // records the launch time.
+    let _ = std::fs::remove_file(e.dir.join("rk-limited.cache"));
+    run(Some(50), "rk-limited.cache", 0.3, 1_000, 'k');
+    let limited = file("rk-limited.cache");
+    assert_eq!(limited.recent_kernel, vgpu_shm::RECENT_KERNEL_ACTIVE);
+    assert!(
+        limited.last_kernel_time.abs_diff(now) <= 5,
+        "last_kernel_time {} vs now {now}",
+        limited.last_kernel_time
+    );
+    // Without one the launch path writes nothing to the file.
+    let _ = std::fs::remove_file(e.dir.join("rk-unlimited.cache"));
+    run(None, "rk-unlimited.cache", 0.3, 1_000, 'k');
+    let unlimited = file("rk-unlimited.cache");
+    assert_eq!(
+        (unlimited.recent_kernel, unlimited.last_kernel_time),
+        (0, 0)
+    );
+}
+
+#[test]
+fn a_peer_that_stopped_launching_no_longer_holds_back_the_other() {
+    let _one = serial();
+    let e = env();
+    let cache = e.dir.join("stale-peer.cache");
+    let _ = std::fs::remove_file(&cache);
+    let command = |args: &[&str]| {
+        let mut cmd = Command::new(&e.program);
+        cmd.args(args)
+            .env("LD_PRELOAD", &e.hook)
+            .env("LD_LIBRARY_PATH", &e.dir)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+            .env("CUDA_DEVICE_SM_LIMIT", "50")
+            .env("VGPU_SIM_UTIL_WINDOW_MS", "1500")
+            .env_remove("GPU_CORE_UTILIZATION_POLICY")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    // B launches for 0.6 s (publishing its share, about 50%), then stays alive for 5 s
+    // without launching.
+    let mut b = command(&["0.6", "2000000", "k", "0.1", "5"])
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let snap = vgpu_shm::UsageTable::open_read_only(&cache)
+        .expect("open the shared file")
+        .snapshot();
+    let published = snap.processes.iter().map(|p| p.devices[0].sm_util).max();
+    assert!(
+        published.is_some_and(|u| u >= 20),
+        "B published no share: {:?}",
+        snap.processes
+    );
+    // A, started after B stopped launching, gets the whole container limit: B's share is
+    // older than a few publish periods by the end of A's warm-up.
+    let a = parse(
+        &command(&["1.5", "2000000", "k", "0.6"])
+            .output()
+            .expect("run A"),
+    );
+    let _ = b.kill();
+    let _ = b.wait();
+    eprintln!("A next to a stopped peer: GPU busy {}%", a.busy_pct);
+    assert!(
+        (a.busy_pct - 50.0).abs() <= 7.0,
+        "A held back by a peer that stopped launching: busy {}% for 50%",
+        a.busy_pct
+    );
 }

@@ -39,6 +39,10 @@ pub struct LimiterConfig {
     pub blocked_poll: Nanos,
     /// How often the achieved utilization is published and the peers' is read.
     pub publish_period: Nanos,
+    /// A peer's share published longer ago than this is ignored: the peer stopped launching
+    /// (a process publishes only while it launches or waits to launch). A few publish
+    /// periods, so that one late publish does not drop a busy peer.
+    pub peer_stale_after: Nanos,
     /// How often activity is signalled to the monitor.
     pub activity_period: Nanos,
     /// Budget against `limit − other processes' share` (the container-wide limit).
@@ -72,6 +76,7 @@ impl Default for LimiterConfig {
             poll_interval: 100 * MICROS,
             blocked_poll: MILLIS,
             publish_period: 100 * MILLIS,
+            peer_stale_after: 500 * MILLIS,
             activity_period: 1_000 * MILLIS,
             share_with_peers: true,
             contention_period: 0,
@@ -383,6 +388,23 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         (base - others).max(fair).max(0.005)
     }
 
+    /// The peers' shares that are recent enough to count: a share published more than
+    /// `peer_stale_after` ago belongs to a process that stopped launching, and budgeting
+    /// against it would hold this process below the container's limit for nothing.
+    fn fresh_peers(&self, now: Nanos) -> PeerUsage {
+        let mut usage = PeerUsage::default();
+        for share in self.view.peers() {
+            let stale = share
+                .published_at
+                .is_some_and(|t| now.saturating_sub(t) > self.cfg.peer_stale_after);
+            if share.util_pct > 0 && !stale {
+                usage.util_pct = usage.util_pct.saturating_add(share.util_pct.min(100));
+                usage.active += 1;
+            }
+        }
+        usage
+    }
+
     /// Makes sure an open segment on `stream` brackets the coming launch.
     fn prepare(&mut self, now: Nanos, stream: T::Stream) {
         if let Some(open) = &self.open {
@@ -563,12 +585,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 None => bin,
             };
             self.util = Some(util);
-            self.view.publish_util((util * 100.0).round() as u32);
+            self.view.publish_util((util * 100.0).round() as u32, now);
         }
         self.bin_start = now;
         self.bin_busy = 0.0;
         if self.cfg.share_with_peers {
-            self.peers = self.view.peers();
+            self.peers = self.fresh_peers(now);
         }
         let launch_ns = self.cost.unwrap_or(0.0).max(0.0) as u64;
         self.turn = self

@@ -32,5 +32,6 @@ mod tests;
 pub use control::{Admission, Limiter, LimiterConfig, LimiterStats, Ticket};
 pub use policy::Policy;
 pub use traits::{
-    Clock, ContainerView, DeviceSample, GpuTimer, Nanos, PeerUsage, TimerError, Turn, TurnTenant,
+    Clock, ContainerView, DeviceSample, GpuTimer, Nanos, PeerShare, PeerUsage, TimerError, Turn,
+    TurnTenant,
 };

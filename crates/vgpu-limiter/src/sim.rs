@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use crate::{
     Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
-    PeerUsage, TimerError, TurnTenant,
+    PeerShare, TimerError, TurnTenant,
 };
 
 pub const US: Nanos = 1_000;
@@ -252,6 +252,10 @@ pub struct TableState {
     pub recent_kernel: i32,
     pub utilization_switch: i32,
     pub slots: Vec<u32>,
+    /// When each slot last published (`None`: a publisher that leaves no time).
+    pub published_at: Vec<Option<Nanos>>,
+    /// Slots whose process publishes without a time (an older library).
+    pub untimed: Vec<bool>,
     pub writes: u64,
     pub activity: u64,
 }
@@ -272,6 +276,8 @@ impl SimTable {
     pub fn view(&self) -> SimView {
         let mut t = self.0.borrow_mut();
         t.slots.push(0);
+        t.published_at.push(None);
+        t.untimed.push(false);
         SimView {
             table: self.clone(),
             slot: t.slots.len() - 1,
@@ -335,21 +341,23 @@ impl ContainerView for SimView {
     fn utilization_switch(&self) -> i32 {
         self.table.0.borrow().utilization_switch
     }
-    fn peers(&self) -> PeerUsage {
+    fn peers(&self) -> Vec<PeerShare> {
         let t = self.table.0.borrow();
-        let mut p = PeerUsage::default();
-        for (i, &u) in t.slots.iter().enumerate() {
-            if i != self.slot && u > 0 {
-                p.util_pct += u;
-                p.active += 1;
-            }
-        }
-        p
+        (0..t.slots.len())
+            .filter(|&i| i != self.slot)
+            .map(|i| PeerShare {
+                util_pct: t.slots[i],
+                published_at: t.published_at[i],
+            })
+            .collect()
     }
-    fn publish_util(&mut self, util_pct: u32) {
+    fn publish_util(&mut self, util_pct: u32, now: Nanos) {
         let mut t = self.table.0.borrow_mut();
         t.writes += 1;
         t.slots[self.slot] = util_pct;
+        if !t.untimed[self.slot] {
+            t.published_at[self.slot] = Some(now);
+        }
     }
     fn device_sample(&mut self) -> Option<DeviceSample> {
         let d = self.device.as_mut()?;

@@ -174,6 +174,43 @@ fn two_processes_share_one_container_limit() {
     assert!((46..=54).contains(&published), "published {slots:?}");
 }
 
+/// A process that stops launching stops publishing: once its last share is older than
+/// `peer_stale_after`, the other process budgets against the whole container limit again. A
+/// publisher that leaves no time (an older library) keeps counting, as before.
+#[test]
+fn a_peer_that_stopped_launching_is_ignored_once_its_share_is_stale() {
+    for untimed in [false, true] {
+        let mut w = World::new(GpuMode::Concurrent);
+        let table = SimTable::new(50);
+        let a = w.add(cfg(), table.view(), kernel_loop(100 * US));
+        let b_view = table.view();
+        table.0.borrow_mut().untimed[1] = untimed;
+        // B launches for 3 s, then only does host work.
+        let b = w.add(
+            cfg(),
+            b_view,
+            Box::new(|t| {
+                if t < 3 * S {
+                    Step::Launch(MS)
+                } else {
+                    Step::Pause(10 * S)
+                }
+            }),
+        );
+        w.run_until(8 * S);
+        let shared = w.gpu.busy_fraction(a, S, 3 * S) + w.gpu.busy_fraction(b, S, 3 * S);
+        assert_near("container total while both launch", shared, 0.50, 2.0);
+        let stale = table.0.borrow().slots[1];
+        assert!(stale >= 10, "B's last published share: {stale}%");
+        let alone = w.gpu.busy_fraction(a, 4 * S, 8 * S);
+        if untimed {
+            assert!(alone < 0.40, "an untimed share counts as fresh: {alone}");
+        } else {
+            assert_near("A after B stopped", alone, 0.50, 2.0);
+        }
+    }
+}
+
 #[test]
 fn two_containers_at_30_and_70() {
     let mut w = World::new(GpuMode::Concurrent);

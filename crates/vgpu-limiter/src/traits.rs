@@ -46,13 +46,25 @@ pub trait GpuTimer {
     fn release(&mut self, marker: Self::Marker);
 }
 
-/// What the other processes of the container use on this device.
+/// What the other processes of the container use on this device (the limiter's sum of the
+/// fresh [`PeerShare`]s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PeerUsage {
     /// Sum of the other live processes' published utilization, in percent.
     pub util_pct: u32,
     /// How many other processes published a non-zero utilization.
     pub active: u32,
+}
+
+/// One other live process's last published utilization of this device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PeerShare {
+    /// Published utilization, percent.
+    pub util_pct: u32,
+    /// When it was published, on the [`Clock`]'s time line (the hook: `CLOCK_MONOTONIC`,
+    /// which all processes of a host share). `None` when the publisher left no time (an
+    /// older library, or a file without the time table): the share is then taken as fresh.
+    pub published_at: Option<Nanos>,
 }
 
 /// The device's own accounting of this process's work (NVML's per-process utilization),
@@ -172,10 +184,13 @@ pub trait ContainerView {
     fn recent_kernel(&self) -> i32;
     /// The monitor's `utilization_switch` (1 = the device is contended).
     fn utilization_switch(&self) -> i32;
-    /// Utilization published by the other processes sharing the file.
-    fn peers(&self) -> PeerUsage;
-    /// Publishes this process's achieved utilization (percent) in its slot's `sm_util`.
-    fn publish_util(&mut self, util_pct: u32);
+    /// Utilization published by the other live processes sharing the file, with when each
+    /// was published (the limiter ignores shares that are too old: a process that stopped
+    /// launching stops publishing).
+    fn peers(&self) -> Vec<PeerShare>;
+    /// Publishes this process's achieved utilization (percent) in its slot's `sm_util`, with
+    /// the time `now` (the [`Clock`]'s) of publishing.
+    fn publish_util(&mut self, util_pct: u32, now: Nanos);
     /// Tells the monitor this process launches kernels (`recent_kernel`, `last_kernel_time`).
     fn note_activity(&mut self, now: Nanos);
     /// The device's own view of this process's utilization since the last call, if it has

@@ -104,6 +104,14 @@ pub enum ShmError {
         /// The table's path.
         path: PathBuf,
     },
+    /// Leaving the table timed out: a device lock stayed held by a live owner (for instance
+    /// by the leaving thread itself, interrupted inside a reservation). The slot stays
+    /// registered; the process's death gives it back.
+    #[error("{path}: timed out leaving the table (a device lock stayed held)")]
+    LeaveTimeout {
+        /// The table's path.
+        path: PathBuf,
+    },
     /// All 1,024 process slots are taken by live processes.
     #[error("{path}: all {slots} process slots are in use by live processes")]
     TableFull {

@@ -76,6 +76,7 @@ impl TableSnapshot {
                     module,
                     data,
                     sm_util: u64_at(slot + offsets::slot_sm_util(d)),
+                    sm_util_at: None,
                 });
             }
             processes.push(ProcessSnapshot {

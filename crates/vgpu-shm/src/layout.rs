@@ -33,8 +33,13 @@ pub const REGION_SIZE: usize = 2_008_952;
 pub const HAMI_FILE_LEN: usize = REGION_SIZE + 1;
 /// Where [`Extension`] starts: after the region and HAMi's spare byte, 64-byte aligned.
 pub const EXT_OFFSET: usize = HAMI_FILE_LEN.div_ceil(64) * 64;
-/// Length of a vgpu file.
-pub const FILE_LEN: usize = EXT_OFFSET + size_of::<Extension>();
+/// Length of a vgpu file of extension minor version 0 (no [`PublishTimes`]): the shortest
+/// file vgpu accepts, and what libraries before minor version 1 create.
+pub const BASE_FILE_LEN: usize = EXT_OFFSET + size_of::<Extension>();
+/// Where [`PublishTimes`] starts (minor version 1 and later).
+pub const TIMES_OFFSET: usize = BASE_FILE_LEN;
+/// Length of a vgpu file as this library creates it (minor version [`EXT_MINOR`]).
+pub const FILE_LEN: usize = TIMES_OFFSET + size_of::<PublishTimes>();
 
 /// HAMi slot `status`: suspended.
 pub const HAMI_STATUS_SUSPENDED: i32 = 2;
@@ -59,6 +64,13 @@ pub fn uuid_of(field: impl IntoIterator<Item = u8>) -> String {
 pub const EXT_MAGIC: u64 = u64::from_le_bytes(*b"VGPUSHM\0");
 /// Our extension's format version (bump on any incompatible change).
 pub const EXT_VERSION: u32 = 1;
+/// Our extension's minor version: bumped when a part is *appended* after the parts of the
+/// previous minor version, which stay byte for byte the same (so libraries that know an older
+/// minor keep working on the file; they check only [`EXT_VERSION`] and the base size). A reader
+/// uses the parts it knows and that the file's minor version says are there.
+/// - 0: header, devices, slots ([`Extension`]).
+/// - 1: [`PublishTimes`] after the slots.
+pub const EXT_MINOR: u32 = 1;
 
 /// Usage classes stored per slot and device, in HAMi field order.
 pub const CLASSES: usize = 3;
@@ -181,6 +193,11 @@ pub struct ExtHeader {
     pub admin_epoch: AtomicU64,
     /// Seconds since the epoch when the file was initialized.
     pub created_at: AtomicU64,
+    /// [`EXT_MINOR`] of the parts present (0 in files written before minor versions existed,
+    /// whose header had zero padding here).
+    pub minor_version: AtomicU32,
+    /// Padding.
+    pub pad: AtomicU32,
 }
 
 /// Per-device lock and reservation total.
@@ -216,6 +233,28 @@ pub struct SlotRecord {
     pub held: [[AtomicU64; CLASSES]; MAX_DEVICES],
     /// Last SM utilization reported per device (percent), mirrored into HAMi's slot.
     pub sm_util: [AtomicU64; MAX_DEVICES],
+}
+
+/// When a slot last published its `sm_util` (extension minor version 1).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct SlotPublish {
+    /// The slot's `ident` when these times were written: the times belong to the process that
+    /// holds the slot only while this equals the slot's current `ident` (a process of an
+    /// older library, which writes no times, cannot be judged by its predecessor's).
+    pub ident: AtomicU64,
+    /// Per device: `CLOCK_MONOTONIC` nanoseconds of the last `sm_util` publication; 0 = never.
+    /// One clock for every process of a host, containers included (a monotonic clock is not
+    /// namespaced), so peers can compare it with their own.
+    pub sm_util_at: [AtomicU64; MAX_DEVICES],
+}
+
+/// Publish times of every slot, after [`Extension`] (minor version 1).
+#[repr(C)]
+#[derive(Debug)]
+pub struct PublishTimes {
+    /// One per slot, indexed like [`Extension::slots`].
+    pub slots: [SlotPublish; MAX_SLOTS],
 }
 
 /// Everything vgpu keeps after HAMi's region.
@@ -280,7 +319,12 @@ const _: () = {
     assert!(size_of::<SlotRecord>() % 64 == 0);
     assert!(offset_of!(Extension, devices) == 64);
     assert!(size_of::<Extension>() < u32::MAX as usize);
-    assert!(FILE_LEN == 2_599_872);
+    assert!(BASE_FILE_LEN == 2_599_872);
+    // Minor version 1 only appends: the header keeps its size, the base its length.
+    assert!(offset_of!(ExtHeader, minor_version) == 48);
+    assert!(size_of::<SlotPublish>() == 192);
+    assert!(TIMES_OFFSET % 64 == 0);
+    assert!(FILE_LEN == 2_599_872 + 1024 * 192);
 };
 
 /// Byte offsets of fields other code (tests, the monitor emulation, validation) needs by number.
@@ -364,4 +408,6 @@ pub mod offsets {
     pub const EXT_MAX_SLOTS: usize = EXT_OFFSET + offset_of!(ExtHeader, max_slots);
     /// Extension max devices field.
     pub const EXT_MAX_DEVICES: usize = EXT_OFFSET + offset_of!(ExtHeader, max_devices);
+    /// Extension minor version field.
+    pub const EXT_MINOR_VERSION: usize = EXT_OFFSET + offset_of!(ExtHeader, minor_version);
 }

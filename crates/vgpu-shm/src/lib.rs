@@ -38,8 +38,8 @@ mod validate;
 
 pub use error::{ImageError, ShmError};
 pub use table::{
-    DeviceAudit, DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot, TableInit,
-    TableSnapshot, UsageTable,
+    DeviceAudit, DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot,
+    RECENT_KERNEL_ACTIVE, TableInit, TableSnapshot, UsageTable,
 };
 pub use turns::{TURN_ENTRIES, TURN_FILE_LEN, Tenant, TurnBoard, TurnBoardError};
 pub use validate::ImageInfo;

@@ -146,27 +146,45 @@ pub(crate) fn lock_device<S: Store, C: Crash>(
     me: u64,
     crash: &C,
 ) -> Result<Acquired, Died> {
+    let got = lock_device_or_give_up(s, device, me, crash, || false)?;
+    Ok(got.unwrap_or(Acquired::Clean)) // never gives up
+}
+
+/// [`lock_device`], except that while a live owner holds the lock, `give_up` is asked at every
+/// liveness probe (about every 500 µs) and `Ok(None)` returned, without the lock, once it says so.
+pub(crate) fn lock_device_or_give_up<S: Store, C: Crash>(
+    s: &S,
+    device: usize,
+    me: u64,
+    crash: &C,
+    mut give_up: impl FnMut() -> bool,
+) -> Result<Option<Acquired>, Died> {
     let lock = s.lock_word(device);
     let mut backoff = Backoff::new();
     let mut current = 0;
     loop {
         match lock.compare_exchange(current, me, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) if current == 0 => return Ok(Acquired::Clean),
+            Ok(_) if current == 0 => return Ok(Some(Acquired::Clean)),
             Ok(_) => {
                 // Taken over from the dead owner `current`: no one else can win this CAS.
                 crash.at()?;
                 recompute_total(s, device);
                 crash.at()?;
-                return Ok(Acquired::TakenOver);
+                return Ok(Some(Acquired::TakenOver));
             }
             Err(owner) => {
                 if owner == 0 {
                     current = 0;
                     continue;
                 }
-                if backoff.probe_due() && !owner_alive(s, owner, me) {
-                    current = owner;
-                    continue;
+                if backoff.probe_due() {
+                    if !owner_alive(s, owner, me) {
+                        current = owner;
+                        continue;
+                    }
+                    if give_up() {
+                        return Ok(None);
+                    }
                 }
                 current = 0;
                 backoff.snooze();
@@ -178,6 +196,22 @@ pub(crate) fn lock_device<S: Store, C: Crash>(
 /// Release lock `device`.
 pub(crate) fn unlock_device<S: Store>(s: &S, device: usize) {
     s.lock_word(device).store(0, Ordering::Release);
+}
+
+/// Whether `me` is still the owner word of live `slot` (caller holds a device lock, so the
+/// answer cannot change until it unlocks: a slot is freed only under every device lock).
+fn still_owner<S: Store>(s: &S, slot: usize, me: u64) -> bool {
+    let (generation, state) = split_ident(s.ident(slot).load(Ordering::Relaxed));
+    state == STATE_LIVE && slot_owner_word(slot, generation) == me
+}
+
+/// Release lock `device` only if `me` still holds it. For a thread whose slot was freed (its
+/// process left the table) while it waited for the lock: its owner word no longer names a live
+/// slot, so another process may already have taken the lock over as a dead owner's.
+fn unlock_if_held<S: Store>(s: &S, device: usize, me: u64) {
+    let _ = s
+        .lock_word(device)
+        .compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed);
 }
 
 /// The end of a reservation or release (caller holds lock `device`): update HAMi's mirror of
@@ -264,6 +298,14 @@ fn add<S: Store, C: Crash>(
     };
     let total = s.total(device);
     let t = total.load(Ordering::Relaxed);
+    if !still_owner(s, slot, me) {
+        // The process left the table (`depart`) while this thread waited: charge nothing.
+        unlock_if_held(s, device, me);
+        return Ok(Done {
+            value: Err(Refusal { in_use: t, limit }),
+            took_over,
+        });
+    }
     let next = match t.checked_add(bytes) {
         Some(n) if n <= cap => n,
         _ => {
@@ -301,6 +343,14 @@ pub(crate) fn release<S: Store, C: Crash>(
 ) -> Result<Done<u64>, Died> {
     let took_over = lock_device(s, device, me, crash)? == Acquired::TakenOver;
     crash.at()?;
+    if !still_owner(s, slot, me) {
+        // The process left the table: its usage was given back already.
+        unlock_if_held(s, device, me);
+        return Ok(Done {
+            value: 0,
+            took_over,
+        });
+    }
     let held = s.held(slot, device, class);
     let h = held.load(Ordering::Relaxed);
     let amount = h.min(bytes);
@@ -385,6 +435,65 @@ pub(crate) fn release_dead<S: Store, C: Crash>(
         unlock_device(s, device);
     }
     Ok(freed)
+}
+
+/// A live process leaves the table (normal exit): the administrator `me` takes every device
+/// lock *while the leaving process still holds its liveness lock*, so that none of its threads
+/// is inside a device lock (they are alive, so their locks are waited for, never taken over);
+/// then gives back `slot`'s usage, frees the slot and rebuilds the view. A thread of the
+/// leaving process that gets a device lock afterwards finds under it that its owner word no
+/// longer names a live slot and changes nothing (`reserve`, `release`). The caller drops the
+/// liveness lock after this returns `Ok(true)`.
+///
+/// `give_up` is asked while a device lock is held by a live owner (for instance the very
+/// thread that is exiting, interrupted inside a reservation by a signal handler that calls
+/// `exit`); once it says so, every lock taken is released and `Ok(false)` returned with
+/// nothing changed. A crash at any step is repaired like one inside [`release_dead`]: the lock
+/// takeover recomputes totals, and the next administrator finds `admin_dirty` set.
+pub(crate) fn depart<S: Store, C: Crash>(
+    s: &S,
+    me: u64,
+    slot: usize,
+    crash: &C,
+    mut give_up: impl FnMut() -> bool,
+) -> Result<bool, Died> {
+    for device in 0..s.device_count() {
+        if lock_device_or_give_up(s, device, me, crash, &mut give_up)?.is_none() {
+            for d in (0..device).rev() {
+                unlock_device(s, d);
+            }
+            return Ok(false);
+        }
+    }
+    crash.at()?;
+    for device in 0..s.device_count() {
+        for class in 0..CLASSES {
+            let h = s.held(slot, device, class);
+            let bytes = h.load(Ordering::Relaxed);
+            if bytes != 0 {
+                h.store(0, Ordering::Relaxed);
+                crash.at()?;
+                let total = s.total(device);
+                total.store(
+                    total.load(Ordering::Relaxed).saturating_sub(bytes),
+                    Ordering::Relaxed,
+                );
+                crash.at()?;
+            }
+        }
+    }
+    let ident = s.ident(slot);
+    let (generation, state) = split_ident(ident.load(Ordering::Acquire));
+    if state != STATE_FREE {
+        ident.store(ident_word(generation, STATE_FREE), Ordering::Release);
+    }
+    crash.at()?;
+    s.rebuild_view();
+    crash.at()?;
+    for device in (0..s.device_count()).rev() {
+        unlock_device(s, device);
+    }
+    Ok(true)
 }
 
 /// The administrator's full repair (after an administrator died inside, or when a sweep is
@@ -678,6 +787,144 @@ mod tests {
         assert!(reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap().value.is_err()); // overflow
     }
 
+    /// A process leaves while holding memory: its usage is given back at once, the slot is
+    /// free, and a thread of it that still uses the old owner word afterwards changes nothing.
+    #[test]
+    fn depart_gives_back_at_once_and_late_threads_change_nothing() {
+        let s = ModelStore::new(2, 3, 100);
+        let a = s.register(0);
+        let b = s.register(1);
+        reserve(&s, 0, a, 0, 2, 30, &NoCrash)
+            .unwrap()
+            .value
+            .unwrap();
+        reserve(&s, 0, a, 1, 0, 5, &NoCrash).unwrap().value.unwrap();
+        reserve(&s, 1, b, 0, 1, 7, &NoCrash).unwrap().value.unwrap();
+        assert_eq!(
+            depart(&s, admin_owner_word(1), 0, &NoCrash, || false),
+            Ok(true)
+        );
+        assert_eq!(s.totals[0].load(Ordering::SeqCst), 7);
+        assert_eq!(s.totals[1].load(Ordering::SeqCst), 0);
+        assert_eq!(s.held_by(0, 0) + s.held_by(0, 1), 0);
+        assert_eq!(
+            split_ident(s.idents[0].load(Ordering::SeqCst)).1,
+            STATE_FREE
+        );
+        // A late reservation and release of the departed process (its liveness lock is still
+        // held: the caller drops it after `depart`).
+        assert!(
+            reserve(&s, 0, a, 0, 2, 10, &NoCrash)
+                .unwrap()
+                .value
+                .is_err()
+        );
+        assert_eq!(release(&s, 0, a, 0, 2, 10, &NoCrash).unwrap().value, 0);
+        assert_eq!(s.held_by(0, 0), 0);
+        assert_eq!(s.totals[0].load(Ordering::SeqCst), 7);
+        assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
+        // The survivor is unaffected, and the departed slot can be registered again.
+        reserve(&s, 1, b, 0, 1, 93, &NoCrash)
+            .unwrap()
+            .value
+            .unwrap();
+        let again = s.register(0);
+        assert_ne!(again, a);
+        assert!(
+            reserve(&s, 0, again, 0, 2, 1, &NoCrash)
+                .unwrap()
+                .value
+                .is_err()
+        ); // full
+        assert!(reserve(&s, 0, a, 0, 2, 0, &NoCrash).unwrap().value.is_err());
+        assert_eq!(s.held_by(0, 0), 0);
+    }
+
+    /// A thread whose slot was freed while it waited must not release a lock that another
+    /// process took over meanwhile.
+    #[test]
+    fn a_stale_owner_never_unlocks_someone_elses_lock() {
+        let s = ModelStore::new(1, 2, 100);
+        let a = s.register(0);
+        let b = s.register(1);
+        depart(&s, admin_owner_word(1), 0, &NoCrash, || false).unwrap();
+        s.locks[0].store(b, Ordering::SeqCst);
+        unlock_if_held(&s, 0, a);
+        assert_eq!(s.locks[0].load(Ordering::SeqCst), b);
+        // A lock the stale thread holds itself is released.
+        s.locks[0].store(a, Ordering::SeqCst);
+        unlock_if_held(&s, 0, a);
+        assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
+    }
+
+    /// A device lock held by a live owner (for instance the exiting thread itself): `depart`
+    /// gives up when told to, changing nothing and releasing the locks it took.
+    #[test]
+    fn depart_gives_up_on_a_lock_held_by_a_live_owner() {
+        let s = ModelStore::new(3, 2, 100);
+        let a = s.register(0);
+        reserve(&s, 0, a, 0, 2, 30, &NoCrash)
+            .unwrap()
+            .value
+            .unwrap();
+        s.locks[1].store(a, Ordering::SeqCst); // a thread of `a` is inside device 1's lock
+        let mut asked = 0;
+        let r = depart(&s, admin_owner_word(1), 0, &NoCrash, || {
+            asked += 1;
+            asked > 3
+        });
+        assert_eq!(r, Ok(false));
+        assert!(asked > 3);
+        assert_eq!(s.locks[0].load(Ordering::SeqCst), 0, "taken locks released");
+        assert_eq!(
+            s.locks[1].load(Ordering::SeqCst),
+            a,
+            "the owner's lock untouched"
+        );
+        assert_eq!(s.held_by(0, 0), 30);
+        assert_eq!(
+            split_ident(s.idents[0].load(Ordering::SeqCst)).1,
+            STATE_LIVE
+        );
+    }
+
+    /// The leaving process killed at any step of `depart`: the next administrator's repair
+    /// leaves exact totals, and a reserving survivor is never stuck.
+    #[test]
+    fn crash_at_every_step_of_depart_recovers() {
+        for point in 0..32 {
+            let s = ModelStore::new(2, 3, 100);
+            let a = s.register(0);
+            let b = s.register(1);
+            reserve(&s, 0, a, 0, 2, 40, &NoCrash)
+                .unwrap()
+                .value
+                .unwrap();
+            reserve(&s, 0, a, 1, 0, 5, &NoCrash).unwrap().value.unwrap();
+            reserve(&s, 1, b, 0, 1, 7, &NoCrash).unwrap().value.unwrap();
+            s.admin_alive.store(1, Ordering::SeqCst);
+            let r = depart(
+                &s,
+                admin_owner_word(1),
+                0,
+                &CrashAfter::new(Some(point)),
+                || false,
+            );
+            s.admin_alive.store(0, Ordering::SeqCst);
+            s.kill(0);
+            reserve(&s, 1, b, 1, 2, 3, &NoCrash).unwrap().value.unwrap();
+            s.admin_epoch.store(2, Ordering::SeqCst);
+            let dead = find_dead(&s);
+            normalize(&s, admin_owner_word(2), &dead, &NoCrash).unwrap();
+            assert_eq!(s.totals[0].load(Ordering::SeqCst), 7, "point {point}");
+            assert_eq!(s.totals[1].load(Ordering::SeqCst), 3, "point {point}");
+            assert_eq!(s.held_by(0, 0) + s.held_by(0, 1), 0, "point {point}");
+            if r.is_ok() {
+                break; // past the last crash point
+            }
+        }
+    }
+
     #[test]
     fn a_charge_over_the_limit_is_held_and_released_like_a_reservation() {
         let s = ModelStore::new(1, 2, 100);
@@ -901,6 +1148,43 @@ mod loom_tests {
             });
             assert!(count.load(std::sync::atomic::Ordering::Relaxed) > 1);
         }
+    }
+
+    /// A thread of a process reserves and releases while another thread of it leaves the table:
+    /// whatever the interleaving, nothing stays charged to the freed slot, the survivor's
+    /// usage is exact, and no lock stays held.
+    #[test]
+    fn loom_leaving_while_a_sibling_thread_reserves() {
+        let n = explore(|| {
+            let s = Arc::new(ModelStore::new(1, 2, 10));
+            let a = s.register(0);
+            let b = s.register(1);
+            reserve(&*s, 1, b, 0, 1, 3, &NoCrash)
+                .unwrap()
+                .value
+                .unwrap();
+            // The leaving thread is the administrator: it holds the administrative lock
+            // (set before the sibling starts, as the kernel's lock is taken before any device lock).
+            s.admin_alive.store(1, Ordering::SeqCst);
+            let st = s.clone();
+            let sibling = thread::spawn(move || {
+                let got = reserve(&*st, 0, a, 0, 2, 4, &NoCrash).unwrap().value;
+                release(&*st, 0, a, 0, 2, 4, &NoCrash).unwrap();
+                let _ = reserve(&*st, 0, a, 0, 2, 2, &NoCrash).unwrap().value;
+                got.is_ok()
+            });
+            assert_eq!(
+                depart(&*s, admin_owner_word(1), 0, &NoCrash, || false),
+                Ok(true)
+            );
+            s.admin_alive.store(0, Ordering::SeqCst);
+            s.kill(0);
+            sibling.join().unwrap();
+            assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
+            assert_eq!(s.held_by(0, 0), 0);
+            assert_eq!(s.totals[0].load(Ordering::SeqCst), 3);
+        });
+        assert!(n > 1, "the model must explore interleavings");
     }
 
     /// The administrator dies at any step of its sweep or its full repair while a process

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::Once;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
-use crate::layout::{EXT_OFFSET, Extension, HamiRegion, REGION_SIZE};
+use crate::layout::{EXT_OFFSET, Extension, HamiRegion, PublishTimes, REGION_SIZE, TIMES_OFFSET};
 
 /// A shared mapping of the whole file.
 #[derive(Debug)]
@@ -82,6 +82,18 @@ impl Mapping {
         // base, so the pointer meets Extension's alignment; the bounds were checked above; all
         // fields are atomics (see `region`).
         Some(unsafe { &*self.ptr.as_ptr().add(EXT_OFFSET).cast::<Extension>() })
+    }
+
+    /// The publish-time table (extension minor version 1), if the mapping is long enough.
+    /// Whether the file's minor version says it is there is the caller's question.
+    pub(crate) fn publish_times(&self) -> Option<&PublishTimes> {
+        if self.len < TIMES_OFFSET + size_of::<PublishTimes>() {
+            return None;
+        }
+        // SAFETY: TIMES_OFFSET is a multiple of 64 (asserted in `layout`) from a page-aligned
+        // base, which meets PublishTimes' alignment; the bounds were checked above; all fields
+        // are atomics (see `region`).
+        Some(unsafe { &*self.ptr.as_ptr().add(TIMES_OFFSET).cast::<PublishTimes>() })
     }
 
     /// Atomic load of the little-endian u32 at `offset` (must be 4-aligned).

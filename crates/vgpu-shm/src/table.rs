@@ -4,7 +4,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -12,9 +12,9 @@ use vgpu_alloc_core::{DeviceIndex, DeviceUsage, OutOfMemory, UsageClass, UsageLe
 
 use crate::error::{ImageError, ShmError};
 use crate::layout::{
-    self, CLASSES, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC, HAMI_MAJOR, HAMI_MINOR,
-    HAMI_STATUS_RUNNING, HAMI_STATUS_SUSPENDED, HamiProcSlot, HamiRegion, MAX_DEVICES, MAX_SLOTS,
-    SlotRecord, UUID_LEN,
+    self, BASE_FILE_LEN, CLASSES, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC,
+    HAMI_MAJOR, HAMI_MINOR, HAMI_STATUS_RUNNING, HAMI_STATUS_SUSPENDED, HamiProcSlot, HamiRegion,
+    MAX_DEVICES, MAX_SLOTS, PublishTimes, SlotRecord, UUID_LEN,
 };
 use crate::protocol::{self, NoCrash, STATE_FREE, STATE_LIVE, Store, ident_word, split_ident};
 use crate::sys::{self, Mapping};
@@ -30,6 +30,11 @@ const INIT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 const ADMIN_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a refused reservation or a snapshot waits to sweep dead processes before giving up.
 const SWEEP_LOCK_TIMEOUT: Duration = Duration::from_millis(100);
+/// `recent_kernel` as HAMi-core writes it on launches ("this task is active").
+pub const RECENT_KERNEL_ACTIVE: i32 = 2;
+/// How long [`ProcessSlot::leave`] waits for the locks it needs (it runs at process exit, which
+/// must not hang).
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What a newly created file is initialized with. Ignored when the file already exists:
 /// limits stored in an existing file win (as in HAMi-core).
@@ -303,6 +308,10 @@ pub struct ProcessDeviceUsage {
     pub data: u64,
     /// Last reported SM utilization, percent.
     pub sm_util: u64,
+    /// When `sm_util` was reported: `CLOCK_MONOTONIC` nanoseconds (one clock for every
+    /// process of the host). `None` when unknown: reported without a time, by a library that
+    /// writes none, or the file has no time table.
+    pub sm_util_at: Option<u64>,
 }
 
 impl ProcessDeviceUsage {
@@ -446,7 +455,12 @@ impl UsageTable {
             let map = Mapping::map(&file, map_len.max(1), writable).map_err(io("mmap"))?;
             // Report the real length, not the mapped one.
             match validate(&map) {
-                Ok(_) if len >= FILE_LEN as u64 => map,
+                Ok(info) if info.minor_version == 0 && writable => {
+                    // Written by a library from before the publish-time table: append it.
+                    drop(map);
+                    Self::upgrade(&file, len).map_err(io("upgrade"))?
+                }
+                Ok(_) if len >= BASE_FILE_LEN as u64 => map,
                 Ok(_) => unreachable_truncated(len).map_err(invalid)?,
                 Err(ImageError::Uninitialized) if init.is_some() => {
                     drop(map);
@@ -501,6 +515,31 @@ impl UsageTable {
         Ok(table)
     }
 
+    /// Append the publish-time table (extension minor version 1) to a valid minor-0 file
+    /// (caller holds the init flock). Everything before it stays as it is, so processes of
+    /// older libraries that map only the base keep working; they never read the new part.
+    fn upgrade(file: &File, len: u64) -> io::Result<Mapping> {
+        // Growing zero-fills; a longer file is never cut.
+        if len < FILE_LEN as u64 {
+            file.set_len(FILE_LEN as u64)?;
+        }
+        let map = Mapping::map(file, FILE_LEN, true)?;
+        let (Some(ext), Some(times)) = (map.extension(), map.publish_times()) else {
+            return Err(io::Error::other("mapping shorter than the table"));
+        };
+        // Whatever lay beyond the base belongs to nobody yet (the minor version says 0).
+        for slot in &times.slots {
+            slot.ident.store(0, Ordering::Relaxed);
+            for at in &slot.sm_util_at {
+                at.store(0, Ordering::Relaxed);
+            }
+        }
+        ext.header
+            .minor_version
+            .store(layout::EXT_MINOR, Ordering::Release);
+        Ok(map)
+    }
+
     /// Size the file and write a fresh table (caller holds the init flock).
     fn initialize(file: &File, init: &TableInit) -> io::Result<Mapping> {
         // Truncating to 0 first zero-fills whatever an interrupted initializer left.
@@ -544,6 +583,14 @@ impl UsageTable {
             .expect("mapping validated at attach")
     }
 
+    /// The publish-time table, when the file has it (minor version ≥ 1 when attached).
+    pub(crate) fn times(&self) -> Option<&PublishTimes> {
+        if self.ext().header.minor_version.load(Ordering::Acquire) < 1 {
+            return None;
+        }
+        self.inner.map.publish_times()
+    }
+
     pub(crate) fn store(&self) -> Mapped<'_> {
         Mapped {
             region: self.region(),
@@ -568,8 +615,23 @@ impl UsageTable {
         f: impl FnOnce(&Mapped<'_>, u64) -> Result<R, ShmError>,
     ) -> Result<R, ShmError> {
         let lock_file = self.check_writable()?;
-        let _local = self.inner.admin.lock().unwrap_or_else(|e| e.into_inner());
         let deadline = Instant::now() + timeout;
+        // Polled, not blocking: `leave` runs at exit, possibly in a signal handler that
+        // interrupted this very thread inside an administrative section.
+        let _local = loop {
+            match self.inner.admin.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(50))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return Err(ShmError::AdminLockTimeout {
+                        path: self.inner.path.clone(),
+                    });
+                }
+            }
+        };
         loop {
             match sys::ofd_try_lock(lock_file, ADMIN_LOCK_OFFSET) {
                 Ok(true) => break,
@@ -675,7 +737,7 @@ impl UsageTable {
         Ok(ProcessSlot {
             table: self.clone(),
             index,
-            owner: protocol::slot_owner_word(index, generation),
+            owner: AtomicU64::new(protocol::slot_owner_word(index, generation)),
             fork_epoch: self.inner.fork_epoch,
         })
     }
@@ -710,6 +772,16 @@ impl UsageTable {
             rec.pid.store(pid, Ordering::Relaxed);
             rec.hostpid.store(0, Ordering::Relaxed);
             rec.start_time.store(start_time, Ordering::Relaxed);
+            let generation = generation.wrapping_add(1) & 0x7fff_ffff;
+            if let Some(times) = self.times() {
+                // The new process has published nothing yet.
+                let t = &times.slots[j];
+                for at in &t.sm_util_at {
+                    at.store(0, Ordering::Relaxed);
+                }
+                t.ident
+                    .store(ident_word(generation, STATE_LIVE), Ordering::Release);
+            }
             for device in 0..MAX_DEVICES {
                 rec.sm_util[device].store(0, Ordering::Relaxed);
                 // A free slot holds nothing (normalize zeroes non-live slots).
@@ -721,7 +793,6 @@ impl UsageTable {
             }
             // Appending at `n` moves no live slot, so no device lock is needed.
             st.write_proc(n as usize, j, 0);
-            let generation = generation.wrapping_add(1) & 0x7fff_ffff;
             rec.ident
                 .store(ident_word(generation, STATE_LIVE), Ordering::Release);
             st.region.proc_num.store(n + 1, Ordering::Release);
@@ -841,6 +912,33 @@ impl UsageTable {
         }
     }
 
+    /// Tell the monitor that this container launches kernels, as HAMi-core does on launches:
+    /// `recent_kernel = 2` (the monitor decrements it on each pass and counts the task as
+    /// active while it is positive) and `last_kernel_time` = now. A negative `recent_kernel`
+    /// is the monitor's "block launches" signal and is never overwritten: the store is a
+    /// compare-and-swap from a non-negative value, so a monitor write that lands in between
+    /// wins. Nothing is written when the value is already 2 (no cache-line bouncing). Meant
+    /// to be called at most about once a second (the hook calls it from the SM limiter).
+    pub fn note_kernel_activity(&self) {
+        if self.check_writable().is_err() {
+            return;
+        }
+        let recent = &self.region().recent_kernel;
+        let mut current = recent.load(Ordering::Relaxed);
+        while current >= 0 && current != RECENT_KERNEL_ACTIVE {
+            match recent.compare_exchange_weak(
+                current,
+                RECENT_KERNEL_ACTIVE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(seen) => current = seen,
+            }
+        }
+        self.touch_kernel_time();
+    }
+
     /// Usage of `device` by everyone (the authoritative per-device total).
     pub fn usage(&self, device: DeviceIndex) -> DeviceUsage {
         let d = device.as_usize();
@@ -876,13 +974,22 @@ impl UsageTable {
             })
             .collect();
         let mut processes = Vec::new();
+        let times = self.times();
         for (j, rec) in st.ext.slots.iter().enumerate() {
-            let (_, state) = split_ident(rec.ident.load(Ordering::Acquire));
+            let ident = rec.ident.load(Ordering::Acquire);
+            let (_, state) = split_ident(ident);
+            // Times count only if the slot's current process wrote them.
+            let own_times = times
+                .map(|t| &t.slots[j])
+                .filter(|t| t.ident.load(Ordering::Acquire) == ident);
             let usage = |d: usize| ProcessDeviceUsage {
                 context: rec.held[d][0].load(Ordering::Relaxed),
                 module: rec.held[d][1].load(Ordering::Relaxed),
                 data: rec.held[d][2].load(Ordering::Relaxed),
                 sm_util: rec.sm_util[d].load(Ordering::Relaxed),
+                sm_util_at: own_times
+                    .map(|t| t.sm_util_at[d].load(Ordering::Relaxed))
+                    .filter(|&at| at != 0),
             };
             for (d, dev) in devices.iter_mut().enumerate() {
                 let u = usage(d);
@@ -970,6 +1077,7 @@ fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit) {
     h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);
     h.admin_epoch.store(1, Ordering::Relaxed);
     h.created_at.store(now_secs(), Ordering::Relaxed);
+    h.minor_version.store(layout::EXT_MINOR, Ordering::Relaxed);
     h.magic.store(EXT_MAGIC, Ordering::Release);
     // Last: the monitor and other processes treat the file as initialized from here on.
     r.initialized_flag.store(HAMI_MAGIC, Ordering::Release);
@@ -995,13 +1103,14 @@ impl DeviceAudit {
 
 /// This process's registration in a table: the [`UsageLedger`] the hook reserves through.
 ///
-/// Dropping it deregisters (returns its usage to the pool); so does process death, through
-/// the kernel-held liveness lock.
+/// [`ProcessSlot::leave`] (at a normal exit) or dropping it deregisters (returns its usage to
+/// the pool); so does process death, through the kernel-held liveness lock.
 #[derive(Debug)]
 pub struct ProcessSlot {
     table: UsageTable,
     index: usize,
-    pub(crate) owner: u64,
+    /// The owner word this process writes into device locks; 0 once it left the table.
+    owner: AtomicU64,
     fork_epoch: u64,
 }
 
@@ -1020,12 +1129,42 @@ impl ProcessSlot {
         sys::fork_epoch() == self.fork_epoch
     }
 
+    /// The owner word, or `None` when the handle cannot act for the slot (forked, or left).
+    fn owner(&self) -> Option<u64> {
+        let owner = self.owner.load(Ordering::Relaxed);
+        (owner != 0 && self.usable()).then_some(owner)
+    }
+
+    /// The owner word (tests that plant it in a lock).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn owner_word(&self) -> u64 {
+        self.owner.load(Ordering::Relaxed)
+    }
+
+    /// Whether this process has left the table ([`ProcessSlot::leave`]): it then holds nothing,
+    /// every reservation is refused and releases change nothing.
+    pub fn has_left(&self) -> bool {
+        self.owner.load(Ordering::Relaxed) == 0
+    }
+
     fn with_device_locked<R>(&self, device: usize, f: impl FnOnce(&Mapped<'_>) -> R) -> Option<R> {
-        if !self.usable() || device >= MAX_DEVICES {
+        let owner = self.owner()?;
+        if device >= MAX_DEVICES {
             return None;
         }
         let st = self.table.store();
-        let _ = protocol::lock_device(&st, device, self.owner, &NoCrash);
+        let _ = protocol::lock_device(&st, device, owner, &NoCrash);
+        // Still ours? The process may have left the table while this thread waited.
+        let (generation, state) = split_ident(self.record().ident.load(Ordering::Relaxed));
+        if state != STATE_LIVE || protocol::slot_owner_word(self.index, generation) != owner {
+            let _ = st.ext.devices[device].lock.compare_exchange(
+                owner,
+                0,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+            return None;
+        }
         let r = f(&st);
         protocol::unlock_device(&st, device);
         Some(r)
@@ -1035,16 +1174,36 @@ impl ProcessSlot {
         &self.table.ext().slots[self.index]
     }
 
-    /// Report this process's SM utilization of `device` (percent) for the monitor.
-    ///
-    /// Called periodically off the hot path (the SM-limit thread), it also sweeps dead processes
-    /// at most once a second, so the monitor's numbers do not wait for the next refusal.
+    /// Report this process's SM utilization of `device` (percent) for the monitor, without a
+    /// time (peers then take it as current until it changes; see [`ProcessSlot::publish_sm_util`]).
     pub fn set_sm_util(&self, device: DeviceIndex, percent: u64) {
+        self.publish(device, percent, 0);
+    }
+
+    /// Report this process's SM utilization of `device` (percent) for the monitor and the
+    /// peers, published at `at_ns` (`CLOCK_MONOTONIC` nanoseconds, the clock every process of
+    /// the host shares), so that peers can ignore it once it is old: a process publishes only
+    /// while it launches.
+    ///
+    /// Called periodically off the hot path (the SM limiter's publish step), it also sweeps dead
+    /// processes at most once a second, so the monitor's numbers do not wait for the next refusal.
+    pub fn publish_sm_util(&self, device: DeviceIndex, percent: u64, at_ns: u64) {
+        self.publish(device, percent, at_ns);
+    }
+
+    fn publish(&self, device: DeviceIndex, percent: u64, at_ns: u64) {
         self.with_device_locked(device.as_usize(), |st| {
             let d = device.as_usize();
-            self.record().sm_util[d].store(percent, Ordering::Relaxed);
+            let rec = self.record();
+            rec.sm_util[d].store(percent, Ordering::Relaxed);
             if let Some(p) = st.proc_of(self.index) {
                 p.device_util[d].sm_util.store(percent, Ordering::Relaxed);
+            }
+            if let Some(times) = self.table.times() {
+                let t = &times.slots[self.index];
+                t.sm_util_at[d].store(at_ns, Ordering::Relaxed);
+                t.ident
+                    .store(rec.ident.load(Ordering::Relaxed), Ordering::Release);
             }
         });
         self.table.periodic_sweep();
@@ -1090,6 +1249,15 @@ impl ProcessSlot {
             module: h[1].load(Ordering::Relaxed),
             data: h[2].load(Ordering::Relaxed),
             sm_util: self.record().sm_util[device.as_usize()].load(Ordering::Relaxed),
+            sm_util_at: self
+                .table
+                .times()
+                .map(|t| &t.slots[self.index])
+                .filter(|t| {
+                    t.ident.load(Ordering::Acquire) == self.record().ident.load(Ordering::Acquire)
+                })
+                .map(|t| t.sm_util_at[device.as_usize()].load(Ordering::Relaxed))
+                .filter(|&at| at != 0),
         }
     }
 
@@ -1122,39 +1290,62 @@ impl ProcessSlot {
     }
 
     /// Leave the table: give this process's usage back and free the slot.
-    pub fn deregister(mut self) -> Result<(), ShmError> {
-        self.deregister_inner()
+    pub fn deregister(self) -> Result<(), ShmError> {
+        self.leave()
     }
 
-    fn deregister_inner(&mut self) -> Result<(), ShmError> {
-        if !self.usable() || self.owner == 0 {
+    /// Leave the table while other threads may still use this handle (the hook calls it when
+    /// the process exits normally): give the usage back, free the slot and drop its liveness
+    /// lock, at once, so that no sweep is needed. Afterwards every reservation through this
+    /// handle is refused and every release changes nothing, also for a thread that was already
+    /// waiting for a device lock (see `protocol::depart`). Waits at most one second for the
+    /// locks it needs (it must not hang an exiting process); on [`ShmError::LeaveTimeout`] or
+    /// [`ShmError::AdminLockTimeout`] the slot stays registered and usable, and the process's
+    /// death gives it back. Idempotent; a no-op in a forked child.
+    pub fn leave(&self) -> Result<(), ShmError> {
+        if !self.usable() {
+            return Ok(());
+        }
+        let owner = self.owner.swap(0, Ordering::AcqRel);
+        if owner == 0 {
             return Ok(());
         }
         let index = self.index;
-        self.owner = 0;
-        self.table.admin(ADMIN_LOCK_TIMEOUT, |st, me| {
+        let deadline = Instant::now() + LEAVE_TIMEOUT;
+        let left = self.table.admin(LEAVE_TIMEOUT, |st, me| {
+            let done = protocol::depart(st, me, index, &NoCrash, || Instant::now() >= deadline)
+                .unwrap_or(false);
+            if !done {
+                return Err(ShmError::LeaveTimeout {
+                    path: self.table.inner.path.clone(),
+                });
+            }
+            // The slot is free: dropping its liveness lock now changes nobody's view.
             if let Some(f) = &self.table.inner.lock_file {
                 sys::ofd_unlock(f, SLOT_LOCK_BASE + index as u64);
             }
-            let dead = protocol::find_dead(st);
-            let _ = protocol::release_dead(st, me, &dead, &NoCrash);
             Ok(())
-        })
+        });
+        if left.is_err() {
+            // Still registered and holding its usage: keep enforcing through it.
+            self.owner.store(owner, Ordering::Release);
+        }
+        left
     }
 
     /// Test hook: behave as if this process died (drop the liveness lock, skip all cleanup).
     #[cfg(all(test, not(loom)))]
-    pub(crate) fn simulate_death(mut self) {
+    pub(crate) fn simulate_death(self) {
         if let Some(f) = &self.table.inner.lock_file {
             sys::ofd_unlock(f, SLOT_LOCK_BASE + self.index as u64);
         }
-        self.owner = 0;
+        self.owner.store(0, Ordering::Relaxed);
     }
 }
 
 impl Drop for ProcessSlot {
     fn drop(&mut self) {
-        let _ = self.deregister_inner();
+        let _ = self.leave();
     }
 }
 
@@ -1172,9 +1363,10 @@ impl UsageLedger for ProcessSlot {
             in_use,
             limit,
         };
-        if d >= MAX_DEVICES || !self.usable() || self.owner == 0 {
-            return Err(refuse(0, 0));
-        }
+        let Some(owner) = self.owner().filter(|_| d < MAX_DEVICES) else {
+            let usage = self.table.usage(device);
+            return Err(refuse(usage.used, usage.limit.unwrap_or(0)));
+        };
         if bytes == 0 {
             return Ok(());
         }
@@ -1182,7 +1374,7 @@ impl UsageLedger for ProcessSlot {
         let mut swept = false;
         loop {
             let st = self.table.store();
-            let done = match protocol::reserve(&st, self.index, self.owner, d, c, bytes, &NoCrash) {
+            let done = match protocol::reserve(&st, self.index, owner, d, c, bytes, &NoCrash) {
                 Ok(done) => done,
                 Err(protocol::Died) => return Err(refuse(0, 0)), // NoCrash never dies
             };
@@ -1195,8 +1387,10 @@ impl UsageLedger for ProcessSlot {
                     return Ok(());
                 }
                 Err(refusal) => {
-                    // Before refusing, give back what dead processes hold, then try once more.
+                    // Before refusing, give back what dead processes hold, then try once more
+                    // (unless this process left the table meanwhile: nothing would fit).
                     if !swept
+                        && !self.has_left()
                         && matches!(self.table.sweep_with_timeout(SWEEP_LOCK_TIMEOUT), Ok(n) if n > 0)
                     {
                         swept = true;
@@ -1210,14 +1404,17 @@ impl UsageLedger for ProcessSlot {
 
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
         let d = device.as_usize();
-        if d >= MAX_DEVICES || !self.usable() || self.owner == 0 || bytes == 0 {
+        let Some(owner) = self.owner() else {
+            return;
+        };
+        if d >= MAX_DEVICES || bytes == 0 {
             return;
         }
         let st = self.table.store();
         let _ = protocol::release(
             &st,
             self.index,
-            self.owner,
+            owner,
             d,
             class_index(class),
             bytes,
@@ -1231,14 +1428,17 @@ impl UsageLedger for ProcessSlot {
 
     fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
         let d = device.as_usize();
-        if d >= MAX_DEVICES || !self.usable() || self.owner == 0 || bytes == 0 {
+        let Some(owner) = self.owner() else {
+            return;
+        };
+        if d >= MAX_DEVICES || bytes == 0 {
             return;
         }
         let st = self.table.store();
         let _ = protocol::charge_over_limit(
             &st,
             self.index,
-            self.owner,
+            owner,
             d,
             class_index(class),
             bytes,

@@ -363,7 +363,7 @@ fn crash_inside_a_device_lock_recovers_within_100ms() {
     // The victim dies inside reserve, after `total += 50` and before `held += 50`.
     {
         let st = t.store();
-        st.lock_word(0).store(victim.owner, Ordering::SeqCst);
+        st.lock_word(0).store(victim.owner_word(), Ordering::SeqCst);
         st.total(0).store(80, Ordering::SeqCst);
     }
     victim.simulate_death();
@@ -687,4 +687,224 @@ fn other_files_are_refused_as_hami_core_files() {
     assert_eq!(decode(&img).unwrap().processes.len(), 2);
     let missing = crate::TableSnapshot::read_hami_core_file("/nonexistent/vgpu-x.cache");
     assert!(matches!(missing, Err(ShmError::Io { op: "read", .. })));
+}
+
+/// `leave` while another thread keeps reserving and releasing through the same handle: the
+/// usage is gone from the file at once (a read-only reader, which never sweeps, sees no slot
+/// and no usage), later reservations are refused, releases change nothing, and a peer's usage
+/// is untouched.
+#[test]
+fn leave_gives_usage_back_at_once_while_another_thread_reserves() {
+    let p = TempPath::new("leave");
+    let t = UsageTable::open_or_create(&p.0, &init(1 << 30, 1 << 30)).unwrap();
+    let peer = t.register_self().unwrap();
+    peer.try_reserve(D0, UsageClass::Data, 1000).unwrap();
+    let me = std::sync::Arc::new(t.register_self().unwrap());
+    me.try_reserve(D0, UsageClass::Data, 5 << 20).unwrap();
+    me.try_reserve(D1, UsageClass::Context, 7).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = {
+        let (me, stop) = (me.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut granted, mut refused) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                match me.try_reserve(D0, UsageClass::Data, 4096) {
+                    Ok(()) => {
+                        granted += 1;
+                        me.release(D0, UsageClass::Data, 4096);
+                    }
+                    Err(_) => refused += 1,
+                }
+            }
+            (granted, refused)
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    me.leave().unwrap();
+    assert!(me.has_left());
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    let snap = ro.snapshot();
+    assert_eq!(
+        snap.processes.len(),
+        1,
+        "only the peer: {:?}",
+        snap.processes
+    );
+    assert_eq!(snap.processes[0].slot, peer.index());
+    assert_eq!(snap.proc_num, 1);
+    assert_eq!(snap.devices[0].used, 1000);
+    assert_eq!(snap.devices[1].used, 0);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    stop.store(true, Ordering::Relaxed);
+    let (granted, refused) = worker.join().unwrap();
+    assert!(granted > 0 && refused > 0, "{granted} {refused}");
+    assert_eq!(
+        ro.snapshot().devices[0].used,
+        1000,
+        "nothing charged after leaving"
+    );
+    assert!(me.try_reserve(D0, UsageClass::Data, 1).is_err());
+    me.release(D0, UsageClass::Data, 1000); // not ours: must not touch the peer's
+    assert_eq!(peer.audit(D0).unwrap().total, 1000);
+    assert!(peer.audit(D0).unwrap().is_consistent());
+    me.leave().unwrap(); // idempotent
+    // The slot is free for the next process.
+    let next = t.register_self().unwrap();
+    next.try_reserve(D0, UsageClass::Data, 1).unwrap();
+    assert_eq!(ro.snapshot().devices[0].used, 1001);
+}
+
+/// Kernel activity marks `recent_kernel = 2` like HAMi-core, but never overwrites the
+/// monitor's negative "block" value, and a read-only handle writes nothing.
+#[test]
+fn kernel_activity_marks_recent_kernel_but_never_a_negative_value() {
+    let p = TempPath::new("recent");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let rk = |v: i32| poke(&p, offsets::RECENT_KERNEL, &v.to_le_bytes());
+    assert_eq!((t.recent_kernel(), t.last_kernel_time()), (0, 0));
+    t.note_kernel_activity();
+    assert_eq!(t.recent_kernel(), crate::RECENT_KERNEL_ACTIVE);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(t.last_kernel_time().abs_diff(now) <= 2);
+    for (before, after) in [
+        (1, 2),
+        (0, 2),
+        (7, 2),
+        (-1, -1),
+        (-5, -5),
+        (i32::MIN, i32::MIN),
+    ] {
+        rk(before);
+        t.note_kernel_activity();
+        assert_eq!(t.recent_kernel(), after, "from {before}");
+    }
+    rk(0);
+    UsageTable::open_read_only(&p.0)
+        .unwrap()
+        .note_kernel_activity();
+    assert_eq!(t.recent_kernel(), 0, "a read-only handle writes nothing");
+}
+
+/// `sm_util` publish times: per slot and device, read back by any handle; an untimed report
+/// clears the time; a new process in a reused slot starts without one.
+#[test]
+fn sm_util_publish_times_belong_to_the_slots_current_process() {
+    let p = TempPath::new("times");
+    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(b.len(), FILE_LEN);
+    assert_eq!(
+        read_i32(&b, offsets::EXT_MINOR_VERSION),
+        layout::EXT_MINOR as i32
+    );
+    // The base an older library checks is unchanged: version 1, its extension size.
+    assert_eq!(read_i32(&b, offsets::EXT_VERSION), 1);
+    assert_eq!(
+        read_i32(&b, offsets::EXT_SIZE) as usize,
+        layout::BASE_FILE_LEN - layout::EXT_OFFSET
+    );
+    let a = t.register_self().unwrap();
+    a.publish_sm_util(D0, 40, 123_456_789);
+    a.publish_sm_util(D1, 7, 5);
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    let pa = &ro.snapshot().processes[0];
+    assert_eq!(pa.devices[0].sm_util, 40);
+    assert_eq!(pa.devices[0].sm_util_at, Some(123_456_789));
+    assert_eq!(pa.devices[1].sm_util_at, Some(5));
+    assert_eq!(a.held(D0).sm_util_at, Some(123_456_789));
+    a.set_sm_util(D1, 9); // no time: none is claimed
+    assert_eq!(ro.snapshot().processes[0].devices[1].sm_util_at, None);
+    let slot = a.index();
+    a.leave().unwrap();
+    let c = t.register_self().unwrap();
+    assert_eq!(c.index(), slot, "the freed slot is reused");
+    let pc = &ro.snapshot().processes[0];
+    assert_eq!((pc.devices[0].sm_util, pc.devices[0].sm_util_at), (0, None));
+    // A process of an older library (it writes no times) in a slot whose previous owner left
+    // times: those times are not its own.
+    c.publish_sm_util(D0, 30, 99);
+    let ident = &t.ext().slots[slot].ident;
+    let (generation, state) = crate::protocol::split_ident(ident.load(Ordering::SeqCst));
+    ident.store(
+        crate::protocol::ident_word(generation + 1, state),
+        Ordering::SeqCst,
+    );
+    assert_eq!(ro.snapshot().processes[0].devices[0].sm_util_at, None);
+    ident.store(
+        crate::protocol::ident_word(generation, state),
+        Ordering::SeqCst,
+    );
+}
+
+/// A file written before the publish-time table existed (extension minor version 0, the base
+/// length) is upgraded in place by the first writable open, keeping limits, slots and usage;
+/// a read-only open reads it as it is.
+#[test]
+fn a_minor_0_file_is_upgraded_in_place() {
+    let p = TempPath::new("minor0");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 300).unwrap();
+    me.set_sm_util(D0, 12);
+    // Make it what an older library writes: minor 0, base length, garbage after the base
+    // would be cut off anyway.
+    poke(&p, offsets::EXT_MINOR_VERSION, &0u32.to_le_bytes());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p.0)
+        .unwrap()
+        .set_len(layout::BASE_FILE_LEN as u64)
+        .unwrap();
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(validate_image(&b).unwrap().minor_version, 0);
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    let snap = ro.snapshot();
+    assert_eq!(snap.devices[0].used, 300);
+    assert_eq!(snap.processes[0].devices[0].sm_util, 12);
+    assert_eq!(snap.processes[0].devices[0].sm_util_at, None);
+    assert_eq!(
+        std::fs::metadata(&p.0).unwrap().len(),
+        layout::BASE_FILE_LEN as u64
+    );
+    // A writable open appends the table.
+    let again = UsageTable::open_existing(&p.0).unwrap();
+    assert_eq!(std::fs::metadata(&p.0).unwrap().len(), FILE_LEN as u64);
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(validate_image(&b).unwrap().minor_version, layout::EXT_MINOR);
+    assert_eq!(again.memory_limit(D1), Some(2000));
+    let other = again.register_self().unwrap();
+    other.publish_sm_util(D0, 20, 777);
+    let snap = again.snapshot();
+    assert_eq!(snap.devices[0].used, 300, "usage kept");
+    let po = snap
+        .processes
+        .iter()
+        .find(|p| p.slot == other.index())
+        .unwrap();
+    assert_eq!(po.devices[0].sm_util_at, Some(777));
+    // The earlier process wrote no time since the upgrade: its share has none.
+    let pm = snap
+        .processes
+        .iter()
+        .find(|p| p.slot == me.index())
+        .unwrap();
+    assert_eq!(
+        (pm.devices[0].sm_util, pm.devices[0].sm_util_at),
+        (12, None)
+    );
+    // A minor-1 file cut short is refused, not read past its end.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p.0)
+        .unwrap()
+        .set_len(FILE_LEN as u64 - 64)
+        .unwrap();
+    let b = std::fs::read(&p.0).unwrap();
+    assert!(matches!(
+        validate_image(&b),
+        Err(ImageError::Truncated { .. })
+    ));
 }

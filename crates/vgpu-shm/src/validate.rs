@@ -2,8 +2,8 @@
 
 use crate::error::ImageError;
 use crate::layout::{
-    self, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_FILE_LEN, HAMI_MAGIC, HAMI_MAJOR,
-    HAMI_MINOR, MAX_DEVICES, MAX_SLOTS, REGION_SIZE, offsets,
+    self, BASE_FILE_LEN, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_FILE_LEN, HAMI_MAGIC,
+    HAMI_MAJOR, HAMI_MINOR, MAX_DEVICES, MAX_SLOTS, REGION_SIZE, offsets,
 };
 use crate::sys::Mapping;
 
@@ -47,6 +47,9 @@ pub struct ImageInfo {
     pub device_num: u32,
     /// HAMi's live-slot count.
     pub proc_num: u32,
+    /// The extension's minor version (which appended parts the file has; see
+    /// `layout::EXT_MINOR`). A file of minor 0 is upgraded in place when opened for writing.
+    pub minor_version: u32,
 }
 
 /// Check HAMi's magic and layout version (`Err(None)`: too short to hold them).
@@ -68,7 +71,7 @@ pub(crate) fn validate<I: Image + ?Sized>(image: &I) -> Result<ImageInfo, ImageE
     let len = image.len();
     let truncated = || ImageError::Truncated {
         len: len as u64,
-        expected: FILE_LEN as u64,
+        expected: BASE_FILE_LEN as u64,
     };
     if len < 16 {
         return Err(truncated()); // not even HAMi's version words
@@ -78,14 +81,14 @@ pub(crate) fn validate<I: Image + ?Sized>(image: &I) -> Result<ImageInfo, ImageE
         .ok_or_else(truncated)?;
     if flag == 0 {
         // Zero flag: an unfinished initialization if the file has our length, else not ours.
-        return Err(if len == FILE_LEN {
+        return Err(if len == FILE_LEN || len == BASE_FILE_LEN {
             ImageError::Uninitialized
         } else {
             truncated()
         });
     }
     check_hami_header(image).map_err(|e| e.unwrap_or_else(truncated))?;
-    if len < FILE_LEN {
+    if len < BASE_FILE_LEN {
         return Err(if len == HAMI_FILE_LEN || len == REGION_SIZE {
             ImageError::HamiCoreFile
         } else {
@@ -141,6 +144,16 @@ pub(crate) fn validate<I: Image + ?Sized>(image: &I) -> Result<ImageInfo, ImageE
             value: device_num,
         });
     }
+    let minor_version = image
+        .u32_at(offsets::EXT_MINOR_VERSION)
+        .ok_or_else(truncated)?;
+    if minor_version >= 1 && len < FILE_LEN {
+        // Says it has the publish-time table, but the file ends before it.
+        return Err(ImageError::Truncated {
+            len: len as u64,
+            expected: FILE_LEN as u64,
+        });
+    }
     let proc_num = image.u32_at(offsets::PROC_NUM).ok_or_else(truncated)?;
     if proc_num as usize > layout::MAX_SLOTS {
         // Covers negative values too (read as u32).
@@ -152,5 +165,6 @@ pub(crate) fn validate<I: Image + ?Sized>(image: &I) -> Result<ImageInfo, ImageE
     Ok(ImageInfo {
         device_num: device_num as u32,
         proc_num,
+        minor_version,
     })
 }

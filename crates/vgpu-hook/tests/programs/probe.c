@@ -938,9 +938,94 @@ static int cmd_leak(size_t size) {
     return 0;
 }
 
+/* ---------- exit: leave the shared table at a normal exit ---------- */
+
+/* Takes `size` bytes (direct) and a small sub-allocation, prints what it holds. */
+static void take_and_report(size_t size) {
+    must(A.cuInit(0), "cuInit");
+    g_ctx = ctx_on(0);
+    CUdeviceptr big, small;
+    must(A.cuMemAlloc_v2(&big, size), "cuMemAlloc big");
+    must(A.cuMemAlloc_v2(&small, 1000), "cuMemAlloc small");
+    printf("pid=%d\nused=%zu\n", (int)getpid(), used_now());
+    fflush(stdout);
+}
+
+static volatile long g_loops;
+static volatile int g_alloc_errors;
+
+/* Allocates and frees 4 MiB (a direct allocation: a reservation in the shared file) forever. */
+static void *alloc_forever(void *arg) {
+    (void)arg;
+    A.cuCtxSetCurrent(g_ctx);
+    for (;;) {
+        CUdeviceptr p;
+        CUresult r = A.cuMemAlloc_v2(&p, 4 * MIB);
+        if (r == 0) {
+            if (A.cuMemFree_v2(p)) g_alloc_errors++;
+        } else if (r != CUDA_ERROR_OUT_OF_MEMORY) {
+            g_alloc_errors++;
+        }
+        g_loops++;
+    }
+    return NULL;
+}
+
+static void *exit_now(void *arg) {
+    (void)arg;
+    printf("exiting_loops=%ld\nalloc_errors=%d\n", g_loops, g_alloc_errors);
+    fflush(stdout);
+    exit(0);
+}
+
+static void *hold_briefly(void *arg) {
+    (void)arg;
+    A.cuCtxSetCurrent(g_ctx);
+    CUdeviceptr p;
+    printf("thread_alloc=%d\n", A.cuMemAlloc_v2(&p, 2 * MIB));
+    fflush(stdout);
+    usleep(50000);
+    return NULL;
+}
+
+/* how: "return" from main; "thread": exit() from a new thread while another allocates;
+ * "pthread_exit": main calls pthread_exit and the last thread's end exits the process;
+ * "fork": a child calls exit() (the parent keeps its usage and waits for a line on stdin). */
+static int cmd_exit(const char *how, size_t size) {
+    take_and_report(size);
+    if (!strcmp(how, "return")) return 0;
+    if (!strcmp(how, "thread")) {
+        pthread_t a, b;
+        pthread_create(&a, NULL, alloc_forever, NULL);
+        while (g_loops < 200) usleep(1000);
+        pthread_create(&b, NULL, exit_now, NULL);
+        pthread_join(b, NULL); /* never returns: the process exits */
+        return 4;
+    }
+    if (!strcmp(how, "pthread_exit")) {
+        pthread_t a;
+        pthread_create(&a, NULL, hold_briefly, NULL);
+        pthread_exit(NULL);
+    }
+    if (!strcmp(how, "fork")) {
+        pid_t c = fork();
+        if (c == 0) exit(0); /* a normal exit: the child's exit handlers run */
+        int st;
+        waitpid(c, &st, 0);
+        printf("child_status=%d\nhold=0\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        fflush(stdout);
+        char line[64];
+        if (!fgets(line, sizeof line, stdin)) {
+        }
+        return 0;
+    }
+    die("exit: how must be return, thread, pthread_exit or fork");
+    return 2;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2) die("usage: probe info|counted|threads|hold|try|fork|range|devices|launch|bench_*|leak ...");
+    if (argc < 2) die("usage: probe info|counted|threads|hold|try|fork|range|devices|launch|bench_*|leak|exit ...");
     load_api();
     printf("via=%s\n", via);
     const char *c = argv[1];
@@ -961,6 +1046,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "leak")) return cmd_leak(ARG(2));
     if (!strcmp(c, "code") && argc == 4) return cmd_code(argv[2], ARG(3));
     if (!strcmp(c, "hot")) return cmd_hot((int)ARG(2));
+    if (!strcmp(c, "exit") && argc == 4) return cmd_exit(argv[2], ARG(3));
     die("unknown command");
     return 2;
 }
