@@ -103,7 +103,7 @@ for kus in 50 5000; do
 done
 
 # PyTorch: 4096³ (~0.2 ms per product) and 8192³ (~1.4 ms, certainly GPU-bound) bf16.
-for size in 4096 8192; do
+for size in ${SM_BENCH_TORCH_SIZES-4096 8192}; do
   res=$(run - python3 "$HERE/matmul.py" "$size" "$SECS")
   mbase=$(echo "$res" | field matmuls_per_s)
   row "torch matmul $size bf16 $(echo "$res" | field ms_per_matmul)ms" - "$mbase" "$mbase" "$res"
@@ -115,18 +115,20 @@ done
 
 # Two containers (two files) at 30 and 70, and two processes sharing one file at 50,
 # each running the 50 µs loop over the same window; compared with the solo unlimited run.
-pair() { # label limitA limitB shared(0|1) contention-correction(1|0)
-  local ca="$WORK/pa$RANDOM.cache" cb start
+pair() { # label limitA limitB shared(0|1) contention-correction(1|0) turns(1|0) [kernel-us]
+  local ca="$WORK/pa$RANDOM.cache" cb start kus="${7:-50}" turns=off
+  if [ "${6:-0}" = 1 ]; then turns="$WORK/turns$RANDOM"; mkdir -p "$turns"; fi
   cb="$ca"; [ "$4" = 0 ] && cb="$WORK/pb$RANDOM.cache"
   rm -f "$ca" "$cb"
   start=$(python3 -c 'import time; print(time.time() + 2.0)')
   echo "+ pair $1" >>"$LOG"
-  local common=(LD_PRELOAD="$LIB" LIBCUDA_LOG_LEVEL=4 SPIN_START_AT="$start" VGPU_SM_CONTENTION="${5:-1}")
+  local common=(LD_PRELOAD="$LIB" LIBCUDA_LOG_LEVEL=4 SPIN_START_AT="$start" VGPU_SM_CONTENTION="${5:-1}"
+    VGPU_TURN_DIR="$turns")
   env "${common[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$ca" CUDA_DEVICE_SM_LIMIT="$2" \
-    timeout 90 "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pa" 2>"$WORK/pae" &
+    timeout 90 "$WORK/spin" "$kus" "$SECS" plain "${ITERS[$kus]}" >"$WORK/pa" 2>"$WORK/pae" &
   local pa=$!
   env "${common[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cb" CUDA_DEVICE_SM_LIMIT="$3" \
-    timeout 90 "$WORK/spin" 50 "$SECS" plain "${ITERS[50]}" >"$WORK/pb" 2>"$WORK/pbe" &
+    timeout 90 "$WORK/spin" "$kus" "$SECS" plain "${ITERS[$kus]}" >"$WORK/pb" 2>"$WORK/pbe" &
   local pb=$!
   wait "$pa" "$pb"
   cat "$WORK/pa" "$WORK/pb" >>"$LOG"
@@ -137,15 +139,20 @@ pair() { # label limitA limitB shared(0|1) contention-correction(1|0)
   local a b
   a=$(grep -m1 RESULT "$WORK/pa" | field kernels_per_s)
   b=$(grep -m1 RESULT "$WORK/pb" | field kernels_per_s)
-  row "$1 A" "$2" "$a" "${BASE[50plain]}"
-  row "$1 B" "$3" "$b" "${BASE[50plain]}"
+  row "$1 A" "$2" "$a" "${BASE[${kus}plain]}"
+  row "$1 B" "$3" "$b" "${BASE[${kus}plain]}"
   if [ -n "$a" ] && [ -n "$b" ] && [ "$4" = 1 ]; then
-    row "$1 A+B" "$2" "$(python3 -c "print($a+$b)")" "${BASE[50plain]}"
+    row "$1 A+B" "$2" "$(python3 -c "print($a+$b)")" "${BASE[${kus}plain]}"
+  fi
+  if [ "$turns" != off ]; then
+    echo "  turn board: $(ls "$turns")" >>"$LOG"
   fi
 }
-pair "2 containers 30/70 spin 50us" 30 70 0 1
-pair "2 containers 30/70, no NVML corr." 30 70 0 0
-pair "1 container 2 procs spin 50us" 50 50 1 1
+pair "2 containers 30/70 turns" 30 70 0 0 1
+pair "2 containers 30/70 no turns" 30 70 0 0 0
+pair "2 containers 30/70 turns 5ms" 30 70 0 0 1 5000
+pair "2 containers 50/50 turns" 50 50 0 0 1
+pair "1 container 2 procs spin 50us" 50 50 1 0 0
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')" | tee -a "$TABLE"
 rm -rf "$WORK"
