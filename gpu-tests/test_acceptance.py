@@ -221,7 +221,11 @@ def file_without_sweep(cache):
     return proc_num, procs
 
 
-@pytest.mark.parametrize("how", ["return", "thread", "pthread_exit"])
+# "pthread_exit" (main calls pthread_exit, the process ends with its last thread) is tested on
+# the simulated driver only: with the real driver it never ends, with or without the hook, since
+# libcuda's own threads outlive main (2026-11-29 run 5: the probe bare under `timeout 15`
+# gave rc=124, and the hooked run hung the same way).
+@pytest.mark.parametrize("how", ["return", "thread"])
 def test_normal_exit_leaves_the_shared_file_at_once(how):
     # "thread": exit() from a new thread while another thread allocates and frees 4 MiB.
     c = Container("8g")
