@@ -94,7 +94,7 @@ for kus in 50 5000; do
     ITERS[$kus]=$iters; BASE[$kus$mode]=$base
     row "$name (no preload)" - "$(echo "$bare" | field kernels_per_s)" "$base"
     row "$name kernel=$(echo "$res" | field kernel_us)us" - "$base" "$base" "$res"
-    limits="10 25 50 75"; [ "$mode" = graph ] && limits="25 50"
+    limits="${SM_BENCH_LIMITS-10 25 50 75}"; [ "$mode" = graph ] && limits="${SM_BENCH_LIMITS-25 50}"
     for l in $limits; do
       res=$(run "$l" "$WORK/spin" "$kus" "$SECS" "$mode" "$iters")
       row "$name" "$l" "$(echo "$res" | field kernels_per_s)" "$base" "$res"
@@ -123,7 +123,7 @@ pair() { # label limitA limitB shared(0|1) contention-correction(1|0) turns(1|0)
   start=$(python3 -c 'import time; print(time.time() + 2.0)')
   echo "+ pair $1" >>"$LOG"
   local common=(LD_PRELOAD="$LIB" LIBCUDA_LOG_LEVEL=4 SPIN_START_AT="$start" VGPU_SM_CONTENTION="${5:-1}"
-    VGPU_TURN_DIR="$turns")
+    VGPU_TURN_DIR="$turns" ${TURN_ENV:-})
   env "${common[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$ca" CUDA_DEVICE_SM_LIMIT="$2" \
     timeout 90 "$WORK/spin" "$kus" "$SECS" plain "${ITERS[$kus]}" >"$WORK/pa" 2>"$WORK/pae" &
   local pa=$!
@@ -148,6 +148,13 @@ pair() { # label limitA limitB shared(0|1) contention-correction(1|0) turns(1|0)
     echo "  turn board: $(ls "$turns")" >>"$LOG"
   fi
 }
+if [ "${SM_BENCH_TURN_VARIANTS:-0}" = 1 ]; then
+  for cyc in 10 20; do
+    for lead in 0 100 200; do
+      TURN_ENV="VGPU_TURN_CYCLE_MS=$cyc VGPU_TURN_LEAD_US=$lead" pair "30/70 turns ${cyc}ms lead ${lead}us" 30 70 0 0 1
+    done
+  done
+fi
 pair "2 containers 30/70 turns" 30 70 0 0 1
 pair "2 containers 30/70 no turns" 30 70 0 0 0
 pair "2 containers 30/70 turns 5ms" 30 70 0 0 1 5000

@@ -266,6 +266,24 @@ fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
     if std::env::var("VGPU_SM_CONTENTION").is_ok_and(|v| v.trim() == "1") {
         cfg.contention_period = 500_000_000;
     }
+    // Tuning of the turns containers take (docs/sm-limit.md); malformed values keep the
+    // defaults, with a warning.
+    let knob = |name: &str, unit: Nanos, lo: u64, hi: u64| -> Option<Nanos> {
+        let v = std::env::var(name).ok()?;
+        match v.trim().parse::<u64>() {
+            Ok(n) if (lo..=hi).contains(&n) => Some(n * unit),
+            _ => {
+                vlog!(WARN, "{name}={v:?} is not a number in {lo}..={hi}: ignored");
+                None
+            }
+        }
+    };
+    if let Some(c) = knob("VGPU_TURN_CYCLE_MS", 1_000_000, 1, 1000) {
+        cfg.turn_cycle = c;
+    }
+    if let Some(l) = knob("VGPU_TURN_LEAD_US", 1_000, 0, 10_000) {
+        cfg.turn_lead_in = l;
+    }
     let view = FileView {
         device: d,
         nvml: NvmlProbe::Unopened,

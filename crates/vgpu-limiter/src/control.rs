@@ -58,6 +58,8 @@ pub struct LimiterConfig {
     /// Cycle of the turns limited containers on one GPU take
     /// ([`ContainerView::turn_tenants`]).
     pub turn_cycle: Nanos,
+    /// How long before its window a container may start queueing ([`Turn::admits`]).
+    pub turn_lead_in: Nanos,
     /// Lowest correction factor: measurements are never discounted by more than this.
     pub contention_floor: f64,
 }
@@ -82,6 +84,7 @@ impl Default for LimiterConfig {
             contention_period: 0,
             contention_threshold: 0.9,
             turn_cycle: 10 * MILLIS,
+            turn_lead_in: 0,
             contention_floor: 0.5,
         }
     }
@@ -333,7 +336,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         }
         if let Some(turn) = self.turn {
             let est = self.cost.unwrap_or(0.0);
-            if let Err(ns) = turn.admits(now, self.horizon.max(now_f), est) {
+            if let Err(ns) = turn.admits(now, self.horizon.max(now_f), est, self.cfg.turn_lead_in) {
                 // Outside our window: let what is queued be measured, wait for the next.
                 self.close_open(now);
                 return self.wait(ns.min(self.cfg.max_wait));

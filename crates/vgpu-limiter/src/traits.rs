@@ -79,8 +79,8 @@ pub struct DeviceSample {
 
 /// Launches of its typical length each tenant's window should hold at least.
 const LAUNCHES_PER_WINDOW: u64 = 16;
-/// Longest turn cycle, whatever the launches' length.
-const MAX_TURN_CYCLE: Nanos = 100_000_000;
+/// Longest turn cycle, as a multiple of the shortest, whatever the launches' length.
+const MAX_CYCLE_FACTOR: u64 = 8;
 
 /// One limited container announced on a GPU's turn board.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,16 +127,22 @@ impl Turn {
             .max(100);
         // Long enough that every window holds several of its tenant's launches (whole
         // launches fit a window, so a window of few launches loses a large fraction to
-        // rounding), bounded so that turns stay short against human time scales.
-        let cycle = sorted
+        // rounding), bounded so that turns stay short against human time scales. Rounded
+        // up to the minimum times a power of two: each tenant computes the layout from the
+        // launch lengths it last read, which drift a little; the rounding keeps everyone on
+        // the same cycle (different cycles would misalign the windows).
+        let needed = sorted
             .iter()
             .filter(|t| t.limit_pct > 0)
             .map(|t| {
                 t.launch_ns.saturating_mul(LAUNCHES_PER_WINDOW) * total / u64::from(t.limit_pct)
             })
             .max()
-            .unwrap_or(0)
-            .clamp(min_cycle, MAX_TURN_CYCLE.max(min_cycle));
+            .unwrap_or(0);
+        let mut cycle = min_cycle;
+        while cycle < needed && cycle < min_cycle.saturating_mul(MAX_CYCLE_FACTOR) {
+            cycle = cycle.saturating_mul(2);
+        }
         let mut offset = 0;
         for t in &sorted {
             let width = cycle * u64::from(t.limit_pct) / total;
@@ -153,23 +159,38 @@ impl Turn {
     }
 
     /// Whether work estimated at `est` ns may be queued at `now` behind work that ends at
-    /// `horizon` (≥ now): `Ok` inside the window if it ends in the window, or if nothing is
-    /// queued (work longer than the window); otherwise `Err(ns until the next window)`.
-    pub fn admits(&self, now: Nanos, horizon: f64, est: f64) -> Result<(), Nanos> {
-        let phase = now % self.cycle;
-        let in_window = phase >= self.offset && phase < self.offset + self.width;
-        if in_window {
-            let end = (now - phase + self.offset + self.width) as f64;
-            if horizon + est <= end || horizon <= now as f64 {
-                return Ok(());
+    /// `horizon` (≥ now): `Ok` inside the window if it ends in the window, or, for work
+    /// longer than the whole window, if nothing is queued; otherwise `Err(ns until the next
+    /// window)`.
+    ///
+    /// With a `lead_in` (at most an eighth of the window is used), queueing may start that
+    /// long before the window opens, to make up for a late wake-up and the GPU's start-up
+    /// latency; work queued early runs behind the other container's last work.
+    pub fn admits(&self, now: Nanos, horizon: f64, est: f64, lead_in: Nanos) -> Result<(), Nanos> {
+        let lead = lead_in.min(self.width / 8);
+        let base = now - now % self.cycle;
+        let starts = [
+            (base + self.offset).checked_sub(self.cycle),
+            Some(base + self.offset),
+            Some(base + self.offset + self.cycle),
+        ];
+        let mut next = Nanos::MAX;
+        for start in starts.into_iter().flatten() {
+            let open = start.saturating_sub(lead);
+            let end = start + self.width;
+            if (open..end).contains(&now) {
+                // Work that can never fit a window goes when nothing is queued; anything
+                // else must end in the window (an overrun would be time-sliced with the
+                // next container's work, and both would count it).
+                let never_fits = est >= self.width as f64;
+                if horizon + est <= end as f64 || (never_fits && horizon <= now as f64) {
+                    return Ok(());
+                }
+            } else if open > now {
+                next = next.min(open - now);
             }
         }
-        let next = if phase < self.offset {
-            self.offset - phase
-        } else {
-            self.cycle - phase + self.offset
-        };
-        Err(next.max(1))
+        Err(next.clamp(1, self.cycle))
     }
 }
 
