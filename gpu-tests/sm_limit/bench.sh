@@ -82,9 +82,9 @@ row() { # name limit value base [result-line for busy/mhz/watts]
 }
 
 declare -A ITERS BASE
-for kus in 50 5000; do
+for kus in 50 500 5000; do
   for mode in plain graph; do
-    [ "$mode" = graph ] && [ "$kus" = 5000 ] && continue
+    [ "$mode" = graph ] && [ "$kus" != 50 ] && continue
     name="spin ${kus}us $mode"
     bare=$(timeout 90 "$WORK/spin" "$kus" "$SECS" "$mode" 2>>"$LOG")
     echo "+ bare $bare" >>"$LOG"
@@ -155,11 +155,14 @@ if [ "${SM_BENCH_TURN_VARIANTS:-0}" = 1 ]; then
     done
   done
 fi
-pair "2 containers 30/70 turns" 30 70 0 0 1
-pair "2 containers 30/70 no turns" 30 70 0 0 0
-pair "2 containers 30/70 turns 5ms" 30 70 0 0 1 5000
-pair "2 containers 50/50 turns" 50 50 0 0 1
-pair "1 container 2 procs spin 50us" 50 50 1 0 0
+for round in $(seq "${SM_BENCH_PAIR_ROUNDS:-1}"); do
+  pair "2 containers 30/70 turns" 30 70 0 0 1
+  pair "2 containers 30/70 no turns" 30 70 0 0 0
+  pair "2 containers 30/70 turns 500us" 30 70 0 0 1 500
+  pair "2 containers 30/70 turns 5ms" 30 70 0 0 1 5000
+  pair "2 containers 50/50 turns" 50 50 0 0 1
+  pair "1 container 2 procs spin 50us" 50 50 1 0 0
+done
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')" | tee -a "$TABLE"
 rm -rf "$WORK"
