@@ -372,6 +372,31 @@ impl Drop for FlockGuard<'_> {
     }
 }
 
+/// Opens `path` read-write, creating it with mode 0666 whatever the umask (every container
+/// and user of the node may need it; the umask is left alone). On error, the failed step.
+pub(crate) fn open_or_create_shared(path: &Path) -> Result<File, (&'static str, io::Error)> {
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o666)
+        .open(path)
+    {
+        Ok(f) => {
+            // The umask may have masked bits; set them without touching the umask.
+            f.set_permissions(std::fs::Permissions::from_mode(0o666))
+                .map_err(|e| ("fchmod", e))?;
+            Ok(f)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| ("open", e)),
+        Err(e) => Err(("create", e)),
+    }
+}
+
 impl UsageTable {
     /// Attach to the table at `path`, creating and initializing it from `init` if it does not
     /// exist (mode 0666, whatever the umask). An existing file keeps its limits.
@@ -400,28 +425,7 @@ impl UsageTable {
             source,
         };
         let file = match init {
-            Some(_) => {
-                match OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o666)
-                    .open(path)
-                {
-                    Ok(f) => {
-                        // The umask may have masked bits; set them without touching the umask.
-                        f.set_permissions(std::fs::Permissions::from_mode(0o666))
-                            .map_err(io("fchmod"))?;
-                        f
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .open(path)
-                        .map_err(io("open"))?,
-                    Err(e) => return Err(io("create")(e)),
-                }
-            }
+            Some(_) => open_or_create_shared(path).map_err(|(op, e)| io(op)(e))?,
             None => OpenOptions::new()
                 .read(true)
                 .write(writable)

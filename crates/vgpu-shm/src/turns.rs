@@ -11,13 +11,13 @@
 //! may take it over. No locks: a tenant only ever writes its own entry, and an entry changes
 //! hands by compare-and-swap of its key.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::sys::Mapping;
+use crate::table::open_or_create_shared;
 
 /// Entries in a board: tenants (containers) announced on one GPU at a time.
 pub const TURN_ENTRIES: usize = 64;
@@ -85,25 +85,7 @@ impl TurnBoard {
             let path = path.to_path_buf();
             move |source: io::Error| TurnBoardError::Io { path, op, source }
         };
-        let file = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o666)
-            .open(path)
-        {
-            Ok(f) => {
-                f.set_permissions(std::fs::Permissions::from_mode(0o666))
-                    .map_err(io("fchmod"))?;
-                f
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(path)
-                .map_err(io("open"))?,
-            Err(e) => return Err(io("create")(e)),
-        };
+        let file = open_or_create_shared(path).map_err(|(op, e)| io(op)(e))?;
         let meta = file.metadata().map_err(io("fstat"))?;
         if !meta.is_file() {
             return Err(io("open")(io::Error::other("not a regular file")));
