@@ -83,7 +83,7 @@ impl Default for LimiterConfig {
             share_with_peers: true,
             contention_period: 0,
             contention_threshold: 0.9,
-            turn_cycle: 10 * MILLIS,
+            turn_cycle: 20 * MILLIS,
             turn_lead_in: 0,
             contention_floor: 0.5,
         }

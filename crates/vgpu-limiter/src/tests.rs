@@ -533,9 +533,9 @@ fn time_slicing_between_containers_costs_the_larger_one_its_share() {
 
 #[test]
 fn two_containers_taking_turns_split_30_70() {
-    // Launches of 5 ms are not covered: whole launches fit the 30% window (24 ms of an
-    // 80 ms cycle) 3-4 times, and this model gave 18% (docs/sm-limit.md).
-    for dur in [47 * US, 500 * US, 2 * MS] {
+    // 5 ms launches stretch the cycle to its cap, 160 ms (a 48 ms window for 30%); with a
+    // cap of 80 ms this model gave 18% for the 30% tenant.
+    for dur in [47 * US, 500 * US, 2 * MS, 5 * MS] {
         let (ua, ub, w) = two_containers_preempting(true, dur);
         eprintln!("with turns, kernels of {dur} ns: {ua:.3} {ub:.3}");
         assert!(w.apps[0].limiter.turn().is_some() && w.apps[1].limiter.turn().is_some());
@@ -580,9 +580,9 @@ fn turn_layout_is_shared_and_proportional() {
     assert_eq!((lb.cycle, lb.offset), (la.cycle, la.width));
     let drifted = [t(4, 30, 560 * US), t(9, 70, 60 * US)];
     assert_eq!(Turn::layout(9, &drifted, 10 * MS).unwrap(), lb);
-    // At most 8 × the minimum.
-    let capped = [t(4, 30, 2 * MS), t(9, 70, 0)];
-    assert_eq!(Turn::layout(4, &capped, 10 * MS).unwrap().cycle, 80 * MS);
+    // At most 8 × the minimum (160 ms for the default 20 ms).
+    let capped = [t(4, 30, 5 * MS), t(9, 70, 0)];
+    assert_eq!(Turn::layout(4, &capped, 20 * MS).unwrap().cycle, 160 * MS);
     // Admission: inside the window while queued work ends in it; else the next window.
     assert_eq!(
         b.admits(20 * MS + 4 * MS, (24 * MS) as f64, 100.0 * US as f64, 0),

@@ -79,7 +79,8 @@ pub struct DeviceSample {
 
 /// Launches of its typical length each tenant's window should hold at least.
 const LAUNCHES_PER_WINDOW: u64 = 16;
-/// Longest turn cycle, as a multiple of the shortest, whatever the launches' length.
+/// Longest turn cycle, as a multiple of the shortest, whatever the launches' length (160 ms
+/// by default: a 30% window then holds nine 5 ms launches).
 const MAX_CYCLE_FACTOR: u64 = 8;
 
 /// One limited container announced on a GPU's turn board.
