@@ -639,9 +639,9 @@ pub(crate) unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> C
         st.alloc.allocate(idx, ctx_id(ctx), bytesize as u64)
     }) {
         Ok(a) => {
-            // Only allocations that reached the driver (no clock read on the sub-allocated path).
-            let alloc = &st.config.allocator;
-            if !alloc.suballoc || bytesize as u64 >= alloc.suballoc_threshold {
+            // Only allocations that reached the driver (no clock read on the sub-allocated path;
+            // a sub-threshold request that fell back to the driver counts as direct).
+            if a.kind == AllocationKind::Direct {
                 reconcile_if_due(st, cuda, idx);
             }
             // SAFETY: non-null out-pointer (checked above).
