@@ -17,6 +17,8 @@ OUT = os.environ.get("VGPU_OUT", tempfile.gettempdir())
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs.py")
 SCRATCH = tempfile.mkdtemp(prefix="vgpu-bench-")
 ROUNDS = int(os.environ.get("VGPU_BENCH_ROUNDS", "3"))
+# Comma-separated parts of measurement names to run (all when unset), e.g. "direct,launch".
+ONLY = [p.strip() for p in os.environ.get("VGPU_BENCH_ONLY", "").split(",") if p.strip()]
 
 
 def run(args, hooked):
@@ -52,6 +54,8 @@ rows = []
 
 
 def add(name, args, key, unit, goal, rounds=None):
+    if ONLY and not any(p in name for p in ONLY):
+        return None
     try:
         b, h, bs, hs = measure(args, key, rounds)
     except Exception as e:  # noqa: BLE001 - a failed measurement is reported, not hidden
@@ -67,7 +71,7 @@ def add(name, args, key, unit, goal, rounds=None):
 
 
 add("direct cuMemAlloc+cuMemFree pair, 4 MiB", [PROBE, "bench_alloc", "2000", str(4 << 20)], "pair_us", "us",
-    "added <= 1 us", rounds=7)
+    "added <= 1 us", rounds=max(7, ROUNDS))
 small = add("small cuMemAlloc, 1 KiB (20,000 live)", [PROBE, "bench_small", "20000", "1024"], "alloc_us", "us",
             "hooked >= 20x faster")
 add("small cuMemFree, 1 KiB (20,000 live)", [PROBE, "bench_small", "20000", "1024"], "free_us", "us", "")
