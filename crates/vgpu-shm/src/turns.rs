@@ -9,13 +9,14 @@
 //! time of the tenant's typical launch in nanoseconds (which sets the common cycle).
 //! An entry whose heartbeat is older than the reader's `max_age` is not a tenant; a writer
 //! may take it over. No locks: a tenant only ever writes its own entry, and an entry changes
-//! hands by compare-and-swap of its key.
+//! hands by compare-and-swap of its stale heartbeat (loom models below).
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::sync::Atomic64;
 use crate::sys::Mapping;
 use crate::table::open_or_create_shared;
 
@@ -137,16 +138,6 @@ impl TurnBoard {
         self.map.atomic_u64(i * 8).ok_or(TurnBoardError::Full)
     }
 
-    fn entry(&self, e: usize) -> Option<[&AtomicU64; 4]> {
-        let base = (HEADER_WORDS + e * ENTRY_WORDS) * 8;
-        Some([
-            self.map.atomic_u64(base)?,
-            self.map.atomic_u64(base + 8)?,
-            self.map.atomic_u64(base + 16)?,
-            self.map.atomic_u64(base + 24)?,
-        ])
-    }
-
     /// Announces tenant `key` (non-zero) with `limit_pct` and its typical launch length
     /// at time `now`; an entry whose heartbeat is older than `stale` (or never written)
     /// may be taken over.
@@ -158,83 +149,138 @@ impl TurnBoard {
         now: u64,
         stale: u64,
     ) -> Result<(), TurnBoardError> {
-        let key = key.max(1);
-        let write = |[_, pct, beat, launch]: [&AtomicU64; 4]| {
-            pct.store(u64::from(limit_pct), Ordering::Relaxed);
-            launch.store(launch_ns, Ordering::Relaxed);
-            beat.store(now, Ordering::Release);
-        };
-        if let Some(e) = self.mine.and_then(|i| self.entry(i).map(|w| (i, w))) {
-            if e.1[0].load(Ordering::Acquire) == key {
-                write(e.1);
-                return Ok(());
-            }
-        }
-        // Our key may already be there (another process of the container).
-        for i in 0..TURN_ENTRIES {
-            let Some(w) = self.entry(i) else { break };
-            if w[0].load(Ordering::Acquire) == key {
-                write(w);
-                self.mine = Some(i);
-                return Ok(());
-            }
-        }
-        for i in 0..TURN_ENTRIES {
-            let Some(w) = self.entry(i) else { break };
-            let old = w[0].load(Ordering::Acquire);
-            let beat = w[2].load(Ordering::Acquire);
-            if old != 0 && now.saturating_sub(beat) <= stale {
-                continue;
-            }
-            // Refresh the heartbeat first so that readers never see our key with the old
-            // holder's stale beat counted as ours for long; then take the key.
-            if w[0]
-                .compare_exchange(old, key, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                write(w);
-                self.mine = Some(i);
-                return Ok(());
-            }
-        }
-        Err(TurnBoardError::Full)
+        let mine = announce_in(&self.map, self.mine, key, limit_pct, launch_ns, now, stale)
+            .ok_or(TurnBoardError::Full)?;
+        self.mine = Some(mine);
+        Ok(())
     }
 
     /// Tenants whose heartbeat is at most `max_age` old at `now`, sorted by key, one per
-    /// key (the freshest).
+    /// key.
     pub fn tenants(&self, now: u64, max_age: u64) -> Vec<Tenant> {
-        let mut out: Vec<Tenant> = Vec::new();
-        for i in 0..TURN_ENTRIES {
-            let Some([key, pct, beat, launch]) = self.entry(i) else {
-                break;
-            };
-            let k = key.load(Ordering::Acquire);
-            let b = beat.load(Ordering::Acquire);
-            let p = pct.load(Ordering::Relaxed);
-            if k == 0 || now.saturating_sub(b) > max_age || !(1..100).contains(&p) {
-                continue;
-            }
-            if !out.iter().any(|t| t.key == k) {
-                out.push(Tenant {
-                    key: k,
-                    limit_pct: p as u32,
-                    launch_ns: launch.load(Ordering::Relaxed),
-                });
-            }
-        }
-        out.sort_by_key(|t| t.key);
-        out
+        tenants_in(&self.map, now, max_age)
     }
 
     /// Withdraws `key` (a container's last limited process exits), so others need not wait
     /// for its heartbeat to age out.
     pub fn withdraw(&mut self, key: u64) {
-        let key = key.max(1);
-        for i in 0..TURN_ENTRIES {
-            let Some(w) = self.entry(i) else { break };
-            if w[0].load(Ordering::Acquire) == key {
-                w[2].store(0, Ordering::Release);
-            }
+        withdraw_in(&self.map, key);
+    }
+}
+
+/// The board's words wherever they live: the mapped file, or loom's atomics in the models.
+pub(crate) trait BoardWords {
+    type A: Atomic64;
+    /// Word `i` of the board, if the board has it.
+    fn word(&self, i: usize) -> Option<&Self::A>;
+}
+
+impl BoardWords for Mapping {
+    type A = std::sync::atomic::AtomicU64;
+    fn word(&self, i: usize) -> Option<&Self::A> {
+        self.atomic_u64(i * 8)
+    }
+}
+
+/// Entry `e`'s words: key, limit, heartbeat, launch length.
+fn entry<W: BoardWords>(w: &W, e: usize) -> Option<[&W::A; 4]> {
+    let base = HEADER_WORDS + e * ENTRY_WORDS;
+    Some([
+        w.word(base)?,
+        w.word(base + 1)?,
+        w.word(base + 2)?,
+        w.word(base + 3)?,
+    ])
+}
+
+/// [`TurnBoard::announce`] on any board; `hint` is the entry last written. Returns the
+/// entry now holding `key`, or `None` when every entry is held by a live tenant.
+pub(crate) fn announce_in<W: BoardWords>(
+    w: &W,
+    hint: Option<usize>,
+    key: u64,
+    limit_pct: u32,
+    launch_ns: u64,
+    now: u64,
+    stale: u64,
+) -> Option<usize> {
+    let key = key.max(1);
+    let write = |[_, pct, beat, launch]: [&W::A; 4]| {
+        pct.store(u64::from(limit_pct), Ordering::Relaxed);
+        launch.store(launch_ns, Ordering::Relaxed);
+        beat.store(now, Ordering::Release);
+    };
+    if let Some((i, e)) = hint.and_then(|i| entry(w, i).map(|e| (i, e))) {
+        if e[0].load(Ordering::Acquire) == key {
+            write(e);
+            return Some(i);
+        }
+    }
+    // Our key may already be there (another process of the container).
+    for i in 0..TURN_ENTRIES {
+        let Some(e) = entry(w, i) else { break };
+        if e[0].load(Ordering::Acquire) == key {
+            write(e);
+            return Some(i);
+        }
+    }
+    for i in 0..TURN_ENTRIES {
+        let Some(e) = entry(w, i) else { break };
+        let beat = e[2].load(Ordering::Acquire);
+        // A fresh heartbeat means a live tenant, or a newcomer that has just won the entry
+        // and not yet written its key: either way, not ours to take.
+        if beat != 0 && now.saturating_sub(beat) <= stale {
+            continue;
+        }
+        // Win the entry by moving its heartbeat off the stale value we saw: of several
+        // newcomers only one can (a claim by the key alone let a second newcomer see the
+        // first one's key with the stale beat and take the entry again; loom found it).
+        // Until our key lands, readers may see the old key with a fresh beat for a moment.
+        if e[2]
+            .compare_exchange(beat, now.max(1), Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            continue;
+        }
+        e[0].store(key, Ordering::Release);
+        write(e);
+        return Some(i);
+    }
+    None
+}
+
+/// [`TurnBoard::tenants`] on any board.
+pub(crate) fn tenants_in<W: BoardWords>(w: &W, now: u64, max_age: u64) -> Vec<Tenant> {
+    let mut out: Vec<Tenant> = Vec::new();
+    for i in 0..TURN_ENTRIES {
+        let Some([key, pct, beat, launch]) = entry(w, i) else {
+            break;
+        };
+        let k = key.load(Ordering::Acquire);
+        let b = beat.load(Ordering::Acquire);
+        let p = pct.load(Ordering::Relaxed);
+        if k == 0 || now.saturating_sub(b) > max_age || !(1..100).contains(&p) {
+            continue;
+        }
+        if !out.iter().any(|t| t.key == k) {
+            out.push(Tenant {
+                key: k,
+                limit_pct: p as u32,
+                launch_ns: launch.load(Ordering::Relaxed),
+            });
+        }
+    }
+    out.sort_by_key(|t| t.key);
+    out
+}
+
+/// [`TurnBoard::withdraw`] on any board.
+pub(crate) fn withdraw_in<W: BoardWords>(w: &W, key: u64) {
+    let key = key.max(1);
+    for i in 0..TURN_ENTRIES {
+        let Some(e) = entry(w, i) else { break };
+        if e[0].load(Ordering::Acquire) == key {
+            e[2].store(0, Ordering::Release);
         }
     }
 }
@@ -326,5 +372,85 @@ mod tests {
         let err = TurnBoard::open_or_create(&p).unwrap_err();
         assert!(matches!(err, TurnBoardError::Foreign { .. }), "{err}");
         let _ = std::fs::remove_file(&p);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! Run: `RUSTFLAGS="--cfg loom" cargo test -p vgpu-shm --release --lib loom`.
+    use super::*;
+    use crate::sync::AtomicU64 as LoomU64;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// A board of `entries` entries in loom's atomics.
+    struct HeapBoard(Vec<LoomU64>);
+
+    impl HeapBoard {
+        fn new(entries: usize) -> Self {
+            Self(
+                (0..HEADER_WORDS + entries * ENTRY_WORDS)
+                    .map(|_| LoomU64::new(0))
+                    .collect(),
+            )
+        }
+    }
+
+    impl BoardWords for HeapBoard {
+        type A = LoomU64;
+        fn word(&self, i: usize) -> Option<&LoomU64> {
+            self.0.get(i)
+        }
+    }
+
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(f);
+    }
+
+    /// Two containers announce at once on a board with room for both: each gets its own
+    /// entry and both are listed.
+    #[test]
+    fn loom_two_tenants_announce_at_once_into_distinct_entries() {
+        model(|| {
+            let board = Arc::new(HeapBoard::new(2));
+            let go = |key: u64, pct: u32, b: Arc<HeapBoard>| {
+                move || announce_in(&*b, None, key, pct, 0, 100, 50)
+            };
+            let t1 = thread::spawn(go(7, 30, board.clone()));
+            let t2 = thread::spawn(go(9, 70, board.clone()));
+            let (e1, e2) = (t1.join().unwrap(), t2.join().unwrap());
+            assert!(e1.is_some() && e2.is_some() && e1 != e2, "{e1:?} {e2:?}");
+            let keys: Vec<(u64, u32)> = tenants_in(&*board, 100, 10)
+                .iter()
+                .map(|t| (t.key, t.limit_pct))
+                .collect();
+            assert_eq!(keys, [(7, 30), (9, 70)]);
+        });
+    }
+
+    /// Two containers race for the last (stale) entry: exactly one takes it, the other is
+    /// told the board is full; the entry holds the winner's limit, never a mix.
+    #[test]
+    fn loom_a_stale_entry_goes_to_exactly_one_newcomer() {
+        model(|| {
+            let board = Arc::new(HeapBoard::new(1));
+            // A tenant that stopped announcing at time 10.
+            assert_eq!(announce_in(&*board, None, 3, 50, 0, 10, 50), Some(0));
+            let go = |key: u64, pct: u32, b: Arc<HeapBoard>| {
+                move || announce_in(&*b, None, key, pct, 0, 1000, 50)
+            };
+            let t1 = thread::spawn(go(7, 30, board.clone()));
+            let t2 = thread::spawn(go(9, 70, board.clone()));
+            let (e1, e2) = (t1.join().unwrap(), t2.join().unwrap());
+            assert!(e1.is_some() != e2.is_some(), "{e1:?} {e2:?}");
+            let want = if e1.is_some() { (7, 30) } else { (9, 70) };
+            let got: Vec<(u64, u32)> = tenants_in(&*board, 1000, 10)
+                .iter()
+                .map(|t| (t.key, t.limit_pct))
+                .collect();
+            assert_eq!(got, [want]);
+        });
     }
 }
