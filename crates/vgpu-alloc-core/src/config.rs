@@ -47,6 +47,41 @@ pub const ENV_ALIGN: &str = "VGPU_ALLOC_ALIGN";
 pub const ENV_RECONCILE_MS: &str = "VGPU_RECONCILE_MS";
 /// Default of [`ENV_RECONCILE_MS`].
 pub const DEFAULT_RECONCILE_MS: u64 = 100;
+/// `1` turns on the experimental NVML-based contention correction of the SM limiter.
+pub const ENV_SM_CONTENTION: &str = "VGPU_SM_CONTENTION";
+/// Directory of the node-wide turn boards (SM limit); `off` disables turns.
+pub const ENV_TURN_DIR: &str = "VGPU_TURN_DIR";
+/// Default of [`ENV_TURN_DIR`]: the host directory HAMi's device plugin mounts into every
+/// container.
+pub const DEFAULT_TURN_DIR: &str = "/tmp/vgpulock";
+/// Shortest turn cycle of containers sharing a GPU, milliseconds.
+pub const ENV_TURN_CYCLE_MS: &str = "VGPU_TURN_CYCLE_MS";
+/// How long before its window a container may start queueing, microseconds.
+pub const ENV_TURN_LEAD_US: &str = "VGPU_TURN_LEAD_US";
+
+/// Tuning of the SM limiter (accuracy, not enforcement: bad values are warnings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SmTuning {
+    /// NVML-based contention correction ([`ENV_SM_CONTENTION`], default off).
+    pub contention_correction: bool,
+    /// Turn board directory ([`ENV_TURN_DIR`]); `None` = no turns.
+    pub turn_dir: Option<String>,
+    /// Shortest turn cycle in milliseconds ([`ENV_TURN_CYCLE_MS`], 1..=1000, default 20).
+    pub turn_cycle_ms: u64,
+    /// Lead-in in microseconds ([`ENV_TURN_LEAD_US`], 0..=10000, default 0).
+    pub turn_lead_us: u64,
+}
+
+impl Default for SmTuning {
+    fn default() -> Self {
+        Self {
+            contention_correction: false,
+            turn_dir: Some(DEFAULT_TURN_DIR.to_owned()),
+            turn_cycle_ms: 20,
+            turn_lead_us: 0,
+        }
+    }
+}
 
 /// Default path of the shared usage file.
 pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
@@ -202,6 +237,8 @@ pub struct Config {
     /// with NVML's per-process used memory (`VGPU_RECONCILE_MS`, default 100; 0 = on every
     /// eligible call); `None` = reconciliation off (`off`).
     pub reconcile_ms: Option<u64>,
+    /// SM limiter tuning.
+    pub sm_tuning: SmTuning,
     /// Rejected variables that do not affect enforcement (`LIBCUDA_LOG_LEVEL`,
     /// `CUDA_TASK_PRIORITY`), from [`Config::from_lookup_with_warnings`] only: their
     /// defaults are used and the hook logs these and goes on, since a typo there must not
@@ -224,6 +261,7 @@ impl Default for Config {
             count_managed: true,
             allocator: AllocatorConfig::default(),
             reconcile_ms: Some(DEFAULT_RECONCILE_MS),
+            sm_tuning: SmTuning::default(),
             warnings: Vec::new(),
         }
     }
@@ -455,6 +493,33 @@ impl Config {
                         &v,
                         "expected milliseconds (0..=3600000) or off".into(),
                     ),
+                }
+            }
+        }
+        if let Some(v) = lookup(ENV_SM_CONTENTION) {
+            match v.trim() {
+                "1" => cfg.sm_tuning.contention_correction = true,
+                "0" | "" => cfg.sm_tuning.contention_correction = false,
+                _ => warn(ENV_SM_CONTENTION, &v, "expected 0 or 1".into()),
+            }
+        }
+        if let Some(v) = lookup(ENV_TURN_DIR) {
+            let t = v.trim();
+            cfg.sm_tuning.turn_dir = if t.is_empty() || t == "0" || t.eq_ignore_ascii_case("off") {
+                None
+            } else {
+                Some(t.to_owned())
+            };
+        }
+        for (name, slot, max) in [
+            (ENV_TURN_CYCLE_MS, &mut cfg.sm_tuning.turn_cycle_ms, 1000u64),
+            (ENV_TURN_LEAD_US, &mut cfg.sm_tuning.turn_lead_us, 10_000),
+        ] {
+            if let Some(v) = lookup(name) {
+                let min = u64::from(name == ENV_TURN_CYCLE_MS);
+                match strict_int::<u64>(v.trim()).filter(|n| (min..=max).contains(n)) {
+                    Some(n) => *slot = n,
+                    None => warn(name, &v, format!("expected an integer in {min}..={max}")),
                 }
             }
         }
@@ -799,6 +864,48 @@ mod tests {
         .unwrap_err();
         let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
         assert_eq!(names, ["CUDA_DEVICE_MEMORY_LIMIT", "LIBCUDA_LOG_LEVEL"]);
+    }
+
+    #[test]
+    fn sm_tuning_parses_and_warns_on_typos() {
+        let d = lenient(&[]).unwrap().sm_tuning;
+        assert_eq!(d, SmTuning::default());
+        assert_eq!(d.turn_dir.as_deref(), Some("/tmp/vgpulock"));
+        let cfg = lenient(&[
+            ("VGPU_SM_CONTENTION", "1"),
+            ("VGPU_TURN_DIR", " /run/vgpu "),
+            ("VGPU_TURN_CYCLE_MS", "40"),
+            ("VGPU_TURN_LEAD_US", "100"),
+        ])
+        .unwrap();
+        let t = cfg.sm_tuning;
+        assert!(t.contention_correction);
+        assert_eq!(t.turn_dir.as_deref(), Some("/run/vgpu"));
+        assert_eq!((t.turn_cycle_ms, t.turn_lead_us), (40, 100));
+        assert!(cfg.warnings.is_empty());
+        assert_eq!(
+            lenient(&[("VGPU_TURN_DIR", "OFF")])
+                .unwrap()
+                .sm_tuning
+                .turn_dir,
+            None
+        );
+        let bad = lenient(&[
+            ("VGPU_TURN_CYCLE_MS", "0"),
+            ("VGPU_TURN_LEAD_US", "5ms"),
+            ("VGPU_SM_CONTENTION", "yes"),
+        ])
+        .unwrap();
+        assert_eq!(bad.sm_tuning, SmTuning::default(), "defaults kept");
+        let named: Vec<&str> = bad.warnings.iter().map(|w| w.variable.as_str()).collect();
+        assert_eq!(
+            named,
+            [
+                "VGPU_SM_CONTENTION",
+                "VGPU_TURN_CYCLE_MS",
+                "VGPU_TURN_LEAD_US"
+            ]
+        );
     }
 
     #[test]

@@ -14,7 +14,9 @@ pub use allocator::{
     Freed, InvalidAllocatorConfig, PendingRecord, RegionInfo,
 };
 pub use backend::{BackendError, ContextId, DeviceBackend, DevicePtr, MemoryInfo, MockBackend};
-pub use config::{AllocatorConfig, Config, ConfigError, ConfigErrors, CorePolicy, DeviceSelector};
+pub use config::{
+    AllocatorConfig, Config, ConfigError, ConfigErrors, CorePolicy, DeviceSelector, SmTuning,
+};
 pub use ledger::{
     DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, Reservation, UsageClass,
     UsageLedger,

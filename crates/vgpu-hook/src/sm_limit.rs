@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, O
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use vgpu_alloc_core::{Config, CorePolicy, DeviceIndex, MAX_DEVICES};
+use vgpu_alloc_core::{Config, CorePolicy, DeviceIndex, MAX_DEVICES, SmTuning};
 use vgpu_cuda_abi::{
     CUcontext, CUdevice, CUevent, CUresult, CUstream, c_int, c_uint, c_void, nvmlDevice_t,
     nvmlReturn_t,
@@ -114,7 +114,15 @@ fn policy() -> Policy {
 }
 
 /// Reads the SM limits from the configuration.
+/// The limiter's tuning from the environment (set once by [`configure`]).
+static TUNING: std::sync::OnceLock<SmTuning> = std::sync::OnceLock::new();
+
+fn tuning() -> &'static SmTuning {
+    TUNING.get_or_init(SmTuning::default)
+}
+
 pub(crate) fn configure(config: &Config) {
+    let _ = TUNING.set(config.sm_tuning.clone());
     let policy = match config.core_policy {
         CorePolicy::Default => Policy::Default,
         CorePolicy::Force => Policy::Force,
@@ -261,29 +269,14 @@ fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
         policy: policy(),
         ..LimiterConfig::default()
     };
-    // VGPU_SM_CONTENTION=1 turns the NVML-based contention correction on (experimental:
-    // NVML's per-process utilization proved unreliable under time slicing on the H200).
-    if std::env::var("VGPU_SM_CONTENTION").is_ok_and(|v| v.trim() == "1") {
+    let t = tuning();
+    // The NVML-based contention correction is experimental: NVML's per-process utilization
+    // proved unreliable under time slicing on the H200 (docs/sm-limit.md).
+    if t.contention_correction {
         cfg.contention_period = 500_000_000;
     }
-    // Tuning of the turns containers take (docs/sm-limit.md); malformed values keep the
-    // defaults, with a warning.
-    let knob = |name: &str, unit: Nanos, lo: u64, hi: u64| -> Option<Nanos> {
-        let v = std::env::var(name).ok()?;
-        match v.trim().parse::<u64>() {
-            Ok(n) if (lo..=hi).contains(&n) => Some(n * unit),
-            _ => {
-                vlog!(WARN, "{name}={v:?} is not a number in {lo}..={hi}: ignored");
-                None
-            }
-        }
-    };
-    if let Some(c) = knob("VGPU_TURN_CYCLE_MS", 1_000_000, 1, 1000) {
-        cfg.turn_cycle = c;
-    }
-    if let Some(l) = knob("VGPU_TURN_LEAD_US", 1_000, 0, 10_000) {
-        cfg.turn_lead_in = l;
-    }
+    cfg.turn_cycle = t.turn_cycle_ms * 1_000_000;
+    cfg.turn_lead_in = t.turn_lead_us * 1_000;
     let view = FileView {
         device: d,
         nvml: NvmlProbe::Unopened,
@@ -613,10 +606,6 @@ struct FileView {
     turns: TurnProbe,
 }
 
-/// Directory of the node-wide turn boards: `VGPU_TURN_DIR`, default `/tmp/vgpulock` (the
-/// host directory HAMi's device plugin mounts into every container); `off` disables turns.
-const ENV_TURN_DIR: &str = "VGPU_TURN_DIR";
-const DEFAULT_TURN_DIR: &str = "/tmp/vgpulock";
 /// Announcements older than this are not tenants (three publish periods).
 const TURN_MAX_AGE: Nanos = 300_000_000;
 /// An entry this stale may be taken over.
@@ -632,11 +621,10 @@ enum TurnProbe {
 impl TurnProbe {
     #[cold]
     fn open(device: usize) -> Self {
-        let dir = std::env::var(ENV_TURN_DIR).unwrap_or_else(|_| DEFAULT_TURN_DIR.to_owned());
-        let dir = dir.trim();
-        if dir.is_empty() || dir.eq_ignore_ascii_case("off") || dir == "0" {
+        // `VGPU_TURN_DIR` (vgpu_alloc_core::config), default /tmp/vgpulock; None = off.
+        let Some(dir) = tuning().turn_dir.as_deref() else {
             return Self::Unavailable;
-        }
+        };
         // Containers are told apart by their shared file (one per container); without one
         // this process is its own container.
         let key = match slot().and_then(|s| std::fs::metadata(s.table().path()).ok()) {
