@@ -72,6 +72,18 @@ pub struct SmTuning {
     pub turn_lead_us: u64,
 }
 
+impl SmTuning {
+    /// The turn board directory for a value of [`ENV_TURN_DIR`] (`None`: unset, giving
+    /// [`DEFAULT_TURN_DIR`]); `off`, `0` or empty: no turns.
+    pub fn turn_dir_of(value: Option<&str>) -> Option<String> {
+        let Some(v) = value else {
+            return Some(DEFAULT_TURN_DIR.to_owned());
+        };
+        let t = v.trim();
+        (!(t.is_empty() || t == "0" || t.eq_ignore_ascii_case("off"))).then(|| t.to_owned())
+    }
+}
+
 impl Default for SmTuning {
     fn default() -> Self {
         Self {
@@ -503,14 +515,8 @@ impl Config {
                 _ => warn(ENV_SM_CONTENTION, &v, "expected 0 or 1".into()),
             }
         }
-        if let Some(v) = lookup(ENV_TURN_DIR) {
-            let t = v.trim();
-            cfg.sm_tuning.turn_dir = if t.is_empty() || t == "0" || t.eq_ignore_ascii_case("off") {
-                None
-            } else {
-                Some(t.to_owned())
-            };
-        }
+        cfg.sm_tuning.turn_dir = SmTuning::turn_dir_of(lookup(ENV_TURN_DIR).as_deref());
+
         for (name, slot, max) in [
             (ENV_TURN_CYCLE_MS, &mut cfg.sm_tuning.turn_cycle_ms, 1000u64),
             (ENV_TURN_LEAD_US, &mut cfg.sm_tuning.turn_lead_us, 10_000),

@@ -50,6 +50,24 @@ pub struct DeviceStatus {
     pub sm_limit_percent: Option<u64>,
     /// Sum of the processes' last reported SM utilization, percent.
     pub sm_utilization_percent: u64,
+    /// Limited containers taking turns on this GPU, from its turn board (empty when there
+    /// is no board, or nobody announced within the last second).
+    pub turns: Vec<TurnTenantStatus>,
+}
+
+/// One container announced on a GPU's turn board.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TurnTenantStatus {
+    /// Its key, in hex (derived from its usage file).
+    pub key: String,
+    /// Whether it is the container of this usage file.
+    pub this_container: bool,
+    /// Its SM limit, percent.
+    pub sm_limit_percent: u32,
+    /// Its typical launch length, microseconds (0: not measured yet).
+    pub launch_us: u64,
+    /// Milliseconds since it last announced itself.
+    pub age_ms: u64,
 }
 
 /// One process's use of one device.
@@ -160,6 +178,23 @@ impl StatusReport {
                     d.uuid.as_deref().unwrap_or("-"),
                 );
             }
+            for d in self.devices.iter().filter(|d| !d.turns.is_empty()) {
+                let list: Vec<String> = d
+                    .turns
+                    .iter()
+                    .map(|t| {
+                        let me = if t.this_container { " (this one)" } else { "" };
+                        format!("{}%{me}", t.sm_limit_percent)
+                    })
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "device {}: {} limited containers take turns: {}",
+                    d.index,
+                    d.turns.len(),
+                    list.join(", ")
+                );
+            }
         }
         let _ = writeln!(out);
         if self.processes.is_empty() {
@@ -237,6 +272,7 @@ pub(crate) mod tests {
                 data_bytes: 768 << 20,
                 sm_limit_percent: Some(50),
                 sm_utilization_percent: 12,
+                turns: Vec::new(),
             }],
             processes: vec![
                 ProcessStatus {

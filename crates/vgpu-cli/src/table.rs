@@ -3,9 +3,15 @@
 
 use std::path::Path;
 
-use vgpu_shm::{ImageError, ShmError, TableSnapshot, UsageTable};
+use vgpu_alloc_core::SmTuning;
+use vgpu_alloc_core::config::ENV_TURN_DIR;
+use vgpu_shm::{
+    ImageError, ShmError, TableSnapshot, TurnBoard, UsageTable, board_file_name, container_key,
+};
 
-use crate::report::{DeviceStatus, ProcessDevice, ProcessStatus, SCHEMA, StatusReport};
+use crate::report::{
+    DeviceStatus, ProcessDevice, ProcessStatus, SCHEMA, StatusReport, TurnTenantStatus,
+};
 
 /// Explain an attach error in words a user can act on.
 pub fn describe(path: &Path, err: &ShmError) -> String {
@@ -43,6 +49,7 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
                 .filter_map(|p| p.devices.get(d.index as usize))
                 .map(|u| u.sm_util)
                 .fold(0u64, u64::saturating_add),
+            turns: Vec::new(),
         })
         .collect();
     let processes = snap
@@ -88,9 +95,44 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
     }
 }
 
+/// The containers announced on the turn board of the GPU `uuid` in `dir` within the last
+/// second, read-only; empty when there is no readable board.
+pub fn turn_tenants(dir: &Path, uuid: &str, cache: &Path) -> Vec<TurnTenantStatus> {
+    let Ok(board) = TurnBoard::open_read_only(dir.join(board_file_name(uuid))) else {
+        return Vec::new();
+    };
+    let now = vgpu_shm::monotonic_ns();
+    let mine = container_key(cache).ok();
+    board
+        .tenants(now, 1_000_000_000)
+        .into_iter()
+        .map(|t| TurnTenantStatus {
+            key: format!("{:016x}", t.key),
+            this_container: mine == Some(t.key),
+            sm_limit_percent: t.limit_pct,
+            launch_us: t.launch_ns / 1_000,
+            age_ms: now.saturating_sub(t.heartbeat_ns) / 1_000_000,
+        })
+        .collect()
+}
+
 /// Read a usage file into a report, read-only (never sweeps or writes). A file written by
-/// HAMi-core itself is decoded from its region alone.
+/// HAMi-core itself is decoded from its region alone. Each device also lists the containers
+/// on its turn board (in `$VGPU_TURN_DIR`, default `/tmp/vgpulock`).
 pub fn read_report(path: &Path) -> Result<StatusReport, String> {
+    let mut report = read_usage(path)?;
+    let dir = SmTuning::turn_dir_of(std::env::var(ENV_TURN_DIR).ok().as_deref());
+    if let Some(dir) = dir {
+        for d in &mut report.devices {
+            if let Some(uuid) = &d.uuid {
+                d.turns = turn_tenants(Path::new(&dir), uuid, path);
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn read_usage(path: &Path) -> Result<StatusReport, String> {
     match UsageTable::open_read_only(path) {
         Ok(table) => Ok(report_from_snapshot(path, &table.snapshot())),
         Err(ShmError::InvalidFile {

@@ -132,6 +132,72 @@ fn status_json(path: &Path) -> serde_json::Value {
 }
 
 #[test]
+fn status_lists_the_containers_taking_turns_on_each_gpu() {
+    let dir = TempDir::new("vgpu-status-turns").unwrap();
+    let path = make_table(&dir);
+    let turns = dir.path().join("turns");
+    std::fs::create_dir_all(&turns).unwrap();
+    let board_path = turns.join(vgpu_shm::board_file_name(
+        "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+    ));
+    let mut board = vgpu_shm::TurnBoard::open_or_create(&board_path).unwrap();
+    let now = vgpu_shm::monotonic_ns();
+    let me = vgpu_shm::container_key(&path).unwrap();
+    board.announce(me, 50, 47_000, now, 1_000_000_000).unwrap();
+    board.announce(me ^ 2, 30, 0, now, 1_000_000_000).unwrap();
+    // An entry that stopped announcing two seconds ago is not listed.
+    board
+        .announce(
+            me ^ 4,
+            20,
+            0,
+            now.saturating_sub(2_000_000_000),
+            1_000_000_000,
+        )
+        .unwrap();
+
+    let mut cmd = vgpu();
+    cmd.args(["status", "--json", "--cache", path.to_str().unwrap()])
+        .env("VGPU_TURN_DIR", &turns);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let listed: Vec<(u64, bool)> = v["devices"][0]["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["sm_limit_percent"].as_u64().unwrap(),
+                t["this_container"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let mut listed = listed;
+    listed.sort_unstable();
+    assert_eq!(listed, [(30, false), (50, true)]);
+    assert!(v["devices"][1]["turns"].as_array().unwrap().is_empty());
+
+    let mut cmd = vgpu();
+    cmd.args(["status", "--cache", path.to_str().unwrap()])
+        .env("VGPU_TURN_DIR", &turns);
+    let out = run(cmd);
+    assert!(
+        out.stdout
+            .contains("device 0: 2 limited containers take turns")
+            && out.stdout.contains("50% (this one)"),
+        "{}",
+        out.stdout
+    );
+    // With turns off, nothing is read.
+    let mut cmd = vgpu();
+    cmd.args(["status", "--json", "--cache", path.to_str().unwrap()])
+        .env("VGPU_TURN_DIR", "off");
+    let v: serde_json::Value = serde_json::from_str(&run(cmd).stdout).unwrap();
+    assert!(v["devices"][0]["turns"].as_array().unwrap().is_empty());
+}
+
+#[test]
 fn status_json_reports_devices_processes_and_the_dead() {
     let dir = TempDir::new("vgpu-status").unwrap();
     let path = make_table(&dir);

@@ -350,15 +350,7 @@ struct MonoClock;
 
 impl Clock for MonoClock {
     fn now(&self) -> Nanos {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        (ts.tv_sec as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(ts.tv_nsec as u64)
+        vgpu_shm::monotonic_ns()
     }
 }
 
@@ -627,11 +619,8 @@ impl TurnProbe {
         };
         // Containers are told apart by their shared file (one per container); without one
         // this process is its own container.
-        let key = match slot().and_then(|s| std::fs::metadata(s.table().path()).ok()) {
-            Some(m) => {
-                use std::os::unix::fs::MetadataExt;
-                (m.dev().rotate_left(32) ^ m.ino()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
-            }
+        let key = match slot().and_then(|s| vgpu_shm::container_key(s.table().path()).ok()) {
+            Some(k) => k,
             None => u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
         };
         let uuid = crate::real::cuda()
@@ -640,17 +629,7 @@ impl TurnProbe {
         let Some(uuid) = uuid else {
             return Self::Unavailable;
         };
-        let name: String = uuid
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let path = std::path::Path::new(dir).join(format!("vgpu-turns-{name}"));
+        let path = std::path::Path::new(dir).join(vgpu_shm::board_file_name(&uuid));
         if !std::path::Path::new(dir).is_dir() {
             vlog!(
                 INFO,

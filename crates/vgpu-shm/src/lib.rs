@@ -37,11 +37,14 @@ mod turns;
 mod validate;
 
 pub use error::{ImageError, ShmError};
+pub use sys::monotonic_ns;
 pub use table::{
     DeviceAudit, DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot,
     RECENT_KERNEL_ACTIVE, TableInit, TableSnapshot, UsageTable,
 };
-pub use turns::{TURN_ENTRIES, TURN_FILE_LEN, Tenant, TurnBoard, TurnBoardError};
+pub use turns::{
+    TURN_ENTRIES, TURN_FILE_LEN, Tenant, TurnBoard, TurnBoardError, board_file_name, container_key,
+};
 pub use validate::ImageInfo;
 
 /// Validate arbitrary file contents as a vgpu table (the attach path's checks; fuzzed).

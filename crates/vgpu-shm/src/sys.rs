@@ -138,6 +138,23 @@ impl Drop for Mapping {
     }
 }
 
+/// `clock_gettime(CLOCK_MONOTONIC)` in nanoseconds (a vDSO read, no system call). Every
+/// process of a host, containers included, shares this time line (the monotonic clock is not
+/// namespaced unless a time namespace is set up, which container runtimes do not do), so the
+/// shared file's publish times and the turn board's heartbeats compare across processes.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes the timespec we own; CLOCK_MONOTONIC always exists on
+    // Linux, so it cannot fail with valid arguments.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 /// `flock(LOCK_EX | LOCK_NB)`: `Ok(false)` if someone else holds it.
 pub(crate) fn try_flock_exclusive(file: &File) -> io::Result<bool> {
     // SAFETY: flock on a descriptor we own; no memory is passed.

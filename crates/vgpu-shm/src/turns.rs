@@ -58,6 +58,30 @@ pub enum TurnBoardError {
     Full,
 }
 
+/// The key a container announces itself with: derived from its usage file's device and
+/// inode, so every process of the container has the same one and two containers (two
+/// files) differ. Never 0.
+pub fn container_key(usage_file: impl AsRef<Path>) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(usage_file)?;
+    Ok((m.dev().rotate_left(32) ^ m.ino()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+}
+
+/// The board's file name for the GPU with this UUID, inside the turn board directory.
+pub fn board_file_name(gpu_uuid: &str) -> String {
+    let name: String = gpu_uuid
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("vgpu-turns-{name}")
+}
+
 /// One announced tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tenant {
@@ -67,6 +91,8 @@ pub struct Tenant {
     pub limit_pct: u32,
     /// GPU time of its typical launch, nanoseconds (0: unknown).
     pub launch_ns: u64,
+    /// When it last announced itself (`CLOCK_MONOTONIC` nanoseconds).
+    pub heartbeat_ns: u64,
 }
 
 /// An open turn board.
@@ -121,6 +147,34 @@ impl TurnBoard {
                 }
             }
             Err(_) => return Err(board.foreign(path)),
+        }
+        Ok(board)
+    }
+
+    /// Opens an existing board read-only (inspection: `vgpu status`); never creates or
+    /// writes. A short, foreign or other-version file is an error.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, TurnBoardError> {
+        let path = path.as_ref();
+        let io = |op: &'static str| {
+            let path = path.to_path_buf();
+            move |source: io::Error| TurnBoardError::Io { path, op, source }
+        };
+        let file = File::open(path).map_err(io("open"))?;
+        let meta = file.metadata().map_err(io("fstat"))?;
+        if !meta.is_file() || meta.len() < TURN_FILE_LEN as u64 {
+            return Err(io("open")(io::Error::other(
+                "not a regular file of a turn board's length",
+            )));
+        }
+        let map = Mapping::map(&file, TURN_FILE_LEN, false).map_err(io("mmap"))?;
+        let board = Self {
+            map,
+            mine: None,
+            _file: file,
+        };
+        let load = |i: usize| board.map.load_u64(i * 8).unwrap_or(0);
+        if load(0) != MAGIC || load(1) != VERSION {
+            return Err(board.foreign(path));
         }
         Ok(board)
     }
@@ -267,6 +321,7 @@ pub(crate) fn tenants_in<W: BoardWords>(w: &W, now: u64, max_age: u64) -> Vec<Te
                 key: k,
                 limit_pct: p as u32,
                 launch_ns: launch.load(Ordering::Relaxed),
+                heartbeat_ns: b,
             });
         }
     }
@@ -306,32 +361,14 @@ mod tests {
         a.announce(7, 30, 0, 1000 * MS, 500 * MS).unwrap();
         a2.announce(7, 30, 0, 1001 * MS, 500 * MS).unwrap();
         b.announce(3, 70, 0, 1002 * MS, 500 * MS).unwrap();
-        let t = a.tenants(1003 * MS, 300 * MS);
-        assert_eq!(
-            t,
-            [
-                Tenant {
-                    key: 3,
-                    limit_pct: 70,
-                    launch_ns: 0
-                },
-                Tenant {
-                    key: 7,
-                    limit_pct: 30,
-                    launch_ns: 0
-                }
-            ]
-        );
+        let kp = |v: Vec<Tenant>| -> Vec<(u64, u32)> {
+            v.iter().map(|t| (t.key, t.limit_pct)).collect()
+        };
+        let t = kp(a.tenants(1003 * MS, 300 * MS));
+        assert_eq!(t, [(3, 70), (7, 30)]);
         // b stops announcing: it ages out; its entry is then reusable.
         a.announce(7, 30, 0, 1400 * MS, 500 * MS).unwrap();
-        assert_eq!(
-            a.tenants(1400 * MS, 300 * MS),
-            [Tenant {
-                key: 7,
-                limit_pct: 30,
-                launch_ns: 0
-            }]
-        );
+        assert_eq!(kp(a.tenants(1400 * MS, 300 * MS)), [(7, 30)]);
         a.withdraw(7);
         assert!(a.tenants(1400 * MS, 300 * MS).is_empty());
         let _ = std::fs::remove_file(&p);
@@ -354,13 +391,26 @@ mod tests {
         ));
         // Half a second later every entry is stale: the newcomer takes one over.
         late.announce(1, 10, 0, 600 * MS, 500 * MS).unwrap();
+        let t = late.tenants(600 * MS, 300 * MS);
+        assert_eq!((t.len(), t[0].key, t[0].heartbeat_ns), (1, 1, 600 * MS));
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_read_only_open_sees_the_tenants_and_never_creates() {
+        let p = path("ro");
+        assert!(
+            TurnBoard::open_read_only(&p).is_err(),
+            "no file: nothing created"
+        );
+        assert!(!p.exists());
+        let mut w = TurnBoard::open_or_create(&p).unwrap();
+        w.announce(5, 40, 123_000, 10 * MS, 500 * MS).unwrap();
+        let r = TurnBoard::open_read_only(&p).unwrap();
+        let t = r.tenants(11 * MS, 300 * MS);
         assert_eq!(
-            late.tenants(600 * MS, 300 * MS),
-            [Tenant {
-                key: 1,
-                limit_pct: 10,
-                launch_ns: 0
-            }]
+            (t[0].key, t[0].limit_pct, t[0].launch_ns, t[0].heartbeat_ns),
+            (5, 40, 123_000, 10 * MS)
         );
         let _ = std::fs::remove_file(&p);
     }
