@@ -82,6 +82,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "Processes registered in the file using the device.",
     ),
     (
+        "vgpu_device_turn_containers",
+        "gauge",
+        "Limited containers taking turns on the GPU (its turn board; 0 = no turns).",
+    ),
+    (
         "vgpu_process_memory_used_bytes",
         "gauge",
         "Device memory in use by one process, bytes.",
@@ -165,7 +170,8 @@ pub fn render_metrics(
                 .iter()
                 .filter(|p| p.devices.iter().any(|pd| pd.index == d.index))
                 .count();
-            add("vgpu_device_processes", l, users as u64);
+            add("vgpu_device_processes", l.clone(), users as u64);
+            add("vgpu_device_turn_containers", l, d.turns.len() as u64);
         }
         for p in &report.processes {
             let host = p.host_pid.map_or_else(String::new, |h| h.to_string());
@@ -306,11 +312,19 @@ mod tests {
 
     #[test]
     fn metrics_are_grouped_by_family_with_labels() {
+        let mut with_turns = crate::report::tests::sample();
+        with_turns.devices[0].turns = vec![
+            crate::report::TurnTenantStatus {
+                key: "1".into(),
+                this_container: true,
+                sm_limit_percent: 50,
+                launch_us: 47,
+                age_ms: 10,
+            };
+            2
+        ];
         let results = vec![
-            (
-                "/tmp/x.cache".to_owned(),
-                Ok(crate::report::tests::sample()),
-            ),
+            ("/tmp/x.cache".to_owned(), Ok(with_turns)),
             (
                 "/tmp/bad\"name".to_owned(),
                 Err("not a usage file".to_owned()),
@@ -340,6 +354,7 @@ mod tests {
             "vgpu_device_memory_limit_bytes{cache=\"/tmp/x.cache\",device=\"0\",uuid=\"GPU-00000000-0000-0000-0000-000000000001\"} 1073741824\n"
         ), "{text}");
         assert!(text.contains(",class=\"data\"} 805306368\n"), "{text}");
+        assert!(text.contains("vgpu_device_turn_containers{cache=\"/tmp/x.cache\",device=\"0\",uuid=\"GPU-00000000-0000-0000-0000-000000000001\"} 2\n"), "{text}");
         assert!(text.contains("vgpu_process_memory_used_bytes{cache=\"/tmp/x.cache\",pid=\"42\",host_pid=\"4242\",device=\"0\"} 872415232\n"), "{text}");
         assert!(
             text.contains("vgpu_process_alive{cache=\"/tmp/x.cache\",pid=\"7\",host_pid=\"\"} 0\n"),
