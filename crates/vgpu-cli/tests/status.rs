@@ -143,8 +143,12 @@ fn status_lists_the_containers_taking_turns_on_each_gpu() {
     let mut board = vgpu_shm::TurnBoard::open_or_create(&board_path).unwrap();
     let now = vgpu_shm::monotonic_ns();
     let me = vgpu_shm::container_key(&path).unwrap();
-    board.announce(me, 50, 47_000, now, 1_000_000_000).unwrap();
-    board.announce(me ^ 2, 30, 0, now, 1_000_000_000).unwrap();
+    board
+        .announce(me, 50, 47_000, now, 1_000_000_000, 1_000_000_000)
+        .unwrap();
+    board
+        .announce(me ^ 2, 30, 0, now, 1_000_000_000, 1_000_000_000)
+        .unwrap();
     // An entry that stopped announcing two seconds ago is not listed.
     board
         .announce(
@@ -152,6 +156,7 @@ fn status_lists_the_containers_taking_turns_on_each_gpu() {
             20,
             0,
             now.saturating_sub(2_000_000_000),
+            1_000_000_000,
             1_000_000_000,
         )
         .unwrap();

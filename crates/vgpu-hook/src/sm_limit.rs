@@ -836,12 +836,14 @@ impl ContainerView for FileView {
             return None;
         };
         let pct = limit_pct(self.device);
-        if let Err(e) = board.announce(*key, pct, launch_ns, now, TURN_STALE) {
-            vlog!(DEBUG, "device {}: turn board: {e}", self.device);
-            return None;
-        }
-        let tenants = board
-            .tenants(now, TURN_MAX_AGE)
+        let tenants = match board.announce(*key, pct, launch_ns, now, TURN_STALE, TURN_MAX_AGE) {
+            Ok(t) => t,
+            Err(e) => {
+                vlog!(DEBUG, "device {}: turn board: {e}", self.device);
+                return None;
+            }
+        };
+        let tenants = tenants
             .into_iter()
             .map(|t| TurnTenant {
                 key: t.key,

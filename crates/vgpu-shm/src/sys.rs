@@ -106,17 +106,6 @@ impl Mapping {
         Some(v.load(Ordering::Acquire))
     }
 
-    /// The u64 at `offset` (must be 8-aligned and in bounds) as an atomic, for files whose
-    /// layout is a flat array of u64 words (the turn board).
-    pub(crate) fn atomic_u64(&self, offset: usize) -> Option<&AtomicU64> {
-        if offset % 8 != 0 || offset.checked_add(8)? > self.len {
-            return None;
-        }
-        // SAFETY: in bounds and 8-aligned (page-aligned base); every access to the shared file
-        // is atomic; the reference borrows `self`, so it cannot outlive the mapping.
-        Some(unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast()) })
-    }
-
     /// Atomic load of the little-endian u64 at `offset` (must be 8-aligned).
     pub(crate) fn load_u64(&self, offset: usize) -> Option<u64> {
         if offset % 8 != 0 || offset.checked_add(8)? > self.len {
