@@ -55,13 +55,13 @@ pub struct LimiterConfig {
     /// The correction applies only when the device sees clearly less of our work than the
     /// events do (ratio below this), and other processes are active.
     pub contention_threshold: f64,
-    /// Cycle of the turns limited containers on one GPU take
-    /// ([`ContainerView::turn_tenants`]).
+    /// Lowest correction factor: measurements are never discounted by more than this.
+    pub contention_floor: f64,
+    /// Shortest cycle of the turns limited containers on one GPU take
+    /// ([`ContainerView::turn_tenants`]; stretched for long launches, see [`Turn::layout`]).
     pub turn_cycle: Nanos,
     /// How long before its window a container may start queueing ([`Turn::admits`]).
     pub turn_lead_in: Nanos,
-    /// Lowest correction factor: measurements are never discounted by more than this.
-    pub contention_floor: f64,
 }
 
 impl Default for LimiterConfig {
@@ -83,9 +83,9 @@ impl Default for LimiterConfig {
             share_with_peers: true,
             contention_period: 0,
             contention_threshold: 0.9,
+            contention_floor: 0.5,
             turn_cycle: 20 * MILLIS,
             turn_lead_in: 0,
-            contention_floor: 0.5,
         }
     }
 }
