@@ -42,9 +42,7 @@ pub use table::{
     DeviceAudit, DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot,
     RECENT_KERNEL_ACTIVE, TableInit, TableSnapshot, UsageTable,
 };
-pub use turns::{
-    TURN_ENTRIES, TURN_FILE_LEN, Tenant, TurnBoard, TurnBoardError, board_file_name, container_key,
-};
+pub use turns::{TURN_ENTRIES, Tenant, TurnBoard, TurnBoardError, board_file_name, container_key};
 pub use validate::ImageInfo;
 
 /// Validate arbitrary file contents as a vgpu table (the attach path's checks; fuzzed).

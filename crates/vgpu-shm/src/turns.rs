@@ -27,9 +27,6 @@ const MAGIC: u64 = u64::from_le_bytes(*b"VGPUTURN");
 const VERSION: u64 = 1;
 const HEADER_WORDS: usize = 2;
 const ENTRY_WORDS: usize = 4;
-/// File length: header and entries, rounded to a page.
-pub const TURN_FILE_LEN: usize = 4096;
-const _: () = assert!((HEADER_WORDS + TURN_ENTRIES * ENTRY_WORDS) * 8 <= TURN_FILE_LEN);
 
 /// Why a turn board cannot be used.
 #[derive(Debug, thiserror::Error)]
