@@ -58,6 +58,9 @@ pub const DEFAULT_TURN_DIR: &str = "/tmp/vgpulock";
 pub const ENV_TURN_CYCLE_MS: &str = "VGPU_TURN_CYCLE_MS";
 /// How long before its window a container may start queueing, microseconds.
 pub const ENV_TURN_LEAD_US: &str = "VGPU_TURN_LEAD_US";
+/// How strongly the SM limit also bounds a tenant's share of the GPU's power budget: an
+/// exponent from 0 (time only) to 1 (the power share fully), default 0.5; `off` = 0.
+pub const ENV_SM_POWER_EXPONENT: &str = "VGPU_SM_POWER_EXPONENT";
 
 /// Tuning of the SM limiter (accuracy, not enforcement: bad values are warnings).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +73,9 @@ pub struct SmTuning {
     pub turn_cycle_ms: u64,
     /// Lead-in in microseconds ([`ENV_TURN_LEAD_US`], 0..=10000, default 0).
     pub turn_lead_us: u64,
+    /// The power-share exponent in hundredths ([`ENV_SM_POWER_EXPONENT`], 0..=100,
+    /// default 50; 0 = limit time only).
+    pub power_exponent_pct: u32,
 }
 
 impl SmTuning {
@@ -82,6 +88,31 @@ impl SmTuning {
         let t = v.trim();
         (!(t.is_empty() || t == "0" || t.eq_ignore_ascii_case("off"))).then(|| t.to_owned())
     }
+
+    /// The power-share exponent in hundredths for a value of [`ENV_SM_POWER_EXPONENT`]:
+    /// `0` to `1` with at most two decimals (`0.5`, `.25`, `1.0`), or `off` (0). `None` when
+    /// malformed or out of range.
+    pub fn power_exponent_of(value: &str) -> Option<u32> {
+        let t = value.trim();
+        if t.eq_ignore_ascii_case("off") {
+            return Some(0);
+        }
+        let (int, frac) = t.split_once('.').unwrap_or((t, ""));
+        if (int.is_empty() && frac.is_empty())
+            || frac.len() > 2
+            || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+        {
+            return None;
+        }
+        let int: u32 = if int.is_empty() { 0 } else { int.parse().ok()? };
+        let frac: u32 = match frac.len() {
+            0 => 0,
+            1 => frac.parse::<u32>().ok()? * 10,
+            _ => frac.parse().ok()?,
+        };
+        let pct = int.checked_mul(100)?.checked_add(frac)?;
+        (pct <= 100).then_some(pct)
+    }
 }
 
 impl Default for SmTuning {
@@ -91,6 +122,7 @@ impl Default for SmTuning {
             turn_dir: Some(DEFAULT_TURN_DIR.to_owned()),
             turn_cycle_ms: 20,
             turn_lead_us: 0,
+            power_exponent_pct: 50,
         }
     }
 }
@@ -529,6 +561,16 @@ impl Config {
                 }
             }
         }
+        if let Some(v) = lookup(ENV_SM_POWER_EXPONENT) {
+            match SmTuning::power_exponent_of(&v) {
+                Some(pct) => cfg.sm_tuning.power_exponent_pct = pct,
+                None => warn(
+                    ENV_SM_POWER_EXPONENT,
+                    &v,
+                    "expected a number from 0 to 1 (two decimals at most) or off".into(),
+                ),
+            }
+        }
         cfg.active_oom_killer = lookup(ENV_ACTIVE_OOM_KILLER);
         cfg.visible_devices = lookup(ENV_VISIBLE_DEVICES).map(|v| {
             if v.trim().is_empty() {
@@ -912,6 +954,24 @@ mod tests {
                 "VGPU_TURN_LEAD_US"
             ]
         );
+    }
+
+    #[test]
+    fn power_exponent_parses_decimals_and_off_and_warns_on_the_rest() {
+        let of = SmTuning::power_exponent_of;
+        assert_eq!(lenient(&[]).unwrap().sm_tuning.power_exponent_pct, 50);
+        for (v, pct) in [("0.5", 50), (".25", 25), ("1", 100), ("1.0", 100), ("0", 0)] {
+            assert_eq!(of(v), Some(pct), "{v}");
+        }
+        assert_eq!(of(" OFF "), Some(0));
+        for v in ["", ".", "1.5", "2", "0.125", "-0.5", "half", "0,5", "1e-1"] {
+            assert_eq!(of(v), None, "{v:?}");
+        }
+        let cfg = lenient(&[("VGPU_SM_POWER_EXPONENT", "0.75")]).unwrap();
+        assert_eq!(cfg.sm_tuning.power_exponent_pct, 75);
+        let bad = lenient(&[("VGPU_SM_POWER_EXPONENT", "1.5")]).unwrap();
+        assert_eq!(bad.sm_tuning.power_exponent_pct, 50, "default kept");
+        assert_eq!(bad.warnings[0].variable, "VGPU_SM_POWER_EXPONENT");
     }
 
     #[test]

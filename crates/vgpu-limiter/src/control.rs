@@ -62,6 +62,13 @@ pub struct LimiterConfig {
     pub turn_cycle: Nanos,
     /// How long before its window a container may start queueing ([`Turn::admits`]).
     pub turn_lead_in: Nanos,
+    /// How strongly the limit also bounds the share of the GPU's power budget
+    /// ([`crate::power`]): 0 = time only, 1 = the power share fully; default 0.5.
+    pub power_exponent: f64,
+    /// Span over which device power and busy time are averaged for the power share.
+    pub power_window: Nanos,
+    /// Shortest idle span (no work of ours, the device not busy) that measures idle power.
+    pub power_idle_span: Nanos,
 }
 
 impl Default for LimiterConfig {
@@ -86,6 +93,9 @@ impl Default for LimiterConfig {
             contention_floor: 0.5,
             turn_cycle: 20 * MILLIS,
             turn_lead_in: 0,
+            power_exponent: 0.5,
+            power_window: 1_000 * MILLIS,
+            power_idle_span: 300 * MILLIS,
         }
     }
 }

@@ -77,6 +77,26 @@ pub struct DeviceSample {
     pub others_active: bool,
 }
 
+/// The device's power, as the hook reads it from NVML once per publish period.
+///
+/// The limiter uses it to keep a limited tenant's share of the GPU's *power budget* in
+/// line with its share of time ([`crate::power`]): work that would run power-capped
+/// on the whole GPU runs at full clock when limited, so a time share alone gives it more
+/// throughput than the same share of the unlimited GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PowerSample {
+    /// When it was read, on the [`Clock`]'s time line.
+    pub at: Nanos,
+    /// The device's energy counter, millijoules since the driver loaded
+    /// (`nvmlDeviceGetTotalEnergyConsumption`; it advances in steps, ~100 ms on the H200).
+    pub energy_mj: u64,
+    /// The device's enforced power limit, milliwatts (`nvmlDeviceGetEnforcedPowerLimit`).
+    pub limit_mw: u64,
+    /// Fraction of the device's last sample period during which any kernel ran
+    /// (`nvmlDeviceGetUtilizationRates().gpu / 100`), if known.
+    pub device_busy: Option<f64>,
+}
+
 /// Launches of its typical length each tenant's window should hold at least.
 const LAUNCHES_PER_WINDOW: u64 = 16;
 /// Longest turn cycle, as a multiple of the shortest, whatever the launches' length (160 ms
@@ -227,4 +247,19 @@ pub trait ContainerView {
     fn turn_tenants(&mut self, _now: Nanos, _launch_ns: u64) -> Option<(u64, Vec<TurnTenant>)> {
         None
     }
+    /// The device's power now (called once per publish period while a limit is enforced);
+    /// `None` when it cannot be read, and then only time is limited.
+    fn power_sample(&mut self, _now: Nanos) -> Option<PowerSample> {
+        None
+    }
+    /// A power sample taken before this process ran work on the device (the hook: just
+    /// before it created its context), if any. Asked once, before the first
+    /// [`ContainerView::power_sample`]: if the device stayed idle from then until the first
+    /// launch, the span measures its idle power.
+    fn power_baseline(&mut self) -> Option<PowerSample> {
+        None
+    }
+    /// What the power share concluded from the latest sample (for logs; called once per
+    /// publish period while samples come).
+    fn note_power(&mut self, _state: &crate::power::PowerState) {}
 }
