@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use crate::policy::Policy;
+use crate::power::{PowerShare, PowerState};
 use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage, Turn};
 
 const MICROS: Nanos = 1_000;
@@ -199,6 +200,14 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     turn: Option<Turn>,
     /// When the work queued so far is estimated to end (ns; only used with a turn).
     horizon: f64,
+    /// The share of the GPU's power budget (`None`: time only).
+    power: Option<PowerShare>,
+    /// Whether the view's power baseline was asked for.
+    power_seeded: bool,
+    /// The latest conclusion of the power share.
+    power_state: Option<PowerState>,
+    /// Measured GPU time since the start, uncorrected, ns (for the power share).
+    own_busy: f64,
     stats: LimiterStats,
 }
 
@@ -245,6 +254,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             device_util: None,
             turn: None,
             horizon: 0.0,
+            power: (cfg.power_exponent > 0.0).then(|| {
+                PowerShare::new(cfg.power_exponent, cfg.power_window, cfg.power_idle_span)
+            }),
+            power_seeded: false,
+            power_state: None,
+            own_busy: 0.0,
             stats: LimiterStats::default(),
         }
     }
@@ -267,6 +282,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     /// The effective limit (fraction) used for the last admission.
     pub fn effective_limit(&self) -> f64 {
         self.limit
+    }
+
+    /// What the power share last concluded, if it has samples.
+    pub fn power_state(&self) -> Option<PowerState> {
+        self.power_state
     }
 
     /// This container's turn on the GPU, if limited containers take turns.
@@ -392,7 +412,8 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     }
 
     fn effective(&self, pct: u32) -> f64 {
-        let base = f64::from(pct) / 100.0;
+        let scale = self.power.as_ref().map_or(1.0, PowerShare::scale);
+        let base = f64::from(pct) / 100.0 * scale;
         if !self.cfg.share_with_peers || self.peers.active == 0 {
             return base;
         }
@@ -571,6 +592,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             }
         };
         self.raw_busy += measured;
+        self.own_busy += measured;
         let measured = measured * self.correction;
         self.vt += (measured - seg.est) / self.limit;
         self.bin_busy += measured;
@@ -605,12 +627,39 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         if self.cfg.share_with_peers {
             self.peers = self.fresh_peers(now);
         }
+        self.sample_power(now);
         let launch_ns = self.cost.unwrap_or(0.0).max(0.0) as u64;
         self.turn = self
             .view
             .turn_tenants(now, launch_ns)
             .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
         self.next_publish = now + self.cfg.publish_period;
+    }
+
+    /// Feeds the power share a sample of the device's power (once per publish period).
+    fn sample_power(&mut self, now: Nanos) {
+        let Some(power) = self.power.as_mut() else {
+            return;
+        };
+        if !self.power_seeded {
+            self.power_seeded = true;
+            if let Some(base) = self.view.power_baseline() {
+                power.seed(base);
+            }
+        }
+        let Some(sample) = self.view.power_sample(now) else {
+            return;
+        };
+        // The container's other processes' share, as they published it (fresh only).
+        let peers = if self.cfg.share_with_peers {
+            f64::from(self.peers.util_pct.min(100)) / 100.0
+        } else {
+            0.0
+        };
+        if let Some(state) = power.update(sample, self.own_busy, peers) {
+            self.power_state = Some(state);
+            self.view.note_power(&state);
+        }
     }
 
     /// Compares the events' measurements with the device's own accounting of our work.

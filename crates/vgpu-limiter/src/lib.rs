@@ -33,6 +33,6 @@ mod tests;
 pub use control::{Admission, Limiter, LimiterConfig, LimiterStats, Ticket};
 pub use policy::Policy;
 pub use traits::{
-    Clock, ContainerView, DeviceSample, GpuTimer, Nanos, PeerShare, PeerUsage, PowerSample, TimerError,
-    Turn, TurnTenant,
+    Clock, ContainerView, DeviceSample, GpuTimer, Nanos, PeerShare, PeerUsage, PowerSample,
+    TimerError, Turn, TurnTenant,
 };

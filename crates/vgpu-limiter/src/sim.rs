@@ -2,11 +2,12 @@
 //! a shared table, and a discrete-event loop that drives applications.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 use crate::{
     Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
-    PeerShare, TimerError, TurnTenant,
+    PeerShare, PowerSample, TimerError, TurnTenant,
 };
 
 pub const US: Nanos = 1_000;
@@ -43,6 +44,39 @@ pub enum GpuMode {
     Preempting,
 }
 
+/// A GPU whose power controller lowers the clock while its recent power would exceed
+/// the limit, as the H200 does for tensor-core work (docs/sm-limit.md).
+#[derive(Clone, Copy, Debug)]
+pub struct PowerModel {
+    /// Power with nothing running, watts.
+    pub idle_w: f64,
+    /// Power above idle per busy second at full clock, watts.
+    pub busy_w: f64,
+    /// The enforced power limit, watts.
+    pub limit_w: f64,
+    /// Power above idle grows as clock^alpha.
+    pub alpha: f64,
+    /// Throughput grows as clock^beta (kernels take `nominal / clock^beta`).
+    pub beta: f64,
+}
+
+/// Controller step and the span of power it averages.
+const POWER_TICK: Nanos = 10 * MS;
+const POWER_TICKS_AVERAGED: usize = 10;
+/// The energy counter advances in steps of this (as on the H200).
+const ENERGY_STEP: Nanos = 100 * MS;
+
+struct PowerState {
+    model: PowerModel,
+    /// Clock as a fraction of the full clock.
+    clock: f64,
+    energy_j: f64,
+    /// Energy at the last counter step.
+    reported_j: f64,
+    tick: Nanos,
+    recent_busy: VecDeque<f64>,
+}
+
 #[derive(Default)]
 struct GpuState {
     serial: bool,
@@ -57,9 +91,54 @@ struct GpuState {
     kernels: Vec<(usize, Nanos, Nanos)>,
     timer_ops: u64,
     fail_records: bool,
+    power: Option<PowerState>,
 }
 
 impl GpuState {
+    /// Device busy fraction (any owner) over `[t0, t1)`; kernels overlap only in the
+    /// concurrent mode, where the fraction is capped at 1.
+    fn device_busy(&self, t0: Nanos, t1: Nanos) -> f64 {
+        let mut busy = 0;
+        for k in self.kernels.iter().rev() {
+            if k.2 + 200 * MS < t0 {
+                break;
+            }
+            busy += k.2.min(t1).saturating_sub(k.1.max(t0));
+        }
+        (busy as f64 / (t1 - t0) as f64).min(1.0)
+    }
+
+    /// Runs the power controller up to `now`, one tick at a time.
+    fn advance_power(&mut self, now: Nanos) {
+        let Some(mut p) = self.power.take() else {
+            return;
+        };
+        while p.tick + POWER_TICK <= now {
+            let busy = self.device_busy(p.tick, p.tick + POWER_TICK);
+            let m = p.model;
+            let watts = m.idle_w + busy * m.busy_w * p.clock.powf(m.alpha);
+            p.energy_j += watts * POWER_TICK as f64 / 1e9;
+            p.tick += POWER_TICK;
+            if p.tick % ENERGY_STEP == 0 {
+                p.reported_j = p.energy_j;
+            }
+            p.recent_busy.push_back(busy);
+            if p.recent_busy.len() > POWER_TICKS_AVERAGED {
+                p.recent_busy.pop_front();
+            }
+            let avg = p.recent_busy.iter().sum::<f64>() / p.recent_busy.len() as f64;
+            let demand = avg * m.busy_w;
+            p.clock = if demand > m.limit_w - m.idle_w {
+                ((m.limit_w - m.idle_w) / demand)
+                    .powf(1.0 / m.alpha)
+                    .max(0.3)
+            } else {
+                1.0
+            };
+        }
+        self.power = Some(p);
+    }
+
     /// [`GpuMode::Preempting`]: the kernel starts behind its own stream only; whatever
     /// other streams have not run by then moves back by `dur`.
     fn enqueue_preempting(&mut self, stream: u32, now: Nanos, dur: Nanos, owner: usize) -> Nanos {
@@ -121,9 +200,48 @@ impl SimGpu {
         })))
     }
 
+    /// A GPU with a power controller.
+    pub fn with_power(mode: GpuMode, model: PowerModel) -> Self {
+        let gpu = Self::new(mode);
+        gpu.0.borrow_mut().power = Some(PowerState {
+            model,
+            clock: 1.0,
+            energy_j: 0.0,
+            reported_j: 0.0,
+            tick: 0,
+            recent_busy: VecDeque::new(),
+        });
+        gpu
+    }
+
+    /// What NVML would report at `now`: the energy counter (mJ, in 100 ms steps), the
+    /// limit and the device's busy fraction over the last 100 ms. `None` without a model.
+    pub fn power_sample(&self, now: Nanos) -> Option<PowerSample> {
+        let mut g = self.0.borrow_mut();
+        g.advance_power(now);
+        let p = g.power.as_ref()?;
+        let (energy_mj, limit_mw) = (
+            (p.reported_j * 1000.0) as u64,
+            (p.model.limit_w * 1000.0) as u64,
+        );
+        let device_busy = (now >= 100 * MS).then(|| g.device_busy(now - 100 * MS, now));
+        Some(PowerSample {
+            at: now,
+            energy_mj,
+            limit_mw,
+            device_busy,
+        })
+    }
+
     /// Queues a kernel of `dur` on `stream` at time `now`; returns its end.
     pub fn enqueue(&self, stream: u32, now: Nanos, dur: Nanos, owner: usize) -> Nanos {
         let mut g = self.0.borrow_mut();
+        g.advance_power(now);
+        // A lowered clock stretches the kernel.
+        let dur = match &g.power {
+            Some(p) if p.clock < 1.0 => (dur as f64 / p.clock.powf(p.model.beta)) as Nanos,
+            _ => dur,
+        };
         if g.preempting {
             return g.enqueue_preempting(stream, now, dur, owner);
         }
@@ -283,7 +401,13 @@ impl SimTable {
             slot: t.slots.len() - 1,
             device: None,
             node: None,
+            power: None,
         }
+    }
+
+    /// A process's view that reads the world GPU's power (its baseline: now).
+    pub fn view_with_power(&self, world: &World) -> SimView {
+        self.view().powered(world)
     }
 
     /// A process's view whose container announces itself as `key` on `node`.
@@ -325,6 +449,17 @@ pub struct SimView {
     device: Option<DeviceAccounting>,
     /// The node's turn board and this container's key on it.
     node: Option<(SimNode, u64)>,
+    /// The GPU whose power this view reads, and the sample taken when it was attached.
+    power: Option<(SimGpu, Option<PowerSample>)>,
+}
+
+impl SimView {
+    /// This view, reading the world GPU's power (its baseline: now).
+    pub fn powered(mut self, world: &World) -> SimView {
+        let base = world.gpu.power_sample(world.clock.now());
+        self.power = Some((world.gpu.clone(), base));
+        self
+    }
 }
 
 /// A node-wide turn board: (key, limit %, last announcement) per container.
@@ -392,6 +527,15 @@ impl ContainerView for SimView {
             .map(|e| e.0)
             .collect();
         Some((*key, live))
+    }
+
+    fn power_sample(&mut self, now: Nanos) -> Option<PowerSample> {
+        let (gpu, _) = self.power.as_ref()?;
+        gpu.power_sample(now)
+    }
+
+    fn power_baseline(&mut self) -> Option<PowerSample> {
+        self.power.as_mut()?.1.take()
     }
 
     fn note_activity(&mut self, _now: Nanos) {
