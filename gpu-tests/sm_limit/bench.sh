@@ -102,15 +102,49 @@ for kus in 50 500 5000; do
   done
 done
 
-# PyTorch: 4096³ (~0.2 ms per product) and 8192³ (~1.4 ms, certainly GPU-bound) bf16.
+# PyTorch: 4096³ (~0.3 ms per product) and 8192³ (~1.4 ms, certainly GPU-bound) bf16. They
+# run power-capped unlimited; the power share (VGPU_SM_POWER_EXPONENT, default 0.5) needs
+# a second or two to learn the power per busy second, so the loop warms up that long
+# (SM_BENCH_MATMUL_WARMUP, default 3 s) before it is timed, unlimited runs alike.
+# SM_BENCH_POWER_EXPONENTS="0 0.5 1" compares exponents in one run (0 = time only).
+export MATMUL_WARMUP_S="${SM_BENCH_MATMUL_WARMUP:-3}"
+declare -A MBASE
 for size in ${SM_BENCH_TORCH_SIZES-4096 8192}; do
   res=$(run - python3 "$HERE/matmul.py" "$size" "$SECS")
   mbase=$(echo "$res" | field matmuls_per_s)
+  MBASE[$size]=$mbase
   row "torch matmul $size bf16 $(echo "$res" | field ms_per_matmul)ms" - "$mbase" "$mbase" "$res"
-  for l in 10 25 50 75; do
-    res=$(run "$l" python3 "$HERE/matmul.py" "$size" "$SECS")
-    row "torch matmul $size bf16" "$l" "$(echo "$res" | field matmuls_per_s)" "$mbase" "$res"
+  for k in ${SM_BENCH_POWER_EXPONENTS:-0.5}; do
+    for l in ${SM_BENCH_TORCH_LIMITS:-10 25 50 75}; do
+      res=$(VGPU_SM_POWER_EXPONENT=$k run "$l" python3 "$HERE/matmul.py" "$size" "$SECS")
+      row "torch matmul $size k=$k" "$l" "$(echo "$res" | field matmuls_per_s)" "$mbase" "$res"
+    done
   done
+done
+
+# Two containers running the 4096 matmul at 30 and 70 (they keep the GPU busy together, so
+# it runs power-capped as when unlimited).
+torch_pair() { # label limitA limitB
+  [ -n "${MBASE[4096]:-}" ] || return 0
+  local ca="$WORK/ta$RANDOM.cache" cb="$WORK/tb$RANDOM.cache" turns="$WORK/tturns$RANDOM" start
+  mkdir -p "$turns"
+  start=$(python3 -c 'import time; print(time.time() + 12.0)')
+  echo "+ torch pair $1" >>"$LOG"
+  local common=(LD_PRELOAD="$LIB" LIBCUDA_LOG_LEVEL=4 MATMUL_START_AT="$start" VGPU_TURN_DIR="$turns")
+  env "${common[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$ca" CUDA_DEVICE_SM_LIMIT="$2" \
+    timeout 90 python3 "$HERE/matmul.py" 4096 "$SECS" >"$WORK/ta" 2>"$WORK/tae" &
+  local pa=$!
+  env "${common[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cb" CUDA_DEVICE_SM_LIMIT="$3" \
+    timeout 90 python3 "$HERE/matmul.py" 4096 "$SECS" >"$WORK/tb" 2>"$WORK/tbe" &
+  local pb=$!
+  wait "$pa" "$pb"
+  cat "$WORK/ta" "$WORK/tb" >>"$LOG"
+  for e in tae tbe; do grep -E "power|achieved" "$WORK/$e" | tail -4 >>"$LOG"; done
+  row "$1 A" "$2" "$(grep -m1 RESULT "$WORK/ta" | field matmuls_per_s)" "${MBASE[4096]}"
+  row "$1 B" "$3" "$(grep -m1 RESULT "$WORK/tb" | field matmuls_per_s)" "${MBASE[4096]}"
+}
+for round in $(seq "${SM_BENCH_TORCH_PAIR_ROUNDS:-1}"); do
+  torch_pair "2 containers matmul 30/70 turns" 30 70
 done
 
 # Two containers (two files) at 30 and 70, and two processes sharing one file at 50,

@@ -1,9 +1,13 @@
 """PyTorch matmul loop for the SM-limit benchmark.
 
 usage: python3 matmul.py <n> <seconds>
-Multiplies two random n×n bf16 matrices back to back for <seconds> after a 0.5 s warm-up
-and prints "RESULT matmuls_per_s=<f> ms_per_matmul=<f> wall_s=<f>".
+Multiplies two random n×n bf16 matrices back to back for <seconds> after a warm-up of
+$MATMUL_WARMUP_S seconds (default 0.5; the GPU's clock and the limiter's power share settle
+in it) and prints "RESULT matmuls_per_s=<f> ms_per_matmul=<f> wall_s=<f>". With
+$MATMUL_START_AT (a time.time() value) the timed loop starts then, so that two processes
+measure the same window.
 """
+import os
 import sys
 import time
 
@@ -22,8 +26,10 @@ torch.matmul(a, b, out=c)
 e.record()
 e.synchronize()
 one_ms = s.elapsed_time(e)
+warmup = float(os.environ.get("MATMUL_WARMUP_S", "0.5"))
+start_at = os.environ.get("MATMUL_START_AT")
 t = time.monotonic()
-while time.monotonic() - t < 0.5:
+while time.monotonic() - t < warmup or (start_at and time.time() < float(start_at)):
     torch.matmul(a, b, out=c)
 torch.cuda.synchronize()
 count = 0
