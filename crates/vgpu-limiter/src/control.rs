@@ -96,7 +96,7 @@ impl Default for LimiterConfig {
             turn_lead_in: 0,
             power_exponent: 0.5,
             power_window: 1_000 * MILLIS,
-            power_idle_span: 300 * MILLIS,
+            power_idle_span: 200 * MILLIS,
         }
     }
 }

@@ -287,7 +287,7 @@ mod tests {
         secs: u64,
         k: f64,
     ) -> (PowerShare, PowerState) {
-        let mut ps = PowerShare::new(k, 1000 * MS, 300 * MS);
+        let mut ps = PowerShare::new(k, 1000 * MS, 200 * MS);
         let mut e = 1000.0;
         ps.seed(sample(0, e, Some(0.0)));
         e += idle_w * idle_ms as f64 / 1000.0;
@@ -311,7 +311,7 @@ mod tests {
         let (ps, st) = steady(125.0, 400, 400.0, 0.4, 3, 0.5);
         assert!((ps.idle_watts().unwrap() - 125.0).abs() < 1.0, "{st:?}");
         // Too short a span measures nothing: time only.
-        let (ps, st) = steady(125.0, 200, 600.0, 0.5, 3, 0.5);
+        let (ps, st) = steady(125.0, 150, 600.0, 0.5, 3, 0.5);
         assert_eq!(ps.idle_watts(), None);
         assert_eq!(st.scale, 1.0);
     }
@@ -341,7 +341,7 @@ mod tests {
     fn the_device_busy_fraction_counts_when_higher_than_ours() {
         // Another container keeps the GPU 90% busy at the cap: our 20% is not what draws
         // the power, and flat out the GPU draws what it draws now: no scaling.
-        let mut ps = PowerShare::new(0.5, 1000 * MS, 300 * MS);
+        let mut ps = PowerShare::new(0.5, 1000 * MS, 200 * MS);
         ps.seed(sample(0, 0.0, Some(0.0)));
         let mut e = 125.0 * 0.5;
         let mut busy = 0.0;
@@ -360,7 +360,7 @@ mod tests {
 
     #[test]
     fn a_counter_that_goes_back_starts_over_and_never_panics() {
-        let mut ps = PowerShare::new(0.5, 1000 * MS, 300 * MS);
+        let mut ps = PowerShare::new(0.5, 1000 * MS, 200 * MS);
         ps.seed(sample(0, 50.0, Some(0.0)));
         assert_eq!(ps.update(sample(100, 40.0, None), 0.0, 0.0), None);
         assert_eq!(
@@ -379,7 +379,7 @@ mod tests {
     #[test]
     fn counter_steps_of_100_ms_average_out() {
         // The H200's counter advances every 100 ms; samples fall between steps.
-        let mut ps = PowerShare::new(0.5, 1000 * MS, 300 * MS);
+        let mut ps = PowerShare::new(0.5, 1000 * MS, 200 * MS);
         let energy_at = |t_ms: u64| {
             let step = t_ms / 100 * 100;
             let j = if step <= 500 {
