@@ -10,7 +10,7 @@
 mod symbols;
 mod types;
 
-pub use core::ffi::{c_char, c_int, c_uint, c_void};
+pub use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 pub use symbols::*;
 pub use types::*;
 

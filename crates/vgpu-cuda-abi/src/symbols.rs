@@ -236,6 +236,14 @@ macro_rules! nvml_used_functions {
                 fn(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
             nvmlDeviceGetComputeRunningProcesses_v2 ["nvmlDeviceGetComputeRunningProcesses_v2", 0, any]
                 fn(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
+            // The SM limit's power share: the device's energy counter (millijoules since the
+            // driver loaded), its enforced power limit (milliwatts) and its busy fraction.
+            nvmlDeviceGetTotalEnergyConsumption ["nvmlDeviceGetTotalEnergyConsumption", 0, any]
+                fn(device: nvmlDevice_t, energy: *mut c_ulonglong) -> nvmlReturn_t;
+            nvmlDeviceGetEnforcedPowerLimit ["nvmlDeviceGetEnforcedPowerLimit", 0, any]
+                fn(device: nvmlDevice_t, limit: *mut c_uint) -> nvmlReturn_t;
+            nvmlDeviceGetUtilizationRates ["nvmlDeviceGetUtilizationRates", 0, any]
+                fn(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) -> nvmlReturn_t;
         }
     };
 }
@@ -301,6 +309,8 @@ pub const CUDA_HOOKED_SYMBOLS: &[SymbolInfo] = cuda_hooked_functions!(symbol_tab
 pub const CUDA_USED_SYMBOLS: &[SymbolInfo] = cuda_used_functions!(symbol_table);
 /// Every hooked NVML symbol (from [`nvml_hooked_functions!`]).
 pub const NVML_HOOKED_SYMBOLS: &[SymbolInfo] = nvml_hooked_functions!(symbol_table);
+/// Every NVML symbol the hook calls without hooking (from [`nvml_used_functions!`]).
+pub const NVML_USED_SYMBOLS: &[SymbolInfo] = nvml_used_functions!(symbol_table);
 
 /// Picks the variant `cuGetProcAddress(base, cuda_version, flags)` resolves to among
 /// `symbols`: the newest variant whose `min_version <= cuda_version`, preferring the
@@ -398,7 +408,12 @@ mod tests {
 
     #[test]
     fn names_are_unique_and_bases_are_prefixes() {
-        for list in [CUDA_HOOKED_SYMBOLS, CUDA_USED_SYMBOLS, NVML_HOOKED_SYMBOLS] {
+        for list in [
+            CUDA_HOOKED_SYMBOLS,
+            CUDA_USED_SYMBOLS,
+            NVML_HOOKED_SYMBOLS,
+            NVML_USED_SYMBOLS,
+        ] {
             for (i, s) in list.iter().enumerate() {
                 assert!(s.name.starts_with(s.base), "{} / {}", s.name, s.base);
                 assert_eq!(s.c_name.to_str().unwrap(), s.name);
@@ -419,6 +434,13 @@ mod tests {
         for s in CUDA_USED_SYMBOLS {
             assert!(
                 find_symbol(CUDA_HOOKED_SYMBOLS, s.name).is_none(),
+                "{}",
+                s.name
+            );
+        }
+        for s in NVML_USED_SYMBOLS {
+            assert!(
+                find_symbol(NVML_HOOKED_SYMBOLS, s.name).is_none(),
                 "{}",
                 s.name
             );

@@ -662,6 +662,17 @@ pub struct nvmlMemory_v2_t {
     pub used: u64,
 }
 
+/// `nvmlUtilization_t` (`nvmlDeviceGetUtilizationRates`): percentages over the driver's
+/// last sample period, which is between 1/6 s and 1 s depending on the product.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct nvmlUtilization_t {
+    /// Percent of the period during which one or more kernels ran.
+    pub gpu: c_uint,
+    /// Percent of the period during which device memory was read or written.
+    pub memory: c_uint,
+}
+
 /// `nvmlMemory_v2` as `NVML_STRUCT_VERSION(Memory, 2)`: size | (2 << 24).
 pub const NVML_MEMORY_V2_VERSION: c_uint =
     core::mem::size_of::<nvmlMemory_v2_t>() as c_uint | (2 << 24);
@@ -728,5 +739,7 @@ const _: () = {
     assert!(size_of::<nvmlMemory_v2_t>() == 40);
     assert!(offset_of!(nvmlMemory_v2_t, total) == 8);
     assert!(offset_of!(nvmlMemory_v2_t, used) == 32);
+    assert!(size_of::<nvmlUtilization_t>() == 8);
+    assert!(offset_of!(nvmlUtilization_t, memory) == 4);
     assert!(align_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 8);
 };
