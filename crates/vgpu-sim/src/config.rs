@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use crate::power::PowerModel;
+
 /// Most devices the simulated machine can have (as many as the shared file has slots).
 pub const MAX_SIM_DEVICES: usize = 16;
 
@@ -66,6 +68,8 @@ pub struct SimConfig {
     pub faults: Vec<Fault>,
     /// Width of the utilization window NVML reports over, in milliseconds.
     pub util_window_ms: u64,
+    /// Every device's power draw and limit (NVML's energy counter and enforced limit).
+    pub power: PowerModel,
     /// Log every entry point to stderr.
     pub trace: bool,
 }
@@ -318,6 +322,16 @@ impl SimConfig {
                 _ => return Err(err("CUDA_MODULE_LOADING", &v, "expected LAZY or EAGER")),
             },
         };
+        let power = match get("VGPU_SIM_POWER") {
+            None => PowerModel::default(),
+            Some(v) => PowerModel::parse(&v).ok_or_else(|| {
+                err(
+                    "VGPU_SIM_POWER",
+                    &v,
+                    "expected <idle_w>,<busy_w>,<limit_w> in whole watts, the limit above 0",
+                )
+            })?,
+        };
         let nvml_pid = match get("VGPU_SIM_NVML_PID") {
             None => None,
             Some(v) => Some(
@@ -343,6 +357,7 @@ impl SimConfig {
             compute_capability,
             faults,
             util_window_ms: util_window_ms as u64,
+            power,
             trace: get("VGPU_SIM_TRACE").is_some_and(|v| v == "1"),
         })
     }
@@ -384,6 +399,9 @@ mod tests {
         assert_eq!(c.devices[0].total_mem, 80 << 30);
         assert_eq!(c.visible, vec![0]);
         assert_eq!(c.driver_version, 13000);
+        assert_eq!(c.power, PowerModel::default());
+        let capped = cfg(&[("VGPU_SIM_POWER", "100,900,500")]).unwrap();
+        assert_eq!((capped.power.busy_w, capped.power.limit_w), (900, 500));
     }
 
     #[test]
@@ -414,6 +432,7 @@ mod tests {
         assert!(cfg(&[("VGPU_SIM_UUIDS", "GPU-1,GPU-2")]).is_err());
         assert!(cfg(&[("VGPU_SIM_FAULTS", "cuMemAlloc_v2:0:2")]).is_err());
         assert!(cfg(&[("VGPU_SIM_OTHER_USED", "2g"), ("VGPU_SIM_TOTAL_MEM", "1g")]).is_err());
+        assert!(cfg(&[("VGPU_SIM_POWER", "100,900")]).is_err());
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! Execution of stream work: one worker thread per stream (started on first use), events with
-//! real timestamps, and per-device busy time for NVML's utilization.
+//! real timestamps, and per-device busy time for NVML's utilization and energy counter.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use crate::power::{EnergyMeter, PowerModel};
 
 /// A unit of stream work.
 pub type Job = Box<dyn FnOnce() + Send>;
@@ -165,26 +167,49 @@ impl Event {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Busy {
     active: u32,
     since: Option<Instant>,
     intervals: VecDeque<(Instant, Instant)>,
     kernels: u64,
+    energy: EnergyMeter,
 }
 
-/// Time a device spent running kernels, for utilization queries.
-#[derive(Debug, Default)]
+/// Time a device spent running kernels, for utilization queries, and the energy it drew.
+#[derive(Debug)]
 pub struct BusyLog {
     b: Mutex<Busy>,
 }
 
+impl Default for BusyLog {
+    fn default() -> Self {
+        Self::new(PowerModel::default())
+    }
+}
+
 impl BusyLog {
+    /// An idle device drawing power as `power` says, from now on.
+    pub fn new(power: PowerModel) -> Self {
+        Self {
+            b: Mutex::new(Busy {
+                active: 0,
+                since: None,
+                intervals: VecDeque::new(),
+                kernels: 0,
+                energy: EnergyMeter::new(power, Instant::now()),
+            }),
+        }
+    }
+
     /// A kernel starts.
     pub fn begin(&self) {
         let mut b = lock(&self.b);
         if b.active == 0 {
-            b.since = Some(Instant::now());
+            // Read under the lock, so the meter sees transitions in order.
+            let now = Instant::now();
+            b.since = Some(now);
+            b.energy.set_busy(now, true);
         }
         b.active += 1;
         b.kernels += 1;
@@ -197,11 +222,26 @@ impl BusyLog {
         if b.active == 0
             && let Some(s) = b.since.take()
         {
-            b.intervals.push_back((s, Instant::now()));
+            let now = Instant::now();
+            b.energy.set_busy(now, false);
+            b.intervals.push_back((s, now));
             if b.intervals.len() > 4096 {
                 b.intervals.pop_front();
             }
         }
+    }
+
+    /// NVML's energy counter: millijoules since the simulated driver started, as of the
+    /// last 100 ms step.
+    pub fn energy_mj(&self) -> u64 {
+        let mut b = lock(&self.b);
+        let now = Instant::now();
+        b.energy.reported_mj(now)
+    }
+
+    /// The enforced power limit, milliwatts.
+    pub fn power_limit_mw(&self) -> u32 {
+        lock(&self.b).energy.limit_mw()
     }
 
     /// Kernels started so far.

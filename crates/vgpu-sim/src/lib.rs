@@ -8,8 +8,9 @@
 //! documented in `docs/simulated-driver.md` and in [`config`].
 //!
 //! Layout: [`config`] (environment), [`state`] (all semantics, safe Rust), [`engine`] (stream
-//! workers, events, busy time), [`hostmem`] (the only raw memory code), and the exported C
-//! functions in `driver`, `nvml` and `procaddr` (pointer translation only).
+//! workers, events, busy time), [`power`] (the power draw NVML reports), [`hostmem`] (the only
+//! raw memory code), and the exported C functions in `driver`, `nvml` and `procaddr` (pointer
+//! translation only).
 
 pub mod codes;
 pub mod config;
@@ -17,5 +18,6 @@ pub mod driver;
 pub mod engine;
 pub mod hostmem;
 pub mod nvml;
+pub mod power;
 pub mod procaddr;
 pub mod state;

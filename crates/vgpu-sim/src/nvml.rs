@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use vgpu_cuda_abi::{
-    NVML_MEMORY_V2_VERSION, c_char, c_int, c_uint, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t,
-    nvmlReturn_t,
+    NVML_MEMORY_V2_VERSION, c_char, c_int, c_uint, c_ulonglong, nvmlDevice_t, nvmlMemory_t,
+    nvmlMemory_v2_t, nvmlReturn_t, nvmlUtilization_t,
 };
 
 use crate::codes::*;
@@ -42,6 +42,8 @@ pub const NVML_EXPORTS: &[&str] = &[
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetComputeRunningProcesses_v2",
@@ -140,16 +142,6 @@ pub struct ProcessInfoV1 {
     pub pid: c_uint,
     /// Bytes it uses on the device.
     pub used_gpu_memory: u64,
-}
-
-/// `nvmlUtilization_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct Utilization {
-    /// Percent of time a kernel ran.
-    pub gpu: c_uint,
-    /// Percent of time memory was read or written.
-    pub memory: c_uint,
 }
 
 /// `nvmlProcessUtilizationSample_t`.
@@ -337,10 +329,20 @@ nvml_exports! {
         put!(m, nvmlMemory_v2_t { version: NVML_MEMORY_V2_VERSION, total, reserved: 0, free, used });
         Ok(())
     }
-    nvmlDeviceGetUtilizationRates(d: nvmlDevice_t, u: *mut Utilization) |s| {
+    nvmlDeviceGetUtilizationRates(d: nvmlDevice_t, u: *mut nvmlUtilization_t) |s| {
         let p = dev_index(s, d)?;
         let gpu = s.devices[p].busy.percent(Duration::from_millis(s.cfg.util_window_ms));
-        put!(u, Utilization { gpu, memory: 0 });
+        put!(u, nvmlUtilization_t { gpu, memory: 0 });
+        Ok(())
+    }
+    nvmlDeviceGetTotalEnergyConsumption(d: nvmlDevice_t, mj: *mut c_ulonglong) |s| {
+        let p = dev_index(s, d)?;
+        put!(mj, s.devices[p].busy.energy_mj());
+        Ok(())
+    }
+    nvmlDeviceGetEnforcedPowerLimit(d: nvmlDevice_t, mw: *mut c_uint) |s| {
+        let p = dev_index(s, d)?;
+        put!(mw, s.devices[p].busy.power_limit_mw());
         Ok(())
     }
     nvmlDeviceGetProcessUtilization(d: nvmlDevice_t, samples: *mut ProcessUtilizationSample, count: *mut c_uint, _last_seen: u64) |s| {

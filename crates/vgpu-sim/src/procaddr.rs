@@ -239,7 +239,9 @@ pub fn exported_names() -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_cuda_abi::{CUDA_HOOKED_SYMBOLS, CUDA_USED_SYMBOLS, NVML_HOOKED_SYMBOLS};
+    use vgpu_cuda_abi::{
+        CUDA_HOOKED_SYMBOLS, CUDA_USED_SYMBOLS, NVML_HOOKED_SYMBOLS, NVML_USED_SYMBOLS,
+    };
 
     #[test]
     fn versions_and_stream_flags_pick_variants() {
@@ -282,6 +284,7 @@ mod tests {
             .iter()
             .chain(CUDA_USED_SYMBOLS)
             .chain(NVML_HOOKED_SYMBOLS)
+            .chain(NVML_USED_SYMBOLS)
         {
             assert!(names.contains(&s.name), "the simulator lacks {}", s.name);
         }

@@ -511,7 +511,7 @@ impl Sim {
                 other_used: d.other_used,
                 uuid: d.uuid,
                 used: AtomicU64::new(0),
-                busy: BusyLog::default(),
+                busy: BusyLog::new(cfg.power),
             })
             .collect::<Vec<_>>();
         let n = devices.len();
