@@ -248,6 +248,45 @@ pub(crate) fn nvml_device(cuda: &Cuda, dev: CUdevice) -> Option<nvmlDevice_t> {
     Some(handle)
 }
 
+/// Calls a real NVML function that may be missing from an old NVML.
+macro_rules! nvml_call {
+    ($f:ident ( $($arg:expr),* )) => {
+        match real::nvml().map(|nvml| nvml.u.$f) {
+            // SAFETY: NVML's entry point of exactly this signature (declaration list), called
+            // with arguments that satisfy its contract (see each caller).
+            Ok(Some(f)) => unsafe { f($($arg),*) },
+            Ok(None) => nvmlReturn_t::FUNCTION_NOT_FOUND,
+            Err(e) => e,
+        }
+    };
+}
+
+/// The device's energy counter, millijoules since the driver loaded
+/// (`nvmlDeviceGetTotalEnergyConsumption`; `NOT_SUPPORTED` before Volta).
+pub(crate) fn nvml_energy_mj(device: nvmlDevice_t) -> Result<u64, nvmlReturn_t> {
+    let mut mj: c_ulonglong = 0;
+    // `device` is a handle NVML gave us; the out-pointer is valid.
+    let r = nvml_call!(nvmlDeviceGetTotalEnergyConsumption(device, &mut mj));
+    if r.is_success() { Ok(mj) } else { Err(r) }
+}
+
+/// The power limit the device enforces now, milliwatts (`nvmlDeviceGetEnforcedPowerLimit`).
+pub(crate) fn nvml_power_limit_mw(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
+    let mut mw: c_uint = 0;
+    // `device` is a handle NVML gave us; the out-pointer is valid.
+    let r = nvml_call!(nvmlDeviceGetEnforcedPowerLimit(device, &mut mw));
+    if r.is_success() { Ok(mw) } else { Err(r) }
+}
+
+/// Percent of the driver's last sample period during which any kernel ran on the device
+/// (`nvmlDeviceGetUtilizationRates().gpu`).
+pub(crate) fn nvml_gpu_busy_pct(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
+    let mut u = nvmlUtilization_t::default();
+    // `device` is a handle NVML gave us; the out-pointer is valid.
+    let r = nvml_call!(nvmlDeviceGetUtilizationRates(device, &mut u));
+    if r.is_success() { Ok(u.gpu) } else { Err(r) }
+}
+
 /// One process's memory on one device as NVML's process list reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProcessUsage {

@@ -1494,7 +1494,8 @@ pub(crate) unsafe fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresu
 
 // ---------------------------------------------------------------------------------------
 // Contexts: measured as the growth of the device's used memory (NVML, which needs no
-// context) across the creation.
+// context) across the creation. Just before it, the SM limiter records the device's power
+// (`sm_limit::context_creating`: once per device, with an SM limit only).
 
 /// What NVML says around a context creation: this process's used memory on the device and
 /// the device's used memory.
@@ -1569,6 +1570,9 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevic
     };
     let creating = !driver::primary_ctx_active(cuda, dev).unwrap_or(true);
     let before = creating.then(|| sample_used(st, cuda, dev));
+    if creating {
+        sm_limit::context_creating(idx.0 as usize);
+    }
     let r = real_call();
     if !r.is_success() || pctx.is_null() {
         return r;
@@ -1680,6 +1684,7 @@ fn create_context(
         return real();
     };
     let before = sample_used(st, cuda, dev);
+    sm_limit::context_creating(idx.0 as usize);
     let r = real();
     if !r.is_success() || pctx.is_null() {
         return r;

@@ -31,6 +31,10 @@
 //! - Added (backward compatible): [`attach`] gives the limiter the process's slot in the
 //!   shared file once it is registered: container-wide limits, `sm_util` reporting and the
 //!   monitor's fields. Without it the environment's limits apply per process.
+//! - Added: [`context_creating`] runs just before the hook creates a context on a device
+//!   (primary retain or `cuCtxCreate*`), never on the launch path: it records the device's
+//!   power then, so the limiter's power share can measure the idle power from there to the
+//!   first launch.
 //!
 //! # Body
 //!
@@ -54,9 +58,10 @@ use vgpu_cuda_abi::{
     CUcontext, CUdevice, CUevent, CUresult, CUstream, c_int, c_uint, c_void, nvmlDevice_t,
     nvmlReturn_t,
 };
+use vgpu_limiter::power::PowerState;
 use vgpu_limiter::{
     Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
-    PeerShare, Policy, Ticket, TimerError, TurnTenant,
+    PeerShare, Policy, PowerSample, Ticket, TimerError, TurnTenant,
 };
 use vgpu_shm::{ProcessSlot, TurnBoard};
 
@@ -244,6 +249,12 @@ pub(crate) fn after_fork_in_child() {
     }
     SLOT.store(ptr::null_mut(), Ordering::Relaxed);
     SLOT_LOOKED_UP.store(false, Ordering::Relaxed);
+    // The child creates its own context (the parent's is not usable there) and records its
+    // own baseline then; a baseline the parent had not handed over yet is leaked.
+    for d in 0..MAX_DEVICES {
+        BASELINE_CLAIMED[d].store(false, Ordering::Relaxed);
+        BASELINE[d].store(ptr::null_mut(), Ordering::Relaxed);
+    }
 }
 
 type DeviceLimiter = Mutex<Limiter<MonoClock, EventTimer, FileView>>;
@@ -277,10 +288,13 @@ fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
     }
     cfg.turn_cycle = t.turn_cycle_ms * 1_000_000;
     cfg.turn_lead_in = t.turn_lead_us * 1_000;
+    cfg.power_exponent = f64::from(t.power_exponent_pct) / 100.0;
     let view = FileView {
         device: d,
         nvml: NvmlProbe::Unopened,
         turns: TurnProbe::Unopened,
+        power: PowerProbe::Unopened,
+        power_log: PowerLog::default(),
     };
     let limiter = Limiter::new(cfg, MonoClock, EventTimer::new(fns), view);
     let fresh = Box::into_raw(Box::new(Mutex::new(limiter)));
@@ -596,6 +610,10 @@ struct FileView {
     device: usize,
     nvml: NvmlProbe,
     turns: TurnProbe,
+    /// The device's power, for the power share.
+    power: PowerProbe,
+    /// Which power-share conclusions were logged at INFO.
+    power_log: PowerLog,
 }
 
 /// Announcements older than this are not tenants (three publish periods).
@@ -779,6 +797,205 @@ impl NvmlProbe {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Power share: the device's power from NVML (docs/sm-limit.md). Read once per publish
+// period by the device's limiter, and once before this process's first context on the
+// device (the baseline), never elsewhere on the launch path.
+
+/// Set by the first context creation on a device that records a baseline (at most one per
+/// device and process).
+static BASELINE_CLAIMED: [AtomicBool; MAX_DEVICES] =
+    [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// The baseline recorded before the device's first context, until its limiter takes it
+/// (from `Box::into_raw`; freed when taken).
+static BASELINE: [AtomicPtr<PowerSample>; MAX_DEVICES] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_DEVICES];
+
+/// Just before the hook creates a context on `device`: records the device's power, so that
+/// the span from here to the first launch (the device idle, as far as this process goes)
+/// measures its idle power. Only the first creation per device counts, and only when the
+/// device has an SM limit and the power share is on.
+pub(crate) fn context_creating(device: usize) {
+    if !enabled() || device >= MAX_DEVICES || tuning().power_exponent_pct == 0 {
+        return;
+    }
+    // The shared file's limit may be the only one.
+    find_slot();
+    if limit_pct(device) == 0 || BASELINE_CLAIMED[device].swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let Some(reader) = PowerReader::open(device) else {
+        vlog!(
+            DEBUG,
+            "device {device}: no power baseline: NVML has no handle for it"
+        );
+        return;
+    };
+    match reader.read(vgpu_shm::monotonic_ns()) {
+        Ok(sample) => {
+            vlog!(
+                DEBUG,
+                "device {device}: power baseline before its first context: {} mJ, limit {} mW",
+                sample.energy_mj,
+                sample.limit_mw
+            );
+            let fresh = Box::into_raw(Box::new(sample));
+            if BASELINE[device]
+                .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // SAFETY: `fresh` was never shared.
+                drop(unsafe { Box::from_raw(fresh) });
+            }
+        }
+        Err(code) => vlog!(
+            DEBUG,
+            "device {device}: no power baseline: NVML says {code:?}"
+        ),
+    }
+}
+
+/// Hands the device's baseline over (once).
+fn take_baseline(device: usize) -> Option<PowerSample> {
+    let p = BASELINE
+        .get(device)?
+        .swap(ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: a non-null pointer here came from `Box::into_raw` in `context_creating`, and
+    // the swap made this the only owner.
+    (!p.is_null()).then(|| *unsafe { Box::from_raw(p) })
+}
+
+/// Reads one device's power from NVML.
+#[derive(Debug, Clone, Copy)]
+struct PowerReader {
+    /// The `nvmlDevice_t` (an address, so the view stays `Send`).
+    handle: usize,
+}
+
+impl PowerReader {
+    #[cold]
+    fn open(device: usize) -> Option<Self> {
+        let cuda = crate::real::cuda().ok()?;
+        let handle = crate::driver::nvml_device(cuda, CUdevice(device as c_int))?;
+        Some(Self {
+            handle: handle as usize,
+        })
+    }
+
+    /// The device's power now, stamped `at`: the energy counter and the enforced limit are
+    /// needed, the busy fraction is optional.
+    fn read(&self, at: Nanos) -> Result<PowerSample, nvmlReturn_t> {
+        let handle = self.handle as nvmlDevice_t;
+        let energy_mj = crate::driver::nvml_energy_mj(handle)?;
+        let limit_mw = crate::driver::nvml_power_limit_mw(handle)?;
+        let device_busy = crate::driver::nvml_gpu_busy_pct(handle)
+            .ok()
+            .map(|pct| f64::from(pct.min(100)) / 100.0);
+        Ok(PowerSample {
+            at,
+            energy_mj,
+            limit_mw: u64::from(limit_mw),
+            device_busy,
+        })
+    }
+}
+
+/// The limiter's power readings of one device, opened on first use.
+#[derive(Debug)]
+enum PowerProbe {
+    Unopened,
+    /// NVML cannot read this device's power: only time is limited.
+    Unavailable,
+    Open(PowerReader),
+}
+
+impl PowerProbe {
+    fn sample(&mut self, device: usize, now: Nanos) -> Option<PowerSample> {
+        if matches!(self, Self::Unopened) {
+            *self = match PowerReader::open(device) {
+                Some(reader) => Self::Open(reader),
+                None => {
+                    vlog!(
+                        INFO,
+                        "device {device}: no NVML handle: the SM limit bounds GPU time only"
+                    );
+                    Self::Unavailable
+                }
+            };
+        }
+        let Self::Open(reader) = self else {
+            return None;
+        };
+        match reader.read(now) {
+            Ok(sample) => Some(sample),
+            // Answers that will not change: stop asking.
+            Err(
+                code @ (nvmlReturn_t::NOT_SUPPORTED
+                | nvmlReturn_t::FUNCTION_NOT_FOUND
+                | nvmlReturn_t::NO_PERMISSION),
+            ) => {
+                vlog!(
+                    INFO,
+                    "device {device}: NVML cannot read its power ({code:?}): the SM limit \
+                     bounds GPU time only"
+                );
+                *self = Self::Unavailable;
+                None
+            }
+            Err(code) => {
+                vlog!(DEBUG, "device {device}: power not read: NVML says {code:?}");
+                None
+            }
+        }
+    }
+}
+
+/// Decides which of the power share's conclusions are worth an INFO line: the first one
+/// that knows the idle power, then any whose scale moved by more than [`SCALE_NEWS`] since
+/// the last INFO line (the DEBUG level shows every one).
+#[derive(Debug)]
+struct PowerLog {
+    idle_known: bool,
+    scale_at_last_info: f64,
+}
+
+/// A change of the power share's scale worth an INFO line.
+const SCALE_NEWS: f64 = 0.05;
+
+impl Default for PowerLog {
+    fn default() -> Self {
+        Self {
+            idle_known: false,
+            // Before the power share knows anything it scales nothing.
+            scale_at_last_info: 1.0,
+        }
+    }
+}
+
+impl PowerLog {
+    fn wants_info(&mut self, state: &PowerState) -> bool {
+        let idle_news = !self.idle_known && state.idle_watts.is_some();
+        self.idle_known |= state.idle_watts.is_some();
+        let scale_news = (state.scale - self.scale_at_last_info).abs() > SCALE_NEWS;
+        if idle_news || scale_news {
+            self.scale_at_last_info = state.scale;
+        }
+        idle_news || scale_news
+    }
+}
+
+/// Watts for a log line, `?` while unknown.
+struct Watts(Option<f64>);
+
+impl std::fmt::Display for Watts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(w) => write!(f, "{w:.0}"),
+            None => f.write_str("?"),
+        }
+    }
+}
+
 impl ContainerView for FileView {
     fn sm_limit_pct(&self) -> u32 {
         limit_pct(self.device)
@@ -870,5 +1087,104 @@ impl ContainerView for FileView {
             );
         }
         sample
+    }
+
+    fn power_sample(&mut self, now: Nanos) -> Option<PowerSample> {
+        self.power.sample(self.device, now)
+    }
+
+    fn power_baseline(&mut self) -> Option<PowerSample> {
+        take_baseline(self.device)
+    }
+
+    fn note_power(&mut self, state: &PowerState) {
+        let d = self.device;
+        vlog!(
+            DEBUG,
+            "device {d}: power {:.0} W, busy {:.0}%, idle {} W, busy {} W, limit {:.0} W, scale {:.2}",
+            state.watts,
+            state.busy * 100.0,
+            Watts(state.idle_watts),
+            Watts(state.busy_watts),
+            state.limit_watts,
+            state.scale
+        );
+        if self.power_log.wants_info(state) {
+            vlog!(
+                INFO,
+                "device {d}: power share: idle {} W, {} W more per busy second, limit {:.0} W: \
+                 SM limit scaled by {:.2}",
+                Watts(state.idle_watts),
+                Watts(state.busy_watts),
+                state.limit_watts,
+                state.scale
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(idle: Option<f64>, scale: f64) -> PowerState {
+        PowerState {
+            watts: 300.0,
+            busy: 0.5,
+            idle_watts: idle,
+            busy_watts: idle.map(|_| 400.0),
+            limit_watts: 500.0,
+            scale,
+        }
+    }
+
+    #[test]
+    fn power_info_lines_when_idle_power_is_learnt_and_when_the_scale_moves() {
+        let mut log = PowerLog::default();
+        assert!(!log.wants_info(&state(None, 1.0)), "nothing known yet");
+        assert!(
+            log.wants_info(&state(Some(100.0), 1.0)),
+            "idle power learnt"
+        );
+        assert!(!log.wants_info(&state(Some(100.0), 1.0)));
+        assert!(!log.wants_info(&state(Some(100.0), 0.96)), "within 0.05");
+        assert!(log.wants_info(&state(Some(100.0), 0.9)), "moved 0.1");
+        // Measured from the last INFO line (0.9), not from the previous call.
+        assert!(!log.wants_info(&state(Some(100.0), 0.86)));
+        assert!(!log.wants_info(&state(Some(100.0), 0.86)));
+        assert!(log.wants_info(&state(Some(100.0), 0.84)));
+        assert!(
+            !log.wants_info(&state(Some(100.0), f64::NAN)),
+            "no NaN lines"
+        );
+    }
+
+    #[test]
+    fn a_scale_change_before_the_idle_power_is_known_is_logged_too() {
+        let mut log = PowerLog::default();
+        assert!(log.wants_info(&state(None, 0.8)));
+        assert!(log.wants_info(&state(Some(90.0), 0.8)), "idle power learnt");
+    }
+
+    #[test]
+    fn watts_show_a_question_mark_while_unknown() {
+        assert_eq!(Watts(Some(99.6)).to_string(), "100");
+        assert_eq!(Watts(None).to_string(), "?");
+    }
+
+    #[test]
+    fn a_baseline_is_handed_over_once() {
+        let d = MAX_DEVICES - 1;
+        assert_eq!(take_baseline(d), None);
+        let sample = PowerSample {
+            at: 5,
+            energy_mj: 7,
+            limit_mw: 500_000,
+            device_busy: Some(0.0),
+        };
+        BASELINE[d].store(Box::into_raw(Box::new(sample)), Ordering::Release);
+        assert_eq!(take_baseline(d), Some(sample));
+        assert_eq!(take_baseline(d), None);
+        assert_eq!(take_baseline(MAX_DEVICES), None, "out of range");
     }
 }
