@@ -54,10 +54,15 @@ run() {
   n=$(wc -l <"$smi"); half=$(( (n + 1) / 2 ))
   mhz=$(tail -n "$half" "$smi" | cut -d, -f1 | median)
   watts=$(tail -n "$half" "$smi" | cut -d, -f2 | median)
+  # The power share's last conclusion (DEBUG lines "power ... idle N W ... scale S").
+  local scale idle
+  scale=$(sed -n 's/.*: power [0-9]* W,.* scale \([0-9.]*\).*/\1/p' "$WORK/e$run_id" | tail -1)
+  idle=$(sed -n 's/.*: power [0-9]* W,.* idle \([0-9]*\) W.*/\1/p' "$WORK/e$run_id" | tail -1)
+  grep -E "power share" "$WORK/e$run_id" | tail -3 >>"$LOG"
   local res
   res=$(grep -m1 '^RESULT' "$WORK/o$run_id" || echo "RESULT failed=1")
-  echo "$res busy=${busy:-} mhz=${mhz:-} watts=${watts:-}"
-  echo "  limiter busy=${busy:-?}% sm=${mhz:-?}MHz power=${watts:-?}W" >>"$LOG"
+  echo "$res busy=${busy:-} mhz=${mhz:-} watts=${watts:-} scale=${scale:-} idle=${idle:-}"
+  echo "  limiter busy=${busy:-?}% sm=${mhz:-?}MHz power=${watts:-?}W scale=${scale:-?} idle=${idle:-?}W" >>"$LOG"
 }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 
@@ -69,16 +74,17 @@ echo "+ sanity" >>"$LOG"
 timeout 60 env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/sanity.cache" CUDA_DEVICE_SM_LIMIT=50 \
   LIBCUDA_LOG_LEVEL=4 "$WORK/spin" 1000 1 plain 2>&1 | grep -v "cuMem\|alloc" | tail -20 >>"$LOG"
 
-printf '%-34s %6s %12s %8s %7s %6s %6s %5s\n' workload limit per_second '%unlim' error busy% SM_MHz W | tee "$TABLE"
+printf '%-34s %6s %12s %8s %7s %6s %6s %5s %5s %6s\n' workload limit per_second '%unlim' error busy% SM_MHz W scale idle_W | tee "$TABLE"
 row() { # name limit value base [result-line for busy/mhz/watts]
-  local pct err busy mhz watts
+  local pct err busy mhz watts scale idle
   busy=$(echo "${5:-}" | field busy); mhz=$(echo "${5:-}" | field mhz); watts=$(echo "${5:-}" | field watts)
+  scale=$(echo "${5:-}" | field scale); idle=$(echo "${5:-}" | field idle)
   if [ -z "$3" ] || [ -z "$4" ]; then
     printf '%-34s %6s %12s %8s %7s\n' "$1" "$2" "${3:-FAIL}" "-" "-" | tee -a "$TABLE"; return
   fi
   pct=$(python3 -c "print(f'{100*$3/$4:.1f}')")
   if [ "$2" = "-" ]; then err="-"; else err=$(python3 -c "print(f'{100*$3/$4-$2:+.1f}')"); fi
-  printf '%-34s %6s %12s %8s %7s %6s %6s %5s\n' "$1" "$2" "$3" "$pct" "$err" "${busy:--}" "${mhz:--}" "${watts:--}" | tee -a "$TABLE"
+  printf '%-34s %6s %12s %8s %7s %6s %6s %5s %5s %6s\n' "$1" "$2" "$3" "$pct" "$err" "${busy:--}" "${mhz:--}" "${watts:--}" "${scale:--}" "${idle:--}" | tee -a "$TABLE"
 }
 
 declare -A ITERS BASE
