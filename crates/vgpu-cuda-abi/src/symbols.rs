@@ -242,6 +242,8 @@ macro_rules! nvml_used_functions {
                 fn(device: nvmlDevice_t, energy: *mut c_ulonglong) -> nvmlReturn_t;
             nvmlDeviceGetEnforcedPowerLimit ["nvmlDeviceGetEnforcedPowerLimit", 0, any]
                 fn(device: nvmlDevice_t, limit: *mut c_uint) -> nvmlReturn_t;
+            nvmlDeviceGetPowerUsage ["nvmlDeviceGetPowerUsage", 0, any]
+                fn(device: nvmlDevice_t, power: *mut c_uint) -> nvmlReturn_t;
             nvmlDeviceGetUtilizationRates ["nvmlDeviceGetUtilizationRates", 0, any]
                 fn(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) -> nvmlReturn_t;
         }

@@ -278,6 +278,15 @@ pub(crate) fn nvml_power_limit_mw(device: nvmlDevice_t) -> Result<u32, nvmlRetur
     if r.is_success() { Ok(mw) } else { Err(r) }
 }
 
+/// The device's power draw, milliwatts (`nvmlDeviceGetPowerUsage`: on Ampere and newer the
+/// average over the last second, before that the instantaneous draw).
+pub(crate) fn nvml_power_usage_mw(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
+    let mut mw: c_uint = 0;
+    // `device` is a handle NVML gave us; the out-pointer is valid.
+    let r = nvml_call!(nvmlDeviceGetPowerUsage(device, &mut mw));
+    if r.is_success() { Ok(mw) } else { Err(r) }
+}
+
 /// Percent of the driver's last sample period during which any kernel ran on the device
 /// (`nvmlDeviceGetUtilizationRates().gpu`).
 pub(crate) fn nvml_gpu_busy_pct(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {

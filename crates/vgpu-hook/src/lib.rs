@@ -21,6 +21,7 @@ mod hooks;
 mod interpose;
 mod log;
 mod measured;
+mod power;
 mod real;
 mod residual;
 mod sm_limit;

@@ -255,6 +255,7 @@ pub(crate) fn after_fork_in_child() {
         BASELINE_CLAIMED[d].store(false, Ordering::Relaxed);
         BASELINE[d].store(ptr::null_mut(), Ordering::Relaxed);
     }
+    crate::power::after_fork_in_child();
 }
 
 type DeviceLimiter = Mutex<Limiter<MonoClock, EventTimer, FileView>>;
@@ -293,7 +294,6 @@ fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
         device: d,
         nvml: NvmlProbe::Unopened,
         turns: TurnProbe::Unopened,
-        power: PowerProbe::Unopened,
         power_log: PowerLog::default(),
     };
     let limiter = Limiter::new(cfg, MonoClock, EventTimer::new(fns), view);
@@ -610,8 +610,6 @@ struct FileView {
     device: usize,
     nvml: NvmlProbe,
     turns: TurnProbe,
-    /// The device's power, for the power share.
-    power: PowerProbe,
     /// Which power-share conclusions were logged at INFO.
     power_log: PowerLog,
 }
@@ -798,9 +796,9 @@ impl NvmlProbe {
 }
 
 // ---------------------------------------------------------------------------------------
-// Power share: the device's power from NVML (docs/sm-limit.md). Read once per publish
-// period by the device's limiter, and once before this process's first context on the
-// device (the baseline), never elsewhere on the launch path.
+// Power share: the device's power from NVML (docs/sm-limit.md), read by the `vgpu-power`
+// thread (crate::power) and once before this process's first context on the device (the
+// baseline); the launch path only loads the thread's latest reading.
 
 /// Set by the first context creation on a device that records a baseline (at most one per
 /// device and process).
@@ -824,7 +822,10 @@ pub(crate) fn context_creating(device: usize) {
     if limit_pct(device) == 0 || BASELINE_CLAIMED[device].swap(true, Ordering::AcqRel) {
         return;
     }
-    let Some(reader) = PowerReader::open(device) else {
+    // Start the reader thread now: its first look, before any work of ours, may already
+    // measure the idle power.
+    crate::power::want(device);
+    let Some(reader) = crate::power::Reader::open(device) else {
         vlog!(
             DEBUG,
             "device {device}: no power baseline: NVML has no handle for it"
@@ -832,7 +833,11 @@ pub(crate) fn context_creating(device: usize) {
         return;
     };
     match reader.read(vgpu_shm::monotonic_ns()) {
-        Ok(sample) => {
+        Ok((mut sample, power_mw)) => {
+            // No kernel ran lately: the one-second average draw is the idle power.
+            if sample.device_busy == Some(0.0) {
+                sample.idle_mw = power_mw.map(u64::from);
+            }
             vlog!(
                 DEBUG,
                 "device {device}: power baseline before its first context: {} mJ, limit {} mW",
@@ -863,91 +868,6 @@ fn take_baseline(device: usize) -> Option<PowerSample> {
     // SAFETY: a non-null pointer here came from `Box::into_raw` in `context_creating`, and
     // the swap made this the only owner.
     (!p.is_null()).then(|| *unsafe { Box::from_raw(p) })
-}
-
-/// Reads one device's power from NVML.
-#[derive(Debug, Clone, Copy)]
-struct PowerReader {
-    /// The `nvmlDevice_t` (an address, so the view stays `Send`).
-    handle: usize,
-}
-
-impl PowerReader {
-    #[cold]
-    fn open(device: usize) -> Option<Self> {
-        let cuda = crate::real::cuda().ok()?;
-        let handle = crate::driver::nvml_device(cuda, CUdevice(device as c_int))?;
-        Some(Self {
-            handle: handle as usize,
-        })
-    }
-
-    /// The device's power now, stamped `at`: the energy counter and the enforced limit are
-    /// needed, the busy fraction is optional.
-    fn read(&self, at: Nanos) -> Result<PowerSample, nvmlReturn_t> {
-        let handle = self.handle as nvmlDevice_t;
-        let energy_mj = crate::driver::nvml_energy_mj(handle)?;
-        let limit_mw = crate::driver::nvml_power_limit_mw(handle)?;
-        let device_busy = crate::driver::nvml_gpu_busy_pct(handle)
-            .ok()
-            .map(|pct| f64::from(pct.min(100)) / 100.0);
-        Ok(PowerSample {
-            at,
-            energy_mj,
-            limit_mw: u64::from(limit_mw),
-            device_busy,
-        })
-    }
-}
-
-/// The limiter's power readings of one device, opened on first use.
-#[derive(Debug)]
-enum PowerProbe {
-    Unopened,
-    /// NVML cannot read this device's power: only time is limited.
-    Unavailable,
-    Open(PowerReader),
-}
-
-impl PowerProbe {
-    fn sample(&mut self, device: usize, now: Nanos) -> Option<PowerSample> {
-        if matches!(self, Self::Unopened) {
-            *self = match PowerReader::open(device) {
-                Some(reader) => Self::Open(reader),
-                None => {
-                    vlog!(
-                        INFO,
-                        "device {device}: no NVML handle: the SM limit bounds GPU time only"
-                    );
-                    Self::Unavailable
-                }
-            };
-        }
-        let Self::Open(reader) = self else {
-            return None;
-        };
-        match reader.read(now) {
-            Ok(sample) => Some(sample),
-            // Answers that will not change: stop asking.
-            Err(
-                code @ (nvmlReturn_t::NOT_SUPPORTED
-                | nvmlReturn_t::FUNCTION_NOT_FOUND
-                | nvmlReturn_t::NO_PERMISSION),
-            ) => {
-                vlog!(
-                    INFO,
-                    "device {device}: NVML cannot read its power ({code:?}): the SM limit \
-                     bounds GPU time only"
-                );
-                *self = Self::Unavailable;
-                None
-            }
-            Err(code) => {
-                vlog!(DEBUG, "device {device}: power not read: NVML says {code:?}");
-                None
-            }
-        }
-    }
 }
 
 /// Decides which of the power share's conclusions are worth an INFO line: the first one
@@ -1089,8 +1009,9 @@ impl ContainerView for FileView {
         sample
     }
 
-    fn power_sample(&mut self, now: Nanos) -> Option<PowerSample> {
-        self.power.sample(self.device, now)
+    fn power_sample(&mut self, _now: Nanos) -> Option<PowerSample> {
+        // The reader thread's latest (a few atomic loads; NVML is not called here).
+        crate::power::latest(self.device)
     }
 
     fn power_baseline(&mut self) -> Option<PowerSample> {
@@ -1181,6 +1102,7 @@ mod tests {
             energy_mj: 7,
             limit_mw: 500_000,
             device_busy: Some(0.0),
+            idle_mw: None,
         };
         BASELINE[d].store(Box::into_raw(Box::new(sample)), Ordering::Release);
         assert_eq!(take_baseline(d), Some(sample));

@@ -391,6 +391,8 @@ pub(crate) fn has_left() -> bool {
 static LEAVE_AT_EXIT: extern "C" fn() = leave_at_exit;
 
 extern "C" fn leave_at_exit() {
+    // The power reader thread makes no NVML call from here on (NVML may be torn down next).
+    crate::power::stop();
     let _ = std::panic::catch_unwind(|| {
         let p = STATE.load(Ordering::Acquire);
         if p.is_null() {

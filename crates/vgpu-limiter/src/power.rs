@@ -156,6 +156,10 @@ impl PowerShare {
 
     fn push(&mut self, mut p: Point) {
         p.before = self.last_window;
+        // The reader's own measurement, when it has one, is the latest word.
+        if let Some(mw) = p.sample.idle_mw {
+            self.idle_watts = Some(mw as f64 / 1000.0);
+        }
         // An idle run: its first point, then points with no peer busy and the device
         // reporting no kernel time. Samples are taken only while we launch, so a pause of
         // ours is a gap between two points, and the queued tail of our work may still have
@@ -274,6 +278,7 @@ mod tests {
             energy_mj: (energy_j * 1000.0) as u64,
             limit_mw: 700_000,
             device_busy: busy,
+            idle_mw: None,
         }
     }
 
@@ -394,6 +399,7 @@ mod tests {
             energy_mj: energy_at(t),
             limit_mw: 700_000,
             device_busy: None,
+            idle_mw: None,
         };
         ps.seed(at(37));
         let mut st = ps.update(at(500), 0.0, 0.0);
@@ -406,6 +412,27 @@ mod tests {
         // 445 W at 40% busy over 125 W idle: 800 W per busy second. The idle span of 463 ms
         // saw 5 steps (500 ms of energy): idle reads 8% high, which the scale barely feels.
         assert!((st.busy_watts.unwrap() - 800.0).abs() < 40.0, "{st:?}");
+        assert!(
+            (ps.scale() - (575.0f64 / 800.0).sqrt()).abs() < 0.02,
+            "{st:?}"
+        );
+    }
+
+    #[test]
+    fn the_readers_idle_measurement_is_taken_as_is() {
+        // No idle span at all (launches from the first instant), but the reader saw the
+        // device idle for a second before: its reading sets the idle power.
+        let mut ps = PowerShare::new(0.5, 1000 * MS, 200 * MS);
+        let mut e = 0.0;
+        let mut st = None;
+        for i in 0..40u64 {
+            let mut s = sample(100 * i, e, Some(0.4));
+            s.idle_mw = Some(125_000);
+            st = ps.update(s, 0.4 * (100 * i) as f64 * MS as f64, 0.0).or(st);
+            e += 0.1 * (125.0 + 0.4 * 800.0);
+        }
+        let st = st.unwrap();
+        assert_eq!(st.idle_watts, Some(125.0));
         assert!(
             (ps.scale() - (575.0f64 / 800.0).sqrt()).abs() < 0.02,
             "{st:?}"

@@ -230,6 +230,7 @@ impl SimGpu {
             energy_mj,
             limit_mw,
             device_busy,
+            idle_mw: None,
         })
     }
 

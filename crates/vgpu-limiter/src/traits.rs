@@ -95,6 +95,9 @@ pub struct PowerSample {
     /// Fraction of the device's last sample period during which any kernel ran
     /// (`nvmlDeviceGetUtilizationRates().gpu / 100`), if known.
     pub device_busy: Option<f64>,
+    /// The device's idle power, milliwatts, if the reader saw it idle: its one-second average
+    /// power (`nvmlDeviceGetPowerUsage`) after a second in which no kernel ran on it.
+    pub idle_mw: Option<u64>,
 }
 
 /// Launches of its typical length each tenant's window should hold at least.

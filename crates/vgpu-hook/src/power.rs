@@ -1,0 +1,308 @@
+//! Device power readings for the SM limiter's power share (docs/sm-limit.md).
+//!
+//! NVML queries take long enough on a real GPU to cost a limited process a visible part of
+//! its share if made on the launch path (H200 run 13: a 75% spin loop lost 4 points, two
+//! containers at 30/70 lost 8–9), so a background thread (`vgpu-power`) reads the devices
+//! whose limiter asked, every 100 ms, and publishes each device's latest reading in a few
+//! atomics. The launch path only loads them. The thread exists only in processes with an SM
+//! limit and the power share on; it stops at exit before NVML is torn down, and a forked
+//! child starts its own when its limiter first asks.
+//!
+//! The thread also measures the device's idle power directly: NVML's power reading is a
+//! one-second average on Ampere and newer, so a reading taken after a second in which no
+//! kernel ran on the device (utilization 0 all along), or at the first look before this
+//! process ran anything, is the idle power.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use vgpu_alloc_core::MAX_DEVICES;
+use vgpu_cuda_abi::{CUdevice, c_int, nvmlDevice_t, nvmlReturn_t};
+use vgpu_limiter::{Nanos, PowerSample};
+
+use crate::log::{DEBUG, INFO, vlog};
+
+/// How often the thread reads.
+const PERIOD: Duration = Duration::from_millis(100);
+/// How long the device must have run no kernel for a power reading to be its idle power.
+const IDLE_FOR: Nanos = 1_000_000_000;
+/// "No value" in the published atomics.
+const NONE: u64 = u64::MAX;
+
+/// One device's latest reading. The thread is its only writer and brackets each update
+/// with two increments of `seq` (odd while writing); a reader that sees `seq` change or odd
+/// reads again later. Atomics only, so a fork at any instant leaves nothing locked.
+struct Published {
+    seq: AtomicU64,
+    at: AtomicU64,
+    energy_mj: AtomicU64,
+    limit_mw: AtomicU64,
+    busy_pct: AtomicU64,
+    idle_mw: AtomicU64,
+}
+
+impl Published {
+    const fn new() -> Self {
+        Self {
+            seq: AtomicU64::new(0),
+            at: AtomicU64::new(0),
+            energy_mj: AtomicU64::new(0),
+            limit_mw: AtomicU64::new(0),
+            busy_pct: AtomicU64::new(NONE),
+            idle_mw: AtomicU64::new(NONE),
+        }
+    }
+
+    fn store(&self, s: &PowerSample) {
+        self.seq.fetch_add(1, Ordering::AcqRel);
+        self.at.store(s.at, Ordering::Release);
+        self.energy_mj.store(s.energy_mj, Ordering::Release);
+        self.limit_mw.store(s.limit_mw, Ordering::Release);
+        let busy = s.device_busy.map_or(NONE, |b| (b * 100.0).round() as u64);
+        self.busy_pct.store(busy, Ordering::Release);
+        self.idle_mw
+            .store(s.idle_mw.unwrap_or(NONE), Ordering::Release);
+        self.seq.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn load(&self) -> Option<PowerSample> {
+        let seq = self.seq.load(Ordering::Acquire);
+        if seq == 0 || seq % 2 == 1 {
+            return None;
+        }
+        let sample = PowerSample {
+            at: self.at.load(Ordering::Acquire),
+            energy_mj: self.energy_mj.load(Ordering::Acquire),
+            limit_mw: self.limit_mw.load(Ordering::Acquire),
+            device_busy: match self.busy_pct.load(Ordering::Acquire) {
+                NONE => None,
+                pct => Some(pct.min(100) as f64 / 100.0),
+            },
+            idle_mw: match self.idle_mw.load(Ordering::Acquire) {
+                NONE => None,
+                mw => Some(mw),
+            },
+        };
+        (self.seq.load(Ordering::Acquire) == seq).then_some(sample)
+    }
+}
+
+static PUBLISHED: [Published; MAX_DEVICES] = [const { Published::new() }; MAX_DEVICES];
+/// Devices whose limiter asked for readings (bit per device).
+static WANTED: AtomicU64 = AtomicU64::new(0);
+/// Whether this process's thread runs (or is being started).
+static RUNNING: AtomicBool = AtomicBool::new(false);
+/// Set at exit: the thread makes no further NVML call.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// The latest reading of `device`, after asking for readings of it (starts the thread on
+/// first use). `None` until the thread has read it, or when it cannot.
+pub(crate) fn latest(device: usize) -> Option<PowerSample> {
+    let p = PUBLISHED.get(device)?;
+    want(device);
+    p.load()
+}
+
+/// Asks the thread to read `device` too, starting it if needed.
+pub(crate) fn want(device: usize) {
+    if device >= MAX_DEVICES {
+        return;
+    }
+    let bit = 1u64 << device;
+    if WANTED.load(Ordering::Relaxed) & bit == 0 {
+        WANTED.fetch_or(bit, Ordering::AcqRel);
+    }
+    if !RUNNING.load(Ordering::Relaxed) && !RUNNING.swap(true, Ordering::AcqRel) {
+        start();
+    }
+}
+
+#[cold]
+fn start() {
+    let spawned = std::thread::Builder::new()
+        .name("vgpu-power".into())
+        .stack_size(256 * 1024)
+        .spawn(run);
+    if let Err(e) = spawned {
+        // Without readings the power share stays off: the limit bounds time only. Not
+        // retried (RUNNING stays set): a process that cannot start threads won't later.
+        vlog!(
+            INFO,
+            "cannot start the power reader thread ({e}): the SM limit bounds GPU time only"
+        );
+    }
+}
+
+/// At exit (before NVML's own teardown can run): no more NVML calls from the thread.
+pub(crate) fn stop() {
+    STOP.store(true, Ordering::Release);
+}
+
+/// In the child after `fork`: the thread was not copied; the child's limiters ask again.
+pub(crate) fn after_fork_in_child() {
+    RUNNING.store(false, Ordering::Relaxed);
+    WANTED.store(0, Ordering::Relaxed);
+    for p in &PUBLISHED {
+        // Not mid-write: the writer thread does not exist in the child. Old readings are
+        // the parent's device's, still true, but start clean.
+        p.seq.store(0, Ordering::Relaxed);
+    }
+}
+
+/// What the thread keeps per device.
+#[derive(Default)]
+struct DeviceReader {
+    reader: Option<Reader>,
+    unavailable: bool,
+    /// Whether a reading was taken already.
+    looked: bool,
+    /// Since when utilization has read 0 without a break.
+    idle_since: Option<Nanos>,
+    /// The latest idle power measured.
+    idle_mw: Option<u64>,
+}
+
+fn run() {
+    let mut devices: Vec<DeviceReader> =
+        (0..MAX_DEVICES).map(|_| DeviceReader::default()).collect();
+    while !STOP.load(Ordering::Acquire) {
+        let wanted = WANTED.load(Ordering::Acquire);
+        for (d, state) in devices.iter_mut().enumerate() {
+            if wanted & (1 << d) == 0 || state.unavailable || STOP.load(Ordering::Acquire) {
+                continue;
+            }
+            if let Some(sample) = read_device(d, state) {
+                PUBLISHED[d].store(&sample);
+            }
+        }
+        std::thread::sleep(PERIOD);
+    }
+}
+
+fn read_device(d: usize, state: &mut DeviceReader) -> Option<PowerSample> {
+    if state.reader.is_none() {
+        state.reader = Reader::open(d);
+        if state.reader.is_none() {
+            vlog!(
+                INFO,
+                "device {d}: no NVML handle: the SM limit bounds GPU time only"
+            );
+            state.unavailable = true;
+            return None;
+        }
+    }
+    let reader = state.reader?;
+    let first = !state.looked;
+    match reader.read(vgpu_shm::monotonic_ns()) {
+        Ok((mut sample, power_mw)) => {
+            state.looked = true;
+            let now = sample.at;
+            if sample.device_busy == Some(0.0) {
+                let since = *state.idle_since.get_or_insert(now);
+                // At the first look (before this process ran anything, or its limiter would
+                // have asked before) or after a second of no kernel: the 1 s average is idle.
+                if let Some(mw) = power_mw
+                    && (first || now.saturating_sub(since) >= IDLE_FOR)
+                {
+                    if state.idle_mw.is_none() {
+                        vlog!(DEBUG, "device {d}: idle power {} mW", mw);
+                    }
+                    state.idle_mw = Some(u64::from(mw));
+                }
+            } else {
+                state.idle_since = None;
+            }
+            sample.idle_mw = state.idle_mw;
+            Some(sample)
+        }
+        // Answers that will not change: stop asking.
+        Err(
+            code @ (nvmlReturn_t::NOT_SUPPORTED
+            | nvmlReturn_t::FUNCTION_NOT_FOUND
+            | nvmlReturn_t::NO_PERMISSION),
+        ) => {
+            vlog!(
+                INFO,
+                "device {d}: NVML cannot read its power ({code:?}): the SM limit bounds GPU \
+                 time only"
+            );
+            state.unavailable = true;
+            None
+        }
+        Err(code) => {
+            vlog!(DEBUG, "device {d}: power not read: NVML says {code:?}");
+            None
+        }
+    }
+}
+
+/// Reads one device's power from NVML.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reader {
+    /// The `nvmlDevice_t` (an address, so the reader is `Send`).
+    handle: usize,
+}
+
+impl Reader {
+    #[cold]
+    pub(crate) fn open(device: usize) -> Option<Self> {
+        let cuda = crate::real::cuda().ok()?;
+        let handle = crate::driver::nvml_device(cuda, CUdevice(device as c_int))?;
+        Some(Self {
+            handle: handle as usize,
+        })
+    }
+
+    /// The device's power now, stamped `at`, and its one-second average draw (mW) if NVML
+    /// gives it: the energy counter and the enforced limit are needed, the busy fraction
+    /// and the draw are optional. `idle_mw` is left to the caller.
+    pub(crate) fn read(&self, at: Nanos) -> Result<(PowerSample, Option<u32>), nvmlReturn_t> {
+        let handle = self.handle as nvmlDevice_t;
+        let energy_mj = crate::driver::nvml_energy_mj(handle)?;
+        let limit_mw = crate::driver::nvml_power_limit_mw(handle)?;
+        let device_busy = crate::driver::nvml_gpu_busy_pct(handle)
+            .ok()
+            .map(|pct| f64::from(pct.min(100)) / 100.0);
+        let power_mw = crate::driver::nvml_power_usage_mw(handle).ok();
+        Ok((
+            PowerSample {
+                at,
+                energy_mj,
+                limit_mw: u64::from(limit_mw),
+                device_busy,
+                idle_mw: None,
+            },
+            power_mw,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_readings_round_trip_and_an_unwritten_slot_reads_none() {
+        let p = Published::new();
+        assert_eq!(p.load(), None);
+        let s = PowerSample {
+            at: 42,
+            energy_mj: 7,
+            limit_mw: 700_000,
+            device_busy: Some(0.37),
+            idle_mw: Some(125_000),
+        };
+        p.store(&s);
+        assert_eq!(p.load(), Some(s));
+        let s2 = PowerSample {
+            device_busy: None,
+            idle_mw: None,
+            ..s
+        };
+        p.store(&s2);
+        assert_eq!(p.load(), Some(s2));
+        // Mid-write (odd sequence): nothing.
+        p.seq.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(p.load(), None);
+    }
+}
