@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real-GPU acceptance harness of libvgpu.so: one command on an NVIDIA machine.
 #
-#   bash gpu-tests/run.sh [--lib PATH/libvgpu.so] [--out DIR] [--no-bench] [pytest args...]
+#   bash gpu-tests/run.sh [--lib PATH/libvgpu.so] [--out DIR] [--no-bench] [pytest args or test files...]
 #
 # Needs: an NVIDIA GPU and driver, gcc, python3 with pytest (PyTorch, CuPy, JAX and nvcc are
 # used when present, their tests skip otherwise). No cargo, no network: libvgpu.so is built
@@ -69,7 +69,10 @@ fi
 export VGPU_LIB="$lib" VGPU_PROBE="$build/probe" VGPU_RUNTIME_PROBE="$build/runtime_probe" VGPU_OUT="$out"
 export VGPU_GPU_TESTS="$here" PYTHONUNBUFFERED=1
 cd "$here"
-python3 -m pytest -v -rfEs -p no:cacheprovider --junitxml="$out/junit.xml" "${pyargs[@]}" test_acceptance.py 2>&1 | tee "$out/pytest.log"
+# Both modules (test_two_gpus.py skips with fewer than two GPUs), unless test files are named.
+modules=(test_acceptance.py test_two_gpus.py)
+for a in "${pyargs[@]}"; do case "$a" in *.py|*.py::*) modules=() ;; esac; done
+python3 -m pytest -v -rfEs -p no:cacheprovider --junitxml="$out/junit.xml" "${pyargs[@]}" "${modules[@]}" 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}
 
 if [ "$bench" = 1 ]; then
