@@ -81,7 +81,10 @@ def test_second_gpu_made_visible_alone_is_accounted_on_the_right_physical_device
     c = Container(None, CUDA_VISIBLE_DEVICES=visible, CUDA_DEVICE_MEMORY_LIMIT_0="3g")
     d = c.probe("devices", 256 * MIB)
     assert d["count"] == "1" and int(d["dev0_total_mem"]) == 3 * GIB, d
-    assert int(d["nvml0_total"]) == 3 * GIB, d
+    # NVML numbers devices physically whatever CUDA_VISIBLE_DEVICES says: the limit and the
+    # usage show on physical GPU 1; GPU 0, not this container's, keeps its own figures.
+    assert int(d["nvml1_total"]) == 3 * GIB and int(d["nvml1_used"]) == int(d["dev0_used"]), d
+    assert int(d["nvml0_total"]) > 100 * GIB, d
     # Hold 1 GiB and look from outside: the process is on physical GPU 1, and the shared
     # file charges it to its device 0 (the visible one).
     p = c.spawn([PROBE, "hold", str(GIB)])
