@@ -184,6 +184,8 @@ struct Scenario {
     exponent: Option<&'static str>,
     /// `p`: primary context, `c`: `cuCtxCreate_v2`.
     context: char,
+    /// `VGPU_SIM_NVML_ENERGY_DELAY_MS`, or none.
+    nvml_delay_ms: Option<&'static str>,
 }
 
 /// What one run measured.
@@ -209,7 +211,11 @@ fn run(s: Scenario, name: &str) -> Measured {
         .env("LIBCUDA_LOG_LEVEL", "3")
         .env_remove("GPU_CORE_UTILIZATION_POLICY")
         .env_remove("VGPU_SIM_POWER")
+        .env_remove("VGPU_SIM_NVML_ENERGY_DELAY_MS")
         .env_remove("VGPU_SM_POWER_EXPONENT");
+    if let Some(ms) = s.nvml_delay_ms {
+        cmd.env("VGPU_SIM_NVML_ENERGY_DELAY_MS", ms);
+    }
     if let Some(p) = s.power {
         cmd.env("VGPU_SIM_POWER", p);
     }
@@ -281,6 +287,7 @@ fn power_capped_work_also_gets_its_share_of_the_power_budget() {
             power: Some(CAPPED),
             exponent: None,
             context: 'p',
+            nvml_delay_ms: None,
         },
         CAPPED_AT_HALF_EXPONENT,
         TOL,
@@ -316,6 +323,7 @@ fn the_exponent_sets_how_strongly_power_bounds_the_limit() {
             power: Some(CAPPED),
             exponent: Some("1"),
             context: 'p',
+            nvml_delay_ms: None,
         },
         CAPPED_AT_FULL_EXPONENT,
         TOL,
@@ -331,6 +339,7 @@ fn a_context_from_cu_ctx_create_records_the_baseline_too() {
             power: Some(CAPPED),
             exponent: None,
             context: 'c',
+            nvml_delay_ms: None,
         },
         CAPPED_AT_HALF_EXPONENT,
         TOL,
@@ -346,6 +355,7 @@ fn with_the_power_share_off_only_time_is_limited() {
             power: Some(CAPPED),
             exponent: Some("off"),
             context: 'p',
+            nvml_delay_ms: None,
         },
         50.0,
         TOL,
@@ -366,6 +376,27 @@ fn a_gpu_that_stays_under_its_power_limit_is_limited_by_time_only() {
             power: None,
             exponent: None,
             context: 'p',
+            nvml_delay_ms: None,
+        },
+        50.0,
+        TOL,
+    );
+}
+
+#[test]
+fn a_slow_power_query_costs_the_launch_path_nothing() {
+    // Each energy reading takes 30 ms (the H200's takes ~3 ms, up to 15). Read on the
+    // launch path once per 100 ms publish period, it would cost the limited loop ~30% of its
+    // time (H200 run 13: a 75% loop lost 4 points to 3 ms readings); read by the hook's
+    // power thread, nothing.
+    let _one = serial();
+    assert_busy(
+        "slow NVML energy query",
+        Scenario {
+            power: None,
+            exponent: None,
+            context: 'p',
+            nvml_delay_ms: Some("30"),
         },
         50.0,
         TOL,

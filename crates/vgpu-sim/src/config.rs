@@ -70,6 +70,9 @@ pub struct SimConfig {
     pub util_window_ms: u64,
     /// Every device's power draw and limit (NVML's energy counter and enforced limit).
     pub power: PowerModel,
+    /// How long `nvmlDeviceGetTotalEnergyConsumption` takes, milliseconds
+    /// (`VGPU_SIM_NVML_ENERGY_DELAY_MS`, default 0; the H200 takes ~3 ms, up to 15).
+    pub nvml_energy_delay_ms: u64,
     /// Log every entry point to stderr.
     pub trace: bool,
 }
@@ -332,6 +335,14 @@ impl SimConfig {
                 )
             })?,
         };
+        let nvml_energy_delay_ms = int_var("VGPU_SIM_NVML_ENERGY_DELAY_MS", 0)?;
+        if !(0..=1000).contains(&nvml_energy_delay_ms) {
+            return Err(err(
+                "VGPU_SIM_NVML_ENERGY_DELAY_MS",
+                &nvml_energy_delay_ms.to_string(),
+                "expected 0..=1000",
+            ));
+        }
         let nvml_pid = match get("VGPU_SIM_NVML_PID") {
             None => None,
             Some(v) => Some(
@@ -358,6 +369,7 @@ impl SimConfig {
             faults,
             util_window_ms: util_window_ms as u64,
             power,
+            nvml_energy_delay_ms: nvml_energy_delay_ms as u64,
             trace: get("VGPU_SIM_TRACE").is_some_and(|v| v == "1"),
         })
     }

@@ -337,6 +337,10 @@ nvml_exports! {
     }
     nvmlDeviceGetTotalEnergyConsumption(d: nvmlDevice_t, mj: *mut c_ulonglong) |s| {
         let p = dev_index(s, d)?;
+        // A slow query, as on real GPUs (no lock of the simulator is held meanwhile).
+        if s.cfg.nvml_energy_delay_ms > 0 {
+            std::thread::sleep(Duration::from_millis(s.cfg.nvml_energy_delay_ms));
+        }
         put!(mj, s.devices[p].busy.energy_mj());
         Ok(())
     }
