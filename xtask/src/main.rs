@@ -83,7 +83,8 @@ fn test(extra: &[String]) -> Result<(), String> {
     loom()
 }
 
-/// The loom models of the shared table's atomic protocols. They need `--cfg loom` for the whole
+/// The loom models of the atomic protocols (the shared table's, and the hook's published power
+/// readings). They need `--cfg loom` for the whole
 /// build, so they get their own target directory (switching flags would rebuild everything).
 fn loom() -> Result<(), String> {
     let target = env::var_os("CARGO_TARGET_DIR")
@@ -96,7 +97,16 @@ fn loom() -> Result<(), String> {
             "LOOM_MAX_PREEMPTIONS",
             env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "3".into()),
         )
-        .args(["test", "-p", "vgpu-shm", "--release", "--lib", "loom"]);
+        .args([
+            "test",
+            "-p",
+            "vgpu-shm",
+            "-p",
+            "vgpu-hook",
+            "--release",
+            "--lib",
+            "loom",
+        ]);
     run(cmd)
 }
 

@@ -29,19 +29,45 @@ const IDLE_FOR: Nanos = 1_000_000_000;
 /// "No value" in the published atomics.
 const NONE: u64 = u64::MAX;
 
-/// One device's latest reading. The thread is its only writer and brackets each update
-/// with two increments of `seq` (odd while writing); a reader that sees `seq` change or odd
-/// reads again later. Atomics only, so a fork at any instant leaves nothing locked.
-struct Published {
-    seq: AtomicU64,
-    at: AtomicU64,
-    energy_mj: AtomicU64,
-    limit_mw: AtomicU64,
-    busy_pct: AtomicU64,
-    idle_mw: AtomicU64,
+/// A 64-bit atomic word: `std`'s in the library, loom's in the model of [`Published`].
+pub(crate) trait Word {
+    fn load(&self, order: Ordering) -> u64;
+    fn store(&self, value: u64, order: Ordering);
+    fn fetch_add(&self, value: u64, order: Ordering) -> u64;
 }
 
-impl Published {
+impl Word for AtomicU64 {
+    #[inline]
+    fn load(&self, order: Ordering) -> u64 {
+        AtomicU64::load(self, order)
+    }
+    #[inline]
+    fn store(&self, value: u64, order: Ordering) {
+        AtomicU64::store(self, value, order)
+    }
+    #[inline]
+    fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
+        AtomicU64::fetch_add(self, value, order)
+    }
+}
+
+/// One device's latest reading. The thread is its only writer and brackets each update
+/// with two increments of `seq` (odd while writing); a reader that sees `seq` change or odd
+/// gets nothing and asks again later. A reader that loaded any field of a newer update
+/// synchronizes with that update's release stores, which follow the first increment, so
+/// its second load of `seq` cannot return the old value: a torn reading is never returned
+/// (loom model `loom_tests::a_reading_is_never_torn`). Atomics only, so a fork at any
+/// instant leaves nothing locked.
+pub(crate) struct Published<W = AtomicU64> {
+    seq: W,
+    at: W,
+    energy_mj: W,
+    limit_mw: W,
+    busy_pct: W,
+    idle_mw: W,
+}
+
+impl Published<AtomicU64> {
     const fn new() -> Self {
         Self {
             seq: AtomicU64::new(0),
@@ -52,8 +78,11 @@ impl Published {
             idle_mw: AtomicU64::new(NONE),
         }
     }
+}
 
-    fn store(&self, s: &PowerSample) {
+impl<W: Word> Published<W> {
+    /// Publishes `s` (one writer at a time).
+    pub(crate) fn store(&self, s: &PowerSample) {
         self.seq.fetch_add(1, Ordering::AcqRel);
         self.at.store(s.at, Ordering::Release);
         self.energy_mj.store(s.energy_mj, Ordering::Release);
@@ -65,7 +94,8 @@ impl Published {
         self.seq.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn load(&self) -> Option<PowerSample> {
+    /// The latest complete reading, if one is published and none is being written.
+    pub(crate) fn load(&self) -> Option<PowerSample> {
         let seq = self.seq.load(Ordering::Acquire);
         if seq == 0 || seq % 2 == 1 {
             return None;
@@ -87,7 +117,7 @@ impl Published {
     }
 }
 
-static PUBLISHED: [Published; MAX_DEVICES] = [const { Published::new() }; MAX_DEVICES];
+static PUBLISHED: [Published<AtomicU64>; MAX_DEVICES] = [const { Published::new() }; MAX_DEVICES];
 /// Devices whose limiter asked for readings (bit per device).
 static WANTED: AtomicU64 = AtomicU64::new(0);
 /// Whether this process's thread runs (or is being started).
@@ -304,5 +334,61 @@ mod tests {
         // Mid-write (odd sequence): nothing.
         p.seq.fetch_add(1, Ordering::AcqRel);
         assert_eq!(p.load(), None);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+
+    impl Word for loom::sync::atomic::AtomicU64 {
+        fn load(&self, order: Ordering) -> u64 {
+            loom::sync::atomic::AtomicU64::load(self, order)
+        }
+        fn store(&self, value: u64, order: Ordering) {
+            loom::sync::atomic::AtomicU64::store(self, value, order)
+        }
+        fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
+            loom::sync::atomic::AtomicU64::fetch_add(self, value, order)
+        }
+    }
+
+    fn word(v: u64) -> loom::sync::atomic::AtomicU64 {
+        loom::sync::atomic::AtomicU64::new(v)
+    }
+
+    /// Reading `n`: every field says `n` (so a mix of two readings is visible).
+    fn reading(n: u64) -> PowerSample {
+        PowerSample {
+            at: n,
+            energy_mj: n,
+            limit_mw: n,
+            device_busy: Some(n as f64 / 100.0),
+            idle_mw: Some(n),
+        }
+    }
+
+    #[test]
+    fn a_reading_is_never_torn() {
+        loom::model(|| {
+            let p = loom::sync::Arc::new(Published {
+                seq: word(0),
+                at: word(0),
+                energy_mj: word(0),
+                limit_mw: word(0),
+                busy_pct: word(NONE),
+                idle_mw: word(NONE),
+            });
+            p.store(&reading(1));
+            let writer = {
+                let p = p.clone();
+                loom::thread::spawn(move || p.store(&reading(2)))
+            };
+            if let Some(r) = p.load() {
+                assert!([reading(1), reading(2)].contains(&r), "torn reading {r:?}");
+            }
+            writer.join().unwrap();
+            assert_eq!(p.load(), Some(reading(2)));
+        });
     }
 }

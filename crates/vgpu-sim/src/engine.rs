@@ -239,6 +239,11 @@ impl BusyLog {
         b.energy.reported_mj(now)
     }
 
+    /// The draw now, milliwatts.
+    pub fn power_draw_mw(&self) -> u32 {
+        lock(&self.b).energy.draw_mw()
+    }
+
     /// The enforced power limit, milliwatts.
     pub fn power_limit_mw(&self) -> u32 {
         lock(&self.b).energy.limit_mw()

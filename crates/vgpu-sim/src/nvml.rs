@@ -44,6 +44,7 @@ pub const NVML_EXPORTS: &[&str] = &[
     "nvmlDeviceGetUtilizationRates",
     "nvmlDeviceGetTotalEnergyConsumption",
     "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetPowerUsage",
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetComputeRunningProcesses_v2",
@@ -347,6 +348,11 @@ nvml_exports! {
     nvmlDeviceGetEnforcedPowerLimit(d: nvmlDevice_t, mw: *mut c_uint) |s| {
         let p = dev_index(s, d)?;
         put!(mw, s.devices[p].busy.power_limit_mw());
+        Ok(())
+    }
+    nvmlDeviceGetPowerUsage(d: nvmlDevice_t, mw: *mut c_uint) |s| {
+        let p = dev_index(s, d)?;
+        put!(mw, s.devices[p].busy.power_draw_mw());
         Ok(())
     }
     nvmlDeviceGetProcessUtilization(d: nvmlDevice_t, samples: *mut ProcessUtilizationSample, count: *mut c_uint, _last_seen: u64) |s| {

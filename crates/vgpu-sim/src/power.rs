@@ -94,6 +94,12 @@ impl EnergyMeter {
         u64::try_from(self.reported_nj / 1_000_000).unwrap_or(u64::MAX)
     }
 
+    /// The draw now, milliwatts (`nvmlDeviceGetPowerUsage`: the simulator reports the
+    /// instantaneous draw, as NVML does before Ampere; newer GPUs average over a second).
+    pub fn draw_mw(&self) -> u32 {
+        u32::try_from(self.model.watts(self.busy) * 1000).unwrap_or(u32::MAX)
+    }
+
     /// The enforced power limit, milliwatts.
     pub fn limit_mw(&self) -> u32 {
         self.model.limit_w.saturating_mul(1000)
