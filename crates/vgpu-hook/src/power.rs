@@ -124,12 +124,18 @@ static WANTED: AtomicU64 = AtomicU64::new(0);
 static RUNNING: AtomicBool = AtomicBool::new(false);
 /// Set at exit: the thread makes no further NVML call.
 static STOP: AtomicBool = AtomicBool::new(false);
+/// Bumped by every [`latest`] (once per publish period of a launching limiter): while it
+/// stands still, nobody launches, and the thread reads once a second instead of ten times.
+static ASKED: AtomicU64 = AtomicU64::new(0);
+/// Reads per [`PERIOD`]s while nobody asks: one a second.
+const QUIET_EVERY: u32 = 10;
 
 /// The latest reading of `device`, after asking for readings of it (starts the thread on
 /// first use). `None` until the thread has read it, or when it cannot.
 pub(crate) fn latest(device: usize) -> Option<PowerSample> {
     let p = PUBLISHED.get(device)?;
     want(device);
+    ASKED.fetch_add(1, Ordering::Relaxed);
     p.load()
 }
 
@@ -195,7 +201,21 @@ struct DeviceReader {
 fn run() {
     let mut devices: Vec<DeviceReader> =
         (0..MAX_DEVICES).map(|_| DeviceReader::default()).collect();
+    let (mut asked, mut quiet) = (u64::MAX, 0u32);
     while !STOP.load(Ordering::Acquire) {
+        let now_asked = ASKED.load(Ordering::Relaxed);
+        if now_asked == asked {
+            // Nobody launched since the last round: a reading a second is enough (it still
+            // sees the device go idle, for the idle power).
+            quiet += 1;
+            if quiet % QUIET_EVERY != 0 {
+                std::thread::sleep(PERIOD);
+                continue;
+            }
+        } else {
+            quiet = 0;
+        }
+        asked = now_asked;
         let wanted = WANTED.load(Ordering::Acquire);
         for (d, state) in devices.iter_mut().enumerate() {
             if wanted & (1 << d) == 0 || state.unavailable || STOP.load(Ordering::Acquire) {
