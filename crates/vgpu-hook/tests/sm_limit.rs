@@ -6,26 +6,15 @@
 //! unlimited run of the same program in the same test. Needs `libvgpu.so` and
 //! `libvgpusim.so` built in the target directory (`cargo xtask test` does that).
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use support::Standalone;
+
+mod support;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 const PROGRAM: &str = r#"
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
-typedef int CUresult;
-typedef void *H;
-#define NEED(name) name = dlsym(lib, #name); if (!name) { fprintf(stderr, "no %s\n", #name); return 3; }
-#define CHECK(x) do { CUresult r_ = (x); if (r_) { fprintf(stderr, "%s = %d\n", #x, r_); return 2; } } while (0)
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "standalone.h"
 
 int main(int argc, char **argv) {
   if (argc < 4) return 1;
@@ -131,53 +120,9 @@ int main(int argc, char **argv) {
 }
 "#;
 
-struct Env {
-    dir: PathBuf,
-    program: PathBuf,
-    hook: PathBuf,
-}
-
-fn target_dir() -> PathBuf {
-    // .../target/<profile>/deps/sm_limit-<hash>
-    let exe = std::env::current_exe().expect("test executable");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf()
-}
-
-fn env() -> &'static Env {
-    static ENV: OnceLock<Env> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let target = target_dir();
-        let hook = target.join("libvgpu.so");
-        let sim = target.join("libvgpusim.so");
-        for lib in [&hook, &sim] {
-            assert!(
-                lib.exists(),
-                "{} is missing: build the workspace first (`cargo xtask test`, or `cargo build -p vgpu-hook -p vgpu-sim`)",
-                lib.display()
-            );
-        }
-        let dir = std::env::temp_dir().join(format!("vgpu-sm-limit-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
-            std::os::unix::fs::symlink(&sim, dir.join(name)).unwrap();
-        }
-        let src = dir.join("spin.c");
-        std::fs::write(&src, PROGRAM).unwrap();
-        let program = dir.join("spin");
-        let out = Command::new("cc")
-            .args(["-O2", "-o"])
-            .arg(&program)
-            .arg(&src)
-            .arg("-ldl")
-            .output()
-            .expect("cc");
-        assert!(out.status.success(), "cc failed: {}", String::from_utf8_lossy(&out.stderr));
-        Env { dir, program, hook }
-    })
+fn env() -> &'static Standalone {
+    static ENV: OnceLock<Standalone> = OnceLock::new();
+    ENV.get_or_init(|| support::standalone("sm-limit", "spin", PROGRAM))
 }
 
 /// Runs the program; returns kernels per second. `limit` None = no SM limit.

@@ -36,6 +36,21 @@ fn target_profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// `libvgpu.so` and `libvgpusim.so` as the workspace build left them.
+fn built_libraries() -> (PathBuf, PathBuf) {
+    let dir = target_profile_dir();
+    let (hook, sim) = (dir.join("libvgpu.so"), dir.join("libvgpusim.so"));
+    for lib in [&hook, &sim] {
+        assert!(
+            lib.exists(),
+            "{} is missing: `cargo test` does not build cdylibs; run `cargo xtask test` \
+             (or `cargo build --workspace` first)",
+            lib.display()
+        );
+    }
+    (hook, sim)
+}
+
 fn programs_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
 }
@@ -44,17 +59,7 @@ fn programs_dir() -> PathBuf {
 pub fn env() -> &'static Env {
     static ENV: OnceLock<Env> = OnceLock::new();
     ENV.get_or_init(|| {
-        let dir = target_profile_dir();
-        let hook = dir.join("libvgpu.so");
-        let sim = dir.join("libvgpusim.so");
-        for lib in [&hook, &sim] {
-            assert!(
-                lib.exists(),
-                "{} is missing: `cargo test` does not build cdylibs; run `cargo xtask test` \
-                 (or `cargo build --workspace` first)",
-                lib.display()
-            );
-        }
+        let (hook, sim) = built_libraries();
         remove_stale_scratch();
         let scratch = std::env::temp_dir().join(format!("vgpu-hook-tests-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&scratch);
@@ -106,6 +111,48 @@ pub fn env() -> &'static Env {
             interposer,
         }
     })
+}
+
+/// A standalone C test program: its own source (which loads the driver with `dlopen`; it
+/// may include `tests/programs/standalone.h`),
+/// compiled with `-ldl` into a fresh directory `dir` that also holds the simulated driver as
+/// `libcuda.so.1` and `libnvidia-ml.so.1` (run it with `LD_LIBRARY_PATH=dir`).
+pub struct Standalone {
+    /// The directory of the program and the driver links.
+    pub dir: PathBuf,
+    /// The compiled program.
+    pub program: PathBuf,
+    /// `libvgpu.so`.
+    pub hook: PathBuf,
+}
+
+/// Builds a [`Standalone`] program named `name` from `source` in a directory tagged `tag`.
+pub fn standalone(tag: &str, name: &str, source: &str) -> Standalone {
+    let (hook, sim) = built_libraries();
+    let dir = std::env::temp_dir().join(format!("vgpu-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+        std::os::unix::fs::symlink(&sim, dir.join(lib)).expect("symlink");
+    }
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).expect("write the program");
+    let program = dir.join(name);
+    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O2", "-o"])
+        .arg(&program)
+        .arg(&src)
+        .arg("-I")
+        .arg(programs_dir())
+        .arg("-ldl")
+        .output()
+        .expect("cannot run cc: a C compiler is needed for these tests");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Standalone { dir, program, hook }
 }
 
 /// Scratch directories of earlier test runs whose process is gone (nothing runs at exit to
