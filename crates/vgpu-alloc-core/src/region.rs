@@ -255,13 +255,16 @@ impl Region {
         }
         let start_bit = 1u64 << (start % 64);
         // Exactly one whole run: it starts here, is fully in use, and the chunk after it
-        // is free or starts another run.
+        // is free or starts another run...
         let end = start + count;
         let run_continues =
             end < self.chunks && self.bit(&self.words, end) && !self.bit(&self.starts, end);
+        // ...and holds no other run's start (two adjacent runs freed as one).
+        let holds_another = next_bit_in(&self.starts, start + 1, end, true).is_some();
         if self.starts[(start / 64) as usize] & start_bit == 0
             || !self.run_is_set(start, count)
             || run_continues
+            || holds_another
         {
             return Err(RegionError::NotAllocated { start, count });
         }
@@ -345,25 +348,7 @@ impl Region {
 
     /// Index of the first bit equal to `value` in `[pos, to)`.
     fn next_bit(&self, pos: u32, to: u32, value: bool) -> Option<u32> {
-        if pos >= to {
-            return None;
-        }
-        // A word "has a hit" when it differs from `skip` (all ones when looking for a
-        // zero, all zeros when looking for a one).
-        let skip = if value { 0 } else { !0u64 };
-        let first = (pos / 64) as usize;
-        // Bits below `pos` in the first word must not count. Most searches end here.
-        let head = (*self.words.get(first)? ^ skip) & (!0u64 << (pos % 64));
-        let (w, hits) = if head != 0 {
-            (first, head)
-        } else {
-            let last = ((to - 1) / 64) as usize;
-            let rest = self.words.get(first + 1..=last)?;
-            let k = rest.iter().position(|&x| x != skip)?;
-            (first + 1 + k, rest[k] ^ skip)
-        };
-        let i = w as u32 * 64 + hits.trailing_zeros();
-        (i < to).then_some(i)
+        next_bit_in(&self.words, pos, to, value)
     }
 
     fn bit(&self, map: &[u64], i: u32) -> bool {
@@ -392,6 +377,29 @@ impl Region {
             apply(&mut self.words[last], tail);
         }
     }
+}
+
+/// The first bit equal to `value` in `map` at or after `pos` and before `to`.
+fn next_bit_in(map: &[u64], pos: u32, to: u32, value: bool) -> Option<u32> {
+    if pos >= to {
+        return None;
+    }
+    // A word "has a hit" when it differs from `skip` (all ones when looking for a
+    // zero, all zeros when looking for a one).
+    let skip = if value { 0 } else { !0u64 };
+    let first = (pos / 64) as usize;
+    // Bits below `pos` in the first word must not count. Most searches end here.
+    let head = (*map.get(first)? ^ skip) & (!0u64 << (pos % 64));
+    let (w, hits) = if head != 0 {
+        (first, head)
+    } else {
+        let last = ((to - 1) / 64) as usize;
+        let rest = map.get(first + 1..=last)?;
+        let k = rest.iter().position(|&x| x != skip)?;
+        (first + 1 + k, rest[k] ^ skip)
+    };
+    let i = w as u32 * 64 + hits.trailing_zeros();
+    (i < to).then_some(i)
 }
 
 #[cfg(test)]
@@ -482,6 +490,28 @@ mod tests {
             r.free(a, 4),
             Err(RegionError::NotAllocated { start: a, count: 4 })
         );
+    }
+
+    #[test]
+    fn two_adjacent_runs_are_not_freed_as_one_across_words() {
+        // The proptest model's case: runs meeting inside a longer span that crosses a word.
+        let mut r = Region::new(DevicePtr(0), 9, 233);
+        assert_eq!(r.allocate(50), Some(0));
+        assert_eq!(r.allocate(40), Some(50));
+        assert_eq!(r.allocate(30), Some(90));
+        assert_eq!(
+            r.free(50, 70),
+            Err(RegionError::NotAllocated {
+                start: 50,
+                count: 70
+            }),
+            "runs (50, 40) and (90, 30) freed as one"
+        );
+        assert_eq!(r.free_chunks(), 233 - 120);
+        r.free(50, 40).unwrap();
+        r.free(90, 30).unwrap();
+        r.free(0, 50).unwrap();
+        assert!(r.is_empty());
     }
 
     #[test]
