@@ -155,6 +155,13 @@ pub(crate) fn want(device: usize) {
 
 #[cold]
 fn start() {
+    // exit() runs atexit handlers before any library's destructors, NVML's included: stop
+    // the thread there (and again from our own exit handler, which may come later).
+    // SAFETY: atexit(3) with a function that stays valid (this library is never unloaded
+    // while the process runs: it is preloaded) and that catches every panic.
+    if unsafe { libc::atexit(stop_at_exit) } != 0 {
+        vlog!(DEBUG, "atexit refused the power reader's stop handler");
+    }
     let spawned = std::thread::Builder::new()
         .name("vgpu-power".into())
         .stack_size(256 * 1024)
@@ -169,10 +176,29 @@ fn start() {
     }
 }
 
-/// At exit (before NVML's own teardown can run): no more NVML calls from the thread.
+/// At exit (before NVML's own teardown can run): no more NVML calls from the thread, and
+/// the one in progress, if any, has returned (waiting at most [`STOP_WAIT`]: exit never
+/// hangs on it).
 pub(crate) fn stop() {
-    STOP.store(true, Ordering::Release);
+    // SeqCst with the thread's `IN_CALL` store then `STOP` load: either the thread sees
+    // STOP and makes no call, or this sees its call in progress and waits.
+    STOP.store(true, Ordering::SeqCst);
+    let mut waited = Duration::ZERO;
+    while IN_CALL.load(Ordering::SeqCst) && waited < STOP_WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+        waited += Duration::from_millis(1);
+    }
 }
+
+extern "C" fn stop_at_exit() {
+    let _ = std::panic::catch_unwind(stop);
+}
+
+/// Set while the thread is inside NVML.
+static IN_CALL: AtomicBool = AtomicBool::new(false);
+/// The longest an exiting process waits for the thread's NVML call to return (the H200's
+/// slowest, the energy counter, took up to 15 ms).
+const STOP_WAIT: Duration = Duration::from_millis(100);
 
 /// In the child after `fork`: the thread was not copied; the child's limiters ask again.
 pub(crate) fn after_fork_in_child() {
@@ -218,10 +244,22 @@ fn run() {
         asked = now_asked;
         let wanted = WANTED.load(Ordering::Acquire);
         for (d, state) in devices.iter_mut().enumerate() {
-            if wanted & (1 << d) == 0 || state.unavailable || STOP.load(Ordering::Acquire) {
+            if wanted & (1 << d) == 0 || state.unavailable {
                 continue;
             }
-            if let Some(sample) = read_device(d, state) {
+            IN_CALL.store(true, Ordering::SeqCst);
+            if STOP.load(Ordering::SeqCst) {
+                IN_CALL.store(false, Ordering::SeqCst);
+                return;
+            }
+            // A panic here would end the thread with IN_CALL set (exit then waits its
+            // 100 ms); caught, the device just goes unread this round.
+            let sample =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_device(d, state)))
+                    .ok()
+                    .flatten();
+            IN_CALL.store(false, Ordering::SeqCst);
+            if let Some(sample) = sample {
                 PUBLISHED[d].store(&sample);
             }
         }
