@@ -97,18 +97,10 @@ int main(int argc, char **argv) {
   /* The simulator's NVML reports the share of its window (VGPU_SIM_UTIL_WINDOW_MS, set to
      the measured span) during which a kernel ran: the GPU busy fraction itself. */
   double wall = now() - t0;
-  void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-  if (!nvml) { fprintf(stderr, "%s\n", dlerror()); return 3; }
-  int (*nvmlInit_v2)(void) = dlsym(nvml, "nvmlInit_v2");
-  int (*nvmlDeviceGetHandleByIndex_v2)(unsigned, H *) = dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
-  int (*nvmlDeviceGetUtilizationRates)(H, unsigned *) = dlsym(nvml, "nvmlDeviceGetUtilizationRates");
-  if (!nvmlInit_v2 || !nvmlDeviceGetHandleByIndex_v2 || !nvmlDeviceGetUtilizationRates) return 3;
-  H nd; unsigned util[2];
-  CHECK(nvmlInit_v2());
-  CHECK(nvmlDeviceGetHandleByIndex_v2(0, &nd));
-  CHECK(nvmlDeviceGetUtilizationRates(nd, util));
+  int busy = nvml_busy_pct();
+  if (busy < 0) return 3;
   CHECK(mode == 'p' ? cuStreamSynchronize((H)2) : cuStreamSynchronize(s));
-  printf("RESULT kernels_per_s=%f busy_pct=%u\n", n * per_launch / wall, util[0]);
+  printf("RESULT kernels_per_s=%f busy_pct=%d\n", n * per_launch / wall, busy);
   fflush(stdout);
   /* Optionally stay alive without launching (a peer whose last published share goes stale). */
   if (argc > 5) {

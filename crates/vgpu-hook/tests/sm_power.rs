@@ -79,18 +79,10 @@ int main(int argc, char **argv) {
   }
   /* The simulator's NVML reports the share of its window (VGPU_SIM_UTIL_WINDOW_MS) during
      which a kernel ran: the GPU busy fraction of the loop's end. */
-  void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-  if (!nvml) { fprintf(stderr, "%s\n", dlerror()); return 3; }
-  int (*nvmlInit_v2)(void) = dlsym(nvml, "nvmlInit_v2");
-  int (*nvmlDeviceGetHandleByIndex_v2)(unsigned, H *) = dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
-  int (*nvmlDeviceGetUtilizationRates)(H, unsigned *) = dlsym(nvml, "nvmlDeviceGetUtilizationRates");
-  if (!nvmlInit_v2 || !nvmlDeviceGetHandleByIndex_v2 || !nvmlDeviceGetUtilizationRates) return 3;
-  H nd; unsigned util[2];
-  CHECK(nvmlInit_v2());
-  CHECK(nvmlDeviceGetHandleByIndex_v2(0, &nd));
-  CHECK(nvmlDeviceGetUtilizationRates(nd, util));
+  int busy = nvml_busy_pct();
+  if (busy < 0) return 3;
   CHECK(cuStreamSynchronize(s));
-  printf("RESULT busy_pct=%u\n", util[0]);
+  printf("RESULT busy_pct=%d\n", busy);
   fflush(stdout);
   return 0;
 }

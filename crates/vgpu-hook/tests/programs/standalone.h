@@ -15,3 +15,18 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
+
+/* Device 0's busy percentage as NVML reports it (the simulator: the share of its window,
+   VGPU_SIM_UTIL_WINDOW_MS, during which a kernel ran); -1 when NVML cannot say. */
+static int nvml_busy_pct(void) {
+  void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+  if (!nvml) { fprintf(stderr, "%s\n", dlerror()); return -1; }
+  int (*nvmlInit_v2)(void) = dlsym(nvml, "nvmlInit_v2");
+  int (*nvmlDeviceGetHandleByIndex_v2)(unsigned, H *) = dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
+  int (*nvmlDeviceGetUtilizationRates)(H, unsigned *) = dlsym(nvml, "nvmlDeviceGetUtilizationRates");
+  if (!nvmlInit_v2 || !nvmlDeviceGetHandleByIndex_v2 || !nvmlDeviceGetUtilizationRates) return -1;
+  H nd; unsigned util[2];
+  if (nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(0, &nd) || nvmlDeviceGetUtilizationRates(nd, util))
+    return -1;
+  return (int)util[0];
+}
