@@ -246,6 +246,9 @@ macro_rules! nvml_used_functions {
                 fn(device: nvmlDevice_t, power: *mut c_uint) -> nvmlReturn_t;
             nvmlDeviceGetUtilizationRates ["nvmlDeviceGetUtilizationRates", 0, any]
                 fn(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) -> nvmlReturn_t;
+            nvmlDeviceGetProcessUtilization ["nvmlDeviceGetProcessUtilization", 0, any]
+                fn(device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t,
+                   count: *mut c_uint, last_seen: c_ulonglong) -> nvmlReturn_t;
         }
     };
 }

@@ -673,6 +673,25 @@ pub struct nvmlUtilization_t {
     pub memory: c_uint,
 }
 
+/// `nvmlProcessUtilizationSample_t` (`nvmlDeviceGetProcessUtilization`): one process's
+/// utilization in one of the driver's sample periods.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct nvmlProcessUtilizationSample_t {
+    /// Process id (the host's).
+    pub pid: c_uint,
+    /// Sample time, microseconds since the epoch.
+    pub timeStamp: u64,
+    /// SM utilization percent.
+    pub smUtil: c_uint,
+    /// Memory utilization percent.
+    pub memUtil: c_uint,
+    /// Encoder utilization percent.
+    pub encUtil: c_uint,
+    /// Decoder utilization percent.
+    pub decUtil: c_uint,
+}
+
 /// `nvmlMemory_v2` as `NVML_STRUCT_VERSION(Memory, 2)`: size | (2 << 24).
 pub const NVML_MEMORY_V2_VERSION: c_uint =
     core::mem::size_of::<nvmlMemory_v2_t>() as c_uint | (2 << 24);
@@ -741,5 +760,7 @@ const _: () = {
     assert!(offset_of!(nvmlMemory_v2_t, used) == 32);
     assert!(size_of::<nvmlUtilization_t>() == 8);
     assert!(offset_of!(nvmlUtilization_t, memory) == 4);
+    assert!(size_of::<nvmlProcessUtilizationSample_t>() == 32);
+    assert!(offset_of!(nvmlProcessUtilizationSample_t, smUtil) == 16);
     assert!(align_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 8);
 };

@@ -296,6 +296,45 @@ pub(crate) fn nvml_gpu_busy_pct(device: nvmlDevice_t) -> Result<u32, nvmlReturn_
     if r.is_success() { Ok(u.gpu) } else { Err(r) }
 }
 
+/// NVML's per-process utilization samples of `device` newer than `last_seen` (µs since the
+/// epoch), into `buf` (`nvmlDeviceGetProcessUtilization`, asked for the count first).
+pub(crate) fn nvml_process_utilization(
+    device: nvmlDevice_t,
+    last_seen: u64,
+    buf: &mut Vec<nvmlProcessUtilizationSample_t>,
+) -> Result<(), nvmlReturn_t> {
+    let mut count: c_uint = 0;
+    // `device` is a handle NVML gave us; a null buffer with count 0 asks for the count.
+    let r = nvml_call!(nvmlDeviceGetProcessUtilization(
+        device,
+        std::ptr::null_mut(),
+        &mut count,
+        last_seen
+    ));
+    if r != nvmlReturn_t::INSUFFICIENT_SIZE && !r.is_success() {
+        return Err(r);
+    }
+    // Room for a few samples more than counted: new ones may arrive in between.
+    buf.clear();
+    buf.resize(
+        count as usize + 8,
+        nvmlProcessUtilizationSample_t::default(),
+    );
+    let mut count = buf.len() as c_uint;
+    // `buf` has room for `count` samples.
+    let r = nvml_call!(nvmlDeviceGetProcessUtilization(
+        device,
+        buf.as_mut_ptr(),
+        &mut count,
+        last_seen
+    ));
+    if !r.is_success() {
+        return Err(r);
+    }
+    buf.truncate(count as usize);
+    Ok(())
+}
+
 /// One process's memory on one device as NVML's process list reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProcessUsage {

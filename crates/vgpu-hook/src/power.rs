@@ -282,20 +282,21 @@ fn read_device(d: usize, state: &mut DeviceReader) -> Option<PowerSample> {
     let reader = state.reader?;
     let first = !state.looked;
     match reader.read(vgpu_shm::monotonic_ns()) {
-        Ok((mut sample, power_mw)) => {
+        Ok(Reading {
+            mut sample,
+            quiet_draw_mw,
+        }) => {
             state.looked = true;
             let now = sample.at;
-            if sample.device_busy == Some(0.0) {
+            if let Some(mw) = quiet_draw_mw {
                 let since = *state.idle_since.get_or_insert(now);
                 // At the first look (before this process ran anything, or its limiter would
-                // have asked before) or after a second of no kernel: the 1 s average is idle.
-                if let Some(mw) = power_mw
-                    && (first || now.saturating_sub(since) >= IDLE_FOR)
-                {
+                // have asked before) or after a second of no kernel: the draw is idle.
+                if first || now.saturating_sub(since) >= IDLE_FOR {
                     if state.idle_mw.is_none() {
-                        vlog!(DEBUG, "device {d}: idle power {} mW", mw);
+                        vlog!(DEBUG, "device {d}: idle power {mw} mW");
                     }
-                    state.idle_mw = Some(u64::from(mw));
+                    state.idle_mw = Some(mw);
                 }
             } else {
                 state.idle_since = None;
@@ -341,28 +342,36 @@ impl Reader {
         })
     }
 
-    /// The device's power now, stamped `at`, and its one-second average draw (mW) if NVML
-    /// gives it: the energy counter and the enforced limit are needed, the busy fraction
-    /// and the draw are optional. `idle_mw` is left to the caller.
-    pub(crate) fn read(&self, at: Nanos) -> Result<(PowerSample, Option<u32>), nvmlReturn_t> {
+    /// The device's power now, stamped `at` (`idle_mw` left to the caller), and its draw
+    /// if no kernel ran in the device's last sample period: the energy counter and the
+    /// enforced limit are needed, the busy fraction and the draw are optional.
+    pub(crate) fn read(&self, at: Nanos) -> Result<Reading, nvmlReturn_t> {
         let handle = self.handle as nvmlDevice_t;
         let energy_mj = crate::driver::nvml_energy_mj(handle)?;
         let limit_mw = crate::driver::nvml_power_limit_mw(handle)?;
-        let device_busy = crate::driver::nvml_gpu_busy_pct(handle)
-            .ok()
-            .map(|pct| f64::from(pct.min(100)) / 100.0);
-        let power_mw = crate::driver::nvml_power_usage_mw(handle).ok();
-        Ok((
-            PowerSample {
+        let busy_pct = crate::driver::nvml_gpu_busy_pct(handle).ok();
+        let draw_mw = crate::driver::nvml_power_usage_mw(handle).ok();
+        Ok(Reading {
+            sample: PowerSample {
                 at,
                 energy_mj,
                 limit_mw: u64::from(limit_mw),
-                device_busy,
+                device_busy: busy_pct.map(|pct| f64::from(pct.min(100)) / 100.0),
                 idle_mw: None,
             },
-            power_mw,
-        ))
+            quiet_draw_mw: draw_mw.filter(|_| busy_pct == Some(0)).map(u64::from),
+        })
     }
+}
+
+/// One [`Reader::read`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reading {
+    pub(crate) sample: PowerSample,
+    /// NVML's draw (`nvmlDeviceGetPowerUsage`, a one-second average on Ampere and newer)
+    /// when the device ran no kernel in its last sample period: at a first look, before this
+    /// process ran anything, or after a second of such readings, the idle power.
+    pub(crate) quiet_draw_mw: Option<u64>,
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ use std::time::Duration;
 use vgpu_alloc_core::{Config, CorePolicy, DeviceIndex, MAX_DEVICES, SmTuning};
 use vgpu_cuda_abi::{
     CUcontext, CUdevice, CUevent, CUresult, CUstream, c_int, c_uint, c_void, nvmlDevice_t,
-    nvmlReturn_t,
+    nvmlProcessUtilizationSample_t,
 };
 use vgpu_limiter::power::PowerState;
 use vgpu_limiter::{
@@ -666,84 +666,34 @@ impl TurnProbe {
     }
 }
 
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct ProcessUtilizationSample {
-    pid: c_uint,
-    time_stamp: u64,
-    sm_util: c_uint,
-    mem_util: c_uint,
-    enc_util: c_uint,
-    dec_util: c_uint,
-}
-
-type NvmlProcessUtilizationFn = unsafe extern "C" fn(
-    nvmlDevice_t,
-    *mut ProcessUtilizationSample,
-    *mut c_uint,
-    u64,
-) -> nvmlReturn_t;
-
 /// NVML's per-process utilization of one device, for the limiter's contention correction.
 enum NvmlProbe {
     Unopened,
     Unavailable,
     Open {
-        get: NvmlProcessUtilizationFn,
-        device: usize,
+        /// The `nvmlDevice_t` (an address, so the view stays `Send`).
+        handle: usize,
         last_seen: u64,
         pid: u32,
-        buf: Vec<ProcessUtilizationSample>,
+        buf: Vec<nvmlProcessUtilizationSample_t>,
     },
 }
 
 impl NvmlProbe {
     #[cold]
     fn open(device: usize) -> Self {
-        let open = || -> Option<Self> {
-            let cuda = crate::real::cuda().ok()?;
-            let nvml = crate::real::nvml().ok()?;
-            let uuid = crate::driver::device_uuid(cuda, CUdevice(device as c_int)).ok()?;
-            let cuuid = std::ffi::CString::new(uuid).ok()?;
-            // SAFETY: nvmlInit_v2 takes no arguments; repeated calls bump a reference count.
-            if !unsafe { nvml.u.nvmlInit_v2?() }.is_success() {
-                return None;
-            }
-            let mut handle: nvmlDevice_t = ptr::null_mut();
-            // SAFETY: NUL-terminated UUID and a valid out-pointer.
-            if !unsafe { nvml.u.nvmlDeviceGetHandleByUUID?(cuuid.as_ptr(), &mut handle) }
-                .is_success()
-            {
-                return None;
-            }
-            let dlsym = crate::real::real_dlsym()?;
-            // SAFETY: RTLD_NOLOAD finds the NVML that `real::nvml` loaded, running nothing.
-            let lib = unsafe {
-                libc::dlopen(
-                    crate::real::LIBNVML.as_ptr(),
-                    libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NOLOAD,
-                )
-            };
-            if lib.is_null() {
-                return None;
-            }
-            // SAFETY: dlsym on a live handle with a NUL-terminated name.
-            let p = unsafe { dlsym(lib, c"nvmlDeviceGetProcessUtilization".as_ptr()) };
-            if p.is_null() {
-                return None;
-            }
-            // SAFETY: NVML's function of exactly this signature (nvml.h).
-            let get = unsafe { std::mem::transmute::<*mut c_void, NvmlProcessUtilizationFn>(p) };
-            Some(Self::Open {
-                get,
-                device: handle as usize,
+        let handle = crate::real::cuda()
+            .ok()
+            .and_then(|cuda| crate::driver::nvml_device(cuda, CUdevice(device as c_int)));
+        match handle {
+            Some(handle) => Self::Open {
+                handle: handle as usize,
                 last_seen: 0,
                 pid: std::process::id(),
                 buf: Vec::new(),
-            })
-        };
-        open().unwrap_or(Self::Unavailable)
+            },
+            None => Self::Unavailable,
+        }
     }
 
     /// Our share and whether others ran, from the samples since the previous call. `None`
@@ -754,8 +704,7 @@ impl NvmlProbe {
             *self = Self::open(device);
         }
         let Self::Open {
-            get,
-            device,
+            handle,
             last_seen,
             pid,
             buf,
@@ -763,28 +712,14 @@ impl NvmlProbe {
         else {
             return None;
         };
-        let handle = *device as nvmlDevice_t;
-        let mut count: c_uint = 0;
-        // SAFETY: a null buffer with count 0 asks for the number of samples.
-        let r = unsafe { get(handle, ptr::null_mut(), &mut count, *last_seen) };
-        if r != nvmlReturn_t::INSUFFICIENT_SIZE && !r.is_success() {
-            return None;
-        }
-        buf.clear();
-        buf.resize(count as usize + 8, ProcessUtilizationSample::default());
-        let mut count = buf.len() as c_uint;
-        // SAFETY: `buf` has room for `count` samples.
-        if !unsafe { get(handle, buf.as_mut_ptr(), &mut count, *last_seen) }.is_success() {
-            return None;
-        }
-        let samples = &buf[..(count as usize).min(buf.len())];
+        crate::driver::nvml_process_utilization(*handle as nvmlDevice_t, *last_seen, buf).ok()?;
         let (mut own, mut n, mut others) = (0u64, 0u64, false);
-        for s in samples {
-            *last_seen = (*last_seen).max(s.time_stamp);
+        for s in buf.iter() {
+            *last_seen = (*last_seen).max(s.timeStamp);
             if s.pid == *pid {
-                own += u64::from(s.sm_util.min(100));
+                own += u64::from(s.smUtil.min(100));
                 n += 1;
-            } else if s.sm_util > 0 {
+            } else if s.smUtil > 0 {
                 others = true;
             }
         }
@@ -833,11 +768,12 @@ pub(crate) fn context_creating(device: usize) {
         return;
     };
     match reader.read(vgpu_shm::monotonic_ns()) {
-        Ok((mut sample, power_mw)) => {
-            // No kernel ran lately: the one-second average draw is the idle power.
-            if sample.device_busy == Some(0.0) {
-                sample.idle_mw = power_mw.map(u64::from);
-            }
+        Ok(reading) => {
+            // Before this process's first context: a quiet draw is the idle power.
+            let sample = PowerSample {
+                idle_mw: reading.quiet_draw_mw,
+                ..reading.sample
+            };
             vlog!(
                 DEBUG,
                 "device {device}: power baseline before its first context: {} mJ, limit {} mW",

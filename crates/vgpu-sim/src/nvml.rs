@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use vgpu_cuda_abi::{
     NVML_MEMORY_V2_VERSION, c_char, c_int, c_uint, c_ulonglong, nvmlDevice_t, nvmlMemory_t,
-    nvmlMemory_v2_t, nvmlReturn_t, nvmlUtilization_t,
+    nvmlMemory_v2_t, nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t,
 };
 
 use crate::codes::*;
@@ -145,28 +145,9 @@ pub struct ProcessInfoV1 {
     pub used_gpu_memory: u64,
 }
 
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ProcessUtilizationSample {
-    /// Process id.
-    pub pid: c_uint,
-    /// Sample time, microseconds since the epoch.
-    pub time_stamp: u64,
-    /// SM utilization percent.
-    pub sm_util: c_uint,
-    /// Memory utilization percent.
-    pub mem_util: c_uint,
-    /// Encoder utilization percent.
-    pub enc_util: c_uint,
-    /// Decoder utilization percent.
-    pub dec_util: c_uint,
-}
-
 const _: () = {
     assert!(std::mem::size_of::<ProcessInfo>() == 24);
     assert!(std::mem::size_of::<ProcessInfoV1>() == 16);
-    assert!(std::mem::size_of::<ProcessUtilizationSample>() == 32);
 };
 
 fn init() -> nvmlReturn_t {
@@ -355,7 +336,7 @@ nvml_exports! {
         put!(mw, s.devices[p].busy.power_draw_mw());
         Ok(())
     }
-    nvmlDeviceGetProcessUtilization(d: nvmlDevice_t, samples: *mut ProcessUtilizationSample, count: *mut c_uint, _last_seen: u64) |s| {
+    nvmlDeviceGetProcessUtilization(d: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, _last_seen: u64) |s| {
         let p = dev_index(s, d)?;
         let sm = s.devices[p].busy.percent(Duration::from_millis(s.cfg.util_window_ms));
         let active = s.devices[p].busy.kernels() > 0;
@@ -376,7 +357,7 @@ nvml_exports! {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
-        put!(samples, ProcessUtilizationSample { pid: s.nvml_pid(), time_stamp: now, sm_util: sm, mem_util: 0, enc_util: 0, dec_util: 0 });
+        put!(samples, nvmlProcessUtilizationSample_t { pid: s.nvml_pid(), timeStamp: now, smUtil: sm, memUtil: 0, encUtil: 0, decUtil: 0 });
         Ok(())
     }
     nvmlDeviceGetComputeRunningProcesses(d: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfoV1) |s| {
