@@ -155,8 +155,16 @@ pub(crate) fn want(device: usize) {
 
 #[cold]
 fn start() {
-    // exit() runs atexit handlers before any library's destructors, NVML's included: stop
-    // the thread there (and again from our own exit handler, which may come later).
+    // exit() runs the atexit list in reverse order of registration, and library destructors
+    // (_dl_fini, registered at start-up) last. So NVML is loaded and initialized first (its
+    // own handlers, if it registers any, come earlier in the list), then our handler stops
+    // the thread before any of them runs; our .fini_array entry stops it again.
+    if let Ok(nvml) = crate::real::nvml()
+        && let Some(init) = nvml.u.nvmlInit_v2
+    {
+        // SAFETY: nvmlInit_v2 takes no arguments; repeated calls bump a reference count.
+        unsafe { init() };
+    }
     // SAFETY: atexit(3) with a function that stays valid (this library is never unloaded
     // while the process runs: it is preloaded) and that catches every panic.
     if unsafe { libc::atexit(stop_at_exit) } != 0 {
