@@ -31,9 +31,11 @@
 #![deny(unsafe_code)]
 
 mod error;
+mod file;
 pub mod fuzzing;
 mod hami_file;
 pub mod layout;
+mod node_read;
 mod protocol;
 mod sync;
 #[allow(unsafe_code)] // the crate's one boundary module
@@ -43,9 +45,10 @@ mod turns;
 mod validate;
 
 pub use error::{ImageError, ShmError};
+pub use node_read::NodeReader;
 pub use sys::monotonic_ns;
 pub use table::{
-    DeviceAudit, DeviceSnapshot, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot,
+    DeviceAudit, DeviceSnapshot, FileLink, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot,
     RECENT_KERNEL_ACTIVE, TableInit, TableSnapshot, UsageTable,
 };
 pub use turns::{TURN_ENTRIES, Tenant, TurnBoard, TurnBoardError, board_file_name, container_key};

@@ -10,34 +10,53 @@ use crate::layout::{self, MAX_DEVICES};
 
 use super::{RECENT_KERNEL_ACTIVE, UsageTable, now_secs};
 
-impl UsageTable {
-    /// Number of devices in the file.
-    pub fn device_num(&self) -> u32 {
-        self.region()
-            .device_num
-            .load(Ordering::Relaxed)
-            .min(MAX_DEVICES as u64) as u32
+/// The region's fields as the getters below and the snapshot (of a mapping or a copy) read
+/// them: clamped, unset = empty or unlimited.
+pub(super) mod read {
+    use super::*;
+    use crate::layout::HamiRegion;
+
+    pub(crate) fn device_num(r: &HamiRegion) -> u32 {
+        r.device_num.load(Ordering::Relaxed).min(MAX_DEVICES as u64) as u32
     }
 
-    /// NVML UUID of `device` (empty if unset).
-    pub fn uuid(&self, device: DeviceIndex) -> String {
-        self.region()
-            .uuids
+    pub(crate) fn uuid(r: &HamiRegion, device: DeviceIndex) -> String {
+        r.uuids
             .get(device.as_usize())
             .map(|u| layout::uuid_of(u.iter().map(|b| b.load(Ordering::Relaxed))))
             .unwrap_or_default()
     }
 
+    pub(crate) fn memory_limit(r: &HamiRegion, device: DeviceIndex) -> Option<u64> {
+        let v = r.limit.get(device.as_usize())?;
+        layout::memory_limit_of(v.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn sm_limit(r: &HamiRegion, device: DeviceIndex) -> Option<u64> {
+        let v = r.sm_limit.get(device.as_usize())?;
+        layout::sm_limit_of(v.load(Ordering::Relaxed))
+    }
+}
+
+impl UsageTable {
+    /// Number of devices in the file.
+    pub fn device_num(&self) -> u32 {
+        read::device_num(self.region())
+    }
+
+    /// NVML UUID of `device` (empty if unset).
+    pub fn uuid(&self, device: DeviceIndex) -> String {
+        read::uuid(self.region(), device)
+    }
+
     /// Memory limit of `device` as stored now (`None` = unlimited).
     pub fn memory_limit(&self, device: DeviceIndex) -> Option<u64> {
-        let v = self.region().limit.get(device.as_usize())?;
-        layout::memory_limit_of(v.load(Ordering::Relaxed))
+        read::memory_limit(self.region(), device)
     }
 
     /// SM limit of `device` in percent (`None` = unlimited: 0 or >= 100).
     pub fn sm_limit(&self, device: DeviceIndex) -> Option<u64> {
-        let v = self.region().sm_limit.get(device.as_usize())?;
-        layout::sm_limit_of(v.load(Ordering::Relaxed))
+        read::sm_limit(self.region(), device)
     }
 
     /// Change the memory limit of `device` on the live file; enforced from the next

@@ -19,7 +19,13 @@ pub(crate) struct Mapped<'a> {
     pub(super) probe: &'a File,
 }
 
-impl Mapped<'_> {
+impl<'a> Mapped<'a> {
+    /// A view of `region` and `ext` whose liveness questions go to `probe` (a descriptor of the
+    /// same file that never holds locks).
+    pub(crate) fn new(region: &'a HamiRegion, ext: &'a Extension, probe: &'a File) -> Self {
+        Self { region, ext, probe }
+    }
+
     pub(super) fn proc_of(&self, slot: usize) -> Option<&HamiProcSlot> {
         let index = self.ext.slots.get(slot)?.hami_index.load(Ordering::Relaxed) as usize;
         self.region.procs.get(index)

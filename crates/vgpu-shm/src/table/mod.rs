@@ -25,8 +25,9 @@ mod snapshot;
 
 pub(crate) use mapped::Mapped;
 pub use open::TableInit;
-pub(crate) use open::open_or_create_shared;
+pub(crate) use open::open_error;
 pub use process::{DeviceAudit, ProcessSlot};
+pub(crate) use snapshot::picture;
 pub use snapshot::{DeviceSnapshot, ProcessDeviceUsage, ProcessSnapshot, TableSnapshot};
 
 /// OFD lock byte of the administrative lock (beyond the end of the file, touching no data).
@@ -58,6 +59,8 @@ pub(super) struct Inner {
     admin: Mutex<()>,
     fork_epoch: u64,
     created: bool,
+    /// The opened file's (device, inode): what the path must still name (see `link_state`).
+    identity: (u64, u64),
     /// Seconds since the epoch of this handle's last periodic sweep.
     last_periodic_sweep: std::sync::atomic::AtomicU64,
 }
@@ -75,6 +78,18 @@ impl Drop for Inner {
             }
         }
     }
+}
+
+/// What the table's path names now, compared with the file a handle attached to
+/// ([`UsageTable::link_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileLink {
+    /// The path still names the attached file.
+    Linked,
+    /// Nothing is at the path: the file was unlinked (the handle still works, alone).
+    Unlinked,
+    /// Another file (or a link) is at the path: the file was replaced under its name.
+    Replaced,
 }
 
 /// An attached shared usage table (cheap to clone).
@@ -105,6 +120,27 @@ impl UsageTable {
     /// Whether this handle initialized the file (else it found an initialized table).
     pub fn created(&self) -> bool {
         self.inner.created
+    }
+
+    /// Whether the path still names the file this handle uses: one `lstat` of the path
+    /// compared with the (device, inode) found at open (about a microsecond, no lock).
+    ///
+    /// A file unlinked or replaced under the same name splits a container in two ledgers:
+    /// processes that attached before keep adding up in the old file, later ones in the new,
+    /// and neither sees the other's usage against the limit. The hook asks this now and then
+    /// (see [`FileLink`]) and re-attaches or refuses.
+    pub fn link_state(&self) -> Result<FileLink, ShmError> {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::symlink_metadata(&self.inner.path) {
+            Ok(m) if (m.dev(), m.ino()) == self.inner.identity => Ok(FileLink::Linked),
+            Ok(_) => Ok(FileLink::Replaced),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileLink::Unlinked),
+            Err(source) => Err(ShmError::Io {
+                path: self.inner.path.clone(),
+                op: "stat",
+                source,
+            }),
+        }
     }
 
     /// Whether the handle can write.

@@ -1,15 +1,16 @@
 //! The file's lifecycle: create or open, validate, initialize, upgrade a minor-0 file, and
 //! the separate descriptors for the kernel-held locks.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{ImageError, ShmError};
+use crate::file;
 use crate::layout::{
     self, BASE_FILE_LEN, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC, HAMI_MAJOR,
     HAMI_MINOR, HamiRegion, MAX_DEVICES, MAX_SLOTS, UUID_LEN,
@@ -61,31 +62,6 @@ impl Drop for FlockGuard<'_> {
     }
 }
 
-/// Opens `path` read-write, creating it with mode 0666 whatever the umask (every container
-/// and user of the node may need it; the umask is left alone). On error, the failed step.
-pub(crate) fn open_or_create_shared(path: &Path) -> Result<File, (&'static str, io::Error)> {
-    match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o666)
-        .open(path)
-    {
-        Ok(f) => {
-            // The umask may have masked bits; set them without touching the umask.
-            f.set_permissions(std::fs::Permissions::from_mode(0o666))
-                .map_err(|e| ("fchmod", e))?;
-            Ok(f)
-        }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| ("open", e)),
-        Err(e) => Err(("create", e)),
-    }
-}
-
 impl UsageTable {
     /// Attach to the table at `path`, creating and initializing it from `init` if it does not
     /// exist (mode 0666, whatever the umask). An existing file keeps its limits.
@@ -113,18 +89,16 @@ impl UsageTable {
             path: path.to_path_buf(),
             source,
         };
-        let file = match init {
-            Some(_) => open_or_create_shared(path).map_err(|(op, e)| io(op)(e))?,
-            None => OpenOptions::new()
-                .read(true)
-                .write(writable)
-                .open(path)
-                .map_err(io("open"))?,
-        };
-        let meta = file.metadata().map_err(io("fstat"))?;
-        if !meta.is_file() {
-            return Err(io("open")(io::Error::other("not a regular file")));
+        let opened = if writable {
+            file::open_writable(path, init.is_some())
+        } else {
+            file::open_read_only(path)
         }
+        .map_err(|e| open_error(path, e))?;
+        if writable && !opened.created {
+            file::check_owner(path, &opened.meta).map_err(|e| open_error(path, e))?;
+        }
+        let (file, meta) = (opened.file, opened.meta);
 
         // Initialization (and the check that it is finished) happen under flock.
         let deadline = Instant::now() + INIT_LOCK_TIMEOUT;
@@ -139,41 +113,62 @@ impl UsageTable {
         let guard = FlockGuard(&file);
         let len = file.metadata().map_err(io("fstat"))?.len();
         let mut created = false;
-        let map = if len == 0 && init.is_some() {
-            created = true;
-            Self::initialize(&file, init.unwrap_or(&TableInit::default()))
-                .map_err(io("initialize"))?
-        } else {
-            let map_len = usize::try_from(len.min(FILE_LEN as u64)).unwrap_or(FILE_LEN);
-            let map = Mapping::map(&file, map_len.max(1), writable).map_err(io("mmap"))?;
-            // Report the real length, not the mapped one.
-            match validate(&map) {
-                Ok(info) if info.minor_version == 0 && writable => {
-                    // Written by a library from before the publish-time table: append it.
-                    drop(map);
-                    Self::upgrade(&file, len).map_err(io("upgrade"))?
+        let map = match init {
+            // Empty: this open created it, or nobody ever wrote a byte into it (an operator
+            // made it beforehand with the mode they want, or its creator died at once). One
+            // with other names (a hard link) may be somebody's file: left alone.
+            Some(init) if len == 0 => {
+                if !opened.created && meta.nlink() != 1 {
+                    return Err(ShmError::Refused {
+                        path: path.to_path_buf(),
+                        reason: format!(
+                            "is an empty file with {} names that vgpu did not create (left \
+                             as it is)",
+                            meta.nlink()
+                        ),
+                    });
                 }
-                Ok(_) if len >= BASE_FILE_LEN as u64 => map,
-                Ok(_) => unreachable_truncated(len).map_err(invalid)?,
-                Err(ImageError::Uninitialized) if init.is_some() => {
-                    drop(map);
-                    created = true;
-                    Self::initialize(&file, init.unwrap_or(&TableInit::default()))
-                        .map_err(io("initialize"))?
+                created = true;
+                Self::initialize(&file, init, false).map_err(io("initialize"))?
+            }
+            _ => {
+                let map_len = usize::try_from(len.min(FILE_LEN as u64)).unwrap_or(FILE_LEN);
+                let map = Mapping::map(&file, map_len.max(1), writable).map_err(io("mmap"))?;
+                // Report the real length, not the mapped one.
+                match validate(&map) {
+                    Ok(info) if info.minor_version == 0 && writable => {
+                        // Written by a library from before the publish-time table: append it.
+                        drop(map);
+                        Self::upgrade(&file, len).map_err(io("upgrade"))?
+                    }
+                    Ok(_) if len >= BASE_FILE_LEN as u64 => map,
+                    Ok(_) => unreachable_truncated(len).map_err(invalid)?,
+                    // Only an initialization of vgpu's that died leaves its magic without
+                    // HAMi's: this file is vgpu's own, and nobody is attached to it.
+                    Err(ImageError::Uninitialized) if init.is_some() && carries_ext_magic(&map) => {
+                        drop(map);
+                        created = true;
+                        Self::initialize(&file, init.unwrap_or(&TableInit::default()), true)
+                            .map_err(io("initialize"))?
+                    }
+                    Err(ImageError::Truncated { .. }) => {
+                        unreachable_truncated(len).map_err(invalid)?
+                    }
+                    Err(e) => return Err(invalid(e)),
                 }
-                Err(ImageError::Truncated { .. }) => unreachable_truncated(len).map_err(invalid)?,
-                Err(e) => return Err(invalid(e)),
             }
         };
         drop(guard);
 
         // Separate open file descriptions of the same inode for the OFD locks (see `Inner`).
         let reopen = |write: bool| -> Result<File, ShmError> {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(write)
-                .open(path)
-                .map_err(io("reopen"))?;
+            let f = if write {
+                file::open_writable(path, false)
+            } else {
+                file::open_read_only(path)
+            }
+            .map_err(|e| open_error(path, e))?
+            .file;
             let m = f.metadata().map_err(io("fstat"))?;
             if (m.dev(), m.ino()) != (meta.dev(), meta.ino()) {
                 return Err(io("reopen")(io::Error::other(
@@ -198,6 +193,7 @@ impl UsageTable {
                 admin: Mutex::new(()),
                 fork_epoch: sys::fork_epoch(),
                 created,
+                identity: (meta.dev(), meta.ino()),
                 last_periodic_sweep: std::sync::atomic::AtomicU64::new(now_secs()),
             }),
         };
@@ -233,10 +229,13 @@ impl UsageTable {
         Ok(map)
     }
 
-    /// Size the file and write a fresh table (caller holds the init flock).
-    fn initialize(file: &File, init: &TableInit) -> io::Result<Mapping> {
-        // Truncating to 0 first zero-fills whatever an interrupted initializer left.
-        file.set_len(0)?;
+    /// Size the file and write a fresh table (caller holds the init flock). The file is
+    /// empty, or (`unfinished`) vgpu's own whose initializer died: cutting that one to 0 first
+    /// zero-fills what it left. Nothing else is ever cut.
+    fn initialize(file: &File, init: &TableInit, unfinished: bool) -> io::Result<Mapping> {
+        if unfinished {
+            file.set_len(0)?;
+        }
         file.set_len(FILE_LEN as u64)?;
         let map = Mapping::map(file, FILE_LEN, true)?;
         let (Some(region), Some(ext)) = (map.region(), map.extension()) else {
@@ -247,6 +246,20 @@ impl UsageTable {
     }
 }
 
+/// A [`file`] refusal or failure as the table's error.
+pub(crate) fn open_error(path: &Path, e: file::OpenError) -> ShmError {
+    let path = path.to_path_buf();
+    match e {
+        file::OpenError::Io(op, source) => ShmError::Io { path, op, source },
+        file::OpenError::Refused(reason) => ShmError::Refused { path, reason },
+    }
+}
+
+/// Whether vgpu's extension magic is in place (written first by an initializer).
+fn carries_ext_magic(map: &Mapping) -> bool {
+    map.load_u64(layout::offsets::EXT_MAGIC) == Some(EXT_MAGIC)
+}
+
 fn unreachable_truncated(len: u64) -> Result<Mapping, ImageError> {
     Err(ImageError::Truncated {
         len,
@@ -255,6 +268,9 @@ fn unreachable_truncated(len: u64) -> Result<Mapping, ImageError> {
 }
 
 fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit) {
+    // First: from here on the file is recognizably vgpu's, so that if this initializer dies,
+    // the next one may start again (see `open`).
+    ext.header.magic.store(EXT_MAGIC, Ordering::Relaxed);
     let r = region;
     r.major_version.store(HAMI_MAJOR, Ordering::Relaxed);
     r.minor_version.store(HAMI_MINOR, Ordering::Relaxed);
@@ -289,7 +305,6 @@ fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit) {
     h.admin_epoch.store(1, Ordering::Relaxed);
     h.created_at.store(now_secs(), Ordering::Relaxed);
     h.minor_version.store(layout::EXT_MINOR, Ordering::Relaxed);
-    h.magic.store(EXT_MAGIC, Ordering::Release);
     // Last: the monitor and other processes treat the file as initialized from here on.
     r.initialized_flag.store(HAMI_MAGIC, Ordering::Release);
 }

@@ -8,7 +8,9 @@ use vgpu_alloc_core::DeviceIndex;
 use crate::layout::HAMI_STATUS_SUSPENDED;
 use crate::protocol::{STATE_LIVE, Store, split_ident};
 
-use super::{SWEEP_LOCK_TIMEOUT, UsageTable};
+use super::fields::read;
+use super::{Mapped, SWEEP_LOCK_TIMEOUT, UsageTable};
+use crate::layout::PublishTimes;
 
 /// Per-device state in a [`TableSnapshot`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,80 +107,84 @@ impl UsageTable {
         if self.check_writable().is_ok() {
             let _ = self.sweep_with_timeout(SWEEP_LOCK_TIMEOUT);
         }
-        let st = self.store();
-        let r = st.region;
-        let device_num = self.device_num() as usize;
-        let mut devices: Vec<DeviceSnapshot> = (0..device_num)
-            .map(|d| DeviceSnapshot {
-                index: d as u32,
-                uuid: self.uuid(DeviceIndex(d as u32)),
-                limit: self.memory_limit(DeviceIndex(d as u32)),
-                sm_limit: self.sm_limit(DeviceIndex(d as u32)),
-                used: st.ext.devices[d].total.load(Ordering::Relaxed),
-                context: 0,
-                module: 0,
-                data: 0,
-            })
-            .collect();
-        let mut processes = Vec::new();
-        let times = self.times();
-        for (j, rec) in st.ext.slots.iter().enumerate() {
-            let ident = rec.ident.load(Ordering::Acquire);
-            let (_, state) = split_ident(ident);
-            // Times count only if the slot's current process wrote them.
-            let own_times = times
-                .map(|t| &t.slots[j])
-                .filter(|t| t.ident.load(Ordering::Acquire) == ident);
-            let usage = |d: usize| ProcessDeviceUsage {
-                context: rec.held[d][0].load(Ordering::Relaxed),
-                module: rec.held[d][1].load(Ordering::Relaxed),
-                data: rec.held[d][2].load(Ordering::Relaxed),
-                sm_util: rec.sm_util[d].load(Ordering::Relaxed),
-                sm_util_at: own_times
-                    .map(|t| t.sm_util_at[d].load(Ordering::Relaxed))
-                    .filter(|&at| at != 0),
-            };
-            for (d, dev) in devices.iter_mut().enumerate() {
-                let u = usage(d);
-                dev.context = dev.context.saturating_add(u.context);
-                dev.module = dev.module.saturating_add(u.module);
-                dev.data = dev.data.saturating_add(u.data);
-            }
-            if state != STATE_LIVE {
-                continue;
-            }
-            let hami_index = rec.hami_index.load(Ordering::Relaxed);
-            let pid = rec.pid.load(Ordering::Relaxed);
-            let mirror = r
-                .procs
-                .get(hami_index as usize)
-                .filter(|p| p.pid.load(Ordering::Relaxed) == pid);
-            let hostpid = mirror
-                .map(|p| p.hostpid.load(Ordering::Relaxed))
-                .filter(|&h| h != 0)
-                .unwrap_or_else(|| rec.hostpid.load(Ordering::Relaxed));
-            let suspended =
-                mirror.is_some_and(|p| p.status.load(Ordering::Relaxed) == HAMI_STATUS_SUSPENDED);
-            processes.push(ProcessSnapshot {
-                slot: j,
-                hami_index,
-                pid,
-                hostpid,
-                start_time: rec.start_time.load(Ordering::Relaxed),
-                alive: st.probe_slot_alive(j),
-                suspended,
-                devices: (0..device_num).map(usage).collect(),
-            });
+        picture(&self.store(), self.times())
+    }
+}
+
+/// The picture of a table, from the mapping or from a node-side reader's private copy (the
+/// same decoding either way); `times` when the file has the publish-time table.
+pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSnapshot {
+    let r = st.region;
+    let device_num = read::device_num(r) as usize;
+    let mut devices: Vec<DeviceSnapshot> = (0..device_num)
+        .map(|d| DeviceSnapshot {
+            index: d as u32,
+            uuid: read::uuid(r, DeviceIndex(d as u32)),
+            limit: read::memory_limit(r, DeviceIndex(d as u32)),
+            sm_limit: read::sm_limit(r, DeviceIndex(d as u32)),
+            used: st.ext.devices[d].total.load(Ordering::Relaxed),
+            context: 0,
+            module: 0,
+            data: 0,
+        })
+        .collect();
+    let mut processes = Vec::new();
+    for (j, rec) in st.ext.slots.iter().enumerate() {
+        let ident = rec.ident.load(Ordering::Acquire);
+        let (_, state) = split_ident(ident);
+        // Times count only if the slot's current process wrote them.
+        let own_times = times
+            .map(|t| &t.slots[j])
+            .filter(|t| t.ident.load(Ordering::Acquire) == ident);
+        let usage = |d: usize| ProcessDeviceUsage {
+            context: rec.held[d][0].load(Ordering::Relaxed),
+            module: rec.held[d][1].load(Ordering::Relaxed),
+            data: rec.held[d][2].load(Ordering::Relaxed),
+            sm_util: rec.sm_util[d].load(Ordering::Relaxed),
+            sm_util_at: own_times
+                .map(|t| t.sm_util_at[d].load(Ordering::Relaxed))
+                .filter(|&at| at != 0),
+        };
+        for (d, dev) in devices.iter_mut().enumerate() {
+            let u = usage(d);
+            dev.context = dev.context.saturating_add(u.context);
+            dev.module = dev.module.saturating_add(u.module);
+            dev.data = dev.data.saturating_add(u.data);
         }
-        processes.sort_by_key(|p| p.hami_index);
-        TableSnapshot {
-            devices,
-            processes,
-            proc_num: r.proc_num.load(Ordering::Relaxed),
-            priority: r.priority.load(Ordering::Relaxed),
-            recent_kernel: r.recent_kernel.load(Ordering::Relaxed),
-            utilization_switch: r.utilization_switch.load(Ordering::Relaxed),
-            last_kernel_time: r.last_kernel_time.load(Ordering::Relaxed),
+        if state != STATE_LIVE {
+            continue;
         }
+        let hami_index = rec.hami_index.load(Ordering::Relaxed);
+        let pid = rec.pid.load(Ordering::Relaxed);
+        let mirror = r
+            .procs
+            .get(hami_index as usize)
+            .filter(|p| p.pid.load(Ordering::Relaxed) == pid);
+        let hostpid = mirror
+            .map(|p| p.hostpid.load(Ordering::Relaxed))
+            .filter(|&h| h != 0)
+            .unwrap_or_else(|| rec.hostpid.load(Ordering::Relaxed));
+        let suspended =
+            mirror.is_some_and(|p| p.status.load(Ordering::Relaxed) == HAMI_STATUS_SUSPENDED);
+        processes.push(ProcessSnapshot {
+            slot: j,
+            hami_index,
+            pid,
+            hostpid,
+            start_time: rec.start_time.load(Ordering::Relaxed),
+            alive: st.probe_slot_alive(j),
+            suspended,
+            devices: (0..device_num).map(usage).collect(),
+        });
+    }
+    processes.sort_by_key(|p| p.hami_index);
+    TableSnapshot {
+        devices,
+        processes,
+        proc_num: r.proc_num.load(Ordering::Relaxed),
+        priority: r.priority.load(Ordering::Relaxed),
+        recent_kernel: r.recent_kernel.load(Ordering::Relaxed),
+        utilization_switch: r.utilization_switch.load(Ordering::Relaxed),
+        last_kernel_time: r.last_kernel_time.load(Ordering::Relaxed),
     }
 }
