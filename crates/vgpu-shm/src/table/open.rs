@@ -64,7 +64,11 @@ impl Drop for FlockGuard<'_> {
 
 impl UsageTable {
     /// Attach to the table at `path`, creating and initializing it from `init` if it does not
-    /// exist (mode 0666, whatever the umask). An existing file keeps its limits.
+    /// exist (mode 0666, whatever the umask). An existing file keeps its limits. Refused
+    /// ([`ShmError::Refused`]): a symbolic link, a non-regular file, in a world-writable
+    /// directory a file of another owner than the caller or root, an empty file with more
+    /// than one name. Nothing but an empty file or an unfinished table of vgpu's own is ever
+    /// initialized (docs/security.md, "Files vgpu writes into").
     pub fn open_or_create(path: impl AsRef<Path>, init: &TableInit) -> Result<Self, ShmError> {
         init.check()?;
         Self::open(path.as_ref(), Some(init), true)
@@ -75,7 +79,9 @@ impl UsageTable {
         Self::open(path.as_ref(), None, true)
     }
 
-    /// Attach read-only (inspection; no sweeping, no writes).
+    /// Attach read-only (inspection inside the container; no sweeping, no writes). The file is
+    /// mapped, so a truncation faults the reader: node-side readers use
+    /// [`NodeReader`](crate::NodeReader) instead.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, ShmError> {
         Self::open(path.as_ref(), None, false)
     }
