@@ -1,0 +1,14 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod names;
+pub mod size;
+pub mod sm_tuning;
+pub mod vars;
+
+pub use config::{Config, ConfigError, ConfigErrors, DeviceSelector};
+pub use names::*;
+pub use size::{SizeError, parse_size};
+pub use sm_tuning::SmTuning;
+pub use vars::Vars;
