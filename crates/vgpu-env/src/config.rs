@@ -6,6 +6,7 @@ use std::fmt;
 use vgpu_alloc_core::{AllocatorConfig, MAX_DEVICES};
 use vgpu_limiter::Policy;
 
+use crate::log_level::{DEFAULT_LOG_LEVEL, LOG_LEVEL_EXPECTED, parse_log_level};
 use crate::names::*;
 use crate::size::parse_size;
 use crate::sm_tuning::SmTuning;
@@ -56,7 +57,7 @@ pub struct Config {
     pub core_policy: Policy,
     /// `CUDA_TASK_PRIORITY` (default 1).
     pub task_priority: i32,
-    /// `LIBCUDA_LOG_LEVEL` 0..=4 (default 2).
+    /// `LIBCUDA_LOG_LEVEL` 0..=4 (default 2; grammar in [`crate::log_level`]).
     pub log_level: u8,
     /// `ACTIVE_OOM_KILLER` as written; accepted, has no effect.
     pub active_oom_killer: Option<String>,
@@ -72,6 +73,10 @@ pub struct Config {
     pub reconcile_ms: Option<u64>,
     /// SM limiter tuning.
     pub sm_tuning: SmTuning,
+    /// The per-device variables that are set (`CUDA_DEVICE_MEMORY_LIMIT_<i>`,
+    /// `CUDA_DEVICE_SM_LIMIT_<i>`), by name with their device index, in name order (see
+    /// [`Config::absent_device_warnings`]).
+    pub per_device: Vec<(String, usize)>,
     /// Rejected variables that do not affect enforcement (`LIBCUDA_LOG_LEVEL`,
     /// `CUDA_TASK_PRIORITY`), from [`Config::from_vars_with_warnings`] only: their
     /// defaults are used and the hook logs these and goes on, since a typo there must not
@@ -88,13 +93,14 @@ impl Default for Config {
             shared_cache: DEFAULT_SHARED_CACHE.to_owned(),
             core_policy: Policy::Default,
             task_priority: 1,
-            log_level: 2,
+            log_level: DEFAULT_LOG_LEVEL,
             active_oom_killer: None,
             visible_devices: None,
             count_managed: true,
             allocator: AllocatorConfig::default(),
             reconcile_ms: Some(DEFAULT_RECONCILE_MS),
             sm_tuning: SmTuning::default(),
+            per_device: Vec::new(),
             warnings: Vec::new(),
         }
     }
@@ -216,6 +222,15 @@ impl Config {
                 }
             }
         }
+        for base in [ENV_MEMORY_LIMIT, ENV_SM_LIMIT] {
+            let prefix = format!("{base}_");
+            for (name, value) in vars.with_prefix(&prefix) {
+                match device_suffix(&name[prefix.len()..]) {
+                    Ok(i) => cfg.per_device.push((name.to_owned(), i)),
+                    Err(reason) => fail(name, value, reason),
+                }
+            }
+        }
 
         if let Some(v) = lookup(ENV_SHARED_CACHE) {
             if v.trim().is_empty() {
@@ -244,9 +259,9 @@ impl Config {
             }
         }
         if let Some(v) = lookup(ENV_LOG_LEVEL) {
-            match strict_int::<u8>(&v).filter(|l| *l <= 4) {
+            match parse_log_level(&v) {
                 Some(l) => cfg.log_level = l,
-                None => warn(ENV_LOG_LEVEL, &v, "expected 0, 1, 2, 3 or 4".into()),
+                None => warn(ENV_LOG_LEVEL, &v, LOG_LEVEL_EXPECTED.into()),
             }
         }
         if let Some(v) = lookup(ENV_RECONCILE_MS) {
@@ -361,6 +376,25 @@ impl Config {
         Ok(cfg)
     }
 
+    /// One line for each per-device variable that names a device this process does not
+    /// have (`present` CUDA devices): it limits nothing here. A warning, not an error: one
+    /// container's environment serves processes that see different devices (per-rank
+    /// `CUDA_VISIBLE_DEVICES`), and a limit for a device a process cannot use weakens
+    /// nothing.
+    pub fn absent_device_warnings(&self, present: usize) -> Vec<String> {
+        self.per_device
+            .iter()
+            .filter(|(_, i)| *i >= present)
+            .map(|(name, i)| {
+                format!(
+                    "{name} is set, but this process sees {present} CUDA device(s), so device {i} \
+                     does not exist here and the value limits nothing (is CUDA_VISIBLE_DEVICES \
+                     what you meant?)"
+                )
+            })
+            .collect()
+    }
+
     /// Parse from literal pairs (tests, the demo, a captured environment).
     pub fn from_pairs<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> Result<Self, ConfigErrors>
     where
@@ -368,6 +402,27 @@ impl Config {
         V: Into<String>,
     {
         Self::from_vars(&Vars::from_pairs(pairs))
+    }
+}
+
+/// The device index of a per-device variable's suffix: HAMi's grammar names CUDA ordinals
+/// 0..=15 in plain decimal (HAMi-core reads exactly those names and ignores any other, so
+/// `_16` or `_00` would silently limit nothing there; here they are errors).
+fn device_suffix(suffix: &str) -> Result<usize, String> {
+    let last = MAX_DEVICES - 1;
+    if suffix.is_empty() || !suffix.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "not a per-device variable: the suffix must be a device index 0..={last}"
+        ));
+    }
+    match suffix.parse::<usize>() {
+        Ok(i) if i <= last && suffix == i.to_string() => Ok(i),
+        Ok(i) if i <= last => Err(format!(
+            "write the device index without leading zeros (_{i}), the name HAMi-core reads"
+        )),
+        _ => Err(format!(
+            "device index {suffix} is out of range: per-device variables name CUDA devices 0..={last}"
+        )),
     }
 }
 
@@ -677,6 +732,118 @@ mod tests {
             assert_eq!(err.0.len(), 1);
             assert_eq!(err.0[0].variable, "VGPU_ALLOC_*");
         }
+    }
+
+    #[test]
+    fn per_device_names_outside_hamis_grammar_are_errors() {
+        let bad = [
+            ("CUDA_DEVICE_MEMORY_LIMIT_16", "1g", "out of range"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_99", "1g", "out of range"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_00", "1g", "leading zeros (_0)"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_", "1g", "must be a device index"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_X", "1g", "must be a device index"),
+            (
+                "CUDA_DEVICE_MEMORY_LIMIT_99999999999999999999999",
+                "1g",
+                "out of range",
+            ),
+            ("CUDA_DEVICE_SM_LIMIT_99", "50", "out of range"),
+            ("CUDA_DEVICE_SM_LIMIT_-1", "50", "must be a device index"),
+        ];
+        for (name, value, why) in bad {
+            for r in [
+                Config::from_pairs([(name, value)]),
+                lenient(&[(name, value)]),
+            ] {
+                let err = r.expect_err(name);
+                assert_eq!(err.0.len(), 1, "{name}");
+                assert_eq!(
+                    (err.0[0].variable.as_str(), err.0[0].value.as_str()),
+                    (name, value)
+                );
+                assert!(err.0[0].reason.contains(why), "{name}: {}", err.0[0].reason);
+                assert!(
+                    err.0[0].reason.contains("0..=15") || why.contains("zeros"),
+                    "{}",
+                    err.0[0].reason
+                );
+            }
+        }
+        // All of them are named at once, after the values' own errors, in name order.
+        let err = Config::from_pairs([
+            ("CUDA_DEVICE_SM_LIMIT_99", "50"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_16", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_3", "lots"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_15", "1g"),
+        ])
+        .unwrap_err();
+        let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "CUDA_DEVICE_MEMORY_LIMIT_3",
+                "CUDA_DEVICE_MEMORY_LIMIT_16",
+                "CUDA_DEVICE_SM_LIMIT_99"
+            ]
+        );
+        // Names that only share the beginning are other variables.
+        let cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMITS", "x"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/a.cache"),
+            ("CUDA_DEVICE_SM_LIMITED", "x"),
+        ])
+        .unwrap();
+        assert!(cfg.per_device.is_empty());
+    }
+
+    #[test]
+    fn a_size_that_rounds_to_zero_bytes_is_not_unlimited() {
+        for pairs in [
+            vec![("CUDA_DEVICE_MEMORY_LIMIT", "0.0001k")],
+            vec![("CUDA_DEVICE_MEMORY_LIMIT_2", "0.0001k")],
+            vec![("VGPU_ALLOC_ALIGN", "0.0001k")],
+        ] {
+            let err = Config::from_pairs(pairs.clone()).expect_err(&format!("{pairs:?}"));
+            assert_eq!(err.0.len(), 1);
+            assert!(err.0[0].reason.contains("rounds down to 0 bytes"), "{err}");
+        }
+        // Zero written as a fraction is still zero, i.e. unlimited.
+        let cfg = Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT", "0.0g")]).unwrap();
+        assert_eq!(cfg.memory_limit[0], None);
+    }
+
+    #[test]
+    fn per_device_values_for_absent_devices_are_warned_about() {
+        let cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_3", "2g"),
+            ("CUDA_DEVICE_SM_LIMIT_15", "30"),
+        ])
+        .unwrap();
+        assert_eq!(
+            cfg.per_device,
+            [
+                ("CUDA_DEVICE_MEMORY_LIMIT_0".to_owned(), 0),
+                ("CUDA_DEVICE_MEMORY_LIMIT_3".to_owned(), 3),
+                ("CUDA_DEVICE_SM_LIMIT_15".to_owned(), 15),
+            ]
+        );
+        assert!(cfg.absent_device_warnings(16).is_empty());
+        let w = cfg.absent_device_warnings(2);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].starts_with("CUDA_DEVICE_MEMORY_LIMIT_3 is set"),
+            "{}",
+            w[0]
+        );
+        assert!(w[0].contains("sees 2 CUDA device(s)"), "{}", w[0]);
+        assert!(
+            w[1].starts_with("CUDA_DEVICE_SM_LIMIT_15 is set"),
+            "{}",
+            w[1]
+        );
+        assert_eq!(cfg.absent_device_warnings(0).len(), 3);
     }
 
     #[test]

@@ -18,10 +18,14 @@ pub enum SizeError {
     /// Does not fit in 64 bits.
     #[error("size overflows 64 bits")]
     Overflow,
+    /// A non-zero size smaller than one byte (`0.0001k`): 0 would mean "unlimited".
+    #[error("a non-zero size that rounds down to 0 bytes (0 means unlimited; write 0 for that)")]
+    RoundsToZero,
 }
 
 /// Parse a size in bytes (binary units, see the module docs). The fraction of a
-/// fractional size is rounded down to whole bytes (`1.3k` = 1331).
+/// fractional size is rounded down to whole bytes (`1.3k` = 1331), but a non-zero size is
+/// never rounded to 0, which would read as "unlimited" ([`SizeError::RoundsToZero`]).
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let s = text.trim();
     if s.is_empty() {
@@ -62,7 +66,12 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let extra = (numerator << shift) / denominator;
     // `extra` < 2^shift and `whole` is a multiple of 2^shift, so this cannot overflow
     // when `whole` did not; checked anyway.
-    whole.checked_add(extra as u64).ok_or(SizeError::Overflow)
+    let bytes = whole.checked_add(extra as u64).ok_or(SizeError::Overflow)?;
+    // All digits count here, also those past the 19th that the arithmetic ignored.
+    if bytes == 0 && frac.bytes().any(|b| b != b'0') {
+        return Err(SizeError::RoundsToZero);
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -100,6 +109,9 @@ mod tests {
             ("1.0000000000000000000000001g", GIB),
             ("18446744073709551615", u64::MAX),
             ("16777215t", 16_777_215 << 40),
+            // The smallest fractions that still make a byte, and zeros written as fractions.
+            ("0.0009766k", 1),
+            ("0.000g", 0),
         ];
         for &(text, want) in ok {
             assert_eq!(parse_size(text), Ok(want), "{text:?}");
@@ -136,6 +148,9 @@ mod tests {
             ("99999999999999999999999", Overflow),
             ("16777216t", Overflow),
             ("17179869184g", Overflow),
+            ("0.0001k", RoundsToZero),
+            ("0.0009765k", RoundsToZero),
+            ("0.00000000000000000000001t", RoundsToZero),
         ];
         for &(text, want) in bad {
             assert_eq!(parse_size(text), Err(want), "{text:?}");

@@ -269,6 +269,11 @@ fn visible_uuids() -> Vec<String> {
 
 /// Opens (or creates) the shared table and registers this process in it.
 fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String> {
+    if !uuids.is_empty() {
+        for w in config.absent_device_warnings(uuids.len()) {
+            vlog!(WARN, "{w}");
+        }
+    }
     let init = TableInit {
         uuids,
         memory_limits: config.memory_limit.to_vec(),
