@@ -17,7 +17,6 @@ use crate::limits::MemoryFlag;
 use crate::locate;
 use crate::report;
 use crate::run::{HookEnv, HookSetup, hook_env};
-use crate::tempdir::TempDir;
 use crate::units::format_bytes;
 use crate::workload::WorkloadProcess;
 
@@ -72,7 +71,7 @@ fn exe() -> Result<PathBuf, Failure> {
 pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
     let vgpu_exe = exe()?;
     let hook = locate::find_hook(args.lib.as_deref())?;
-    let tmp = TempDir::new("vgpu-demo")
+    let tmp = crate::private_tempdir("vgpu-demo-")
         .map_err(|e| Failure::msg(format!("cannot create a temporary directory: {e}")))?;
     let cache = tmp.path().join("demo.cache");
 

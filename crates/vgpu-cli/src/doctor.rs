@@ -13,7 +13,6 @@ use crate::limits::MemoryFlag;
 use crate::locate::{self, Found};
 use crate::report;
 use crate::run::{HookSetup, hook_env};
-use crate::tempdir::TempDir;
 use crate::units::{format_bytes, format_limit};
 use crate::workload::WorkloadProcess;
 
@@ -357,7 +356,7 @@ pub fn probe(configure: impl FnOnce(&mut Command)) -> Result<ProbeResult, String
 }
 
 fn check_mechanism(hook: &Found) -> Check {
-    let tmp = match TempDir::new("vgpu-doctor") {
+    let tmp = match crate::private_tempdir("vgpu-doctor-") {
         Ok(t) => t,
         Err(e) => {
             return check(
@@ -474,7 +473,7 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
     emit(c, &mut checks);
     let (c, cfg) = check_environment();
     emit(c, &mut checks);
-    let cache = report::cache_path(&args.cache);
+    let cache = report::table_path(&args.cache, &args.share);
     let (c, file) = check_cache(&cache);
     emit(c, &mut checks);
     if args.no_probe {

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 use crate::Failure;
-use crate::cli::{CacheArg, StatusArgs};
+use crate::cli::{CacheArg, ShareArg, StatusArgs};
 use crate::units::{format_bytes, format_limit};
 
 /// The JSON schema identifier; bumped on any incompatible change (docs/cli.md).
@@ -111,9 +111,18 @@ pub fn cache_path(arg: &CacheArg) -> PathBuf {
     if let Some(p) = &arg.cache {
         return p.clone();
     }
+
     match std::env::var_os(vgpu_alloc_core::config::ENV_SHARED_CACHE) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => PathBuf::from(vgpu_alloc_core::config::DEFAULT_SHARED_CACHE),
+    }
+}
+
+/// The usage file of a command that also takes `--share NAME` (that group's table).
+pub fn table_path(cache: &CacheArg, share: &ShareArg) -> PathBuf {
+    match &share.share {
+        Some(name) => crate::usage_file::share_path(name),
+        None => cache_path(cache),
     }
 }
 
@@ -244,7 +253,7 @@ impl StatusReport {
 
 /// `vgpu status`.
 pub fn status(args: &StatusArgs) -> Result<ExitCode, Failure> {
-    let path = cache_path(&args.cache);
+    let path = table_path(&args.cache, &args.share);
     let report = read(&path)?;
     if args.json {
         println!("{}", report.render_json());

@@ -6,7 +6,7 @@ use vgpu_alloc_core::DeviceIndex;
 
 use crate::Failure;
 use crate::cli::SetLimitArgs;
-use crate::report::cache_path;
+use crate::report::table_path;
 use crate::table::open_writable;
 use crate::units::format_limit;
 
@@ -16,7 +16,7 @@ fn pct(p: Option<u64>) -> String {
 
 /// `vgpu set-limit`.
 pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
-    let path = cache_path(&args.cache);
+    let path = table_path(&args.cache, &args.share);
     let table = open_writable(&path)?;
     let device_num = table.device_num();
     let devices: Vec<u32> = match args.device {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use crate::Failure;
 use crate::cli::WatchArgs;
-use crate::report::{cache_path, read};
+use crate::report::{read, table_path};
 use crate::signals;
 
 /// Clear the screen and home the cursor.
@@ -14,7 +14,7 @@ const CLEAR: &str = "\x1b[H\x1b[2J";
 /// `vgpu watch`: until Ctrl-C on a terminal; `--count` refreshes (1 by default when stdout is
 /// not a terminal, so a pipe or a test never runs forever by accident).
 pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
-    let path = cache_path(&args.cache);
+    let path = table_path(&args.cache, &args.share);
     let tty = std::io::stdout().is_terminal();
     let count = args.count.unwrap_or(if tty { 0 } else { 1 });
     signals::install_stop_handler();

@@ -7,6 +7,7 @@ mod common;
 use common::*;
 
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 
 fn fake_lib(dir: &TempDir) -> String {
     let lib = dir.path().join("libvgpu.so");
@@ -14,9 +15,14 @@ fn fake_lib(dir: &TempDir) -> String {
     lib.canonicalize().unwrap().to_str().unwrap().to_owned()
 }
 
-/// Run `sh -c script` under `vgpu run ARGS`, returning stdout lines.
+/// Run `sh -c script` under `vgpu run ARGS`, returning stdout lines. Runs in a fresh
+/// directory with its own `TMPDIR`, since `run` creates the usage file it is given and the
+/// per-user table directory.
 fn run_sh(lib: &str, args: &[&str], env: &[(&str, &str)], script: &str) -> Output {
+    let work = Path::new(lib).parent().unwrap().join("work");
+    std::fs::create_dir_all(&work).unwrap();
     let mut cmd = vgpu();
+    cmd.current_dir(&work).env("TMPDIR", &work);
     cmd.arg("run")
         .arg("--lib")
         .arg(lib)
@@ -54,7 +60,7 @@ fn limits_become_canonical_hami_variables() {
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines[0], "4294967296 1610612736 50 30");
     // The cache path is made absolute, so the program finds it whatever its working directory.
-    let cwd = std::env::current_dir().unwrap();
+    let cwd = dir.path().canonicalize().unwrap().join("work");
     assert_eq!(lines[1], cwd.join("rel.cache").to_str().unwrap());
 }
 

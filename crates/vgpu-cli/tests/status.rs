@@ -538,6 +538,8 @@ fn exporter_reports_a_live_file() {
     }
 }
 
+/// The file's limit used to win over `--memory` with only a note (issue 14); now a file
+/// nobody uses takes the job's limits, and says so (a live one refuses: tests/workstation.rs).
 #[test]
 fn run_notes_when_the_file_holds_another_limit() {
     let dir = TempDir::new("vgpu-status").unwrap();
@@ -550,18 +552,23 @@ fn run_notes_when_the_file_holds_another_limit() {
             .args(["--cache", path.to_str().unwrap(), "--", "true"]);
         run(cmd)
     };
+    // The same limit as the file: nothing to say about device 0.
+    let out = run_with("0=1g");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(!out.stderr.contains("device 0"), "{}", out.stderr);
     let out = run_with("2g");
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
     assert!(
-        out.stderr
-            .contains("already holds a memory limit of 1 GiB for device 0")
-            && out.stderr.contains("vgpu set-limit"),
+        out.stderr.contains(
+            "held other limits from an earlier job (device 0 memory limit 1 GiB (this job: 2 GiB)"
+        ) && out.stderr.contains("this job's limits replace them"),
         "{}",
         out.stderr
     );
-    // The same limit as the file: nothing to say about device 0.
-    let out = run_with("0=1g");
-    assert!(!out.stderr.contains("for device 0"), "{}", out.stderr);
+    let mut cmd = vgpu();
+    cmd.args(["status", "--json", "--cache", path.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&run(cmd).stdout).unwrap();
+    assert_eq!(v["devices"][0]["memory_limit_bytes"], 2u64 << 30);
 }
 
 #[test]
