@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use serde::Serialize;
+
 use vgpu_alloc_core::config::Config;
 
 use crate::Failure;
@@ -20,8 +22,16 @@ use crate::workload::WorkloadProcess;
 /// MiB, counted against the limit), and not the physical total of any current GPU.
 pub const PROBE_LIMIT: u64 = 1536 << 20;
 
+/// The JSON schema identifier of `doctor --json` (docs/cli.md).
+pub const SCHEMA: &str = "vgpu.doctor.v1";
+
+/// HAMi's device plugin sets this to `true` when `deviceMemoryScaling > 1` (memory
+/// oversubscription); vgpu does not implement it yet.
+pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+
 /// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Verdict {
     /// Fine.
     Ok,
@@ -34,7 +44,7 @@ pub enum Verdict {
 }
 
 /// One check's outcome.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
     /// Short name.
     pub name: &'static str,
@@ -198,7 +208,7 @@ fn check_driver(name: &'static str, soname: &str, required: bool) -> (Check, boo
         }
         Err(e) => {
             let what = if required {
-                "no CUDA program can run here, limited or not (without a GPU, `vgpu demo` uses the simulated driver)"
+                "no CUDA program can run here, limited or not (without a GPU, `vgpu demo` and `vgpu run --driver simulated` use the simulated driver)"
             } else {
                 "NVML views (nvidia-smi, nvmlDeviceGetMemoryInfo) cannot be virtualized"
             };
@@ -256,6 +266,35 @@ fn check_environment() -> (Check, Option<Config>) {
             (c, Some(cfg))
         }
     }
+}
+
+/// `CUDA_OVERSUBSCRIBE`, when set: said plainly that vgpu does not honour it.
+fn check_oversubscribe() -> Option<Check> {
+    let v = std::env::var(ENV_OVERSUBSCRIBE).ok()?;
+    Some(check(
+        "oversubscribe",
+        Verdict::Warn,
+        format!(
+            "{ENV_OVERSUBSCRIBE}={v} is set (HAMi sets it when deviceMemoryScaling > 1), but vgpu does not \
+             honour it yet: memory is NOT oversubscribed; programs see and get at most their limit, \
+             and allocations past it are refused"
+        ),
+    ))
+}
+
+/// What `doctor --json` prints.
+#[derive(Debug, Serialize)]
+pub struct DoctorReport<'a> {
+    /// Always [`SCHEMA`].
+    pub schema: &'static str,
+    /// No check failed.
+    pub ok: bool,
+    /// Whether libvgpu.so is preloaded for programs started here.
+    pub preloaded: bool,
+    /// The verdict line of the text output.
+    pub verdict: &'a str,
+    /// Every check, in order.
+    pub checks: &'a [Check],
 }
 
 fn check_cache(path: &Path) -> (Check, Option<report::StatusReport>) {
@@ -458,8 +497,11 @@ fn check_here(cfg: &Config, file: Option<&report::StatusReport>) -> Check {
 /// `vgpu doctor`.
 pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
     let mut checks = Vec::new();
+    let text = !args.json;
     let emit = |c: Check, checks: &mut Vec<Check>| {
-        println!("{}", c.render());
+        if text {
+            println!("{}", c.render());
+        }
         checks.push(c);
     };
     let (c, hook) = check_hook(args.lib.as_deref());
@@ -473,6 +515,9 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
     emit(c, &mut checks);
     let (c, cfg) = check_environment();
     emit(c, &mut checks);
+    if let Some(c) = check_oversubscribe() {
+        emit(c, &mut checks);
+    }
     let cache = report::table_path(&args.cache, &args.share);
     let (c, file) = check_cache(&cache);
     emit(c, &mut checks);
@@ -499,20 +544,37 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
         }
     }
     let failed = checks.iter().filter(|c| c.verdict == Verdict::Fail).count();
-    println!();
-    if failed == 0 {
-        if preloaded {
-            println!("verdict: enforcement is in effect for programs started here.");
-        } else {
-            println!(
-                "verdict: the hook works; programs are limited when started with `vgpu run` (nothing is preloaded here)."
-            );
-        }
-        Ok(ExitCode::SUCCESS)
+    let verdict = if failed > 0 {
+        format!("enforcement is NOT in effect: {failed} check(s) failed.")
+    } else if preloaded {
+        "enforcement is in effect for programs started here.".to_owned()
     } else {
-        println!(
-            "verdict: enforcement is NOT in effect: {failed} check(s) failed (see [FAIL] above)."
-        );
-        Ok(ExitCode::FAILURE)
+        "the hook works; programs are limited when started with `vgpu run` (nothing is preloaded here)."
+            .to_owned()
+    };
+    if text {
+        println!();
+        let see = if failed > 0 {
+            " (see [FAIL] above)"
+        } else {
+            ""
+        };
+        println!("verdict: {verdict}{see}");
+    } else {
+        let report = DoctorReport {
+            schema: SCHEMA,
+            ok: failed == 0,
+            preloaded,
+            verdict: &verdict,
+            checks: &checks,
+        };
+        let json = serde_json::to_string_pretty(&report)
+            .map_err(|e| Failure::msg(format!("cannot encode the report: {e}")))?;
+        println!("{json}");
     }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

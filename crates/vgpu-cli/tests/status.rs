@@ -734,4 +734,44 @@ fn watch_on_a_terminal_clears_and_redraws() {
     let text = String::from_utf8_lossy(&out);
     assert_eq!(text.matches("\x1b[H\x1b[2J").count(), 2, "{text:?}");
     assert!(text.contains("refresh 2"), "{text:?}");
+    // On a terminal (and only there) it says how to stop.
+    assert!(text.contains("Ctrl-C to stop"), "{text:?}");
+}
+
+/// Before issue 14 the frame wrapped at 80 columns (the UUID column), showed a raw Unix
+/// timestamp and said "Ctrl-C" into a pipe.
+#[test]
+fn watch_fits_80_columns_with_local_time_and_no_terminal_hints_in_a_pipe() {
+    let dir = TempDir::new("vgpu-watch").unwrap();
+    let path = make_table(&dir);
+    let _h = Helper::start(&path, &format!("0:data:{}", 1000 * MIB));
+    let mut cmd = vgpu();
+    cmd.env("TZ", "UTC")
+        .args(["watch", "--cache", path.to_str().unwrap()]);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    for line in out.stdout.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "wider than 80 columns: {line:?}"
+        );
+    }
+    assert!(
+        out.stdout
+            .contains("GPU-aaaaaaaa-0000-0000-0000-000000000000"),
+        "{}",
+        out.stdout
+    );
+    let first = out.stdout.lines().next().unwrap();
+    assert!(
+        first.contains(" UTC ") && !first.contains("unix"),
+        "{first}"
+    );
+    assert!(
+        !out.stdout.contains("Ctrl-C") && !out.stdout.contains('\x1b'),
+        "{}",
+        out.stdout
+    );
+    // 1000 MiB of 1 GiB is near the limit: shown, but as plain text in a pipe.
+    assert!(out.stdout.contains("97%"), "{}", out.stdout);
 }
