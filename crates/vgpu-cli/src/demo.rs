@@ -118,11 +118,6 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
         "usage:     {} (a private file, removed at the end)",
         cache.display()
     );
-    println!(
-        "like:      vgpu run --memory {} --cache {} -- <your program>",
-        crate::units::format_size_arg(limit),
-        cache.display()
-    );
     println!();
 
     let mut w = WorkloadProcess::spawn(&vgpu_exe, |cmd: &mut Command| env.apply(cmd), true)?;
@@ -298,6 +293,13 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
             false
         }
     };
+    // The usage file above is gone with the demo's directory: point at what stays.
+    println!(
+        "next:      vgpu run --memory {}{} -- <your program>   (its own usage table; \
+         --share NAME to share one)",
+        crate::units::format_size_arg(limit),
+        if simulated { " --driver simulated" } else { "" }
+    );
     if !limit_seen {
         println!(
             "note: cuDeviceTotalMem_v2 should report the limit ({}); it reported {:?}",
