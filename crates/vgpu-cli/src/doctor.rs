@@ -545,11 +545,11 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
     }
     let failed = checks.iter().filter(|c| c.verdict == Verdict::Fail).count();
     let verdict = if failed > 0 {
-        format!("enforcement is NOT in effect: {failed} check(s) failed.")
+        format!("enforcement is NOT in effect: {failed} check(s) failed")
     } else if preloaded {
-        "enforcement is in effect for programs started here.".to_owned()
+        "enforcement is in effect for programs started here".to_owned()
     } else {
-        "the hook works; programs are limited when started with `vgpu run` (nothing is preloaded here)."
+        "the hook works; programs are limited when started with `vgpu run` (nothing is preloaded here)"
             .to_owned()
     };
     if text {
@@ -559,7 +559,7 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
         } else {
             ""
         };
-        println!("verdict: {verdict}{see}");
+        println!("verdict: {verdict}{see}.");
     } else {
         let report = DoctorReport {
             schema: SCHEMA,
