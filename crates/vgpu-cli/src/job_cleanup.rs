@@ -28,6 +28,8 @@ const POLL: Duration = Duration::from_millis(500);
 pub fn arrange(pid: u32, dir: &Path) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the vgpu binary: {e}"))?;
     let mut stage1 = Command::new(exe)
+        // The watcher uses no GPU: never under the hook, whatever was preloaded here.
+        .env_remove("LD_PRELOAD")
         .arg("job-cleanup")
         .arg("--stage=1")
         .arg(format!("--pid={pid}"))
@@ -63,10 +65,14 @@ pub fn job_cleanup(args: &JobCleanupArgs) -> Result<ExitCode, Failure> {
             .arg(&args.dir)
             .stdin(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: setsid is async-signal-safe and touches no memory of this process.
+        // SAFETY: setsid and close_range are async-signal-safe system calls that touch no
+        // memory of this process. Closing inherited descriptors (other than the stdio the
+        // watcher needs) keeps it from holding a pipe the job's caller waits on; a kernel
+        // without close_range (< 5.9) leaves them, which only matters for such pipes.
         unsafe {
             cmd.pre_exec(|| {
                 libc::setsid();
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
                 Ok(())
             });
         }

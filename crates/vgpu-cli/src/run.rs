@@ -167,7 +167,8 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode, Failure> {
         .split_first()
         .ok_or_else(|| Failure::usage("no command given"))?;
     let table = choose_table(args);
-    if matches!(table, Table::Shared(_)) && !args.dry_run {
+    if matches!(table, Table::Shared(_)) {
+        // Also for --dry-run: the environment is checked as the hook will see it.
         usage_file::ensure_user_dir()?;
     }
     let cache = match &table {

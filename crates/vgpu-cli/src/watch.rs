@@ -25,11 +25,11 @@ pub const SCHEMA: &str = "vgpu.watch.v1";
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
 /// Usage at or above this share of the limit is highlighted as near the limit.
-const NEAR_LIMIT_PERCENT: u64 = 90;
+pub const NEAR_LIMIT_PERCENT: u64 = 90;
 
 /// Free memory under the limit below which a device counts as full: the hook hands out
 /// device memory in 2 MiB pages, so a request then is refused (`CUDA_ERROR_OUT_OF_MEMORY`).
-const FULL_MARGIN: u64 = 2 << 20;
+pub const FULL_MARGIN: u64 = 2 << 20;
 
 /// One `watch --json` line.
 #[derive(Debug, Serialize)]

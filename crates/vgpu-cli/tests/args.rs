@@ -140,3 +140,40 @@ fn duplicate_limits_are_refused() {
     ]);
     assert_fails(&out, 2, &["--sm without a device is given more than once"]);
 }
+
+#[test]
+fn share_names_and_conflicting_tables_are_usage_errors() {
+    assert_fails(
+        &vgpu_args(&["run", "--share", "../x", "--", "true"]),
+        2,
+        &["not a group name"],
+    );
+    assert_fails(
+        &vgpu_args(&[
+            "run",
+            "--share",
+            "a",
+            "--cache",
+            "/tmp/x.cache",
+            "--",
+            "true",
+        ]),
+        2,
+        &["--share", "--cache"],
+    );
+    assert_fails(
+        &vgpu_args(&["run", "--all-users", "--", "true"]),
+        2,
+        &["--cache"],
+    );
+    assert_fails(
+        &vgpu_args(&["status", "--share", "a", "--cache", "/tmp/x.cache"]),
+        2,
+        &["--share"],
+    );
+    assert_fails(
+        &vgpu_args(&["run", "--driver", "quantum", "--", "true"]),
+        2,
+        &["quantum"],
+    );
+}

@@ -274,3 +274,38 @@ fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
         out.stderr
     );
 }
+
+#[test]
+fn dry_run_says_a_private_table_is_made_at_run_time_and_creates_nothing() {
+    let dir = TempDir::new("vgpu-run").unwrap();
+    let lib = fake_lib(&dir);
+    let out = run_sh(&lib, &["--dry-run", "--driver", "simulated"], &[], "true");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("# CUDA_DEVICE_MEMORY_SHARED_CACHE: a private usage table"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("# LD_LIBRARY_PATH: the simulated driver")
+    );
+    assert!(!out.stdout.contains("CUDA_DEVICE_MEMORY_SHARED_CACHE="));
+    let work = dir.path().join("work");
+    assert!(
+        std::fs::read_dir(&work).unwrap().next().is_none(),
+        "dry run created something in {}",
+        work.display()
+    );
+    // --share names the group's file in the per-user directory.
+    let out = run_sh(&lib, &["--dry-run", "--share", "team"], &[], "true");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let want = format!(
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE={}/vgpu-{uid}/team.cache\n",
+        work.display()
+    );
+    assert!(out.stdout.contains(&want), "{}", out.stdout);
+}
