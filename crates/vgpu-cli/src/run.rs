@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vgpu_alloc_core::config::{self, Config};
+use vgpu_env::{self as config, Config, Vars};
 
 use crate::Failure;
 use crate::cli::{RunArgs, RunDriver};
@@ -43,6 +43,18 @@ impl HookEnv {
         }
         std::env::var(name).ok()
     }
+
+    /// Every variable as the program will see them, given the inherited environment.
+    pub fn vars(&self) -> Vars {
+        let mut vars = Vars::from_os(std::env::vars_os());
+        for name in &self.remove {
+            vars.remove(name);
+        }
+        for (name, value) in &self.set {
+            vars.set(name.as_str(), value.as_str());
+        }
+        vars
+    }
 }
 
 /// Everything `run` (and the demo and doctor probes) need to start a program under the hook.
@@ -58,7 +70,7 @@ pub struct HookSetup<'a> {
     pub cache: Option<&'a Path>,
 }
 
-/// Compute the environment for `setup`, checked with the core's parser as the hook will read it.
+/// Compute the environment for `setup`, checked with vgpu-env's parser as the hook will read it.
 pub fn hook_env(setup: &HookSetup<'_>) -> Result<HookEnv, Failure> {
     let mut env = HookEnv {
         // A device given twice is bad usage, like a value that does not parse.
@@ -103,7 +115,7 @@ pub fn hook_env(setup: &HookSetup<'_>) -> Result<HookEnv, Failure> {
     );
     // The whole environment as the hook will parse it: inherited bad values fail here, with
     // the variable named, instead of inside the program.
-    Config::from_lookup(|k| env.lookup(k))
+    Config::from_vars(&env.vars())
         .map_err(|e| Failure::msg(format!("the program's environment would be invalid: {e}")))?;
     Ok(env)
 }
@@ -238,7 +250,7 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode, Failure> {
         }
         Table::Inherited(_) => {}
     }
-    let cfg = Config::from_lookup(|k| env.lookup(k))
+    let cfg = Config::from_vars(&env.vars())
         .map_err(|e| Failure::msg(format!("the program's environment would be invalid: {e}")))?;
     if table != Table::Private {
         let memory = sets_kind(&env, !args.memory.is_empty(), config::ENV_MEMORY_LIMIT);

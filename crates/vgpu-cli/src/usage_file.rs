@@ -20,7 +20,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 use vgpu_alloc_core::DeviceIndex;
-use vgpu_alloc_core::config::Config;
+use vgpu_env::Config;
 
 use crate::Failure;
 use crate::units::format_limit;
