@@ -202,6 +202,9 @@ pub struct DoctorArgs {
     /// Skip the probe program (only inspect files and the environment).
     #[arg(long)]
     pub no_probe: bool,
+    /// Check against the real driver, or the simulated one (as `vgpu run --driver simulated`).
+    #[arg(long, value_enum, default_value_t = RunDriver::Real)]
+    pub driver: RunDriver,
     /// Print the checks as JSON (schema `vgpu.doctor.v1`) instead of text.
     #[arg(long)]
     pub json: bool,

@@ -8,7 +8,7 @@ use serde::Serialize;
 use vgpu_env::{Config, Vars};
 
 use crate::Failure;
-use crate::cli::DoctorArgs;
+use crate::cli::{DoctorArgs, RunDriver};
 use crate::cuda::Library;
 use crate::limits::MemoryFlag;
 use crate::locate::{self, Found};
@@ -177,12 +177,35 @@ fn check_preload(hook: Option<&Found>) -> (Check, bool) {
     )
 }
 
-fn check_driver(name: &'static str, soname: &str, required: bool) -> (Check, bool) {
-    match Library::open(soname) {
+/// `sim_links`: the directory serving the simulated driver under the driver's names
+/// (`--driver simulated`), where `soname` is opened instead of the loader's search.
+fn check_driver(
+    name: &'static str,
+    soname: &str,
+    required: bool,
+    sim_links: Option<&Path>,
+) -> (Check, bool) {
+    let target = sim_links.map_or_else(
+        || soname.to_owned(),
+        |d| d.join(soname).display().to_string(),
+    );
+    match Library::open(&target) {
         Ok(l) => {
             let path = l.path().unwrap_or_else(|| PathBuf::from(soname));
             let simulated = path.file_name().is_some_and(|n| n == locate::SIM_NAME);
-            if simulated {
+            if simulated && sim_links.is_some() {
+                (
+                    check(
+                        name,
+                        Verdict::Ok,
+                        format!(
+                            "{soname} is the simulated driver {} (--driver simulated)",
+                            path.display()
+                        ),
+                    ),
+                    true,
+                )
+            } else if simulated {
                 (
                     check(
                         name,
@@ -207,7 +230,7 @@ fn check_driver(name: &'static str, soname: &str, required: bool) -> (Check, boo
         }
         Err(e) => {
             let what = if required {
-                "no CUDA program can run here, limited or not (without a GPU, `vgpu demo` and `vgpu run --driver simulated` use the simulated driver)"
+                "no CUDA program can run here, limited or not (without a GPU, `--driver simulated` checks against the simulated driver; `vgpu demo` and `vgpu run --driver simulated` use it)"
             } else {
                 "NVML views (nvidia-smi, nvmlDeviceGetMemoryInfo) cannot be virtualized"
             };
@@ -393,7 +416,14 @@ pub fn probe(configure: impl FnOnce(&mut Command)) -> Result<ProbeResult, String
     })
 }
 
-fn check_mechanism(hook: &Found) -> Check {
+/// Put the simulated driver's directory first on `cmd`'s `LD_LIBRARY_PATH`, if there is one.
+fn serve_sim(cmd: &mut Command, sim_links: Option<&Path>) {
+    if let Some(d) = sim_links {
+        cmd.env("LD_LIBRARY_PATH", crate::demo::library_path_with(d));
+    }
+}
+
+fn check_mechanism(hook: &Found, sim_links: Option<&Path>) -> Check {
     let tmp = match crate::private_tempdir("vgpu-doctor-") {
         Ok(t) => t,
         Err(e) => {
@@ -417,7 +447,10 @@ fn check_mechanism(hook: &Found) -> Check {
         Ok(e) => e,
         Err(e) => return check("probe (hook)", Verdict::Fail, e.message),
     };
-    match probe(|cmd| env.apply(cmd)) {
+    match probe(|cmd| {
+        env.apply(cmd);
+        serve_sim(cmd, sim_links);
+    }) {
         Err(e) => check("probe (hook)", Verdict::Fail, e),
         Ok(p) if p.device_total == PROBE_LIMIT && p.info_total == PROBE_LIMIT => check(
             "probe (hook)",
@@ -449,12 +482,16 @@ fn check_mechanism(hook: &Found) -> Check {
 }
 
 /// The probe in this environment as it is: does a program started here see its limit?
-fn check_here(cfg: &Config, file: Option<&report::StatusReport>) -> Check {
+fn check_here(
+    cfg: &Config,
+    file: Option<&report::StatusReport>,
+    sim_links: Option<&Path>,
+) -> Check {
     // Limits stored in the file win over the environment.
     let expected = file
         .and_then(|r| r.devices.iter().find(|d| d.index == 0))
         .map_or(cfg.memory_limit[0], |d| d.memory_limit_bytes);
-    let p = match probe(|_| {}) {
+    let p = match probe(|cmd| serve_sim(cmd, sim_links)) {
         Ok(p) => p,
         Err(e) => return check("probe (here)", Verdict::Fail, e),
     };
@@ -508,9 +545,22 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
     emit(c, &mut checks);
     let (c, preloaded) = check_preload(hook.as_ref());
     emit(c, &mut checks);
-    let (c, have_driver) = check_driver("CUDA driver", "libcuda.so.1", true);
+    // --driver simulated: the simulated driver served as libcuda.so.1 from a private
+    // directory, for the driver checks and the probes alike.
+    let sim_dir = match args.driver {
+        RunDriver::Real => None,
+        RunDriver::Simulated => {
+            let dir = crate::private_tempdir("vgpu-doctor-sim-")
+                .map_err(|e| Failure::msg(format!("cannot create a temporary directory: {e}")))?;
+            let sim = locate::find_sim()?;
+            crate::demo::make_sim_link_dir(&sim.path, dir.path())?;
+            Some(dir)
+        }
+    };
+    let sim_links = sim_dir.as_ref().map(tempfile::TempDir::path);
+    let (c, have_driver) = check_driver("CUDA driver", "libcuda.so.1", true, sim_links);
     emit(c, &mut checks);
-    let (c, _) = check_driver("NVML", "libnvidia-ml.so.1", false);
+    let (c, _) = check_driver("NVML", "libnvidia-ml.so.1", false, sim_links);
     emit(c, &mut checks);
     let (c, cfg) = check_environment();
     emit(c, &mut checks);
@@ -535,10 +585,10 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
             &mut checks,
         );
     } else if let Some(hook) = &hook {
-        emit(check_mechanism(hook), &mut checks);
+        emit(check_mechanism(hook, sim_links), &mut checks);
         if preloaded {
             if let Some(cfg) = &cfg {
-                emit(check_here(cfg, file.as_ref()), &mut checks);
+                emit(check_here(cfg, file.as_ref(), sim_links), &mut checks);
             }
         }
     }

@@ -156,3 +156,40 @@ fn doctor_json_names_every_check_and_reports_oversubscribe() {
             .any(|c| c["name"] == "oversubscribe")
     );
 }
+
+#[test]
+fn doctor_checks_the_simulated_driver_when_asked() {
+    let (s, cache) = Setup::new();
+    let mut cmd = s.vgpu();
+    // No real driver on the library path: only --driver simulated can pass.
+    cmd.env("LD_LIBRARY_PATH", s.dir.path());
+    args(
+        &mut cmd,
+        &["doctor", "--json", "--driver", "simulated"],
+        &cache,
+    );
+    let out = run(cmd);
+    let v = parse(&out.stdout, "vgpu.doctor.v1");
+    assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
+    assert_eq!(v["ok"], true);
+    let verdict = |name: &str| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["verdict"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        verdict("CUDA driver").as_deref(),
+        Some("ok"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        verdict("probe (hook)").as_deref(),
+        Some("ok"),
+        "{}",
+        out.stdout
+    );
+}

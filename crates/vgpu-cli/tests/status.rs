@@ -775,3 +775,60 @@ fn watch_fits_80_columns_with_local_time_and_no_terminal_hints_in_a_pipe() {
     // 1000 MiB of 1 GiB is near the limit: shown, but as plain text in a pipe.
     assert!(out.stdout.contains("97%"), "{}", out.stdout);
 }
+
+/// `vgpu watch` on a pseudo-terminal with `env`; what it wrote.
+fn watch_on_a_pty(path: &Path, env: &[(&str, &str)]) -> String {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two descriptors into the out-pointers; name/termios/winsize unused.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both descriptors were just returned by openpty and are owned here.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut cmd = vgpu();
+    cmd.env_remove("NO_COLOR")
+        .envs(env.iter().copied())
+        .args(["watch", "--count", "1", "--cache", path.to_str().unwrap()])
+        .stdout(Stdio::from(slave))
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let status = wait_bounded(&mut child, Duration::from_secs(10));
+    drop(cmd);
+    assert_eq!(status.code(), Some(0));
+    let mut out = Vec::new();
+    let mut master = std::fs::File::from(master);
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = std::io::Read::read(&mut master, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn watch_highlights_a_device_near_its_limit_on_a_terminal_only() {
+    let dir = TempDir::new("vgpu-watch").unwrap();
+    let path = make_table(&dir);
+    let _h = Helper::start(&path, &format!("0:data:{}", 1000 * MIB));
+    let yellow_bold = "\x1b[1m\x1b[33m";
+    let text = watch_on_a_pty(&path, &[]);
+    let device_line = text
+        .lines()
+        .find(|l| l.contains("1000 MiB / 1 GiB"))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    assert!(device_line.contains(yellow_bold), "{device_line:?}");
+    // NO_COLOR: the same frame without colour (the screen is still cleared).
+    let text = watch_on_a_pty(&path, &[("NO_COLOR", "1")]);
+    assert!(text.contains("1000 MiB / 1 GiB"), "{text:?}");
+    assert!(!text.contains(yellow_bold), "{text:?}");
+}
