@@ -255,7 +255,14 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode, Failure> {
     if table != Table::Private {
         let memory = sets_kind(&env, !args.memory.is_empty(), config::ENV_MEMORY_LIMIT);
         let sm = sets_kind(&env, !args.sm.is_empty(), config::ENV_SM_LIMIT);
-        for n in usage_file::reconcile_limits(Path::new(&cfg.shared_cache), &cfg, memory, sm)? {
+        let may_replace = !matches!(table, Table::Inherited(_));
+        for n in usage_file::reconcile_limits(
+            Path::new(&cfg.shared_cache),
+            &cfg,
+            memory,
+            sm,
+            may_replace,
+        )? {
             note(&n);
         }
     }

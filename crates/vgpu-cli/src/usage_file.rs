@@ -182,13 +182,15 @@ fn percent(p: Option<u64>) -> String {
 
 /// Bring the limits stored in an existing table in line with `cfg` for the kinds the job
 /// sets (`memory`, `sm`): refuse while live processes use it under other limits, replace
-/// them when nobody does. Returns the notes to print. A missing table is fine (the hook
-/// creates it from the environment).
+/// them when nobody does and `may_replace` (false for a table the environment named, such
+/// as a HAMi container's, whose limits are its operator's). Returns the notes to print. A
+/// missing table is fine (the hook creates it from the environment).
 pub fn reconcile_limits(
     path: &Path,
     cfg: &Config,
     memory: bool,
     sm: bool,
+    may_replace: bool,
 ) -> Result<Vec<String>, Failure> {
     // Empty: created just now (by `prepare_explicit`) and initialized by the hook.
     if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
@@ -242,6 +244,16 @@ pub fn reconcile_limits(
             path.display(),
             list.join("; "),
             path.display()
+        )));
+    }
+    if !may_replace {
+        return Err(Failure::msg(format!(
+            "{} (named by $CUDA_DEVICE_MEMORY_SHARED_CACHE) holds other limits: {}.\n\
+             vgpu run does not change the limits of a table the environment gives it (in a HAMi \
+             container they are the operator's); run with the same limits, use `vgpu set-limit` \
+             if you mean to change them, or --share NAME for a table of your own.",
+            path.display(),
+            list.join("; ")
         )));
     }
     let table = crate::table::open_writable(path)?;

@@ -353,3 +353,41 @@ fn an_explicit_cache_is_created_private_and_never_through_a_symlink() {
     assert_fails(&run(cmd), 1, &["symlink"]);
     assert!(!Path::new(&dir.join("elsewhere")).exists());
 }
+
+#[test]
+fn a_table_named_by_the_environment_keeps_its_limits() {
+    // Like a HAMi container: the operator's file, with the operator's limit.
+    let b = Box_::new();
+    let cache = b.tmp.path().join("container.cache");
+    let mut cmd = b.vgpu();
+    cmd.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .args(["run", "--driver", "simulated", "--"])
+        .arg(vgpu_exe())
+        .args(["workload", "--script", "init"]);
+    assert_eq!(run(cmd).code(), Some(0));
+    // Nobody uses it now, but it is not this job's to change.
+    let mut cmd = b.vgpu();
+    cmd.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache).args([
+        "run",
+        "--driver",
+        "simulated",
+        "--memory",
+        "2g",
+        "--",
+        "true",
+    ]);
+    assert_fails(
+        &run(cmd),
+        1,
+        &[
+            "named by $CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            "1 GiB",
+            "2 GiB",
+        ],
+    );
+    let mut cmd = b.vgpu();
+    cmd.args(["status", "--json", "--cache"]).arg(&cache);
+    let v: serde_json::Value = serde_json::from_str(&run(cmd).stdout).unwrap();
+    assert_eq!(v["devices"][0]["memory_limit_bytes"], 1u64 << 30);
+}
