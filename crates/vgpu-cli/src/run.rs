@@ -171,6 +171,76 @@ fn note(text: &str) {
     eprintln!("vgpu: note: {text}");
 }
 
+fn print_dry_run(args: &RunArgs, table: &Table, env: &HookEnv) {
+    if *table == Table::Private {
+        println!(
+            "# {}: a private usage table, created for the job and removed when it ends",
+            config::ENV_SHARED_CACHE
+        );
+    }
+    if args.driver == RunDriver::Simulated {
+        println!("# LD_LIBRARY_PATH: the simulated driver's directory, created for the job");
+    }
+    for name in &env.remove {
+        println!("unset {name}");
+    }
+    for (k, v) in &env.set {
+        println!("{k}={}", shell_quote(OsStr::new(v)));
+    }
+    let words: Vec<String> = args.command.iter().map(|a| shell_quote(a)).collect();
+    println!("exec {}", words.join(" "));
+}
+
+/// Create the job's table (private) or check the one it joins, and point the environment
+/// at it; `job_dir` is the job's private directory, if it has one.
+fn set_up_table(
+    args: &RunArgs,
+    table: &Table,
+    job_dir: Option<&Path>,
+    env: &mut HookEnv,
+) -> Result<(), Failure> {
+    match (table, job_dir) {
+        (Table::Private, Some(dir)) => {
+            let path = dir.join(usage_file::PRIVATE_FILE_NAME);
+            usage_file::create_table_file(&path, 0o600)
+                .map_err(|e| Failure::msg(format!("cannot create {}: {e}", path.display())))?;
+            let s = path.to_str().ok_or_else(|| {
+                Failure::msg(format!(
+                    "{} is not valid UTF-8 (set TMPDIR)",
+                    path.display()
+                ))
+            })?;
+            env.set
+                .insert(config::ENV_SHARED_CACHE.to_owned(), s.to_owned());
+            if std::io::stderr().is_terminal() {
+                note(&format!(
+                    "this job's own usage table: {s} (removed when the job ends; --share NAME joins a group)"
+                ));
+            }
+            return Ok(());
+        }
+        (Table::Private, None) => {
+            return Err(Failure::msg("no private directory for the job's table"));
+        }
+        (Table::Shared(p) | Table::Explicit(p), _) => {
+            usage_file::prepare_explicit(p, args.all_users)?;
+        }
+        (Table::Inherited(_), _) => {}
+    }
+    // A table others may use: its stored limits must not silently override this job's.
+    let cfg = Config::from_vars(&env.vars())
+        .map_err(|e| Failure::msg(format!("the program's environment would be invalid: {e}")))?;
+    let memory = sets_kind(env, !args.memory.is_empty(), config::ENV_MEMORY_LIMIT);
+    let sm = sets_kind(env, !args.sm.is_empty(), config::ENV_SM_LIMIT);
+    let may_replace = !matches!(table, Table::Inherited(_));
+    for n in
+        usage_file::reconcile_limits(Path::new(&cfg.shared_cache), &cfg, memory, sm, may_replace)?
+    {
+        note(&n);
+    }
+    Ok(())
+}
+
 /// Run `vgpu run`: on success this never returns (the process becomes the program).
 pub fn run(args: &RunArgs) -> Result<std::process::ExitCode, Failure> {
     let hook = locate::find_hook(args.lib.as_deref())?;
@@ -194,23 +264,7 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode, Failure> {
         cache,
     })?;
     if args.dry_run {
-        if table == Table::Private {
-            println!(
-                "# {}: a private usage table, created for the job and removed when it ends",
-                config::ENV_SHARED_CACHE
-            );
-        }
-        if args.driver == RunDriver::Simulated {
-            println!("# LD_LIBRARY_PATH: the simulated driver's directory, created for the job");
-        }
-        for name in &env.remove {
-            println!("unset {name}");
-        }
-        for (k, v) in &env.set {
-            println!("{k}={}", shell_quote(OsStr::new(v)));
-        }
-        let words: Vec<String> = args.command.iter().map(|a| shell_quote(a)).collect();
-        println!("exec {}", words.join(" "));
+        print_dry_run(args, &table, &env);
         return Ok(std::process::ExitCode::SUCCESS);
     }
 
@@ -225,47 +279,9 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode, Failure> {
             note(&format!("{e}; remove {} after the job", dir.display()));
         }
     }
-    match &table {
-        Table::Private => {
-            let dir = job_dir.as_deref().unwrap_or(Path::new("."));
-            let path = dir.join(usage_file::PRIVATE_FILE_NAME);
-            usage_file::create_table_file(&path, 0o600)
-                .map_err(|e| Failure::msg(format!("cannot create {}: {e}", path.display())))?;
-            let s = path.to_str().ok_or_else(|| {
-                Failure::msg(format!(
-                    "{} is not valid UTF-8 (set TMPDIR)",
-                    path.display()
-                ))
-            })?;
-            env.set
-                .insert(config::ENV_SHARED_CACHE.to_owned(), s.to_owned());
-            if std::io::stderr().is_terminal() {
-                note(&format!(
-                    "this job's own usage table: {s} (removed when the job ends; --share NAME joins a group)"
-                ));
-            }
-        }
-        Table::Shared(p) | Table::Explicit(p) => {
-            usage_file::prepare_explicit(p, args.all_users)?;
-        }
-        Table::Inherited(_) => {}
-    }
+    set_up_table(args, &table, job_dir.as_deref(), &mut env)?;
     let cfg = Config::from_vars(&env.vars())
         .map_err(|e| Failure::msg(format!("the program's environment would be invalid: {e}")))?;
-    if table != Table::Private {
-        let memory = sets_kind(&env, !args.memory.is_empty(), config::ENV_MEMORY_LIMIT);
-        let sm = sets_kind(&env, !args.sm.is_empty(), config::ENV_SM_LIMIT);
-        let may_replace = !matches!(table, Table::Inherited(_));
-        for n in usage_file::reconcile_limits(
-            Path::new(&cfg.shared_cache),
-            &cfg,
-            memory,
-            sm,
-            may_replace,
-        )? {
-            note(&n);
-        }
-    }
     if cfg.sm_limit.iter().any(Option::is_some) {
         if let Some(dir) = &cfg.sm_tuning.turn_dir {
             if let Err(w) = turn_dir::ensure(Path::new(dir)) {
@@ -273,9 +289,9 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode, Failure> {
             }
         }
     }
-    if args.driver == RunDriver::Simulated {
+    if let (RunDriver::Simulated, Some(dir)) = (args.driver, &job_dir) {
         let sim = locate::find_sim()?;
-        let links = job_dir.as_deref().unwrap_or(Path::new(".")).join("driver");
+        let links = dir.join("driver");
         crate::demo::make_sim_link_dir(&sim.path, &links)?;
         env.set.insert(
             "LD_LIBRARY_PATH".into(),
