@@ -131,6 +131,16 @@ pub fn prepare_explicit(path: &Path, all_users: bool) -> Result<(), String> {
             path.display()
         )),
         Ok(meta) if !meta.is_file() => Err(format!("{} is not a regular file", path.display())),
+        Ok(meta) if meta.uid() != euid() && meta.uid() != 0 && in_world_writable_dir(path) => {
+            // The hook's owner rule (docs/security.md): said here, before the program starts.
+            Err(format!(
+                "{} belongs to uid {} and lies in a world-writable directory, where anyone could \
+                 have put it: the hook refuses it. To share a table across users, put it in a \
+                 directory they can write that is not world-writable (a shared group's)",
+                path.display(),
+                meta.uid()
+            ))
+        }
         Ok(meta) => {
             let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
                 .map_err(|_| format!("{} contains a NUL byte", path.display()))?;
@@ -158,6 +168,14 @@ pub fn prepare_explicit(path: &Path, all_users: bool) -> Result<(), String> {
         }
         Err(e) => Err(format!("cannot inspect {}: {e}", path.display())),
     }
+}
+
+fn in_world_writable_dir(path: &Path) -> bool {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o002 != 0)
 }
 
 /// One device whose stored limit differs from what the job asks for.
@@ -299,6 +317,27 @@ mod tests {
         prepare_explicit(&mine, true).unwrap();
         let mode = std::fs::metadata(&mine).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn a_foreign_file_in_a_world_writable_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let path = dir.path().join("theirs.cache");
+        std::fs::write(&path, b"").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        // Needs the right to give a file away (root, as in CI); elsewhere nothing to check.
+        if std::os::unix::fs::chown(&path, Some(12345), None).is_err() {
+            return;
+        }
+        let err = prepare_explicit(&path, false).unwrap_err();
+        assert!(
+            err.contains("uid 12345") && err.contains("world-writable"),
+            "{err}"
+        );
+        // The same file in a directory that is not world-writable may be joined.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o775)).unwrap();
+        prepare_explicit(&path, false).unwrap();
     }
 
     #[test]
