@@ -1,0 +1,71 @@
+//! `cuInit`, the process-wide simulator, fault injection and the fork rule.
+
+use super::*;
+
+static SIM: OnceLock<Result<Sim, ConfigError>> = OnceLock::new();
+
+/// Set in a child after `fork`: the parent's driver state is not usable there.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Registers the fork handler once per process.
+pub(super) fn watch_forks() {
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    AT_FORK.call_once(|| crate::hostmem::at_fork_child(forked_child));
+}
+
+extern "C" fn forked_child() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// The process-wide simulator (configured from the environment on first use).
+pub fn global() -> Result<&'static Sim, u32> {
+    match SIM.get_or_init(|| SimConfig::from_env().map(Sim::new)) {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                eprintln!("{e}");
+            }
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    }
+}
+
+/// The simulator if `cuInit` succeeded in this process, else `CUDA_ERROR_NOT_INITIALIZED`.
+pub fn inited() -> CuResult<&'static Sim> {
+    match SIM.get() {
+        Some(Ok(s)) if s.inited.load(Ordering::Acquire) && !FORKED.load(Ordering::Relaxed) => Ok(s),
+        _ => Err(CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+impl Sim {
+    /// `cuInit`.
+    pub fn init(&self, flags: u32) -> CuResult<()> {
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if FORKED.load(Ordering::Relaxed) {
+            // Like the real driver: a child forked after initialization cannot use it.
+            return Err(CUDA_ERROR_NOT_INITIALIZED);
+        }
+        if self.cfg.visible.is_empty() {
+            return Err(CUDA_ERROR_NO_DEVICE);
+        }
+        self.inited.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Applies injected faults for entry point `op`; `alloc` marks allocating calls.
+    pub fn fault(&self, op: &str, alloc: bool) -> CuResult<()> {
+        for (i, f) in self.cfg.faults.iter().enumerate() {
+            if f.op == op || (alloc && f.op == "alloc") {
+                let n = self.fault_calls[i].fetch_add(1, Ordering::Relaxed) + 1;
+                if f.nth.is_none_or(|k| k == n) {
+                    return Err(f.code);
+                }
+            }
+        }
+        Ok(())
+    }
+}
