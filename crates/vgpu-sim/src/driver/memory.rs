@@ -112,19 +112,35 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
     })
 }
 
+/// A host pointer the program passed to a copy.
+fn host(p: u64) -> Addr {
+    // SAFETY: the driver API makes the caller promise that a host pointer is valid for the
+    // bytes the call names until the call, or the stream work it queues, completes.
+    Addr::Host(unsafe { HostPtr::new(p) })
+}
+
+/// A pointer of a unified copy (`cuMemcpy`): device memory if the simulator knows it as such,
+/// else the program's host memory.
+fn unified(s: &Sim, p: u64) -> Addr {
+    if s.is_device_ptr(p) {
+        Addr::Device(p)
+    } else {
+        host(p)
+    }
+}
+
 exports_pt! {
     cuMemcpyHtoD_v2 / cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) false |s, _pt| {
-        s.memcpy(dst.0, src as u64, n as u64, true, false)
+        s.memcpy(Addr::Device(dst.0), host(hv(src.cast_mut())), n as u64)
     }
     cuMemcpyDtoH_v2 / cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) false |s, _pt| {
-        s.memcpy(hv(dst), src.0, n as u64, false, true)
+        s.memcpy(host(hv(dst)), Addr::Device(src.0), n as u64)
     }
     cuMemcpyDtoD_v2 / cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) false |s, _pt| {
-        s.memcpy(dst.0, src.0, n as u64, true, true)
+        s.memcpy(Addr::Device(dst.0), Addr::Device(src.0), n as u64)
     }
     cuMemcpy / cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) false |s, _pt| {
-        let (dd, sd) = (s.is_device_ptr(dst.0), s.is_device_ptr(src.0));
-        s.memcpy(dst.0, src.0, n as u64, dd, sd)
+        s.memcpy(unified(s, dst.0), unified(s, src.0), n as u64)
     }
     cuMemsetD8_v2 / cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: u8, n: usize) false |s, _pt| {
         s.memset(dst.0, v as u32, 1, n as u64)
@@ -136,17 +152,16 @@ exports_pt! {
         s.memset(dst.0, v, 4, n as u64)
     }
     cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, st: CUstream) false |s, pt| {
-        s.memcpy_async(dst.0, src as u64, n as u64, (true, false), hv(st), pt)
+        s.memcpy_async(Addr::Device(dst.0), host(hv(src.cast_mut())), n as u64, hv(st), pt)
     }
     cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, st: CUstream) false |s, pt| {
-        s.memcpy_async(hv(dst), src.0, n as u64, (false, true), hv(st), pt)
+        s.memcpy_async(host(hv(dst)), Addr::Device(src.0), n as u64, hv(st), pt)
     }
     cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream) false |s, pt| {
-        s.memcpy_async(dst.0, src.0, n as u64, (true, true), hv(st), pt)
+        s.memcpy_async(Addr::Device(dst.0), Addr::Device(src.0), n as u64, hv(st), pt)
     }
     cuMemcpyAsync / cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream) false |s, pt| {
-        let (dd, sd) = (s.is_device_ptr(dst.0), s.is_device_ptr(src.0));
-        s.memcpy_async(dst.0, src.0, n as u64, (dd, sd), hv(st), pt)
+        s.memcpy_async(unified(s, dst.0), unified(s, src.0), n as u64, hv(st), pt)
     }
     cuMemsetD8Async / cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, st: CUstream) false |s, pt| {
         s.memset_async(dst.0, v as u32, 1, n as u64, hv(st), pt)

@@ -20,8 +20,9 @@ use vgpu_cuda_abi::{
 };
 
 use crate::codes::*;
+use crate::hostmem::HostPtr;
 use crate::state::{
-    ArrayDesc, CuResult, Kernel, Launch, PtrAttr, Sim, global, handle, inited, tag,
+    Addr, ArrayDesc, CuResult, Kernel, Launch, PtrAttr, Sim, global, handle, inited, tag,
 };
 
 /// Writes an out-parameter, rejecting null with `CUDA_ERROR_INVALID_VALUE`.

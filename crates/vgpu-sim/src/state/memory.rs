@@ -179,32 +179,15 @@ impl Sim {
         Ok(())
     }
 
-    /// Synchronous copy; `dst_dev`/`src_dev` say which side must be device memory.
-    pub fn memcpy(&self, dst: u64, src: u64, n: u64, dst_dev: bool, src_dev: bool) -> CuResult<()> {
+    /// Synchronous copy of `n` bytes.
+    pub fn memcpy(&self, dst: Addr, src: Addr, n: u64) -> CuResult<()> {
         self.sync_current()?;
-        self.copy_now(dst, src, n, dst_dev, src_dev)
+        self.copy_now(dst, src, n)
     }
 
-    pub(super) fn copy_now(
-        &self,
-        dst: u64,
-        src: u64,
-        n: u64,
-        dst_dev: bool,
-        src_dev: bool,
-    ) -> CuResult<()> {
+    pub(super) fn copy_now(&self, dst: Addr, src: Addr, n: u64) -> CuResult<()> {
         let st = self.st();
-        if (dst_dev && st.check_range(dst, n).is_err())
-            || (src_dev && st.check_range(src, n).is_err())
-        {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        if (!dst_dev && dst == 0) || (!src_dev && src == 0) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: device ranges were checked against live allocations under the lock, which we
-        // still hold; host ranges are the caller's promise, as with the real driver.
-        unsafe { hostmem::copy(dst, src, n as usize) };
+        hostmem::copy(st.span(dst, n)?, st.span(src, n)?);
         Ok(())
     }
 
@@ -219,19 +202,16 @@ impl Sim {
         let len = count
             .checked_mul(elem as u64)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        st.check_range(dst, len)?;
-        // SAFETY: checked above against live device memory, lock held.
-        unsafe { hostmem::fill(dst, value, elem, count as usize) };
+        hostmem::fill(st.device_span(dst, len)?, value, elem);
         Ok(())
     }
 
     /// Stream-ordered copy.
     pub fn memcpy_async(
         &'static self,
-        dst: u64,
-        src: u64,
+        dst: Addr,
+        src: Addr,
         n: u64,
-        dirs: (bool, bool),
         stream: u64,
         per_thread: bool,
     ) -> CuResult<()> {
@@ -241,14 +221,11 @@ impl Sim {
         }
         {
             let st = self.st();
-            if (dirs.0 && st.check_range(dst, n).is_err())
-                || (dirs.1 && st.check_range(src, n).is_err())
-            {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
+            st.span(dst, n)?;
+            st.span(src, n)?;
         }
         q.submit(Box::new(move || {
-            let _ = self.copy_now(dst, src, n, dirs.0, dirs.1);
+            let _ = self.copy_now(dst, src, n);
         }));
         Ok(())
     }

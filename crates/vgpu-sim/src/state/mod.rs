@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::codes::*;
 use crate::config::{ConfigError, SimConfig};
 use crate::engine::{BusyLog, Event, StreamQueue};
-use crate::hostmem::{self, HostRegion, PhysMem, VaRange};
+use crate::hostmem::{self, HostPtr, HostRegion, PhysMem, Span, VaRange};
 
 /// Result of a simulated driver operation: a value or a driver error code.
 pub type CuResult<T> = Result<T, u32>;
@@ -276,26 +276,39 @@ impl State {
             .filter(|(b, m)| p < *b + m.size)
     }
 
-    /// Whether `[p, p + len)` is device memory this process may touch.
-    fn check_range(&self, p: u64, len: u64) -> CuResult<()> {
+    /// `[p, p + len)` if it is device memory this process may touch.
+    fn device_span(&self, p: u64, len: u64) -> CuResult<Span<'_>> {
         if len == 0 {
-            return Ok(());
+            return Ok(Span::empty());
         }
         let end = p.checked_add(len - 1).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if let Some((b, a)) = self.alloc_at(p) {
-            let cap = (a.region.len() as u64).max(a.size);
-            if end < *b + cap {
-                return Ok(());
-            }
-            return Err(CUDA_ERROR_INVALID_VALUE);
+        if let Some((_, a)) = self.alloc_at(p) {
+            return a.region.span(p, len).ok_or(CUDA_ERROR_INVALID_VALUE);
         }
-        // Virtual-memory ranges may span several adjacent mappings.
+        // Virtual-memory ranges may span several adjacent mappings (of one reservation).
+        let (_, first) = self.map_at(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let mut at = p;
         while at <= end {
             let (b, m) = self.map_at(at).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             at = b + m.size;
         }
-        Ok(())
+        self.vas
+            .get(&first.va)
+            .and_then(|va| va.span(p, len))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// Whether `[p, p + len)` is device memory this process may touch.
+    fn check_range(&self, p: u64, len: u64) -> CuResult<()> {
+        self.device_span(p, len).map(|_| ())
+    }
+
+    /// `len` bytes at one side of a copy.
+    fn span(&self, at: Addr, len: u64) -> CuResult<Span<'_>> {
+        match at {
+            Addr::Device(p) => self.device_span(p, len),
+            Addr::Host(h) => h.span(len).ok_or(CUDA_ERROR_INVALID_VALUE),
+        }
     }
 
     fn is_device_range(&self, p: u64, len: u64) -> bool {
@@ -319,6 +332,15 @@ pub struct Sim {
     inited: AtomicBool,
     st: Mutex<State>,
     fault_calls: Vec<AtomicU64>,
+}
+
+/// One side of a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Addr {
+    /// Device memory: checked against the live allocations and mappings.
+    Device(u64),
+    /// Host memory a program passed in.
+    Host(HostPtr),
 }
 
 /// Per-parameter value of `cuPointerGetAttribute`.

@@ -14,6 +14,14 @@ fn sim(pairs: &[(&str, &str)]) -> &'static Sim {
     s
 }
 
+/// A test's own buffer as a copy's host side.
+#[allow(unsafe_code)]
+/// (`buf` is the memory itself: a slice or a plain value, never a `Vec`.)
+fn host_ptr<T: ?Sized>(buf: &mut T) -> Addr {
+    // SAFETY: each test's synchronous copy uses the buffer within its borrow.
+    Addr::Host(unsafe { HostPtr::new(buf as *mut T as *mut u8 as u64) })
+}
+
 fn used(s: &Sim, p: usize) -> u64 {
     s.devices[p].used.load(Ordering::SeqCst)
 }
@@ -34,11 +42,11 @@ fn allocations_are_counted_limited_and_freed() {
     assert_eq!(s.address_range(a + 999).unwrap(), (a, 1000));
     s.memset(a, 7, 1, 1000).unwrap();
     let mut host = vec![0u8; 1000];
-    s.memcpy(host.as_mut_ptr() as u64, a, 1000, false, true)
+    s.memcpy(host_ptr(host.as_mut_slice()), Addr::Device(a), 1000)
         .unwrap();
     assert!(host.iter().all(|&b| b == 7));
     assert_eq!(
-        s.memcpy(host.as_mut_ptr() as u64, a, 5000, false, true),
+        s.memcpy(host_ptr(host.as_mut_slice()), Addr::Device(a), 5000),
         Err(CUDA_ERROR_INVALID_VALUE)
     );
     assert_eq!(s.mem_free(a + 1), Err(CUDA_ERROR_INVALID_VALUE));
@@ -86,7 +94,7 @@ fn vmm_counts_on_create_and_frees_after_release_and_unmap() {
     s.set_access(va, 8 << 20).unwrap();
     s.memset(va, 0xabcd, 4, 1).unwrap();
     let mut w = 0u32;
-    s.memcpy(&mut w as *mut u32 as u64, va + (4 << 20), 4, false, true)
+    s.memcpy(host_ptr(&mut w), Addr::Device(va + (4 << 20)), 4)
         .unwrap();
     assert_eq!(w, 0xabcd, "both mappings alias one physical allocation");
     assert_eq!(s.address_range(va + 5).unwrap(), (va, 4 << 20));
