@@ -229,7 +229,7 @@ impl PhysMem {
 /// Runs `f` in the child after every `fork` (a `pthread_atfork` child handler).
 pub fn at_fork_child(f: extern "C" fn()) {
     // SAFETY: registering a handler has no preconditions; `f` is a plain function that only
-    // stores an atomic, which is async-signal-safe as a fork handler must be.
+    // loads and stores atomics, which is async-signal-safe as a fork handler must be.
     unsafe { libc::pthread_atfork(None, None, Some(f)) };
 }
 

@@ -1,10 +1,19 @@
 //! `cuInit`, the process-wide simulator, fault injection and the fork rule.
+//!
+//! The fork rule is the real driver's: a child forked after its parent initialized CUDA
+//! (`cuInit` succeeded) cannot use CUDA, its `cuInit` and every later call return
+//! `CUDA_ERROR_NOT_INITIALIZED` (3); a child of a parent that only used NVML, or nothing, can
+//! initialize CUDA itself. Seen on the H200 (issue 12: the bare driver's child of an NVML-only
+//! parent works; a parent whose hook had initialized CUDA got 3 in the child) and reported for
+//! H100s (triton-lang/triton#10443: `cuInit` in a child forked after CUDA initialization
+//! returns 3, so does `cuDeviceGetCount`).
 
 use super::*;
 
 static SIM: OnceLock<Result<Sim, ConfigError>> = OnceLock::new();
 
-/// Set in a child after `fork`: the parent's driver state is not usable there.
+/// Set in a child forked after CUDA was initialized: the parent's driver state is not usable
+/// there, and CUDA cannot be initialized again.
 static FORKED: AtomicBool = AtomicBool::new(false);
 
 /// Registers the fork handler once per process.
@@ -13,8 +22,12 @@ pub(super) fn watch_forks() {
     AT_FORK.call_once(|| crate::hostmem::at_fork_child(forked_child));
 }
 
+/// The `pthread_atfork` child handler: atomic loads and a store only (async-signal-safe).
 extern "C" fn forked_child() {
-    FORKED.store(true, Ordering::Relaxed);
+    let cuda_in_parent = matches!(SIM.get(), Some(Ok(s)) if s.inited.load(Ordering::Acquire));
+    if cuda_in_parent {
+        FORKED.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The process-wide simulator (configured from the environment on first use).
@@ -46,7 +59,7 @@ impl Sim {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         if FORKED.load(Ordering::Relaxed) {
-            // Like the real driver: a child forked after initialization cannot use it.
+            // A child forked after the parent initialized CUDA (module doc).
             return Err(CUDA_ERROR_NOT_INITIALIZED);
         }
         if self.cfg.visible.is_empty() {
