@@ -244,7 +244,7 @@ pub struct Span<'a> {
     _mem: PhantomData<&'a ()>,
 }
 
-impl Span<'_> {
+impl<'a> Span<'a> {
     /// No bytes (a zero-length copy or memset, at any address).
     pub fn empty() -> Span<'static> {
         Span {
@@ -262,6 +262,11 @@ impl Span<'_> {
     /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// `[addr, addr + len)` when it lies inside this span.
+    pub fn sub(self, addr: u64, len: u64) -> Option<Span<'a>> {
+        inside(self.addr, self.len, addr, len)
     }
 }
 

@@ -73,21 +73,29 @@ exports! {
         Ok(())
     }
     cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) false |s| {
-        out!(pp, hp(s.host_alloc(size as u64)?));
+        out!(pp, hp(s.host_alloc(size as u64, 0)?));
         Ok(())
     }
-    cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) false |s| {
-        out!(pp, hp(s.host_alloc(size as u64)?));
+    cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) false |s| {
+        out!(pp, hp(s.host_alloc(size as u64, flags)?));
         Ok(())
     }
     cuMemFreeHost(p: *mut c_void) false |s| { s.host_free(hv(p)) }
-    cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, p: *mut c_void, _flags: c_uint) false |s| {
-        s.current()?;
-        out!(dptr, CUdeviceptr(hv(p)));
+    cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) false |s| {
+        out!(dptr, CUdeviceptr(s.host_device_pointer(hv(p), flags)?));
         Ok(())
     }
-    cuMemHostRegister_v2(_p: *mut c_void, _size: usize, _flags: c_uint) false |s| { s.current().map(|_| ()) }
-    cuMemHostUnregister(_p: *mut c_void) false |s| { s.current().map(|_| ()) }
+    cuMemHostGetFlags(pflags: *mut c_uint, p: *mut c_void) false |s| {
+        out!(pflags, s.host_flags(hv(p))?);
+        Ok(())
+    }
+    cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) false |s| {
+        // SAFETY: registering promises the range stays valid until cuMemHostUnregister (the
+        // driver API's contract; the real driver pins the pages on the same trust).
+        let host = unsafe { HostPtr::new(hv(p)) };
+        s.host_register(host, size as u64, flags)
+    }
+    cuMemHostUnregister(p: *mut c_void) false |s| { s.host_unregister(hv(p)) }
     cuIpcGetMemHandle(h: *mut CUipcMemHandle, dptr: CUdeviceptr) false |s| {
         let bytes = s.ipc_handle(dptr.0)?;
         out!(h, CUipcMemHandle { reserved: bytes.map(|b| b as c_char) });

@@ -33,11 +33,14 @@ fn prop_from_bytes(b: &[u8; 32]) -> CUmemAllocationProp {
     }
 }
 
-/// Device ordinal of a device location, `None` for host locations.
+/// Device ordinal of a device location, `None` for host locations: `CU_MEM_LOCATION_TYPE_`
+/// `DEVICE` = 1, `HOST` = 2 (id ignored), `HOST_NUMA` = 3 (id: a NUMA node, the simulated host
+/// has node 0), `HOST_NUMA_CURRENT` = 4 (id ignored), as in CUDA 12.2+'s `cuda.h`.
 pub(super) fn location(loc: &CUmemLocation) -> CuResult<Option<i32>> {
     match loc.type_.0 {
         1 => Ok(Some(loc.id)),
-        2..=4 => Ok(None),
+        2 | 4 => Ok(None),
+        3 if loc.id == 0 => Ok(None),
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
@@ -153,5 +156,27 @@ exports! {
     }
     cuMemPoolSetAccess(pool: CUmemoryPool, _desc: *const CUmemAccessDesc, _count: usize) false |s| {
         s.pool_get_attr(hv(pool), 4).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loc(t: u32, id: c_int) -> CuResult<Option<i32>> {
+        location(&CUmemLocation {
+            type_: vgpu_cuda_abi::CUmemLocationType(t),
+            id,
+        })
+    }
+
+    #[test]
+    fn locations_follow_cuda_h() {
+        assert_eq!(loc(1, 2), Ok(Some(2)), "DEVICE: id is the ordinal");
+        assert_eq!(loc(2, 77), Ok(None), "HOST: id ignored");
+        assert_eq!(loc(3, 0), Ok(None), "HOST_NUMA node 0");
+        assert_eq!(loc(3, 1), Err(CUDA_ERROR_INVALID_VALUE), "no NUMA node 1");
+        assert_eq!(loc(4, -5), Ok(None), "HOST_NUMA_CURRENT: id ignored");
+        assert_eq!(loc(0, 0), Err(CUDA_ERROR_INVALID_VALUE), "INVALID");
     }
 }

@@ -128,27 +128,40 @@ impl Sim {
                 a.kind == AllocKind::Managed,
                 a.kind,
             ))
+        } else if let Some((b, m)) = st.map_at(p) {
+            let dev = st.phys.get(&m.handle).and_then(|h| h.dev).unwrap_or(0);
+            Some((*b, m.size, dev, 0, false, AllocKind::Device))
         } else {
-            st.map_at(p).map(|(b, m)| {
-                let dev = st.phys.get(&m.handle).and_then(|h| h.dev).unwrap_or(0);
-                (*b, m.size, dev, 0, false, AllocKind::Device)
+            st.pinned_at(p).map(|r| {
+                let dev = st.ctxs.get(&r.ctx).map_or(0, |c| c.dev);
+                (r.base, r.size, dev, r.ctx, false, AllocKind::Device)
             })
         };
         let Some((base, size, dev, ctx, managed, kind)) = found else {
             return Err(CUDA_ERROR_INVALID_VALUE);
         };
+        // Pinned host memory: CU_MEMORYTYPE_HOST, with a host pointer.
+        let host = st.alloc_at(p).is_none() && st.map_at(p).is_none();
         let ord = self.ordinal_of(dev).unwrap_or(0);
         Ok(match attr {
             1 => PtrAttr::U64(if ctx == 0 { 0 } else { handle(tag::CTX, ctx) }),
-            2 => PtrAttr::U32(if managed { 4 } else { 2 }),
+            2 => PtrAttr::U32(if host {
+                1
+            } else if managed {
+                4
+            } else {
+                2
+            }),
             3 => PtrAttr::U64(p),
-            4 if managed => PtrAttr::U64(p),
+            4 if managed || host => PtrAttr::U64(p),
             4 => return Err(CUDA_ERROR_INVALID_VALUE),
             6 => PtrAttr::U32(0),
             7 => PtrAttr::U64(base),
             8 => PtrAttr::U32(managed as u32),
             9 => PtrAttr::U32(ord as u32),
-            10 => PtrAttr::U32(matches!(kind, AllocKind::Device | AllocKind::Pitch) as u32),
+            10 => {
+                PtrAttr::U32((!host && matches!(kind, AllocKind::Device | AllocKind::Pitch)) as u32)
+            }
             11 => PtrAttr::U64(base),
             12 => PtrAttr::U64(size),
             13 => PtrAttr::U32(1),

@@ -75,6 +75,9 @@ pub use arrays::ArrayDesc;
 pub use devices::Device;
 pub use init::{global, inited};
 pub use modules::{Kernel, Launch};
+pub use pinned::{
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, HostMemory,
+};
 
 /// How an allocation was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,7 +255,8 @@ struct State {
     execs: HashMap<u64, Vec<Node>>,
     graph_allocs: HashMap<u64, GraphAlloc>,
     graph_mem: Vec<GraphMemStats>,
-    host_allocs: HashMap<u64, Arc<HostRegion>>,
+    pinned: BTreeMap<u64, pinned::PinnedAlloc>,
+    registered: BTreeMap<u64, pinned::Registration>,
 }
 
 impl State {
@@ -284,6 +288,10 @@ impl State {
         let end = p.checked_add(len - 1).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if let Some((_, a)) = self.alloc_at(p) {
             return a.region.span(p, len).ok_or(CUDA_ERROR_INVALID_VALUE);
+        }
+        if self.pinned_at(p).is_some() {
+            // Pinned host memory, at its device pointer (its own address).
+            return self.pinned_span(p, len).ok_or(CUDA_ERROR_INVALID_VALUE);
         }
         // Virtual-memory ranges may span several adjacent mappings (of one reservation).
         let (_, first) = self.map_at(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -328,6 +336,8 @@ pub struct Sim {
     pub cfg: SimConfig,
     /// Physical devices (NVML order).
     pub devices: Vec<Device>,
+    /// Host memory held pinned or host-located, against `VGPU_SIM_HOST_PINNED_LIMIT`.
+    pub host: HostMemory,
     pid: u32,
     inited: AtomicBool,
     st: Mutex<State>,
@@ -377,6 +387,7 @@ impl Sim {
         };
         Sim {
             fault_calls: cfg.faults.iter().map(|_| AtomicU64::new(0)).collect(),
+            host: HostMemory::new(cfg.host_pinned_limit),
             cfg,
             devices,
             pid: std::process::id(),

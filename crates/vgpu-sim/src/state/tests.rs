@@ -310,3 +310,229 @@ fn faults_fire_on_the_nth_call() {
     assert_eq!(s.fault("cuMemAlloc_v2", true), Err(1234));
     assert_eq!(s.fault("cuMemAlloc_v2", true), Ok(()));
 }
+
+/// A recognizable pattern of `n` bytes.
+fn pattern(n: u64, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31) ^ (i >> 12) as u8 ^ seed)
+        .collect()
+}
+
+/// The `n` bytes at device address `p`.
+fn read_back(s: &Sim, p: u64, n: u64) -> Vec<u8> {
+    let mut out = vec![0u8; n as usize];
+    s.memcpy(host_ptr(out.as_mut_slice()), Addr::Device(p), n)
+        .unwrap();
+    out
+}
+
+#[test]
+fn a_small_device_is_full_at_its_size_and_host_memory_does_not_count() {
+    let s = sim(&[
+        ("VGPU_SIM_TOTAL_MEM", "64m"),
+        ("VGPU_SIM_CTX_OVERHEAD", "0"),
+    ]);
+    s.ctx_create(0, 0).unwrap();
+    assert_eq!(s.mem_info().unwrap(), (64 << 20, 64 << 20));
+    let a = s.mem_alloc(48 << 20).unwrap();
+    assert_eq!(s.mem_alloc(32 << 20), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    // Past the device's size, host memory still works and is not device memory.
+    let pinned = s.host_alloc(32 << 20, 0).unwrap();
+    let located = s.mem_create(32 << 20, None, [0; 32]).unwrap();
+    assert_eq!(used(s, 0), 48 << 20, "neither is counted on the device");
+    assert_eq!(s.mem_info().unwrap(), (16 << 20, 64 << 20));
+    assert_eq!(s.nvml_memory(0), (64 << 20, 16 << 20, 48 << 20));
+    assert_eq!(s.process_usage(0).0, 48 << 20);
+    assert_eq!(s.host.used(), 64 << 20, "both are counted on the host");
+    s.host_free(pinned).unwrap();
+    s.mem_release(located).unwrap();
+    s.mem_free(a).unwrap();
+    assert_eq!((used(s, 0), s.host.used()), (0, 0));
+}
+
+#[test]
+fn pinned_host_memory_is_reachable_at_its_device_pointer() {
+    let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
+    assert_eq!(s.host_alloc(4096, 2), Err(CUDA_ERROR_INVALID_CONTEXT));
+    s.ctx_create(0, 0).unwrap();
+    assert_eq!(s.host_alloc(4096, 0x8), Err(CUDA_ERROR_INVALID_VALUE));
+    let h = s.host_alloc(3 << 20, 0x3).unwrap();
+    assert_eq!(s.host_flags(h + 5), Ok(0x3));
+    let d = s.host_device_pointer(h + 4096, 0).unwrap();
+    assert_eq!(
+        d,
+        h + 4096,
+        "unified addressing: the device pointer is the host address"
+    );
+    assert_eq!(s.host_device_pointer(h, 1), Err(CUDA_ERROR_INVALID_VALUE));
+    let mut pageable = vec![0u8; 64];
+    let pageable_addr = pageable.as_mut_ptr() as u64;
+    assert_eq!(
+        s.host_device_pointer(pageable_addr, 0),
+        Err(CUDA_ERROR_INVALID_VALUE),
+        "pageable memory has no device pointer"
+    );
+    // Device-side writes (memset, the fill kernel) land in the host memory.
+    s.memset(d, 0x7e, 1, 4096).unwrap();
+    let l = Launch {
+        kernel: Kernel::Fill,
+        dev: 0,
+        grid: [1; 3],
+        block: [1; 3],
+        args: [d + 4096, 0xdead_beef_u32 as u64]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .take(12)
+            .chain(2u64.to_le_bytes())
+            .collect(),
+    };
+    s.launch(l, 0, false).unwrap();
+    s.ctx_sync(0).unwrap();
+    assert!(read_back(s, h + 4096, 4096).iter().all(|&b| b == 0x7e));
+    assert_eq!(
+        read_back(s, h + 8192, 8),
+        [0xef, 0xbe, 0xad, 0xde, 0xef, 0xbe, 0xad, 0xde]
+    );
+    assert_eq!(
+        s.memset(h + (3 << 20) - 4, 0, 1, 8),
+        Err(CUDA_ERROR_INVALID_VALUE),
+        "past the allocation"
+    );
+    assert_eq!(
+        s.pointer_attr(2, d),
+        Ok(PtrAttr::U32(1)),
+        "CU_MEMORYTYPE_HOST"
+    );
+    assert_eq!(s.pointer_attr(4, d), Ok(PtrAttr::U64(d)));
+    assert_eq!(s.pointer_attr(11, d), Ok(PtrAttr::U64(h)));
+    assert_eq!(used(s, 0), 0, "pinned memory is not device memory");
+    s.host_free(h).unwrap();
+    assert_eq!(s.host_device_pointer(d, 0), Err(CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(s.host.used(), 0);
+}
+
+#[test]
+fn registered_host_memory_is_reachable_and_registered_once() {
+    let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
+    s.ctx_create(0, 0).unwrap();
+    let mut buf = vec![0u8; 3 * 4096];
+    let p = buf.as_mut_ptr() as u64;
+    #[allow(unsafe_code)]
+    // SAFETY: `buf` outlives the registration (unregistered below, before it drops).
+    let ptr = unsafe { HostPtr::new(p) };
+    s.host_register(ptr, 8192, 0x2).unwrap();
+    assert!(s.host.used() >= 8192, "page-rounded on the host");
+    assert_eq!(
+        s.host_register(ptr, 4096, 0),
+        Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+    );
+    assert_eq!(s.host_device_pointer(p + 100, 0), Ok(p + 100));
+    s.memset(p + 100, 0x11, 1, 50).unwrap();
+    assert_eq!(
+        s.memset(p + 8190, 0, 1, 4),
+        Err(CUDA_ERROR_INVALID_VALUE),
+        "past the registered range"
+    );
+    assert_eq!(
+        s.host_unregister(p + 1),
+        Err(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+    );
+    s.host_unregister(p).unwrap();
+    assert_eq!(s.host.used(), 0);
+    assert_eq!(s.host_device_pointer(p, 0), Err(CUDA_ERROR_INVALID_VALUE));
+    assert!(buf[100..150].iter().all(|&b| b == 0x11));
+    assert_eq!((buf[99], buf[150]), (0, 0));
+}
+
+#[test]
+fn a_vmm_allocation_moves_between_host_and_device_at_one_address() {
+    const SZ: u64 = 8 << 20;
+    let s = sim(&[
+        ("VGPU_SIM_TOTAL_MEM", "16m"),
+        ("VGPU_SIM_CTX_OVERHEAD", "0"),
+    ]);
+    s.ctx_create(0, 0).unwrap();
+    let data = pattern(SZ, 0x5a);
+    // Start on the host, mapped at `va`.
+    let on_host = s.mem_create(SZ, None, [0; 32]).unwrap();
+    let va = s.address_reserve(SZ, 0).unwrap();
+    s.mem_map(va, SZ, 0, on_host).unwrap();
+    s.set_access(va, SZ).unwrap();
+    let mut src = data.clone();
+    s.memcpy(Addr::Device(va), host_ptr(src.as_mut_slice()), SZ)
+        .unwrap();
+    assert_eq!((used(s, 0), s.host.used()), (0, SZ));
+
+    // Move onto the device: copy through a staging address, then remap `va`.
+    let move_to = |from: u64, to_dev: Option<i32>| -> u64 {
+        let to = s.mem_create(SZ, to_dev, [0; 32]).unwrap();
+        let stage = s.address_reserve(SZ, 0).unwrap();
+        s.mem_map(stage, SZ, 0, to).unwrap();
+        s.memcpy(Addr::Device(stage), Addr::Device(va), SZ).unwrap();
+        s.mem_unmap(va, SZ).unwrap();
+        s.mem_release(from).unwrap();
+        s.mem_map(va, SZ, 0, to).unwrap();
+        s.mem_unmap(stage, SZ).unwrap();
+        s.address_free(stage, SZ).unwrap();
+        to
+    };
+    let on_dev = move_to(on_host, Some(0));
+    assert_eq!((used(s, 0), s.host.used()), (SZ, 0));
+    assert!(
+        read_back(s, va, SZ) == data,
+        "contents intact on the device"
+    );
+    assert_eq!(s.address_range(va + 1).unwrap(), (va, SZ));
+
+    // And back to the host, after the device changed a byte.
+    s.memset(va + 7, 0xee, 1, 1).unwrap();
+    let mut changed = data.clone();
+    changed[7] = 0xee;
+    let back = move_to(on_dev, None);
+    assert_eq!((used(s, 0), s.host.used()), (0, SZ));
+    assert!(
+        read_back(s, va, SZ) == changed,
+        "contents intact on the host"
+    );
+    s.mem_unmap(va, SZ).unwrap();
+    s.mem_release(back).unwrap();
+    s.address_free(va, SZ).unwrap();
+    assert_eq!((used(s, 0), s.host.used()), (0, 0));
+}
+
+#[test]
+fn the_host_limit_refuses_pinned_and_host_located_memory_with_out_of_memory() {
+    let s = sim(&[
+        ("VGPU_SIM_CTX_OVERHEAD", "0"),
+        ("VGPU_SIM_HOST_PINNED_LIMIT", "8m"),
+    ]);
+    s.ctx_create(0, 0).unwrap();
+    let h = s.mem_create(6 << 20, None, [0; 32]).unwrap();
+    assert_eq!(
+        s.mem_create(4 << 20, None, [0; 32]),
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    );
+    assert_eq!(s.host_alloc(4 << 20, 0), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    let mut buf = vec![0u8; 4 << 20];
+    #[allow(unsafe_code)]
+    // SAFETY: never registered (refused), so never used past `buf`'s life.
+    let ptr = unsafe { HostPtr::new(buf.as_mut_ptr() as u64) };
+    assert_eq!(
+        s.host_register(ptr, 4 << 20, 0),
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    );
+    let d = s.mem_create(4 << 20, Some(0), [0; 32]).unwrap();
+    assert_eq!(
+        s.host.used(),
+        6 << 20,
+        "device memory is not held against the host"
+    );
+    let p = s.host_alloc(2 << 20, 0).unwrap();
+    s.mem_release(h).unwrap();
+    let h = s.mem_create(6 << 20, None, [0; 32]).unwrap();
+    for x in [h, d] {
+        s.mem_release(x).unwrap();
+    }
+    s.host_free(p).unwrap();
+    assert_eq!(s.host.used(), 0);
+}

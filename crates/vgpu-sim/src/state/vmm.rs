@@ -3,19 +3,33 @@
 use super::*;
 
 impl Sim {
-    /// `cuMemCreate`: `location` is `Some(ordinal)` for device memory, `None` for host memory.
+    /// Takes `size` bytes where physical memory lives: a device, or (`None`) the host, whose
+    /// limit host-located memory counts against instead.
+    fn take_physical(&self, dev: Option<usize>, size: u64) -> CuResult<()> {
+        match dev {
+            Some(d) => self.devices[d].reserve(size),
+            None => self.host.reserve(size),
+        }
+    }
+
+    fn give_physical(&self, dev: Option<usize>, size: u64) {
+        match dev {
+            Some(d) => self.devices[d].release(size),
+            None => self.host.release(size),
+        }
+    }
+
+    /// `cuMemCreate`: `location` is `Some(ordinal)` for device memory, `None` for host memory
+    /// (`CU_MEM_LOCATION_TYPE_HOST`, `HOST_NUMA`, `HOST_NUMA_CURRENT`: not device memory,
+    /// counted against the host limit).
     pub fn mem_create(&self, size: u64, location: Option<i32>, prop: [u8; 32]) -> CuResult<u64> {
         if size == 0 || size % GRANULARITY != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let dev = location.map(|o| self.phys(o)).transpose()?;
-        if let Some(d) = dev {
-            self.devices[d].reserve(size)?;
-        }
+        self.take_physical(dev, size)?;
         let Some(mem) = PhysMem::new(size as usize) else {
-            if let Some(d) = dev {
-                self.devices[d].release(size);
-            }
+            self.give_physical(dev, size);
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
         let mut st = self.st();
@@ -40,9 +54,7 @@ impl Sim {
             && ph.maps == 0
         {
             let ph = st.phys.remove(&id).expect("present");
-            if let Some(d) = ph.dev {
-                self.devices[d].release(ph.size);
-            }
+            self.give_physical(ph.dev, ph.size);
         }
     }
 
