@@ -1,7 +1,7 @@
 //! The simulated driver's state and semantics, in safe Rust: devices, contexts, allocations,
 //! virtual memory, pools, arrays, streams, events, modules, kernels and graphs.
 //!
-//! The exported C functions (`driver.rs`, `nvml.rs`) only translate pointers to and from the
+//! The exported C functions (`driver/`, `nvml.rs`) only translate pointers to and from the
 //! methods here. Errors are driver result codes (`u32`).
 
 use std::cell::RefCell;
