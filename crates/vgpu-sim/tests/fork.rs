@@ -62,7 +62,7 @@ fn in_child(f: fn() -> u32) -> u32 {
     if pid == 0 {
         let r = f();
         if r != 0 {
-            eprintln!("child: {r}");
+            eprintln!("fork test child: the first failing call returned {r}");
         }
         // SAFETY: ends the child without running the parent's exit handlers.
         unsafe { libc::_exit(r.min(255) as i32) };
