@@ -10,9 +10,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::{BackendError, ContextId, DeviceBackend, DevicePtr};
-use crate::ledger::{
-    DeviceIndex, DeviceUsage, MAX_DEVICES, OutOfMemory, Reservation, UsageClass, UsageLedger,
-};
+use crate::ledger::{DeviceIndex, DeviceUsage, OutOfMemory, Reservation, UsageClass, UsageLedger};
 use crate::region::{Region, chunks_for};
 use crate::table::{AllocId, Allocation, AllocationKind, AllocationTable, IdHashMap, Placement};
 use crate::tuning::AllocatorConfig;
@@ -20,8 +18,9 @@ use crate::tuning::AllocatorConfig;
 /// Why an allocation (or a reservation for one) was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
-    /// Size 0, a device index ≥ [`MAX_DEVICES`], or a kind the call cannot take; the
-    /// hook answers `CUDA_ERROR_INVALID_VALUE` as the driver does.
+    /// Size 0, a device the ledger does not account for ([`UsageLedger::has_device`]), or
+    /// a kind the call cannot take; the hook answers `CUDA_ERROR_INVALID_VALUE` as the
+    /// driver does.
     #[error("invalid value: {0}")]
     InvalidValue(&'static str),
     /// The size cannot be rounded up to the alignment in 64 bits; the hook answers
@@ -392,7 +391,7 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         if bytes == 0 {
             return Err(AllocError::InvalidValue("zero-byte allocation"));
         }
-        if device.as_usize() >= MAX_DEVICES {
+        if !self.ledger.has_device(device) {
             return Err(AllocError::InvalidValue("device index out of range"));
         }
         if self.config.suballoc && bytes < self.config.suballoc_threshold {
@@ -776,7 +775,7 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
                 "sub-allocations are made by allocate()",
             ));
         }
-        if device.as_usize() >= MAX_DEVICES {
+        if !self.ledger.has_device(device) {
             return Err(AllocError::InvalidValue("device index out of range"));
         }
         let reservation = self.reserve(device, kind.usage_class(), accounted)?;

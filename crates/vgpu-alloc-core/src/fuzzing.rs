@@ -21,8 +21,9 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::allocator::{AllocError, Allocator, FreeError};
-use crate::backend::{ContextId, DeviceBackend, DevicePtr, MockBackend};
-use crate::ledger::{DeviceIndex, InMemoryLedger, MAX_DEVICES, UsageLedger};
+use crate::backend::{ContextId, DeviceBackend, DevicePtr};
+use crate::ledger::{DeviceIndex, InMemoryLedger, UsageLedger};
+use crate::mock::MockBackend;
 use crate::table::AllocationKind;
 use crate::tuning::AllocatorConfig;
 
@@ -78,10 +79,8 @@ impl HarnessConfig {
         }
     }
 
-    fn ledger_limits(&self) -> [Option<u64>; MAX_DEVICES] {
-        let mut l = [None; MAX_DEVICES];
-        l[..DEVICES].copy_from_slice(&self.limits);
-        l
+    fn ledger_limits(&self) -> [Option<u64>; DEVICES] {
+        self.limits
     }
 }
 
