@@ -4,7 +4,7 @@
 //!
 //! Layout:
 //! - `exports` (generated from `vgpu-cuda-abi`'s declaration lists) → `hooks` (one Rust
-//!   function per hooked symbol) → the allocator of `vgpu-alloc-core`, `measured`
+//!   function per hooked symbol, one file per subsystem) → the allocator of `vgpu-alloc-core`, `measured`
 //!   (pools, graph memory), `residual` (driver-internal memory reconciled with NVML's
 //!   per-process figure, charged as module memory) and `accounting` (sizes, views) →
 //!   `real` (the real driver).

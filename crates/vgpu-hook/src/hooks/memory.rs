@@ -1,0 +1,351 @@
+//! Plain device memory.
+
+use super::*;
+
+pub(crate) unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    let st = tri!(state::ready());
+    let cuda = tri!(real::cuda());
+    if dptr.is_null() {
+        return CUresult::INVALID_VALUE;
+    }
+    let (ctx, dev) = tri!(driver::current(cuda));
+    let Some(idx) = dev_index(dev) else {
+        vlog!(
+            WARN,
+            "device {} is beyond the {MAX_DEVICES} tracked devices: not accounted",
+            dev.0
+        );
+        return call!(cuda, h.cuMemAlloc_v2(dptr, bytesize));
+    };
+    match with_pool_retry(st, cuda, || {
+        st.alloc.allocate(idx, ctx_id(ctx), bytesize as u64)
+    }) {
+        Ok(a) => {
+            // Only allocations that reached the driver (no clock read on the sub-allocated path;
+            // a sub-threshold request that fell back to the driver counts as direct).
+            if a.kind == AllocationKind::Direct {
+                reconcile_if_due(st, cuda, idx);
+            }
+            // SAFETY: non-null out-pointer (checked above).
+            unsafe { ffi::code(write_out(dptr, CUdeviceptr(a.ptr.0))) }
+        }
+        Err(e) => alloc_err(e),
+    }
+}
+
+/// Whether `ptr` lies inside one of the sub-allocator's regions (in a chunk that is not a
+/// live allocation's base: a double free or an interior pointer). The driver must not see
+/// it, or it would free the whole region under the other sub-allocations. One ordered
+/// lookup, no copy of the region list.
+pub(super) fn inside_region(st: &Ready, ptr: CUdeviceptr) -> bool {
+    st.alloc.region_containing(DevicePtr(ptr.0)).is_some()
+}
+
+pub(crate) unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let st = match state::get() {
+        Enforcement::Ready(st) if dptr.0 != 0 => st,
+        _ => return call!(cuda, h.cuMemFree_v2(dptr)),
+    };
+    match st.alloc.free(DevicePtr(dptr.0)) {
+        Ok(_) => CUresult::SUCCESS,
+        Err(FreeError::NotTracked) if inside_region(st, dptr) => {
+            vlog!(
+                WARN,
+                "cuMemFree({:#x}): not a live allocation (double free or interior pointer)",
+                dptr.0
+            );
+            CUresult::INVALID_VALUE
+        }
+        Err(FreeError::NotTracked) => {
+            // Not ours to account (e.g. stream-ordered memory freed synchronously): the
+            // driver frees it and answers as it would without vgpu.
+            let r = call!(cuda, h.cuMemFree_v2(dptr));
+            if r.is_success() && st.pools.is_active() {
+                settle_all_pools(st, cuda);
+            }
+            r
+        }
+        Err(FreeError::Backend(b)) => CUresult(b.code),
+        Err(FreeError::Internal(why)) => {
+            vlog!(
+                ERROR,
+                "internal accounting error freeing {:#x}: {why}",
+                dptr.0
+            );
+            CUresult::UNKNOWN
+        }
+    }
+}
+
+pub(crate) unsafe fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width_in_bytes: usize,
+    height: usize,
+    element_size_bytes: c_uint,
+) -> CUresult {
+    let st = tri!(state::ready());
+    let cuda = tri!(real::cuda());
+    let real_call = || {
+        call!(
+            cuda,
+            h.cuMemAllocPitch_v2(dptr, pitch, width_in_bytes, height, element_size_bytes)
+        )
+    };
+    if dptr.is_null() || pitch.is_null() || width_in_bytes == 0 || height == 0 {
+        return real_call(); // the driver reports the invalid argument
+    }
+    let (ctx, dev) = tri!(driver::current(cuda));
+    let Some(idx) = dev_index(dev) else {
+        return real_call();
+    };
+    let align = st.config.allocator.align;
+    let charge = |bytes: Option<u64>| bytes.and_then(|b| align_up(b, align));
+    let requested = (width_in_bytes as u64).saturating_mul(height as u64);
+    // Rows are padded to the pitch alignment (512 bytes on current GPUs); charge that
+    // estimate up front and correct it with the real pitch.
+    let estimate =
+        charge(align_up(width_in_bytes as u64, 512).and_then(|w| w.checked_mul(height as u64)));
+    let Some(estimate) = estimate else {
+        return CUresult::OUT_OF_MEMORY;
+    };
+    let pending = tri!(
+        with_pool_retry(st, cuda, || st.alloc.begin_record(
+            AllocationKind::Pitched,
+            idx,
+            ctx_id(ctx),
+            requested,
+            estimate
+        ))
+        .map_err(alloc_err)
+    );
+    let r = real_call();
+    if !r.is_success() {
+        return r;
+    }
+    // SAFETY: the driver filled both out-pointers (checked non-null above).
+    let (ptr, real_pitch) = unsafe { (*dptr, *pitch) };
+    let actual = charge((real_pitch as u64).checked_mul(height as u64)).unwrap_or(u64::MAX);
+    let mut pending = pending;
+    if let Err(e) = correct_charge(&mut pending, actual) {
+        drop(pending);
+        let _ = call!(cuda, h.cuMemFree_v2(ptr));
+        return alloc_err(e);
+    }
+    if let Err(e) = pending.commit(ptr.0) {
+        commit_err(e, "a pitched allocation");
+    }
+    reconcile_if_due(st, cuda, idx);
+    r
+}
+
+/// Change a pending charge to the size the driver really allocated, in place: the estimate
+/// and the exact charge are never held together, so an allocation that fits the limit is
+/// not refused because its estimate was still charged.
+pub(super) fn correct_charge<B: DeviceBackend, L: UsageLedger>(
+    pending: &mut PendingRecord<'_, B, L>,
+    actual: u64,
+) -> Result<(), AllocError> {
+    if pending.accounted() == actual {
+        return Ok(());
+    }
+    pending.resize(actual)
+}
+
+pub(crate) unsafe fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    let st = tri!(state::ready());
+    let cuda = tri!(real::cuda());
+    let real_call = || call!(cuda, h.cuMemAllocManaged(dptr, bytesize, flags));
+    if !st.config.count_managed || dptr.is_null() || bytesize == 0 {
+        return real_call();
+    }
+    let (ctx, dev) = tri!(driver::current(cuda));
+    let Some(idx) = dev_index(dev) else {
+        return real_call();
+    };
+    let Some(charge) = align_up(bytesize as u64, st.config.allocator.align) else {
+        return CUresult::OUT_OF_MEMORY;
+    };
+    let pending = tri!(
+        with_pool_retry(st, cuda, || st.alloc.begin_record(
+            AllocationKind::Managed,
+            idx,
+            ctx_id(ctx),
+            bytesize as u64,
+            charge
+        ))
+        .map_err(alloc_err)
+    );
+    let r = real_call();
+    if r.is_success() {
+        // SAFETY: the driver filled the non-null out-pointer.
+        if let Err(e) = pending.commit(unsafe { *dptr }.0) {
+            commit_err(e, "a managed allocation");
+        }
+        reconcile_if_due(st, cuda, idx);
+    }
+    r
+}
+
+/// The sub-allocation containing `ptr`, if `ptr` is inside one.
+pub(super) fn suballocation(ptr: CUdeviceptr) -> Option<vgpu_alloc_core::AddressRange> {
+    let st = ready_state()?;
+    st.alloc
+        .containing(DevicePtr(ptr.0))
+        .filter(|r| r.kind == AllocationKind::SubAllocated)
+}
+
+pub(crate) unsafe fn cuMemGetAddressRange_v2(
+    pbase: *mut CUdeviceptr,
+    psize: *mut usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    if let Some(range) = suballocation(dptr) {
+        // Both out-pointers are optional in the driver API.
+        if !pbase.is_null() {
+            // SAFETY: non-null caller out-pointer.
+            unsafe { *pbase = CUdeviceptr(range.base.0) };
+        }
+        if !psize.is_null() {
+            // SAFETY: non-null caller out-pointer.
+            unsafe { *psize = range.size as usize };
+        }
+        return CUresult::SUCCESS;
+    }
+    let cuda = tri!(real::cuda());
+    call!(cuda, h.cuMemGetAddressRange_v2(pbase, psize, dptr))
+}
+
+/// Writes a sub-allocation's range attribute to `data`; false for other attributes.
+///
+/// # Safety
+/// `data` must be valid for the attribute's type (the driver API contract).
+pub(super) unsafe fn write_range_attribute(
+    range: &vgpu_alloc_core::AddressRange,
+    attr: CUpointer_attribute,
+    data: *mut c_void,
+) -> bool {
+    if data.is_null() {
+        return false;
+    }
+    match attr {
+        // SAFETY: RANGE_START_ADDR writes a CUdeviceptr, RANGE_SIZE a size_t.
+        CUpointer_attribute::RANGE_START_ADDR => unsafe {
+            data.cast::<CUdeviceptr>().write(CUdeviceptr(range.base.0))
+        },
+        // SAFETY: as above.
+        CUpointer_attribute::RANGE_SIZE => unsafe {
+            data.cast::<usize>().write(range.size as usize)
+        },
+        _ => return false,
+    }
+    true
+}
+
+pub(crate) unsafe fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: CUpointer_attribute,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    if matches!(
+        attribute,
+        CUpointer_attribute::RANGE_START_ADDR | CUpointer_attribute::RANGE_SIZE
+    ) {
+        if let Some(range) = suballocation(ptr) {
+            // SAFETY: `data` per the attribute's contract.
+            if unsafe { write_range_attribute(&range, attribute, data) } {
+                return CUresult::SUCCESS;
+            }
+        }
+    }
+    let cuda = tri!(real::cuda());
+    call!(cuda, h.cuPointerGetAttribute(data, attribute, ptr))
+}
+
+pub(crate) unsafe fn cuPointerGetAttributes(
+    num_attributes: c_uint,
+    attributes: *mut CUpointer_attribute,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    let cuda = tri!(real::cuda());
+    let r = call!(
+        cuda,
+        h.cuPointerGetAttributes(num_attributes, attributes, data, ptr)
+    );
+    if !r.is_success() || attributes.is_null() || data.is_null() {
+        return r;
+    }
+    if let Some(range) = suballocation(ptr) {
+        for i in 0..num_attributes as usize {
+            // SAFETY: both arrays have `num_attributes` entries (driver contract; the driver
+            // just read them).
+            let (attr, out) = unsafe { (*attributes.add(i), *data.add(i)) };
+            // SAFETY: `out` per the attribute's contract.
+            unsafe { write_range_attribute(&range, attr, out) };
+        }
+    }
+    r
+}
+
+pub(crate) unsafe fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult {
+    if suballocation(dptr).is_some() {
+        vlog!(
+            ERROR,
+            "cuIpcGetMemHandle({:#x}): the pointer is sub-allocated and cannot be shared between processes; \
+             run with VGPU_SUBALLOC=0 to give every allocation its own device memory",
+            dptr.0
+        );
+        return CUresult::INVALID_VALUE;
+    }
+    let cuda = tri!(real::cuda());
+    call!(cuda, h.cuIpcGetMemHandle(handle, dptr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_alloc_core::{Allocator, AllocatorConfig, InMemoryLedger, MockBackend};
+
+    /// A pitched allocation whose estimate and real size together exceed the limit, while
+    /// either alone fits: correcting the charge must succeed and leave only the real size
+    /// charged (taking the exact charge before dropping the estimate gave a false OOM).
+    #[test]
+    fn a_pitched_charge_is_corrected_in_place_near_the_limit() {
+        let mut limits = [None; MAX_DEVICES];
+        limits[0] = Some(100 << 20);
+        let a = Allocator::new(
+            AllocatorConfig::default(),
+            MockBackend::new(),
+            InMemoryLedger::new(limits),
+        )
+        .unwrap();
+        let (dev, ctx) = (DeviceIndex(0), ContextId(1));
+        let mut pending = a
+            .begin_record(AllocationKind::Pitched, dev, ctx, 60 << 20, 60 << 20)
+            .unwrap();
+        correct_charge(&mut pending, 70 << 20).unwrap();
+        assert_eq!(a.usage(dev).used, 70 << 20, "only the real size is charged");
+        pending.commit(0x7000_0000).unwrap();
+        assert_eq!(a.usage(dev).used, 70 << 20);
+        let mut too_big = a
+            .begin_record(AllocationKind::Pitched, dev, ctx, 20 << 20, 20 << 20)
+            .unwrap();
+        assert!(matches!(
+            correct_charge(&mut too_big, 40 << 20),
+            Err(AllocError::OutOfMemory(_))
+        ));
+        assert_eq!(
+            a.usage(dev).used,
+            90 << 20,
+            "a refused correction keeps the estimate"
+        );
+        drop(too_big);
+        assert_eq!(a.usage(dev).used, 70 << 20);
+    }
+}

@@ -1,0 +1,151 @@
+//! The implementation behind every export (same names as the symbols), one file per
+//! subsystem; this file holds what they share (error mapping, the pool retry). FFI boundary:
+//! raw caller pointers are read and written here through `crate::ffi`, real functions are
+//! called through `driver::call!`; all accounting decisions are made by the allocator
+//! (`vgpu-alloc-core`), [`crate::measured`] and [`crate::accounting`], which are safe Rust.
+
+#![allow(non_snake_case, clippy::too_many_arguments)]
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::sync::atomic::Ordering;
+
+use vgpu_alloc_core::{
+    AllocError, AllocationKind, ContextId, DeviceBackend, DeviceIndex, DevicePtr, FreeError,
+    MAX_DEVICES, OutOfMemory, PendingRecord, UsageClass, UsageLedger,
+};
+use vgpu_cuda_abi::*;
+
+use crate::accounting::{
+    align_up, array2d_bytes, array3d_bytes, measured_growth, mipmapped_bytes, virtual_mem_info,
+    virtual_nvml_info,
+};
+use crate::driver::ProcessUsage;
+use crate::driver::{self, call};
+use crate::ffi::{self, read_back, read_in, write_out};
+use crate::log::{DEBUG, ERROR, INFO, MSG, WARN, vlog};
+use crate::real::{self, Cuda};
+use crate::residual::OverLimit;
+use crate::sm_limit::{self, LaunchKind};
+use crate::state::{self, Enforcement, Ready};
+
+/// `?` for functions returning `CUresult`.
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(code) => return code,
+        }
+    };
+}
+
+/// Pools grow in (at least) 2 MiB steps.
+const POOL_GRANULE: u64 = 2 << 20;
+
+fn dev_index(dev: CUdevice) -> Option<DeviceIndex> {
+    (0..MAX_DEVICES as i32)
+        .contains(&dev.0)
+        .then_some(DeviceIndex(dev.0 as u32))
+}
+
+fn ctx_id(ctx: CUcontext) -> ContextId {
+    ContextId(ctx as u64)
+}
+
+/// Memory not tied to a context (VMM handles, pools, graph memory) is keyed by context 0,
+/// so destroying a context does not release it.
+const NO_CONTEXT: ContextId = ContextId(0);
+
+fn ready_state() -> Option<&'static Ready> {
+    match state::get() {
+        Enforcement::Ready(r) => Some(r),
+        Enforcement::Broken(_) => None,
+    }
+}
+
+fn log_oom(oom: &OutOfMemory) -> CUresult {
+    if crate::state::has_left() {
+        // Once: a thread allocating in a loop while the process exits would repeat it.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            vlog!(
+                MSG,
+                "refusing {} bytes on device {}: this process is exiting and has given its usage \
+                 back (further refusals while exiting are not logged)",
+                oom.requested,
+                oom.device
+            );
+        }
+        return CUresult::OUT_OF_MEMORY;
+    }
+    vlog!(MSG, "{oom}");
+    CUresult::OUT_OF_MEMORY
+}
+
+fn alloc_err(e: AllocError) -> CUresult {
+    match e {
+        AllocError::InvalidValue(_) => CUresult::INVALID_VALUE,
+        AllocError::SizeOverflow { .. } => CUresult::OUT_OF_MEMORY,
+        AllocError::OutOfMemory(oom) => log_oom(&oom),
+        AllocError::Backend(b) => CUresult(b.code),
+        AllocError::Internal(why) => {
+            vlog!(ERROR, "internal accounting error: {why}");
+            CUresult::UNKNOWN
+        }
+    }
+}
+
+fn commit_err(e: AllocError, what: &str) {
+    vlog!(
+        ERROR,
+        "could not record {what}: {e}; its charge stays until the process exits"
+    );
+}
+
+/// Runs `f`; if the limit refused and pools may hold releasable memory, re-measure the pools
+/// (they give memory back at their own pace) and try once more.
+fn with_pool_retry<T>(
+    st: &Ready,
+    cuda: &Cuda,
+    mut f: impl FnMut() -> Result<T, AllocError>,
+) -> Result<T, AllocError> {
+    match f() {
+        Err(AllocError::OutOfMemory(oom)) if st.pools.is_active() || st.residual.any_charged() => {
+            if st.pools.is_active() {
+                settle_all_pools(st, cuda);
+            }
+            // Code unloaded since the last reconciliation may leave room.
+            if st.residual.any_charged() {
+                let _ = reconcile(st, cuda, oom.device, OverLimit::Charge);
+            }
+            f()
+        }
+        r => r,
+    }
+}
+
+mod arrays;
+mod contexts;
+mod graphs;
+mod launches;
+mod memory;
+mod modules;
+mod pools;
+mod proc_address;
+mod residual_charge;
+mod synchronization;
+mod views;
+mod vmm;
+
+pub(crate) use arrays::*;
+pub(crate) use contexts::*;
+pub(crate) use graphs::*;
+pub(crate) use launches::*;
+pub(crate) use memory::*;
+pub(crate) use modules::*;
+pub(crate) use pools::*;
+pub(crate) use proc_address::*;
+use residual_charge::*;
+pub(crate) use synchronization::*;
+pub(crate) use views::*;
+pub(crate) use vmm::*;
