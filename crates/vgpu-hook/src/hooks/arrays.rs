@@ -1,126 +1,107 @@
-//! Arrays.
+//! Arrays: charged at creation from their descriptor, in the current context.
 
 use super::*;
 
-/// Creates an array-like object of `bytes`, charged as `kind` in the current context.
-pub(super) fn create_array(
+/// Creates an array-like object of `bytes` (`None`: no descriptor), charged as `kind` in the
+/// current context; `handle` reads the new object's handle after the driver made it.
+fn create_array(
+    cuda: &Cuda,
+    forward: impl Forward,
     kind: AllocationKind,
     bytes: Option<u64>,
-    real: impl FnOnce() -> CUresult,
     handle: impl FnOnce() -> u64,
-) -> CUresult {
-    let st = tri!(state::ready());
-    let cuda = tri!(real::cuda());
-    let Some(bytes) = bytes else { return real() }; // no descriptor: the driver reports it
+) -> Result<(), CUresult> {
+    let st = state::ready()?;
+    let Some(bytes) = bytes else {
+        return forward(cuda); // no descriptor: the driver reports it
+    };
     if bytes == 0 {
-        return real(); // sparse / deferred mapping: paid by cuMemCreate
+        return forward(cuda); // sparse / deferred mapping: paid by cuMemCreate
     }
     let Ok((ctx, dev)) = driver::current(cuda) else {
-        return real();
+        return forward(cuda);
     };
     let Some(idx) = dev_index(dev) else {
-        return real();
+        return forward(cuda);
     };
-    let pending = tri!(
-        with_pool_retry(st, cuda, || st.alloc.begin_record(
-            kind,
-            idx,
-            ctx_id(ctx),
-            bytes,
-            bytes
-        ))
-        .map_err(alloc_err)
-    );
-    let r = real();
-    if r.is_success() {
-        if let Err(e) = pending.commit(handle()) {
-            commit_err(e, "an array");
-        }
-        reconcile_if_due(st, cuda, idx);
+    let pending = with_pool_retry(st, cuda, || {
+        st.alloc.begin_record(kind, idx, ctx_id(ctx), bytes, bytes)
+    })
+    .map_err(alloc_err)?;
+    forward(cuda)?;
+    if let Err(e) = pending.commit(handle()) {
+        commit_err(e, "an array");
     }
-    r
-}
-
-pub(super) fn destroy_array(kind: AllocationKind, key: u64, r: CUresult) -> CUresult {
-    if let Some(st) = ready_state().filter(|_| r.is_success()) {
-        let _ = st.alloc.release_record(kind, key);
-    }
-    r
+    reconcile_if_due(st, cuda, idx);
+    Ok(())
 }
 
 pub(crate) unsafe fn cuArrayCreate_v2(
+    forward: impl Forward,
     handle: *mut CUarray,
     desc: *const CUDA_ARRAY_DESCRIPTOR,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
     // SAFETY: `desc` is null or valid (driver contract).
     let bytes = unsafe { read_in(desc) }.map(|d| array2d_bytes(&d).unwrap_or(u64::MAX));
     if handle.is_null() {
-        return call!(cuda, h.cuArrayCreate_v2(handle, desc));
+        return forward(cuda);
     }
-    // SAFETY: the driver filled the non-null out-pointer on success.
-    create_array(
-        AllocationKind::Array,
-        bytes,
-        || call!(cuda, h.cuArrayCreate_v2(handle, desc)),
-        || unsafe { *handle } as u64,
-    )
+    // SAFETY: the driver filled the non-null out-pointer (read only on success).
+    let handle = || unsafe { *handle } as u64;
+    create_array(cuda, forward, AllocationKind::Array, bytes, handle)
 }
 
 pub(crate) unsafe fn cuArray3DCreate_v2(
+    forward: impl Forward,
     handle: *mut CUarray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
     // SAFETY: `desc` is null or valid (driver contract).
     let bytes = unsafe { read_in(desc) }.map(|d| array3d_bytes(&d).unwrap_or(u64::MAX));
     if handle.is_null() {
-        return call!(cuda, h.cuArray3DCreate_v2(handle, desc));
+        return forward(cuda);
     }
-    // SAFETY: the driver filled the non-null out-pointer on success.
-    create_array(
-        AllocationKind::Array,
-        bytes,
-        || call!(cuda, h.cuArray3DCreate_v2(handle, desc)),
-        || unsafe { *handle } as u64,
-    )
-}
-
-pub(crate) unsafe fn cuArrayDestroy(handle: CUarray) -> CUresult {
-    let cuda = tri!(real::cuda());
-    destroy_array(
-        AllocationKind::Array,
-        handle as u64,
-        call!(cuda, h.cuArrayDestroy(handle)),
-    )
+    // SAFETY: the driver filled the non-null out-pointer (read only on success).
+    let handle = || unsafe { *handle } as u64;
+    create_array(cuda, forward, AllocationKind::Array, bytes, handle)
 }
 
 pub(crate) unsafe fn cuMipmappedArrayCreate(
+    forward: impl Forward,
     handle: *mut CUmipmappedArray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
     num_levels: c_uint,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
     // SAFETY: `desc` is null or valid (driver contract).
     let bytes =
         unsafe { read_in(desc) }.map(|d| mipmapped_bytes(&d, num_levels).unwrap_or(u64::MAX));
     if handle.is_null() {
-        return call!(cuda, h.cuMipmappedArrayCreate(handle, desc, num_levels));
+        return forward(cuda);
     }
-    create_array(
-        AllocationKind::MipmappedArray,
-        bytes,
-        || call!(cuda, h.cuMipmappedArrayCreate(handle, desc, num_levels)),
-        // SAFETY: the driver filled the non-null out-pointer on success.
-        || unsafe { *handle } as u64,
-    )
+    // SAFETY: the driver filled the non-null out-pointer (read only on success).
+    let handle = || unsafe { *handle } as u64;
+    create_array(cuda, forward, AllocationKind::MipmappedArray, bytes, handle)
 }
 
-pub(crate) unsafe fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult {
-    let cuda = tri!(real::cuda());
-    destroy_array(
-        AllocationKind::MipmappedArray,
-        handle as u64,
-        call!(cuda, h.cuMipmappedArrayDestroy(handle)),
-    )
+/// `cuArrayDestroy` succeeded: its charge goes.
+pub(crate) fn array_destroyed(_cuda: &Cuda, handle: CUarray) -> Result<(), CUresult> {
+    destroyed(AllocationKind::Array, handle as u64)
+}
+
+/// `cuMipmappedArrayDestroy` succeeded: its charge goes.
+pub(crate) fn mipmapped_array_destroyed(
+    _cuda: &Cuda,
+    handle: CUmipmappedArray,
+) -> Result<(), CUresult> {
+    destroyed(AllocationKind::MipmappedArray, handle as u64)
+}
+
+fn destroyed(kind: AllocationKind, key: u64) -> Result<(), CUresult> {
+    if let Some(st) = ready_state() {
+        let _ = st.alloc.release_record(kind, key);
+    }
+    Ok(())
 }

@@ -7,12 +7,12 @@ use super::*;
 /// What NVML says around a context creation: this process's used memory on the device and
 /// the device's used memory.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct UsedSample {
+struct UsedSample {
     process: ProcessUsage,
     device: Option<u64>,
 }
 
-pub(super) fn sample_used(st: &Ready, cuda: &Cuda, dev: CUdevice) -> UsedSample {
+fn sample_used(st: &Ready, cuda: &Cuda, dev: CUdevice) -> UsedSample {
     UsedSample {
         process: process_used(st, cuda, dev),
         device: driver::nvml_used_bytes(cuda, dev),
@@ -23,7 +23,7 @@ pub(super) fn sample_used(st: &Ready, cuda: &Cuda, dev: CUdevice) -> UsedSample 
 /// NVML lists the process afterwards (before, a process without a context is not listed:
 /// 0), so another process allocating meanwhile does not inflate it; else the growth of the
 /// device's used memory. `None` when neither was measured.
-pub(super) fn context_growth(before: UsedSample, after: UsedSample) -> Option<u64> {
+fn context_growth(before: UsedSample, after: UsedSample) -> Option<u64> {
     let before_process = match before.process {
         ProcessUsage::Used(u) => Some(u),
         ProcessUsage::NotListed { .. } => Some(0),
@@ -39,13 +39,13 @@ pub(super) fn context_growth(before: UsedSample, after: UsedSample) -> Option<u6
 }
 
 /// Charges `bytes` of context memory for `ctx`; on refusal `undo` destroys the context.
-pub(super) fn charge_context(
+fn charge_context(
     st: &Ready,
     idx: DeviceIndex,
     ctx: CUcontext,
     bytes: u64,
     undo: impl FnOnce(),
-) -> CUresult {
+) -> Result<(), CUresult> {
     vlog!(
         INFO,
         "device {idx}: context {:#x} takes {bytes} bytes",
@@ -60,32 +60,32 @@ pub(super) fn charge_context(
                 commit_err(e, "a context");
             }
             st.residual.context_created(ctx as usize, idx);
-            CUresult::SUCCESS
+            Ok(())
         }
         Err(e) => {
             undo();
-            alloc_err(e)
+            Err(alloc_err(e))
         }
     }
 }
 
-pub(crate) unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let real_call = || call!(cuda, h.cuDevicePrimaryCtxRetain(pctx, dev));
+pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
+    forward: impl Forward,
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
     let (Some(st), Some(idx)) = (ready_state(), dev_index(dev)) else {
-        return real_call();
+        return forward(cuda);
     };
     let creating = !driver::primary_ctx_active(cuda, dev).unwrap_or(true);
     let before = creating.then(|| sample_used(st, cuda, dev));
     if creating {
         sm_limit::context_creating(idx.0 as usize);
     }
-    let r = real_call();
-    if !r.is_success() || pctx.is_null() {
-        return r;
-    }
-    if !creating {
-        return r;
+    forward(cuda)?;
+    if pctx.is_null() || !creating {
+        return Ok(());
     }
     // SAFETY: the driver filled the non-null out-pointer.
     let ctx = unsafe { *pctx };
@@ -93,35 +93,34 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevic
     let after = before.map(|_| sample_used(st, cuda, dev));
     let mut primary = st.primary.lock().unwrap_or_else(|e| e.into_inner());
     if primary.contains_key(&dev.0) {
-        return r; // another thread created and charged it
+        return Ok(()); // another thread created and charged it
     }
     let Some(bytes) = before.zip(after).and_then(|(b, a)| context_growth(b, a)) else {
         vlog!(
             INFO,
             "device {idx}: context memory not measured (NVML unavailable)"
         );
-        return r;
+        return Ok(());
     };
-    let code = charge_context(st, idx, ctx, bytes, || {
-        let _ = call!(cuda, h.cuDevicePrimaryCtxRelease_v2(dev));
-    });
-    if code.is_success() {
-        primary.insert(dev.0, ctx as usize);
-        drop(primary);
-        // Anything else the driver took for this process meanwhile.
-        st.residual.ran_now();
-        let _ = reconcile(st, cuda, idx, OverLimit::Charge);
-    }
-    code
+    charge_context(st, idx, ctx, bytes, || {
+        let _ = driver::primary_ctx_release(cuda, dev);
+    })?;
+    primary.insert(dev.0, ctx as usize);
+    drop(primary);
+    // Anything else the driver took for this process meanwhile.
+    st.residual.ran_now();
+    let _ = reconcile(st, cuda, idx, OverLimit::Charge);
+    Ok(())
 }
 
-/// After a primary context release or reset: if it is gone, so is everything in it.
-pub(super) fn primary_gone(cuda: &Cuda, dev: CUdevice, r: CUresult) -> CUresult {
-    let Some(st) = ready_state().filter(|_| r.is_success()) else {
-        return r;
+/// `cuDevicePrimaryCtxRelease[_v2]` succeeded: if the context is gone, so is everything in
+/// it.
+pub(crate) fn primary_released(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresult> {
+    let Some(st) = ready_state() else {
+        return Ok(());
     };
     if driver::primary_ctx_active(cuda, dev).unwrap_or(true) {
-        return r;
+        return Ok(());
     }
     driver::contexts_changed();
     let ctx = st
@@ -140,22 +139,13 @@ pub(super) fn primary_gone(cuda: &Cuda, dev: CUdevice, r: CUresult) -> CUresult 
         );
     }
     // Its code went with it.
-    after_code_unload(r)
+    code_unloaded(cuda)
 }
 
-pub(crate) unsafe fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
-    let cuda = tri!(real::cuda());
-    primary_gone(cuda, dev, call!(cuda, h.cuDevicePrimaryCtxRelease(dev)))
-}
-
-pub(crate) unsafe fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    let cuda = tri!(real::cuda());
-    primary_gone(cuda, dev, call!(cuda, h.cuDevicePrimaryCtxRelease_v2(dev)))
-}
-
-/// Reset destroys every allocation of the primary context (it stays retained).
-pub(super) fn primary_reset(dev: CUdevice, r: CUresult) -> CUresult {
-    if let Some(st) = ready_state().filter(|_| r.is_success()) {
+/// `cuDevicePrimaryCtxReset[_v2]` succeeded: every allocation of the primary context is
+/// destroyed (it stays retained).
+pub(crate) fn primary_reset(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresult> {
+    if let Some(st) = ready_state() {
         driver::contexts_changed();
         let ctx = st
             .primary
@@ -167,34 +157,27 @@ pub(super) fn primary_reset(dev: CUdevice, r: CUresult) -> CUresult {
             st.alloc.release_context(ContextId(ctx as u64));
         }
     }
-    after_code_unload(r)
-}
-
-pub(crate) unsafe fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
-    let cuda = tri!(real::cuda());
-    primary_reset(dev, call!(cuda, h.cuDevicePrimaryCtxReset(dev)))
-}
-
-pub(crate) unsafe fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    let cuda = tri!(real::cuda());
-    primary_reset(dev, call!(cuda, h.cuDevicePrimaryCtxReset_v2(dev)))
+    code_unloaded(cuda)
 }
 
 /// `cuCtxCreate*`: measure, create, charge.
-pub(super) fn create_context(
-    cuda: &Cuda,
+///
+/// # Safety
+/// `pctx` as the driver API's contract requires.
+unsafe fn create_context(
+    forward: impl Forward,
     pctx: *mut CUcontext,
     dev: CUdevice,
-    real: impl FnOnce() -> CUresult,
-) -> CUresult {
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
     let (Some(st), Some(idx)) = (ready_state(), dev_index(dev)) else {
-        return real();
+        return forward(cuda);
     };
     let before = sample_used(st, cuda, dev);
     sm_limit::context_creating(idx.0 as usize);
-    let r = real();
-    if !r.is_success() || pctx.is_null() {
-        return r;
+    forward(cuda)?;
+    if pctx.is_null() {
+        return Ok(());
     }
     // SAFETY: the driver filled the non-null out-pointer.
     let ctx = unsafe { *pctx };
@@ -203,73 +186,57 @@ pub(super) fn create_context(
             INFO,
             "device {idx}: context memory not measured (NVML unavailable)"
         );
-        return r;
+        return Ok(());
     };
-    let code = charge_context(st, idx, ctx, bytes, || {
-        let _ = call!(cuda, h.cuCtxDestroy_v2(ctx));
-    });
-    if code.is_success() {
-        st.residual.ran_now();
-        let _ = reconcile(st, cuda, idx, OverLimit::Charge);
-    }
-    code
+    charge_context(st, idx, ctx, bytes, || {
+        let _ = driver::ctx_destroy(cuda, ctx);
+    })?;
+    st.residual.ran_now();
+    let _ = reconcile(st, cuda, idx, OverLimit::Charge);
+    Ok(())
 }
 
 pub(crate) unsafe fn cuCtxCreate_v2(
+    forward: impl Forward,
     pctx: *mut CUcontext,
-    flags: c_uint,
+    _flags: c_uint,
     dev: CUdevice,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    create_context(cuda, pctx, dev, || {
-        call!(cuda, h.cuCtxCreate_v2(pctx, flags, dev))
-    })
+) -> Result<(), CUresult> {
+    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
+    unsafe { create_context(forward, pctx, dev) }
 }
 
 pub(crate) unsafe fn cuCtxCreate_v3(
+    forward: impl Forward,
     pctx: *mut CUcontext,
-    params: CUexecAffinityParamPtr,
-    num_params: c_int,
-    flags: c_uint,
+    _params: CUexecAffinityParamPtr,
+    _num_params: c_int,
+    _flags: c_uint,
     dev: CUdevice,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    create_context(cuda, pctx, dev, || {
-        call!(cuda, h.cuCtxCreate_v3(pctx, params, num_params, flags, dev))
-    })
+) -> Result<(), CUresult> {
+    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
+    unsafe { create_context(forward, pctx, dev) }
 }
 
 pub(crate) unsafe fn cuCtxCreate_v4(
+    forward: impl Forward,
     pctx: *mut CUcontext,
-    params: CUctxCreateParamsPtr,
-    flags: c_uint,
+    _params: CUctxCreateParamsPtr,
+    _flags: c_uint,
     dev: CUdevice,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    create_context(cuda, pctx, dev, || {
-        call!(cuda, h.cuCtxCreate_v4(pctx, params, flags, dev))
-    })
+) -> Result<(), CUresult> {
+    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
+    unsafe { create_context(forward, pctx, dev) }
 }
 
-pub(super) fn context_destroyed(ctx: CUcontext, r: CUresult) -> CUresult {
-    if r.is_success() {
-        driver::contexts_changed();
-    }
-    if let Some(st) = ready_state().filter(|_| r.is_success()) {
+/// `cuCtxDestroy[_v2]` succeeded: everything in the context is gone.
+pub(crate) fn context_destroyed(cuda: &Cuda, ctx: CUcontext) -> Result<(), CUresult> {
+    driver::contexts_changed();
+    if let Some(st) = ready_state() {
         st.residual.context_gone(ctx as usize);
         st.alloc.release_context(ctx_id(ctx));
     }
-    after_code_unload(r)
-}
-
-pub(crate) unsafe fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
-    let cuda = tri!(real::cuda());
-    context_destroyed(ctx, call!(cuda, h.cuCtxDestroy(ctx)))
-}
-
-pub(crate) unsafe fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
-    let cuda = tri!(real::cuda());
-    context_destroyed(ctx, call!(cuda, h.cuCtxDestroy_v2(ctx)))
+    code_unloaded(cuda)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) fn settle_graph(st: &Ready, cuda: &Cuda, dev: CUdevice) {
+fn settle_graph(st: &Ready, cuda: &Cuda, dev: CUdevice) {
     let Some(idx) = dev_index(dev) else { return };
     let Ok(measured) = driver::graph_mem_reserved(cuda, dev) else {
         return;
@@ -36,21 +36,16 @@ pub(super) fn refuse_unless_it_fits(
 }
 
 pub(crate) unsafe fn cuGraphAddMemAllocNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
+    forward: impl Forward,
+    _node: *mut CUgraphNode,
+    _graph: CUgraph,
+    _dependencies: *const CUgraphNode,
+    _num_dependencies: usize,
     params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let real_call = || {
-        call!(
-            cuda,
-            h.cuGraphAddMemAllocNode(node, graph, dependencies, num_dependencies, params)
-        )
-    };
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
     let Some(st) = ready_state() else {
-        return real_call();
+        return forward(cuda);
     };
     // SAFETY: `params` is null or valid (driver contract).
     if let Some(p) = unsafe { read_in(params) } {
@@ -58,69 +53,41 @@ pub(crate) unsafe fn cuGraphAddMemAllocNode(
         if let Some(idx) =
             dev_index(CUdevice(loc.id)).filter(|_| loc.type_ == CUmemLocationType::DEVICE)
         {
-            if let Err(r) = refuse_unless_it_fits(st, idx, p.bytesize as u64) {
-                return r;
-            }
+            refuse_unless_it_fits(st, idx, p.bytesize as u64)?;
         }
     }
-    let r = real_call();
-    if r.is_success() {
-        st.graph_mem_possible.store(true, Ordering::Relaxed);
-    }
-    r
+    forward(cuda)?;
+    st.graph_mem_possible.store(true, Ordering::Relaxed);
+    Ok(())
 }
 
-pub(crate) unsafe fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuDeviceGraphMemTrim(dev));
-    if let Some(st) = ready_state().filter(|_| r.is_success()) {
+/// `cuDeviceGraphMemTrim` succeeded: the graph heap may hold less.
+pub(crate) fn graph_mem_trimmed(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresult> {
+    if let Some(st) = ready_state() {
         settle_graph(st, cuda, dev);
     }
-    r
+    Ok(())
 }
 
-pub(crate) unsafe fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuGraphUpload(exec, stream));
-    after_graph_launch(cuda, stream, r)
-}
-
-pub(crate) unsafe fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuGraphUpload_ptsz(exec, stream));
-    after_graph_launch(cuda, stream, r)
-}
-
-/// After a graph launch or upload: graphs with memory nodes reserve device memory now.
-pub(super) fn after_graph_launch(cuda: &Cuda, stream: CUstream, r: CUresult) -> CUresult {
-    if r.is_success() {
-        if let Some(st) = ready_state().filter(|st| st.graph_mem_possible.load(Ordering::Relaxed)) {
-            if let Ok(dev) = driver::stream_device(cuda, stream) {
-                settle_graph(st, cuda, dev);
-            }
+/// After a graph launch or upload succeeded: graphs with memory nodes reserve device memory
+/// now.
+pub(crate) fn graph_launched(cuda: &Cuda, stream: CUstream) -> Result<(), CUresult> {
+    if let Some(st) = ready_state().filter(|st| st.graph_mem_possible.load(Ordering::Relaxed)) {
+        if let Ok(dev) = driver::stream_device(cuda, stream) {
+            settle_graph(st, cuda, dev);
         }
     }
-    r
+    Ok(())
 }
 
-pub(crate) unsafe fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = launch(
-        cuda,
-        || stream,
-        LaunchKind::Graph,
-        || call!(cuda, h.cuGraphLaunch(exec, stream)),
-    );
-    after_graph_launch(cuda, stream, r)
-}
-
-pub(crate) unsafe fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = launch(
-        cuda,
-        || per_thread(stream),
-        LaunchKind::Graph,
-        || call!(cuda, h.cuGraphLaunch_ptsz(exec, stream)),
-    );
-    after_graph_launch(cuda, stream, r)
+/// A launch like any other (the SM limit's), then what the graph's memory nodes took.
+pub(crate) fn cuGraphLaunch(
+    variant: StreamKind,
+    forward: impl Forward,
+    _exec: CUgraphExec,
+    stream: CUstream,
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
+    launch(cuda, variant, || stream, LaunchKind::Graph, forward)?;
+    graph_launched(cuda, stream)
 }

@@ -2,103 +2,107 @@
 
 use super::*;
 
-pub(crate) unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    let st = tri!(state::ready());
-    let cuda = tri!(real::cuda());
+pub(crate) unsafe fn cuMemAlloc_v2(
+    forward: impl Forward,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+) -> Result<(), CUresult> {
+    let st = state::ready()?;
+    let cuda = real::cuda()?;
     if dptr.is_null() {
-        return CUresult::INVALID_VALUE;
+        return Err(CUresult::INVALID_VALUE);
     }
-    let (ctx, dev) = tri!(driver::current(cuda));
+    let (ctx, dev) = driver::current(cuda)?;
     let Some(idx) = dev_index(dev) else {
         vlog!(
             WARN,
             "device {} is beyond the {MAX_DEVICES} tracked devices: not accounted",
             dev.0
         );
-        return call!(cuda, h.cuMemAlloc_v2(dptr, bytesize));
+        return forward(cuda);
     };
-    match with_pool_retry(st, cuda, || {
+    let a = with_pool_retry(st, cuda, || {
         st.alloc.allocate(idx, ctx_id(ctx), bytesize as u64)
-    }) {
-        Ok(a) => {
-            // Only allocations that reached the driver (no clock read on the sub-allocated path;
-            // a sub-threshold request that fell back to the driver counts as direct).
-            if a.kind == AllocationKind::Direct {
-                reconcile_if_due(st, cuda, idx);
-            }
-            // SAFETY: non-null out-pointer (checked above).
-            unsafe { ffi::code(write_out(dptr, CUdeviceptr(a.ptr.0))) }
-        }
-        Err(e) => alloc_err(e),
+    })
+    .map_err(alloc_err)?;
+    // Only allocations that reached the driver (no clock read on the sub-allocated path;
+    // a sub-threshold request that fell back to the driver counts as direct).
+    if a.kind == AllocationKind::Direct {
+        reconcile_if_due(st, cuda, idx);
     }
+    // SAFETY: non-null out-pointer (checked above).
+    unsafe { write_out(dptr, CUdeviceptr(a.ptr.0)) }
 }
 
 /// Whether `ptr` lies inside one of the sub-allocator's regions (in a chunk that is not a
 /// live allocation's base: a double free or an interior pointer). The driver must not see
 /// it, or it would free the whole region under the other sub-allocations. One ordered
 /// lookup, no copy of the region list.
-pub(super) fn inside_region(st: &Ready, ptr: CUdeviceptr) -> bool {
+fn inside_region(st: &Ready, ptr: CUdeviceptr) -> bool {
     st.alloc.region_containing(DevicePtr(ptr.0)).is_some()
 }
 
-pub(crate) unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let st = match state::get() {
-        Enforcement::Ready(st) if dptr.0 != 0 => st,
-        _ => return call!(cuda, h.cuMemFree_v2(dptr)),
-    };
-    match st.alloc.free(DevicePtr(dptr.0)) {
-        Ok(_) => CUresult::SUCCESS,
-        Err(FreeError::NotTracked) if inside_region(st, dptr) => {
-            vlog!(
-                WARN,
-                "cuMemFree({:#x}): not a live allocation (double free or interior pointer)",
-                dptr.0
-            );
-            CUresult::INVALID_VALUE
-        }
-        Err(FreeError::NotTracked) => {
-            // Not ours to account (e.g. stream-ordered memory freed synchronously): the
-            // driver frees it and answers as it would without vgpu.
-            let r = call!(cuda, h.cuMemFree_v2(dptr));
-            if r.is_success() && st.pools.is_active() {
-                settle_all_pools(st, cuda);
-            }
-            r
-        }
-        Err(FreeError::Backend(b)) => CUresult(b.code),
-        Err(FreeError::Internal(why)) => {
+/// The code for a failed free of `ptr` from our table.
+pub(super) fn free_err(e: FreeError, ptr: CUdeviceptr) -> CUresult {
+    match e {
+        FreeError::NotTracked => CUresult::INVALID_VALUE,
+        FreeError::Backend(b) => CUresult(b.code),
+        FreeError::Internal(why) => {
             vlog!(
                 ERROR,
                 "internal accounting error freeing {:#x}: {why}",
-                dptr.0
+                ptr.0
             );
             CUresult::UNKNOWN
         }
     }
 }
 
+pub(crate) fn cuMemFree_v2(forward: impl Forward, dptr: CUdeviceptr) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
+    let st = match state::get() {
+        Enforcement::Ready(st) if dptr.0 != 0 => st,
+        _ => return forward(cuda),
+    };
+    match st.alloc.free(DevicePtr(dptr.0)) {
+        Ok(_) => Ok(()),
+        Err(FreeError::NotTracked) if inside_region(st, dptr) => {
+            vlog!(
+                WARN,
+                "cuMemFree({:#x}): not a live allocation (double free or interior pointer)",
+                dptr.0
+            );
+            Err(CUresult::INVALID_VALUE)
+        }
+        Err(FreeError::NotTracked) => {
+            // Not ours to account (e.g. stream-ordered memory freed synchronously): the
+            // driver frees it and answers as it would without vgpu.
+            forward(cuda)?;
+            if st.pools.is_active() {
+                settle_all_pools(st, cuda);
+            }
+            Ok(())
+        }
+        Err(e) => Err(free_err(e, dptr)),
+    }
+}
+
 pub(crate) unsafe fn cuMemAllocPitch_v2(
+    forward: impl Forward,
     dptr: *mut CUdeviceptr,
     pitch: *mut usize,
     width_in_bytes: usize,
     height: usize,
-    element_size_bytes: c_uint,
-) -> CUresult {
-    let st = tri!(state::ready());
-    let cuda = tri!(real::cuda());
-    let real_call = || {
-        call!(
-            cuda,
-            h.cuMemAllocPitch_v2(dptr, pitch, width_in_bytes, height, element_size_bytes)
-        )
-    };
+    _element_size_bytes: c_uint,
+) -> Result<(), CUresult> {
+    let st = state::ready()?;
+    let cuda = real::cuda()?;
     if dptr.is_null() || pitch.is_null() || width_in_bytes == 0 || height == 0 {
-        return real_call(); // the driver reports the invalid argument
+        return forward(cuda); // the driver reports the invalid argument
     }
-    let (ctx, dev) = tri!(driver::current(cuda));
+    let (ctx, dev) = driver::current(cuda)?;
     let Some(idx) = dev_index(dev) else {
-        return real_call();
+        return forward(cuda);
     };
     let align = st.config.allocator.align;
     let charge = |bytes: Option<u64>| bytes.and_then(|b| align_up(b, align));
@@ -106,44 +110,38 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
     // Rows are padded to the pitch alignment (512 bytes on current GPUs); charge that
     // estimate up front and correct it with the real pitch.
     let estimate =
-        charge(align_up(width_in_bytes as u64, 512).and_then(|w| w.checked_mul(height as u64)));
-    let Some(estimate) = estimate else {
-        return CUresult::OUT_OF_MEMORY;
-    };
-    let pending = tri!(
-        with_pool_retry(st, cuda, || st.alloc.begin_record(
+        charge(align_up(width_in_bytes as u64, 512).and_then(|w| w.checked_mul(height as u64)))
+            .ok_or(CUresult::OUT_OF_MEMORY)?;
+    let mut pending = with_pool_retry(st, cuda, || {
+        st.alloc.begin_record(
             AllocationKind::Pitched,
             idx,
             ctx_id(ctx),
             requested,
-            estimate
-        ))
-        .map_err(alloc_err)
-    );
-    let r = real_call();
-    if !r.is_success() {
-        return r;
-    }
+            estimate,
+        )
+    })
+    .map_err(alloc_err)?;
+    forward(cuda)?;
     // SAFETY: the driver filled both out-pointers (checked non-null above).
     let (ptr, real_pitch) = unsafe { (*dptr, *pitch) };
     let actual = charge((real_pitch as u64).checked_mul(height as u64)).unwrap_or(u64::MAX);
-    let mut pending = pending;
     if let Err(e) = correct_charge(&mut pending, actual) {
         drop(pending);
-        let _ = call!(cuda, h.cuMemFree_v2(ptr));
-        return alloc_err(e);
+        let _ = driver::mem_free(cuda, ptr);
+        return Err(alloc_err(e));
     }
     if let Err(e) = pending.commit(ptr.0) {
         commit_err(e, "a pitched allocation");
     }
     reconcile_if_due(st, cuda, idx);
-    r
+    Ok(())
 }
 
 /// Change a pending charge to the size the driver really allocated, in place: the estimate
 /// and the exact charge are never held together, so an allocation that fits the limit is
 /// not refused because its estimate was still charged.
-pub(super) fn correct_charge<B: DeviceBackend, L: UsageLedger>(
+fn correct_charge<B: DeviceBackend, L: UsageLedger>(
     pending: &mut PendingRecord<'_, B, L>,
     actual: u64,
 ) -> Result<(), AllocError> {
@@ -154,46 +152,43 @@ pub(super) fn correct_charge<B: DeviceBackend, L: UsageLedger>(
 }
 
 pub(crate) unsafe fn cuMemAllocManaged(
+    forward: impl Forward,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
-    flags: c_uint,
-) -> CUresult {
-    let st = tri!(state::ready());
-    let cuda = tri!(real::cuda());
-    let real_call = || call!(cuda, h.cuMemAllocManaged(dptr, bytesize, flags));
+    _flags: c_uint,
+) -> Result<(), CUresult> {
+    let st = state::ready()?;
+    let cuda = real::cuda()?;
     if !st.config.count_managed || dptr.is_null() || bytesize == 0 {
-        return real_call();
+        return forward(cuda);
     }
-    let (ctx, dev) = tri!(driver::current(cuda));
+    let (ctx, dev) = driver::current(cuda)?;
     let Some(idx) = dev_index(dev) else {
-        return real_call();
+        return forward(cuda);
     };
-    let Some(charge) = align_up(bytesize as u64, st.config.allocator.align) else {
-        return CUresult::OUT_OF_MEMORY;
-    };
-    let pending = tri!(
-        with_pool_retry(st, cuda, || st.alloc.begin_record(
+    let charge =
+        align_up(bytesize as u64, st.config.allocator.align).ok_or(CUresult::OUT_OF_MEMORY)?;
+    let pending = with_pool_retry(st, cuda, || {
+        st.alloc.begin_record(
             AllocationKind::Managed,
             idx,
             ctx_id(ctx),
             bytesize as u64,
-            charge
-        ))
-        .map_err(alloc_err)
-    );
-    let r = real_call();
-    if r.is_success() {
-        // SAFETY: the driver filled the non-null out-pointer.
-        if let Err(e) = pending.commit(unsafe { *dptr }.0) {
-            commit_err(e, "a managed allocation");
-        }
-        reconcile_if_due(st, cuda, idx);
+            charge,
+        )
+    })
+    .map_err(alloc_err)?;
+    forward(cuda)?;
+    // SAFETY: the driver filled the non-null out-pointer.
+    if let Err(e) = pending.commit(unsafe { *dptr }.0) {
+        commit_err(e, "a managed allocation");
     }
-    r
+    reconcile_if_due(st, cuda, idx);
+    Ok(())
 }
 
 /// The sub-allocation containing `ptr`, if `ptr` is inside one.
-pub(super) fn suballocation(ptr: CUdeviceptr) -> Option<vgpu_alloc_core::AddressRange> {
+fn suballocation(ptr: CUdeviceptr) -> Option<vgpu_alloc_core::AddressRange> {
     let st = ready_state()?;
     st.alloc
         .containing(DevicePtr(ptr.0))
@@ -201,31 +196,31 @@ pub(super) fn suballocation(ptr: CUdeviceptr) -> Option<vgpu_alloc_core::Address
 }
 
 pub(crate) unsafe fn cuMemGetAddressRange_v2(
+    forward: impl Forward,
     pbase: *mut CUdeviceptr,
     psize: *mut usize,
     dptr: CUdeviceptr,
-) -> CUresult {
-    if let Some(range) = suballocation(dptr) {
-        // Both out-pointers are optional in the driver API.
-        if !pbase.is_null() {
-            // SAFETY: non-null caller out-pointer.
-            unsafe { *pbase = CUdeviceptr(range.base.0) };
-        }
-        if !psize.is_null() {
-            // SAFETY: non-null caller out-pointer.
-            unsafe { *psize = range.size as usize };
-        }
-        return CUresult::SUCCESS;
+) -> Result<(), CUresult> {
+    let Some(range) = suballocation(dptr) else {
+        return forward(real::cuda()?);
+    };
+    // Both out-pointers are optional in the driver API.
+    if !pbase.is_null() {
+        // SAFETY: non-null caller out-pointer.
+        unsafe { *pbase = CUdeviceptr(range.base.0) };
     }
-    let cuda = tri!(real::cuda());
-    call!(cuda, h.cuMemGetAddressRange_v2(pbase, psize, dptr))
+    if !psize.is_null() {
+        // SAFETY: non-null caller out-pointer.
+        unsafe { *psize = range.size as usize };
+    }
+    Ok(())
 }
 
 /// Writes a sub-allocation's range attribute to `data`; false for other attributes.
 ///
 /// # Safety
 /// `data` must be valid for the attribute's type (the driver API contract).
-pub(super) unsafe fn write_range_attribute(
+unsafe fn write_range_attribute(
     range: &vgpu_alloc_core::AddressRange,
     attr: CUpointer_attribute,
     data: *mut c_void,
@@ -248,10 +243,11 @@ pub(super) unsafe fn write_range_attribute(
 }
 
 pub(crate) unsafe fn cuPointerGetAttribute(
+    forward: impl Forward,
     data: *mut c_void,
     attribute: CUpointer_attribute,
     ptr: CUdeviceptr,
-) -> CUresult {
+) -> Result<(), CUresult> {
     if matches!(
         attribute,
         CUpointer_attribute::RANGE_START_ADDR | CUpointer_attribute::RANGE_SIZE
@@ -259,27 +255,26 @@ pub(crate) unsafe fn cuPointerGetAttribute(
         if let Some(range) = suballocation(ptr) {
             // SAFETY: `data` per the attribute's contract.
             if unsafe { write_range_attribute(&range, attribute, data) } {
-                return CUresult::SUCCESS;
+                return Ok(());
             }
         }
     }
-    let cuda = tri!(real::cuda());
-    call!(cuda, h.cuPointerGetAttribute(data, attribute, ptr))
+    forward(real::cuda()?)
 }
 
-pub(crate) unsafe fn cuPointerGetAttributes(
+/// `cuPointerGetAttributes` succeeded: a sub-allocation's range is its own, not its region's.
+///
+/// # Safety
+/// The arrays the driver just read and filled (`num_attributes` entries each, or null).
+pub(crate) unsafe fn range_attributes(
+    _cuda: &Cuda,
     num_attributes: c_uint,
     attributes: *mut CUpointer_attribute,
     data: *mut *mut c_void,
     ptr: CUdeviceptr,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(
-        cuda,
-        h.cuPointerGetAttributes(num_attributes, attributes, data, ptr)
-    );
-    if !r.is_success() || attributes.is_null() || data.is_null() {
-        return r;
+) -> Result<(), CUresult> {
+    if attributes.is_null() || data.is_null() {
+        return Ok(());
     }
     if let Some(range) = suballocation(ptr) {
         for i in 0..num_attributes as usize {
@@ -290,10 +285,14 @@ pub(crate) unsafe fn cuPointerGetAttributes(
             unsafe { write_range_attribute(&range, attr, out) };
         }
     }
-    r
+    Ok(())
 }
 
-pub(crate) unsafe fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult {
+pub(crate) fn cuIpcGetMemHandle(
+    forward: impl Forward,
+    _handle: *mut CUipcMemHandle,
+    dptr: CUdeviceptr,
+) -> Result<(), CUresult> {
     if suballocation(dptr).is_some() {
         vlog!(
             ERROR,
@@ -301,10 +300,9 @@ pub(crate) unsafe fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdevi
              run with VGPU_SUBALLOC=0 to give every allocation its own device memory",
             dptr.0
         );
-        return CUresult::INVALID_VALUE;
+        return Err(CUresult::INVALID_VALUE);
     }
-    let cuda = tri!(real::cuda());
-    call!(cuda, h.cuIpcGetMemHandle(handle, dptr))
+    forward(real::cuda()?)
 }
 
 #[cfg(test)]

@@ -1,8 +1,15 @@
-//! The implementation behind every export (same names as the symbols), one file per
-//! subsystem; this file holds what they share (error mapping, the pool retry). FFI boundary:
-//! raw caller pointers are read and written here through `crate::ffi`, real functions are
-//! called through `driver::call!`; all accounting decisions are made by the allocator
-//! (`vgpu-alloc-core`), [`crate::measured`] and [`crate::accounting`], which are safe Rust.
+//! The implementation behind every export, one file per subsystem; this file holds what
+//! they share (error mapping, the pool retry).
+//!
+//! The declaration list (`vgpu-cuda-abi`) says each hook's shape and `crate::exports`
+//! generates the export from it: a thin hook ("forward, then `f`") is a follow-up `f` here,
+//! a twin (`_ptsz`) is its legacy sibling's body called with `StreamKind::PerThread`, and
+//! every other hook is a function of the symbol's name taking the program's call as a
+//! [`Forward`]. All of them return `Result<(), CUresult>`; the export turns it into the code.
+//!
+//! FFI boundary: raw caller pointers are read and written here through `crate::ffi`; all
+//! accounting decisions are made by the allocator (`vgpu-alloc-core`), [`crate::measured`]
+//! and [`crate::accounting`], which are safe Rust.
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
@@ -20,24 +27,20 @@ use crate::accounting::{
     align_up, array2d_bytes, array3d_bytes, measured_growth, mipmapped_bytes, virtual_mem_info,
     virtual_nvml_info,
 };
+use crate::driver;
 use crate::driver::ProcessUsage;
-use crate::driver::{self, call};
-use crate::ffi::{self, read_back, read_in, write_out};
+use crate::ffi::{read_back, read_in, write_out};
 use crate::log::{DEBUG, ERROR, INFO, MSG, WARN, vlog};
 use crate::real::{self, Cuda};
 use crate::residual::OverLimit;
 use crate::sm_limit::{self, LaunchKind};
 use crate::state::{self, Enforcement, Ready};
 
-/// `?` for functions returning `CUresult`.
-macro_rules! tri {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(code) => return code,
-        }
-    };
-}
+/// The program's own call, forwarded unchanged to the real function (the export builds it:
+/// forwarding the caller's arguments as they came needs nothing but the caller's contract).
+pub(crate) trait Forward: FnOnce(&Cuda) -> Result<(), CUresult> {}
+
+impl<F: FnOnce(&Cuda) -> Result<(), CUresult>> Forward for F {}
 
 /// Pools grow in (at least) 2 MiB steps.
 const POOL_GRANULE: u64 = 2 << 20;

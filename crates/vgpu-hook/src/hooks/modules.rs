@@ -1,155 +1,56 @@
 //! Modules and libraries: their code takes device memory, charged as module memory by
-//! reconciling with NVML's per-process used memory after each load and unload.
+//! reconciling with NVML's per-process used memory after each load and unload. Every hook
+//! here is a list line ("forward, then ..."); these are the follow-ups.
 
 use super::*;
 
 /// After a module or library load: charge what it put on the device; a load whose memory
 /// the limit refuses is undone and fails with `CUDA_ERROR_OUT_OF_MEMORY`.
-pub(super) fn after_code_load(r: CUresult, unload: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(st) = ready_state().filter(|_| r.is_success()) else {
-        return r;
+fn code_loaded(cuda: &Cuda, unload: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
+    let Some(st) = ready_state() else {
+        return Ok(());
     };
-    let Ok(cuda) = real::cuda() else { return r };
-    match reconcile_all(st, cuda, OverLimit::Refuse) {
-        Ok(()) => r,
-        Err(oom) => {
-            let undone = unload();
-            if !undone.is_success() {
-                vlog!(
-                    ERROR,
-                    "could not unload code refused by the limit ({undone:?}); it is charged"
-                );
-            }
-            let _ = reconcile_all(st, cuda, OverLimit::Charge);
-            log_oom(&oom)
+    if let Err(oom) = reconcile_all(st, cuda, OverLimit::Refuse) {
+        if let Err(undone) = unload() {
+            vlog!(
+                ERROR,
+                "could not unload code refused by the limit ({undone:?}); it is charged"
+            );
         }
+        let _ = reconcile_all(st, cuda, OverLimit::Charge);
+        return Err(log_oom(&oom));
     }
+    Ok(())
 }
 
-/// Unloads the module a successful load wrote to `module` (refused by the limit).
-pub(super) fn unload_module(cuda: &Cuda, module: *mut CUmodule) -> CUresult {
-    // SAFETY: the driver filled the out-pointer (a load fails on null).
-    let Some(m) = (unsafe { read_back(module) }) else {
-        return CUresult::INVALID_VALUE;
-    };
-    call!(cuda, h.cuModuleUnload(m))
+/// `cuModuleLoad*` succeeded: charge the module, or unload it if the limit refuses.
+///
+/// # Safety
+/// `module` is the out-pointer the driver just filled.
+pub(crate) unsafe fn module_loaded(cuda: &Cuda, module: *mut CUmodule) -> Result<(), CUresult> {
+    code_loaded(cuda, || {
+        // SAFETY: the driver filled the out-pointer (a load fails on null).
+        let m = unsafe { read_back(module) }.ok_or(CUresult::INVALID_VALUE)?;
+        driver::module_unload(cuda, m)
+    })
 }
 
-/// Unloads the library a successful load wrote to `library` (refused by the limit).
-pub(super) fn unload_library(cuda: &Cuda, library: *mut CUlibrary) -> CUresult {
-    // SAFETY: the driver filled the out-pointer (a load fails on null).
-    let Some(l) = (unsafe { read_back(library) }) else {
-        return CUresult::INVALID_VALUE;
-    };
-    call!(cuda, h.cuLibraryUnload(l))
+/// `cuLibraryLoad*` succeeded: charge the library, or unload it if the limit refuses.
+///
+/// # Safety
+/// `library` is the out-pointer the driver just filled.
+pub(crate) unsafe fn library_loaded(cuda: &Cuda, library: *mut CUlibrary) -> Result<(), CUresult> {
+    code_loaded(cuda, || {
+        // SAFETY: the driver filled the out-pointer (a load fails on null).
+        let l = unsafe { read_back(library) }.ok_or(CUresult::INVALID_VALUE)?;
+        driver::library_unload(cuda, l)
+    })
 }
 
 /// After a module or library unload (or a context gone): give back what the driver freed.
-pub(super) fn after_code_unload(r: CUresult) -> CUresult {
-    if let Some(st) = ready_state().filter(|_| r.is_success()) {
-        if let Ok(cuda) = real::cuda() {
-            let _ = reconcile_all(st, cuda, OverLimit::Charge);
-        }
+pub(crate) fn code_unloaded(cuda: &Cuda) -> Result<(), CUresult> {
+    if let Some(st) = ready_state() {
+        let _ = reconcile_all(st, cuda, OverLimit::Charge);
     }
-    r
-}
-
-pub(crate) unsafe fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuModuleLoad(module, fname));
-    after_code_load(r, || unload_module(cuda, module))
-}
-
-pub(crate) unsafe fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuModuleLoadData(module, image));
-    after_code_load(r, || unload_module(cuda, module))
-}
-
-pub(crate) unsafe fn cuModuleLoadDataEx(
-    module: *mut CUmodule,
-    image: *const c_void,
-    num_options: c_uint,
-    options: *mut CUjit_option,
-    option_values: *mut *mut c_void,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(
-        cuda,
-        h.cuModuleLoadDataEx(module, image, num_options, options, option_values)
-    );
-    after_code_load(r, || unload_module(cuda, module))
-}
-
-pub(crate) unsafe fn cuModuleLoadFatBinary(
-    module: *mut CUmodule,
-    fat_cubin: *const c_void,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuModuleLoadFatBinary(module, fat_cubin));
-    after_code_load(r, || unload_module(cuda, module))
-}
-
-pub(crate) unsafe fn cuModuleUnload(hmod: CUmodule) -> CUresult {
-    let cuda = tri!(real::cuda());
-    after_code_unload(call!(cuda, h.cuModuleUnload(hmod)))
-}
-
-pub(crate) unsafe fn cuLibraryLoadData(
-    library: *mut CUlibrary,
-    code: *const c_void,
-    jit_options: *mut CUjit_option,
-    jit_options_values: *mut *mut c_void,
-    num_jit_options: c_uint,
-    library_options: *mut CUlibraryOption,
-    library_option_values: *mut *mut c_void,
-    num_library_options: c_uint,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(
-        cuda,
-        h.cuLibraryLoadData(
-            library,
-            code,
-            jit_options,
-            jit_options_values,
-            num_jit_options,
-            library_options,
-            library_option_values,
-            num_library_options
-        )
-    );
-    after_code_load(r, || unload_library(cuda, library))
-}
-
-pub(crate) unsafe fn cuLibraryLoadFromFile(
-    library: *mut CUlibrary,
-    file_name: *const c_char,
-    jit_options: *mut CUjit_option,
-    jit_options_values: *mut *mut c_void,
-    num_jit_options: c_uint,
-    library_options: *mut CUlibraryOption,
-    library_option_values: *mut *mut c_void,
-    num_library_options: c_uint,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(
-        cuda,
-        h.cuLibraryLoadFromFile(
-            library,
-            file_name,
-            jit_options,
-            jit_options_values,
-            num_jit_options,
-            library_options,
-            library_option_values,
-            num_library_options
-        )
-    );
-    after_code_load(r, || unload_library(cuda, library))
-}
-
-pub(crate) unsafe fn cuLibraryUnload(library: CUlibrary) -> CUresult {
-    let cuda = tri!(real::cuda());
-    after_code_unload(call!(cuda, h.cuLibraryUnload(library)))
+    Ok(())
 }

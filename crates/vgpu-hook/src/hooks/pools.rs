@@ -1,4 +1,5 @@
-//! Stream-ordered allocation and pools.
+//! Stream-ordered allocation and pools: a pool is charged what it holds, re-measured at
+//! allocations, frees, trims and sync points.
 
 use super::*;
 
@@ -38,27 +39,29 @@ pub(super) fn settle_all_pools(st: &Ready, cuda: &Cuda) {
     }
 }
 
-pub(super) fn pool_device(st: &Ready, cuda: &Cuda, pool: CUmemoryPool) -> Option<DeviceIndex> {
+fn pool_device(st: &Ready, cuda: &Cuda, pool: CUmemoryPool) -> Option<DeviceIndex> {
     if let Some(m) = st.pools.get(pool as usize) {
         return Some(m.device);
     }
     driver::find_pool_device(cuda, pool).and_then(dev_index)
 }
 
-/// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool` given) and their `_ptsz` forms:
-/// `real` performs the call.
-pub(super) fn alloc_async(
+/// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool` given), either stream variant.
+///
+/// # Safety
+/// `dptr` as the driver API's contract requires.
+unsafe fn alloc_async(
+    variant: StreamKind,
+    forward: impl Forward,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     pool: Option<CUmemoryPool>,
     stream: CUstream,
-    per_thread: bool,
-    real: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let st = tri!(state::ready());
-    let cuda = tri!(real::cuda());
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
+    let st = state::ready()?;
     if dptr.is_null() || bytesize == 0 {
-        return real();
+        return forward(cuda);
     }
     let target = match pool {
         Some(p) => pool_device(st, cuda, p).map(|d| (p, d)),
@@ -70,13 +73,17 @@ pub(super) fn alloc_async(
                     Err(_) => Some(Err(idx)),
                 }
             }) else {
-                return real(); // the driver reports the bad stream
+                return forward(cuda); // the driver reports the bad stream
             };
             match idx {
                 Ok(t) => Some(t),
                 // The pool cannot be named (a driver without cuDeviceGetMemPool): charge the
                 // allocation itself, so it is still counted and released on free.
-                Err(idx) => return alloc_async_unpooled(st, cuda, dptr, bytesize, idx, real),
+                Err(idx) => {
+                    // SAFETY: `dptr` is non-null (checked above) and per this function's
+                    // contract.
+                    return unsafe { alloc_async_unpooled(st, cuda, forward, dptr, bytesize, idx) };
+                }
             }
         }
     };
@@ -85,17 +92,16 @@ pub(super) fn alloc_async(
             DEBUG,
             "stream-ordered allocation from an untracked (host) pool: passed through"
         );
-        return real();
+        return forward(cuda);
     };
+    let per_thread = variant == StreamKind::PerThread;
     if driver::stream_capturing(cuda, stream, per_thread) {
         // Becomes a graph memory node, charged when the graph is launched or uploaded (graph
         // memory is measured from now on). No pool query: during a global-mode capture
         // cuMemPoolGetAttribute invalidates the capture (seen on the H200, GPU run 2).
         st.graph_mem_possible.store(true, Ordering::Relaxed);
-        return match refuse_unless_it_fits(st, idx, bytesize as u64) {
-            Ok(()) => real(),
-            Err(r) => r,
-        };
+        refuse_unless_it_fits(st, idx, bytesize as u64)?;
+        return forward(cuda);
     }
     // The part of the request the pool cannot serve from memory it already holds.
     let reserved =
@@ -103,211 +109,147 @@ pub(super) fn alloc_async(
     let used =
         driver::pool_attr(cuda, pool, CUmemPool_attribute::USED_MEM_CURRENT).unwrap_or(reserved);
     let need = (bytesize as u64).saturating_sub(reserved.saturating_sub(used));
-    let Some(need) = align_up(need, POOL_GRANULE) else {
-        return CUresult::OUT_OF_MEMORY;
-    };
+    let need = align_up(need, POOL_GRANULE).ok_or(CUresult::OUT_OF_MEMORY)?;
     let reserve = || {
         st.pools
             .reserve_tentative(st.ledger(), idx, need)
             .map_err(AllocError::OutOfMemory)
     };
-    let tentative = tri!(with_pool_retry(st, cuda, reserve).map_err(alloc_err));
-    let r = real();
-    if !r.is_success() {
+    let tentative = with_pool_retry(st, cuda, reserve).map_err(alloc_err)?;
+    if let Err(r) = forward(cuda) {
         st.pools.cancel(st.ledger(), idx, tentative);
-        return r;
+        return Err(r);
     }
     settle_pool(st, cuda, pool, idx, tentative);
     reconcile_if_due(st, cuda, idx);
-    r
+    Ok(())
 }
 
 /// Stream-ordered allocation charged per allocation (rounded to the pool granule), for when
 /// the pool cannot be measured.
-pub(super) fn alloc_async_unpooled(
+///
+/// # Safety
+/// `dptr` is non-null and valid for a write (the driver API contract).
+unsafe fn alloc_async_unpooled(
     st: &Ready,
     cuda: &Cuda,
+    forward: impl Forward,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     idx: DeviceIndex,
-    real: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let Some(charge) = align_up(bytesize as u64, POOL_GRANULE) else {
-        return CUresult::OUT_OF_MEMORY;
-    };
+) -> Result<(), CUresult> {
+    let charge = align_up(bytesize as u64, POOL_GRANULE).ok_or(CUresult::OUT_OF_MEMORY)?;
     let ctx = driver::current_context(cuda).unwrap_or(std::ptr::null_mut());
-    let pending = tri!(
-        with_pool_retry(st, cuda, || st.alloc.begin_record(
+    let pending = with_pool_retry(st, cuda, || {
+        st.alloc.begin_record(
             AllocationKind::PoolAsync,
             idx,
             ctx_id(ctx),
             bytesize as u64,
-            charge
-        ))
-        .map_err(alloc_err)
-    );
-    let r = real();
-    if r.is_success() {
-        // SAFETY: the driver filled the non-null out-pointer.
-        if let Err(e) = pending.commit(unsafe { *dptr }.0) {
-            commit_err(e, "a stream-ordered allocation");
-        }
+            charge,
+        )
+    })
+    .map_err(alloc_err)?;
+    forward(cuda)?;
+    // SAFETY: the driver filled the non-null out-pointer.
+    if let Err(e) = pending.commit(unsafe { *dptr }.0) {
+        commit_err(e, "a stream-ordered allocation");
     }
-    r
+    Ok(())
 }
 
 pub(crate) unsafe fn cuMemAllocAsync(
+    variant: StreamKind,
+    forward: impl Forward,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     stream: CUstream,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    alloc_async(dptr, bytesize, None, stream, false, || {
-        call!(cuda, h.cuMemAllocAsync(dptr, bytesize, stream))
-    })
-}
-
-pub(crate) unsafe fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    stream: CUstream,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    alloc_async(dptr, bytesize, None, stream, true, || {
-        call!(cuda, h.cuMemAllocAsync_ptsz(dptr, bytesize, stream))
-    })
+) -> Result<(), CUresult> {
+    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
+    unsafe { alloc_async(variant, forward, dptr, bytesize, None, stream) }
 }
 
 pub(crate) unsafe fn cuMemAllocFromPoolAsync(
+    variant: StreamKind,
+    forward: impl Forward,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     pool: CUmemoryPool,
     stream: CUstream,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    alloc_async(dptr, bytesize, Some(pool), stream, false, || {
-        call!(
-            cuda,
-            h.cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream)
-        )
-    })
-}
-
-pub(crate) unsafe fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    alloc_async(dptr, bytesize, Some(pool), stream, true, || {
-        call!(
-            cuda,
-            h.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream)
-        )
-    })
+) -> Result<(), CUresult> {
+    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
+    unsafe { alloc_async(variant, forward, dptr, bytesize, Some(pool), stream) }
 }
 
 /// `cuMemFreeAsync[_ptsz]`: frees whatever it is given. Memory from the synchronous
 /// allocators is released from our table; sub-allocated chunks are reused only after the
 /// stream has reached the free (we synchronize it, since the region stays allocated).
-pub(super) fn free_async(
+pub(crate) fn cuMemFreeAsync(
+    variant: StreamKind,
+    forward: impl Forward,
     dptr: CUdeviceptr,
     stream: CUstream,
-    real: impl FnOnce() -> CUresult,
-    sync: impl FnOnce() -> CUresult,
-) -> CUresult {
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
     let Some(st) = ready_state().filter(|_| dptr.0 != 0) else {
-        return real();
+        return forward(cuda);
     };
     let Some(range) = st
         .alloc
         .containing(DevicePtr(dptr.0))
         .filter(|r| r.base.0 == dptr.0)
     else {
-        return real(); // pool memory (charged per pool) or unknown: the driver decides
+        return forward(cuda); // pool memory (charged per pool) or unknown: the driver decides
     };
     if range.kind == AllocationKind::SubAllocated {
-        let r = sync();
-        if !r.is_success() {
-            return r;
-        }
+        driver::stream_synchronize(cuda, stream, variant == StreamKind::PerThread)?;
         return match st.alloc.free(DevicePtr(dptr.0)) {
-            Ok(_) | Err(FreeError::NotTracked) => CUresult::SUCCESS,
-            Err(FreeError::Backend(b)) => CUresult(b.code),
-            Err(FreeError::Internal(why)) => {
-                vlog!(
-                    ERROR,
-                    "internal accounting error freeing {:#x}: {why}",
-                    dptr.0
-                );
-                CUresult::UNKNOWN
-            }
+            Ok(_) | Err(FreeError::NotTracked) => Ok(()),
+            Err(e) => Err(free_err(e, dptr)),
         };
     }
-    let _ = stream;
-    let r = real();
-    if r.is_success() {
-        let _ = st.alloc.release_record(range.kind, dptr.0);
-    }
-    r
+    forward(cuda)?;
+    let _ = st.alloc.release_record(range.kind, dptr.0);
+    Ok(())
 }
 
-pub(crate) unsafe fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    let cuda = tri!(real::cuda());
-    free_async(
-        dptr,
-        stream,
-        || call!(cuda, h.cuMemFreeAsync(dptr, stream)),
-        || call!(cuda, h.cuStreamSynchronize(stream)),
-    )
-}
-
-pub(crate) unsafe fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    let cuda = tri!(real::cuda());
-    free_async(
-        dptr,
-        stream,
-        || call!(cuda, h.cuMemFreeAsync_ptsz(dptr, stream)),
-        || call!(cuda, h.cuStreamSynchronize_ptsz(stream)),
-    )
-}
-
-pub(crate) unsafe fn cuMemPoolCreate(
+/// `cuMemPoolCreate` succeeded: track a device pool.
+///
+/// # Safety
+/// `pool` and `props` are the pointers the driver just wrote and read.
+pub(crate) unsafe fn pool_created(
+    _cuda: &Cuda,
     pool: *mut CUmemoryPool,
     props: *const CUmemPoolProps,
-) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuMemPoolCreate(pool, props));
-    if let Some(st) = ready_state().filter(|_| r.is_success()) {
-        // SAFETY: the driver read `props` and wrote `*pool`.
-        if let (Some(p), Some(handle)) = (unsafe { read_in(props) }, unsafe { read_back(pool) }) {
-            if p.location.type_ == CUmemLocationType::DEVICE {
-                if let Some(idx) = dev_index(CUdevice(p.location.id)) {
-                    st.pools.register(handle as usize, idx);
-                }
+) -> Result<(), CUresult> {
+    let Some(st) = ready_state() else {
+        return Ok(());
+    };
+    // SAFETY: the driver read `props` and wrote `*pool`.
+    if let (Some(p), Some(handle)) = (unsafe { read_in(props) }, unsafe { read_back(pool) }) {
+        if p.location.type_ == CUmemLocationType::DEVICE {
+            if let Some(idx) = dev_index(CUdevice(p.location.id)) {
+                st.pools.register(handle as usize, idx);
             }
         }
     }
-    r
+    Ok(())
 }
 
-pub(crate) unsafe fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuMemPoolDestroy(pool));
-    if let Some(st) = ready_state().filter(|_| r.is_success()) {
+/// `cuMemPoolDestroy` succeeded: its charge goes.
+pub(crate) fn pool_destroyed(_cuda: &Cuda, pool: CUmemoryPool) -> Result<(), CUresult> {
+    if let Some(st) = ready_state() {
         st.pools.remove(st.ledger(), pool as usize);
     }
-    r
+    Ok(())
 }
 
-pub(crate) unsafe fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuMemPoolTrimTo(pool, min_bytes_to_keep));
-    if let Some(st) = ready_state().filter(|_| r.is_success()) {
+/// `cuMemPoolTrimTo` succeeded: the pool may hold less.
+pub(crate) fn pool_trimmed(cuda: &Cuda, pool: CUmemoryPool) -> Result<(), CUresult> {
+    if let Some(st) = ready_state() {
         if let Some(m) = st.pools.get(pool as usize) {
             settle_pool(st, cuda, pool, m.device, 0);
         }
     }
-    r
+    Ok(())
 }

@@ -2,19 +2,25 @@
 
 use super::*;
 
-pub(crate) unsafe fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuMemGetInfo_v2(free, total));
-    let Some(st) = ready_state().filter(|_| r.is_success()) else {
-        return r;
+/// `cuMemGetInfo_v2` succeeded: show the current device's memory under the limit.
+///
+/// # Safety
+/// `free` and `total` are the out-pointers the driver just filled.
+pub(crate) unsafe fn mem_info_view(
+    cuda: &Cuda,
+    free: *mut usize,
+    total: *mut usize,
+) -> Result<(), CUresult> {
+    let Some(st) = ready_state() else {
+        return Ok(());
     };
     let Some(idx) = driver::current_device(cuda).ok().and_then(dev_index) else {
-        return r;
+        return Ok(());
     };
     reconcile_if_due(st, cuda, idx);
     // SAFETY: the driver just filled both (it fails on null).
     let (Some(f), Some(t)) = (unsafe { read_back(free) }, unsafe { read_back(total) }) else {
-        return r;
+        return Ok(());
     };
     let (f, t) = virtual_mem_info(f as u64, t as u64, st.ledger().usage_for_view(idx));
     // SAFETY: valid out-pointers (checked non-null above).
@@ -22,23 +28,28 @@ pub(crate) unsafe fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUr
         *free = f as usize;
         *total = t as usize;
     }
-    r
+    Ok(())
 }
 
-pub(crate) unsafe fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let cuda = tri!(real::cuda());
-    let r = call!(cuda, h.cuDeviceTotalMem_v2(bytes, dev));
-    let Some(st) = ready_state().filter(|_| r.is_success()) else {
-        return r;
+/// `cuDeviceTotalMem_v2` succeeded: a limited device is as large as its limit.
+///
+/// # Safety
+/// `bytes` is the out-pointer the driver just filled.
+pub(crate) unsafe fn total_mem_view(
+    _cuda: &Cuda,
+    bytes: *mut usize,
+    dev: CUdevice,
+) -> Result<(), CUresult> {
+    let (Some(st), Some(idx)) = (ready_state(), dev_index(dev)) else {
+        return Ok(());
     };
-    let Some(idx) = dev_index(dev) else { return r };
     // SAFETY: the driver filled it (it fails on null).
     let filled = unsafe { read_back(bytes) };
     if let (Some(limit), Some(t)) = (st.ledger().usage(idx).limit, filled) {
         // SAFETY: valid out-pointer (read back above).
         unsafe { *bytes = (t as u64).min(limit) as usize };
     }
-    r
+    Ok(())
 }
 
 /// The usage of the CUDA device an NVML handle names (by UUID), if it is visible to this
@@ -76,7 +87,7 @@ pub(super) fn nvml_device_usage(
 }
 
 /// One of NVML's memory-info structs, rewritten to the limit's view.
-pub(super) trait NvmlMemoryView: Copy {
+pub(crate) trait NvmlMemoryView: Copy {
     /// `(total, free)` as the driver reported them.
     fn driver_view(&self) -> (u64, u64);
     /// Replace the figures with the virtual `(total, free, used)`.
@@ -102,32 +113,21 @@ impl NvmlMemoryView for nvmlMemory_v2_t {
     }
 }
 
-pub(super) type NvmlMemoryFn<T> = unsafe extern "C" fn(nvmlDevice_t, *mut T) -> nvmlReturn_t;
-
-/// Both `nvmlDeviceGetMemoryInfo` versions: forward, then show the limit's view.
+/// Either `nvmlDeviceGetMemoryInfo` version succeeded: show the limit's view.
 ///
 /// # Safety
-/// `memory` as NVML's contract requires (NVML itself rejects null).
-pub(super) unsafe fn nvml_memory_info<T: NvmlMemoryView>(
+/// `memory` is the out-pointer NVML just filled.
+pub(crate) unsafe fn nvml_memory_view<T: NvmlMemoryView>(
+    nvml: &real::Nvml,
     device: nvmlDevice_t,
     memory: *mut T,
-    real_fn: impl FnOnce(&real::Nvml) -> Option<NvmlMemoryFn<T>>,
-) -> nvmlReturn_t {
-    let nvml = match real::nvml() {
-        Ok(n) => n,
-        Err(e) => return e,
-    };
-    let Some(f) = real_fn(nvml) else {
-        return nvmlReturn_t::FUNCTION_NOT_FOUND;
-    };
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { f(device, memory) };
-    let Some(st) = ready_state().filter(|_| r.is_success()) else {
-        return r;
+) -> Result<(), nvmlReturn_t> {
+    let Some(st) = ready_state() else {
+        return Ok(());
     };
     // SAFETY: NVML filled it (it fails on null).
     let Some(mut m) = (unsafe { read_back(memory) }) else {
-        return r;
+        return Ok(());
     };
     let (total, free) = m.driver_view();
     if let Some((total, free, used)) =
@@ -137,21 +137,5 @@ pub(super) unsafe fn nvml_memory_info<T: NvmlMemoryView>(
         // SAFETY: valid out-pointer.
         unsafe { *memory = m };
     }
-    r
-}
-
-pub(crate) unsafe fn nvmlDeviceGetMemoryInfo(
-    device: nvmlDevice_t,
-    memory: *mut nvmlMemory_t,
-) -> nvmlReturn_t {
-    // SAFETY: the caller's pointer, as NVML's contract requires.
-    unsafe { nvml_memory_info(device, memory, |n| n.h.nvmlDeviceGetMemoryInfo) }
-}
-
-pub(crate) unsafe fn nvmlDeviceGetMemoryInfo_v2(
-    device: nvmlDevice_t,
-    memory: *mut nvmlMemory_v2_t,
-) -> nvmlReturn_t {
-    // SAFETY: the caller's pointer, as NVML's contract requires.
-    unsafe { nvml_memory_info(device, memory, |n| n.h.nvmlDeviceGetMemoryInfo_v2) }
+    Ok(())
 }
