@@ -127,17 +127,29 @@ fn with_pool_retry<T>(
     }
 }
 
+// The files whose hooks read or write the caller's pointers (out-pointers the driver
+// filled, descriptors, attribute arrays) allow unsafe code; the rest are safe Rust.
+#[allow(unsafe_code)]
 mod arrays;
+#[allow(unsafe_code)]
 mod contexts;
+#[allow(unsafe_code)]
 mod graphs;
+#[allow(unsafe_code)]
 mod launches;
+#[allow(unsafe_code)]
 mod memory;
+#[allow(unsafe_code)]
 mod modules;
+#[allow(unsafe_code)]
 mod pools;
+#[allow(unsafe_code)]
 mod proc_address;
 mod residual_charge;
 mod synchronization;
+#[allow(unsafe_code)]
 mod views;
+#[allow(unsafe_code)]
 mod vmm;
 
 pub(crate) use arrays::*;
