@@ -30,7 +30,7 @@
 //! - `twin y(args)`: the per-thread-default-stream (`_ptsz`) twin of the hand-written `y`,
 //!   called with `StreamKind::PerThread` and this symbol's own real function.
 //! - `body(args)`: a hand-written implementation of the same name, given the forward and
-//!   only these arguments.
+//!   only these arguments; `body f(args)`: the hand-written `f`, shared by several symbols.
 //!
 //! No shape: a hand-written implementation given the forward and every argument (for a
 //! `legacy` entry, and `body`/`twin`, also the `StreamKind`). A callback invoked as
@@ -123,9 +123,11 @@ macro_rules! cuda_hooked_functions {
 
             // Arrays.
             cuArrayCreate_v2 ["cuArrayCreate", 3020, any]
-                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult;
+                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult
+                => body create_array(handle, desc);
             cuArray3DCreate_v2 ["cuArray3DCreate", 3020, any]
-                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult;
+                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult
+                => body create_array(handle, desc);
             cuArrayDestroy ["cuArrayDestroy", 2000, any] fn(handle: CUarray) -> CUresult
                 => then array_destroyed(handle);
             cuMipmappedArrayCreate ["cuMipmappedArrayCreate", 5000, any]
@@ -146,12 +148,15 @@ macro_rules! cuda_hooked_functions {
             cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, any] fn(dev: CUdevice) -> CUresult
                 => then primary_reset(dev);
             cuCtxCreate_v2 ["cuCtxCreate", 3020, any]
-                fn(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult;
+                fn(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult
+                => body create_context(pctx, dev);
             cuCtxCreate_v3 ["cuCtxCreate", 11040, any]
                 fn(pctx: *mut CUcontext, params: CUexecAffinityParamPtr, num_params: c_int, flags: c_uint,
-                   dev: CUdevice) -> CUresult;
+                   dev: CUdevice) -> CUresult
+                => body create_context(pctx, dev);
             cuCtxCreate_v4 ["cuCtxCreate", 12050, any]
-                fn(pctx: *mut CUcontext, params: CUctxCreateParamsPtr, flags: c_uint, dev: CUdevice) -> CUresult;
+                fn(pctx: *mut CUcontext, params: CUctxCreateParamsPtr, flags: c_uint, dev: CUdevice) -> CUresult
+                => body create_context(pctx, dev);
             cuCtxDestroy ["cuCtxDestroy", 2000, any] fn(ctx: CUcontext) -> CUresult
                 => then context_destroyed(ctx);
             cuCtxDestroy_v2 ["cuCtxDestroy", 4000, any] fn(ctx: CUcontext) -> CUresult
@@ -223,9 +228,10 @@ macro_rules! cuda_hooked_functions {
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
                    kernel_params: *mut *mut c_void) -> CUresult
                 => twin cuLaunchCooperativeKernel(stream);
-            cuGraphLaunch ["cuGraphLaunch", 10000, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
+            cuGraphLaunch ["cuGraphLaunch", 10000, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
+                => body(stream);
             cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
-                => twin cuGraphLaunch;
+                => twin cuGraphLaunch(stream);
         }
     };
 }
@@ -429,59 +435,75 @@ mod tests {
         select_variant(CUDA_HOOKED_SYMBOLS, base, v, flags).map(|s| s.name)
     }
 
+    /// `(base, cuda_version, flags, expected variant)`, checked by [`pick`].
+    fn check(cases: &[(&str, i32, u64, Option<&str>)]) {
+        for &(base, version, flags, want) in cases {
+            assert_eq!(pick(base, version, flags), want, "{base} {version} {flags}");
+        }
+    }
+
     #[test]
     fn versions_pick_the_newest_not_newer_than_requested() {
-        assert_eq!(pick("cuMemAlloc", 12040, DEFAULT), Some("cuMemAlloc_v2"));
-        assert_eq!(
-            pick("cuMemAlloc", 3000, DEFAULT),
-            None,
-            "v1 (32-bit) is not hooked"
-        );
-        assert_eq!(pick("cuCtxCreate", 11000, DEFAULT), Some("cuCtxCreate_v2"));
-        assert_eq!(pick("cuCtxCreate", 11040, DEFAULT), Some("cuCtxCreate_v3"));
-        assert_eq!(pick("cuCtxCreate", 13000, DEFAULT), Some("cuCtxCreate_v4"));
-        assert_eq!(
-            pick("cuDevicePrimaryCtxRelease", 10020, DEFAULT),
-            Some("cuDevicePrimaryCtxRelease")
-        );
-        assert_eq!(
-            pick("cuDevicePrimaryCtxRelease", 12000, DEFAULT),
-            Some("cuDevicePrimaryCtxRelease_v2")
-        );
-        assert_eq!(
-            pick("cuGetProcAddress", 12000, DEFAULT),
-            Some("cuGetProcAddress_v2")
-        );
-        assert_eq!(
-            pick("cuGetProcAddress", 11080, DEFAULT),
-            Some("cuGetProcAddress")
-        );
-        assert_eq!(pick("cuMemcpy", 12000, DEFAULT), None);
+        check(&[
+            ("cuMemAlloc", 12040, DEFAULT, Some("cuMemAlloc_v2")),
+            // v1 (32-bit) is not hooked.
+            ("cuMemAlloc", 3000, DEFAULT, None),
+            ("cuCtxCreate", 11000, DEFAULT, Some("cuCtxCreate_v2")),
+            ("cuCtxCreate", 11040, DEFAULT, Some("cuCtxCreate_v3")),
+            ("cuCtxCreate", 13000, DEFAULT, Some("cuCtxCreate_v4")),
+            (
+                "cuDevicePrimaryCtxRelease",
+                10020,
+                DEFAULT,
+                Some("cuDevicePrimaryCtxRelease"),
+            ),
+            (
+                "cuDevicePrimaryCtxRelease",
+                12000,
+                DEFAULT,
+                Some("cuDevicePrimaryCtxRelease_v2"),
+            ),
+            (
+                "cuGetProcAddress",
+                12000,
+                DEFAULT,
+                Some("cuGetProcAddress_v2"),
+            ),
+            ("cuGetProcAddress", 11080, DEFAULT, Some("cuGetProcAddress")),
+            ("cuMemcpy", 12000, DEFAULT, None),
+        ]);
     }
 
     #[test]
     fn per_thread_flag_picks_ptsz_variants_only_when_asked() {
-        assert_eq!(
-            pick("cuLaunchKernel", 12000, PER_THREAD_DEFAULT_STREAM),
-            Some("cuLaunchKernel_ptsz")
-        );
-        assert_eq!(
-            pick("cuLaunchKernel", 12000, LEGACY_STREAM),
-            Some("cuLaunchKernel")
-        );
-        assert_eq!(
-            pick("cuLaunchKernel", 12000, DEFAULT),
-            Some("cuLaunchKernel")
-        );
-        assert_eq!(
-            pick("cuMemAllocAsync", 12000, PER_THREAD_DEFAULT_STREAM),
-            Some("cuMemAllocAsync_ptsz")
-        );
-        // No stream variants: the per-thread request still gets the function.
-        assert_eq!(
-            pick("cuMemAlloc", 12000, PER_THREAD_DEFAULT_STREAM),
-            Some("cuMemAlloc_v2")
-        );
+        check(&[
+            (
+                "cuLaunchKernel",
+                12000,
+                PER_THREAD_DEFAULT_STREAM,
+                Some("cuLaunchKernel_ptsz"),
+            ),
+            (
+                "cuLaunchKernel",
+                12000,
+                LEGACY_STREAM,
+                Some("cuLaunchKernel"),
+            ),
+            ("cuLaunchKernel", 12000, DEFAULT, Some("cuLaunchKernel")),
+            (
+                "cuMemAllocAsync",
+                12000,
+                PER_THREAD_DEFAULT_STREAM,
+                Some("cuMemAllocAsync_ptsz"),
+            ),
+            // No stream variants: the per-thread request still gets the function.
+            (
+                "cuMemAlloc",
+                12000,
+                PER_THREAD_DEFAULT_STREAM,
+                Some("cuMemAlloc_v2"),
+            ),
+        ]);
     }
 
     #[test]
@@ -548,10 +570,13 @@ mod tests {
                 ["", "then", "finally", "twin", "body"].contains(&verb),
                 "{name}: unknown shape {verb}"
             );
-            assert_eq!(
-                target.is_empty(),
-                verb.is_empty() || verb == "body",
-                "{name}"
+            assert!(
+                if verb.is_empty() {
+                    target.is_empty()
+                } else {
+                    verb == "body" || !target.is_empty()
+                },
+                "{name}: only `body` goes without a target"
             );
             let info = find_symbol(CUDA_HOOKED_SYMBOLS, name)
                 .or_else(|| find_symbol(NVML_HOOKED_SYMBOLS, name))

@@ -66,7 +66,13 @@ macro_rules! shape {
     ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; twin $y:ident $(($($a:ident),*))?) => {
         shape!(@call $y, $forward, $all $(, ($($a),*))?, StreamKind::PerThread)
     };
-    // A hand-written body given some arguments.
+    // A hand-written body (shared by several symbols when named) given some arguments.
+    ($name:ident, legacy, $load:path, $forward:ident, $all:tt; body $f:ident ($($a:ident),*)) => {
+        shape!(@call $f, $forward, ($($a),*), StreamKind::Legacy)
+    };
+    ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; body $f:ident ($($a:ident),*)) => {
+        shape!(@call $f, $forward, ($($a),*))
+    };
     ($name:ident, legacy, $load:path, $forward:ident, $all:tt; body ($($a:ident),*)) => {
         shape!(@call $name, $forward, ($($a),*), StreamKind::Legacy)
     };

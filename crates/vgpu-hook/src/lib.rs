@@ -46,3 +46,5 @@ mod residual;
 mod sm_limit;
 #[allow(unsafe_code)]
 mod state;
+#[cfg(test)]
+mod testing;

@@ -222,16 +222,8 @@ impl Residual {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{D, M, ledger};
     use vgpu_alloc_core::InMemoryLedger;
-
-    const M: u64 = 1 << 20;
-    const D: DeviceIndex = DeviceIndex(0);
-
-    fn ledger(limit: u64) -> InMemoryLedger {
-        let mut l = [None; MAX_DEVICES];
-        l[0] = Some(limit);
-        InMemoryLedger::new(l)
-    }
 
     fn held(l: &InMemoryLedger) -> impl FnOnce() -> u64 + '_ {
         || l.usage(D).used

@@ -1,10 +1,12 @@
 //! Arrays: charged at creation from their descriptor, in the current context.
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 /// Creates an array-like object of `bytes` (`None`: no descriptor), charged as `kind` in the
 /// current context; `handle` reads the new object's handle after the driver made it.
-fn create_array(
+fn charge_array(
     cuda: &Cuda,
     forward: impl Forward,
     kind: AllocationKind,
@@ -24,48 +26,55 @@ fn create_array(
     let Some(idx) = dev_index(dev) else {
         return forward(cuda);
     };
-    let pending = with_pool_retry(st, cuda, || {
-        st.alloc.begin_record(kind, idx, ctx_id(ctx), bytes, bytes)
-    })
-    .map_err(alloc_err)?;
-    forward(cuda)?;
-    if let Err(e) = pending.commit(handle()) {
-        commit_err(e, "an array");
-    }
+    let charge = Charge {
+        kind,
+        device: idx,
+        context: ctx_id(ctx),
+        requested: bytes,
+        charge: bytes,
+        what: "an array",
+    };
+    charge_and_forward(st, cuda, forward, charge, handle)?;
     reconcile_if_due(st, cuda, idx);
     Ok(())
 }
 
-pub(crate) unsafe fn cuArrayCreate_v2(
-    forward: impl Forward,
-    handle: *mut CUarray,
-    desc: *const CUDA_ARRAY_DESCRIPTOR,
-) -> Result<(), CUresult> {
-    let cuda = real::cuda()?;
-    // SAFETY: `desc` is null or valid (driver contract).
-    let bytes = unsafe { read_in(desc) }.map(|d| array2d_bytes(&d).unwrap_or(u64::MAX));
-    if handle.is_null() {
-        return forward(cuda);
-    }
-    // SAFETY: the driver filled the non-null out-pointer (read only on success).
-    let handle = || unsafe { *handle } as u64;
-    create_array(cuda, forward, AllocationKind::Array, bytes, handle)
+/// A plain array's descriptor (`cuArrayCreate`'s 2D one, `cuArray3DCreate`'s 3D one).
+pub(crate) trait ArrayDescriptor: Copy {
+    /// What the array takes on the device (`None`: too large to count).
+    fn bytes(&self) -> Option<u64>;
 }
 
-pub(crate) unsafe fn cuArray3DCreate_v2(
+impl ArrayDescriptor for CUDA_ARRAY_DESCRIPTOR {
+    fn bytes(&self) -> Option<u64> {
+        array2d_bytes(self)
+    }
+}
+
+impl ArrayDescriptor for CUDA_ARRAY3D_DESCRIPTOR {
+    fn bytes(&self) -> Option<u64> {
+        array3d_bytes(self)
+    }
+}
+
+/// `cuArrayCreate_v2` and `cuArray3DCreate_v2`.
+///
+/// # Safety
+/// `handle` and `desc` as the driver API's contract requires.
+pub(crate) unsafe fn create_array<D: ArrayDescriptor>(
     forward: impl Forward,
     handle: *mut CUarray,
-    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    desc: *const D,
 ) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
     // SAFETY: `desc` is null or valid (driver contract).
-    let bytes = unsafe { read_in(desc) }.map(|d| array3d_bytes(&d).unwrap_or(u64::MAX));
+    let bytes = unsafe { read_in(desc) }.map(|d| d.bytes().unwrap_or(u64::MAX));
     if handle.is_null() {
         return forward(cuda);
     }
     // SAFETY: the driver filled the non-null out-pointer (read only on success).
     let handle = || unsafe { *handle } as u64;
-    create_array(cuda, forward, AllocationKind::Array, bytes, handle)
+    charge_array(cuda, forward, AllocationKind::Array, bytes, handle)
 }
 
 pub(crate) unsafe fn cuMipmappedArrayCreate(
@@ -83,7 +92,7 @@ pub(crate) unsafe fn cuMipmappedArrayCreate(
     }
     // SAFETY: the driver filled the non-null out-pointer (read only on success).
     let handle = || unsafe { *handle } as u64;
-    create_array(cuda, forward, AllocationKind::MipmappedArray, bytes, handle)
+    charge_array(cuda, forward, AllocationKind::MipmappedArray, bytes, handle)
 }
 
 /// `cuArrayDestroy` succeeded: its charge goes.

@@ -2,6 +2,8 @@
 //! context) across the creation. Just before it, the SM limiter records the device's power
 //! (`sm_limit::context_creating`: once per device, with an SM limit only).
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 /// What NVML says around a context creation: this process's used memory on the device and
@@ -38,14 +40,22 @@ fn context_growth(before: UsedSample, after: UsedSample) -> Option<u64> {
     }
 }
 
-/// Charges `bytes` of context memory for `ctx`; on refusal `undo` destroys the context.
+/// Charges the context memory measured for `ctx` (`None`: not measured, nothing charged:
+/// `Ok(false)`); on refusal `undo` destroys the context.
 fn charge_context(
     st: &Ready,
     idx: DeviceIndex,
     ctx: CUcontext,
-    bytes: u64,
+    bytes: Option<u64>,
     undo: impl FnOnce(),
-) -> Result<(), CUresult> {
+) -> Result<bool, CUresult> {
+    let Some(bytes) = bytes else {
+        vlog!(
+            INFO,
+            "device {idx}: context memory not measured (NVML unavailable)"
+        );
+        return Ok(false);
+    };
     vlog!(
         INFO,
         "device {idx}: context {:#x} takes {bytes} bytes",
@@ -60,7 +70,7 @@ fn charge_context(
                 commit_err(e, "a context");
             }
             st.residual.context_created(ctx as usize, idx);
-            Ok(())
+            Ok(true)
         }
         Err(e) => {
             undo();
@@ -95,22 +105,32 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
     if primary.contains_key(&dev.0) {
         return Ok(()); // another thread created and charged it
     }
-    let Some(bytes) = before.zip(after).and_then(|(b, a)| context_growth(b, a)) else {
-        vlog!(
-            INFO,
-            "device {idx}: context memory not measured (NVML unavailable)"
-        );
-        return Ok(());
-    };
-    charge_context(st, idx, ctx, bytes, || {
+    let bytes = before.zip(after).and_then(|(b, a)| context_growth(b, a));
+    let charged = charge_context(st, idx, ctx, bytes, || {
         let _ = driver::primary_ctx_release(cuda, dev);
     })?;
+    if !charged {
+        return Ok(());
+    }
     primary.insert(dev.0, ctx as usize);
     drop(primary);
     // Anything else the driver took for this process meanwhile.
     st.residual.ran_now();
     let _ = reconcile(st, cuda, idx, OverLimit::Charge);
     Ok(())
+}
+
+/// The primary context of `dev` is gone: forget it and release everything charged in it
+/// (the bytes released; `None` when none was charged).
+fn forget_primary(st: &Ready, dev: CUdevice) -> Option<u64> {
+    driver::contexts_changed();
+    let ctx = st
+        .primary
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&dev.0)?;
+    st.residual.context_gone(ctx);
+    Some(st.alloc.release_context(ContextId(ctx as u64)).released)
 }
 
 /// `cuDevicePrimaryCtxRelease[_v2]` succeeded: if the context is gone, so is everything in
@@ -122,20 +142,11 @@ pub(crate) fn primary_released(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresul
     if driver::primary_ctx_active(cuda, dev).unwrap_or(true) {
         return Ok(());
     }
-    driver::contexts_changed();
-    let ctx = st
-        .primary
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&dev.0);
-    if let Some(ctx) = ctx {
-        st.residual.context_gone(ctx);
-        let released = st.alloc.release_context(ContextId(ctx as u64));
+    if let Some(released) = forget_primary(st, dev) {
         vlog!(
             DEBUG,
-            "device {}: primary context gone, released {} bytes",
-            dev.0,
-            released.released
+            "device {}: primary context gone, released {released} bytes",
+            dev.0
         );
     }
     // Its code went with it.
@@ -146,25 +157,16 @@ pub(crate) fn primary_released(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresul
 /// destroyed (it stays retained).
 pub(crate) fn primary_reset(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresult> {
     if let Some(st) = ready_state() {
-        driver::contexts_changed();
-        let ctx = st
-            .primary
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&dev.0);
-        if let Some(ctx) = ctx {
-            st.residual.context_gone(ctx);
-            st.alloc.release_context(ContextId(ctx as u64));
-        }
+        forget_primary(st, dev);
     }
     code_unloaded(cuda)
 }
 
-/// `cuCtxCreate*`: measure, create, charge.
+/// Every `cuCtxCreate` version: measure, create, charge.
 ///
 /// # Safety
 /// `pctx` as the driver API's contract requires.
-unsafe fn create_context(
+pub(crate) unsafe fn create_context(
     forward: impl Forward,
     pctx: *mut CUcontext,
     dev: CUdevice,
@@ -181,52 +183,16 @@ unsafe fn create_context(
     }
     // SAFETY: the driver filled the non-null out-pointer.
     let ctx = unsafe { *pctx };
-    let Some(bytes) = context_growth(before, sample_used(st, cuda, dev)) else {
-        vlog!(
-            INFO,
-            "device {idx}: context memory not measured (NVML unavailable)"
-        );
-        return Ok(());
-    };
-    charge_context(st, idx, ctx, bytes, || {
+    let bytes = context_growth(before, sample_used(st, cuda, dev));
+    let charged = charge_context(st, idx, ctx, bytes, || {
         let _ = driver::ctx_destroy(cuda, ctx);
     })?;
+    if !charged {
+        return Ok(());
+    }
     st.residual.ran_now();
     let _ = reconcile(st, cuda, idx, OverLimit::Charge);
     Ok(())
-}
-
-pub(crate) unsafe fn cuCtxCreate_v2(
-    forward: impl Forward,
-    pctx: *mut CUcontext,
-    _flags: c_uint,
-    dev: CUdevice,
-) -> Result<(), CUresult> {
-    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
-    unsafe { create_context(forward, pctx, dev) }
-}
-
-pub(crate) unsafe fn cuCtxCreate_v3(
-    forward: impl Forward,
-    pctx: *mut CUcontext,
-    _params: CUexecAffinityParamPtr,
-    _num_params: c_int,
-    _flags: c_uint,
-    dev: CUdevice,
-) -> Result<(), CUresult> {
-    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
-    unsafe { create_context(forward, pctx, dev) }
-}
-
-pub(crate) unsafe fn cuCtxCreate_v4(
-    forward: impl Forward,
-    pctx: *mut CUcontext,
-    _params: CUctxCreateParamsPtr,
-    _flags: c_uint,
-    dev: CUdevice,
-) -> Result<(), CUresult> {
-    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
-    unsafe { create_context(forward, pctx, dev) }
 }
 
 /// `cuCtxDestroy[_v2]` succeeded: everything in the context is gone.

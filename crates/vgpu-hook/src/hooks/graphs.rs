@@ -1,6 +1,8 @@
 //! Graph memory: graphs reserve their memory at launch, from a per-device graph heap we
 //! measure (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) after launches and trims.
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 fn settle_graph(st: &Ready, cuda: &Cuda, dev: CUdevice) {
@@ -84,7 +86,6 @@ pub(crate) fn graph_launched(cuda: &Cuda, stream: CUstream) -> Result<(), CUresu
 pub(crate) fn cuGraphLaunch(
     variant: StreamKind,
     forward: impl Forward,
-    _exec: CUgraphExec,
     stream: CUstream,
 ) -> Result<(), CUresult> {
     let cuda = real::cuda()?;

@@ -1,6 +1,8 @@
 //! Launches: the SM limit's entry points. Each body names only the arguments it reads (the
 //! stream); the list line gives the export the rest, and every `_ptsz` twin is a list line.
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 /// Runs a launch with the SM limiter around it when one is configured; without one this is

@@ -1,5 +1,7 @@
 //! Plain device memory.
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 pub(crate) unsafe fn cuMemAlloc_v2(
@@ -168,21 +170,16 @@ pub(crate) unsafe fn cuMemAllocManaged(
     };
     let charge =
         align_up(bytesize as u64, st.config.allocator.align).ok_or(CUresult::OUT_OF_MEMORY)?;
-    let pending = with_pool_retry(st, cuda, || {
-        st.alloc.begin_record(
-            AllocationKind::Managed,
-            idx,
-            ctx_id(ctx),
-            bytesize as u64,
-            charge,
-        )
-    })
-    .map_err(alloc_err)?;
-    forward(cuda)?;
-    // SAFETY: the driver filled the non-null out-pointer.
-    if let Err(e) = pending.commit(unsafe { *dptr }.0) {
-        commit_err(e, "a managed allocation");
-    }
+    let charge = Charge {
+        kind: AllocationKind::Managed,
+        device: idx,
+        context: ctx_id(ctx),
+        requested: bytesize as u64,
+        charge,
+        what: "a managed allocation",
+    };
+    // SAFETY: read after success: the driver filled the non-null out-pointer.
+    charge_and_forward(st, cuda, forward, charge, || unsafe { *dptr }.0)?;
     reconcile_if_due(st, cuda, idx);
     Ok(())
 }
@@ -308,22 +305,21 @@ pub(crate) fn cuIpcGetMemHandle(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_alloc_core::{Allocator, AllocatorConfig, InMemoryLedger, MockBackend};
+    use crate::testing::{D, ledger};
+    use vgpu_alloc_core::{Allocator, AllocatorConfig, MockBackend};
 
     /// A pitched allocation whose estimate and real size together exceed the limit, while
     /// either alone fits: correcting the charge must succeed and leave only the real size
     /// charged (taking the exact charge before dropping the estimate gave a false OOM).
     #[test]
     fn a_pitched_charge_is_corrected_in_place_near_the_limit() {
-        let mut limits = [None; MAX_DEVICES];
-        limits[0] = Some(100 << 20);
         let a = Allocator::new(
             AllocatorConfig::default(),
             MockBackend::new(),
-            InMemoryLedger::new(limits),
+            ledger(100 << 20),
         )
         .unwrap();
-        let (dev, ctx) = (DeviceIndex(0), ContextId(1));
+        let (dev, ctx) = (D, ContextId(1));
         let mut pending = a
             .begin_record(AllocationKind::Pitched, dev, ctx, 60 << 20, 60 << 20)
             .unwrap();

@@ -105,6 +105,39 @@ fn commit_err(e: AllocError, what: &str) {
     );
 }
 
+/// What [`charge_and_forward`] charges: `charge` bytes for `requested`, as `kind`, on
+/// `device` in `context`; `what` names it in the log.
+struct Charge<'a> {
+    kind: AllocationKind,
+    device: DeviceIndex,
+    context: ContextId,
+    requested: u64,
+    charge: u64,
+    what: &'a str,
+}
+
+/// Charges before the driver sees the call (a refusal fails it with the allocator's code),
+/// forwards the call and records the new object under the key `key` reads from the
+/// driver's answer. A failed call gives the charge back.
+fn charge_and_forward(
+    st: &Ready,
+    cuda: &Cuda,
+    forward: impl Forward,
+    c: Charge<'_>,
+    key: impl FnOnce() -> u64,
+) -> Result<(), CUresult> {
+    let pending = with_pool_retry(st, cuda, || {
+        st.alloc
+            .begin_record(c.kind, c.device, c.context, c.requested, c.charge)
+    })
+    .map_err(alloc_err)?;
+    forward(cuda)?;
+    if let Err(e) = pending.commit(key()) {
+        commit_err(e, c.what);
+    }
+    Ok(())
+}
+
 /// Runs `f`; if the limit refused and pools may hold releasable memory, re-measure the pools
 /// (they give memory back at their own pace) and try once more.
 fn with_pool_retry<T>(
@@ -127,29 +160,19 @@ fn with_pool_retry<T>(
     }
 }
 
-// The files whose hooks read or write the caller's pointers (out-pointers the driver
-// filled, descriptors, attribute arrays) allow unsafe code; the rest are safe Rust.
-#[allow(unsafe_code)]
+// Files whose hooks read or write the caller's pointers (out-pointers the driver filled,
+// descriptors, attribute arrays) allow unsafe code at their top; the rest are safe Rust.
 mod arrays;
-#[allow(unsafe_code)]
 mod contexts;
-#[allow(unsafe_code)]
 mod graphs;
-#[allow(unsafe_code)]
 mod launches;
-#[allow(unsafe_code)]
 mod memory;
-#[allow(unsafe_code)]
 mod modules;
-#[allow(unsafe_code)]
 mod pools;
-#[allow(unsafe_code)]
 mod proc_address;
 mod residual_charge;
 mod synchronization;
-#[allow(unsafe_code)]
 mod views;
-#[allow(unsafe_code)]
 mod vmm;
 
 pub(crate) use arrays::*;

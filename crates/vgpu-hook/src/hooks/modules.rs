@@ -2,6 +2,8 @@
 //! reconciling with NVML's per-process used memory after each load and unload. Every hook
 //! here is a list line ("forward, then ..."); these are the follow-ups.
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 /// After a module or library load: charge what it put on the device; a load whose memory

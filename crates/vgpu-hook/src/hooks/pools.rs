@@ -1,6 +1,8 @@
 //! Stream-ordered allocation and pools: a pool is charged what it holds, re-measured at
 //! allocations, frees, trims and sync points.
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 /// Re-measures one pool and settles its charge.
@@ -140,21 +142,16 @@ unsafe fn alloc_async_unpooled(
 ) -> Result<(), CUresult> {
     let charge = align_up(bytesize as u64, POOL_GRANULE).ok_or(CUresult::OUT_OF_MEMORY)?;
     let ctx = driver::current_context(cuda).unwrap_or(std::ptr::null_mut());
-    let pending = with_pool_retry(st, cuda, || {
-        st.alloc.begin_record(
-            AllocationKind::PoolAsync,
-            idx,
-            ctx_id(ctx),
-            bytesize as u64,
-            charge,
-        )
-    })
-    .map_err(alloc_err)?;
-    forward(cuda)?;
-    // SAFETY: the driver filled the non-null out-pointer.
-    if let Err(e) = pending.commit(unsafe { *dptr }.0) {
-        commit_err(e, "a stream-ordered allocation");
-    }
+    let charge = Charge {
+        kind: AllocationKind::PoolAsync,
+        device: idx,
+        context: ctx_id(ctx),
+        requested: bytesize as u64,
+        charge,
+        what: "a stream-ordered allocation",
+    };
+    // SAFETY: read after success: the driver filled the non-null out-pointer.
+    charge_and_forward(st, cuda, forward, charge, || unsafe { *dptr }.0)?;
     Ok(())
 }
 

@@ -1,6 +1,8 @@
 //! Initialization and symbol lookup: both hooks are list lines ("forward, then ..."); these
 //! are the follow-ups.
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 /// `cuInit` succeeded: refuse it when enforcement could not be set up (never run unlimited).

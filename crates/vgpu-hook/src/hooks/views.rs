@@ -1,5 +1,7 @@
 //! Views: what the driver and NVML report, rewritten to the limit.
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 /// `cuMemGetInfo_v2` succeeded: show the current device's memory under the limit.

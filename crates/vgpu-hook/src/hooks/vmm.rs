@@ -1,6 +1,8 @@
 //! Virtual memory management: a handle is charged at creation on its own device and
 //! released with its last reference.
 
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
 use super::*;
 
 pub(crate) unsafe fn cuMemCreate(
@@ -28,21 +30,16 @@ pub(crate) unsafe fn cuMemCreate(
         .div_ceil(gran)
         .checked_mul(gran)
         .ok_or(CUresult::OUT_OF_MEMORY)?;
-    let pending = with_pool_retry(st, cuda, || {
-        st.alloc.begin_record(
-            AllocationKind::VmmHandle,
-            idx,
-            NO_CONTEXT,
-            size as u64,
-            charge,
-        )
-    })
-    .map_err(alloc_err)?;
-    forward(cuda)?;
-    // SAFETY: the driver filled the non-null out-pointer.
-    if let Err(e) = pending.commit(unsafe { *handle }.0) {
-        commit_err(e, "a cuMemCreate handle");
-    }
+    let charge = Charge {
+        kind: AllocationKind::VmmHandle,
+        device: idx,
+        context: NO_CONTEXT,
+        requested: size as u64,
+        charge,
+        what: "a cuMemCreate handle",
+    };
+    // SAFETY: read after success: the driver filled the non-null out-pointer.
+    charge_and_forward(st, cuda, forward, charge, || unsafe { *handle }.0)?;
     reconcile_if_due(st, cuda, idx);
     Ok(())
 }
