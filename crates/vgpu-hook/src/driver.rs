@@ -299,52 +299,51 @@ pub(crate) fn nvml_device(cuda: &Cuda, dev: CUdevice) -> Option<nvmlDevice_t> {
     Some(handle)
 }
 
-/// Calls a real NVML function that may be missing from an old NVML.
-macro_rules! nvml_call {
-    ($f:ident ( $($arg:expr),* )) => {
-        match real::nvml().map(|nvml| nvml.u.$f) {
-            // SAFETY: NVML's entry point of exactly this signature (declaration list), called
-            // with arguments that satisfy its contract (see each caller).
-            Ok(Some(f)) => unsafe { f($($arg),*) },
-            Ok(None) => nvmlReturn_t::FUNCTION_NOT_FOUND,
-            Err(e) => e,
-        }
-    };
+/// The NVML function `pick` names: `Err` when NVML does not load or lacks it (an old NVML).
+/// Each call below is NVML's entry point of exactly its declared signature, called with
+/// arguments that satisfy its contract (said at each call).
+#[inline(always)]
+fn nvml_fn<F>(pick: impl FnOnce(&real::Nvml) -> Option<F>) -> Result<F, nvmlReturn_t> {
+    pick(real::nvml()?).ok_or(nvmlReturn_t::FUNCTION_NOT_FOUND)
 }
 
 /// The device's energy counter, millijoules since the driver loaded
 /// (`nvmlDeviceGetTotalEnergyConsumption`; `NOT_SUPPORTED` before Volta).
 pub(crate) fn nvml_energy_mj(device: nvmlDevice_t) -> Result<u64, nvmlReturn_t> {
     let mut mj: c_ulonglong = 0;
-    // `device` is a handle NVML gave us; the out-pointer is valid.
-    let r = nvml_call!(nvmlDeviceGetTotalEnergyConsumption(device, &mut mj));
-    if r.is_success() { Ok(mj) } else { Err(r) }
+    let get = nvml_fn(|n| n.u.nvmlDeviceGetTotalEnergyConsumption)?;
+    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid.
+    unsafe { get(device, &mut mj) }.ok()?;
+    Ok(mj)
 }
 
 /// The power limit the device enforces now, milliwatts (`nvmlDeviceGetEnforcedPowerLimit`).
 pub(crate) fn nvml_power_limit_mw(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
     let mut mw: c_uint = 0;
-    // `device` is a handle NVML gave us; the out-pointer is valid.
-    let r = nvml_call!(nvmlDeviceGetEnforcedPowerLimit(device, &mut mw));
-    if r.is_success() { Ok(mw) } else { Err(r) }
+    let get = nvml_fn(|n| n.u.nvmlDeviceGetEnforcedPowerLimit)?;
+    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid.
+    unsafe { get(device, &mut mw) }.ok()?;
+    Ok(mw)
 }
 
 /// The device's power draw, milliwatts (`nvmlDeviceGetPowerUsage`: on Ampere and newer the
 /// average over the last second, before that the instantaneous draw).
 pub(crate) fn nvml_power_usage_mw(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
     let mut mw: c_uint = 0;
-    // `device` is a handle NVML gave us; the out-pointer is valid.
-    let r = nvml_call!(nvmlDeviceGetPowerUsage(device, &mut mw));
-    if r.is_success() { Ok(mw) } else { Err(r) }
+    let get = nvml_fn(|n| n.u.nvmlDeviceGetPowerUsage)?;
+    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid.
+    unsafe { get(device, &mut mw) }.ok()?;
+    Ok(mw)
 }
 
 /// Percent of the driver's last sample period during which any kernel ran on the device
 /// (`nvmlDeviceGetUtilizationRates().gpu`).
 pub(crate) fn nvml_gpu_busy_pct(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
     let mut u = nvmlUtilization_t::default();
-    // `device` is a handle NVML gave us; the out-pointer is valid.
-    let r = nvml_call!(nvmlDeviceGetUtilizationRates(device, &mut u));
-    if r.is_success() { Ok(u.gpu) } else { Err(r) }
+    let get = nvml_fn(|n| n.u.nvmlDeviceGetUtilizationRates)?;
+    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid.
+    unsafe { get(device, &mut u) }.ok()?;
+    Ok(u.gpu)
 }
 
 /// NVML's per-process utilization samples of `device` newer than `last_seen` (µs since the
@@ -355,13 +354,9 @@ pub(crate) fn nvml_process_utilization(
     buf: &mut Vec<nvmlProcessUtilizationSample_t>,
 ) -> Result<(), nvmlReturn_t> {
     let mut count: c_uint = 0;
-    // `device` is a handle NVML gave us; a null buffer with count 0 asks for the count.
-    let r = nvml_call!(nvmlDeviceGetProcessUtilization(
-        device,
-        std::ptr::null_mut(),
-        &mut count,
-        last_seen
-    ));
+    let get = nvml_fn(|n| n.u.nvmlDeviceGetProcessUtilization)?;
+    // SAFETY: `device` is a handle NVML gave us; a null buffer with count 0 asks for the count.
+    let r = unsafe { get(device, std::ptr::null_mut(), &mut count, last_seen) };
     if r != nvmlReturn_t::INSUFFICIENT_SIZE && !r.is_success() {
         return Err(r);
     }
@@ -372,13 +367,8 @@ pub(crate) fn nvml_process_utilization(
         nvmlProcessUtilizationSample_t::default(),
     );
     let mut count = buf.len() as c_uint;
-    // `buf` has room for `count` samples.
-    let r = nvml_call!(nvmlDeviceGetProcessUtilization(
-        device,
-        buf.as_mut_ptr(),
-        &mut count,
-        last_seen
-    ));
+    // SAFETY: as above; `buf` has room for `count` samples.
+    let r = unsafe { get(device, buf.as_mut_ptr(), &mut count, last_seen) };
     if !r.is_success() {
         return Err(r);
     }
