@@ -13,7 +13,7 @@ fn charge_array(
     bytes: Option<u64>,
     handle: impl FnOnce() -> u64,
 ) -> Result<(), CUresult> {
-    let st = state::ready()?;
+    let st = ready()?;
     let Some(bytes) = bytes else {
         return forward(cuda); // no descriptor: the driver reports it
     };

@@ -9,7 +9,7 @@ pub(crate) unsafe fn cuMemAlloc_v2(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
 ) -> Result<(), CUresult> {
-    let st = state::ready()?;
+    let st = ready()?;
     let cuda = real::cuda()?;
     if dptr.is_null() {
         return Err(CUresult::INVALID_VALUE);
@@ -97,7 +97,7 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
     height: usize,
     _element_size_bytes: c_uint,
 ) -> Result<(), CUresult> {
-    let st = state::ready()?;
+    let st = ready()?;
     let cuda = real::cuda()?;
     if dptr.is_null() || pitch.is_null() || width_in_bytes == 0 || height == 0 {
         return forward(cuda); // the driver reports the invalid argument
@@ -159,7 +159,7 @@ pub(crate) unsafe fn cuMemAllocManaged(
     bytesize: usize,
     _flags: c_uint,
 ) -> Result<(), CUresult> {
-    let st = state::ready()?;
+    let st = ready()?;
     let cuda = real::cuda()?;
     if !st.config.count_managed || dptr.is_null() || bytesize == 0 {
         return forward(cuda);

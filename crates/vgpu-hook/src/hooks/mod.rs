@@ -59,6 +59,22 @@ fn ctx_id(ctx: CUcontext) -> ContextId {
 /// so destroying a context does not release it.
 const NO_CONTEXT: ContextId = ContextId(0);
 
+/// [`state::ready`] with the working case inlined into the allocation paths (the refusal,
+/// logged there, stays out of line).
+#[inline(always)]
+fn ready() -> Result<&'static Ready, CUresult> {
+    match state::get() {
+        Enforcement::Ready(r) => Ok(r),
+        Enforcement::Broken(_) => refused(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn refused() -> Result<&'static Ready, CUresult> {
+    state::ready()
+}
+
 fn ready_state() -> Option<&'static Ready> {
     match state::get() {
         Enforcement::Ready(r) => Some(r),
@@ -139,7 +155,9 @@ fn charge_and_forward(
 }
 
 /// Runs `f`; if the limit refused and pools may hold releasable memory, re-measure the pools
-/// (they give memory back at their own pace) and try once more.
+/// (they give memory back at their own pace) and try once more. The retry is out of line,
+/// so the first try inlines into the allocation path.
+#[inline(always)]
 fn with_pool_retry<T>(
     st: &Ready,
     cuda: &Cuda,
@@ -147,17 +165,28 @@ fn with_pool_retry<T>(
 ) -> Result<T, AllocError> {
     match f() {
         Err(AllocError::OutOfMemory(oom)) if st.pools.is_active() || st.residual.any_charged() => {
-            if st.pools.is_active() {
-                settle_all_pools(st, cuda);
-            }
-            // Code unloaded since the last reconciliation may leave room.
-            if st.residual.any_charged() {
-                let _ = reconcile(st, cuda, oom.device, OverLimit::Charge);
-            }
-            f()
+            retry_after_making_room(st, cuda, oom.device, &mut f)
         }
         r => r,
     }
+}
+
+#[cold]
+#[inline(never)]
+fn retry_after_making_room<T>(
+    st: &Ready,
+    cuda: &Cuda,
+    device: DeviceIndex,
+    f: &mut dyn FnMut() -> Result<T, AllocError>,
+) -> Result<T, AllocError> {
+    if st.pools.is_active() {
+        settle_all_pools(st, cuda);
+    }
+    // Code unloaded since the last reconciliation may leave room.
+    if st.residual.any_charged() {
+        let _ = reconcile(st, cuda, device, OverLimit::Charge);
+    }
+    f()
 }
 
 // Files whose hooks read or write the caller's pointers (out-pointers the driver filled,

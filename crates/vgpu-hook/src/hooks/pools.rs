@@ -61,7 +61,7 @@ unsafe fn alloc_async(
     stream: CUstream,
 ) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
-    let st = state::ready()?;
+    let st = ready()?;
     if dptr.is_null() || bytesize == 0 {
         return forward(cuda);
     }

@@ -12,7 +12,7 @@ pub(crate) unsafe fn cuMemCreate(
     prop: *const CUmemAllocationProp,
     _flags: u64,
 ) -> Result<(), CUresult> {
-    let st = state::ready()?;
+    let st = ready()?;
     let cuda = real::cuda()?;
     // SAFETY: `prop` is null or a valid CUmemAllocationProp (driver contract).
     let Some(p) = (unsafe { read_in(prop) }) else {
