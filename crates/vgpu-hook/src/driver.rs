@@ -307,43 +307,40 @@ fn nvml_fn<F>(pick: impl FnOnce(&real::Nvml) -> Option<F>) -> Result<F, nvmlRetu
     pick(real::nvml()?).ok_or(nvmlReturn_t::FUNCTION_NOT_FOUND)
 }
 
+/// One value NVML reports for `device` through `get(device, &mut value)`.
+fn nvml_value<T: Default>(
+    device: nvmlDevice_t,
+    pick: impl FnOnce(&real::Nvml) -> Option<unsafe extern "C" fn(nvmlDevice_t, *mut T) -> nvmlReturn_t>,
+) -> Result<T, nvmlReturn_t> {
+    let get = nvml_fn(pick)?;
+    let mut value = T::default();
+    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid for the type the
+    // function writes (its declared signature).
+    unsafe { get(device, &mut value) }.ok()?;
+    Ok(value)
+}
+
 /// The device's energy counter, millijoules since the driver loaded
 /// (`nvmlDeviceGetTotalEnergyConsumption`; `NOT_SUPPORTED` before Volta).
 pub(crate) fn nvml_energy_mj(device: nvmlDevice_t) -> Result<u64, nvmlReturn_t> {
-    let mut mj: c_ulonglong = 0;
-    let get = nvml_fn(|n| n.u.nvmlDeviceGetTotalEnergyConsumption)?;
-    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid.
-    unsafe { get(device, &mut mj) }.ok()?;
-    Ok(mj)
+    nvml_value(device, |n| n.u.nvmlDeviceGetTotalEnergyConsumption)
 }
 
 /// The power limit the device enforces now, milliwatts (`nvmlDeviceGetEnforcedPowerLimit`).
 pub(crate) fn nvml_power_limit_mw(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
-    let mut mw: c_uint = 0;
-    let get = nvml_fn(|n| n.u.nvmlDeviceGetEnforcedPowerLimit)?;
-    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid.
-    unsafe { get(device, &mut mw) }.ok()?;
-    Ok(mw)
+    nvml_value(device, |n| n.u.nvmlDeviceGetEnforcedPowerLimit)
 }
 
 /// The device's power draw, milliwatts (`nvmlDeviceGetPowerUsage`: on Ampere and newer the
 /// average over the last second, before that the instantaneous draw).
 pub(crate) fn nvml_power_usage_mw(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
-    let mut mw: c_uint = 0;
-    let get = nvml_fn(|n| n.u.nvmlDeviceGetPowerUsage)?;
-    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid.
-    unsafe { get(device, &mut mw) }.ok()?;
-    Ok(mw)
+    nvml_value(device, |n| n.u.nvmlDeviceGetPowerUsage)
 }
 
 /// Percent of the driver's last sample period during which any kernel ran on the device
 /// (`nvmlDeviceGetUtilizationRates().gpu`).
 pub(crate) fn nvml_gpu_busy_pct(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
-    let mut u = nvmlUtilization_t::default();
-    let get = nvml_fn(|n| n.u.nvmlDeviceGetUtilizationRates)?;
-    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid.
-    unsafe { get(device, &mut u) }.ok()?;
-    Ok(u.gpu)
+    nvml_value(device, |n| n.u.nvmlDeviceGetUtilizationRates).map(|u: nvmlUtilization_t| u.gpu)
 }
 
 /// NVML's per-process utilization samples of `device` newer than `last_seen` (µs since the

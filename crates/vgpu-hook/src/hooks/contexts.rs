@@ -79,6 +79,34 @@ fn charge_context(
     }
 }
 
+/// Creates a context with `forward`, measuring what it took on the device (NVML, before and
+/// after; just before, the SM limiter records the device's power): the new context and its
+/// bytes (`None`: not measured), or `None` when the caller asked for no handle.
+///
+/// # Safety
+/// `pctx` as the driver API's contract requires.
+unsafe fn create_measured(
+    st: &Ready,
+    cuda: &Cuda,
+    (dev, idx): (CUdevice, DeviceIndex),
+    forward: impl Forward,
+    pctx: *mut CUcontext,
+) -> Result<Option<(CUcontext, Option<u64>)>, CUresult> {
+    let before = sample_used(st, cuda, dev);
+    sm_limit::context_creating(idx.0 as usize);
+    forward(cuda)?;
+    if pctx.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the driver filled the non-null out-pointer.
+    let ctx = unsafe { *pctx };
+    // Measured before the caller takes any lock of ours (NVML calls may enter the loader).
+    Ok(Some((
+        ctx,
+        context_growth(before, sample_used(st, cuda, dev)),
+    )))
+}
+
 pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
     forward: impl Forward,
     pctx: *mut CUcontext,
@@ -88,24 +116,18 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
     let (Some(st), Some(idx)) = (ready_state(), dev_index(dev)) else {
         return forward(cuda);
     };
-    let creating = !driver::primary_ctx_active(cuda, dev).unwrap_or(true);
-    let before = creating.then(|| sample_used(st, cuda, dev));
-    if creating {
-        sm_limit::context_creating(idx.0 as usize);
+    if driver::primary_ctx_active(cuda, dev).unwrap_or(true) {
+        return forward(cuda); // retaining an existing context takes nothing
     }
-    forward(cuda)?;
-    if pctx.is_null() || !creating {
+    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
+    let Some((ctx, bytes)) = (unsafe { create_measured(st, cuda, (dev, idx), forward, pctx) })?
+    else {
         return Ok(());
-    }
-    // SAFETY: the driver filled the non-null out-pointer.
-    let ctx = unsafe { *pctx };
-    // Measured before taking our lock (NVML calls may enter the loader).
-    let after = before.map(|_| sample_used(st, cuda, dev));
+    };
     let mut primary = st.primary.lock().unwrap_or_else(|e| e.into_inner());
     if primary.contains_key(&dev.0) {
         return Ok(()); // another thread created and charged it
     }
-    let bytes = before.zip(after).and_then(|(b, a)| context_growth(b, a));
     let charged = charge_context(st, idx, ctx, bytes, || {
         let _ = driver::primary_ctx_release(cuda, dev);
     })?;
@@ -175,23 +197,18 @@ pub(crate) unsafe fn create_context(
     let (Some(st), Some(idx)) = (ready_state(), dev_index(dev)) else {
         return forward(cuda);
     };
-    let before = sample_used(st, cuda, dev);
-    sm_limit::context_creating(idx.0 as usize);
-    forward(cuda)?;
-    if pctx.is_null() {
+    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
+    let Some((ctx, bytes)) = (unsafe { create_measured(st, cuda, (dev, idx), forward, pctx) })?
+    else {
         return Ok(());
-    }
-    // SAFETY: the driver filled the non-null out-pointer.
-    let ctx = unsafe { *pctx };
-    let bytes = context_growth(before, sample_used(st, cuda, dev));
+    };
     let charged = charge_context(st, idx, ctx, bytes, || {
         let _ = driver::ctx_destroy(cuda, ctx);
     })?;
-    if !charged {
-        return Ok(());
+    if charged {
+        st.residual.ran_now();
+        let _ = reconcile(st, cuda, idx, OverLimit::Charge);
     }
-    st.residual.ran_now();
-    let _ = reconcile(st, cuda, idx, OverLimit::Charge);
     Ok(())
 }
 

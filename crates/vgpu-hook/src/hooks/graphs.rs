@@ -88,7 +88,6 @@ pub(crate) fn cuGraphLaunch(
     forward: impl Forward,
     stream: CUstream,
 ) -> Result<(), CUresult> {
-    let cuda = real::cuda()?;
-    launch(cuda, variant, || stream, LaunchKind::Graph, forward)?;
-    graph_launched(cuda, stream)
+    launch(variant, || stream, LaunchKind::Graph, forward)?;
+    graph_launched(real::cuda()?, stream)
 }

@@ -9,12 +9,12 @@ use super::*;
 /// a single relaxed load and the real call. `stream` is read only under a limit.
 #[inline(always)]
 pub(super) fn launch(
-    cuda: &Cuda,
     variant: StreamKind,
     stream: impl FnOnce() -> CUstream,
     kind: LaunchKind,
     forward: impl Forward,
 ) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
     if !sm_limit::enabled() {
         return forward(cuda);
     }
@@ -57,8 +57,7 @@ pub(crate) fn cuLaunchKernel(
     forward: impl Forward,
     stream: CUstream,
 ) -> Result<(), CUresult> {
-    let cuda = real::cuda()?;
-    launch(cuda, variant, || stream, LaunchKind::Kernel, forward)
+    launch(variant, || stream, LaunchKind::Kernel, forward)
 }
 
 pub(crate) unsafe fn cuLaunchKernelEx(
@@ -66,11 +65,10 @@ pub(crate) unsafe fn cuLaunchKernelEx(
     forward: impl Forward,
     config: *const CUlaunchConfig,
 ) -> Result<(), CUresult> {
-    let cuda = real::cuda()?;
     // The stream of the config (null config: the default stream; the driver reports it).
     // SAFETY: `config` is null or valid (driver contract).
     let stream = || unsafe { read_in(config) }.map_or(std::ptr::null_mut(), |c| c.hStream);
-    launch(cuda, variant, stream, LaunchKind::KernelEx, forward)
+    launch(variant, stream, LaunchKind::KernelEx, forward)
 }
 
 pub(crate) fn cuLaunchCooperativeKernel(
@@ -78,6 +76,5 @@ pub(crate) fn cuLaunchCooperativeKernel(
     forward: impl Forward,
     stream: CUstream,
 ) -> Result<(), CUresult> {
-    let cuda = real::cuda()?;
-    launch(cuda, variant, || stream, LaunchKind::Cooperative, forward)
+    launch(variant, || stream, LaunchKind::Cooperative, forward)
 }
