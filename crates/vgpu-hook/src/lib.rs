@@ -22,6 +22,7 @@ mod interpose;
 mod log;
 mod measured;
 mod power;
+mod published;
 mod real;
 mod residual;
 mod sm_limit;

@@ -29,7 +29,7 @@ const IDLE_FOR: Nanos = 1_000_000_000;
 /// "No value" in the published atomics.
 const NONE: u64 = u64::MAX;
 
-/// A 64-bit atomic word: `std`'s in the library, loom's in the model of [`Published`].
+/// A 64-bit atomic word: `std`'s in the library, loom's in the model of [`ReadingSeqlock`].
 pub(crate) trait Word {
     fn load(&self, order: Ordering) -> u64;
     fn store(&self, value: u64, order: Ordering);
@@ -58,7 +58,7 @@ impl Word for AtomicU64 {
 /// its second load of `seq` cannot return the old value: a torn reading is never returned
 /// (loom model `loom_tests::a_reading_is_never_torn`). Atomics only, so a fork at any
 /// instant leaves nothing locked.
-pub(crate) struct Published<W = AtomicU64> {
+pub(crate) struct ReadingSeqlock<W = AtomicU64> {
     seq: W,
     at: W,
     energy_mj: W,
@@ -67,7 +67,7 @@ pub(crate) struct Published<W = AtomicU64> {
     idle_mw: W,
 }
 
-impl Published<AtomicU64> {
+impl ReadingSeqlock<AtomicU64> {
     const fn new() -> Self {
         Self {
             seq: AtomicU64::new(0),
@@ -80,7 +80,7 @@ impl Published<AtomicU64> {
     }
 }
 
-impl<W: Word> Published<W> {
+impl<W: Word> ReadingSeqlock<W> {
     /// Publishes `s` (one writer at a time).
     pub(crate) fn store(&self, s: &PowerSample) {
         self.seq.fetch_add(1, Ordering::AcqRel);
@@ -117,7 +117,8 @@ impl<W: Word> Published<W> {
     }
 }
 
-static PUBLISHED: [Published<AtomicU64>; MAX_DEVICES] = [const { Published::new() }; MAX_DEVICES];
+static LATEST: [ReadingSeqlock<AtomicU64>; MAX_DEVICES] =
+    [const { ReadingSeqlock::new() }; MAX_DEVICES];
 /// Devices whose limiter asked for readings (bit per device).
 static WANTED: AtomicU64 = AtomicU64::new(0);
 /// Whether this process's thread runs (or is being started).
@@ -133,7 +134,7 @@ const QUIET_EVERY: u32 = 10;
 /// The latest reading of `device`, after asking for readings of it (starts the thread on
 /// first use). `None` until the thread has read it, or when it cannot.
 pub(crate) fn latest(device: usize) -> Option<PowerSample> {
-    let p = PUBLISHED.get(device)?;
+    let p = LATEST.get(device)?;
     want(device);
     ASKED.fetch_add(1, Ordering::Relaxed);
     p.load()
@@ -212,7 +213,7 @@ const STOP_WAIT: Duration = Duration::from_millis(100);
 pub(crate) fn after_fork_in_child() {
     RUNNING.store(false, Ordering::Relaxed);
     WANTED.store(0, Ordering::Relaxed);
-    for p in &PUBLISHED {
+    for p in &LATEST {
         // Not mid-write: the writer thread does not exist in the child. Old readings are
         // the parent's device's, still true, but start clean.
         p.seq.store(0, Ordering::Relaxed);
@@ -268,7 +269,7 @@ fn run() {
                     .flatten();
             IN_CALL.store(false, Ordering::SeqCst);
             if let Some(sample) = sample {
-                PUBLISHED[d].store(&sample);
+                LATEST[d].store(&sample);
             }
         }
         std::thread::sleep(PERIOD);
@@ -388,7 +389,7 @@ mod tests {
 
     #[test]
     fn published_readings_round_trip_and_an_unwritten_slot_reads_none() {
-        let p = Published::new();
+        let p = ReadingSeqlock::new();
         assert_eq!(p.load(), None);
         let s = PowerSample {
             at: 42,
@@ -446,7 +447,7 @@ mod loom_tests {
     #[test]
     fn a_reading_is_never_torn() {
         loom::model(|| {
-            let p = loom::sync::Arc::new(Published {
+            let p = loom::sync::Arc::new(ReadingSeqlock {
                 seq: word(0),
                 at: word(0),
                 energy_mj: word(0),

@@ -66,6 +66,7 @@ use vgpu_limiter::{
 use vgpu_shm::{ProcessSlot, TurnBoard};
 
 use crate::log::{DEBUG, INFO, WARN, vlog};
+use crate::published::Published;
 
 /// Which launch entry point is calling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,9 +97,8 @@ static POLICY: AtomicU8 = AtomicU8::new(0);
 static SLOT: AtomicPtr<ProcessSlot> = AtomicPtr::new(ptr::null_mut());
 /// [`find_slot`] has looked for the slot in the hook's state.
 static SLOT_LOOKED_UP: AtomicBool = AtomicBool::new(false);
-/// One limiter per device, built on its first throttled launch (leaked, never freed).
-static DEVICES: [AtomicPtr<DeviceLimiter>; MAX_DEVICES] =
-    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_DEVICES];
+/// One limiter per device, built on its first throttled launch.
+static DEVICES: [Published<DeviceLimiter>; MAX_DEVICES] = [const { Published::new() }; MAX_DEVICES];
 
 fn policy_code(p: Policy) -> u8 {
     match p {
@@ -245,7 +245,7 @@ pub(crate) fn after_fork_in_child() {
     // The parent's limiters are leaked, not dropped: their mutexes may be held by threads
     // that were not copied, and their events belong to the parent's contexts.
     for d in &DEVICES {
-        d.store(ptr::null_mut(), Ordering::Relaxed);
+        d.forget();
     }
     SLOT.store(ptr::null_mut(), Ordering::Relaxed);
     SLOT_LOOKED_UP.store(false, Ordering::Relaxed);
@@ -253,7 +253,8 @@ pub(crate) fn after_fork_in_child() {
     // own baseline then; a baseline the parent had not handed over yet is leaked.
     for d in 0..MAX_DEVICES {
         BASELINE_CLAIMED[d].store(false, Ordering::Relaxed);
-        BASELINE[d].store(ptr::null_mut(), Ordering::Relaxed);
+        BASELINE[d].forget();
+        BASELINE_TAKEN[d].store(false, Ordering::Relaxed);
     }
     crate::power::after_fork_in_child();
 }
@@ -272,11 +273,11 @@ thread_local! {
 }
 
 fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
-    let p = DEVICES[d].load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: published pointers come from Box::into_raw and are never freed.
-        return unsafe { &*p };
-    }
+    DEVICES[d].get_or_publish(|| new_limiter(d, fns))
+}
+
+#[cold]
+fn new_limiter(d: usize, fns: &'static EventFns) -> DeviceLimiter {
     let mut cfg = LimiterConfig {
         policy: policy(),
         ..LimiterConfig::default()
@@ -296,18 +297,7 @@ fn device_limiter(d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
         turns: TurnProbe::Unopened,
         power_log: PowerLog::default(),
     };
-    let limiter = Limiter::new(cfg, MonoClock, EventTimer::new(fns), view);
-    let fresh = Box::into_raw(Box::new(Mutex::new(limiter)));
-    match DEVICES[d].compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-        // SAFETY: just published; never freed.
-        Ok(_) => unsafe { &*fresh },
-        Err(winner) => {
-            // SAFETY: `fresh` was never shared.
-            drop(unsafe { Box::from_raw(fresh) });
-            // SAFETY: published pointers are never freed.
-            unsafe { &*winner }
-        }
-    }
+    Mutex::new(Limiter::new(cfg, MonoClock, EventTimer::new(fns), view))
 }
 
 /// A small number unique to the calling thread (never 0).
@@ -389,31 +379,16 @@ struct EventFns {
 
 /// The event functions, resolved on first use (`None`, logged once, if the driver lacks any).
 fn events() -> Option<&'static EventFns> {
-    static FNS: AtomicPtr<EventFns> = AtomicPtr::new(ptr::null_mut());
+    static FNS: Published<EventFns> = Published::new();
     static FAILED: AtomicBool = AtomicBool::new(false);
-    let p = FNS.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: published pointers come from Box::into_raw and are never freed.
-        return Some(unsafe { &*p });
+    if let Some(fns) = FNS.get() {
+        return Some(fns);
     }
     if FAILED.load(Ordering::Relaxed) {
         return None;
     }
     match resolve_events() {
-        Some(fns) => {
-            let fresh = Box::into_raw(Box::new(fns));
-            match FNS.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
-            {
-                // SAFETY: just published; never freed.
-                Ok(_) => Some(unsafe { &*fresh }),
-                Err(winner) => {
-                    // SAFETY: `fresh` was never shared.
-                    drop(unsafe { Box::from_raw(fresh) });
-                    // SAFETY: published pointers are never freed.
-                    Some(unsafe { &*winner })
-                }
-            }
-        }
+        Some(fns) => Some(FNS.publish(fns)),
         None => {
             if !FAILED.swap(true, Ordering::Relaxed) {
                 vlog!(
@@ -739,10 +714,10 @@ impl NvmlProbe {
 /// device and process).
 static BASELINE_CLAIMED: [AtomicBool; MAX_DEVICES] =
     [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// The baseline recorded before the device's first context, until its limiter takes it
-/// (from `Box::into_raw`; freed when taken).
-static BASELINE: [AtomicPtr<PowerSample>; MAX_DEVICES] =
-    [const { AtomicPtr::new(ptr::null_mut()) }; MAX_DEVICES];
+/// The baseline recorded before the device's first context.
+static BASELINE: [Published<PowerSample>; MAX_DEVICES] = [const { Published::new() }; MAX_DEVICES];
+/// Set when the device's limiter took its baseline (it is handed over once).
+static BASELINE_TAKEN: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 
 /// Just before the hook creates a context on `device`: records the device's power, so that
 /// the span from here to the first launch (the device idle, as far as this process goes)
@@ -780,14 +755,7 @@ pub(crate) fn context_creating(device: usize) {
                 sample.energy_mj,
                 sample.limit_mw
             );
-            let fresh = Box::into_raw(Box::new(sample));
-            if BASELINE[device]
-                .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                // SAFETY: `fresh` was never shared.
-                drop(unsafe { Box::from_raw(fresh) });
-            }
+            BASELINE[device].publish(sample);
         }
         Err(code) => vlog!(
             DEBUG,
@@ -798,12 +766,8 @@ pub(crate) fn context_creating(device: usize) {
 
 /// Hands the device's baseline over (once).
 fn take_baseline(device: usize) -> Option<PowerSample> {
-    let p = BASELINE
-        .get(device)?
-        .swap(ptr::null_mut(), Ordering::AcqRel);
-    // SAFETY: a non-null pointer here came from `Box::into_raw` in `context_creating`, and
-    // the swap made this the only owner.
-    (!p.is_null()).then(|| *unsafe { Box::from_raw(p) })
+    let sample = *BASELINE.get(device)?.get()?;
+    (!BASELINE_TAKEN[device].swap(true, Ordering::AcqRel)).then_some(sample)
 }
 
 /// Decides which of the power share's conclusions are worth an INFO line: the first one
@@ -1040,7 +1004,7 @@ mod tests {
             device_busy: Some(0.0),
             idle_mw: None,
         };
-        BASELINE[d].store(Box::into_raw(Box::new(sample)), Ordering::Release);
+        BASELINE[d].publish(sample);
         assert_eq!(take_baseline(d), Some(sample));
         assert_eq!(take_baseline(d), None);
         assert_eq!(take_baseline(MAX_DEVICES), None, "out of range");

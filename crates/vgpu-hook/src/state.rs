@@ -1,6 +1,6 @@
 //! The process's enforcement state, built on first use from the environment.
 //!
-//! Published through an atomic pointer and never freed. Building it takes a tiny spin
+//! Published in a [`Published`] cell and never freed. Building it takes a tiny spin
 //! flag, never a mutex, and calls no loader function, so it cannot deadlock against a
 //! thread inside `dlopen`. After `fork` the child handler forgets the parent's state
 //! (its locks may be held by threads that do not exist in the child); the child builds
@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use vgpu_alloc_core::{
     Allocator, Config, DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory,
@@ -20,6 +20,7 @@ use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
 use crate::driver::RealBackend;
 use crate::log::{DEBUG, ERROR, INFO, WARN, vlog};
 use crate::measured::MeasuredTracker;
+use crate::published::Published;
 use crate::residual::Residual;
 
 /// The usage ledger behind the allocator: the seam between process-local accounting and
@@ -174,19 +175,17 @@ pub(crate) enum Enforcement {
     Broken(String),
 }
 
-static STATE: AtomicPtr<Enforcement> = AtomicPtr::new(std::ptr::null_mut());
+static STATE: Published<Enforcement> = Published::new();
 static BUILDING: AtomicBool = AtomicBool::new(false);
 static ATFORK: std::sync::Once = std::sync::Once::new();
 
 /// The state, built on first use.
 #[inline]
 pub(crate) fn get() -> &'static Enforcement {
-    let p = STATE.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: published pointers come from Box::into_raw and are never freed.
-        return unsafe { &*p };
+    match STATE.get() {
+        Some(state) => state,
+        None => build(),
     }
-    build()
 }
 
 /// The working state, or the error code for allocating calls when enforcement is broken.
@@ -220,10 +219,8 @@ fn build() -> &'static Enforcement {
         {
             break;
         }
-        let p = STATE.load(Ordering::Acquire);
-        if !p.is_null() {
-            // SAFETY: as in get().
-            return unsafe { &*p };
+        if let Some(state) = STATE.get() {
+            return state;
         }
         // The builder may wait on the shared file's initialization lock (seconds at worst):
         // yield at first, then sleep, rather than burn a core.
@@ -234,22 +231,18 @@ fn build() -> &'static Enforcement {
             std::thread::sleep(std::time::Duration::from_micros(500));
         }
     }
-    let p = STATE.load(Ordering::Acquire);
-    if !p.is_null() {
+    if let Some(state) = STATE.get() {
         BUILDING.store(false, Ordering::Release);
-        // SAFETY: as in get().
-        return unsafe { &*p };
+        return state;
     }
-    let state = make(config, open_shared_table);
-    let fresh = Box::into_raw(Box::new(state));
-    STATE.store(fresh, Ordering::Release);
+    // The only builder: the publication cannot lose.
+    let state = STATE.publish(make(config, open_shared_table));
     BUILDING.store(false, Ordering::Release);
     ATFORK.call_once(|| {
         // SAFETY: registers a handler that only stores to two atomics.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     });
-    // SAFETY: just published; never freed.
-    unsafe { &*fresh }
+    state
 }
 
 /// UUIDs of the devices this process sees, in CUDA ordinal order (what the shared table's
@@ -359,7 +352,7 @@ pub(crate) fn make(
 extern "C" fn after_fork_in_child() {
     // The parent's state is leaked, not dropped: its mutexes may be held by threads that
     // were not copied into the child.
-    STATE.store(std::ptr::null_mut(), Ordering::Release);
+    STATE.forget();
     BUILDING.store(false, Ordering::Release);
     LEFT.store(false, Ordering::Relaxed);
     crate::sm_limit::after_fork_in_child();
@@ -394,12 +387,7 @@ extern "C" fn leave_at_exit() {
     // The power reader thread makes no NVML call from here on (NVML may be torn down next).
     crate::power::stop();
     let _ = std::panic::catch_unwind(|| {
-        let p = STATE.load(Ordering::Acquire);
-        if p.is_null() {
-            return;
-        }
-        // SAFETY: published pointers come from Box::into_raw and are never freed.
-        let Enforcement::Ready(ready) = (unsafe { &*p }) else {
+        let Some(Enforcement::Ready(ready)) = STATE.get() else {
             return;
         };
         let Some(slot) = ready.slot() else {
