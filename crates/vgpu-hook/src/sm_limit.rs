@@ -40,8 +40,8 @@
 //!
 //! The control logic is the pure crate `vgpu-limiter` (docs/sm-limit.md says why it is
 //! built this way). This file supplies its three inputs: a monotonic clock, CUDA events as
-//! its GPU timer (resolved from the real `libcuda.so.1` with the real `dlsym`, never through
-//! our exports), and the shared file as its container view. One limiter per device sits
+//! its GPU timer (the real driver's, from the table of used functions in `real`, never
+//! through our exports), and the shared file as its container view. One limiter per device sits
 //! behind a mutex that a launch holds from [`before_launch`] to [`after_launch`] (kept in a
 //! thread-local), so admission, the marker around the launch and its accounting are one
 //! step; a throttled launch sleeps holding it, which throttles the device's other launching
@@ -55,8 +55,8 @@ use std::time::Duration;
 
 use vgpu_alloc_core::{Config, CorePolicy, DeviceIndex, MAX_DEVICES, SmTuning};
 use vgpu_cuda_abi::{
-    CUcontext, CUdevice, CUevent, CUresult, CUstream, c_int, c_uint, c_void, nvmlDevice_t,
-    nvmlProcessUtilizationSample_t,
+    CUcontext, CUdevice, CUevent, CUresult, CUstream, CUstreamCaptureStatus, c_int, nvmlDevice_t,
+    nvmlProcessUtilizationSample_t, pfn,
 };
 use vgpu_limiter::power::PowerState;
 use vgpu_limiter::{
@@ -358,23 +358,17 @@ impl Clock for MonoClock {
     }
 }
 
-type EventCreateFn = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
-type EventFn = unsafe extern "C" fn(CUevent) -> CUresult;
-type EventRecordFn = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
-type EventElapsedFn = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
-type StreamIsCapturingFn = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
-type CtxGetCurrentFn = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
-
-/// The real driver's event functions.
+/// The real driver's functions the GPU timer calls (from the driver table's used
+/// functions, so never through our exports), each one present.
 #[derive(Debug)]
 struct EventFns {
-    create: EventCreateFn,
-    destroy: EventFn,
-    record: EventRecordFn,
-    query: EventFn,
-    elapsed: EventElapsedFn,
-    is_capturing: StreamIsCapturingFn,
-    ctx_current: CtxGetCurrentFn,
+    create: pfn::cuEventCreate,
+    destroy: pfn::cuEventDestroy_v2,
+    record: pfn::cuEventRecord,
+    query: pfn::cuEventQuery,
+    elapsed: pfn::cuEventElapsedTime,
+    is_capturing: pfn::cuStreamIsCapturing,
+    ctx_current: pfn::cuCtxGetCurrent,
 }
 
 /// The event functions, resolved on first use (`None`, logged once, if the driver lacks any).
@@ -403,48 +397,16 @@ fn events() -> Option<&'static EventFns> {
 
 #[cold]
 fn resolve_events() -> Option<EventFns> {
-    let cuda = crate::real::cuda().ok()?;
-    let ctx_current = cuda.u.cuCtxGetCurrent?;
-    let dlsym = crate::real::real_dlsym()?;
-    // SAFETY: RTLD_NOLOAD returns the already-loaded driver (the hook loaded it to get
-    // `cuda`) without running any initializer.
-    let lib = unsafe {
-        libc::dlopen(
-            crate::real::LIBCUDA.as_ptr(),
-            libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NOLOAD,
-        )
-    };
-    if lib.is_null() {
-        return None;
-    }
-    let sym = |names: &[&std::ffi::CStr]| -> Option<*mut c_void> {
-        names.iter().find_map(|n| {
-            // SAFETY: dlsym on a live handle with a NUL-terminated name.
-            let p = unsafe { dlsym(lib, n.as_ptr()) };
-            (!p.is_null()).then_some(p)
-        })
-    };
-    // SAFETY: each transmute turns a non-null symbol of the driver into its function of
-    // exactly the C signature of the target type (cuda.h).
-    unsafe {
-        Some(EventFns {
-            create: std::mem::transmute::<*mut c_void, EventCreateFn>(sym(&[c"cuEventCreate"])?),
-            destroy: std::mem::transmute::<*mut c_void, EventFn>(sym(&[
-                c"cuEventDestroy_v2",
-                c"cuEventDestroy",
-            ])?),
-            record: std::mem::transmute::<*mut c_void, EventRecordFn>(sym(&[c"cuEventRecord"])?),
-            query: std::mem::transmute::<*mut c_void, EventFn>(sym(&[c"cuEventQuery"])?),
-            elapsed: std::mem::transmute::<*mut c_void, EventElapsedFn>(sym(&[
-                c"cuEventElapsedTime_v2",
-                c"cuEventElapsedTime",
-            ])?),
-            is_capturing: std::mem::transmute::<*mut c_void, StreamIsCapturingFn>(sym(&[
-                c"cuStreamIsCapturing",
-            ])?),
-            ctx_current,
-        })
-    }
+    let u = &crate::real::cuda().ok()?.u;
+    Some(EventFns {
+        create: u.cuEventCreate?,
+        destroy: u.cuEventDestroy_v2.or(u.cuEventDestroy)?,
+        record: u.cuEventRecord?,
+        query: u.cuEventQuery?,
+        elapsed: u.cuEventElapsedTime_v2.or(u.cuEventElapsedTime)?,
+        is_capturing: u.cuStreamIsCapturing?,
+        ctx_current: u.cuCtxGetCurrent?,
+    })
 }
 
 impl EventFns {
@@ -452,11 +414,11 @@ impl EventFns {
     /// the launch then most likely fails too, and a failing event record only leaves the
     /// launch unmeasured (charged its estimate).
     fn capturing(&self, stream: CUstream) -> bool {
-        let mut status: c_int = 0;
+        let mut status = CUstreamCaptureStatus(0);
         // SAFETY: valid out-pointer; the stream handle is the application's, as it passes
         // it to the launch.
         let r = unsafe { (self.is_capturing)(stream, &mut status) };
-        r.is_success() && status != 0
+        r.is_success() && status.0 != 0
     }
 
     fn current_context(&self) -> Option<usize> {
