@@ -322,3 +322,71 @@ struct Held {
 thread_local! {
     static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_shm::{TableInit, UsageTable};
+
+    /// A limiter of its own (the process root's is shared by every test).
+    fn limiter() -> &'static SmLimiter {
+        Box::leak(Box::new(SmLimiter::new()))
+    }
+
+    fn config(pairs: &[(&str, &str)]) -> Config {
+        Config::from_pairs(pairs.iter().copied()).expect("valid configuration")
+    }
+
+    fn armed(sm: &SmLimiter) -> bool {
+        sm.enabled.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn only_a_limit_in_the_environment_arms_the_launch_path() {
+        let sm = limiter();
+        assert!(!armed(sm), "not started");
+        sm.start(&config(&[]), None);
+        assert!(!armed(sm), "no limit");
+        sm.start(&config(&[("CUDA_DEVICE_SM_LIMIT", "50")]), None);
+        assert!(armed(sm));
+        assert_eq!(sm.limit_pct(0), 50);
+        sm.start(
+            &config(&[
+                ("CUDA_DEVICE_SM_LIMIT", "50"),
+                ("GPU_CORE_UTILIZATION_POLICY", "disable"),
+            ]),
+            None,
+        );
+        assert!(!armed(sm), "policy disable");
+    }
+
+    #[test]
+    fn the_slot_handed_over_gives_the_file_limits_and_a_forked_child_forgets_it() {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-sm-slot-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let init = TableInit {
+            uuids: vec!["GPU-test".into()],
+            memory_limits: vec![None],
+            sm_limits: vec![Some(30)],
+            priority: 1,
+        };
+        let table = UsageTable::open_or_create(&path, &init).unwrap();
+        let slot: &'static ProcessSlot = Box::leak(Box::new(table.register_self().unwrap()));
+        let file_only = limiter();
+        file_only.start(&config(&[]), Some(slot));
+        assert!(
+            !armed(file_only),
+            "a limit only in the file does not arm the launch path (docs/sm-limit.md)"
+        );
+        let sm = limiter();
+        sm.start(&config(&[("CUDA_DEVICE_SM_LIMIT", "50")]), Some(slot));
+        assert!(armed(sm));
+        assert_eq!(sm.limit_pct(0), 30, "the file's limit wins");
+        assert!(sm.slot().is_some());
+        sm.reset_in_child();
+        assert!(!armed(sm), "disarmed in the child until its state is built");
+        assert!(sm.slot().is_none(), "the parent's slot is forgotten");
+        assert_eq!(sm.limit_pct(0), 50, "the environment's again");
+        let _ = std::fs::remove_file(&path);
+    }
+}
