@@ -54,8 +54,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use vgpu_alloc_core::{Config, CorePolicy, DeviceIndex, MAX_DEVICES, SmTuning};
+use vgpu_alloc_core::{DeviceIndex, MAX_DEVICES};
 use vgpu_cuda_abi::{CUresult, CUstream};
+use vgpu_env::{Config, SmTuning};
 use vgpu_limiter::{Admission, Limiter, LimiterConfig, Policy, Ticket};
 use vgpu_shm::ProcessSlot;
 
@@ -138,12 +139,7 @@ impl SmLimiter {
     /// (docs/sm-limit.md).
     pub(crate) fn start(&self, config: &Config, slot: Option<&'static ProcessSlot>) {
         self.tuning.publish(config.sm_tuning.clone());
-        let policy = match config.core_policy {
-            CorePolicy::Default => Policy::Default,
-            CorePolicy::Force => Policy::Force,
-            CorePolicy::Disable => Policy::Disable,
-            CorePolicy::Monitor => Policy::Monitor,
-        };
+        let policy = config.core_policy;
         self.policy.store(policy_code(policy), Ordering::Relaxed);
         let mut armed = false;
         for (d, l) in config.sm_limit.iter().enumerate() {

@@ -19,7 +19,7 @@ pub(super) enum TurnProbe {
 impl TurnProbe {
     #[cold]
     pub(super) fn open(device: usize, sm: &SmLimiter) -> Self {
-        // `VGPU_TURN_DIR` (vgpu_alloc_core::config), default /tmp/vgpulock; None = off.
+        // `VGPU_TURN_DIR` (vgpu-env), default /tmp/vgpulock; None = off.
         let Some(dir) = sm.tuning().turn_dir.as_deref() else {
             return Self::Unavailable;
         };
