@@ -4,7 +4,7 @@
 //! PROCESS ─┬─ enforcement: Published<Enforcement>   built on first use from the environment
 //!          │     Ready ─ config, allocator + ledger (this process's ProcessSlot), pools,
 //!          │             graph memory, VMM references, primary contexts, residual, NVML handles
-//!          ├─ building, left                          the build's spin flag; left the table at exit
+//!          ├─ building, left, fork_handler_registered the build's spin flag; left the table at exit
 //!          └─ sm: SmLimiter                           started with the config and the slot
 //!                ├─ limits, policy, tuning, slot, per-device limiters (Published)
 //!                ├─ power baselines
@@ -208,6 +208,8 @@ pub(crate) struct Process {
     building: AtomicBool,
     /// Set once this process has left the shared table at exit (see [`at_exit`]).
     left: AtomicBool,
+    /// [`after_fork_in_child`] is registered.
+    fork_handler_registered: AtomicBool,
     /// The SM limiter.
     sm: SmLimiter,
 }
@@ -216,6 +218,7 @@ static PROCESS: Process = Process {
     enforcement: Published::new(),
     building: AtomicBool::new(false),
     left: AtomicBool::new(false),
+    fork_handler_registered: AtomicBool::new(false),
     sm: SmLimiter::new(),
 };
 
@@ -292,11 +295,12 @@ fn build() -> &'static Enforcement {
         p.sm.start(&ready.config, ready.slot());
     }
     p.building.store(false, Ordering::Release);
-    static ATFORK: std::sync::Once = std::sync::Once::new();
-    ATFORK.call_once(|| {
+    // A flag, not a `Once`: a fork while another thread registers must not leave the child
+    // a `Once` that never completes. A child inherits the registration and keeps the flag.
+    if !p.fork_handler_registered.swap(true, Ordering::AcqRel) {
         // SAFETY: registers a handler that only makes atomic stores.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    });
+    }
     state
 }
 
