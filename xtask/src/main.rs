@@ -83,8 +83,8 @@ fn test(extra: &[String]) -> Result<(), String> {
     loom()
 }
 
-/// The loom models of the atomic protocols (the shared table's, and the hook's published power
-/// readings). They need `--cfg loom` for the whole
+/// The loom models of the atomic protocols (the shared table's; the hook's power-reading seqlock
+/// and its `Published` cells: every test whose name contains `loom`). They need `--cfg loom` for the whole
 /// build, so they get their own target directory (switching flags would rebuild everything).
 fn loom() -> Result<(), String> {
     let target = env::var_os("CARGO_TARGET_DIR")
