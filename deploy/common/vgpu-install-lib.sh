@@ -4,6 +4,11 @@
 #
 #   vgpu-install-lib.sh DEST_DIR            (HAMi: as /k8s-vgpu/bin/vgpu-init.sh, from postStart)
 #   VGPU_SOURCE_DIR=/k8s-vgpu/lib/nvidia    (default; where the image keeps its files)
+#   vgpu-install-lib.sh --detach DEST_DIR   before rolling back to an image whose postStart
+#                                           rewrites in place: give every libvgpu.so* in
+#                                           DEST_DIR a fresh inode (a copy renamed over it), so
+#                                           the in-place copy that follows writes into a file no
+#                                           running process maps
 #
 # Same interface and result as HAMi's vgpu-init.sh (copy what differs, never delete, write
 # DEST_DIR/ld.so.preload naming DEST_DIR/libvgpu.so), with one difference that matters: HAMi's
@@ -13,8 +18,13 @@
 # for the containers that map it (their bind mount pins it), new containers get the new file.
 set -eu
 
+detach=0
+if [ "${1:-}" = "--detach" ]; then
+    detach=1
+    shift
+fi
 if [ -z "${1:-}" ]; then
-    echo "Usage: $0 <destination_directory>" >&2
+    echo "Usage: $0 [--detach] <destination_directory>" >&2
     exit 1
 fi
 SOURCE_DIR="${VGPU_SOURCE_DIR:-/k8s-vgpu/lib/nvidia}"
@@ -30,6 +40,15 @@ replace() {
     chmod 0755 "$tmp"
     mv -f "$tmp" "$2"
 }
+
+if [ "$detach" = 1 ]; then
+    for f in "$DEST_DIR"/libvgpu.so*; do
+        [ -f "$f" ] && [ ! -L "$f" ] || continue
+        replace "$f" "$f"
+        echo "Detached (fresh inode, same content): $f"
+    done
+    exit 0
+fi
 
 find "$SOURCE_DIR" -type f | while read -r source_file; do
     relative_path="${source_file#"$SOURCE_DIR"/}"

@@ -188,3 +188,50 @@ fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
     // The first process maps the first inode, which nothing rewrote.
     assert!(old.keeps_running());
 }
+
+#[test]
+fn detaching_first_makes_an_in_place_rollback_harmless() {
+    let dir = TempDir::new("vgpu-detach").unwrap();
+    let d = dir.path();
+    let v1 = cc(d, "libv1.so", LIB_V1, &["-shared", "-fPIC", "-O1"]);
+    let v2 = cc(d, "libv2.so", LIB_V2, &["-shared", "-fPIC", "-O1"]);
+    let victim = cc(d, "victim", VICTIM, &["-O1"]);
+    let host = d.join("host");
+    std::fs::create_dir_all(&host).unwrap();
+    let lib = host.join("libvgpu.so.v2.10.0");
+    std::fs::copy(&v2, &lib).unwrap();
+    let mut running = Victim::start(&victim, &lib);
+    assert_eq!(running.line(), "version 2");
+    // The documented rollback: detach on the node, then the stock plugin's in-place cp.
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/common/vgpu-install-lib.sh");
+    let before = inode(&lib);
+    let out = Command::new("sh")
+        .arg(script)
+        .arg("--detach")
+        .arg(&host)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(inode(&lib), before, "a fresh inode");
+    assert_eq!(std::fs::read(&lib).unwrap(), std::fs::read(&v2).unwrap());
+    assert!(
+        Command::new("cp")
+            .arg(&v1)
+            .arg(&lib)
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(
+        running.keeps_running(),
+        "the rollback's cp wrote into a file nobody maps"
+    );
+    let mut fresh = Victim::start(&victim, &lib);
+    assert_eq!(fresh.line(), "version 1");
+    assert!(fresh.keeps_running());
+}
