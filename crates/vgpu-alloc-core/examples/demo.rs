@@ -2,8 +2,8 @@
 //! `cargo run -p vgpu-alloc-core --example demo`.
 
 use vgpu_alloc_core::{
-    AllocError, AllocationKind, Allocator, Config, ContextId, DeviceIndex, InMemoryLedger,
-    MockBackend,
+    AllocError, AllocationKind, Allocator, AllocatorConfig, ContextId, DeviceIndex, InMemoryLedger,
+    MAX_DEVICES, MockBackend,
 };
 
 const MIB: u64 = 1 << 20;
@@ -17,21 +17,14 @@ fn mib(bytes: u64) -> String {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // The environment a HAMi device plugin would set, as a literal map.
-    let env = [
-        ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
-        ("CUDA_DEVICE_MEMORY_LIMIT_1", "512Mi"),
-    ];
-    let config = Config::from_pairs(env)?;
-    println!(
-        "CUDA_DEVICE_MEMORY_LIMIT=1g -> device 0 limit {:?} bytes",
-        config.memory_limit[0]
-    );
-    let bad = Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT", "1.5")]).unwrap_err();
-    println!("a bad value is an error, never 'unlimited': {bad}");
+    // The limits a HAMi device plugin would set (`CUDA_DEVICE_MEMORY_LIMIT=1g`,
+    // `CUDA_DEVICE_MEMORY_LIMIT_1=512Mi`; vgpu-env parses those in the hook).
+    let mut limits = [Some(1 << 30); MAX_DEVICES];
+    limits[1] = Some(512 * MIB);
+    println!("device 0 limit {:?} bytes", limits[0]);
 
-    let ledger = InMemoryLedger::new(config.memory_limit);
-    let alloc = Allocator::new(config.allocator, MockBackend::new(), ledger)?;
+    let ledger = InMemoryLedger::new(limits);
+    let alloc = Allocator::new(AllocatorConfig::default(), MockBackend::new(), ledger)?;
     let (dev, ctx) = (DeviceIndex(0), ContextId(1));
 
     // A mix of small (sub-allocated) and large (direct) requests until the limit refuses.

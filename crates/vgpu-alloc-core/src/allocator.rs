@@ -10,12 +10,12 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::{BackendError, ContextId, DeviceBackend, DevicePtr};
-use crate::config::AllocatorConfig;
 use crate::ledger::{
     DeviceIndex, DeviceUsage, MAX_DEVICES, OutOfMemory, Reservation, UsageClass, UsageLedger,
 };
 use crate::region::{Region, chunks_for};
 use crate::table::{AllocId, Allocation, AllocationKind, AllocationTable, IdHashMap, Placement};
+use crate::tuning::AllocatorConfig;
 
 /// Why an allocation (or a reservation for one) was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -21,9 +21,9 @@ use std::fmt;
 
 use crate::allocator::{AllocError, Allocator, FreeError};
 use crate::backend::{ContextId, DeviceBackend, DevicePtr, MockBackend};
-use crate::config::AllocatorConfig;
 use crate::ledger::{DeviceIndex, InMemoryLedger, MAX_DEVICES, UsageLedger};
 use crate::table::AllocationKind;
+use crate::tuning::AllocatorConfig;
 
 /// Devices the harness uses.
 pub const DEVICES: usize = 4;

@@ -3,22 +3,20 @@
 
 pub mod allocator;
 pub mod backend;
-pub mod config;
 pub mod fuzzing;
 pub mod ledger;
 pub mod region;
 pub mod table;
+pub mod tuning;
 
 pub use allocator::{
     AddressRange, AllocError, Allocated, Allocator, AllocatorStats, ContextReleased, FreeError,
     Freed, InvalidAllocatorConfig, PendingRecord, RegionInfo,
 };
 pub use backend::{BackendError, ContextId, DeviceBackend, DevicePtr, MemoryInfo, MockBackend};
-pub use config::{
-    AllocatorConfig, Config, ConfigError, ConfigErrors, CorePolicy, DeviceSelector, SmTuning,
-};
 pub use ledger::{
     DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, Reservation, UsageClass,
     UsageLedger,
 };
 pub use table::{AllocId, Allocation, AllocationKind, AllocationTable, Placement};
+pub use tuning::AllocatorConfig;

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use vgpu_alloc_core::config::Config;
+use vgpu_env::{Config, Vars};
 
 use crate::Failure;
 use crate::cli::DoctorArgs;
@@ -220,7 +220,7 @@ fn check_driver(name: &'static str, soname: &str, required: bool) -> (Check, boo
 }
 
 fn check_environment() -> (Check, Option<Config>) {
-    match Config::from_lookup(|k| std::env::var(k).ok()) {
+    match Config::from_vars(&Vars::from_os(std::env::vars_os())) {
         Err(e) => (
             check(
                 "environment",

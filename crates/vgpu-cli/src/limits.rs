@@ -1,12 +1,12 @@
 //! Limit flags (`--memory [DEVICE=]SIZE`, `--sm [DEVICE=]PERCENT`) and the HAMi environment
-//! variables they become. Values are checked with vgpu-alloc-core's parser, the one the hook
+//! variables they become. Values are checked with vgpu-env's parser, the one the hook
 //! uses, and written back in canonical form (bytes, whole percent) so that any reader of the
 //! environment, HAMi-core included, understands them the same way.
 
 use std::collections::BTreeMap;
 
 use vgpu_alloc_core::MAX_DEVICES;
-use vgpu_alloc_core::config::{self, Config};
+use vgpu_env::{self as config, Config};
 
 /// One `--memory` flag: a size for every device or for one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +46,7 @@ fn split_device(text: &str) -> Result<(Option<u32>, &str), String> {
     }
 }
 
-/// Parse a size with the core's parser; the message says what is expected.
+/// Parse a size with vgpu-env's parser; the message says what is expected.
 pub fn parse_memory_value(text: &str) -> Result<u64, String> {
     config::parse_size(text).map_err(|e| format!("`{text}` is not a size: {e}"))
 }
@@ -59,7 +59,7 @@ pub fn parse_nonzero_memory_value(text: &str) -> Result<u64, String> {
     }
 }
 
-/// Parse a percentage with the core's parser: 0..=100; unlimited (0 or 100) comes back as 0.
+/// Parse a percentage with vgpu-env's parser: 0..=100; unlimited (0 or 100) comes back as 0.
 pub fn parse_sm_value(text: &str) -> Result<u8, String> {
     let cfg = Config::from_pairs([(config::ENV_SM_LIMIT, text)]).map_err(|e| {
         let reason =
@@ -101,7 +101,7 @@ fn var_name(base: &str, device: Option<u32>) -> String {
 }
 
 /// The environment variables the flags stand for, checked for duplicates and re-validated
-/// as a whole with the core's `Config` (so the hook is guaranteed to accept them).
+/// as a whole with vgpu-env's `Config` (so the hook is guaranteed to accept them).
 pub fn limit_env(memory: &[MemoryFlag], sm: &[SmFlag]) -> Result<BTreeMap<String, String>, String> {
     let mut env = BTreeMap::new();
     for m in memory {

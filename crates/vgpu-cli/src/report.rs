@@ -114,9 +114,9 @@ pub fn cache_path(arg: &CacheArg) -> PathBuf {
     if let Some(p) = &arg.cache {
         return p.clone();
     }
-    match std::env::var_os(vgpu_alloc_core::config::ENV_SHARED_CACHE) {
+    match std::env::var_os(vgpu_env::ENV_SHARED_CACHE) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => PathBuf::from(vgpu_alloc_core::config::DEFAULT_SHARED_CACHE),
+        _ => PathBuf::from(vgpu_env::DEFAULT_SHARED_CACHE),
     }
 }
 

@@ -6,7 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
-use vgpu_alloc_core::config::{self, Config};
+use vgpu_env::{self as config, Config, Vars};
 
 use crate::Failure;
 use crate::cli::RunArgs;
@@ -41,6 +41,18 @@ impl HookEnv {
         }
         std::env::var(name).ok()
     }
+
+    /// Every variable as the program will see them, given the inherited environment.
+    pub fn vars(&self) -> Vars {
+        let mut vars = Vars::from_os(std::env::vars_os());
+        for name in &self.remove {
+            vars.remove(name);
+        }
+        for (name, value) in &self.set {
+            vars.set(name.as_str(), value.as_str());
+        }
+        vars
+    }
 }
 
 /// Everything `run` (and the demo and doctor probes) need to start a program under the hook.
@@ -56,7 +68,7 @@ pub struct HookSetup<'a> {
     pub cache: Option<&'a Path>,
 }
 
-/// Compute the environment for `setup`, checked with the core's parser as the hook will read it.
+/// Compute the environment for `setup`, checked with vgpu-env's parser as the hook will read it.
 pub fn hook_env(setup: &HookSetup<'_>) -> Result<HookEnv, Failure> {
     let mut env = HookEnv {
         set: limits::limit_env(setup.memory, setup.sm)?,
@@ -100,7 +112,7 @@ pub fn hook_env(setup: &HookSetup<'_>) -> Result<HookEnv, Failure> {
     );
     // The whole environment as the hook will parse it: inherited bad values fail here, with
     // the variable named, instead of inside the program.
-    Config::from_lookup(|k| env.lookup(k))
+    Config::from_vars(&env.vars())
         .map_err(|e| Failure::msg(format!("the program's environment would be invalid: {e}")))?;
     Ok(env)
 }
@@ -117,7 +129,7 @@ fn warn_if_file_wins(env: &HookEnv) {
     let Ok(Some(report)) = crate::report::read_if_exists(Path::new(&path)) else {
         return;
     };
-    let Ok(cfg) = Config::from_lookup(|k| env.lookup(k)) else {
+    let Ok(cfg) = Config::from_vars(&env.vars()) else {
         return;
     };
     for dev in &report.devices {

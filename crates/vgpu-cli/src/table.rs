@@ -3,8 +3,7 @@
 
 use std::path::Path;
 
-use vgpu_alloc_core::SmTuning;
-use vgpu_alloc_core::config::ENV_TURN_DIR;
+use vgpu_env::{ENV_TURN_DIR, SmTuning};
 use vgpu_shm::{
     ImageError, ShmError, TableSnapshot, TurnBoard, UsageTable, board_file_name, container_key,
 };

@@ -2,8 +2,10 @@
 //! (0 errors, 1 warnings, 2 messages (default), 3 info, 4 debug — HAMi-core's scale).
 //!
 //! Each line is written with one `write(2)` so lines of concurrent threads and processes
-//! do not interleave. The level is read from the environment once, without the config
-//! parser, so the parser's own errors can be logged.
+//! do not interleave. The level is read from the environment once, with `vgpu-env`'s
+//! grammar but without the whole config parser, so the parser's own errors can be logged;
+//! an invalid value gives the default level here, and the parser's warning (logged once
+//! when the state is built) reports it.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -21,12 +23,10 @@ pub(crate) const DEBUG: u8 = 4;
 const UNSET: u8 = u8::MAX;
 static LEVEL: AtomicU8 = AtomicU8::new(UNSET);
 
-/// Parses a `LIBCUDA_LOG_LEVEL` value; anything unreadable keeps the default (2), since
+/// The level for a `LIBCUDA_LOG_LEVEL` value; unset or not a level: the default (2), since
 /// a typo in a log level must not stop a program.
 pub(crate) fn parse_level(value: Option<&str>) -> u8 {
-    value
-        .and_then(|v| v.trim().parse::<u8>().ok())
-        .map_or(MSG, |l| l.min(DEBUG))
+    vgpu_env::log_level_or_default(value)
 }
 
 /// The active level (read from the environment on first use).
@@ -36,7 +36,8 @@ pub(crate) fn level() -> u8 {
     if l != UNSET {
         return l;
     }
-    let l = parse_level(std::env::var("LIBCUDA_LOG_LEVEL").ok().as_deref());
+    let value = std::env::var_os(vgpu_env::ENV_LOG_LEVEL);
+    let l = parse_level(value.as_ref().map(|v| v.to_string_lossy()).as_deref());
     LEVEL.store(l, Ordering::Relaxed);
     l
 }
@@ -75,11 +76,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn level_parsing_defaults_and_clamps() {
+    fn level_parsing_defaults_and_refuses_values_above_debug() {
         assert_eq!(parse_level(None), MSG);
         assert_eq!(parse_level(Some("0")), ERROR);
         assert_eq!(parse_level(Some(" 4 ")), DEBUG);
-        assert_eq!(parse_level(Some("9")), DEBUG);
+        // Not a level (one grammar with `vgpu run`, which refuses it): the default, not debug.
+        assert_eq!(parse_level(Some("9")), MSG);
         assert_eq!(parse_level(Some("loud")), MSG);
+        // The hook's names agree with the grammar's bounds.
+        assert_eq!(
+            (MSG, DEBUG),
+            (vgpu_env::DEFAULT_LOG_LEVEL, vgpu_env::MAX_LOG_LEVEL)
+        );
     }
 }

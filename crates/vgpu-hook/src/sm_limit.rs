@@ -53,11 +53,12 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, O
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use vgpu_alloc_core::{Config, CorePolicy, DeviceIndex, MAX_DEVICES, SmTuning};
+use vgpu_alloc_core::{DeviceIndex, MAX_DEVICES};
 use vgpu_cuda_abi::{
     CUcontext, CUdevice, CUevent, CUresult, CUstream, c_int, c_uint, c_void, nvmlDevice_t,
     nvmlProcessUtilizationSample_t,
 };
+use vgpu_env::{Config, SmTuning};
 use vgpu_limiter::power::PowerState;
 use vgpu_limiter::{
     Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
@@ -128,12 +129,7 @@ fn tuning() -> &'static SmTuning {
 
 pub(crate) fn configure(config: &Config) {
     let _ = TUNING.set(config.sm_tuning.clone());
-    let policy = match config.core_policy {
-        CorePolicy::Default => Policy::Default,
-        CorePolicy::Force => Policy::Force,
-        CorePolicy::Disable => Policy::Disable,
-        CorePolicy::Monitor => Policy::Monitor,
-    };
+    let policy = config.core_policy;
     POLICY.store(policy_code(policy), Ordering::Relaxed);
     for (d, l) in config.sm_limit.iter().enumerate() {
         let pct = l.map_or(0, u32::from);
@@ -629,7 +625,7 @@ enum TurnProbe {
 impl TurnProbe {
     #[cold]
     fn open(device: usize) -> Self {
-        // `VGPU_TURN_DIR` (vgpu_alloc_core::config), default /tmp/vgpulock; None = off.
+        // `VGPU_TURN_DIR` (vgpu-env), default /tmp/vgpulock; None = off.
         let Some(dir) = tuning().turn_dir.as_deref() else {
             return Self::Unavailable;
         };

@@ -11,10 +11,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use vgpu_alloc_core::{
-    Allocator, Config, DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory,
-    UsageClass, UsageLedger,
+    Allocator, DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, UsageClass,
+    UsageLedger,
 };
 use vgpu_cuda_abi::{CUdevice, CUresult};
+use vgpu_env::{Config, ConfigErrors, Vars};
 use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
 
 use crate::driver::RealBackend;
@@ -207,9 +208,8 @@ pub(crate) fn ready() -> Result<&'static Ready, CUresult> {
 #[cold]
 fn build() -> &'static Enforcement {
     // Everything that may enter the loader or the driver happens before the flag is taken.
-    let env = |name: &str| std::env::var(name).ok();
     // A bad log level or priority is a warning, not a reason to refuse every allocation.
-    let config = Config::from_lookup_with_warnings(env);
+    let config = Config::from_vars_with_warnings(&Vars::from_os(std::env::vars_os()));
     let uuids = visible_uuids();
     let open_shared_table = move |c: &Config| open_table(c, uuids);
     let mut waits = 0u32;
@@ -269,6 +269,11 @@ fn visible_uuids() -> Vec<String> {
 
 /// Opens (or creates) the shared table and registers this process in it.
 fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String> {
+    if !uuids.is_empty() {
+        for w in config.absent_device_warnings(uuids.len()) {
+            vlog!(WARN, "{w}");
+        }
+    }
     let init = TableInit {
         uuids,
         memory_limits: config.memory_limit.to_vec(),
@@ -292,7 +297,7 @@ fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String>
 /// Builds the state from a parsed configuration and a ledger opener (separate from the
 /// globals for tests).
 pub(crate) fn make(
-    config: Result<Config, vgpu_alloc_core::ConfigErrors>,
+    config: Result<Config, ConfigErrors>,
     open_ledger: impl FnOnce(&Config) -> Result<HookLedger, String>,
 ) -> Enforcement {
     let config = match config {
@@ -448,11 +453,10 @@ mod tests {
 
     #[test]
     fn a_bad_log_level_keeps_enforcement_running() {
-        let cfg = Config::from_lookup_with_warnings(|k| match k {
-            "CUDA_DEVICE_MEMORY_LIMIT" => Some("1g".into()),
-            "LIBCUDA_LOG_LEVEL" => Some("loud".into()),
-            _ => None,
-        });
+        let cfg = Config::from_vars_with_warnings(&Vars::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("LIBCUDA_LOG_LEVEL", "loud"),
+        ]));
         assert_eq!(cfg.as_ref().map(|c| c.warnings.len()), Ok(1));
         let e = make(cfg, |c| {
             Ok(HookLedger::Local(Box::new(InMemoryLedger::new(

@@ -1,5 +1,6 @@
-//! `GPU_CORE_UTILIZATION_POLICY`. The variable is parsed in one place,
-//! `vgpu_alloc_core::config`; the hook maps its `CorePolicy` onto this.
+//! When the SM limit is enforced (`GPU_CORE_UTILIZATION_POLICY`). The limiter owns the
+//! policy because it is the one that acts on it; the variable's grammar lives in
+//! `vgpu-env`, which parses it straight into this type.
 
 /// When the SM limit is enforced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,226 +1,16 @@
-//! The HAMi-compatible environment, parsed from a key/value lookup (never from the
-//! process directly, so the hook decides where values come from and tests stay pure).
-//!
-//! Every variable is checked; all errors are collected, and a bad value is an error,
-//! never a silent "unlimited" (HAMi-core's `strtoul` turns `1.5g` into 1 GiB and
-//! garbage into 0 = unlimited).
-//!
-//! Sizes use binary units throughout, as HAMi-core does: `4g`, `4G`, `4GiB`, `4GB`,
-//! `4096m`, `512Mi`, `1.5g`, `1073741824`; `k`, `m`, `g`, `t` each optionally followed
-//! by `i` and/or `b`, any case; surrounding whitespace is ignored.
+//! The parsed environment: every variable checked, all errors collected, and a bad value
+//! an error, never a silent "unlimited".
 
-use std::collections::HashMap;
 use std::fmt;
 
-use crate::ledger::MAX_DEVICES;
+use vgpu_alloc_core::{AllocatorConfig, MAX_DEVICES};
+use vgpu_limiter::Policy;
 
-/// Default per-device memory limit (all devices).
-pub const ENV_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
-/// Default SM limit in percent (all devices).
-pub const ENV_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
-/// Path of the shared usage file.
-pub const ENV_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
-/// `force`, `disable`, `monitor` or `default`.
-pub const ENV_CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
-/// Priority written to the shared file for the monitor.
-pub const ENV_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
-/// Log verbosity 0..=4.
-pub const ENV_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
-/// Accepted for compatibility; has no effect (as in HAMi-core).
-pub const ENV_ACTIVE_OOM_KILLER: &str = "ACTIVE_OOM_KILLER";
-/// The CUDA device selection, kept raw for the hook to resolve.
-pub const ENV_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
-/// `0` turns the sub-allocator off (every request goes straight to the device).
-pub const ENV_SUBALLOC: &str = "VGPU_SUBALLOC";
-/// `0` stops counting `cuMemAllocManaged` against the limit.
-pub const ENV_COUNT_MANAGED: &str = "VGPU_COUNT_MANAGED";
-/// Sub-allocator region size (HAMi-core's OVERSIZE).
-pub const ENV_REGION_SIZE: &str = "VGPU_ALLOC_OVERSIZE";
-/// Sub-allocator chunk size (HAMi-core's BITSIZE).
-pub const ENV_CHUNK_SIZE: &str = "VGPU_ALLOC_BITSIZE";
-/// Requests below this are sub-allocated (HAMi-core's IPCSIZE).
-pub const ENV_SUBALLOC_THRESHOLD: &str = "VGPU_ALLOC_IPCSIZE";
-/// Direct allocations are accounted rounded up to this (HAMi-core's ALIGN).
-pub const ENV_ALIGN: &str = "VGPU_ALLOC_ALIGN";
-/// How often (milliseconds) the hook may reconcile its accounting with NVML's per-process
-/// used memory on the paths that rate-limit it; `off` turns reconciliation off.
-pub const ENV_RECONCILE_MS: &str = "VGPU_RECONCILE_MS";
-/// Default of [`ENV_RECONCILE_MS`].
-pub const DEFAULT_RECONCILE_MS: u64 = 100;
-/// `1` turns on the experimental NVML-based contention correction of the SM limiter.
-pub const ENV_SM_CONTENTION: &str = "VGPU_SM_CONTENTION";
-/// Directory of the node-wide turn boards (SM limit); `off` disables turns.
-pub const ENV_TURN_DIR: &str = "VGPU_TURN_DIR";
-/// Default of [`ENV_TURN_DIR`]: the host directory HAMi's device plugin mounts into every
-/// container.
-pub const DEFAULT_TURN_DIR: &str = "/tmp/vgpulock";
-/// Shortest turn cycle of containers sharing a GPU, milliseconds.
-pub const ENV_TURN_CYCLE_MS: &str = "VGPU_TURN_CYCLE_MS";
-/// How long before its window a container may start queueing, microseconds.
-pub const ENV_TURN_LEAD_US: &str = "VGPU_TURN_LEAD_US";
-/// How strongly the SM limit also bounds a tenant's share of the GPU's power budget: an
-/// exponent from 0 (time only) to 1 (the power share fully), default 0.5; `off` = 0.
-pub const ENV_SM_POWER_EXPONENT: &str = "VGPU_SM_POWER_EXPONENT";
-
-/// Tuning of the SM limiter (accuracy, not enforcement: bad values are warnings).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SmTuning {
-    /// NVML-based contention correction ([`ENV_SM_CONTENTION`], default off).
-    pub contention_correction: bool,
-    /// Turn board directory ([`ENV_TURN_DIR`]); `None` = no turns.
-    pub turn_dir: Option<String>,
-    /// Shortest turn cycle in milliseconds ([`ENV_TURN_CYCLE_MS`], 1..=1000, default 20).
-    pub turn_cycle_ms: u64,
-    /// Lead-in in microseconds ([`ENV_TURN_LEAD_US`], 0..=10000, default 0).
-    pub turn_lead_us: u64,
-    /// The power-share exponent in hundredths ([`ENV_SM_POWER_EXPONENT`], 0..=100,
-    /// default 50; 0 = limit time only).
-    pub power_exponent_pct: u32,
-}
-
-impl SmTuning {
-    /// The turn board directory for a value of [`ENV_TURN_DIR`] (`None`: unset, giving
-    /// [`DEFAULT_TURN_DIR`]); `off`, `0` or empty: no turns.
-    pub fn turn_dir_of(value: Option<&str>) -> Option<String> {
-        let Some(v) = value else {
-            return Some(DEFAULT_TURN_DIR.to_owned());
-        };
-        let t = v.trim();
-        (!(t.is_empty() || t == "0" || t.eq_ignore_ascii_case("off"))).then(|| t.to_owned())
-    }
-
-    /// The power-share exponent in hundredths for a value of [`ENV_SM_POWER_EXPONENT`]:
-    /// `0` to `1` with at most two decimals (`0.5`, `.25`, `1.0`), or `off` (0). `None` when
-    /// malformed or out of range.
-    pub fn power_exponent_of(value: &str) -> Option<u32> {
-        let t = value.trim();
-        if t.eq_ignore_ascii_case("off") {
-            return Some(0);
-        }
-        let (int, frac) = t.split_once('.').unwrap_or((t, ""));
-        if (int.is_empty() && frac.is_empty())
-            || frac.len() > 2
-            || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
-        {
-            return None;
-        }
-        let int: u32 = if int.is_empty() { 0 } else { int.parse().ok()? };
-        let frac: u32 = match frac.len() {
-            0 => 0,
-            1 => frac.parse::<u32>().ok()? * 10,
-            _ => frac.parse().ok()?,
-        };
-        let pct = int.checked_mul(100)?.checked_add(frac)?;
-        (pct <= 100).then_some(pct)
-    }
-}
-
-impl Default for SmTuning {
-    fn default() -> Self {
-        Self {
-            contention_correction: false,
-            turn_dir: Some(DEFAULT_TURN_DIR.to_owned()),
-            turn_cycle_ms: 20,
-            turn_lead_us: 0,
-            power_exponent_pct: 50,
-        }
-    }
-}
-
-/// Default path of the shared usage file.
-pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
-
-const MIB: u64 = 1 << 20;
-
-/// Sizes of the region/bitmap/chunk sub-allocator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AllocatorConfig {
-    /// Whether small requests are sub-allocated at all.
-    pub suballoc: bool,
-    /// Bytes of one region (OVERSIZE, default 128 MiB).
-    pub region_size: u64,
-    /// Bytes of one chunk (BITSIZE, default 512); every sub-allocation is chunk-aligned.
-    pub chunk_size: u64,
-    /// Requests strictly below this are sub-allocated (IPCSIZE, default 2 MiB).
-    pub suballoc_threshold: u64,
-    /// Direct allocations are accounted rounded up to this (ALIGN, default 2 MiB).
-    pub align: u64,
-}
-
-impl Default for AllocatorConfig {
-    fn default() -> Self {
-        Self {
-            suballoc: true,
-            region_size: 128 * MIB,
-            chunk_size: 512,
-            suballoc_threshold: 2 * MIB,
-            align: 2 * MIB,
-        }
-    }
-}
-
-impl AllocatorConfig {
-    /// Chunks per region.
-    pub fn chunks_per_region(&self) -> u64 {
-        self.region_size / self.chunk_size.max(1)
-    }
-
-    /// Check the sizes fit together; the message says which rule is broken.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.chunk_size == 0 || !self.chunk_size.is_power_of_two() {
-            return Err(format!(
-                "chunk size {} must be a power of two",
-                self.chunk_size
-            ));
-        }
-        if self.align == 0 || !self.align.is_power_of_two() {
-            return Err(format!("alignment {} must be a power of two", self.align));
-        }
-        if self.region_size == 0 || self.region_size % self.chunk_size != 0 {
-            return Err(format!(
-                "region size {} must be a non-zero multiple of the chunk size {}",
-                self.region_size, self.chunk_size
-            ));
-        }
-        // The bitmap index is u32 and a region must stay addressable by one allocation.
-        if self.chunks_per_region() > u64::from(u32::MAX) {
-            return Err(format!(
-                "region size {} has too many chunks",
-                self.region_size
-            ));
-        }
-        // A sub-allocation's size is kept in 32 bits beside its chunks.
-        if self.suballoc_threshold > 1 << 32 {
-            return Err(format!(
-                "sub-allocation threshold {} exceeds 4 GiB",
-                self.suballoc_threshold
-            ));
-        }
-        if self.suballoc_threshold > self.region_size {
-            return Err(format!(
-                "sub-allocation threshold {} exceeds the region size {}",
-                self.suballoc_threshold, self.region_size
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// `GPU_CORE_UTILIZATION_POLICY`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CorePolicy {
-    /// Enforce a set SM limit always, also when the tenant is alone on the device (vgpu's
-    /// default; HAMi-core's default limits only while the device is shared, see `Monitor`).
-    #[default]
-    Default,
-    /// Always enforce the SM limit.
-    Force,
-    /// Never enforce the SM limit.
-    Disable,
-    /// HAMi-core's default behaviour: enforce only while the monitor's `utilization_switch`
-    /// is set, i.e. while the device is shared.
-    Monitor,
-}
+use crate::log_level::{DEFAULT_LOG_LEVEL, LOG_LEVEL_EXPECTED, parse_log_level};
+use crate::names::*;
+use crate::size::parse_size;
+use crate::sm_tuning::SmTuning;
+use crate::vars::Vars;
 
 /// One entry of `CUDA_VISIBLE_DEVICES`, kept as written for the hook to resolve.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -264,10 +54,10 @@ pub struct Config {
     /// Path of the shared usage file.
     pub shared_cache: String,
     /// When to enforce the SM limit.
-    pub core_policy: CorePolicy,
+    pub core_policy: Policy,
     /// `CUDA_TASK_PRIORITY` (default 1).
     pub task_priority: i32,
-    /// `LIBCUDA_LOG_LEVEL` 0..=4 (default 2).
+    /// `LIBCUDA_LOG_LEVEL` 0..=4 (default 2; grammar in [`crate::log_level`]).
     pub log_level: u8,
     /// `ACTIVE_OOM_KILLER` as written; accepted, has no effect.
     pub active_oom_killer: Option<String>,
@@ -283,8 +73,12 @@ pub struct Config {
     pub reconcile_ms: Option<u64>,
     /// SM limiter tuning.
     pub sm_tuning: SmTuning,
+    /// The per-device variables that are set (`CUDA_DEVICE_MEMORY_LIMIT_<i>`,
+    /// `CUDA_DEVICE_SM_LIMIT_<i>`), by name with their device index, in name order (see
+    /// [`Config::absent_device_warnings`]).
+    pub per_device: Vec<(String, usize)>,
     /// Rejected variables that do not affect enforcement (`LIBCUDA_LOG_LEVEL`,
-    /// `CUDA_TASK_PRIORITY`), from [`Config::from_lookup_with_warnings`] only: their
+    /// `CUDA_TASK_PRIORITY`), from [`Config::from_vars_with_warnings`] only: their
     /// defaults are used and the hook logs these and goes on, since a typo there must not
     /// disable the GPU. Limits, SM limits, the policy, the shared file and the allocator
     /// sizes stay fatal ([`ConfigErrors`]).
@@ -297,15 +91,16 @@ impl Default for Config {
             memory_limit: [None; MAX_DEVICES],
             sm_limit: [None; MAX_DEVICES],
             shared_cache: DEFAULT_SHARED_CACHE.to_owned(),
-            core_policy: CorePolicy::Default,
+            core_policy: Policy::Default,
             task_priority: 1,
-            log_level: 2,
+            log_level: DEFAULT_LOG_LEVEL,
             active_oom_killer: None,
             visible_devices: None,
             count_managed: true,
             allocator: AllocatorConfig::default(),
             reconcile_ms: Some(DEFAULT_RECONCILE_MS),
             sm_tuning: SmTuning::default(),
+            per_device: Vec::new(),
             warnings: Vec::new(),
         }
     }
@@ -341,68 +136,6 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
-/// Why a size string was rejected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum SizeError {
-    /// Nothing but whitespace.
-    #[error("empty value")]
-    Empty,
-    /// Not `<digits>[.<digits>][unit]`.
-    #[error("expected a size such as 4g, 4096m, 512Mi, 1.5GiB or a byte count")]
-    Syntax,
-    /// A fraction of a byte (`1.5` with no unit).
-    #[error("a fraction needs a unit (k, m, g, t)")]
-    FractionalBytes,
-    /// Does not fit in 64 bits.
-    #[error("size overflows 64 bits")]
-    Overflow,
-}
-
-/// Parse a size in bytes (binary units, see the module docs). The fraction of a
-/// fractional size is rounded down to whole bytes (`1.3k` = 1331).
-pub fn parse_size(text: &str) -> Result<u64, SizeError> {
-    let s = text.trim();
-    if s.is_empty() {
-        return Err(SizeError::Empty);
-    }
-    let num_end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(num_end);
-    let (int_part, frac_part) = match num.split_once('.') {
-        Some((i, f)) => (i, Some(f)),
-        None => (num, None),
-    };
-    if int_part.is_empty() || frac_part.is_some_and(|f| f.is_empty() || f.contains('.')) {
-        return Err(SizeError::Syntax);
-    }
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "ki" | "kb" | "kib" => 10,
-        "m" | "mi" | "mb" | "mib" => 20,
-        "g" | "gi" | "gb" | "gib" => 30,
-        "t" | "ti" | "tb" | "tib" => 40,
-        _ => return Err(SizeError::Syntax),
-    };
-    let int: u64 = int_part.parse().map_err(|_| SizeError::Overflow)?;
-    let whole = int.checked_mul(1u64 << shift).ok_or(SizeError::Overflow)?;
-    let Some(frac) = frac_part else {
-        return Ok(whole);
-    };
-    if shift == 0 {
-        return Err(SizeError::FractionalBytes);
-    }
-    // Exact: frac/10^len * 2^shift, rounded down. Digits past the 19th change the result
-    // by less than 2^40 * 10^-19 bytes, so they are ignored (they were checked to be digits).
-    let digits = &frac[..frac.len().min(19)];
-    let numerator: u128 = digits.parse().map_err(|_| SizeError::Syntax)?;
-    let denominator = 10u128.pow(digits.len() as u32);
-    let extra = (numerator << shift) / denominator;
-    // `extra` < 2^shift and `whole` is a multiple of 2^shift, so this cannot overflow
-    // when `whole` did not; checked anyway.
-    whole.checked_add(extra as u64).ok_or(SizeError::Overflow)
-}
-
 fn parse_bool(s: &str) -> Option<bool> {
     match s.trim().to_ascii_lowercase().as_str() {
         "1" | "true" => Some(true),
@@ -421,24 +154,23 @@ fn strict_int<T: std::str::FromStr>(s: &str) -> Option<T> {
 }
 
 impl Config {
-    /// Parse from a lookup function, strictly: unset variables take their defaults and
-    /// every bad value is an error, also one that does not affect enforcement. For tools
-    /// that check an environment before a program starts (`vgpu run`, `vgpu doctor`).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigErrors> {
-        Self::parse(lookup, true)
+    /// Parse strictly: unset variables take their defaults and every bad value is an
+    /// error, also one that does not affect enforcement. For tools that check an
+    /// environment before a program starts (`vgpu run`, `vgpu doctor`).
+    pub fn from_vars(vars: &Vars) -> Result<Self, ConfigErrors> {
+        Self::parse(vars, true)
     }
 
-    /// Parse as the hook does (`|name| std::env::var(name).ok()`): a bad value that affects
-    /// enforcement is an error (all of them are reported, with any warnings, in their
-    /// order); one that does not (`LIBCUDA_LOG_LEVEL`, `CUDA_TASK_PRIORITY`) keeps its
+    /// Parse as the hook does: a bad value that affects enforcement is an error (all of
+    /// them are reported, with any warnings, in their order); one that does not
+    /// (`LIBCUDA_LOG_LEVEL`, `CUDA_TASK_PRIORITY`, the SM limiter's tuning) keeps its
     /// default and is listed in [`Config::warnings`].
-    pub fn from_lookup_with_warnings(
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigErrors> {
-        Self::parse(lookup, false)
+    pub fn from_vars_with_warnings(vars: &Vars) -> Result<Self, ConfigErrors> {
+        Self::parse(vars, false)
     }
 
-    fn parse(lookup: impl Fn(&str) -> Option<String>, strict: bool) -> Result<Self, ConfigErrors> {
+    fn parse(vars: &Vars, strict: bool) -> Result<Self, ConfigErrors> {
+        let lookup = |name: &str| vars.get(name).map(str::to_owned);
         let mut cfg = Config::default();
         // (fatal, error) in the order the variables are read.
         let problems = std::cell::RefCell::new(Vec::new());
@@ -490,6 +222,15 @@ impl Config {
                 }
             }
         }
+        for base in [ENV_MEMORY_LIMIT, ENV_SM_LIMIT] {
+            let prefix = format!("{base}_");
+            for (name, value) in vars.with_prefix(&prefix) {
+                match device_suffix(&name[prefix.len()..]) {
+                    Ok(i) => cfg.per_device.push((name.to_owned(), i)),
+                    Err(reason) => fail(name, value, reason),
+                }
+            }
+        }
 
         if let Some(v) = lookup(ENV_SHARED_CACHE) {
             if v.trim().is_empty() {
@@ -500,10 +241,10 @@ impl Config {
         }
         if let Some(v) = lookup(ENV_CORE_POLICY) {
             match v.trim().to_ascii_lowercase().as_str() {
-                "default" => cfg.core_policy = CorePolicy::Default,
-                "force" => cfg.core_policy = CorePolicy::Force,
-                "disable" => cfg.core_policy = CorePolicy::Disable,
-                "monitor" => cfg.core_policy = CorePolicy::Monitor,
+                "default" => cfg.core_policy = Policy::Default,
+                "force" => cfg.core_policy = Policy::Force,
+                "disable" => cfg.core_policy = Policy::Disable,
+                "monitor" => cfg.core_policy = Policy::Monitor,
                 _ => fail(
                     ENV_CORE_POLICY,
                     &v,
@@ -518,9 +259,9 @@ impl Config {
             }
         }
         if let Some(v) = lookup(ENV_LOG_LEVEL) {
-            match strict_int::<u8>(&v).filter(|l| *l <= 4) {
+            match parse_log_level(&v) {
                 Some(l) => cfg.log_level = l,
-                None => warn(ENV_LOG_LEVEL, &v, "expected 0, 1, 2, 3 or 4".into()),
+                None => warn(ENV_LOG_LEVEL, &v, LOG_LEVEL_EXPECTED.into()),
             }
         }
         if let Some(v) = lookup(ENV_RECONCILE_MS) {
@@ -635,17 +376,53 @@ impl Config {
         Ok(cfg)
     }
 
+    /// One line for each per-device variable that names a device this process does not
+    /// have (`present` CUDA devices): it limits nothing here. A warning, not an error: one
+    /// container's environment serves processes that see different devices (per-rank
+    /// `CUDA_VISIBLE_DEVICES`), and a limit for a device a process cannot use weakens
+    /// nothing.
+    pub fn absent_device_warnings(&self, present: usize) -> Vec<String> {
+        self.per_device
+            .iter()
+            .filter(|(_, i)| *i >= present)
+            .map(|(name, i)| {
+                format!(
+                    "{name} is set, but this process sees {present} CUDA device(s), so device {i} \
+                     does not exist here and the value limits nothing (is CUDA_VISIBLE_DEVICES \
+                     what you meant?)"
+                )
+            })
+            .collect()
+    }
+
     /// Parse from literal pairs (tests, the demo, a captured environment).
     pub fn from_pairs<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> Result<Self, ConfigErrors>
     where
         K: Into<String>,
         V: Into<String>,
     {
-        let map: HashMap<String, String> = pairs
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
-        Self::from_lookup(|k| map.get(k).cloned())
+        Self::from_vars(&Vars::from_pairs(pairs))
+    }
+}
+
+/// The device index of a per-device variable's suffix: HAMi's grammar names CUDA ordinals
+/// 0..=15 in plain decimal (HAMi-core reads exactly those names and ignores any other, so
+/// `_16` or `_00` would silently limit nothing there; here they are errors).
+fn device_suffix(suffix: &str) -> Result<usize, String> {
+    let last = MAX_DEVICES - 1;
+    if suffix.is_empty() || !suffix.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "not a per-device variable: the suffix must be a device index 0..={last}"
+        ));
+    }
+    match suffix.parse::<usize>() {
+        Ok(i) if i <= last && suffix == i.to_string() => Ok(i),
+        Ok(i) if i <= last => Err(format!(
+            "write the device index without leading zeros (_{i}), the name HAMi-core reads"
+        )),
+        _ => Err(format!(
+            "device index {suffix} is out of range: per-device variables name CUDA devices 0..={last}"
+        )),
     }
 }
 
@@ -662,81 +439,13 @@ fn parse_percent(v: &str) -> Result<Option<u8>, String> {
 mod tests {
     use super::*;
 
+    const MIB: u64 = 1 << 20;
+
     const GIB: u64 = 1 << 30;
 
     #[test]
-    fn sizes_users_write_are_accepted() {
-        let ok: &[(&str, u64)] = &[
-            ("4g", 4 * GIB),
-            ("4G", 4 * GIB),
-            ("4096m", 4 * GIB),
-            ("4096M", 4 * GIB),
-            ("1073741824", GIB),
-            ("1.5g", 3 * GIB / 2),
-            ("4GiB", 4 * GIB),
-            ("4gib", 4 * GIB),
-            ("512Mi", 512 * MIB),
-            ("4GB", 4 * GIB),
-            ("4gb", 4 * GIB),
-            ("  4g\t\n", 4 * GIB),
-            ("0", 0),
-            ("0g", 0),
-            ("1k", 1024),
-            ("1K", 1024),
-            ("1KiB", 1024),
-            ("1t", 1 << 40),
-            ("1TiB", 1 << 40),
-            ("10b", 10),
-            ("1.3k", 1331),
-            ("0.5m", MIB / 2),
-            ("1.0000000000000000000000001g", GIB),
-            ("18446744073709551615", u64::MAX),
-            ("16777215t", 16_777_215 << 40),
-        ];
-        for &(text, want) in ok {
-            assert_eq!(parse_size(text), Ok(want), "{text:?}");
-        }
-    }
-
-    #[test]
-    fn everything_else_is_rejected() {
-        use SizeError::*;
-        let bad: &[(&str, SizeError)] = &[
-            ("", Empty),
-            ("   ", Empty),
-            ("0x10", Syntax),
-            ("0X10", Syntax),
-            ("4gx", Syntax),
-            ("4 g", Syntax),
-            ("4g4", Syntax),
-            ("-1", Syntax),
-            ("+1", Syntax),
-            ("-1g", Syntax),
-            ("NaN", Syntax),
-            ("inf", Syntax),
-            ("1e9", Syntax),
-            ("g", Syntax),
-            (".5g", Syntax),
-            ("1.g", Syntax),
-            ("1..5g", Syntax),
-            ("1.5.0g", Syntax),
-            ("4p", Syntax),
-            ("4gibb", Syntax),
-            ("4bg", Syntax),
-            ("1.5", FractionalBytes),
-            ("18446744073709551616", Overflow),
-            ("99999999999999999999999", Overflow),
-            ("16777216t", Overflow),
-            ("17179869184g", Overflow),
-        ];
-        for &(text, want) in bad {
-            assert_eq!(parse_size(text), Err(want), "{text:?}");
-        }
-    }
-
-    #[test]
     fn empty_environment_gives_defaults() {
-        let cfg = Config::from_lookup(|_| None).unwrap();
+        let cfg = Config::from_vars(&Vars::default()).unwrap();
         assert_eq!(cfg, Config::default());
         assert_eq!(cfg.memory_limit, [None; MAX_DEVICES]);
         assert_eq!(cfg.shared_cache, "/tmp/cudevshr.cache");
@@ -793,7 +502,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cfg.shared_cache, "/usr/local/vgpu/x.cache");
-        assert_eq!(cfg.core_policy, CorePolicy::Force);
+        assert_eq!(cfg.core_policy, Policy::Force);
         assert_eq!(cfg.task_priority, -3);
         assert_eq!(cfg.log_level, 4);
         assert_eq!(cfg.active_oom_killer.as_deref(), Some("true"));
@@ -818,10 +527,10 @@ mod tests {
             }
         );
         for (p, want) in [
-            ("disable", CorePolicy::Disable),
-            ("Monitor", CorePolicy::Monitor),
-            ("Default", CorePolicy::Default),
-            ("force", CorePolicy::Force),
+            ("disable", Policy::Disable),
+            ("Monitor", Policy::Monitor),
+            ("Default", Policy::Default),
+            ("force", Policy::Force),
         ] {
             let cfg = Config::from_pairs([("GPU_CORE_UTILIZATION_POLICY", p)]).unwrap();
             assert_eq!(cfg.core_policy, want);
@@ -876,11 +585,7 @@ mod tests {
     }
 
     fn lenient(pairs: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        Config::from_lookup_with_warnings(|k| map.get(k).cloned())
+        Config::from_vars_with_warnings(&Vars::from_pairs(pairs.iter().copied()))
     }
 
     #[test]
@@ -1027,6 +732,118 @@ mod tests {
             assert_eq!(err.0.len(), 1);
             assert_eq!(err.0[0].variable, "VGPU_ALLOC_*");
         }
+    }
+
+    #[test]
+    fn per_device_names_outside_hamis_grammar_are_errors() {
+        let bad = [
+            ("CUDA_DEVICE_MEMORY_LIMIT_16", "1g", "out of range"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_99", "1g", "out of range"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_00", "1g", "leading zeros (_0)"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_", "1g", "must be a device index"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_X", "1g", "must be a device index"),
+            (
+                "CUDA_DEVICE_MEMORY_LIMIT_99999999999999999999999",
+                "1g",
+                "out of range",
+            ),
+            ("CUDA_DEVICE_SM_LIMIT_99", "50", "out of range"),
+            ("CUDA_DEVICE_SM_LIMIT_-1", "50", "must be a device index"),
+        ];
+        for (name, value, why) in bad {
+            for r in [
+                Config::from_pairs([(name, value)]),
+                lenient(&[(name, value)]),
+            ] {
+                let err = r.expect_err(name);
+                assert_eq!(err.0.len(), 1, "{name}");
+                assert_eq!(
+                    (err.0[0].variable.as_str(), err.0[0].value.as_str()),
+                    (name, value)
+                );
+                assert!(err.0[0].reason.contains(why), "{name}: {}", err.0[0].reason);
+                assert!(
+                    err.0[0].reason.contains("0..=15") || why.contains("zeros"),
+                    "{}",
+                    err.0[0].reason
+                );
+            }
+        }
+        // All of them are named at once, after the values' own errors, in name order.
+        let err = Config::from_pairs([
+            ("CUDA_DEVICE_SM_LIMIT_99", "50"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_16", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_3", "lots"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_15", "1g"),
+        ])
+        .unwrap_err();
+        let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "CUDA_DEVICE_MEMORY_LIMIT_3",
+                "CUDA_DEVICE_MEMORY_LIMIT_16",
+                "CUDA_DEVICE_SM_LIMIT_99"
+            ]
+        );
+        // Names that only share the beginning are other variables.
+        let cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMITS", "x"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/a.cache"),
+            ("CUDA_DEVICE_SM_LIMITED", "x"),
+        ])
+        .unwrap();
+        assert!(cfg.per_device.is_empty());
+    }
+
+    #[test]
+    fn a_size_that_rounds_to_zero_bytes_is_not_unlimited() {
+        for pairs in [
+            vec![("CUDA_DEVICE_MEMORY_LIMIT", "0.0001k")],
+            vec![("CUDA_DEVICE_MEMORY_LIMIT_2", "0.0001k")],
+            vec![("VGPU_ALLOC_ALIGN", "0.0001k")],
+        ] {
+            let err = Config::from_pairs(pairs.clone()).expect_err(&format!("{pairs:?}"));
+            assert_eq!(err.0.len(), 1);
+            assert!(err.0[0].reason.contains("rounds down to 0 bytes"), "{err}");
+        }
+        // Zero written as a fraction is still zero, i.e. unlimited.
+        let cfg = Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT", "0.0g")]).unwrap();
+        assert_eq!(cfg.memory_limit[0], None);
+    }
+
+    #[test]
+    fn per_device_values_for_absent_devices_are_warned_about() {
+        let cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_3", "2g"),
+            ("CUDA_DEVICE_SM_LIMIT_15", "30"),
+        ])
+        .unwrap();
+        assert_eq!(
+            cfg.per_device,
+            [
+                ("CUDA_DEVICE_MEMORY_LIMIT_0".to_owned(), 0),
+                ("CUDA_DEVICE_MEMORY_LIMIT_3".to_owned(), 3),
+                ("CUDA_DEVICE_SM_LIMIT_15".to_owned(), 15),
+            ]
+        );
+        assert!(cfg.absent_device_warnings(16).is_empty());
+        let w = cfg.absent_device_warnings(2);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].starts_with("CUDA_DEVICE_MEMORY_LIMIT_3 is set"),
+            "{}",
+            w[0]
+        );
+        assert!(w[0].contains("sees 2 CUDA device(s)"), "{}", w[0]);
+        assert!(
+            w[1].starts_with("CUDA_DEVICE_SM_LIMIT_15 is set"),
+            "{}",
+            w[1]
+        );
+        assert_eq!(cfg.absent_device_warnings(0).len(), 3);
     }
 
     #[test]

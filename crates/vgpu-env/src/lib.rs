@@ -1,0 +1,16 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod log_level;
+pub mod names;
+pub mod size;
+pub mod sm_tuning;
+pub mod vars;
+
+pub use config::{Config, ConfigError, ConfigErrors, DeviceSelector};
+pub use log_level::{DEFAULT_LOG_LEVEL, MAX_LOG_LEVEL, log_level_or_default, parse_log_level};
+pub use names::*;
+pub use size::{SizeError, parse_size};
+pub use sm_tuning::SmTuning;
+pub use vars::Vars;

@@ -1,0 +1,52 @@
+//! The names of the variables and their defaults: every setting of the product that comes
+//! from the environment is named here, once.
+
+/// Default per-device memory limit (all devices).
+pub const ENV_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// Default SM limit in percent (all devices).
+pub const ENV_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// Path of the shared usage file.
+pub const ENV_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// `force`, `disable`, `monitor` or `default`.
+pub const ENV_CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// Priority written to the shared file for the monitor.
+pub const ENV_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+/// Log verbosity 0..=4.
+pub const ENV_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+/// Accepted for compatibility; has no effect (as in HAMi-core).
+pub const ENV_ACTIVE_OOM_KILLER: &str = "ACTIVE_OOM_KILLER";
+/// The CUDA device selection, kept raw for the hook to resolve.
+pub const ENV_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+/// `0` turns the sub-allocator off (every request goes straight to the device).
+pub const ENV_SUBALLOC: &str = "VGPU_SUBALLOC";
+/// `0` stops counting `cuMemAllocManaged` against the limit.
+pub const ENV_COUNT_MANAGED: &str = "VGPU_COUNT_MANAGED";
+/// Sub-allocator region size (HAMi-core's OVERSIZE).
+pub const ENV_REGION_SIZE: &str = "VGPU_ALLOC_OVERSIZE";
+/// Sub-allocator chunk size (HAMi-core's BITSIZE).
+pub const ENV_CHUNK_SIZE: &str = "VGPU_ALLOC_BITSIZE";
+/// Requests below this are sub-allocated (HAMi-core's IPCSIZE).
+pub const ENV_SUBALLOC_THRESHOLD: &str = "VGPU_ALLOC_IPCSIZE";
+/// Direct allocations are accounted rounded up to this (HAMi-core's ALIGN).
+pub const ENV_ALIGN: &str = "VGPU_ALLOC_ALIGN";
+/// How often (milliseconds) the hook may reconcile its accounting with NVML's per-process
+/// used memory on the paths that rate-limit it; `off` turns reconciliation off.
+pub const ENV_RECONCILE_MS: &str = "VGPU_RECONCILE_MS";
+/// Default of [`ENV_RECONCILE_MS`].
+pub const DEFAULT_RECONCILE_MS: u64 = 100;
+/// `1` turns on the experimental NVML-based contention correction of the SM limiter.
+pub const ENV_SM_CONTENTION: &str = "VGPU_SM_CONTENTION";
+/// Directory of the node-wide turn boards (SM limit); `off` disables turns.
+pub const ENV_TURN_DIR: &str = "VGPU_TURN_DIR";
+/// Default of [`ENV_TURN_DIR`]: the host directory HAMi's device plugin mounts into every
+/// container.
+pub const DEFAULT_TURN_DIR: &str = "/tmp/vgpulock";
+/// Shortest turn cycle of containers sharing a GPU, milliseconds.
+pub const ENV_TURN_CYCLE_MS: &str = "VGPU_TURN_CYCLE_MS";
+/// How long before its window a container may start queueing, microseconds.
+pub const ENV_TURN_LEAD_US: &str = "VGPU_TURN_LEAD_US";
+/// How strongly the SM limit also bounds a tenant's share of the GPU's power budget: an
+/// exponent from 0 (time only) to 1 (the power share fully), default 0.5; `off` = 0.
+pub const ENV_SM_POWER_EXPONENT: &str = "VGPU_SM_POWER_EXPONENT";
+/// Default of [`ENV_SHARED_CACHE`].
+pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
