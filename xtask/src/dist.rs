@@ -135,9 +135,10 @@ fn with_tools(cmd: &mut Command) {
 /// Which of the release toolchain is missing, in words with the way to get it.
 fn missing_release_tools() -> Vec<String> {
     let mut missing = Vec::new();
-    let mut c = cargo();
+    // `cargo zigbuild` runs `cargo-zigbuild` from PATH; its own `--version` answers.
+    let mut c = Command::new("cargo-zigbuild");
     with_tools(&mut c);
-    if !have(c.args(["zigbuild", "--version"])) {
+    if !have(c.arg("--version")) {
         missing.push(format!(
             "cargo-zigbuild (crates.io): cargo install --locked cargo-zigbuild@{CARGO_ZIGBUILD_VERSION}"
         ));
