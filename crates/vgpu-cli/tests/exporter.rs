@@ -299,7 +299,7 @@ fn find<'a>(
     samples
         .iter()
         .filter(|s| s.metric == metric)
-        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(*k) == Some(*v)))
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
         .collect()
 }
 
@@ -318,7 +318,7 @@ fn every_hami_dashboard_query_finds_its_series() {
         assert_eq!(hits.len(), 1, "{q:?} finds no series in\n{body}");
         for l in HAMI_LABELS.iter().chain(q.legend) {
             assert!(
-                hits[0].labels.get(*l).is_some_and(|v| !v.is_empty()),
+                hits[0].labels.get(l).is_some_and(|v| !v.is_empty()),
                 "{}: label {l} missing on {:?}",
                 q.panel,
                 hits[0]
