@@ -61,13 +61,9 @@ pub fn parse_nonzero_memory_value(text: &str) -> Result<u64, String> {
 
 /// Parse a percentage with vgpu-env's parser: 0..=100; unlimited (0 or 100) comes back as 0.
 pub fn parse_sm_value(text: &str) -> Result<u8, String> {
-    let cfg = Config::from_pairs([(config::ENV_SM_LIMIT, text)]).map_err(|e| {
-        let reason =
-            e.0.first()
-                .map_or_else(|| e.to_string(), |e| e.reason.clone());
-        format!("`{text}` is not a percentage: {reason}")
-    })?;
-    Ok(cfg.sm_limit[0].unwrap_or(0))
+    let percent = config::parse_percent(text)
+        .map_err(|reason| format!("`{text}` is not a percentage: {reason}"))?;
+    Ok(percent.unwrap_or(0))
 }
 
 impl MemoryFlag {

@@ -426,8 +426,9 @@ fn device_suffix(suffix: &str) -> Result<usize, String> {
     }
 }
 
-/// 0..=100; 0 and 100 mean unlimited (`None`).
-fn parse_percent(v: &str) -> Result<Option<u8>, String> {
+/// An SM limit (`CUDA_DEVICE_SM_LIMIT[_<i>]`): an integer percent 0..=100, where 0 and 100
+/// mean unlimited (`None`); the error says what is expected.
+pub fn parse_percent(v: &str) -> Result<Option<u8>, String> {
     match strict_int::<u8>(v) {
         Some(0 | 100) => Ok(None),
         Some(p) if p < 100 => Ok(Some(p)),

@@ -110,7 +110,7 @@ mod tests {
 
     #[test]
     fn pod_metadata_comes_from_the_kubelet_log_directories_else_the_uid() {
-        let dir = crate::tempdir::TempDir::new("vgpu-pods").unwrap();
+        let dir = crate::private_tempdir("vgpu-pods").unwrap();
         std::fs::create_dir(dir.path().join(format!("team-a_train-0_{UID}"))).unwrap();
         std::fs::create_dir(dir.path().join("junk")).unwrap();
         let index = PodIndex::read(dir.path());
