@@ -561,6 +561,75 @@ static int cmd_fork(size_t size, const char *self) {
     return 0;
 }
 
+/* ---------- fork after NVML (issue 12 defect 1) ---------- */
+
+/* What a forked worker does with CUDA: initialize, allocate `size`, write and read it back,
+ * then ask for twice the limit's worth (`over`, refused under the hook). Prints each step's
+ * code with the prefix "child_"; returns the first failing code (0 = all worked). */
+static int fork_child_uses_cuda(size_t size, size_t over) {
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr p = 0, q = 0;
+    unsigned char back[64];
+    int r = A.cuInit(0);
+    printf("child_init=%d\n", r);
+    if (!r) printf("child_get=%d\n", r = A.cuDeviceGet(&d, 0));
+    if (!r) printf("child_retain=%d\n", r = A.cuDevicePrimaryCtxRetain(&c, d));
+    if (!r) printf("child_set=%d\n", r = A.cuCtxSetCurrent(c));
+    if (!r) printf("child_alloc=%d\n", r = A.cuMemAlloc_v2(&p, size));
+    if (!r) printf("child_memset=%d\n", r = A.cuMemsetD8_v2(p, 0x5a, sizeof back));
+    if (!r) printf("child_copy=%d\n", r = A.cuMemcpyDtoH_v2(back, p, sizeof back));
+    if (!r) printf("child_data_ok=%d\n", back[0] == 0x5a && back[63] == 0x5a);
+    if (!r && over) {
+        int o = A.cuMemAlloc_v2(&q, over);
+        printf("child_over=%d\n", o);
+        if (!o) A.cuMemFree_v2(q);
+    }
+    if (!r) A.cuMemFree_v2(p);
+    fflush(stdout);
+    return r;
+}
+
+/* The parent does `mode` first, then forks a worker (fork_child_uses_cuda):
+ *   none    nothing
+ *   nvml    what monitoring code and GPU-picking launchers do: nvmlInit, count, handle by
+ *           index, memory info (both versions), UUID, the process list
+ *   cuinit  cuInit (the real driver's rule: the child cannot use CUDA then)
+ * With VGPU_VIA=procaddr the parent has already called cuGetProcAddress (load_api). */
+static int cmd_fork_after(const char *mode, size_t size, size_t over) {
+    if (!strcmp(mode, "nvml")) {
+        if (!N.Init) die("fork_after nvml: no NVML");
+        unsigned n = 0;
+        nvmlDevice_t d;
+        nvmlMemory_t m;
+        nvmlMemory_v2_t m2;
+        char uuid[96];
+        nvmlProcessInfo_t procs[16];
+        unsigned np = 16;
+        printf("parent_nvml_init=%d\n", N.Init());
+        printf("parent_nvml_count=%d\n", N.GetCount(&n));
+        printf("parent_nvml_handle=%d\n", N.GetHandleByIndex(0, &d));
+        printf("parent_nvml_meminfo=%d\n", N.GetMemoryInfo(d, &m));
+        memset(&m2, 0, sizeof m2);
+        m2.version = nvmlMemory_v2;
+        if (N.GetMemoryInfo_v2) printf("parent_nvml_meminfo_v2=%d\n", N.GetMemoryInfo_v2(d, &m2));
+        printf("parent_nvml_uuid=%d\n", N.GetUUID(d, uuid, sizeof uuid));
+        if (N.GetProcs) printf("parent_nvml_procs=%d\n", N.GetProcs(d, &np, procs));
+        printf("parent_nvml_total=%llu\n", m.total);
+    } else if (!strcmp(mode, "cuinit")) {
+        printf("parent_init=%d\n", A.cuInit(0));
+    } else if (strcmp(mode, "none")) {
+        die("fork_after: mode must be none, nvml or cuinit");
+    }
+    fflush(stdout);
+    pid_t c = fork();
+    if (c == 0) _exit(fork_child_uses_cuda(size, over) & 0xff);
+    int st = 0;
+    waitpid(c, &st, 0);
+    printf("child_exit=%d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    return 0;
+}
+
 /* ---------- ranges and IPC ---------- */
 
 static int cmd_range(void) {
@@ -1036,6 +1105,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "hold")) return cmd_hold(ARG(2));
     if (!strcmp(c, "try")) return cmd_try(ARG(2));
     if (!strcmp(c, "fork")) return cmd_fork(ARG(2), argv[0]);
+    if (!strcmp(c, "fork_after") && argc >= 4) return cmd_fork_after(argv[2], ARG(3), ARG(4));
     if (!strcmp(c, "range")) return cmd_range();
     if (!strcmp(c, "devices")) return cmd_devices(ARG(2));
     if (!strcmp(c, "launch")) return cmd_launch((int)ARG(2));
