@@ -62,3 +62,128 @@ fn without_the_hook_a_child_forked_after_nvml_works() {
         assert_eq!(o.get("child_over"), "0", "no limit without the hook");
     }
 }
+
+#[test]
+fn with_enforcement_off_nothing_takes_device_memory() {
+    // A malformed limit and an unusable file: allocations were refused, but contexts (1,280
+    // of them filled a whole simulated device) and module loads were not.
+    let garbage = fresh_cache("garbage");
+    std::fs::write(&garbage, vec![0x5a; 4096]).expect("write a corrupt file");
+    let broken = [
+        Run::hooked("abc"),
+        Run::hooked("256m").var(
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            garbage.to_str().expect("utf-8 path"),
+        ),
+    ];
+    for run in broken {
+        for via in ["link", "procaddr"] {
+            let o = run
+                .clone()
+                .var("VGPU_SIM_CTX_OVERHEAD", "64m")
+                .via(via)
+                .run(&["takes"]);
+            let ctx = format!("via {via} under {:?}:\n{}\n{}", run.vars, o.stdout, o.stderr);
+            for what in ["retain", "create", "module", "library", "alloc"] {
+                assert_eq!(o.get(what), "2", "{what} must be refused: {ctx}");
+            }
+        }
+    }
+    // The same program with a working configuration takes all of it.
+    let o = Run::hooked("256m").run(&["takes"]);
+    for what in ["init", "retain", "create", "module", "library", "alloc"] {
+        assert_eq!(o.get(what), "0", "{what}: {}\n{}", o.stdout, o.stderr);
+    }
+}
+
+#[test]
+fn a_reset_primary_context_is_charged_again_when_retained() {
+    // 256 MiB limit, 64 MiB per context: after cudaDeviceReset and a new retain, 224 MiB
+    // no longer fit (192 MiB are left).
+    for via in ["link", "procaddr"] {
+        let o = Run::hooked("256m")
+            .var("VGPU_SIM_CTX_OVERHEAD", "64m")
+            .via(via)
+            .run(&["reset", "234881024"]);
+        let ctx = format!("via {via}:\n{}\n{}", o.stdout, o.stderr);
+        assert_eq!(o.u("used_first"), 64 * MIB, "{ctx}");
+        assert_eq!(o.get("reset"), "0", "{ctx}");
+        assert_eq!(o.u("used_again"), 64 * MIB, "the new context is charged: {ctx}");
+        assert_eq!(o.get("alloc"), "2", "{ctx}");
+    }
+}
+
+/// The lines of `stderr` that say the limits in force differ from the environment's.
+fn limits_in_force_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("limits in force"))
+        .collect()
+}
+
+#[test]
+fn limits_in_force_that_differ_from_the_environment_are_said_at_the_default_level() {
+    // A leftover file made without a limit: CUDA_DEVICE_MEMORY_LIMIT=1g then ran unlimited
+    // without a word at the default level.
+    let leftover = Run::hooked("0");
+    leftover.run(&["try", "1048576"]);
+    let o = leftover
+        .clone()
+        .var("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .run(&["try", "1048576"]);
+    let lines = limits_in_force_lines(&o.stderr);
+    assert_eq!(lines.len(), 1, "one line at the default level:\n{}", o.stderr);
+    assert!(
+        lines[0].contains("unlimited") && lines[0].contains("1073741824"),
+        "the line names what is in force and what the environment says: {}",
+        lines[0]
+    );
+    // A file with the environment's own limits: nothing to say.
+    let same = Run::hooked("1g");
+    same.run(&["try", "1048576"]);
+    let o = same.run(&["try", "1048576"]);
+    assert!(limits_in_force_lines(&o.stderr).is_empty(), "{}", o.stderr);
+    // The level-3 line names the limits in force, not the environment's.
+    let stale = Run::hooked("512m");
+    stale.run(&["try", "1048576"]);
+    let o = stale
+        .clone()
+        .var("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .var("LIBCUDA_LOG_LEVEL", "3")
+        .run(&["try", "1048576"]);
+    let info: Vec<&str> = o
+        .stderr
+        .lines()
+        .filter(|l| l.contains("memory limits"))
+        .collect();
+    assert!(!info.is_empty(), "{}", o.stderr);
+    assert!(
+        info.iter().all(|l| l.contains("0=536870912")),
+        "the limits in force are the file's: {info:?}"
+    );
+}
+
+#[test]
+fn a_process_whose_cache_file_was_unlinked_or_replaced_stops_adding_to_the_old_ledger() {
+    for replace in [false, true] {
+        let run = Run::hooked("256m");
+        let mut a = run.spawn(&["two_steps", "67108864", "67108864"]);
+        a.wait_for("ready=");
+        let cache = run.cache();
+        std::fs::remove_file(&cache).expect("unlink the cache file");
+        if replace {
+            std::fs::write(&cache, b"").expect("an empty file under the same name");
+        }
+        // A newcomer makes a fresh ledger of its own: 200 MiB fit there.
+        let b = run.run(&["try", "209715200"]);
+        assert_eq!(b.get("alloc"), "0", "{}\n{}", b.stdout, b.stderr);
+        // The first process's next reservation must not go on in the old ledger (64 + 64
+        // MiB would fit there, but 200 MiB are held in the container's other ledger). The
+        // hook checks the link at most once a second on direct allocations.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        a.send("go");
+        let line = a.wait_for("second=");
+        assert_eq!(line, "second=2", "replace={replace}");
+        a.finish();
+    }
+}

@@ -31,6 +31,7 @@
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 12000)              \
     X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 12000) \
     X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 12000) \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 12000) \
     X(cuCtxCreate_v2, "cuCtxCreate", 11000)                        \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 12000)                      \
     X(cuCtxSetCurrent, "cuCtxSetCurrent", 12000)                   \
@@ -630,6 +631,73 @@ static int cmd_fork_after(const char *mode, size_t size, size_t over) {
     return 0;
 }
 
+/* ---------- everything that takes device memory (issue 12 defect 6) ---------- */
+
+/* Each way a program takes device memory, whatever cuInit answered (a program may ignore
+ * it): the primary context, a created context, a module, a library, an allocation. */
+static int cmd_takes(void) {
+    CUdevice d = 0;
+    CUcontext primary = NULL, created = NULL;
+    CUmodule m = NULL;
+    CUlibrary lib = NULL;
+    CUdeviceptr p = 0;
+    printf("init=%d\n", A.cuInit(0));
+    printf("get=%d\n", A.cuDeviceGet(&d, 0));
+    int r = A.cuDevicePrimaryCtxRetain(&primary, d);
+    printf("retain=%d\n", r);
+    printf("create=%d\n", A.cuCtxCreate_v2(&created, 0, d));
+    if (!r) A.cuCtxSetCurrent(primary);
+    printf("module=%d\n", A.cuModuleLoadData(&m, VGPU_TEST_PTX));
+    printf("library=%d\n", A.cuLibraryLoadData(&lib, VGPU_TEST_PTX, NULL, NULL, 0, NULL, NULL, 0));
+    printf("alloc=%d\n", A.cuMemAlloc_v2(&p, 4 * MIB));
+    return 0;
+}
+
+/* ---------- a reset primary context (issue 12 defect 7) ---------- */
+
+/* Retain the primary context, reset it (what cudaDeviceReset does), retain it anew: the
+ * new context's memory is charged like the first one's. Then tries to allocate `size`. */
+static int cmd_reset(size_t size) {
+    must(A.cuInit(0), "cuInit");
+    CUdevice d;
+    CUcontext c;
+    must(A.cuDeviceGet(&d, 0), "cuDeviceGet");
+    ctx_on(0);
+    printf("used_first=%zu\n", used_now());
+    printf("reset=%d\n", A.cuDevicePrimaryCtxReset_v2(d));
+    must(A.cuDevicePrimaryCtxRetain(&c, d), "cuDevicePrimaryCtxRetain again");
+    must(A.cuCtxSetCurrent(c), "cuCtxSetCurrent");
+    printf("used_again=%zu\n", used_now());
+    CUdeviceptr p = 0;
+    CUresult r = A.cuMemAlloc_v2(&p, size);
+    printf("alloc=%d\n", r);
+    if (!r) A.cuMemFree_v2(p);
+    /* The retain count is now 2 (first retain, second retain): release both. */
+    A.cuDevicePrimaryCtxRelease_v2(d);
+    A.cuDevicePrimaryCtxRelease_v2(d);
+    return 0;
+}
+
+/* ---------- allocate on request (issue 12 defect 8) ---------- */
+
+/* Allocates `first`, prints "first=<code>" and "ready=1", then allocates `second` after
+ * a line on stdin, prints "second=<code>" and "done=1", and exits after one more line.
+ * Calls no view (cuMemGetInfo, NVML) in between. */
+static int cmd_two_steps(size_t first, size_t second) {
+    must(A.cuInit(0), "cuInit");
+    ctx_on(0);
+    CUdeviceptr p = 0, q = 0;
+    char line[64];
+    printf("first=%d\nready=1\n", A.cuMemAlloc_v2(&p, first));
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) return 0;
+    printf("second=%d\ndone=1\n", A.cuMemAlloc_v2(&q, second));
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) {
+    }
+    return 0;
+}
+
 /* ---------- ranges and IPC ---------- */
 
 static int cmd_range(void) {
@@ -1107,6 +1175,9 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "fork")) return cmd_fork(ARG(2), argv[0]);
     if (!strcmp(c, "fork_after") && argc >= 4) return cmd_fork_after(argv[2], ARG(3), ARG(4));
     if (!strcmp(c, "range")) return cmd_range();
+    if (!strcmp(c, "takes")) return cmd_takes();
+    if (!strcmp(c, "two_steps")) return cmd_two_steps(ARG(2), ARG(3));
+    if (!strcmp(c, "reset")) return cmd_reset(ARG(2));
     if (!strcmp(c, "devices")) return cmd_devices(ARG(2));
     if (!strcmp(c, "launch")) return cmd_launch((int)ARG(2));
     if (!strcmp(c, "bench_alloc")) return cmd_bench_alloc((int)ARG(2), ARG(3));
