@@ -187,3 +187,29 @@ fn a_process_whose_cache_file_was_unlinked_or_replaced_stops_adding_to_the_old_l
         a.finish();
     }
 }
+
+#[test]
+fn stream_ordered_pools_are_reconciled_with_what_the_driver_takes_for_them() {
+    // PyTorch's cudaMallocAsync backend holding 300 + 700 + 1500 MiB on the H200: the driver
+    // took ~70 MiB for the pool beyond what the pool reports, and the file stayed short by
+    // that with NVML read from outside. Here each block a pool reserves costs 2 MiB more.
+    let run = Run::hooked("1g").var("VGPU_SIM_POOL_BLOCK_OVERHEAD", "2m");
+    let mut held = run.spawn(&["hold_async", "31457280", "73400320", "157286400"]);
+    let out = held.read_until("hold=");
+    let o = Out::parse(&out, "", None);
+    for k in 0..3 {
+        assert_eq!(o.get(&format!("async{k}")), "0", "{out}");
+    }
+    let nvml = o.u("nvml_self_used");
+    assert_eq!(nvml, (30 + 70 + 150 + 3 * 2) * MIB, "the simulator's figure: {out}");
+    let snap = vgpu_shm::UsageTable::open_read_only(run.cache())
+        .expect("open the shared file")
+        .snapshot();
+    let d = &snap.devices[0];
+    assert_eq!(
+        d.context + d.module + d.data,
+        nvml,
+        "the file against NVML read from outside the process: {d:?}"
+    );
+    held.finish();
+}

@@ -1160,6 +1160,36 @@ static int cmd_exit(const char *how, size_t size) {
     return 2;
 }
 
+/* ---------- stream-ordered allocations held (issue 12 defect 9) ---------- */
+
+/* hold_async SIZE...: cuMemAllocAsync of each size, one right after the other on one stream
+ * (as PyTorch's cudaMallocAsync backend makes them), synchronize, print what NVML lists for
+ * this process ("nvml_self_used", -1 if not listed; the process list is not hooked, so this
+ * triggers nothing in the hook) and "hold=1", then free after a line on stdin. No view
+ * (cuMemGetInfo, nvmlDeviceGetMemoryInfo) is called. */
+static int cmd_hold_async(int n, char **sizes) {
+    must(A.cuInit(0), "cuInit");
+    ctx_on(0);
+    CUstream s;
+    must(A.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    CUdeviceptr p[16];
+    int k = 0;
+    for (; k < n && k < 16; k++) {
+        CUresult r = A.cuMemAllocAsync(&p[k], strtoull(sizes[k], NULL, 0), s);
+        printf("async%d=%d\n", k, r);
+        if (r) break;
+    }
+    must(A.cuStreamSynchronize(s), "cuStreamSynchronize");
+    printf("nvml_self_used=%lld\nhold=1\n", nvml_self_used());
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) {
+    }
+    for (int i = 0; i < k; i++) A.cuMemFreeAsync(p[i], s);
+    A.cuStreamSynchronize(s);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) die("usage: probe info|counted|threads|hold|try|fork|range|devices|launch|bench_*|leak|exit ...");
@@ -1176,6 +1206,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "fork_after") && argc >= 4) return cmd_fork_after(argv[2], ARG(3), ARG(4));
     if (!strcmp(c, "range")) return cmd_range();
     if (!strcmp(c, "takes")) return cmd_takes();
+    if (!strcmp(c, "hold_async")) return cmd_hold_async(argc - 2, argv + 2);
     if (!strcmp(c, "two_steps")) return cmd_two_steps(ARG(2), ARG(3));
     if (!strcmp(c, "reset")) return cmd_reset(ARG(2));
     if (!strcmp(c, "devices")) return cmd_devices(ARG(2));
