@@ -213,3 +213,65 @@ fn stream_ordered_pools_are_reconciled_with_what_the_driver_takes_for_them() {
     );
     held.finish();
 }
+
+/// Two simulated GPUs in one container (one shared file), 256 MiB each.
+fn two_gpus() -> Run {
+    Run::hooked("256m").var("VGPU_SIM_DEVICE_COUNT", "2")
+}
+
+#[test]
+fn processes_seeing_different_gpus_are_charged_on_their_own_gpu() {
+    let run = two_gpus();
+    let mut a = run
+        .clone()
+        .var("CUDA_VISIBLE_DEVICES", "0")
+        .spawn(&["hold", "209715200"]);
+    assert_eq!(a.wait_for("hold="), "hold=0");
+    // GPU 1 is idle: a process that sees only it gets its 200 MiB.
+    let b = run
+        .clone()
+        .var("CUDA_VISIBLE_DEVICES", "1")
+        .run(&["try", "209715200"]);
+    assert_eq!(b.get("alloc"), "0", "GPU 1 is idle:\n{}\n{}", b.stdout, b.stderr);
+    // The file says which GPU holds it, under the right UUID (what HAMi's monitor reads).
+    let snap = vgpu_shm::UsageTable::open_read_only(run.cache())
+        .expect("open the shared file")
+        .snapshot();
+    assert_eq!(snap.devices.len(), 2, "{snap:?}");
+    assert!(snap.devices[0].uuid.ends_with("d000"), "{snap:?}");
+    assert!(snap.devices[1].uuid.ends_with("d001"), "{snap:?}");
+    assert_eq!(snap.devices[0].data, 200 * MIB, "{snap:?}");
+    assert_eq!(snap.devices[1].data, 0, "{snap:?}");
+    // A process seeing both: GPU 0 is nearly full, GPU 1 empty, in both APIs.
+    let c = run.run(&["info"]);
+    assert_eq!(c.u("dev0_free"), 56 * MIB, "{}", c.stdout);
+    assert_eq!(c.u("dev1_free"), 256 * MIB, "{}", c.stdout);
+    assert_eq!(c.u("nvml0_used"), 200 * MIB, "{}", c.stdout);
+    assert_eq!(c.u("nvml1_used"), 0, "{}", c.stdout);
+    // One that sees only GPU 1 as its device 0: empty, in both APIs (NVML sees both GPUs).
+    let d = run.clone().var("CUDA_VISIBLE_DEVICES", "1").run(&["info"]);
+    assert_eq!(d.u("dev0_free"), 256 * MIB, "{}", d.stdout);
+    assert_eq!(d.u("nvml0_used"), 200 * MIB, "{}", d.stdout);
+    assert_eq!(d.u("nvml1_used"), 0, "{}", d.stdout);
+    a.finish();
+}
+
+#[test]
+fn per_device_limits_follow_the_gpu_not_the_process_ordinal() {
+    // CUDA_DEVICE_MEMORY_LIMIT_<i> is the container's device i (docs/compatibility.md): a
+    // process that sees only GPU 1 gets GPU 1's limit on its device 0.
+    let run = two_gpus()
+        .var("CUDA_DEVICE_MEMORY_LIMIT_0", "256m")
+        .var("CUDA_DEVICE_MEMORY_LIMIT_1", "128m");
+    let one = run.clone().var("CUDA_VISIBLE_DEVICES", "1");
+    let o = one.run(&["info"]);
+    assert_eq!(o.u("dev0_total_mem"), 128 * MIB, "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(one.run(&["try", "209715200"]).get("alloc"), "2");
+    let zero = run.clone().var("CUDA_VISIBLE_DEVICES", "0");
+    assert_eq!(zero.run(&["try", "209715200"]).get("alloc"), "0");
+    // Reversed order: device 0 of this process is GPU 1.
+    let reversed = run.clone().var("CUDA_VISIBLE_DEVICES", "1,0");
+    let o = reversed.run(&["info"]);
+    assert_eq!(o.u("dev0_total_mem"), 128 * MIB, "{}", o.stdout);
+    assert_eq!(o.u("dev1_total_mem"), 256 * MIB, "{}", o.stdout);
+}
