@@ -222,6 +222,9 @@ fn two_gpus() -> Run {
 #[test]
 fn processes_seeing_different_gpus_are_charged_on_their_own_gpu() {
     let run = two_gpus();
+    // The container's own view (both GPUs) makes the file, as a launcher does before its
+    // ranks; its devices are the container's.
+    assert_eq!(run.run(&["try", "1048576"]).get("alloc"), "0");
     let mut a = run
         .clone()
         .var("CUDA_VISIBLE_DEVICES", "0")
@@ -263,6 +266,7 @@ fn per_device_limits_follow_the_gpu_not_the_process_ordinal() {
     let run = two_gpus()
         .var("CUDA_DEVICE_MEMORY_LIMIT_0", "256m")
         .var("CUDA_DEVICE_MEMORY_LIMIT_1", "128m");
+    assert_eq!(run.run(&["try", "1048576"]).get("alloc"), "0");
     let one = run.clone().var("CUDA_VISIBLE_DEVICES", "1");
     let o = one.run(&["info"]);
     assert_eq!(o.u("dev0_total_mem"), 128 * MIB, "{}\n{}", o.stdout, o.stderr);
@@ -274,4 +278,23 @@ fn per_device_limits_follow_the_gpu_not_the_process_ordinal() {
     let o = reversed.run(&["info"]);
     assert_eq!(o.u("dev0_total_mem"), 128 * MIB, "{}", o.stdout);
     assert_eq!(o.u("dev1_total_mem"), 256 * MIB, "{}", o.stdout);
+}
+
+#[test]
+fn a_gpu_the_file_does_not_list_is_refused_with_a_clear_error() {
+    // The file was made by a process that saw only GPU 0 (the container's GPU); a process
+    // that sees GPU 1 too cannot be charged on it: refused, with a line naming the GPU.
+    let run = two_gpus();
+    let only0 = run.clone().var("CUDA_VISIBLE_DEVICES", "0");
+    assert_eq!(only0.run(&["try", "1048576"]).get("alloc"), "0");
+    let o = run.clone().var("CUDA_VISIBLE_DEVICES", "1").run(&["try", "1048576"]);
+    assert_eq!(o.get("alloc"), "2", "{}\n{}", o.stdout, o.stderr);
+    assert!(
+        o.stderr.contains("GPU-5a1e5130-0000-4000-8000-00000000d001"),
+        "the line names the GPU: {}",
+        o.stderr
+    );
+    // The container's GPU still works for it.
+    let o = only0.run(&["try", "1048576"]);
+    assert_eq!(o.get("alloc"), "0");
 }
