@@ -18,8 +18,17 @@ fn fork_after(run: &Run, mode: &str) -> Out {
 
 #[test]
 fn a_child_forked_after_nvml_uses_cuda_whichever_way_the_driver_is_reached() {
-    for via in VIAS {
-        let run = Run::hooked("256m").via(via);
+    // With an SM limit too: the limiter (and its power reader) must not touch CUDA either.
+    let runs = VIAS.into_iter().flat_map(|via| {
+        [
+            Run::hooked("256m").via(via),
+            Run::hooked("256m")
+                .var("CUDA_DEVICE_SM_LIMIT", "50")
+                .via(via),
+        ]
+    });
+    for run in runs {
+        let via = run.via.clone();
         let o = fork_after(&run, "nvml");
         let ctx = format!("via {via}:\n{}\nstderr:\n{}", o.stdout, o.stderr);
         assert_eq!(o.get("parent_nvml_meminfo"), "0", "{ctx}");
@@ -83,9 +92,17 @@ fn with_enforcement_off_nothing_takes_device_memory() {
                 .var("VGPU_SIM_CTX_OVERHEAD", "64m")
                 .via(via)
                 .run(&["takes"]);
-            let ctx = format!("via {via} under {:?}:\n{}\n{}", run.vars, o.stdout, o.stderr);
-            for what in ["retain", "create", "module", "library", "alloc"] {
+            let ctx = format!(
+                "via {via} under {:?}:\n{}\n{}",
+                run.vars, o.stdout, o.stderr
+            );
+            for what in ["retain", "create", "alloc"] {
                 assert_eq!(o.get(what), "2", "{what} must be refused: {ctx}");
+            }
+            // With no context to load into (refused above), a load fails either way; it
+            // must not succeed.
+            for what in ["module", "library"] {
+                assert_ne!(o.get(what), "0", "{what} must not load: {ctx}");
             }
         }
     }
@@ -108,7 +125,11 @@ fn a_reset_primary_context_is_charged_again_when_retained() {
         let ctx = format!("via {via}:\n{}\n{}", o.stdout, o.stderr);
         assert_eq!(o.u("used_first"), 64 * MIB, "{ctx}");
         assert_eq!(o.get("reset"), "0", "{ctx}");
-        assert_eq!(o.u("used_again"), 64 * MIB, "the new context is charged: {ctx}");
+        assert_eq!(
+            o.u("used_again"),
+            64 * MIB,
+            "the new context is charged: {ctx}"
+        );
         assert_eq!(o.get("alloc"), "2", "{ctx}");
     }
 }
@@ -132,7 +153,12 @@ fn limits_in_force_that_differ_from_the_environment_are_said_at_the_default_leve
         .var("CUDA_DEVICE_MEMORY_LIMIT", "1g")
         .run(&["try", "1048576"]);
     let lines = limits_in_force_lines(&o.stderr);
-    assert_eq!(lines.len(), 1, "one line at the default level:\n{}", o.stderr);
+    assert_eq!(
+        lines.len(),
+        1,
+        "one line at the default level:\n{}",
+        o.stderr
+    );
     assert!(
         lines[0].contains("unlimited") && lines[0].contains("1073741824"),
         "the line names what is in force and what the environment says: {}",
@@ -154,7 +180,7 @@ fn limits_in_force_that_differ_from_the_environment_are_said_at_the_default_leve
     let info: Vec<&str> = o
         .stderr
         .lines()
-        .filter(|l| l.contains("memory limits"))
+        .filter(|l| l.contains("INFO") && l.contains("memory limits"))
         .collect();
     assert!(!info.is_empty(), "{}", o.stderr);
     assert!(
@@ -201,7 +227,11 @@ fn stream_ordered_pools_are_reconciled_with_what_the_driver_takes_for_them() {
         assert_eq!(o.get(&format!("async{k}")), "0", "{out}");
     }
     let nvml = o.u("nvml_self_used");
-    assert_eq!(nvml, (30 + 70 + 150 + 3 * 2) * MIB, "the simulator's figure: {out}");
+    assert_eq!(
+        nvml,
+        (30 + 70 + 150 + 3 * 2) * MIB,
+        "the simulator's figure: {out}"
+    );
     let snap = vgpu_shm::UsageTable::open_read_only(run.cache())
         .expect("open the shared file")
         .snapshot();
@@ -235,7 +265,13 @@ fn processes_seeing_different_gpus_are_charged_on_their_own_gpu() {
         .clone()
         .var("CUDA_VISIBLE_DEVICES", "1")
         .run(&["try", "209715200"]);
-    assert_eq!(b.get("alloc"), "0", "GPU 1 is idle:\n{}\n{}", b.stdout, b.stderr);
+    assert_eq!(
+        b.get("alloc"),
+        "0",
+        "GPU 1 is idle:\n{}\n{}",
+        b.stdout,
+        b.stderr
+    );
     // The file says which GPU holds it, under the right UUID (what HAMi's monitor reads).
     let snap = vgpu_shm::UsageTable::open_read_only(run.cache())
         .expect("open the shared file")
@@ -269,7 +305,13 @@ fn per_device_limits_follow_the_gpu_not_the_process_ordinal() {
     assert_eq!(run.run(&["try", "1048576"]).get("alloc"), "0");
     let one = run.clone().var("CUDA_VISIBLE_DEVICES", "1");
     let o = one.run(&["info"]);
-    assert_eq!(o.u("dev0_total_mem"), 128 * MIB, "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(
+        o.u("dev0_total_mem"),
+        128 * MIB,
+        "{}\n{}",
+        o.stdout,
+        o.stderr
+    );
     assert_eq!(one.run(&["try", "209715200"]).get("alloc"), "2");
     let zero = run.clone().var("CUDA_VISIBLE_DEVICES", "0");
     assert_eq!(zero.run(&["try", "209715200"]).get("alloc"), "0");
@@ -287,10 +329,18 @@ fn a_gpu_the_file_does_not_list_is_refused_with_a_clear_error() {
     let run = two_gpus();
     let only0 = run.clone().var("CUDA_VISIBLE_DEVICES", "0");
     assert_eq!(only0.run(&["try", "1048576"]).get("alloc"), "0");
-    let o = run.clone().var("CUDA_VISIBLE_DEVICES", "1").run(&["try", "1048576"]);
-    assert_eq!(o.get("alloc"), "2", "{}\n{}", o.stdout, o.stderr);
+    let o = run.clone().var("CUDA_VISIBLE_DEVICES", "1").run(&["takes"]);
+    assert_eq!(
+        o.get("retain"),
+        "2",
+        "its context is refused:\n{}\n{}",
+        o.stdout,
+        o.stderr
+    );
+    assert_eq!(o.get("create"), "2", "{}", o.stdout);
     assert!(
-        o.stderr.contains("GPU-5a1e5130-0000-4000-8000-00000000d001"),
+        o.stderr
+            .contains("GPU-5a1e5130-0000-4000-8000-00000000d001"),
         "the line names the GPU: {}",
         o.stderr
     );
