@@ -5,6 +5,7 @@ use std::fmt;
 
 use crate::policy::Policy;
 use crate::power::{PowerShare, PowerState};
+use crate::share::{Allotment, ShareClaim, ShareReport, ShareRules, ShareTiming, Sharing, SmMode};
 use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage, Turn};
 
 const MICROS: Nanos = 1_000;
@@ -70,6 +71,22 @@ pub struct LimiterConfig {
     pub power_window: Nanos,
     /// Shortest idle span (no work of ours, the device not busy) that measures idle power.
     pub power_idle_span: Nanos,
+    /// Whether the limit is a cap or a guaranteed share that borrows idle time.
+    pub mode: SmMode,
+    /// Share mode: the most this container may borrow up to, percent.
+    pub ceiling_pct: u32,
+    /// Share mode: `CUDA_TASK_PRIORITY` (lower = more urgent), unless the view has a live one.
+    pub priority: i32,
+    /// Share mode: how often the others' demand is read (and ours written, when it runs out).
+    pub demand_poll: Nanos,
+    /// Share mode: a container counts as busy this long after its queued work ends, so
+    /// that the gaps between its launches are not lent out.
+    pub idle_grace: Nanos,
+    /// Share mode: most work queued while a container of higher priority is on the board,
+    /// so that its next work waits at most this (plus one kernel) behind ours.
+    pub outranked_queue: Nanos,
+    /// Share mode: which records are believed.
+    pub share_rules: ShareRules,
 }
 
 impl Default for LimiterConfig {
@@ -97,6 +114,13 @@ impl Default for LimiterConfig {
             power_exponent: 0.5,
             power_window: 1_000 * MILLIS,
             power_idle_span: 200 * MILLIS,
+            mode: SmMode::Cap,
+            ceiling_pct: 100,
+            priority: 1,
+            demand_poll: 500 * MICROS,
+            idle_grace: 5 * MILLIS,
+            outranked_queue: 500 * MICROS,
+            share_rules: ShareRules::default(),
         }
     }
 }
@@ -208,6 +232,8 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     power_state: Option<PowerState>,
     /// Measured GPU time since the start, uncorrected, ns (for the power share).
     own_busy: f64,
+    /// Share mode's state (`None` in cap mode).
+    sharing: Option<Sharing>,
     stats: LimiterStats,
 }
 
@@ -260,6 +286,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             power_seeded: false,
             power_state: None,
             own_busy: 0.0,
+            sharing: (cfg.mode == SmMode::Share).then(Sharing::default),
             stats: LimiterStats::default(),
         }
     }
@@ -294,6 +321,17 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.turn
     }
 
+    /// Share mode: this container's part of the GPU as last computed.
+    pub fn allotment(&self) -> Option<Allotment> {
+        self.sharing.as_ref().and_then(|s| s.allot)
+    }
+
+    /// Share mode: GPU time (ns) of its guarantee lent to others, and used above it.
+    pub fn lent_and_borrowed(&self) -> Option<(u64, u64)> {
+        let s = self.sharing.as_ref()?;
+        Some((s.lent_ns as u64, s.borrowed_ns as u64))
+    }
+
     /// The container view, e.g. for the hook to publish a final zero at exit.
     pub fn view_mut(&mut self) -> &mut V {
         &mut self.view
@@ -305,7 +343,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     /// touching the timer or writing the shared view.
     pub fn admit(&mut self, stream: T::Stream) -> Admission {
         let pct = self.view.sm_limit_pct();
-        if self.cfg.policy == Policy::Disable || pct == 0 || pct >= 100 {
+        let unlimited = pct == 0 || pct >= 100;
+        // In share mode 0 is "no guarantee" and 100 "the whole GPU": both are enforced.
+        if self.cfg.policy == Policy::Disable || (unlimited && self.sharing.is_none()) {
             return Admission::Go(Ticket::UNCOUNTED);
         }
         let now = self.clock.now();
@@ -329,9 +369,23 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         {
             self.poll(now);
         }
-        self.maybe_publish(now);
+        self.maybe_publish(now, pct);
         self.maybe_correct(now);
-        self.limit = self.effective(pct);
+        let share = self.share_step(now, pct);
+        self.limit = match share {
+            Some(a) => self.effective(a.fraction),
+            None => {
+                let scale = self.power.as_ref().map_or(1.0, PowerShare::scale);
+                self.effective(f64::from(pct) / 100.0 * scale)
+            }
+        };
+        if share.is_some_and(|a| a.fraction <= 0.0) {
+            // Share mode, nothing to borrow and no guarantee: hold new launches while
+            // others' work runs; ask the board again soon.
+            self.close_open(now);
+            self.poll(now);
+            return self.wait(self.cfg.demand_poll);
+        }
         let floor = now as f64 - self.cfg.burst as f64;
         if self.vt < floor {
             self.vt = floor;
@@ -347,6 +401,25 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             return self.wait(self.cfg.poll_interval);
         }
         let now_f = now as f64;
+        if let Some(a) = share {
+            // Share mode promises a part of the GPU from now on, not an average over the
+            // past: no debt beyond a cycle and a period (above the throttle's threshold, so
+            // it still throttles; time-slicing by others inflates measurements).
+            let lead = self
+                .turn
+                .map_or(self.cfg.period, |t| t.cycle.max(self.cfg.period));
+            self.vt = self.vt.min(now_f + (lead + self.cfg.period) as f64);
+            if a.fraction >= 0.999 && a.turn.is_none() {
+                // The whole GPU is ours for now: keep the queue one period deep, without
+                // the hysteresis (a latency-critical container must not wait for its own
+                // queue to drain).
+                self.throttled = false;
+                if self.vt > now_f + self.cfg.period as f64 {
+                    self.close_open(now);
+                    return self.wait_until_vt(now_f + self.cfg.period as f64);
+                }
+            }
+        }
         if self.throttled {
             if self.vt <= now_f {
                 self.throttled = false;
@@ -363,6 +436,13 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             self.throttled = true;
             self.close_open(now);
             return self.wait_until_vt(now_f);
+        }
+        if share.is_some_and(|a| a.outranked)
+            && self.horizon - now_f > self.cfg.outranked_queue as f64
+        {
+            // A more urgent container may start any moment: keep our queue short.
+            self.close_open(now);
+            return self.wait(((self.horizon - now_f) as Nanos).min(self.cfg.max_wait));
         }
         if let Some(turn) = self.turn {
             let est = self.cost.unwrap_or(0.0);
@@ -411,9 +491,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.wait(ns.min(self.cfg.max_wait))
     }
 
-    fn effective(&self, pct: u32) -> f64 {
-        let scale = self.power.as_ref().map_or(1.0, PowerShare::scale);
-        let base = f64::from(pct) / 100.0 * scale;
+    /// The process's part of the container's `base` (fraction), after its peers' share.
+    fn effective(&self, base: f64) -> f64 {
+        // Never 0: the pacer divides by it.
+        let base = base.max(1e-3);
         if !self.cfg.share_with_peers || self.peers.active == 0 {
             return base;
         }
@@ -608,11 +689,41 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         }
     }
 
-    fn maybe_publish(&mut self, now: Nanos) {
+    /// Share mode: reads the board's demand (at most every `demand_poll`) and returns this
+    /// container's part; `None` in cap mode. Sets the turn.
+    fn share_step(&mut self, now: Nanos, pct: u32) -> Option<Allotment> {
+        let claim = self.claim(pct);
+        let launch_ns = self.cost.unwrap_or(0.0).max(0.0) as u64;
+        let timing = ShareTiming {
+            demand_poll: self.cfg.demand_poll,
+            idle_grace: self.cfg.idle_grace,
+            min_cycle: self.cfg.turn_cycle,
+            rules: self.cfg.share_rules,
+        };
+        let horizon = self.horizon;
+        let a = self
+            .sharing
+            .as_mut()?
+            .step(&mut self.view, now, claim, launch_ns, horizon, timing);
+        self.turn = a.turn;
+        Some(a)
+    }
+
+    fn claim(&self, pct: u32) -> ShareClaim {
+        ShareClaim {
+            share_pct: if pct >= 100 { 100 } else { pct },
+            ceiling_pct: self.cfg.ceiling_pct,
+            priority: self.view.task_priority().unwrap_or(self.cfg.priority),
+        }
+        .sanitized()
+    }
+
+    fn maybe_publish(&mut self, now: Nanos, pct: u32) {
         if now < self.next_publish {
             return;
         }
         let elapsed = now.saturating_sub(self.bin_start);
+        let bin_busy = self.bin_busy;
         if elapsed > 0 && self.stats.launches > 0 {
             let bin = (self.bin_busy / elapsed as f64).min(1.0);
             let util = match self.util {
@@ -629,10 +740,28 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         }
         self.sample_power(now);
         let launch_ns = self.cost.unwrap_or(0.0).max(0.0) as u64;
-        self.turn = self
-            .view
-            .turn_tenants(now, launch_ns)
-            .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
+        if self.sharing.is_some() {
+            let report = ShareReport {
+                claim: self.claim(pct),
+                launch_ns,
+                busy_until: (self.horizon.max(now as f64) as Nanos)
+                    .saturating_add(self.cfg.idle_grace),
+                allot_pct: self
+                    .allotment()
+                    .map_or(0, |a| (a.fraction * 100.0).round() as u32),
+                util_pct: self.util.map_or(0, |u| (u * 100.0).round() as u32),
+                lent_ns: 0,
+                borrowed_ns: 0,
+            };
+            if let Some(s) = self.sharing.as_mut() {
+                s.publish(&mut self.view, now, report, bin_busy, elapsed);
+            }
+        } else {
+            self.turn = self
+                .view
+                .turn_tenants(now, launch_ns)
+                .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
+        }
         self.next_publish = now + self.cfg.publish_period;
     }
 
