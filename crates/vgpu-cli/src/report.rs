@@ -117,14 +117,17 @@ pub fn cache_path(arg: &CacheArg) -> PathBuf {
     }
 }
 
-/// Read `path` into a report; a missing, foreign or corrupt file is an error naming it.
+/// Read `path` into a report; a missing, foreign or corrupt file is an error naming it, and so
+/// is anything a tenant may have put there to stop a node-side reader (a symbolic link, a
+/// FIFO, a file cut short while read, a read that does not finish in time).
 pub fn read(path: &Path) -> Result<StatusReport, String> {
     crate::table::read_report(path)
 }
 
-/// Like [`read`], but `Ok(None)` when the file does not exist.
+/// Like [`read`], but `Ok(None)` when nothing is at the path (a dangling symbolic link is
+/// something: [`read`] refuses it).
 pub fn read_if_exists(path: &Path) -> Result<Option<StatusReport>, String> {
-    if !path.exists() {
+    if path.symlink_metadata().is_err() {
         return Ok(None);
     }
     read(path).map(Some)
@@ -257,6 +260,135 @@ pub fn status(args: &StatusArgs) -> Result<ExitCode, Failure> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    // --- reading: what a tenant can do to the node-side readers (issue 12, defect 3) ---
+
+    use std::time::Duration;
+
+    use vgpu_shm::{TableInit, UsageTable};
+
+    fn table_at(path: &Path) {
+        let init = TableInit {
+            uuids: vec!["GPU-read".into()],
+            memory_limits: vec![Some(1 << 30)],
+            sm_limits: vec![Some(50)],
+            priority: 1,
+        };
+        drop(UsageTable::open_or_create(path, &init).unwrap());
+    }
+
+    fn mkfifo(path: &Path) {
+        let ok = std::process::Command::new("mkfifo")
+            .arg(path)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mkfifo {}", path.display());
+    }
+
+    /// `f` on another thread; `None` if it has not returned within `limit` (it hangs).
+    fn within<T: Send + 'static>(
+        limit: Duration,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit).ok()
+    }
+
+    const CHILD_ENV: &str = "VGPU_TEST_READ_IN_A_LOOP";
+
+    /// Not a test of its own: the body of the child process of
+    /// `read_survives_a_file_truncated_and_restored_meanwhile` (a no-op elsewhere).
+    #[test]
+    fn read_in_a_loop_child() {
+        let Some(path) = std::env::var_os(CHILD_ENV) else {
+            return;
+        };
+        let path = PathBuf::from(path);
+        let until = std::time::Instant::now() + Duration::from_secs(8);
+        let mut ok = 0u32;
+        while std::time::Instant::now() < until {
+            if read(&path).is_ok() {
+                ok += 1;
+            }
+        }
+        println!("reads that succeeded: {ok}");
+    }
+
+    /// A container truncating and restoring its own file while the exporter reads it must not
+    /// kill the reader (a mapped reader dies of SIGBUS).
+    #[test]
+    fn read_survives_a_file_truncated_and_restored_meanwhile() {
+        let dir = crate::tempdir::TempDir::new("vgpu-read-trunc").unwrap();
+        let path = dir.path().join("c.cache");
+        table_at(&path);
+        let image = std::fs::read(&path).unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "report::tests::read_in_a_loop_child",
+                "--nocapture",
+            ])
+            .env(CHILD_ENV, &path)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            use std::os::unix::fs::FileExt;
+            file.set_len(0).unwrap();
+            std::thread::yield_now();
+            file.write_all_at(&image, 0).unwrap();
+        };
+        use std::os::unix::process::ExitStatusExt;
+        assert!(
+            status.success(),
+            "the reader died: {status:?} (signal {:?})",
+            status.signal()
+        );
+    }
+
+    #[test]
+    fn a_fifo_at_the_cache_path_is_an_error_not_a_hang() {
+        let dir = crate::tempdir::TempDir::new("vgpu-read-fifo").unwrap();
+        let path = dir.path().join("c.cache");
+        mkfifo(&path);
+        let p = path.clone();
+        let got = within(Duration::from_secs(5), move || read(&p));
+        let err = got.expect("reading a FIFO hung").unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn a_fifo_in_the_turn_directory_is_skipped_not_a_hang() {
+        let dir = crate::tempdir::TempDir::new("vgpu-read-turnfifo").unwrap();
+        let cache = dir.path().join("c.cache");
+        table_at(&cache);
+        mkfifo(&dir.path().join(vgpu_shm::board_file_name("GPU-read")));
+        let d = dir.path().to_path_buf();
+        let got = within(Duration::from_secs(5), move || {
+            crate::table::turn_tenants(&d, "GPU-read", &cache)
+        });
+        assert_eq!(got.expect("reading a FIFO board hung"), Vec::new());
+    }
+
+    #[test]
+    fn a_symlink_at_the_cache_path_is_refused() {
+        let dir = crate::tempdir::TempDir::new("vgpu-read-link").unwrap();
+        let real = dir.path().join("real.cache");
+        table_at(&real);
+        let link = dir.path().join("c.cache");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(read(&real).is_ok());
+        let err = read(&link).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+    }
 
     pub(crate) fn sample() -> StatusReport {
         StatusReport {

@@ -4,9 +4,7 @@
 use std::path::Path;
 
 use vgpu_env::{ENV_TURN_DIR, SmTuning};
-use vgpu_shm::{
-    ImageError, ShmError, TableSnapshot, TurnBoard, UsageTable, board_file_name, container_key,
-};
+use vgpu_shm::{NodeReader, ShmError, TableSnapshot, UsageTable, board_file_name, container_key};
 
 use crate::report::{
     DeviceStatus, ProcessDevice, ProcessStatus, SCHEMA, StatusReport, TurnTenantStatus,
@@ -95,15 +93,17 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
 }
 
 /// The containers announced on the turn board of the GPU `uuid` in `dir` within the last
-/// second, read-only; empty when there is no readable board.
+/// second, read-only and bounded in time ([`NodeReader`]: the directory is every container's);
+/// empty when there is no readable board.
 pub fn turn_tenants(dir: &Path, uuid: &str, cache: &Path) -> Vec<TurnTenantStatus> {
-    let Ok(board) = TurnBoard::open_read_only(dir.join(board_file_name(uuid))) else {
+    let now = vgpu_shm::monotonic_ns();
+    let Ok(tenants) =
+        NodeReader::default().turn_tenants(dir.join(board_file_name(uuid)), now, 1_000_000_000)
+    else {
         return Vec::new();
     };
-    let now = vgpu_shm::monotonic_ns();
     let mine = container_key(cache).ok();
-    board
-        .tenants(now, 1_000_000_000)
+    tenants
         .into_iter()
         .map(|t| TurnTenantStatus {
             key: format!("{:016x}", t.key),
@@ -115,8 +115,10 @@ pub fn turn_tenants(dir: &Path, uuid: &str, cache: &Path) -> Vec<TurnTenantStatu
         .collect()
 }
 
-/// Read a usage file into a report, read-only (never sweeps or writes). A file written by
-/// HAMi-core itself is decoded from its region alone. Each device also lists the containers
+/// Read a usage file into a report, read-only (never sweeps or writes), as a node-side reader
+/// must read a file a tenant controls: copied with `pread`, never mapped, no link followed, no
+/// FIFO waited on, bounded in time ([`NodeReader`]). A file written by HAMi-core itself is
+/// decoded from its region alone. Each device also lists the containers
 /// on its turn board (in `$VGPU_TURN_DIR`, default `/tmp/vgpulock`).
 pub fn read_report(path: &Path) -> Result<StatusReport, String> {
     let mut report = read_usage(path)?;
@@ -132,16 +134,10 @@ pub fn read_report(path: &Path) -> Result<StatusReport, String> {
 }
 
 fn read_usage(path: &Path) -> Result<StatusReport, String> {
-    match UsageTable::open_read_only(path) {
-        Ok(table) => Ok(report_from_snapshot(path, &table.snapshot())),
-        Err(ShmError::InvalidFile {
-            source: ImageError::HamiCoreFile,
-            ..
-        }) => TableSnapshot::read_hami_core_file(path)
-            .map(|snap| report_from_snapshot(path, &snap))
-            .map_err(|e| describe(path, &e)),
-        Err(e) => Err(describe(path, &e)),
-    }
+    NodeReader::default()
+        .table(path)
+        .map(|snap| report_from_snapshot(path, &snap))
+        .map_err(|e| describe(path, &e))
 }
 
 /// Open a usage file for writing limits.

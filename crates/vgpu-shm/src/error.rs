@@ -24,8 +24,13 @@ pub enum ImageError {
         /// Actual length.
         len: u64,
     },
-    /// Zero-filled: an initializer died before finishing (re-initialized under the init lock).
-    #[error("file is not initialized")]
+    /// Zero where the table begins, at a table's length: not a table, or an older library's
+    /// initializer died. Left as it is (vgpu re-initializes only a file that carries its own
+    /// magic, i.e. one it began to initialize itself).
+    #[error(
+        "file is not initialized (zero where a table begins); it is left as it is: delete it \
+         if no process uses it"
+    )]
     Uninitialized,
     /// Not a HAMi-core shared region at all.
     #[error("not a vgpu/HAMi shared region (initialized_flag {flag:#x})")]
@@ -91,6 +96,23 @@ pub enum ShmError {
         path: PathBuf,
         /// Why.
         source: ImageError,
+    },
+    /// The file is not one vgpu may use there (a symbolic link, a FIFO or other non-regular
+    /// file, a foreign owner in a world-writable directory, an empty file with other names).
+    #[error("{path} {reason}")]
+    Refused {
+        /// The path.
+        path: PathBuf,
+        /// Why, in words.
+        reason: String,
+    },
+    /// A node-side read did not finish in time (a hung file system); nothing was returned.
+    #[error("{path}: not read within {after:?}")]
+    TimedOut {
+        /// The path.
+        path: PathBuf,
+        /// The time allowed.
+        after: std::time::Duration,
     },
     /// Another process held the initialization lock too long (stopped while initializing?).
     #[error("{path}: timed out waiting for the initialization lock")]

@@ -102,12 +102,21 @@ impl TableSnapshot {
     }
 
     /// Read a file written by HAMi-core (its first [`REGION_SIZE`] bytes, by `read(2)`: it
-    /// is never mapped nor written) and decode it with [`Self::from_hami_core_image`].
+    /// is never mapped nor written; a symbolic link or a FIFO is refused) and decode it with [`Self::from_hami_core_image`].
     pub fn read_hami_core_file(path: impl AsRef<Path>) -> Result<Self, ShmError> {
         let path = path.as_ref();
         let mut image = Vec::with_capacity(REGION_SIZE);
-        std::fs::File::open(path)
-            .and_then(|f| f.take(REGION_SIZE as u64).read_to_end(&mut image))
+        // Opened as node-side readers open (no link followed, no FIFO waited on).
+        let file = crate::file::open_read_only(path)
+            .map_err(|e| match e {
+                // Opening is part of reading the file, as callers know it.
+                crate::file::OpenError::Io(_, source) => crate::file::OpenError::Io("read", source),
+                refused => refused,
+            })
+            .map_err(|e| crate::table::open_error(path, e))?
+            .file;
+        file.take(REGION_SIZE as u64)
+            .read_to_end(&mut image)
             .map_err(|source| ShmError::Io {
                 path: path.to_path_buf(),
                 op: "read",

@@ -1,9 +1,11 @@
-//! Every system call and every `unsafe` block of the crate: the mapping, `flock`, open file
-//! description (OFD) record locks, and the fork hook.
+//! Every system call and every `unsafe` block of the crate: the mapping, the aligned copy
+//! node-side readers decode, `flock`, open file description (OFD) record locks, the effective
+//! uid, and the fork hook.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 use std::sync::Once;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -125,6 +127,75 @@ impl Drop for Mapping {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);
         }
     }
+}
+
+/// A private copy of (a prefix of) a file, read with `pread` and 64-byte aligned, so that it can
+/// be decoded through the same `layout` structs as the mapping. Node-side readers use it: a
+/// file a tenant can truncate is never mapped by them (a mapped page past a truncated end
+/// raises SIGBUS), and the copy cannot change under the decoder.
+#[derive(Debug)]
+pub(crate) struct OwnedImage {
+    /// `len` bytes from `start` are the file's; 64 spare bytes make room for the alignment.
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl OwnedImage {
+    /// Read at most `max` bytes of `file` from offset 0 (fewer if it ends first, for instance
+    /// because it was truncated while being read).
+    pub(crate) fn read(file: &File, max: usize) -> io::Result<Self> {
+        let mut buf = vec![0u8; max + 64];
+        let start = buf.as_ptr().align_offset(64);
+        let mut len = 0;
+        while len < max {
+            match file.read_at(&mut buf[start + len..start + max], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Self { buf, start, len })
+    }
+
+    /// The bytes read.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+
+    /// The layout struct `T` at `offset`, if the copy holds all of it.
+    fn view<T>(&self, offset: usize) -> Option<&T> {
+        if offset.checked_add(size_of::<T>())? > self.len || offset % align_of::<T>() != 0 {
+            return None;
+        }
+        // SAFETY: in bounds (checked above); `start` is 64-aligned and `offset` a multiple of
+        // T's alignment (every layout struct is aligned to at most 64), so the pointer is
+        // aligned; T is made only of atomics, for which every bit pattern is valid; the buffer
+        // is owned by `self` and outlives the reference, and nothing writes it after `read`.
+        Some(unsafe { &*self.buf.as_ptr().add(self.start + offset).cast::<T>() })
+    }
+
+    /// HAMi's region, if the copy is long enough.
+    pub(crate) fn region(&self) -> Option<&HamiRegion> {
+        self.view(0)
+    }
+
+    /// vgpu's extension, if the copy is long enough.
+    pub(crate) fn extension(&self) -> Option<&Extension> {
+        self.view(EXT_OFFSET)
+    }
+
+    /// The publish-time table, if the copy is long enough.
+    pub(crate) fn publish_times(&self) -> Option<&PublishTimes> {
+        self.view(TIMES_OFFSET)
+    }
+}
+
+/// The calling process's effective uid (the owner of files it creates).
+pub(crate) fn effective_uid() -> u32 {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// `clock_gettime(CLOCK_MONOTONIC)` in nanoseconds (a vDSO read, no system call). Every

@@ -498,11 +498,17 @@ fn bad_files_get_typed_errors() {
         open(&good[..FILE_LEN - 1]),
         ImageError::Truncated { .. }
     ));
-    // A zero-filled file of our size: an initializer died; open_existing says so, and
-    // open_or_create initializes it.
+    // A zero-filled file of our size: open_existing says so; open_or_create initializes it
+    // only if it carries vgpu's magic (see an_initialization_that_died_is_restarted_...), and
+    // otherwise leaves it as it is (a_table_sized_file_that_is_not_a_table_is_left_alone).
     assert_eq!(open(&vec![0u8; FILE_LEN]), ImageError::Uninitialized);
-    let t = UsageTable::open_or_create(&p.0, &init(7, 7)).unwrap();
-    assert_eq!(t.memory_limit(D0), Some(7));
+    assert!(matches!(
+        UsageTable::open_or_create(&p.0, &init(7, 7)),
+        Err(ShmError::InvalidFile {
+            source: ImageError::Uninitialized,
+            ..
+        })
+    ));
     // Not a regular file.
     assert!(matches!(
         UsageTable::open_existing(std::env::temp_dir()),
@@ -907,4 +913,151 @@ fn a_minor_0_file_is_upgraded_in_place() {
         validate_image(&b),
         Err(ImageError::Truncated { .. })
     ));
+}
+
+// --- files a vgpu table may be written into (issue 12, defect 4) and its link (defect 8) ---
+
+#[test]
+fn a_symlink_at_the_path_is_refused_and_its_target_untouched() {
+    // The target: an empty private file of someone else's (here: the test's).
+    let target = TempPath::new("link-target");
+    std::fs::write(&target.0, b"").unwrap();
+    std::fs::set_permissions(&target.0, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let p = TempPath::new("link");
+    std::os::unix::fs::symlink(&target.0, &p.0).unwrap();
+    for open in [
+        UsageTable::open_or_create(&p.0, &init(1, 1)),
+        UsageTable::open_existing(&p.0),
+        UsageTable::open_read_only(&p.0),
+    ] {
+        match open {
+            Err(ShmError::Refused { reason, .. }) => {
+                assert!(reason.contains("symbolic link"), "{reason}")
+            }
+            other => panic!("expected Refused, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        std::fs::metadata(&target.0).unwrap().len(),
+        0,
+        "nothing written"
+    );
+}
+
+#[test]
+fn a_table_sized_file_that_is_not_a_table_is_left_alone() {
+    // First word zero, data after it: not vgpu's (no extension magic), so never rewritten.
+    let p = TempPath::new("zero-first");
+    let mut data = vec![0u8; FILE_LEN];
+    for (i, b) in data.iter_mut().enumerate().skip(8) {
+        *b = (i % 251) as u8;
+    }
+    data[offsets::EXT_MAGIC..offsets::EXT_MAGIC + 8].fill(0);
+    std::fs::write(&p.0, &data).unwrap();
+    match UsageTable::open_or_create(&p.0, &init(7, 7)) {
+        Err(ShmError::InvalidFile {
+            source: ImageError::Uninitialized,
+            ..
+        }) => {}
+        other => panic!("expected Uninitialized, got {other:?}"),
+    }
+    assert!(
+        std::fs::read(&p.0).unwrap() == data,
+        "the file's data is kept"
+    );
+}
+
+#[test]
+fn an_initialization_that_died_is_restarted_because_it_carries_vgpus_magic() {
+    // What an initializer killed after its first store leaves: our magic, no HAMi flag.
+    let p = TempPath::new("init-died");
+    let mut data = vec![0u8; FILE_LEN];
+    data[offsets::EXT_MAGIC..offsets::EXT_MAGIC + 8]
+        .copy_from_slice(&layout::EXT_MAGIC.to_le_bytes());
+    data[offsets::DEVICE_NUM] = 0xee; // half-written junk, zero-filled again
+    std::fs::write(&p.0, &data).unwrap();
+    let t = UsageTable::open_or_create(&p.0, &init(7, 8)).unwrap();
+    assert!(t.created());
+    assert_eq!((t.memory_limit(D0), t.memory_limit(D1)), (Some(7), Some(8)));
+    assert_eq!(t.device_num(), 2);
+}
+
+#[test]
+fn an_empty_file_is_adopted_only_when_it_has_one_name() {
+    // One name: made beforehand (an operator's mode and group) or its creator died at once.
+    let p = TempPath::new("empty-one");
+    std::fs::write(&p.0, b"").unwrap();
+    std::fs::set_permissions(&p.0, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let t = UsageTable::open_or_create(&p.0, &init(5, 5)).unwrap();
+    assert!(t.created());
+    let m = std::fs::metadata(&p.0).unwrap();
+    assert_eq!(m.permissions().mode() & 0o777, 0o640, "its mode is kept");
+    // Two names: a hard link to somebody's empty file. Left alone.
+    let other = TempPath::new("empty-other");
+    std::fs::write(&other.0, b"").unwrap();
+    let q = TempPath::new("empty-two");
+    std::fs::hard_link(&other.0, &q.0).unwrap();
+    match UsageTable::open_or_create(&q.0, &init(5, 5)) {
+        Err(ShmError::Refused { reason, .. }) => assert!(reason.contains("2 names"), "{reason}"),
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    assert_eq!(std::fs::metadata(&other.0).unwrap().len(), 0);
+}
+
+#[test]
+fn a_foreign_owned_file_in_a_world_writable_directory_is_refused() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::env::temp_dir().join(format!("vgpu-shm-ww-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let p = TempPath(dir.join("c.cache"));
+    drop(UsageTable::open_or_create(&p.0, &init(1, 1)).unwrap());
+    let me = std::fs::metadata(&p.0).unwrap().uid();
+    // Another user's file (only root can make one here; skipped otherwise).
+    let stranger = 54_321u32;
+    let chowned = std::process::Command::new("chown")
+        .arg(stranger.to_string())
+        .arg(&p.0)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !chowned || me == stranger {
+        eprintln!("skipped: cannot give the file to another user");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    match UsageTable::open_existing(&p.0) {
+        Err(ShmError::Refused { reason, .. }) => assert!(reason.contains("uid 54321"), "{reason}"),
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    assert!(
+        UsageTable::open_read_only(&p.0).is_ok(),
+        "reading is harmless"
+    );
+    // The same file in a directory only its users can write is theirs to share.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(UsageTable::open_existing(&p.0).is_ok());
+    drop(p);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_table_knows_when_its_path_no_longer_names_its_file() {
+    use crate::FileLink;
+    let p = TempPath::new("linked");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 1000)).unwrap();
+    let me = t.register_self().unwrap();
+    assert_eq!(t.link_state().unwrap(), FileLink::Linked);
+    std::fs::remove_file(&p.0).unwrap();
+    assert_eq!(t.link_state().unwrap(), FileLink::Unlinked);
+    // A newcomer creates a second file under the name: two ledgers, each under the limit.
+    let newcomer = UsageTable::open_or_create(&p.0, &init(1000, 1000)).unwrap();
+    assert_eq!(t.link_state().unwrap(), FileLink::Replaced);
+    assert_eq!(newcomer.link_state().unwrap(), FileLink::Linked);
+    me.try_reserve(D0, UsageClass::Data, 800).unwrap();
+    let other = newcomer.register_self().unwrap();
+    other.try_reserve(D0, UsageClass::Data, 800).unwrap();
+    // A link put in its place is a replacement too.
+    std::fs::remove_file(&p.0).unwrap();
+    std::os::unix::fs::symlink("/dev/null", &p.0).unwrap();
+    assert_eq!(newcomer.link_state().unwrap(), FileLink::Replaced);
 }

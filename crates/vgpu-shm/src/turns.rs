@@ -11,15 +11,19 @@
 //! may take it over. Writers work under the file's `flock` (released by the kernel if the
 //! holder dies) with ordinary reads and writes, never a shared mapping: the directory is
 //! writable by every container of the node, and a mapped file that another container
-//! truncates would fault (SIGBUS) every process that maps it.
+//! truncates would fault (SIGBUS) every process that maps it. Every open goes through
+//! `file` (no symbolic link followed, no FIFO waited on, only regular files), and the header
+//! is written only into an empty file with one name, or a board cut short: never into a file
+//! that holds anything else.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::file::{self, OpenError};
 use crate::sys;
-use crate::table::open_or_create_shared;
 
 /// Entries in a board: tenants (containers) announced on one GPU at a time.
 pub const TURN_ENTRIES: usize = 64;
@@ -50,6 +54,15 @@ pub enum TurnBoardError {
         magic: u64,
         /// Word 1.
         version: u64,
+    },
+    /// The file is not one vgpu reads or writes (a symbolic link, not a regular file, an
+    /// empty file with other names).
+    #[error("turn board {path} {reason}")]
+    Refused {
+        /// The file.
+        path: PathBuf,
+        /// Why, in words.
+        reason: String,
     },
     /// Every entry is held by a live tenant.
     #[error("turn board is full ({TURN_ENTRIES} live tenants)")]
@@ -123,8 +136,8 @@ impl TurnBoard {
             path: path.as_ref().to_path_buf(),
             mine: None,
         };
-        let header = board.locked(true, |file, image| {
-            if needs_header(image) {
+        let header = board.locked(true, |file, _, fresh| {
+            if fresh {
                 write_words(file, 0, &[MAGIC, VERSION])?;
             }
             Ok(())
@@ -141,9 +154,7 @@ impl TurnBoard {
     /// writes. A missing, foreign or other-version file is an error.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, TurnBoardError> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(io_err(path, "open"))?;
-        let image = read_image(&file).map_err(io_err(path, "read"))?;
-        check_header(path, &image)?;
+        read_board(path)?;
         Ok(Self {
             path: path.to_path_buf(),
             mine: None,
@@ -155,21 +166,11 @@ impl TurnBoard {
     fn locked<R>(
         &self,
         create: bool,
-        f: impl FnOnce(&File, &Image) -> io::Result<R>,
+        f: impl FnOnce(&File, &Image, bool) -> io::Result<R>,
     ) -> Result<R, TurnBoardError> {
         let path = &self.path;
-        let file = if create {
-            open_or_create_shared(path).map_err(|(op, e)| io_err(path, op)(e))?
-        } else {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(path)
-                .map_err(io_err(path, "open"))?
-        };
-        if !file.metadata().map_err(io_err(path, "fstat"))?.is_file() {
-            return Err(io_err(path, "open")(io::Error::other("not a regular file")));
-        }
+        let opened = file::open_writable(path, create).map_err(|e| open_error(path, e))?;
+        let file = opened.file;
         let deadline = std::time::Instant::now() + LOCK_WAIT;
         while !sys::try_flock_exclusive(&file).map_err(io_err(path, "flock"))? {
             if std::time::Instant::now() > deadline {
@@ -178,11 +179,22 @@ impl TurnBoard {
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
         // The lock goes with the descriptor when `file` is dropped.
+        let len = file.metadata().map_err(io_err(path, "fstat"))?.len();
         let image = read_image(&file).map_err(io_err(path, "read"))?;
-        if !needs_header(&image) {
+        let fresh = needs_header(&image, len);
+        if len == 0 && !opened.created && opened.meta.nlink() != 1 {
+            return Err(TurnBoardError::Refused {
+                path: path.clone(),
+                reason: format!(
+                    "is an empty file with {} names that vgpu did not create (left as it is)",
+                    opened.meta.nlink()
+                ),
+            });
+        }
+        if !fresh {
             check_header(path, &image)?;
         }
-        f(&file, &image).map_err(io_err(path, "write"))
+        f(&file, &image, fresh).map_err(io_err(path, "write"))
     }
 
     /// Announces tenant `key` (non-zero) with `limit_pct` and its typical launch length
@@ -201,9 +213,9 @@ impl TurnBoard {
     ) -> Result<Vec<Tenant>, TurnBoardError> {
         let key = key.max(1);
         let hint = self.mine;
-        let (entry, tenants) = self.locked(true, |file, image| {
+        let (entry, tenants) = self.locked(true, |file, image, fresh| {
             let mut image = *image;
-            if needs_header(&image) {
+            if fresh {
                 // New, or truncated by someone: rewrite the header.
                 image[0] = MAGIC;
                 image[1] = VERSION;
@@ -226,22 +238,14 @@ impl TurnBoard {
     /// key. Read without the lock (entries are independent; a torn read of one is at most
     /// one period stale or skipped); empty when the file cannot be read.
     pub fn tenants(&self, now: u64, max_age: u64) -> Vec<Tenant> {
-        let Ok(file) = File::open(&self.path) else {
-            return Vec::new();
-        };
-        match read_image(&file) {
-            Ok(image) if image[0] == MAGIC && image[1] == VERSION => {
-                tenants_in(&image, now, max_age)
-            }
-            _ => Vec::new(),
-        }
+        read_tenants(&self.path, now, max_age).unwrap_or_default()
     }
 
     /// Withdraws `key` (a container's last limited process exits), so others need not wait
     /// for its heartbeat to age out.
     pub fn withdraw(&mut self, key: u64) -> Result<(), TurnBoardError> {
         let key = key.max(1);
-        self.locked(false, |file, image| {
+        self.locked(false, |file, image, _| {
             for e in 0..TURN_ENTRIES {
                 let base = HEADER_WORDS + e * ENTRY_WORDS;
                 if image[base] == key {
@@ -258,9 +262,52 @@ fn io_err(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> TurnBoardE
     move |source| TurnBoardError::Io { path, op, source }
 }
 
-/// A new file, or ours cut short (no version yet): the header is (re)written under the lock.
-fn needs_header(image: &Image) -> bool {
-    image[1] == 0 && (image[0] == 0 || image[0] == MAGIC)
+/// The tenants of the board at `path` whose heartbeat is at most `max_age` old at `now`, read
+/// without the lock (see [`TurnBoard::tenants`]); a missing, refused or foreign file is an
+/// error. Never blocks on a FIFO nor follows a link; node-side callers bound its time with
+/// [`crate::NodeReader`].
+pub(crate) fn read_tenants(
+    path: &Path,
+    now: u64,
+    max_age: u64,
+) -> Result<Vec<Tenant>, TurnBoardError> {
+    Ok(tenants_in(&read_board(path)?, now, max_age))
+}
+
+/// The board's image, read-only; a missing, refused or foreign file is an error.
+fn read_board(path: &Path) -> Result<Image, TurnBoardError> {
+    let file = file::open_read_only(path)
+        .map_err(|e| open_error(path, e))?
+        .file;
+    let image = read_image(&file).map_err(io_err(path, "read"))?;
+    check_header(path, &image)?;
+    Ok(image)
+}
+
+fn open_error(path: &Path, e: OpenError) -> TurnBoardError {
+    let path = path.to_path_buf();
+    match e {
+        OpenError::Io(op, source) => TurnBoardError::Io { path, op, source },
+        OpenError::Refused(reason) => TurnBoardError::Refused { path, reason },
+    }
+}
+
+/// Whether the header is to be (re)written under the lock: the file is empty (new), or it is a
+/// board cut short (what is left is a prefix of the header, or the magic without a version).
+/// Anything else is not written into.
+fn needs_header(image: &Image, len: u64) -> bool {
+    let header: Vec<u8> = [MAGIC, VERSION]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    let kept: Vec<u8> = image[..HEADER_WORDS]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    match usize::try_from(len) {
+        Ok(n) if n < header.len() => kept[..n] == header[..n],
+        _ => image[0] == MAGIC && image[1] == 0,
+    }
 }
 
 fn check_header(path: &Path, image: &Image) -> Result<(), TurnBoardError> {
@@ -471,5 +518,39 @@ mod tests {
             b"not a turn board, just some bytes"
         );
         let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn nothing_is_written_through_a_link_or_into_a_file_that_is_not_a_board() {
+        // A link in the shared directory to a file of the writer's own filesystem.
+        let target = path("link-target");
+        std::fs::write(&target, b"").unwrap();
+        let p = path("link");
+        std::os::unix::fs::symlink(&target, &p).unwrap();
+        for err in [
+            TurnBoard::open_or_create(&p).unwrap_err(),
+            TurnBoard::open_read_only(&p).unwrap_err(),
+        ] {
+            assert!(matches!(err, TurnBoardError::Refused { .. }), "{err}");
+        }
+        assert_eq!(std::fs::metadata(&target).unwrap().len(), 0);
+        // Zeros where the header goes, data after them: not a board.
+        let zeros = path("zeros");
+        let data: Vec<u8> = (0..64).map(|i| if i < 16 { 0 } else { i }).collect();
+        std::fs::write(&zeros, &data).unwrap();
+        let err = TurnBoard::open_or_create(&zeros).unwrap_err();
+        assert!(matches!(err, TurnBoardError::Foreign { .. }), "{err}");
+        assert_eq!(std::fs::read(&zeros).unwrap(), data);
+        // An empty file with a second name (a hard link to somebody's file).
+        let other = path("other");
+        std::fs::write(&other, b"").unwrap();
+        let two = path("two");
+        std::fs::hard_link(&other, &two).unwrap();
+        let err = TurnBoard::open_or_create(&two).unwrap_err();
+        assert!(matches!(err, TurnBoardError::Refused { .. }), "{err}");
+        assert_eq!(std::fs::metadata(&other).unwrap().len(), 0);
+        for f in [target, p, zeros, other, two] {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }

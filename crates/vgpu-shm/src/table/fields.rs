@@ -1,0 +1,183 @@
+//! The file's limits and the monitor's fields (HAMi's region), read and written with single
+//! atomic operations.
+
+use std::sync::atomic::Ordering;
+
+use vgpu_alloc_core::{DeviceIndex, DeviceUsage};
+
+use crate::error::ShmError;
+use crate::layout::{self, MAX_DEVICES};
+
+use super::{RECENT_KERNEL_ACTIVE, UsageTable, now_secs};
+
+/// The region's fields as the getters below and the snapshot (of a mapping or a copy) read
+/// them: clamped, unset = empty or unlimited.
+pub(super) mod read {
+    use super::*;
+    use crate::layout::HamiRegion;
+
+    pub(crate) fn device_num(r: &HamiRegion) -> u32 {
+        r.device_num.load(Ordering::Relaxed).min(MAX_DEVICES as u64) as u32
+    }
+
+    pub(crate) fn uuid(r: &HamiRegion, device: DeviceIndex) -> String {
+        r.uuids
+            .get(device.as_usize())
+            .map(|u| layout::uuid_of(u.iter().map(|b| b.load(Ordering::Relaxed))))
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn memory_limit(r: &HamiRegion, device: DeviceIndex) -> Option<u64> {
+        let v = r.limit.get(device.as_usize())?;
+        layout::memory_limit_of(v.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn sm_limit(r: &HamiRegion, device: DeviceIndex) -> Option<u64> {
+        let v = r.sm_limit.get(device.as_usize())?;
+        layout::sm_limit_of(v.load(Ordering::Relaxed))
+    }
+}
+
+impl UsageTable {
+    /// Number of devices in the file.
+    pub fn device_num(&self) -> u32 {
+        read::device_num(self.region())
+    }
+
+    /// NVML UUID of `device` (empty if unset).
+    pub fn uuid(&self, device: DeviceIndex) -> String {
+        read::uuid(self.region(), device)
+    }
+
+    /// Memory limit of `device` as stored now (`None` = unlimited).
+    pub fn memory_limit(&self, device: DeviceIndex) -> Option<u64> {
+        read::memory_limit(self.region(), device)
+    }
+
+    /// SM limit of `device` in percent (`None` = unlimited: 0 or >= 100).
+    pub fn sm_limit(&self, device: DeviceIndex) -> Option<u64> {
+        read::sm_limit(self.region(), device)
+    }
+
+    /// Change the memory limit of `device` on the live file; enforced from the next
+    /// reservation on. `None` = unlimited. Usage already above a lowered limit stays until freed.
+    pub fn set_memory_limit(
+        &self,
+        device: DeviceIndex,
+        limit: Option<u64>,
+    ) -> Result<(), ShmError> {
+        self.check_writable()?;
+        let slot = self
+            .region()
+            .limit
+            .get(device.as_usize())
+            .ok_or(ShmError::InvalidDevice {
+                device: device.0,
+                max: MAX_DEVICES,
+            })?;
+        if limit == Some(0) {
+            return Err(ShmError::InvalidValue {
+                what: "memory limit",
+                value: "0 (use None for unlimited)".into(),
+            });
+        }
+        slot.store(limit.unwrap_or(0), Ordering::Release);
+        Ok(())
+    }
+
+    /// Change the SM limit (percent, 1..=100; `None` = unlimited) of `device` on the live file.
+    pub fn set_sm_limit(&self, device: DeviceIndex, percent: Option<u64>) -> Result<(), ShmError> {
+        self.check_writable()?;
+        let slot =
+            self.region()
+                .sm_limit
+                .get(device.as_usize())
+                .ok_or(ShmError::InvalidDevice {
+                    device: device.0,
+                    max: MAX_DEVICES,
+                })?;
+        if let Some(p) = percent
+            && !(1..=100).contains(&p)
+        {
+            return Err(ShmError::InvalidValue {
+                what: "SM limit percent",
+                value: p.to_string(),
+            });
+        }
+        slot.store(percent.unwrap_or(0), Ordering::Release);
+        Ok(())
+    }
+
+    /// `recent_kernel` as the monitor last wrote it (negative: hold back launches).
+    pub fn recent_kernel(&self) -> i32 {
+        self.region().recent_kernel.load(Ordering::Relaxed)
+    }
+
+    /// `utilization_switch` as the monitor last wrote it.
+    pub fn utilization_switch(&self) -> i32 {
+        self.region().utilization_switch.load(Ordering::Relaxed)
+    }
+
+    /// `priority`.
+    pub fn priority(&self) -> i32 {
+        self.region().priority.load(Ordering::Relaxed)
+    }
+
+    /// `last_kernel_time`: seconds since the epoch of the last recorded kernel launch.
+    pub fn last_kernel_time(&self) -> u64 {
+        self.region().last_kernel_time.load(Ordering::Relaxed)
+    }
+
+    /// Record a kernel launch now in `last_kernel_time` (written only when the second changes,
+    /// so launches do not bounce the cache line).
+    pub fn touch_kernel_time(&self) {
+        if self.check_writable().is_err() {
+            return;
+        }
+        let now = now_secs();
+        let t = &self.region().last_kernel_time;
+        if t.load(Ordering::Relaxed) != now {
+            t.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Tell the monitor that this container launches kernels, as HAMi-core does on launches:
+    /// `recent_kernel = 2` (the monitor decrements it on each pass and counts the task as
+    /// active while it is positive) and `last_kernel_time` = now. A negative `recent_kernel`
+    /// is the monitor's "block launches" signal and is never overwritten: the store is a
+    /// compare-and-swap from a non-negative value, so a monitor write that lands in between
+    /// wins. Nothing is written when the value is already 2 (no cache-line bouncing). Meant
+    /// to be called at most about once a second (the hook calls it from the SM limiter).
+    pub fn note_kernel_activity(&self) {
+        if self.check_writable().is_err() {
+            return;
+        }
+        let recent = &self.region().recent_kernel;
+        let mut current = recent.load(Ordering::Relaxed);
+        while current >= 0 && current != RECENT_KERNEL_ACTIVE {
+            match recent.compare_exchange_weak(
+                current,
+                RECENT_KERNEL_ACTIVE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(seen) => current = seen,
+            }
+        }
+        self.touch_kernel_time();
+    }
+
+    /// Usage of `device` by everyone (the authoritative per-device total).
+    pub fn usage(&self, device: DeviceIndex) -> DeviceUsage {
+        let d = device.as_usize();
+        DeviceUsage {
+            used: self
+                .ext()
+                .devices
+                .get(d)
+                .map_or(0, |r| r.total.load(Ordering::Relaxed)),
+            limit: self.memory_limit(device),
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! The file's lifecycle: create or open, validate, initialize, upgrade a minor-0 file, and
+//! the separate descriptors for the kernel-held locks.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::{ImageError, ShmError};
+use crate::file;
+use crate::layout::{
+    self, BASE_FILE_LEN, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC, HAMI_MAJOR,
+    HAMI_MINOR, HamiRegion, MAX_DEVICES, MAX_SLOTS, UUID_LEN,
+};
+use crate::sys::{self, Mapping};
+use crate::validate::validate;
+
+use super::{INIT_LOCK_TIMEOUT, Inner, SWEEP_LOCK_TIMEOUT, UsageTable, now_secs};
+
+/// What a newly created file is initialized with. Ignored when the file already exists:
+/// limits stored in an existing file win (as in HAMi-core).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableInit {
+    /// NVML UUIDs in NVML index order; their count is the file's `device_num` (at most 16).
+    pub uuids: Vec<String>,
+    /// Memory limit per device in bytes (`None`, `Some(0)` or missing = unlimited).
+    pub memory_limits: Vec<Option<u64>>,
+    /// SM limit per device in percent, at most 100 (`None`, 0, 100 or missing = unlimited).
+    pub sm_limits: Vec<Option<u64>>,
+    /// `CUDA_TASK_PRIORITY` (HAMi's default is 1).
+    pub priority: i32,
+}
+
+impl TableInit {
+    fn check(&self) -> Result<(), ShmError> {
+        let invalid = |what, value: String| Err(ShmError::InvalidValue { what, value });
+        if self.uuids.len() > MAX_DEVICES {
+            return invalid("device count", self.uuids.len().to_string());
+        }
+        if self.memory_limits.len() > MAX_DEVICES || self.sm_limits.len() > MAX_DEVICES {
+            return invalid("limit count", format!("{}", self.memory_limits.len()));
+        }
+        if let Some(u) = self.uuids.iter().find(|u| u.len() >= UUID_LEN) {
+            return invalid("uuid (too long)", u.clone());
+        }
+        // As in HAMi, a limit of 0 means unlimited (stored as 0).
+        if let Some(p) = self.sm_limits.iter().flatten().find(|&&p| p > 100) {
+            return invalid("SM limit percent", p.to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Releases the init `flock` however `open` leaves.
+struct FlockGuard<'a>(&'a File);
+impl Drop for FlockGuard<'_> {
+    fn drop(&mut self) {
+        sys::unflock(self.0);
+    }
+}
+
+impl UsageTable {
+    /// Attach to the table at `path`, creating and initializing it from `init` if it does not
+    /// exist (mode 0666, whatever the umask). An existing file keeps its limits. Refused
+    /// ([`ShmError::Refused`]): a symbolic link, a non-regular file, in a world-writable
+    /// directory a file of another owner than the caller or root, an empty file with more
+    /// than one name. Nothing but an empty file or an unfinished table of vgpu's own is ever
+    /// initialized (docs/security.md, "Files vgpu writes into").
+    pub fn open_or_create(path: impl AsRef<Path>, init: &TableInit) -> Result<Self, ShmError> {
+        init.check()?;
+        Self::open(path.as_ref(), Some(init), true)
+    }
+
+    /// Attach read-write to an existing table.
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Self, ShmError> {
+        Self::open(path.as_ref(), None, true)
+    }
+
+    /// Attach read-only (inspection inside the container; no sweeping, no writes). The file is
+    /// mapped, so a truncation faults the reader: node-side readers use
+    /// [`NodeReader`](crate::NodeReader) instead.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, ShmError> {
+        Self::open(path.as_ref(), None, false)
+    }
+
+    fn open(path: &Path, init: Option<&TableInit>, writable: bool) -> Result<Self, ShmError> {
+        let io = |op: &'static str| {
+            let path = path.to_path_buf();
+            move |source: io::Error| ShmError::Io { path, op, source }
+        };
+        let invalid = |source: ImageError| ShmError::InvalidFile {
+            path: path.to_path_buf(),
+            source,
+        };
+        let opened = if writable {
+            file::open_writable(path, init.is_some())
+        } else {
+            file::open_read_only(path)
+        }
+        .map_err(|e| open_error(path, e))?;
+        if writable && !opened.created {
+            file::check_owner(path, &opened.meta).map_err(|e| open_error(path, e))?;
+        }
+        let (file, meta) = (opened.file, opened.meta);
+
+        // Initialization (and the check that it is finished) happen under flock.
+        let deadline = Instant::now() + INIT_LOCK_TIMEOUT;
+        while !sys::try_flock_exclusive(&file).map_err(io("flock"))? {
+            if Instant::now() > deadline {
+                return Err(ShmError::InitLockTimeout {
+                    path: path.to_path_buf(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let guard = FlockGuard(&file);
+        let len = file.metadata().map_err(io("fstat"))?.len();
+        let mut created = false;
+        let map = match init {
+            // Empty: this open created it, or nobody ever wrote a byte into it (an operator
+            // made it beforehand with the mode they want, or its creator died at once). One
+            // with other names (a hard link) may be somebody's file: left alone.
+            Some(init) if len == 0 => {
+                if !opened.created && meta.nlink() != 1 {
+                    return Err(ShmError::Refused {
+                        path: path.to_path_buf(),
+                        reason: format!(
+                            "is an empty file with {} names that vgpu did not create (left \
+                             as it is)",
+                            meta.nlink()
+                        ),
+                    });
+                }
+                created = true;
+                Self::initialize(&file, init, false).map_err(io("initialize"))?
+            }
+            _ => {
+                let map_len = usize::try_from(len.min(FILE_LEN as u64)).unwrap_or(FILE_LEN);
+                let map = Mapping::map(&file, map_len.max(1), writable).map_err(io("mmap"))?;
+                // Report the real length, not the mapped one.
+                match validate(&map) {
+                    Ok(info) if info.minor_version == 0 && writable => {
+                        // Written by a library from before the publish-time table: append it.
+                        drop(map);
+                        Self::upgrade(&file, len).map_err(io("upgrade"))?
+                    }
+                    Ok(_) if len >= BASE_FILE_LEN as u64 => map,
+                    Ok(_) => unreachable_truncated(len).map_err(invalid)?,
+                    // Only an initialization of vgpu's that died leaves its magic without
+                    // HAMi's: this file is vgpu's own, and nobody is attached to it.
+                    Err(ImageError::Uninitialized) if init.is_some() && carries_ext_magic(&map) => {
+                        drop(map);
+                        created = true;
+                        Self::initialize(&file, init.unwrap_or(&TableInit::default()), true)
+                            .map_err(io("initialize"))?
+                    }
+                    Err(ImageError::Truncated { .. }) => {
+                        unreachable_truncated(len).map_err(invalid)?
+                    }
+                    Err(e) => return Err(invalid(e)),
+                }
+            }
+        };
+        drop(guard);
+
+        // Separate open file descriptions of the same inode for the OFD locks (see `Inner`).
+        let reopen = |write: bool| -> Result<File, ShmError> {
+            let f = if write {
+                file::open_writable(path, false)
+            } else {
+                file::open_read_only(path)
+            }
+            .map_err(|e| open_error(path, e))?
+            .file;
+            let m = f.metadata().map_err(io("fstat"))?;
+            if (m.dev(), m.ino()) != (meta.dev(), meta.ino()) {
+                return Err(io("reopen")(io::Error::other(
+                    "file was replaced while opening",
+                )));
+            }
+            Ok(f)
+        };
+        let lock_file = if writable { Some(reopen(true)?) } else { None };
+        let probe_file = reopen(false)?;
+        if let Some(f) = &lock_file {
+            use std::os::fd::AsRawFd;
+            sys::register_fork_fd(f.as_raw_fd());
+        }
+        drop(file); // the mapping keeps what it needs
+        let table = Self {
+            inner: Arc::new(Inner {
+                path: path.to_path_buf(),
+                map,
+                lock_file,
+                probe_file,
+                admin: Mutex::new(()),
+                fork_epoch: sys::fork_epoch(),
+                created,
+                identity: (meta.dev(), meta.ino()),
+                last_periodic_sweep: std::sync::atomic::AtomicU64::new(now_secs()),
+            }),
+        };
+        if writable {
+            // Attaching is one of the moments dead processes' usage returns to the pool.
+            let _ = table.sweep_with_timeout(SWEEP_LOCK_TIMEOUT);
+        }
+        Ok(table)
+    }
+
+    /// Append the publish-time table (extension minor version 1) to a valid minor-0 file
+    /// (caller holds the init flock). Everything before it stays as it is, so processes of
+    /// older libraries that map only the base keep working; they never read the new part.
+    fn upgrade(file: &File, len: u64) -> io::Result<Mapping> {
+        // Growing zero-fills; a longer file is never cut.
+        if len < FILE_LEN as u64 {
+            file.set_len(FILE_LEN as u64)?;
+        }
+        let map = Mapping::map(file, FILE_LEN, true)?;
+        let (Some(ext), Some(times)) = (map.extension(), map.publish_times()) else {
+            return Err(io::Error::other("mapping shorter than the table"));
+        };
+        // Whatever lay beyond the base belongs to nobody yet (the minor version says 0).
+        for slot in &times.slots {
+            slot.ident.store(0, Ordering::Relaxed);
+            for at in &slot.sm_util_at {
+                at.store(0, Ordering::Relaxed);
+            }
+        }
+        ext.header
+            .minor_version
+            .store(layout::EXT_MINOR, Ordering::Release);
+        Ok(map)
+    }
+
+    /// Size the file and write a fresh table (caller holds the init flock). The file is
+    /// empty, or (`unfinished`) vgpu's own whose initializer died: cutting that one to 0 first
+    /// zero-fills what it left. Nothing else is ever cut.
+    fn initialize(file: &File, init: &TableInit, unfinished: bool) -> io::Result<Mapping> {
+        if unfinished {
+            file.set_len(0)?;
+        }
+        file.set_len(FILE_LEN as u64)?;
+        let map = Mapping::map(file, FILE_LEN, true)?;
+        let (Some(region), Some(ext)) = (map.region(), map.extension()) else {
+            return Err(io::Error::other("mapping shorter than the table"));
+        };
+        write_fresh(region, ext, init);
+        Ok(map)
+    }
+}
+
+/// A [`file`] refusal or failure as the table's error.
+pub(crate) fn open_error(path: &Path, e: file::OpenError) -> ShmError {
+    let path = path.to_path_buf();
+    match e {
+        file::OpenError::Io(op, source) => ShmError::Io { path, op, source },
+        file::OpenError::Refused(reason) => ShmError::Refused { path, reason },
+    }
+}
+
+/// Whether vgpu's extension magic is in place (written first by an initializer).
+fn carries_ext_magic(map: &Mapping) -> bool {
+    map.load_u64(layout::offsets::EXT_MAGIC) == Some(EXT_MAGIC)
+}
+
+fn unreachable_truncated(len: u64) -> Result<Mapping, ImageError> {
+    Err(ImageError::Truncated {
+        len,
+        expected: FILE_LEN as u64,
+    })
+}
+
+fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit) {
+    // First: from here on the file is recognizably vgpu's, so that if this initializer dies,
+    // the next one may start again (see `open`).
+    ext.header.magic.store(EXT_MAGIC, Ordering::Relaxed);
+    let r = region;
+    r.major_version.store(HAMI_MAJOR, Ordering::Relaxed);
+    r.minor_version.store(HAMI_MINOR, Ordering::Relaxed);
+    r.owner_pid
+        .store(u64::from(std::process::id()), Ordering::Relaxed);
+    // A posted glibc semaphore (value 1) in both sem_t fields; vgpu itself never uses them.
+    r.sem[0].store(1, Ordering::Relaxed);
+    r.sem_postinit[0].store(1, Ordering::Relaxed);
+    r.device_num
+        .store(init.uuids.len() as u64, Ordering::Relaxed);
+    for (d, uuid) in init.uuids.iter().enumerate().take(MAX_DEVICES) {
+        for (dst, &b) in r.uuids[d]
+            .iter()
+            .zip(uuid.as_bytes().iter().take(UUID_LEN - 1))
+        {
+            dst.store(b, Ordering::Relaxed);
+        }
+    }
+    for d in 0..MAX_DEVICES {
+        let mem = init.memory_limits.get(d).copied().flatten().unwrap_or(0);
+        r.limit[d].store(mem, Ordering::Relaxed);
+        let sm = init.sm_limits.get(d).copied().flatten().unwrap_or(0);
+        r.sm_limit[d].store(sm, Ordering::Relaxed);
+    }
+    r.priority.store(init.priority, Ordering::Relaxed);
+    let h = &ext.header;
+    h.version.store(EXT_VERSION, Ordering::Relaxed);
+    h.ext_size
+        .store(size_of::<Extension>() as u32, Ordering::Relaxed);
+    h.max_slots.store(MAX_SLOTS as u32, Ordering::Relaxed);
+    h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);
+    h.admin_epoch.store(1, Ordering::Relaxed);
+    h.created_at.store(now_secs(), Ordering::Relaxed);
+    h.minor_version.store(layout::EXT_MINOR, Ordering::Relaxed);
+    // Last: the monitor and other processes treat the file as initialized from here on.
+    r.initialized_flag.store(HAMI_MAGIC, Ordering::Release);
+}
