@@ -16,8 +16,8 @@ use crate::units::parse_interval;
     about = "Run CUDA programs under per-device memory and compute (SM) limits, and see what they use.",
     long_about = "Run CUDA programs under per-device memory and compute (SM) limits, and see what they use.\n\n\
 vgpu preloads libvgpu.so (a drop-in replacement for HAMi-core) into unmodified programs. All \
-processes that share one usage file (CUDA_DEVICE_MEMORY_SHARED_CACHE, default /tmp/cudevshr.cache) \
-share one limit per device.\n\n\
+processes that share one usage file share one limit per device; `vgpu run` gives each job its own \
+file unless --share NAME or --cache PATH joins a group.\n\n\
 Sizes: 4g, 4096m, 512Mi, 1.5GiB or a byte count (binary units). 0 = unlimited.",
     after_help = "Start with `vgpu demo` to see a limit enforced, `vgpu doctor` to check this machine."
 )]
@@ -48,17 +48,22 @@ pub enum Command {
     /// `demo`, `doctor` and the tests).
     #[command(hide = true)]
     Workload(WorkloadArgs),
+    /// Internal: removes the private directory of a `vgpu run` job when the job ends.
+    #[command(hide = true)]
+    JobCleanup(JobCleanupArgs),
 }
 
 /// `vgpu run`.
 #[derive(Debug, Args)]
 #[command(
     after_help = "Examples:\n  vgpu run --memory 4g -- python train.py\n  \
-vgpu run --memory 8g --memory 1=2g --sm 50 --cache /tmp/team-a.cache -- ./app --flag\n\n\
+vgpu run --memory 8g --sm 50 --share team-a -- ./app --flag\n  \
+vgpu run --driver simulated --memory 1g -- ./app      (no GPU needed)\n\n\
+Usage table: each job gets its own private table unless --share NAME (or --cache PATH, or an \
+inherited CUDA_DEVICE_MEMORY_SHARED_CACHE) joins a group. Joining a group whose live processes \
+run under other limits is refused; a group nobody uses any more takes the new limits.\n\
 Flags replace inherited variables of the same kind: any --memory clears inherited \
-CUDA_DEVICE_MEMORY_LIMIT*, any --sm clears inherited CUDA_DEVICE_SM_LIMIT*.\n\
-Limits already stored in an existing usage file win over the environment; change them with \
-`vgpu set-limit`."
+CUDA_DEVICE_MEMORY_LIMIT*, any --sm clears inherited CUDA_DEVICE_SM_LIMIT*."
 )]
 pub struct RunArgs {
     /// Memory limit: SIZE for every device, or DEVICE=SIZE for one (repeatable).
@@ -67,9 +72,20 @@ pub struct RunArgs {
     /// SM (compute) limit in percent: PERCENT or DEVICE=PERCENT (repeatable; 0 or 100 = unlimited).
     #[arg(long = "sm", value_name = "[DEVICE=]PERCENT", value_parser = SmFlag::parse)]
     pub sm: Vec<SmFlag>,
+    /// Join the group NAME: jobs run with the same NAME (by this user) share one usage table
+    /// and one limit per device. Default: a private table for this job alone.
+    #[arg(long, value_name = "NAME", conflicts_with = "cache", value_parser = crate::usage_file::parse_share_name)]
+    pub share: Option<String>,
     /// Usage file shared by all processes under one limit (CUDA_DEVICE_MEMORY_SHARED_CACHE).
     #[arg(long, value_name = "PATH")]
     pub cache: Option<PathBuf>,
+    /// Create a missing --cache file writable by every user (mode 0666, as HAMi does), so
+    /// other users' jobs can join it. Without it a new file is private to you (0600).
+    #[arg(long, requires = "cache")]
+    pub all_users: bool,
+    /// Which CUDA driver the program gets: real, or simulated (libvgpusim.so, no GPU needed).
+    #[arg(long, value_enum, default_value_t = RunDriver::Real)]
+    pub driver: RunDriver,
     /// libvgpu.so to preload (default: $VGPU_LIB, next to vgpu, ../lib, /usr/local/vgpu).
     #[arg(long, value_name = "PATH")]
     pub lib: Option<PathBuf>,
@@ -94,11 +110,21 @@ pub struct CacheArg {
     pub cache: Option<PathBuf>,
 }
 
+/// `--share NAME` for the commands that read a usage file: the group's table.
+#[derive(Debug, Args, Clone)]
+pub struct ShareArg {
+    /// The usage table of the group NAME that `vgpu run --share NAME` jobs use.
+    #[arg(long, value_name = "NAME", conflicts_with = "cache", value_parser = crate::usage_file::parse_share_name)]
+    pub share: Option<String>,
+}
+
 /// `vgpu status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
     pub cache: CacheArg,
+    #[command(flatten)]
+    pub share: ShareArg,
     /// Print JSON (schema `vgpu.status.v1`, see docs/cli.md).
     #[arg(long)]
     pub json: bool,
@@ -109,12 +135,17 @@ pub struct StatusArgs {
 pub struct WatchArgs {
     #[command(flatten)]
     pub cache: CacheArg,
+    #[command(flatten)]
+    pub share: ShareArg,
     /// Time between refreshes: 1s, 500ms, 2m, or seconds.
     #[arg(long, short = 'n', default_value = "1s", value_name = "DURATION", value_parser = parse_interval)]
     pub interval: std::time::Duration,
     /// Stop after N refreshes (default: until Ctrl-C on a terminal, 1 when stdout is not a terminal).
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
+    /// Print one JSON object per refresh, one per line (NDJSON, schema `vgpu.watch.v1`).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `vgpu set-limit`.
@@ -136,6 +167,11 @@ pub struct SetLimitArgs {
     pub sm: Option<u8>,
     #[command(flatten)]
     pub cache: CacheArg,
+    #[command(flatten)]
+    pub share: ShareArg,
+    /// Print the changes as JSON (schema `vgpu.set-limit.v1`).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `vgpu exporter`.
@@ -161,9 +197,17 @@ pub struct DoctorArgs {
     pub lib: Option<PathBuf>,
     #[command(flatten)]
     pub cache: CacheArg,
+    #[command(flatten)]
+    pub share: ShareArg,
     /// Skip the probe program (only inspect files and the environment).
     #[arg(long)]
     pub no_probe: bool,
+    /// Check against the real driver, or the simulated one (as `vgpu run --driver simulated`).
+    #[arg(long, value_enum, default_value_t = RunDriver::Real)]
+    pub driver: RunDriver,
+    /// Print the checks as JSON (schema `vgpu.doctor.v1`) instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `vgpu demo`.
@@ -192,6 +236,30 @@ pub enum DriverChoice {
     Real,
     /// The simulated driver (libvgpusim.so next to the vgpu binary).
     Simulated,
+}
+
+/// Which CUDA driver `vgpu run` gives the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RunDriver {
+    /// The system's libcuda.so.1 (what the program would load anyway).
+    Real,
+    /// The simulated driver (libvgpusim.so next to the vgpu binary, or $VGPU_SIM_LIB),
+    /// served as libcuda.so.1 and libnvidia-ml.so.1: no GPU needed.
+    Simulated,
+}
+
+/// `vgpu job-cleanup` (hidden): removes a job's private directory once the job has ended.
+#[derive(Debug, Args)]
+pub struct JobCleanupArgs {
+    /// The job's process (the pid `vgpu run` execs into).
+    #[arg(long)]
+    pub pid: i32,
+    /// The private directory to remove.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Internal: the first stage starts the second detached and exits at once.
+    #[arg(long)]
+    pub stage: u8,
 }
 
 /// `vgpu workload` (hidden).

@@ -17,7 +17,6 @@ use crate::limits::MemoryFlag;
 use crate::locate;
 use crate::report;
 use crate::run::{HookEnv, HookSetup, hook_env};
-use crate::tempdir::TempDir;
 use crate::units::format_bytes;
 use crate::workload::WorkloadProcess;
 
@@ -72,7 +71,7 @@ fn exe() -> Result<PathBuf, Failure> {
 pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
     let vgpu_exe = exe()?;
     let hook = locate::find_hook(args.lib.as_deref())?;
-    let tmp = TempDir::new("vgpu-demo")
+    let tmp = crate::private_tempdir("vgpu-demo-")
         .map_err(|e| Failure::msg(format!("cannot create a temporary directory: {e}")))?;
     let cache = tmp.path().join("demo.cache");
 
@@ -117,11 +116,6 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
     println!("limit:     {} on every device", format_bytes(limit));
     println!(
         "usage:     {} (a private file, removed at the end)",
-        cache.display()
-    );
-    println!(
-        "like:      vgpu run --memory {} --cache {} -- <your program>",
-        crate::units::format_size_arg(limit),
         cache.display()
     );
     println!();
@@ -299,6 +293,13 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
             false
         }
     };
+    // The usage file above is gone with the demo's directory: point at what stays.
+    println!(
+        "next:      vgpu run --memory {}{} -- <your program>   (its own usage table; \
+         --share NAME to share one)",
+        crate::units::format_size_arg(limit),
+        if simulated { " --driver simulated" } else { "" }
+    );
     if !limit_seen {
         println!(
             "note: cuDeviceTotalMem_v2 should report the limit ({}); it reported {:?}",

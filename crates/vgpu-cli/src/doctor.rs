@@ -4,16 +4,16 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use serde::Serialize;
 use vgpu_env::{Config, Vars};
 
 use crate::Failure;
-use crate::cli::DoctorArgs;
+use crate::cli::{DoctorArgs, RunDriver};
 use crate::cuda::Library;
 use crate::limits::MemoryFlag;
 use crate::locate::{self, Found};
 use crate::report;
 use crate::run::{HookSetup, hook_env};
-use crate::tempdir::TempDir;
 use crate::units::{format_bytes, format_limit};
 use crate::workload::WorkloadProcess;
 
@@ -21,8 +21,16 @@ use crate::workload::WorkloadProcess;
 /// MiB, counted against the limit), and not the physical total of any current GPU.
 pub const PROBE_LIMIT: u64 = 1536 << 20;
 
+/// The JSON schema identifier of `doctor --json` (docs/cli.md).
+pub const SCHEMA: &str = "vgpu.doctor.v1";
+
+/// HAMi's device plugin sets this to `true` when `deviceMemoryScaling > 1` (memory
+/// oversubscription); vgpu does not implement it yet.
+pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+
 /// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Verdict {
     /// Fine.
     Ok,
@@ -35,7 +43,7 @@ pub enum Verdict {
 }
 
 /// One check's outcome.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
     /// Short name.
     pub name: &'static str,
@@ -169,12 +177,35 @@ fn check_preload(hook: Option<&Found>) -> (Check, bool) {
     )
 }
 
-fn check_driver(name: &'static str, soname: &str, required: bool) -> (Check, bool) {
-    match Library::open(soname) {
+/// `sim_links`: the directory serving the simulated driver under the driver's names
+/// (`--driver simulated`), where `soname` is opened instead of the loader's search.
+fn check_driver(
+    name: &'static str,
+    soname: &str,
+    required: bool,
+    sim_links: Option<&Path>,
+) -> (Check, bool) {
+    let target = sim_links.map_or_else(
+        || soname.to_owned(),
+        |d| d.join(soname).display().to_string(),
+    );
+    match Library::open(&target) {
         Ok(l) => {
             let path = l.path().unwrap_or_else(|| PathBuf::from(soname));
             let simulated = path.file_name().is_some_and(|n| n == locate::SIM_NAME);
-            if simulated {
+            if simulated && sim_links.is_some() {
+                (
+                    check(
+                        name,
+                        Verdict::Ok,
+                        format!(
+                            "{soname} is the simulated driver {} (--driver simulated)",
+                            path.display()
+                        ),
+                    ),
+                    true,
+                )
+            } else if simulated {
                 (
                     check(
                         name,
@@ -199,7 +230,7 @@ fn check_driver(name: &'static str, soname: &str, required: bool) -> (Check, boo
         }
         Err(e) => {
             let what = if required {
-                "no CUDA program can run here, limited or not (without a GPU, `vgpu demo` uses the simulated driver)"
+                "no CUDA program can run here, limited or not (without a GPU, `--driver simulated` checks against the simulated driver; `vgpu demo` and `vgpu run --driver simulated` use it)"
             } else {
                 "NVML views (nvidia-smi, nvmlDeviceGetMemoryInfo) cannot be virtualized"
             };
@@ -257,6 +288,35 @@ fn check_environment() -> (Check, Option<Config>) {
             (c, Some(cfg))
         }
     }
+}
+
+/// `CUDA_OVERSUBSCRIBE`, when set: said plainly that vgpu does not honour it.
+fn check_oversubscribe() -> Option<Check> {
+    let v = std::env::var(ENV_OVERSUBSCRIBE).ok()?;
+    Some(check(
+        "oversubscribe",
+        Verdict::Warn,
+        format!(
+            "{ENV_OVERSUBSCRIBE}={v} is set (HAMi sets it when deviceMemoryScaling > 1), but vgpu does not \
+             honour it yet: memory is NOT oversubscribed; programs see and get at most their limit, \
+             and allocations past it are refused"
+        ),
+    ))
+}
+
+/// What `doctor --json` prints.
+#[derive(Debug, Serialize)]
+pub struct DoctorReport<'a> {
+    /// Always [`SCHEMA`].
+    pub schema: &'static str,
+    /// No check failed.
+    pub ok: bool,
+    /// Whether libvgpu.so is preloaded for programs started here.
+    pub preloaded: bool,
+    /// The verdict line of the text output.
+    pub verdict: &'a str,
+    /// Every check, in order.
+    pub checks: &'a [Check],
 }
 
 fn check_cache(path: &Path) -> (Check, Option<report::StatusReport>) {
@@ -356,8 +416,15 @@ pub fn probe(configure: impl FnOnce(&mut Command)) -> Result<ProbeResult, String
     })
 }
 
-fn check_mechanism(hook: &Found) -> Check {
-    let tmp = match TempDir::new("vgpu-doctor") {
+/// Put the simulated driver's directory first on `cmd`'s `LD_LIBRARY_PATH`, if there is one.
+fn serve_sim(cmd: &mut Command, sim_links: Option<&Path>) {
+    if let Some(d) = sim_links {
+        cmd.env("LD_LIBRARY_PATH", crate::demo::library_path_with(d));
+    }
+}
+
+fn check_mechanism(hook: &Found, sim_links: Option<&Path>) -> Check {
+    let tmp = match crate::private_tempdir("vgpu-doctor-") {
         Ok(t) => t,
         Err(e) => {
             return check(
@@ -380,7 +447,10 @@ fn check_mechanism(hook: &Found) -> Check {
         Ok(e) => e,
         Err(e) => return check("probe (hook)", Verdict::Fail, e.message),
     };
-    match probe(|cmd| env.apply(cmd)) {
+    match probe(|cmd| {
+        env.apply(cmd);
+        serve_sim(cmd, sim_links);
+    }) {
         Err(e) => check("probe (hook)", Verdict::Fail, e),
         Ok(p) if p.device_total == PROBE_LIMIT && p.info_total == PROBE_LIMIT => check(
             "probe (hook)",
@@ -412,12 +482,16 @@ fn check_mechanism(hook: &Found) -> Check {
 }
 
 /// The probe in this environment as it is: does a program started here see its limit?
-fn check_here(cfg: &Config, file: Option<&report::StatusReport>) -> Check {
+fn check_here(
+    cfg: &Config,
+    file: Option<&report::StatusReport>,
+    sim_links: Option<&Path>,
+) -> Check {
     // Limits stored in the file win over the environment.
     let expected = file
         .and_then(|r| r.devices.iter().find(|d| d.index == 0))
         .map_or(cfg.memory_limit[0], |d| d.memory_limit_bytes);
-    let p = match probe(|_| {}) {
+    let p = match probe(|cmd| serve_sim(cmd, sim_links)) {
         Ok(p) => p,
         Err(e) => return check("probe (here)", Verdict::Fail, e),
     };
@@ -459,8 +533,11 @@ fn check_here(cfg: &Config, file: Option<&report::StatusReport>) -> Check {
 /// `vgpu doctor`.
 pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
     let mut checks = Vec::new();
+    let text = !args.json;
     let emit = |c: Check, checks: &mut Vec<Check>| {
-        println!("{}", c.render());
+        if text {
+            println!("{}", c.render());
+        }
         checks.push(c);
     };
     let (c, hook) = check_hook(args.lib.as_deref());
@@ -468,13 +545,29 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
     emit(c, &mut checks);
     let (c, preloaded) = check_preload(hook.as_ref());
     emit(c, &mut checks);
-    let (c, have_driver) = check_driver("CUDA driver", "libcuda.so.1", true);
+    // --driver simulated: the simulated driver served as libcuda.so.1 from a private
+    // directory, for the driver checks and the probes alike.
+    let sim_dir = match args.driver {
+        RunDriver::Real => None,
+        RunDriver::Simulated => {
+            let dir = crate::private_tempdir("vgpu-doctor-sim-")
+                .map_err(|e| Failure::msg(format!("cannot create a temporary directory: {e}")))?;
+            let sim = locate::find_sim()?;
+            crate::demo::make_sim_link_dir(&sim.path, dir.path())?;
+            Some(dir)
+        }
+    };
+    let sim_links = sim_dir.as_ref().map(tempfile::TempDir::path);
+    let (c, have_driver) = check_driver("CUDA driver", "libcuda.so.1", true, sim_links);
     emit(c, &mut checks);
-    let (c, _) = check_driver("NVML", "libnvidia-ml.so.1", false);
+    let (c, _) = check_driver("NVML", "libnvidia-ml.so.1", false, sim_links);
     emit(c, &mut checks);
     let (c, cfg) = check_environment();
     emit(c, &mut checks);
-    let cache = report::cache_path(&args.cache);
+    if let Some(c) = check_oversubscribe() {
+        emit(c, &mut checks);
+    }
+    let cache = report::table_path(&args.cache, &args.share);
     let (c, file) = check_cache(&cache);
     emit(c, &mut checks);
     if args.no_probe {
@@ -492,28 +585,45 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
             &mut checks,
         );
     } else if let Some(hook) = &hook {
-        emit(check_mechanism(hook), &mut checks);
+        emit(check_mechanism(hook, sim_links), &mut checks);
         if preloaded {
             if let Some(cfg) = &cfg {
-                emit(check_here(cfg, file.as_ref()), &mut checks);
+                emit(check_here(cfg, file.as_ref(), sim_links), &mut checks);
             }
         }
     }
     let failed = checks.iter().filter(|c| c.verdict == Verdict::Fail).count();
-    println!();
-    if failed == 0 {
-        if preloaded {
-            println!("verdict: enforcement is in effect for programs started here.");
-        } else {
-            println!(
-                "verdict: the hook works; programs are limited when started with `vgpu run` (nothing is preloaded here)."
-            );
-        }
-        Ok(ExitCode::SUCCESS)
+    let verdict = if failed > 0 {
+        format!("enforcement is NOT in effect: {failed} check(s) failed")
+    } else if preloaded {
+        "enforcement is in effect for programs started here".to_owned()
     } else {
-        println!(
-            "verdict: enforcement is NOT in effect: {failed} check(s) failed (see [FAIL] above)."
-        );
-        Ok(ExitCode::FAILURE)
+        "the hook works; programs are limited when started with `vgpu run` (nothing is preloaded here)"
+            .to_owned()
+    };
+    if text {
+        println!();
+        let see = if failed > 0 {
+            " (see [FAIL] above)"
+        } else {
+            ""
+        };
+        println!("verdict: {verdict}{see}.");
+    } else {
+        let report = DoctorReport {
+            schema: SCHEMA,
+            ok: failed == 0,
+            preloaded,
+            verdict: &verdict,
+            checks: &checks,
+        };
+        let json = serde_json::to_string_pretty(&report)
+            .map_err(|e| Failure::msg(format!("cannot encode the report: {e}")))?;
+        println!("{json}");
     }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -163,7 +163,10 @@ mod tests {
 
     #[test]
     fn expansion_walks_directories_and_skips_the_library() {
-        let dir = crate::tempdir::TempDir::new("vgpu-glob-test").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("vgpu-glob-test")
+            .tempdir()
+            .unwrap();
         let root = dir.path();
         for sub in ["c1", "c2", ".hidden"] {
             std::fs::create_dir(root.join(sub)).unwrap();

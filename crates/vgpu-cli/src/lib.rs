@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod exporter;
 pub mod glob;
 pub mod http;
+pub mod job_cleanup;
 pub mod limits;
 pub mod locate;
 pub mod report;
@@ -18,13 +19,24 @@ pub mod run;
 pub mod set_limit;
 pub mod signals;
 pub mod table;
-pub mod tempdir;
+pub mod turn_dir;
 pub mod units;
+pub mod usage_file;
 pub mod watch;
 pub mod workload;
 
 use std::fmt;
 use std::process::ExitCode;
+
+/// A private temporary directory (mode 0700, tempfile's unique name `<prefix>…`) in the
+/// system temp dir, removed with its contents on drop.
+pub fn private_tempdir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+}
 
 /// A failed command: the message for stderr and the exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,5 +97,6 @@ pub fn dispatch(cli: cli::Cli) -> Result<ExitCode, Failure> {
         Command::Doctor(a) => doctor::doctor(&a),
         Command::Demo(a) => demo::demo(&a),
         Command::Workload(a) => workload::workload(&a),
+        Command::JobCleanup(a) => job_cleanup::job_cleanup(&a),
     }
 }

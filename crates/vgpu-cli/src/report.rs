@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 use crate::Failure;
-use crate::cli::{CacheArg, StatusArgs};
+use crate::cli::{CacheArg, ShareArg, StatusArgs};
 use crate::units::{format_bytes, format_limit};
 
 /// The JSON schema identifier; bumped on any incompatible change (docs/cli.md).
@@ -114,6 +114,14 @@ pub fn cache_path(arg: &CacheArg) -> PathBuf {
     match std::env::var_os(vgpu_env::ENV_SHARED_CACHE) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => PathBuf::from(vgpu_env::DEFAULT_SHARED_CACHE),
+    }
+}
+
+/// The usage file of a command that also takes `--share NAME` (that group's table).
+pub fn table_path(cache: &CacheArg, share: &ShareArg) -> PathBuf {
+    match &share.share {
+        Some(name) => crate::usage_file::share_path(name),
+        None => cache_path(cache),
     }
 }
 
@@ -247,7 +255,7 @@ impl StatusReport {
 
 /// `vgpu status`.
 pub fn status(args: &StatusArgs) -> Result<ExitCode, Failure> {
-    let path = cache_path(&args.cache);
+    let path = table_path(&args.cache, &args.share);
     let report = read(&path)?;
     if args.json {
         println!("{}", report.render_json());
@@ -322,7 +330,7 @@ pub(crate) mod tests {
     /// kill the reader (a mapped reader dies of SIGBUS).
     #[test]
     fn read_survives_a_file_truncated_and_restored_meanwhile() {
-        let dir = crate::tempdir::TempDir::new("vgpu-read-trunc").unwrap();
+        let dir = crate::private_tempdir("vgpu-read-trunc").unwrap();
         let path = dir.path().join("c.cache");
         table_at(&path);
         let image = std::fs::read(&path).unwrap();
@@ -356,7 +364,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_fifo_at_the_cache_path_is_an_error_not_a_hang() {
-        let dir = crate::tempdir::TempDir::new("vgpu-read-fifo").unwrap();
+        let dir = crate::private_tempdir("vgpu-read-fifo").unwrap();
         let path = dir.path().join("c.cache");
         mkfifo(&path);
         let p = path.clone();
@@ -367,7 +375,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_fifo_in_the_turn_directory_is_skipped_not_a_hang() {
-        let dir = crate::tempdir::TempDir::new("vgpu-read-turnfifo").unwrap();
+        let dir = crate::private_tempdir("vgpu-read-turnfifo").unwrap();
         let cache = dir.path().join("c.cache");
         table_at(&cache);
         mkfifo(&dir.path().join(vgpu_shm::board_file_name("GPU-read")));
@@ -380,7 +388,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_symlink_at_the_cache_path_is_refused() {
-        let dir = crate::tempdir::TempDir::new("vgpu-read-link").unwrap();
+        let dir = crate::private_tempdir("vgpu-read-link").unwrap();
         let real = dir.path().join("real.cache");
         table_at(&real);
         let link = dir.path().join("c.cache");

@@ -1,22 +1,54 @@
-//! `vgpu set-limit`: change limits in a live usage file through vgpu-shm.
+//! `vgpu set-limit`: change limits in a live usage file through vgpu-shm; text or JSON.
 
 use std::process::ExitCode;
 
+use serde::Serialize;
 use vgpu_alloc_core::DeviceIndex;
 
 use crate::Failure;
 use crate::cli::SetLimitArgs;
-use crate::report::cache_path;
+use crate::report::table_path;
 use crate::table::open_writable;
 use crate::units::format_limit;
+
+/// The JSON schema identifier of `set-limit --json` (docs/cli.md).
+pub const SCHEMA: &str = "vgpu.set-limit.v1";
 
 fn pct(p: Option<u64>) -> String {
     p.map_or_else(|| "unlimited".to_owned(), |p| format!("{p}%"))
 }
 
+/// What `set-limit --json` prints.
+#[derive(Debug, Serialize)]
+pub struct SetLimitReport {
+    /// Always [`SCHEMA`].
+    pub schema: &'static str,
+    /// The usage file changed.
+    pub cache: String,
+    /// One entry per device and kind of limit changed.
+    pub changes: Vec<LimitChange>,
+}
+
+/// One limit changed on one device; `null` old/new = unlimited.
+#[derive(Debug, Serialize)]
+pub struct LimitChange {
+    /// Device index.
+    pub device: u32,
+    /// `memory_bytes` or `sm_percent`.
+    pub limit: &'static str,
+    /// The value before.
+    pub old: Option<u64>,
+    /// The value now.
+    pub new: Option<u64>,
+    /// Memory in use on the device (memory changes only): above `new`, new allocations are
+    /// refused until it drops.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<u64>,
+}
+
 /// `vgpu set-limit`.
 pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
-    let path = cache_path(&args.cache);
+    let path = table_path(&args.cache, &args.share);
     let table = open_writable(&path)?;
     let device_num = table.device_num();
     let devices: Vec<u32> = match args.device {
@@ -35,6 +67,7 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
         }
         None => (0..device_num).collect(),
     };
+    let mut changes = Vec::new();
     for d in devices {
         let dev = DeviceIndex(d);
         if let Some(bytes) = args.memory {
@@ -43,19 +76,13 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
             table
                 .set_memory_limit(dev, new)
                 .map_err(|e| Failure::msg(e.to_string()))?;
-            let used = table.usage(dev).used;
-            let note = match new {
-                Some(n) if used > n => format!(
-                    " (usage {} is above it: new allocations are refused until it drops)",
-                    format_limit(Some(used))
-                ),
-                _ => String::new(),
-            };
-            println!(
-                "device {d}: memory limit {} -> {}{note}",
-                format_limit(old),
-                format_limit(new)
-            );
+            changes.push(LimitChange {
+                device: d,
+                limit: "memory_bytes",
+                old,
+                new,
+                used_bytes: Some(table.usage(dev).used),
+            });
         }
         if let Some(p) = args.sm {
             let old = table.sm_limit(dev);
@@ -63,7 +90,49 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
             table
                 .set_sm_limit(dev, new)
                 .map_err(|e| Failure::msg(e.to_string()))?;
-            println!("device {d}: SM limit {} -> {}", pct(old), pct(new));
+            changes.push(LimitChange {
+                device: d,
+                limit: "sm_percent",
+                old,
+                new,
+                used_bytes: None,
+            });
+        }
+    }
+    if args.json {
+        let report = SetLimitReport {
+            schema: SCHEMA,
+            cache: path.display().to_string(),
+            changes,
+        };
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Failure::msg(format!("cannot encode the report: {e}")))?;
+        println!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    for c in &changes {
+        match c.limit {
+            "memory_bytes" => {
+                let note = match (c.new, c.used_bytes) {
+                    (Some(n), Some(used)) if used > n => format!(
+                        " (usage {} is above it: new allocations are refused until it drops)",
+                        format_limit(Some(used))
+                    ),
+                    _ => String::new(),
+                };
+                println!(
+                    "device {}: memory limit {} -> {}{note}",
+                    c.device,
+                    format_limit(c.old),
+                    format_limit(c.new)
+                );
+            }
+            _ => println!(
+                "device {}: SM limit {} -> {}",
+                c.device,
+                pct(c.old),
+                pct(c.new)
+            ),
         }
     }
     Ok(ExitCode::SUCCESS)

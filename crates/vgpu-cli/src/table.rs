@@ -15,7 +15,8 @@ pub fn describe(path: &Path, err: &ShmError) -> String {
     match err {
         ShmError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => format!(
             "{} does not exist: no program has run under the hook with this usage file yet \
-             (give another one with --cache or $CUDA_DEVICE_MEMORY_SHARED_CACHE)",
+             (give another one with --cache or $CUDA_DEVICE_MEMORY_SHARED_CACHE, or a group's with \
+             --share NAME; a `vgpu run` job without --share has a private table, named in its note)",
             path.display()
         ),
         ShmError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {

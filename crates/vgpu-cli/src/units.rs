@@ -35,6 +35,33 @@ pub fn format_limit(limit: Option<u64>) -> String {
     limit.map_or_else(|| "unlimited".to_owned(), format_bytes)
 }
 
+/// Wall-clock time `unix_secs` in the local time zone (the system's, or `$TZ`), formatted
+/// by `strftime` with `format`: libc's tz database reader, rather than a second one.
+pub fn format_local_time(unix_secs: i64, format: &std::ffi::CStr) -> String {
+    let t: libc::time_t = unix_secs;
+    // SAFETY: an all-zero `tm` is a valid value to be overwritten.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: localtime_r writes only into `tm` (glibc reads TZ once, on first use).
+    let ok = unsafe { !libc::localtime_r(&t, &mut tm).is_null() };
+    if !ok {
+        return unix_secs.to_string();
+    }
+    let mut buf = [0u8; 64];
+    // SAFETY: strftime writes at most `buf.len()` bytes and returns how many (0 on overflow).
+    let n = unsafe { libc::strftime(buf.as_mut_ptr().cast(), buf.len(), format.as_ptr(), &tm) };
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// RFC 3339 local time with offset, `2026-12-01T10:15:03+01:00`.
+pub fn rfc3339_local(unix_secs: i64) -> String {
+    let mut s = format_local_time(unix_secs, c"%Y-%m-%dT%H:%M:%S%z");
+    // strftime's %z is `+0100`; RFC 3339 wants `+01:00`.
+    if s.len() >= 5 && s.is_char_boundary(s.len() - 2) {
+        s.insert(s.len() - 2, ':');
+    }
+    s
+}
+
 /// Parse `1s`, `500ms`, `2m`, `1.5s` or a number of seconds; between 10 ms and 1 hour.
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
     let t = text.trim();
@@ -62,6 +89,15 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_time_is_rfc3339_with_a_colon_in_the_offset() {
+        let s = rfc3339_local(1_700_000_000);
+        let b = s.as_bytes();
+        assert_eq!(s.len(), 25, "{s}");
+        assert_eq!((b[10], b[22]), (b'T', b':'), "{s}");
+        assert!(b[19] == b'+' || b[19] == b'-', "{s}");
+    }
 
     #[test]
     fn bytes_format() {

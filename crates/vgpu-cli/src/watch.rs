@@ -1,43 +1,306 @@
-//! `vgpu watch`: `status` refreshed in place.
+//! `vgpu watch`: the usage file refreshed in place, in 80 columns, with local time; or one
+//! JSON object per sample (NDJSON) for scripts.
+//!
+//! Terminal-only things (clearing the screen, the Ctrl-C hint, colours) appear only when
+//! stdout is a terminal, colours also only without `$NO_COLOR`: a pipe gets plain frames.
 
+use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anstyle::{AnsiColor, Style};
+use serde::Serialize;
 
 use crate::Failure;
 use crate::cli::WatchArgs;
-use crate::report::{cache_path, read};
+use crate::report::{StatusReport, read, table_path};
 use crate::signals;
+use crate::units::{format_local_time, rfc3339_local};
+
+/// The NDJSON schema identifier of `watch --json` (docs/cli.md).
+pub const SCHEMA: &str = "vgpu.watch.v1";
 
 /// Clear the screen and home the cursor.
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
+/// Usage at or above this share of the limit is highlighted as near the limit.
+pub const NEAR_LIMIT_PERCENT: u64 = 90;
+
+/// Free memory under the limit below which a device counts as full: the hook hands out
+/// device memory in 2 MiB pages, so a request then is refused (`CUDA_ERROR_OUT_OF_MEMORY`).
+pub const FULL_MARGIN: u64 = 2 << 20;
+
+/// One `watch --json` line.
+#[derive(Debug, Serialize)]
+pub struct WatchSample<'a> {
+    /// Always [`SCHEMA`].
+    pub schema: &'static str,
+    /// Local time of the sample, RFC 3339 with offset.
+    pub time: String,
+    /// The same instant, milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    /// The file's status (`vgpu.status.v1`), `null` when it could not be read.
+    pub status: Option<&'a StatusReport>,
+    /// Why it could not be read, else `null`.
+    pub error: Option<String>,
+}
+
+/// Styles for highlights; all plain when not on a colour terminal.
+#[derive(Debug, Clone, Copy)]
+struct Palette {
+    near: Style,
+    full: Style,
+    dead: Style,
+    dim: Style,
+}
+
+impl Palette {
+    fn new(colour: bool) -> Self {
+        if !colour {
+            let plain = Style::new();
+            return Self {
+                near: plain,
+                full: plain,
+                dead: plain,
+                dim: plain,
+            };
+        }
+        Self {
+            near: AnsiColor::Yellow.on_default().bold(),
+            full: AnsiColor::Red.on_default().bold(),
+            dead: AnsiColor::Red.on_default(),
+            dim: Style::new().dimmed(),
+        }
+    }
+}
+
+fn paint(style: Style, text: &str) -> String {
+    format!("{style}{text}{style:#}")
+}
+
+/// How close a device is to its memory limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pressure {
+    /// Unlimited, or below [`NEAR_LIMIT_PERCENT`].
+    Normal,
+    /// At or above [`NEAR_LIMIT_PERCENT`] of the limit.
+    Near,
+    /// Less than [`FULL_MARGIN`] left: allocations are refused.
+    Full,
+}
+
+/// The pressure of `used` under `limit`.
+pub fn pressure(used: u64, limit: Option<u64>) -> Pressure {
+    match limit {
+        None | Some(0) => Pressure::Normal,
+        Some(l) if used.saturating_add(FULL_MARGIN) > l => Pressure::Full,
+        Some(l) if u128::from(used) * 100 >= u128::from(l) * u128::from(NEAR_LIMIT_PERCENT) => {
+            Pressure::Near
+        }
+        Some(_) => Pressure::Normal,
+    }
+}
+
+/// Bytes in at most 8 characters (three significant digits): `0 B`, `512 KiB`, `1.50 GiB`,
+/// `79.6 GiB`, `1021 MiB`; exact multiples without decimals, like `format_bytes`.
+pub fn short_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >= 1u64 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    let scale = 1u64 << (10 * unit);
+    if bytes % scale == 0 {
+        return format!("{} {}", bytes / scale, UNITS[unit]);
+    }
+    let v = bytes as f64 / scale as f64;
+    match v {
+        v if v < 10.0 => format!("{v:.2} {}", UNITS[unit]),
+        v if v < 100.0 => format!("{v:.1} {}", UNITS[unit]),
+        v => format!("{v:.0} {}", UNITS[unit]),
+    }
+}
+
+fn short_limit(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), short_bytes)
+}
+
+fn percent_of(used: u64, limit: Option<u64>) -> String {
+    match limit {
+        Some(l) if l > 0 => format!("{}%", u128::from(used) * 100 / u128::from(l)),
+        _ => "-".to_owned(),
+    }
+}
+
+fn sm_pair(util: u64, limit: Option<u64>) -> String {
+    format!(
+        "{util}%/{}",
+        limit.map_or_else(|| "-".to_owned(), |l| format!("{l}%"))
+    )
+}
+
+/// The frame body: devices and processes in at most 80 columns (the UUID on a line of its
+/// own), usage near the limit, full devices and dead processes highlighted.
+fn render_body(r: &StatusReport, p: Palette) -> String {
+    let mut out = String::new();
+    if r.devices.is_empty() {
+        let _ = writeln!(
+            out,
+            "No devices recorded yet (no process has used a GPU under this file)."
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "{:>3}  {:>20}  {:>4}  {:>8}  {:>8}  {:>8}  {:>10}",
+            "DEV", "MEMORY USED / LIMIT", "USE", "CONTEXT", "MODULE", "DATA", "SM USE/LIM"
+        );
+        for d in &r.devices {
+            let mem = format!(
+                "{} / {}",
+                short_bytes(d.memory_used_bytes),
+                short_limit(d.memory_limit_bytes)
+            );
+            let line = format!(
+                "{:>3}  {:>20}  {:>4}  {:>8}  {:>8}  {:>8}  {:>10}",
+                d.index,
+                mem,
+                percent_of(d.memory_used_bytes, d.memory_limit_bytes),
+                short_bytes(d.context_bytes),
+                short_bytes(d.module_bytes),
+                short_bytes(d.data_bytes),
+                sm_pair(d.sm_utilization_percent, d.sm_limit_percent),
+            );
+            let _ = match pressure(d.memory_used_bytes, d.memory_limit_bytes) {
+                Pressure::Normal => writeln!(out, "{line}"),
+                Pressure::Near => writeln!(out, "{}", paint(p.near, &line)),
+                Pressure::Full => writeln!(
+                    out,
+                    "{}\n     {}",
+                    paint(p.full, &line),
+                    paint(
+                        p.full,
+                        "FULL: allocations on this device are refused (out of memory)"
+                    )
+                ),
+            };
+            if let Some(u) = &d.uuid {
+                let _ = writeln!(out, "     {}", paint(p.dim, u));
+            }
+            if !d.turns.is_empty() {
+                let list: Vec<String> = d
+                    .turns
+                    .iter()
+                    .map(|t| {
+                        let me = if t.this_container { "*" } else { "" };
+                        format!("{}%{me}", t.sm_limit_percent)
+                    })
+                    .collect();
+                let _ = writeln!(out, "     taking turns: {} (* = this file)", list.join(" "));
+            }
+        }
+    }
+    let _ = writeln!(out);
+    if r.processes.is_empty() {
+        let _ = writeln!(out, "No processes.");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:>8}  {:>8}  {:<9}  {:>3}  {:>10}  {:>6}",
+        "PID", "HOST PID", "STATE", "DEV", "MEMORY", "SM USE"
+    );
+    for proc in &r.processes {
+        let host = proc
+            .host_pid
+            .map_or_else(|| "-".to_owned(), |h| h.to_string());
+        let mut rows: Vec<(String, String, String)> = proc
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.index.to_string(),
+                    short_bytes(d.memory_used_bytes),
+                    format!("{}%", d.sm_utilization_percent),
+                )
+            })
+            .collect();
+        if rows.is_empty() {
+            rows.push(("-".into(), "0 B".into(), "-".into()));
+        }
+        for (dev, mem, sm) in rows {
+            let line = format!(
+                "{:>8}  {:>8}  {:<9}  {dev:>3}  {mem:>10}  {sm:>6}",
+                proc.pid, host, proc.state
+            );
+            let _ = if proc.alive {
+                writeln!(out, "{line}")
+            } else {
+                writeln!(out, "{}", paint(p.dead, &format!("{line}  still counted")))
+            };
+        }
+    }
+    out
+}
+
+fn now() -> (i64, u64) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (
+        i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+    )
+}
+
 /// `vgpu watch`: until Ctrl-C on a terminal; `--count` refreshes (1 by default when stdout is
 /// not a terminal, so a pipe or a test never runs forever by accident).
 pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
-    let path = cache_path(&args.cache);
+    let path = table_path(&args.cache, &args.share);
     let tty = std::io::stdout().is_terminal();
-    let count = args.count.unwrap_or(if tty { 0 } else { 1 });
+    let colour = tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let palette = Palette::new(colour);
+    let count = args.count.unwrap_or(if tty && !args.json { 0 } else { 1 });
     signals::install_stop_handler();
     let mut out = std::io::stdout();
     let mut frame = 0u64;
     loop {
         frame += 1;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let body = match read(&path) {
-            Ok(report) => report.render_text(),
-            // A file that disappears or is not created yet is worth watching for, not fatal.
-            Err(e) => format!("vgpu status: {}\n\n{e}\n", path.display()),
-        };
-        let header = format!(
-            "every {:?}, refresh {frame}, unix time {now}; Ctrl-C to stop\n",
-            args.interval
-        );
-        let text = if tty {
-            format!("{CLEAR}{header}{body}")
+        let (secs, ms) = now();
+        let read = read(&path);
+        let text = if args.json {
+            let (status, error) = match &read {
+                Ok(r) => (Some(r), None),
+                Err(e) => (None, Some(e.clone())),
+            };
+            let sample = WatchSample {
+                schema: SCHEMA,
+                time: rfc3339_local(secs),
+                unix_ms: ms,
+                status,
+                error,
+            };
+            let line = serde_json::to_string(&sample)
+                .map_err(|e| Failure::msg(format!("cannot encode a sample: {e}")))?;
+            format!("{line}\n")
         } else {
-            format!("{header}{body}\n")
+            let body = match &read {
+                Ok(report) => render_body(report, palette),
+                // A file that disappears or is not created yet is worth watching for, not fatal.
+                Err(e) => format!("{e}\n"),
+            };
+            let hint = if tty { "  (Ctrl-C to stop)" } else { "" };
+            let header = format!(
+                "{}  refresh {frame}, every {:?}{hint}\n{}\n\n",
+                format_local_time(secs, c"%Y-%m-%d %H:%M:%S %Z"),
+                args.interval,
+                path.display()
+            );
+            if tty {
+                format!("{CLEAR}{header}{body}")
+            } else {
+                format!("{header}{body}\n")
+            }
         };
         // A closed pipe ends the watch quietly.
         if out
@@ -50,5 +313,62 @@ pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
         if (count != 0 && frame >= count) || !signals::sleep_unless_stopped(args.interval) {
             return Ok(ExitCode::SUCCESS);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::sample;
+
+    #[test]
+    fn frames_fit_80_columns_and_mark_dead_processes() {
+        let mut r = sample();
+        r.devices[0].uuid = Some("GPU-ffffffff-ffff-ffff-ffff-ffffffffffff".into());
+        r.devices[0].memory_used_bytes = (1 << 30) - (3 << 20) - 1;
+        r.devices[0].memory_limit_bytes = Some((1 << 40) - 1);
+        r.devices[0].context_bytes = (1 << 30) - 1;
+        r.devices[0].sm_limit_percent = Some(99);
+        r.devices[0].sm_utilization_percent = 100;
+        let text = render_body(&r, Palette::new(false));
+        for line in text.lines() {
+            assert!(line.chars().count() <= 80, "{} columns: {line}", line.len());
+        }
+        assert!(text.contains("GPU-ffffffff"), "{text}");
+        assert!(text.contains("still counted"), "{text}");
+        assert!(!text.contains('\x1b'), "{text}");
+    }
+
+    #[test]
+    fn short_bytes_stay_within_8_characters() {
+        assert_eq!(short_bytes(100 << 20), "100 MiB");
+        assert_eq!(short_bytes(3 << 29), "1.50 GiB");
+        assert_eq!(short_bytes(1023 * (1 << 20) + 1), "1023 MiB");
+        for b in [0, 1023, (1 << 30) - 1, u64::MAX, 99_999 << 20] {
+            assert!(short_bytes(b).len() <= 8, "{}", short_bytes(b));
+        }
+    }
+
+    #[test]
+    fn pressure_marks_near_and_full() {
+        let g = 1u64 << 30;
+        assert_eq!(pressure(g, None), Pressure::Normal);
+        assert_eq!(pressure(g / 2, Some(g)), Pressure::Normal);
+        assert_eq!(pressure(g / 100 * 91, Some(g)), Pressure::Near);
+        assert_eq!(pressure(g - (1 << 20), Some(g)), Pressure::Full);
+        let coloured = render_body(
+            &StatusReport {
+                devices: vec![crate::report::DeviceStatus {
+                    memory_used_bytes: g,
+                    ..sample().devices[0].clone()
+                }],
+                ..sample()
+            },
+            Palette::new(true),
+        );
+        assert!(
+            coloured.contains("\x1b[") && coloured.contains("FULL"),
+            "{coloured}"
+        );
     }
 }

@@ -124,6 +124,7 @@ fn bad_limit_values_are_refused_with_the_reason() {
     );
 }
 
+/// A duplicate is bad usage (exit 2, as docs/cli.md says); it gave 1 before.
 #[test]
 fn duplicate_limits_are_refused() {
     let dir = TempDir::new("vgpu-args").unwrap();
@@ -133,9 +134,46 @@ fn duplicate_limits_are_refused() {
     let out = vgpu_args(&[
         "run", "--lib", lib, "--memory", "1=1g", "--memory", "1=2g", "--", "true",
     ]);
-    assert_fails(&out, 1, &["more than once for device 1"]);
+    assert_fails(&out, 2, &["more than once for device 1"]);
     let out = vgpu_args(&[
         "run", "--lib", lib, "--sm", "10", "--sm", "20", "--", "true",
     ]);
-    assert_fails(&out, 1, &["--sm without a device is given more than once"]);
+    assert_fails(&out, 2, &["--sm without a device is given more than once"]);
+}
+
+#[test]
+fn share_names_and_conflicting_tables_are_usage_errors() {
+    assert_fails(
+        &vgpu_args(&["run", "--share", "../x", "--", "true"]),
+        2,
+        &["not a group name"],
+    );
+    assert_fails(
+        &vgpu_args(&[
+            "run",
+            "--share",
+            "a",
+            "--cache",
+            "/tmp/x.cache",
+            "--",
+            "true",
+        ]),
+        2,
+        &["--share", "--cache"],
+    );
+    assert_fails(
+        &vgpu_args(&["run", "--all-users", "--", "true"]),
+        2,
+        &["--cache"],
+    );
+    assert_fails(
+        &vgpu_args(&["status", "--share", "a", "--cache", "/tmp/x.cache"]),
+        2,
+        &["--share"],
+    );
+    assert_fails(
+        &vgpu_args(&["run", "--driver", "quantum", "--", "true"]),
+        2,
+        &["quantum"],
+    );
 }

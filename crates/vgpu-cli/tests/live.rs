@@ -203,6 +203,17 @@ fn demo_shows_the_limit_enforced_on_the_simulated_driver() {
             out.stdout
         );
     }
+    // The closing hint is a command that works after the demo: it names no file the demo
+    // deleted (it used to suggest `--cache` with the demo's temporary file).
+    let last_cache = out.stdout.rfind("vgpu status --cache").unwrap();
+    let next = out.stdout[last_cache..]
+        .lines()
+        .find(|l| l.starts_with("next:"))
+        .unwrap_or_else(|| panic!("no closing hint in\n{}", out.stdout));
+    assert!(
+        next.contains("vgpu run --memory 512m --driver simulated --") && !next.contains("--cache"),
+        "{next}"
+    );
 }
 
 #[test]

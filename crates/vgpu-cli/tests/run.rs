@@ -7,6 +7,7 @@ mod common;
 use common::*;
 
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 
 fn fake_lib(dir: &TempDir) -> String {
     let lib = dir.path().join("libvgpu.so");
@@ -14,9 +15,14 @@ fn fake_lib(dir: &TempDir) -> String {
     lib.canonicalize().unwrap().to_str().unwrap().to_owned()
 }
 
-/// Run `sh -c script` under `vgpu run ARGS`, returning stdout lines.
+/// Run `sh -c script` under `vgpu run ARGS`, returning stdout lines. Runs in a fresh
+/// directory with its own `TMPDIR`, since `run` creates the usage file it is given and the
+/// per-user table directory.
 fn run_sh(lib: &str, args: &[&str], env: &[(&str, &str)], script: &str) -> Output {
+    let work = Path::new(lib).parent().unwrap().join("work");
+    std::fs::create_dir_all(&work).unwrap();
     let mut cmd = vgpu();
+    cmd.current_dir(&work).env("TMPDIR", &work);
     cmd.arg("run")
         .arg("--lib")
         .arg(lib)
@@ -54,7 +60,7 @@ fn limits_become_canonical_hami_variables() {
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines[0], "4294967296 1610612736 50 30");
     // The cache path is made absolute, so the program finds it whatever its working directory.
-    let cwd = std::env::current_dir().unwrap();
+    let cwd = dir.path().canonicalize().unwrap().join("work");
     assert_eq!(lines[1], cwd.join("rel.cache").to_str().unwrap());
 }
 
@@ -267,4 +273,39 @@ fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
         out.stdout,
         out.stderr
     );
+}
+
+#[test]
+fn dry_run_says_a_private_table_is_made_at_run_time_and_creates_nothing() {
+    let dir = TempDir::new("vgpu-run").unwrap();
+    let lib = fake_lib(&dir);
+    let out = run_sh(&lib, &["--dry-run", "--driver", "simulated"], &[], "true");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("# CUDA_DEVICE_MEMORY_SHARED_CACHE: a private usage table"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("# LD_LIBRARY_PATH: the simulated driver")
+    );
+    assert!(!out.stdout.contains("CUDA_DEVICE_MEMORY_SHARED_CACHE="));
+    let work = dir.path().join("work");
+    assert!(
+        std::fs::read_dir(&work).unwrap().next().is_none(),
+        "dry run created something in {}",
+        work.display()
+    );
+    // --share names the group's file in the per-user directory.
+    let out = run_sh(&lib, &["--dry-run", "--share", "team"], &[], "true");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let want = format!(
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE={}/vgpu-{uid}/team.cache\n",
+        work.display()
+    );
+    assert!(out.stdout.contains(&want), "{}", out.stdout);
 }

@@ -538,6 +538,8 @@ fn exporter_reports_a_live_file() {
     }
 }
 
+/// The file's limit used to win over `--memory` with only a note (issue 14); now a file
+/// nobody uses takes the job's limits, and says so (a live one refuses: tests/workstation.rs).
 #[test]
 fn run_notes_when_the_file_holds_another_limit() {
     let dir = TempDir::new("vgpu-status").unwrap();
@@ -550,18 +552,23 @@ fn run_notes_when_the_file_holds_another_limit() {
             .args(["--cache", path.to_str().unwrap(), "--", "true"]);
         run(cmd)
     };
+    // The same limit as the file: nothing to say about device 0.
+    let out = run_with("0=1g");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(!out.stderr.contains("device 0"), "{}", out.stderr);
     let out = run_with("2g");
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
     assert!(
-        out.stderr
-            .contains("already holds a memory limit of 1 GiB for device 0")
-            && out.stderr.contains("vgpu set-limit"),
+        out.stderr.contains(
+            "held other limits from an earlier job (device 0 memory limit 1 GiB (this job: 2 GiB)"
+        ) && out.stderr.contains("this job's limits replace them"),
         "{}",
         out.stderr
     );
-    // The same limit as the file: nothing to say about device 0.
-    let out = run_with("0=1g");
-    assert!(!out.stderr.contains("for device 0"), "{}", out.stderr);
+    let mut cmd = vgpu();
+    cmd.args(["status", "--json", "--cache", path.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&run(cmd).stdout).unwrap();
+    assert_eq!(v["devices"][0]["memory_limit_bytes"], 2u64 << 30);
 }
 
 #[test]
@@ -727,4 +734,101 @@ fn watch_on_a_terminal_clears_and_redraws() {
     let text = String::from_utf8_lossy(&out);
     assert_eq!(text.matches("\x1b[H\x1b[2J").count(), 2, "{text:?}");
     assert!(text.contains("refresh 2"), "{text:?}");
+    // On a terminal (and only there) it says how to stop.
+    assert!(text.contains("Ctrl-C to stop"), "{text:?}");
+}
+
+/// Before issue 14 the frame wrapped at 80 columns (the UUID column), showed a raw Unix
+/// timestamp and said "Ctrl-C" into a pipe.
+#[test]
+fn watch_fits_80_columns_with_local_time_and_no_terminal_hints_in_a_pipe() {
+    let dir = TempDir::new("vgpu-watch").unwrap();
+    let path = make_table(&dir);
+    let _h = Helper::start(&path, &format!("0:data:{}", 1000 * MIB));
+    let mut cmd = vgpu();
+    cmd.env("TZ", "UTC")
+        .args(["watch", "--cache", path.to_str().unwrap()]);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    for line in out.stdout.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "wider than 80 columns: {line:?}"
+        );
+    }
+    assert!(
+        out.stdout
+            .contains("GPU-aaaaaaaa-0000-0000-0000-000000000000"),
+        "{}",
+        out.stdout
+    );
+    let first = out.stdout.lines().next().unwrap();
+    assert!(
+        first.contains(" UTC ") && !first.contains("unix"),
+        "{first}"
+    );
+    assert!(
+        !out.stdout.contains("Ctrl-C") && !out.stdout.contains('\x1b'),
+        "{}",
+        out.stdout
+    );
+    // 1000 MiB of 1 GiB is near the limit: shown, but as plain text in a pipe.
+    assert!(out.stdout.contains("97%"), "{}", out.stdout);
+}
+
+/// `vgpu watch` on a pseudo-terminal with `env`; what it wrote.
+fn watch_on_a_pty(path: &Path, env: &[(&str, &str)]) -> String {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two descriptors into the out-pointers; name/termios/winsize unused.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both descriptors were just returned by openpty and are owned here.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut cmd = vgpu();
+    cmd.env_remove("NO_COLOR")
+        .envs(env.iter().copied())
+        .args(["watch", "--count", "1", "--cache", path.to_str().unwrap()])
+        .stdout(Stdio::from(slave))
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let status = wait_bounded(&mut child, Duration::from_secs(10));
+    drop(cmd);
+    assert_eq!(status.code(), Some(0));
+    let mut out = Vec::new();
+    let mut master = std::fs::File::from(master);
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = std::io::Read::read(&mut master, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn watch_highlights_a_device_near_its_limit_on_a_terminal_only() {
+    let dir = TempDir::new("vgpu-watch").unwrap();
+    let path = make_table(&dir);
+    let _h = Helper::start(&path, &format!("0:data:{}", 1000 * MIB));
+    let yellow_bold = "\x1b[1m\x1b[33m";
+    let text = watch_on_a_pty(&path, &[]);
+    let device_line = text
+        .lines()
+        .find(|l| l.contains("1000 MiB / 1 GiB"))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    assert!(device_line.contains(yellow_bold), "{device_line:?}");
+    // NO_COLOR: the same frame without colour (the screen is still cleared).
+    let text = watch_on_a_pty(&path, &[("NO_COLOR", "1")]);
+    assert!(text.contains("1000 MiB / 1 GiB"), "{text:?}");
+    assert!(!text.contains(yellow_bold), "{text:?}");
 }

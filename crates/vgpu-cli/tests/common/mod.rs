@@ -7,7 +7,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-pub use vgpu_cli::tempdir::TempDir;
+/// A private temporary directory (tempfile's, mode 0700) removed on drop, named after its test.
+#[derive(Debug)]
+pub struct TempDir(tempfile::TempDir);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> std::io::Result<Self> {
+        vgpu_cli::private_tempdir(prefix).map(Self)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
 
 /// The `vgpu` binary under test.
 pub fn vgpu_exe() -> PathBuf {

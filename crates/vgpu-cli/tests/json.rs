@@ -1,0 +1,195 @@
+//! Every JSON output of `vgpu` parses, and every object names its schema: `status --json`,
+//! `watch --json` (NDJSON: one object per line), `set-limit --json`, `doctor --json`.
+//! The usage file is written by a real job on the simulated driver.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Setup {
+    dir: TempDir,
+}
+
+impl Setup {
+    /// A usage file left by one job on the simulated driver under a 1 GiB limit.
+    fn new() -> (Self, PathBuf) {
+        let s = Self {
+            dir: TempDir::new("vgpu-json").unwrap(),
+        };
+        let cache = s.dir.path().join("job.cache");
+        let mut cmd = s.vgpu();
+        cmd.args(["run", "--driver", "simulated", "--memory", "1g", "--cache"])
+            .arg(&cache)
+            .arg("--")
+            .arg(vgpu_exe())
+            .args(["workload", "--script", "init;alloc 100m"]);
+        let out = run(cmd);
+        assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
+        (s, cache)
+    }
+
+    fn vgpu(&self) -> Command {
+        let mut cmd = vgpu();
+        cmd.env("TMPDIR", self.dir.path())
+            .env("VGPU_TURN_DIR", "off")
+            .env("VGPU_LIB", built_library("libvgpu.so"))
+            .env("VGPU_SIM_LIB", built_library("libvgpusim.so"));
+        cmd
+    }
+}
+
+#[track_caller]
+fn parse(text: &str, schema: &str) -> serde_json::Value {
+    let v: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"));
+    assert_eq!(v["schema"], schema, "{text}");
+    v
+}
+
+fn args(cmd: &mut Command, a: &[&str], cache: &Path) {
+    cmd.args(a).arg("--cache").arg(cache);
+}
+
+#[test]
+fn status_watch_and_set_limit_print_json_with_a_schema() {
+    let (s, cache) = Setup::new();
+    let mut cmd = s.vgpu();
+    args(&mut cmd, &["status", "--json"], &cache);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let v = parse(&out.stdout, "vgpu.status.v1");
+    assert_eq!(v["devices"][0]["memory_limit_bytes"], 1u64 << 30);
+
+    let mut cmd = s.vgpu();
+    args(
+        &mut cmd,
+        &["watch", "--json", "--count", "3", "--interval", "10ms"],
+        &cache,
+    );
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "one object per line:\n{}", out.stdout);
+    for line in lines {
+        let v = parse(line, "vgpu.watch.v1");
+        assert_eq!(v["status"]["schema"], "vgpu.status.v1");
+        assert!(v["error"].is_null());
+        assert!(v["unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
+        let time = v["time"].as_str().unwrap();
+        assert_eq!(time.len(), 25, "RFC 3339 with offset: {time}");
+    }
+    // A missing file is a sample with an error, not the end of the stream.
+    let mut cmd = s.vgpu();
+    args(
+        &mut cmd,
+        &["watch", "--json"],
+        &s.dir.path().join("none.cache"),
+    );
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0));
+    let v = parse(out.stdout.trim(), "vgpu.watch.v1");
+    assert!(v["status"].is_null() && v["error"].as_str().unwrap().contains("does not exist"));
+
+    let mut cmd = s.vgpu();
+    args(
+        &mut cmd,
+        &["set-limit", "--json", "--memory", "2g", "--sm", "40"],
+        &cache,
+    );
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let v = parse(&out.stdout, "vgpu.set-limit.v1");
+    let changes = v["changes"].as_array().unwrap();
+    assert_eq!(changes[0]["limit"], "memory_bytes");
+    assert_eq!(changes[0]["old"], 1u64 << 30);
+    assert_eq!(changes[0]["new"], 2u64 << 30);
+    assert_eq!(changes[1]["limit"], "sm_percent");
+    assert!(changes[1]["old"].is_null());
+    assert_eq!(changes[1]["new"], 40);
+}
+
+#[test]
+fn doctor_json_names_every_check_and_reports_oversubscribe() {
+    let (s, cache) = Setup::new();
+    let mut cmd = s.vgpu();
+    cmd.env("CUDA_OVERSUBSCRIBE", "true");
+    args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
+    let out = run(cmd);
+    let v = parse(&out.stdout, "vgpu.doctor.v1");
+    assert_eq!(
+        v["ok"].as_bool(),
+        Some(out.code() == Some(0)),
+        "{}",
+        out.stdout
+    );
+    let checks = v["checks"].as_array().unwrap();
+    assert!(checks.iter().all(|c| {
+        ["ok", "warn", "fail", "skip"].contains(&c["verdict"].as_str().unwrap())
+            && c["name"].is_string()
+            && c["detail"].is_string()
+    }));
+    let over = checks
+        .iter()
+        .find(|c| c["name"] == "oversubscribe")
+        .unwrap_or_else(|| panic!("no oversubscribe check:\n{}", out.stdout));
+    assert_eq!(over["verdict"], "warn");
+    let detail = over["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("CUDA_OVERSUBSCRIBE=true") && detail.contains("does not honour it"),
+        "{detail}"
+    );
+    // The text form says the same; without the variable there is no such check.
+    let mut cmd = s.vgpu();
+    cmd.env("CUDA_OVERSUBSCRIBE", "true");
+    args(&mut cmd, &["doctor", "--no-probe"], &cache);
+    assert!(run(cmd).stdout.contains("does not honour it"));
+    let mut cmd = s.vgpu();
+    args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
+    let v = parse(&run(cmd).stdout, "vgpu.doctor.v1");
+    assert!(
+        !v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "oversubscribe")
+    );
+}
+
+#[test]
+fn doctor_checks_the_simulated_driver_when_asked() {
+    let (s, cache) = Setup::new();
+    let mut cmd = s.vgpu();
+    // No real driver on the library path: only --driver simulated can pass.
+    cmd.env("LD_LIBRARY_PATH", s.dir.path());
+    args(
+        &mut cmd,
+        &["doctor", "--json", "--driver", "simulated"],
+        &cache,
+    );
+    let out = run(cmd);
+    let v = parse(&out.stdout, "vgpu.doctor.v1");
+    assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
+    assert_eq!(v["ok"], true);
+    let verdict = |name: &str| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["verdict"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        verdict("CUDA driver").as_deref(),
+        Some("ok"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        verdict("probe (hook)").as_deref(),
+        Some("ok"),
+        "{}",
+        out.stdout
+    );
+}
