@@ -123,6 +123,8 @@ pub struct TurnBoard {
 /// The board's words as read from the file (missing bytes read as zero).
 type Image = [u64; IMAGE_WORDS];
 const IMAGE_WORDS: usize = HEADER_WORDS + TURN_ENTRIES * ENTRY_WORDS;
+/// Words of the turn entries; the share-mode records follow (`shares.rs`).
+pub(crate) const TURN_IMAGE_WORDS: usize = IMAGE_WORDS;
 
 /// How long an operation waits for the board's lock before giving up for this period (a
 /// holder keeps it for a few microseconds; the limiter asks from a launch, once per 100 ms).
@@ -239,6 +241,27 @@ impl TurnBoard {
     /// one period stale or skipped); empty when the file cannot be read.
     pub fn tenants(&self, now: u64, max_age: u64) -> Vec<Tenant> {
         read_tenants(&self.path, now, max_age).unwrap_or_default()
+    }
+
+    /// The entry this process announced itself in last (its share record's index).
+    pub fn entry(&self) -> Option<usize> {
+        self.mine
+    }
+
+    /// The board's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The key of every entry (0 = never written), read without the lock; empty when the
+    /// file cannot be read. Share records count only under their entry's key.
+    pub fn entry_keys(&self) -> Vec<u64> {
+        let Ok(image) = File::open(&self.path).and_then(|f| read_image(&f)) else {
+            return Vec::new();
+        };
+        (0..TURN_ENTRIES)
+            .map(|e| image[HEADER_WORDS + e * ENTRY_WORDS])
+            .collect()
     }
 
     /// Withdraws `key` (a container's last limited process exits), so others need not wait
