@@ -637,6 +637,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 }
             }
         }
+        if self.closed.is_empty() && self.open.is_none() {
+            // Everything submitted is done: the estimate of when queued work ends (which
+            // only grows between measurements) starts again from now.
+            self.horizon = self.horizon.min(now as f64);
+        }
     }
 
     fn settle(&mut self, seg: Segment<T::Stream, T::Marker>, complete: bool) {

@@ -342,6 +342,13 @@ impl Sharing {
                 self.tenants = records;
             }
         }
+        // The launch length others read in our record, not our latest estimate: the turn
+        // cycle depends on it, and all must compute the same cycle.
+        let launch_ns = self
+            .tenants
+            .iter()
+            .find(|r| Some(r.key) == self.key)
+            .map_or(launch_ns, |r| r.launch_ns);
         let a = allot(
             me,
             claim,
