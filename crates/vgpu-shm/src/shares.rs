@@ -165,6 +165,12 @@ pub fn read_records(store: &impl RecordStore, keys: &[u64]) -> io::Result<Vec<Sh
     Ok(out)
 }
 
+/// Every share record on `board` (for `vgpu status` and the exporter: read-only, no lock).
+pub fn board_records(board: &crate::TurnBoard) -> io::Result<Vec<ShareRecord>> {
+    let file = std::fs::File::open(board.path())?;
+    read_records(&file, &board.entry_keys())
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
@@ -295,6 +301,8 @@ mod tests {
         write_record(&file, b.entry().unwrap(), &record(9)).unwrap();
         let got = read_records(&file, &a.entry_keys()).unwrap();
         assert_eq!(got.iter().map(|r| r.key).collect::<Vec<_>>(), [7, 9]);
+        let ro = TurnBoard::open_read_only(&p).unwrap();
+        assert_eq!(board_records(&ro).unwrap(), got);
         // The turn board itself still reads (its readers never look past the entries).
         assert_eq!(a.tenants(11 * MS, 300 * MS).len(), 2);
         let _ = std::fs::remove_file(&p);
