@@ -18,7 +18,10 @@
 
 use std::io;
 
-use crate::turns::{TURN_ENTRIES, TURN_IMAGE_WORDS};
+use std::path::Path;
+
+use crate::TurnBoardError;
+use crate::turns::{TURN_ENTRIES, TURN_IMAGE_WORDS, entry_keys_of, open_error, read_board};
 
 /// First word of the share region in the board file.
 pub const REGION_WORD: usize = TURN_IMAGE_WORDS;
@@ -165,10 +168,20 @@ pub fn read_records(store: &impl RecordStore, keys: &[u64]) -> io::Result<Vec<Sh
     Ok(out)
 }
 
-/// Every share record on `board` (for `vgpu status` and the exporter: read-only, no lock).
-pub fn board_records(board: &crate::TurnBoard) -> io::Result<Vec<ShareRecord>> {
-    let file = std::fs::File::open(board.path())?;
-    read_records(&file, &board.entry_keys())
+/// Every share record of the board at `path`, read-only (for `vgpu status` and the
+/// exporter, through [`crate::NodeReader::share_records`]): the file is opened as every read
+/// of a board is (no link followed, no FIFO waited on), the turn entries and the records are
+/// copied with `pread`; a missing, refused or foreign file is an error.
+pub(crate) fn read_share_records(path: &Path) -> Result<Vec<ShareRecord>, TurnBoardError> {
+    let keys = entry_keys_of(&read_board(path)?);
+    let file = crate::file::open_read_only(path)
+        .map_err(|e| open_error(path, e))?
+        .file;
+    read_records(&file, &keys).map_err(|source| TurnBoardError::Io {
+        path: path.to_path_buf(),
+        op: "read",
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -301,8 +314,14 @@ mod tests {
         write_record(&file, b.entry().unwrap(), &record(9)).unwrap();
         let got = read_records(&file, &a.entry_keys()).unwrap();
         assert_eq!(got.iter().map(|r| r.key).collect::<Vec<_>>(), [7, 9]);
-        let ro = TurnBoard::open_read_only(&p).unwrap();
-        assert_eq!(board_records(&ro).unwrap(), got);
+        assert_eq!(crate::NodeReader::default().share_records(&p).unwrap(), got);
+        // The hook's own handle on the records is opened as writes of the board are.
+        let rw = a.open_records().unwrap();
+        write_busy_until(&rw, a.entry().unwrap(), 4242).unwrap();
+        assert_eq!(
+            read_records(&rw, &a.entry_keys()).unwrap()[0].busy_until,
+            4242
+        );
         // The turn board itself still reads (its readers never look past the entries).
         assert_eq!(a.tenants(11 * MS, 300 * MS).len(), 2);
         let _ = std::fs::remove_file(&p);
