@@ -758,8 +758,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 lent_ns: 0,
                 borrowed_ns: 0,
             };
+            let rules = self.cfg.share_rules;
             if let Some(s) = self.sharing.as_mut() {
-                s.publish(&mut self.view, now, report, bin_busy, elapsed);
+                s.publish(&mut self.view, now, report, bin_busy, elapsed, rules);
             }
         } else {
             self.turn = self

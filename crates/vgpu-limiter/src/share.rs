@@ -274,6 +274,7 @@ impl Sharing {
         mut report: ShareReport,
         busy: f64,
         elapsed: Nanos,
+        rules: ShareRules,
     ) {
         report.lent_ns = self.lent_ns as u64;
         report.borrowed_ns = self.borrowed_ns as u64;
@@ -296,7 +297,7 @@ impl Sharing {
         let someone_busy = self.tenants.iter().any(|t| {
             Some(t.key) != self.key
                 && t.busy_until >= bin_start
-                && now.saturating_sub(t.heartbeat) <= 300 * 1_000_000
+                && now.saturating_sub(t.heartbeat) <= rules.max_age
         });
         if busy > fair {
             self.borrowed_ns += busy - fair;
