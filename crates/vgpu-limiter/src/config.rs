@@ -76,8 +76,12 @@ pub struct LimiterConfig {
     /// Share mode: how often the others' demand is read (and ours written, when it runs out).
     pub demand_poll: Nanos,
     /// Share mode: a container counts as busy this long after its queued work ends, so
-    /// that the gaps between its launches are not lent out.
+    /// that the gaps between its launches are not lent out (the host's time between
+    /// launches; short, so that a best-effort container fills the gaps of a service).
     pub idle_grace: Nanos,
+    /// The same while the container takes turns: then it waits for its window up to
+    /// `max_wait` at a time with nothing queued, and must not look idle meanwhile.
+    pub idle_grace_in_turns: Nanos,
     /// Share mode: most work queued while a container of higher priority is on the board,
     /// so that its next work waits at most this (plus one kernel) behind ours.
     pub outranked_queue: Nanos,
@@ -114,7 +118,8 @@ impl Default for LimiterConfig {
             ceiling_pct: 100,
             priority: 1,
             demand_poll: 500 * MICROS,
-            idle_grace: 5 * MILLIS,
+            idle_grace: MILLIS,
+            idle_grace_in_turns: 5 * MILLIS,
             outranked_queue: 500 * MICROS,
             share_rules: ShareRules::default(),
         }

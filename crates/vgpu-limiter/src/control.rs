@@ -321,12 +321,19 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             self.close_open(now);
             return self.wait_until_vt(now_f);
         }
-        if share.is_some_and(|a| a.outranked)
-            && self.horizon - now_f > self.cfg.outranked_queue as f64
-        {
-            // A more urgent container may start any moment: keep our queue short.
-            self.close_open(now);
-            return self.wait(((self.horizon - now_f) as Nanos).min(self.cfg.max_wait));
+        if share.is_some_and(|a| a.outranked) {
+            // A more urgent container may start any moment: keep our queue short. Counted
+            // from our segments not yet complete (not from when we expect them to end: our
+            // work may wait behind the urgent one's, and still be ahead of its next).
+            self.poll(now);
+            let queued = self.queued_estimate();
+            if queued > self.cfg.outranked_queue as f64 {
+                self.close_open(now);
+                return self.wait(
+                    ((queued - self.cfg.outranked_queue as f64) as Nanos)
+                        .clamp(self.cfg.poll_interval, self.cfg.max_wait),
+                );
+            }
         }
         if let Some(turn) = self.turn {
             let est = self.cost.unwrap_or(0.0);
@@ -402,6 +409,15 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             }
         }
         usage
+    }
+
+    /// Estimated GPU time of our launches not yet known complete.
+    fn queued_estimate(&self) -> f64 {
+        self.closed
+            .iter()
+            .chain(self.open.iter())
+            .map(|s| s.est)
+            .sum()
     }
 
     /// Makes sure an open segment on `stream` brackets the coming launch.
@@ -586,6 +602,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         let timing = ShareTiming {
             demand_poll: self.cfg.demand_poll,
             idle_grace: self.cfg.idle_grace,
+            idle_grace_in_turns: self.cfg.idle_grace_in_turns,
             min_cycle: self.cfg.turn_cycle,
             rules: self.cfg.share_rules,
         };
@@ -634,7 +651,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 claim: self.claim(pct),
                 launch_ns,
                 busy_until: (self.horizon.max(now as f64) as Nanos)
-                    .saturating_add(self.cfg.idle_grace),
+                    .saturating_add(self.cfg.idle_grace_in_turns),
                 allot_pct: self
                     .allotment()
                     .map_or(0, |a| (a.fraction * 100.0).round() as u32),

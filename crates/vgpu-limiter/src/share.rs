@@ -259,6 +259,7 @@ pub(crate) struct Sharing {
 pub(crate) struct ShareTiming {
     pub demand_poll: Nanos,
     pub idle_grace: Nanos,
+    pub idle_grace_in_turns: Nanos,
     pub min_cycle: Nanos,
     pub rules: ShareRules,
 }
@@ -333,9 +334,12 @@ impl Sharing {
             };
         let me = self.key.unwrap_or(1);
         if self.key.is_some() {
-            let busy_until = (horizon.max(now as f64) as Nanos).saturating_add(t.idle_grace);
-            let write =
-                (self.published_busy < now.saturating_add(t.idle_grace / 2)).then_some(busy_until);
+            let grace = match self.allot {
+                Some(a) if a.turn.is_some() => t.idle_grace_in_turns,
+                _ => t.idle_grace,
+            };
+            let busy_until = (horizon.max(now as f64) as Nanos).saturating_add(grace);
+            let write = (self.published_busy < now.saturating_add(grace / 2)).then_some(busy_until);
             if let Some(b) = write {
                 self.published_busy = b;
             }
