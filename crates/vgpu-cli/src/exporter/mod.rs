@@ -1,10 +1,14 @@
 //! `vgpu exporter`: Prometheus text metrics of one usage file or every file a glob matches.
 //!
-//! Every scrape re-expands the glob and reads each file through a read-only snapshot, so
-//! containers that come and go are picked up without a restart.
+//! Every scrape re-expands the glob, re-reads the kubelet's pod directories and reads each
+//! file through the node-side reader ([`report::read`]), so containers that come and go are
+//! picked up without a restart. The page ([`render`]) serves HAMi's families for containers
+//! in the device plugins' layout ([`pods`]) beside vgpu's own.
+
+pub mod pods;
+pub mod render;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -15,7 +19,9 @@ use crate::Failure;
 use crate::cli::{CacheArg, ExporterArgs};
 use crate::glob;
 use crate::http::{self, Request, Response};
-use crate::report::{self, StatusReport};
+use crate::report;
+
+pub use render::{Options, Scraped};
 
 /// The files to scrape: a glob's matches, or one literal path (kept even while missing, so
 /// `vgpu_up` says it is down rather than the series vanishing).
@@ -27,205 +33,22 @@ pub fn scrape_targets(pattern: &str) -> Result<Vec<PathBuf>, String> {
     }
 }
 
-/// Escape a label value (backslash, quote, newline).
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// Metric families in output order: name, type, help.
-const FAMILIES: &[(&str, &str, &str)] = &[
-    (
-        "vgpu_up",
-        "gauge",
-        "1 if the usage file was read, 0 if it is missing or invalid.",
-    ),
-    (
-        "vgpu_scrape_errors_total",
-        "counter",
-        "Failed reads of the usage file since the exporter started.",
-    ),
-    (
-        "vgpu_exporter_files",
-        "gauge",
-        "Usage files matched by the glob at this scrape.",
-    ),
-    (
-        "vgpu_device_memory_limit_bytes",
-        "gauge",
-        "Device memory limit in bytes (0 = unlimited).",
-    ),
-    (
-        "vgpu_device_memory_used_bytes",
-        "gauge",
-        "Device memory in use by all processes of the file, bytes.",
-    ),
-    (
-        "vgpu_device_memory_class_bytes",
-        "gauge",
-        "Device memory in use by class (context, module, data), bytes.",
-    ),
-    (
-        "vgpu_device_sm_limit_percent",
-        "gauge",
-        "SM (compute) limit in percent (0 = unlimited).",
-    ),
-    (
-        "vgpu_device_sm_utilization_percent",
-        "gauge",
-        "Sum of the processes' SM utilization, percent.",
-    ),
-    (
-        "vgpu_device_processes",
-        "gauge",
-        "Processes registered in the file using the device.",
-    ),
-    (
-        "vgpu_device_turn_containers",
-        "gauge",
-        "Limited containers taking turns on the GPU (its turn board; 0 = no turns).",
-    ),
-    (
-        "vgpu_process_memory_used_bytes",
-        "gauge",
-        "Device memory in use by one process, bytes.",
-    ),
-    (
-        "vgpu_process_sm_utilization_percent",
-        "gauge",
-        "SM utilization of one process on one device, percent.",
-    ),
-    (
-        "vgpu_process_alive",
-        "gauge",
-        "1 if the process exists, 0 if it is dead but still counted.",
-    ),
-];
-
-/// The result of reading one file at one scrape.
-pub type ScrapeResult = (String, Result<StatusReport, String>);
-
-/// Render the Prometheus text format for the scraped files.
-pub fn render_metrics(
-    results: &[ScrapeResult],
-    errors_total: &BTreeMap<String, u64>,
-    glob_error: Option<&str>,
-) -> String {
-    let mut samples: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    let mut add = |name: &'static str, labels: String, value: u64| {
-        samples
-            .entry(name)
-            .or_default()
-            .push(format!("{name}{{{labels}}} {value}"));
-    };
-    for (cache, result) in results {
-        let c = format!("cache=\"{}\"", esc(cache));
-        add("vgpu_up", c.clone(), u64::from(result.is_ok()));
-        add(
-            "vgpu_scrape_errors_total",
-            c.clone(),
-            errors_total.get(cache).copied().unwrap_or(0),
-        );
-        let Ok(report) = result else { continue };
-        for d in &report.devices {
-            let l = format!(
-                "{c},device=\"{}\",uuid=\"{}\"",
-                d.index,
-                esc(d.uuid.as_deref().unwrap_or(""))
-            );
-            add(
-                "vgpu_device_memory_limit_bytes",
-                l.clone(),
-                d.memory_limit_bytes.unwrap_or(0),
-            );
-            add(
-                "vgpu_device_memory_used_bytes",
-                l.clone(),
-                d.memory_used_bytes,
-            );
-            for (class, v) in [
-                ("context", d.context_bytes),
-                ("module", d.module_bytes),
-                ("data", d.data_bytes),
-            ] {
-                add(
-                    "vgpu_device_memory_class_bytes",
-                    format!("{l},class=\"{class}\""),
-                    v,
-                );
-            }
-            add(
-                "vgpu_device_sm_limit_percent",
-                l.clone(),
-                d.sm_limit_percent.unwrap_or(0),
-            );
-            add(
-                "vgpu_device_sm_utilization_percent",
-                l.clone(),
-                d.sm_utilization_percent,
-            );
-            let users = report
-                .processes
-                .iter()
-                .filter(|p| p.devices.iter().any(|pd| pd.index == d.index))
-                .count();
-            add("vgpu_device_processes", l.clone(), users as u64);
-            add("vgpu_device_turn_containers", l, d.turns.len() as u64);
-        }
-        for p in &report.processes {
-            let host = p.host_pid.map_or_else(String::new, |h| h.to_string());
-            let pl = format!("{c},pid=\"{}\",host_pid=\"{host}\"", p.pid);
-            add("vgpu_process_alive", pl.clone(), u64::from(p.alive));
-            for d in &p.devices {
-                let l = format!("{pl},device=\"{}\"", d.index);
-                add(
-                    "vgpu_process_memory_used_bytes",
-                    l.clone(),
-                    d.memory_used_bytes,
-                );
-                add(
-                    "vgpu_process_sm_utilization_percent",
-                    l,
-                    d.sm_utilization_percent,
-                );
-            }
-        }
-    }
-    let mut out = String::new();
-    if let Some(e) = glob_error {
-        // Comments are ignored by Prometheus but visible to a person reading the page.
-        let _ = writeln!(out, "# glob error: {}", e.replace('\n', " "));
-    }
-    for (cache, result) in results {
-        if let Err(e) = result {
-            let _ = writeln!(out, "# error reading {cache}: {}", e.replace('\n', " "));
-        }
-    }
-    for (name, kind, help) in FAMILIES {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        if *name == "vgpu_exporter_files" {
-            let _ = writeln!(out, "vgpu_exporter_files {}", results.len());
-        }
-        for line in samples.get(name).into_iter().flatten() {
-            let _ = writeln!(out, "{line}");
-        }
-    }
-    out
-}
-
 /// The exporter's state shared by connection threads.
 #[derive(Debug)]
 pub struct Exporter {
     pattern: String,
+    pod_logs: PathBuf,
+    options: Options,
     errors_total: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Exporter {
-    /// An exporter for `pattern` (a path or a glob).
-    pub fn new(pattern: String) -> Self {
+    /// An exporter for `pattern` (a path or a glob), with pod metadata from `pod_logs`.
+    pub fn new(pattern: String, pod_logs: PathBuf, options: Options) -> Self {
         Self {
             pattern,
+            pod_logs,
+            options,
             errors_total: Mutex::new(BTreeMap::new()),
         }
     }
@@ -236,17 +59,25 @@ impl Exporter {
             Ok(t) => (t, None),
             Err(e) => (Vec::new(), Some(e)),
         };
-        let results: Vec<ScrapeResult> = targets
+        let pods = pods::PodIndex::read(&self.pod_logs);
+        let scraped: Vec<Scraped> = targets
             .iter()
-            .map(|p| (p.display().to_string(), report::read(p)))
+            .map(|p| Scraped {
+                cache: p.display().to_string(),
+                identity: pods.identify(p),
+                result: report::read(p),
+            })
             .collect();
         let mut errors = self.errors_total.lock().unwrap_or_else(|e| e.into_inner());
-        for (cache, r) in &results {
-            if r.is_err() {
-                *errors.entry(cache.clone()).or_insert(0) += 1;
+        for f in &scraped {
+            if f.result.is_err() {
+                *errors.entry(f.cache.clone()).or_insert(0) += 1;
             }
         }
-        render_metrics(&results, &errors, glob_error.as_deref())
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        render::render(&scraped, &errors, glob_error.as_deref(), self.options, now)
     }
 
     /// Answer one HTTP request.
@@ -298,7 +129,12 @@ pub fn exporter(args: &ExporterArgs) -> Result<ExitCode, Failure> {
         .map_err(|e| Failure::msg(format!("listening socket: {e}")))?;
     println!("vgpu exporter: serving http://{addr}/metrics for {pattern}");
     let _ = std::io::stdout().flush();
-    let exporter = Arc::new(Exporter::new(pattern));
+    let options = Options {
+        hami: !args.no_hami_metrics,
+        legacy: args.legacy_metrics,
+        per_process: args.per_process,
+    };
+    let exporter = Arc::new(Exporter::new(pattern, args.pod_logs.clone(), options));
     let err = http::serve(
         listener,
         Arc::new(move |req: &Request| exporter.respond(req)),
@@ -309,6 +145,16 @@ pub fn exporter(args: &ExporterArgs) -> Result<ExitCode, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use render::render;
+    use std::path::Path;
+
+    fn scraped(cache: &str, result: Result<report::StatusReport, String>) -> Scraped {
+        Scraped {
+            cache: cache.to_owned(),
+            identity: pods::PodIndex::default().identify(Path::new(cache)),
+            result,
+        }
+    }
 
     #[test]
     fn metrics_are_grouped_by_family_with_labels() {
@@ -324,15 +170,16 @@ mod tests {
             2
         ];
         let results = vec![
-            ("/tmp/x.cache".to_owned(), Ok(with_turns)),
-            (
-                "/tmp/bad\"name".to_owned(),
-                Err("not a usage file".to_owned()),
-            ),
+            scraped("/tmp/x.cache", Ok(with_turns)),
+            scraped("/tmp/bad\"name", Err("not a usage file".to_owned())),
         ];
         let mut errors = BTreeMap::new();
         errors.insert("/tmp/bad\"name".to_owned(), 3);
-        let text = render_metrics(&results, &errors, None);
+        let opts = Options {
+            per_process: true,
+            ..Options::default()
+        };
+        let text = render(&results, &errors, None, opts, 0);
         assert!(
             text.contains("vgpu_up{cache=\"/tmp/x.cache\"} 1\n"),
             "{text}"
@@ -360,6 +207,9 @@ mod tests {
             text.contains("vgpu_process_alive{cache=\"/tmp/x.cache\",pid=\"7\",host_pid=\"\"} 0\n"),
             "{text}"
         );
+        assert!(text.contains("vgpu_build_info{version=\""), "{text}");
+        // A file outside the plugins' layout has no pod: no HAMi series for it.
+        assert!(!text.contains("hami_vgpu_memory_used_bytes{"), "{text}");
         // Every sample line belongs to the family declared just before it.
         let mut current = "";
         for line in text.lines() {
@@ -375,8 +225,20 @@ mod tests {
     }
 
     #[test]
+    fn per_process_series_are_opt_in() {
+        let results = vec![scraped("/tmp/x.cache", Ok(crate::report::tests::sample()))];
+        let text = render(&results, &BTreeMap::new(), None, Options::default(), 0);
+        assert!(!text.contains("vgpu_process_"), "{text}");
+        assert!(text.contains("vgpu_device_dead_processes{"), "{text}");
+    }
+
+    #[test]
     fn unknown_paths_and_methods_get_errors() {
-        let e = Exporter::new("/nonexistent/x.cache".into());
+        let e = Exporter::new(
+            "/nonexistent/x.cache".into(),
+            "/nonexistent/pods".into(),
+            Options::default(),
+        );
         let get = |path: &str| Request {
             method: "GET".into(),
             path: path.into(),
