@@ -547,10 +547,12 @@ fn share_mode_alone_borrows_up_to_its_ceiling_and_publishes_its_record() {
 #[test]
 fn a_best_effort_container_holds_while_a_more_urgent_one_has_work() {
     // Two share-mode containers without guarantees: priority 0 (high, as in HAMi) runs
-    // 2 s (after its 0.3 s warm-up), priority 1 starts 0.5 s later and would run 0.5 s. The
-    // best-effort one's first launch is held until the urgent one has no more work, so it
-    // finishes at least 0.5 s after it, and then runs at full speed.
-    // (Each simulated process has its own simulated GPU: this shows the holding itself.)
+    // 2 s after its 0.3 s warm-up; priority 1 starts once the first is on the board and
+    // would run 0.3 + 0.5 s, its GPU busy all the time unheld. Held, either its first
+    // launch waits until the urgent one has no more work (it then finishes after it, at
+    // full speed), or a gap between the urgent one's launches (host time over the 2 ms
+    // grace) lets a first launch through and the rest of its run is held (it then hardly
+    // runs). (Each simulated process has its own simulated GPU: this shows the holding.)
     let _one = serial();
     let turns = fresh_dir("share-priority");
     let t0 = std::time::Instant::now();
@@ -560,7 +562,16 @@ fn a_best_effort_container_holds_while_a_more_urgent_one_has_work() {
         2.0,
         &[("CUDA_TASK_PRIORITY", "0")],
     );
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // A loaded machine may start the urgent one late: wait for its record.
+    let on_board = || {
+        let board = std::fs::read_dir(&turns).ok()?.next()?.ok()?.path();
+        let records = vgpu_shm::NodeReader::default().share_records(board).ok()?;
+        records.iter().any(|r| r.priority == 0).then_some(())
+    };
+    while on_board().is_none() && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let seen = t0.elapsed();
     let low = spawn_sharing(
         "share-low.cache",
         &turns,
@@ -576,16 +587,16 @@ fn a_best_effort_container_holds_while_a_more_urgent_one_has_work() {
     let (out, low_done) = low.join().unwrap();
     let l = parse(&out);
     eprintln!(
-        "priority 0: busy {}%, done after {high_done:?}; priority 1: busy {}%, done after {low_done:?}",
+        "priority 0: busy {}%, on the board after {seen:?}, done after {high_done:?}; \
+         priority 1: busy {}%, done after {low_done:?}",
         h.busy_pct, l.busy_pct
     );
+    assert!(h.busy_pct >= 80.0, "the urgent one runs: {h:?}");
+    let waited =
+        low_done >= high_done + std::time::Duration::from_millis(400) && l.busy_pct >= 85.0;
+    let held_during = l.busy_pct <= 15.0;
     assert!(
-        h.busy_pct >= 90.0,
-        "the urgent one runs at full speed: {h:?}"
+        waited || held_during,
+        "the best-effort one was not held: {l:?}"
     );
-    assert!(
-        low_done >= high_done + std::time::Duration::from_millis(400),
-        "the best-effort one waited for the urgent one"
-    );
-    assert!(l.busy_pct >= 85.0, "then it gets the whole GPU: {l:?}");
 }

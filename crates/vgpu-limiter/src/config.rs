@@ -118,7 +118,7 @@ impl Default for LimiterConfig {
             ceiling_pct: 100,
             priority: 1,
             demand_poll: 500 * MICROS,
-            idle_grace: MILLIS,
+            idle_grace: 2 * MILLIS,
             idle_grace_in_turns: 5 * MILLIS,
             outranked_queue: 500 * MICROS,
             share_rules: ShareRules::default(),

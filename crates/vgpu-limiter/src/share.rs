@@ -339,7 +339,10 @@ impl Sharing {
                 _ => t.idle_grace,
             };
             let busy_until = (horizon.max(now as f64) as Nanos).saturating_add(grace);
-            let write = (self.published_busy < now.saturating_add(grace / 2)).then_some(busy_until);
+            // Rewritten once it extends the published value by half a grace: the record
+            // then never runs out while work is queued or launches come closer than that.
+            let write =
+                (busy_until > self.published_busy.saturating_add(grace / 2)).then_some(busy_until);
             if let Some(b) = write {
                 self.published_busy = b;
             }
