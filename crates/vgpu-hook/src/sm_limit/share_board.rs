@@ -131,3 +131,61 @@ impl ShareProbe {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn report(share_pct: u32, busy_until: Nanos) -> ShareReport {
+        ShareReport {
+            claim: ShareClaim {
+                share_pct,
+                ceiling_pct: 100,
+                priority: 1,
+            },
+            launch_ns: 50_000,
+            busy_until,
+            allot_pct: 60,
+            util_pct: 55,
+            lent_ns: 0,
+            borrowed_ns: 7,
+        }
+    }
+
+    #[test]
+    fn share_and_cap_mode_containers_see_each_other() {
+        let dir = std::env::temp_dir().join(format!("vgpu-share-board-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vgpu-turns-GPU-x");
+        let now = 10_000 * MS;
+        // A cap-mode container at 40% (a turn entry, no share record).
+        let mut capped = TurnBoard::open_or_create(&path).unwrap();
+        capped
+            .announce(0xc, 40, 0, now, TURN_STALE, TURN_MAX_AGE)
+            .unwrap();
+        // A share-mode one: it sees the capped one as busy with 40% share and ceiling.
+        let mut board = TurnBoard::open_or_create(&path).unwrap();
+        let mut probe = ShareProbe::default();
+        let seen = probe.announce(0, &mut board, 0x5, &report(30, now + 2 * MS), now);
+        let c = seen
+            .iter()
+            .find(|t| t.key == 0xc)
+            .expect("the capped container");
+        assert_eq!((c.claim.share_pct, c.claim.ceiling_pct), (40, 40));
+        assert!(c.busy_until > now);
+        let me = seen.iter().find(|t| t.key == 0x5).expect("our own record");
+        assert_eq!((me.claim.share_pct, me.busy_until), (30, now + 2 * MS));
+        // The cap-mode container reads our part now (60%) in our turn entry.
+        let tenants = capped.tenants(now + MS, TURN_MAX_AGE);
+        let ours = tenants.iter().find(|t| t.key == 0x5).unwrap();
+        assert_eq!(ours.limit_pct, 60);
+        // The hot path rewrites only our demand.
+        let again = probe.demand(0, Some(now + 9 * MS));
+        let me = again.iter().find(|t| t.key == 0x5).unwrap();
+        assert_eq!(me.busy_until, now + 9 * MS);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
