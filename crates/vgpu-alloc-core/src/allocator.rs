@@ -10,9 +10,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::{BackendError, ContextId, DeviceBackend, DevicePtr};
-use crate::ledger::{
-    DeviceIndex, DeviceUsage, MAX_DEVICES, OutOfMemory, Reservation, UsageClass, UsageLedger,
-};
+use crate::ledger::{DeviceIndex, DeviceUsage, OutOfMemory, Reservation, UsageClass, UsageLedger};
 use crate::region::{Region, chunks_for};
 use crate::table::{AllocId, Allocation, AllocationKind, AllocationTable, IdHashMap, Placement};
 use crate::tuning::AllocatorConfig;
@@ -20,8 +18,9 @@ use crate::tuning::AllocatorConfig;
 /// Why an allocation (or a reservation for one) was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
-    /// Size 0, a device index ≥ [`MAX_DEVICES`], or a kind the call cannot take; the
-    /// hook answers `CUDA_ERROR_INVALID_VALUE` as the driver does.
+    /// Size 0, a device the ledger does not account for ([`UsageLedger::has_device`]), or
+    /// a kind the call cannot take; the hook answers `CUDA_ERROR_INVALID_VALUE` as the
+    /// driver does.
     #[error("invalid value: {0}")]
     InvalidValue(&'static str),
     /// The size cannot be rounded up to the alignment in 64 bits; the hook answers
@@ -160,6 +159,13 @@ struct RegionSlot {
     context: ContextId,
 }
 
+impl RegionSlot {
+    /// Bytes the region holds from the device (and is charged).
+    fn bytes(&self, chunk_shift: u32) -> u64 {
+        u64::from(self.region.chunks()) << chunk_shift
+    }
+}
+
 #[derive(Debug, Default)]
 struct Pool {
     regions: Vec<usize>,
@@ -171,7 +177,8 @@ struct State {
     table: AllocationTable,
     regions: slab::Slab<RegionSlot>,
     /// Region base address -> slot, sorted by base, to find the region of any address
-    /// (a binary search over a few entries: one region per 128 MiB in use).
+    /// (a binary search over a few entries: a handful of growing regions, then one per
+    /// 128 MiB in use).
     region_bases: Vec<(u64, usize)>,
     pools: IdHashMap<(DeviceIndex, ContextId), Pool>,
     stale_replaced: u64,
@@ -296,7 +303,6 @@ pub struct Allocator<B: DeviceBackend, L: UsageLedger> {
     ledger: L,
     config: AllocatorConfig,
     chunk_shift: u32,
-    chunks_per_region: u32,
     /// Chunks of the longest possible sub-allocation.
     max_run_chunks: u32,
     state: Mutex<State>,
@@ -319,7 +325,6 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             backend,
             ledger,
             chunk_shift: config.chunk_size.trailing_zeros(),
-            chunks_per_region: config.chunks_per_region() as u32,
             max_run_chunks: config.suballoc_threshold.div_ceil(config.chunk_size) as u32,
             config,
             state: Mutex::new(State::default()),
@@ -386,7 +391,7 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         if bytes == 0 {
             return Err(AllocError::InvalidValue("zero-byte allocation"));
         }
-        if device.as_usize() >= MAX_DEVICES {
+        if !self.ledger.has_device(device) {
             return Err(AllocError::InvalidValue("device index out of range"));
         }
         if self.config.suballoc && bytes < self.config.suballoc_threshold {
@@ -442,21 +447,71 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
         None
     }
 
+    /// Bytes of a new region for a request of `bytes` in `(device, context)`, or `None`
+    /// when not even one that holds the request fits the limit. Regions grow with use and
+    /// shrink to the limit: the first of a context is one page (the threshold rounded up
+    /// to ALIGN), each next one doubles the largest the context holds, up to OVERSIZE; and
+    /// none is larger than what remains under the limit. So the memory held but not yet
+    /// used stays below what the context already uses (plus one page), and small requests
+    /// can fill a limit to within one page. Cold: runs once per region.
+    #[cold]
+    fn new_region_size(&self, device: DeviceIndex, context: ContextId, bytes: u32) -> Option<u64> {
+        let cfg = &self.config;
+        // Whole pages (the driver's granularity), and whole chunks.
+        let page = cfg.align.max(cfg.chunk_size);
+        let chunked = u64::from(chunks_for(bytes, self.chunk_shift)) << self.chunk_shift;
+        let need = chunked.next_multiple_of(page).min(cfg.region_size);
+        let first = cfg
+            .suballoc_threshold
+            .next_multiple_of(page)
+            .min(cfg.region_size);
+        let largest = {
+            let st = self.lock();
+            st.pools.get(&(device, context)).map_or(0, |pool| {
+                pool.regions
+                    .iter()
+                    .filter_map(|&r| st.regions.get(r))
+                    .map(|slot| slot.bytes(self.chunk_shift))
+                    .max()
+                    .unwrap_or(0)
+            })
+        };
+        let want = largest
+            .saturating_mul(2)
+            .clamp(first, cfg.region_size)
+            .max(need);
+        let room = |usage: DeviceUsage| {
+            usage.limit.map_or(u64::MAX, |l| {
+                let left = l.saturating_sub(usage.used);
+                left - left % page
+            })
+        };
+        let mut left = room(self.ledger.usage(device));
+        if left < need && self.evict_empty_regions(Some(device)) > 0 {
+            left = room(self.ledger.usage(device));
+        }
+        (left >= need).then(|| want.min(left))
+    }
+
     fn suballoc_new_region(
         &self,
         device: DeviceIndex,
         context: ContextId,
         bytes: u32,
     ) -> Result<Option<Allocated>, AllocError> {
-        let size = self.config.region_size;
+        let Some(size) = self.new_region_size(device, context, bytes) else {
+            return Ok(None);
+        };
         let Ok(reservation) = self.reserve(device, UsageClass::Data, size) else {
             return Ok(None);
         };
         let Ok(base) = self.backend.allocate(device, context, size) else {
-            // The device cannot give a whole region; a direct allocation may still fit.
+            // The device cannot give the region; a direct allocation may still fit.
             return Ok(None);
         };
-        let mut region = Region::new(base, self.chunk_shift, self.chunks_per_region);
+        // Cannot truncate: size <= OVERSIZE, whose chunk count fits u32 (checked by the
+        // config), and size is a whole number of chunks.
+        let mut region = Region::new(base, self.chunk_shift, (size >> self.chunk_shift) as u32);
         let Some(start) = region.allocate_sized(bytes) else {
             drop(reservation);
             let _ = self.backend.free(device, context, base);
@@ -676,9 +731,9 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             .free(slot.device, slot.context, slot.region.base())
         {
             Ok(()) => {
-                self.ledger
-                    .release(slot.device, UsageClass::Data, self.config.region_size);
-                self.config.region_size
+                let bytes = slot.bytes(self.chunk_shift);
+                self.ledger.release(slot.device, UsageClass::Data, bytes);
+                bytes
             }
             Err(_) => {
                 let mut st = self.lock();
@@ -720,7 +775,7 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
                 "sub-allocations are made by allocate()",
             ));
         }
-        if device.as_usize() >= MAX_DEVICES {
+        if !self.ledger.has_device(device) {
             return Err(AllocError::InvalidValue("device index out of range"));
         }
         let reservation = self.reserve(device, kind.usage_class(), accounted)?;
@@ -816,9 +871,9 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
             out.released += e.accounted;
         }
         for slot in &regions {
-            self.ledger
-                .release(slot.device, UsageClass::Data, self.config.region_size);
-            out.released += self.config.region_size;
+            let bytes = slot.bytes(self.chunk_shift);
+            self.ledger.release(slot.device, UsageClass::Data, bytes);
+            out.released += bytes;
         }
         out
     }

@@ -10,9 +10,10 @@
 //! chunk-aligned and lies in a region of its own device and context, and each region's
 //! used chunks are exactly its sub-allocations'; at most one empty region per context.
 //! Checked per operation: the path taken (sub-allocation below the threshold, direct
-//! only when a region would not fit the limit or the device refused it), accounted
-//! sizes, that an out-of-memory would also have refused a direct allocation, address
-//! lookups, and frees. At the end, the "everything returned" oracle: after freeing
+//! only when the device refused a region), the size of every new region (one page first,
+//! then double the largest of its context up to OVERSIZE, cut only to what remains under
+//! the limit), accounted sizes, that an out-of-memory would also have refused a direct
+//! allocation, address lookups, and frees. At the end, the "everything returned" oracle: after freeing
 //! everything, a request of each device's full limit succeeds, and after `trim` no
 //! region, no charge and no device allocation remain.
 
@@ -20,8 +21,9 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::allocator::{AllocError, Allocator, FreeError};
-use crate::backend::{ContextId, DeviceBackend, DevicePtr, MockBackend};
-use crate::ledger::{DeviceIndex, InMemoryLedger, MAX_DEVICES, UsageLedger};
+use crate::backend::{ContextId, DeviceBackend, DevicePtr};
+use crate::ledger::{DeviceIndex, InMemoryLedger, UsageLedger};
+use crate::mock::MockBackend;
 use crate::table::AllocationKind;
 use crate::tuning::AllocatorConfig;
 
@@ -52,8 +54,8 @@ pub struct HarnessConfig {
 }
 
 impl HarnessConfig {
-    /// Tiny sizes (64 KiB regions of 128 chunks, 8 KiB threshold, 4 KiB alignment) so
-    /// short sequences fill regions, churn them and hit every limit.
+    /// Tiny sizes (regions of 8 KiB growing to 64 KiB, 512-byte chunks, 8 KiB threshold,
+    /// 4 KiB alignment) so short sequences fill regions, churn them and hit every limit.
     pub fn small() -> Self {
         Self {
             allocator: AllocatorConfig {
@@ -63,12 +65,13 @@ impl HarnessConfig {
                 suballoc_threshold: 8 << 10,
                 align: 4 << 10,
             },
-            // Device 3's limit is below one region: every small request falls back.
+            // Device 3's limit is below one full-size region: its regions are cut to fit.
             limits: [Some(1 << 20), Some(256 << 10), None, Some(60 << 10)],
         }
     }
 
-    /// The real defaults (128 MiB regions of 512-byte chunks, 2 MiB threshold and alignment).
+    /// The real defaults (regions of 2 MiB growing to 128 MiB, 512-byte chunks, 2 MiB
+    /// threshold and alignment).
     pub fn default_sizes() -> Self {
         Self {
             allocator: AllocatorConfig::default(),
@@ -76,10 +79,8 @@ impl HarnessConfig {
         }
     }
 
-    fn ledger_limits(&self) -> [Option<u64>; MAX_DEVICES] {
-        let mut l = [None; MAX_DEVICES];
-        l[..DEVICES].copy_from_slice(&self.limits);
-        l
+    fn ledger_limits(&self) -> [Option<u64>; DEVICES] {
+        self.limits
     }
 }
 
@@ -333,11 +334,17 @@ impl Harness {
     fn allocate(&mut self, d: DeviceIndex, c: ContextId, size: u64) -> Result<(), String> {
         let a = self.cfg.allocator;
         let failures_before = self.alloc.backend().pending_failures();
+        let regions_before = self.alloc.regions();
         let device_used_before = self.alloc.backend().used(d);
         let result = self.alloc.allocate(d, c, size);
         let injected = self.alloc.backend().pending_failures() < failures_before;
         let used = self.used(d);
         let direct_accounted = size.checked_next_multiple_of(a.align);
+        let largest_before = regions_before
+            .iter()
+            .filter(|r| (r.device, r.context) == (d, c))
+            .map(|r| u64::from(r.chunks) * a.chunk_size)
+            .max();
         match result {
             Ok(r) => {
                 ensure!(size > 0, "size 0 was accepted");
@@ -357,6 +364,7 @@ impl Harness {
                             "unaligned sub-allocation {}",
                             r.ptr
                         );
+                        self.check_new_region(&regions_before, d, c, size, largest_before)?;
                         self.summary.sub_allocations += 1;
                     }
                     AllocationKind::Direct => {
@@ -366,16 +374,11 @@ impl Harness {
                             r.accounted
                         );
                         if small {
-                            // Fallback is allowed only when a new region did not fit the
-                            // limit (usage before this direct charge + a region > limit)
-                            // or the device refused the region.
-                            let before = used - r.accounted;
-                            let region_fits = self.limit(d).is_none_or(|l| {
-                                before.checked_add(a.region_size).is_some_and(|n| n <= l)
-                            });
+                            // A region is cut to what remains, so it fits whenever the
+                            // direct allocation does: only a device refusal falls back.
                             ensure!(
-                                !region_fits || injected,
-                                "fell back to direct although a region fits ({before} used)"
+                                injected,
+                                "fell back to direct although a region fits ({used} used)"
                             );
                             self.summary.fallbacks += 1;
                         }
@@ -440,6 +443,55 @@ impl Harness {
             }
             Err(e @ AllocError::Internal(_)) => return Err(e.to_string()),
         }
+        Ok(())
+    }
+
+    /// A region made for a sub-allocation of `size` in `(d, c)` has the size the growth
+    /// rule gives: the threshold's page first, then twice the context's largest region, at
+    /// most OVERSIZE, at least the request's page; smaller only when it took all that
+    /// remained under the limit.
+    fn check_new_region(
+        &self,
+        before: &[crate::RegionInfo],
+        d: DeviceIndex,
+        c: ContextId,
+        size: u64,
+        largest_before: Option<u64>,
+    ) -> Result<(), String> {
+        let a = self.cfg.allocator;
+        let page = a.align.max(a.chunk_size);
+        let new: Vec<u64> = self
+            .alloc
+            .regions()
+            .iter()
+            .filter(|r| (r.device, r.context) == (d, c) && !before.iter().any(|b| b.base == r.base))
+            .map(|r| u64::from(r.chunks) * a.chunk_size)
+            .collect();
+        let &[bytes] = new.as_slice() else {
+            ensure!(new.is_empty(), "one sub-allocation made regions {new:?}");
+            return Ok(());
+        };
+        let need = size
+            .next_multiple_of(a.chunk_size)
+            .next_multiple_of(page)
+            .min(a.region_size);
+        let first = a
+            .suballoc_threshold
+            .next_multiple_of(page)
+            .min(a.region_size);
+        // Empty regions may have been given back to make room: the pool may have shrunk.
+        let want = largest_before
+            .unwrap_or(0)
+            .saturating_mul(2)
+            .clamp(first, a.region_size)
+            .max(need);
+        let left = self
+            .limit(d)
+            .map_or(u64::MAX, |l| l.saturating_sub(self.used(d)));
+        ensure!(
+            need <= bytes && bytes <= want && (bytes == want || left < page),
+            "new region of {bytes} bytes for {size} (need {need}, want {want}, {left} left)"
+        );
         Ok(())
     }
 
@@ -656,8 +708,13 @@ impl Harness {
                 "device {d}: {n_regions} regions on the device, allocator reports another count"
             );
             let own_bytes: u64 = own_address.iter().map(|l| l.span).sum();
+            let region_bytes: u64 = regions
+                .iter()
+                .filter(|r| r.device == d)
+                .map(|r| u64::from(r.chunks) * a.chunk_size)
+                .sum();
             ensure!(
-                dev_bytes == own_bytes + n_regions as u64 * a.region_size,
+                dev_bytes == own_bytes + region_bytes,
                 "device {d} bytes {dev_bytes}"
             );
             let charged: u64 = self
@@ -666,7 +723,7 @@ impl Harness {
                 .filter(|l| l.device == d)
                 .map(|l| l.accounted)
                 .sum();
-            let want = charged + n_regions as u64 * a.region_size;
+            let want = charged + region_bytes;
             let used = self.used(d);
             ensure!(used == want, "device {d}: ledger {used}, model {want}");
             if let Some(l) = self.limit(d) {
@@ -688,7 +745,11 @@ impl Harness {
             .iter()
             .filter(|l| l.kind.is_address() && l.kind != AllocationKind::SubAllocated)
             .map(|l| (l.key, l.span))
-            .chain(regions.iter().map(|r| (r.base.0, a.region_size)))
+            .chain(
+                regions
+                    .iter()
+                    .map(|r| (r.base.0, u64::from(r.chunks) * a.chunk_size)),
+            )
             .collect();
         spans.sort_unstable();
         for w in spans.windows(2) {
@@ -711,7 +772,10 @@ impl Harness {
             let (ri, r) = regions
                 .iter()
                 .enumerate()
-                .find(|(_, r)| l.key >= r.base.0 && l.key + l.span <= r.base.0 + a.region_size)
+                .find(|(_, r)| {
+                    l.key >= r.base.0
+                        && l.key + l.span <= r.base.0 + u64::from(r.chunks) * a.chunk_size
+                })
                 .ok_or_else(|| format!("{l:?} outside every region"))?;
             ensure!(
                 (r.device, r.context) == (l.device, l.context),

@@ -1,13 +1,18 @@
 //! The reserve-or-OOM decision: a usage ledger that adds reservations up against a limit.
 //!
-//! [`UsageLedger`] is implemented in memory here ([`InMemoryLedger`]) and across processes
-//! by `vgpu-shm`. A [`Reservation`] that is not committed releases itself on drop, so an
+//! [`UsageLedger`] is implemented in memory here ([`InMemoryLedger`]: one process, or one
+//! scheduler's view of its devices) and across processes by `vgpu-shm` (HAMi's shared
+//! file). A [`Reservation`] that is not committed releases itself on drop, so an
 //! allocation that fails in the driver after its bytes were reserved never leaks usage.
+//!
+//! Devices are plain indices; a ledger accounts for as many as it was built with
+//! ([`UsageLedger::has_device`]). Nothing here is bound to HAMi's 16 device slots.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The most devices one process can see (HAMi-core's shared file has 16 device slots).
+/// The device slots of HAMi-core's shared file (16): what vgpu's environment schema and
+/// the shared file index. The allocator and the ledgers here take any number of devices.
 pub const MAX_DEVICES: usize = 16;
 
 /// A CUDA device ordinal as the *process* sees it (after `CUDA_VISIBLE_DEVICES`).
@@ -15,7 +20,7 @@ pub const MAX_DEVICES: usize = 16;
 pub struct DeviceIndex(pub u32);
 
 impl DeviceIndex {
-    /// The index as a `usize`, for arrays of [`MAX_DEVICES`].
+    /// The index as a `usize`, for indexing per-device storage.
     pub fn as_usize(self) -> usize {
         self.0 as usize
     }
@@ -79,6 +84,13 @@ pub trait UsageLedger: Send + Sync {
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64);
     /// Current usage and limit of `device`.
     fn usage(&self, device: DeviceIndex) -> DeviceUsage;
+    /// Whether `device` is one this ledger accounts for; the allocator refuses requests
+    /// for any other as invalid before reserving anything. The default says every device
+    /// (then [`try_reserve`](Self::try_reserve) decides).
+    fn has_device(&self, device: DeviceIndex) -> bool {
+        let _ = device;
+        true
+    }
     /// Record `bytes` on `device` for `class` that are *already* taken, whatever the limit
     /// says: memory the driver took on its own and that was measured after the fact (lazily
     /// loaded code, driver-internal heaps). Never refused, so the usage may end up above the
@@ -156,20 +168,29 @@ impl Drop for Reservation<'_> {
     }
 }
 
-/// A process-local ledger: the same protocol as the shared file, for one process or tests.
+/// A process-local ledger: the same protocol as the shared file (atomic reserve against a
+/// limit), for one process, one scheduler's view of its devices, or tests.
 #[derive(Debug)]
 pub struct InMemoryLedger {
-    used: [AtomicU64; MAX_DEVICES],
-    limits: [Option<u64>; MAX_DEVICES],
+    used: Box<[AtomicU64]>,
+    limits: Box<[Option<u64>]>,
 }
 
 impl InMemoryLedger {
-    /// A ledger with a limit (`None` = unlimited) per device index.
-    pub fn new(limits: [Option<u64>; MAX_DEVICES]) -> Self {
+    /// A ledger of one device per entry of `limits`: device `i` is limited to `limits[i]`
+    /// bytes (`None` = unlimited). Other device indices are not accounted for
+    /// ([`UsageLedger::has_device`]) and every reservation on them is refused.
+    pub fn new(limits: impl IntoIterator<Item = Option<u64>>) -> Self {
+        let limits: Box<[Option<u64>]> = limits.into_iter().collect();
         Self {
-            used: std::array::from_fn(|_| AtomicU64::new(0)),
+            used: limits.iter().map(|_| AtomicU64::new(0)).collect(),
             limits,
         }
+    }
+
+    /// Devices accounted for (indices `0..devices()`).
+    pub fn devices(&self) -> usize {
+        self.limits.len()
     }
 }
 
@@ -220,6 +241,10 @@ impl UsageLedger for InMemoryLedger {
         }
     }
 
+    fn has_device(&self, device: DeviceIndex) -> bool {
+        device.as_usize() < self.limits.len()
+    }
+
     fn charge_over_limit(&self, device: DeviceIndex, _class: UsageClass, bytes: u64) {
         if let Some(used) = self.used.get(device.as_usize()) {
             let _ = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
@@ -234,10 +259,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_ledger_accounts_for_as_many_devices_as_it_has_limits() {
+        let ledger = InMemoryLedger::new([Some(10), None, Some(5)]);
+        assert_eq!(ledger.devices(), 3);
+        assert!(ledger.has_device(DeviceIndex(2)) && !ledger.has_device(DeviceIndex(3)));
+        assert!(
+            ledger
+                .try_reserve(DeviceIndex(1), UsageClass::Data, u64::MAX)
+                .is_ok()
+        );
+        let refused = ledger.try_reserve(DeviceIndex(3), UsageClass::Data, 1);
+        assert_eq!(refused.map_err(|e| e.limit), Err(0));
+        assert_eq!(ledger.usage(DeviceIndex(40)), DeviceUsage::default());
+    }
+
+    #[test]
     fn reservation_releases_on_drop_and_keeps_on_commit() {
-        let mut limits = [None; MAX_DEVICES];
-        limits[0] = Some(100);
-        let ledger = InMemoryLedger::new(limits);
+        let ledger = InMemoryLedger::new([Some(100)]);
         let d = DeviceIndex(0);
         {
             let r = Reservation::new(&ledger, d, UsageClass::Data, 60).unwrap();
@@ -271,9 +309,7 @@ mod tests {
 
     #[test]
     fn reservation_resizes_within_the_limit() {
-        let mut limits = [None; MAX_DEVICES];
-        limits[0] = Some(100);
-        let ledger = InMemoryLedger::new(limits);
+        let ledger = InMemoryLedger::new([Some(100)]);
         let d = DeviceIndex(0);
         let mut r = Reservation::new(&ledger, d, UsageClass::Data, 60).unwrap();
         r.resize(90).unwrap();
@@ -293,9 +329,7 @@ mod tests {
 
     #[test]
     fn a_charge_over_the_limit_is_recorded_and_blocks_later_reservations() {
-        let mut limits = [None; MAX_DEVICES];
-        limits[0] = Some(100);
-        let ledger = InMemoryLedger::new(limits);
+        let ledger = InMemoryLedger::new([Some(100)]);
         let d = DeviceIndex(0);
         ledger.try_reserve(d, UsageClass::Data, 80).unwrap();
         ledger.charge_over_limit(d, UsageClass::Module, 40);

@@ -12,7 +12,9 @@ const MIB: u64 = 1 << 20;
 pub struct AllocatorConfig {
     /// Whether small requests are sub-allocated at all.
     pub suballoc: bool,
-    /// Bytes of one region (OVERSIZE, default 128 MiB).
+    /// Bytes of the largest region (OVERSIZE, default 128 MiB). Regions grow to it: a
+    /// context's first is one page (the threshold rounded up to ALIGN), each next one
+    /// twice the largest it holds, and none larger than what the limit leaves.
     pub region_size: u64,
     /// Bytes of one chunk (BITSIZE, default 512); every sub-allocation is chunk-aligned.
     pub chunk_size: u64,

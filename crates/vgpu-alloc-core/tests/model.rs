@@ -247,8 +247,9 @@ proptest! {
 
 #[test]
 fn the_fallback_rule_holds_at_the_exact_boundary() {
-    // Two regions' worth of limit; one region is used, the rest is taken so a second
-    // region cannot fit although small requests still can.
+    // Two full regions' worth of limit; a direct allocation takes most of it, so the
+    // regions that follow are cut to what remains: no small request falls back to a
+    // direct allocation, and the limit is used to the last byte.
     let cfg = HarnessConfig::small();
     let a = cfg.allocator;
     let mut limits = [None; MAX_DEVICES];
@@ -259,31 +260,29 @@ fn the_fallback_rule_holds_at_the_exact_boundary() {
         .allocate(d, ContextId(0), a.suballoc_threshold - 1)
         .unwrap();
     assert_eq!(first.kind, AllocationKind::SubAllocated);
-    // Use up the rest of the limit directly, except 8 KiB: less than a region.
+    // Use up the rest of a region's worth directly, except two pages.
     let direct = alloc
         .allocate(d, ContextId(0), a.region_size - 2 * a.align)
         .unwrap();
     assert_eq!(direct.kind, AllocationKind::Direct);
-    // Fill the first region so the next small request needs a new one.
+    // Fill: regions of 16, 32 and then (64 wanted) the 16 KiB that remain.
     let mut subs = vec![first.ptr];
-    loop {
-        let r = alloc
-            .allocate(d, ContextId(0), a.suballoc_threshold - 1)
-            .unwrap();
-        if r.kind == AllocationKind::Direct {
-            // A region (64 KiB) does not fit into the 8 KiB left; the request does.
-            assert_eq!(r.accounted, 2 * a.align);
-            assert_eq!(
-                subs.len(),
-                8,
-                "8 requests of 16 chunks filled the region first"
-            );
-            assert_eq!(alloc.usage(d).used, 2 * a.region_size);
-            subs.push(r.ptr);
-            break;
-        }
+    while let Ok(r) = alloc.allocate(d, ContextId(0), a.suballoc_threshold - 1) {
+        assert_eq!(r.kind, AllocationKind::SubAllocated, "never direct");
         subs.push(r.ptr);
     }
+    let sizes: Vec<u64> = alloc
+        .regions()
+        .iter()
+        .map(|r| u64::from(r.chunks) * a.chunk_size)
+        .collect();
+    assert_eq!(sizes, [8 << 10, 16 << 10, 32 << 10, 16 << 10]);
+    assert_eq!(
+        subs.len(),
+        1 + 2 + 4 + 2,
+        "requests of 16 chunks filled every region"
+    );
+    assert_eq!(alloc.usage(d).used, 2 * a.region_size);
     // Now nothing fits, sub or direct: the refusal is the same one a direct would get.
     match alloc.allocate(d, ContextId(0), 1) {
         Err(AllocError::OutOfMemory(oom)) => assert_eq!(oom.in_use, 2 * a.region_size),
@@ -293,4 +292,98 @@ fn the_fallback_rule_holds_at_the_exact_boundary() {
     alloc.free(subs[1]).unwrap();
     let again = alloc.allocate(d, ContextId(0), 1).unwrap();
     assert_eq!(again.kind, AllocationKind::SubAllocated);
+}
+
+// ---- Filling the limit with any mix of sizes (Issue 12, defect 10) -------------------
+
+#[derive(Debug, Clone)]
+enum MixOp {
+    Allocate { context: u64, size: u64 },
+    Free(usize),
+}
+
+fn mix_op() -> impl Strategy<Value = MixOp> {
+    const MIB: u64 = 1 << 20;
+    let size = prop_oneof![
+        4 => 1u64..64 << 10,
+        2 => 1u64..2 * MIB,
+        1 => 2 * MIB..40 * MIB,
+    ];
+    prop_oneof![
+        6 => (0u64..3, size).prop_map(|(context, size)| MixOp::Allocate { context, size }),
+        2 => any::<usize>().prop_map(MixOp::Free),
+    ]
+}
+
+/// What a live allocation may cost the program: its chunks below the sub-allocation
+/// threshold, its 2 MiB pages above it.
+fn entitled(a: &Allocation, cfg: &AllocatorConfig) -> u64 {
+    if a.requested < cfg.suballoc_threshold {
+        a.requested.next_multiple_of(cfg.chunk_size)
+    } else {
+        a.accounted
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// After any history of allocations and frees in several contexts, requests of one
+    /// chunk in every context are served until the limit is within one 2 MiB page of
+    /// full, counting what the program asked for (not the regions' free space); and at
+    /// every step the charge is exactly what the device holds for the allocator.
+    #[test]
+    fn any_mix_of_sizes_fills_the_limit_to_within_one_page(
+        pages in 1u64..200,
+        ops in prop::collection::vec(mix_op(), 0..80),
+    ) {
+        const PAGE: u64 = 2 << 20;
+        let cfg = AllocatorConfig::default();
+        let limit = pages * PAGE;
+        let mut limits = [None; MAX_DEVICES];
+        limits[0] = Some(limit);
+        let alloc = Allocator::new(cfg, MockBackend::new(), InMemoryLedger::new(limits)).unwrap();
+        let d = DeviceIndex(0);
+        let mut live: Vec<DevicePtr> = Vec::new();
+        let charge_is_held = |alloc: &Allocator<MockBackend, InMemoryLedger>| {
+            let regions: u64 = alloc.regions().iter().map(|r| u64::from(r.chunks) * cfg.chunk_size).sum();
+            let snap = alloc.snapshot();
+            let direct = snap.iter().filter(|a| a.kind == AllocationKind::Direct);
+            let charged: u64 = direct.clone().map(|a| a.accounted).sum();
+            let raw: u64 = direct.map(|a| a.requested).sum();
+            (alloc.usage(d).used == regions + charged, alloc.backend().used(d) == regions + raw)
+        };
+        for op in ops {
+            match op {
+                MixOp::Allocate { context, size } => {
+                    if let Ok(r) = alloc.allocate(d, ContextId(context), size) {
+                        live.push(r.ptr);
+                    }
+                }
+                MixOp::Free(i) if !live.is_empty() => {
+                    let p = live.swap_remove(i % live.len());
+                    alloc.free(p).unwrap();
+                }
+                MixOp::Free(_) => {}
+            }
+            prop_assert_eq!(charge_is_held(&alloc), (true, true));
+        }
+        // Fill: one chunk at a time, round robin, until every context is refused.
+        let mut refused = [false; 3];
+        while !refused.iter().all(|&r| r) {
+            for c in 0..3u64 {
+                match alloc.allocate(d, ContextId(c), cfg.chunk_size) {
+                    Ok(_) => refused[c as usize] = false,
+                    Err(AllocError::OutOfMemory(_)) => refused[c as usize] = true,
+                    Err(e) => return Err(TestCaseError::fail(e.to_string())),
+                }
+            }
+        }
+        prop_assert_eq!(charge_is_held(&alloc), (true, true));
+        let used: u64 = alloc.snapshot().iter().map(|a| entitled(a, &cfg)).sum();
+        prop_assert!(
+            used + PAGE > limit,
+            "the program holds {} of a {} limit when refused", used, limit
+        );
+    }
 }

@@ -459,15 +459,16 @@ fn driver_errors_are_forwarded_intact_and_leave_no_usage() {
         .run(&["try", "67108864"]);
     assert_eq!(o.get("alloc"), "2");
     assert_eq!(o.u("used"), 0);
-    // A failing cuMemCreate and cuMemAllocAsync.
+    // A failing cuMemCreate and cuMemAllocAsync. The probes are direct (2 MiB): a smaller one
+    // would leave its empty sub-allocator region warm, charged on purpose.
     let o = Run::hooked("64m")
         .var("VGPU_SIM_FAULTS", "cuMemCreate:1:999")
-        .run(&["counted", "vmm", "4194304", "1048576"]);
+        .run(&["counted", "vmm", "4194304", "2097152"]);
     assert_eq!(o.get("take"), "999");
     assert_eq!(o.u("used_after"), 0);
     let o = Run::hooked("64m")
         .var("VGPU_SIM_FAULTS", "cuMemAllocAsync:1:4321")
-        .run(&["counted", "async", "4194304", "1048576"]);
+        .run(&["counted", "async", "4194304", "2097152"]);
     assert_eq!(o.get("take"), "4321");
     assert_eq!(o.u("used_after"), 0);
 }

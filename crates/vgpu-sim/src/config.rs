@@ -53,6 +53,10 @@ pub struct SimConfig {
     pub ctx_overhead: u64,
     /// Bytes of device memory a loaded module takes.
     pub module_overhead: u64,
+    /// Bytes of host memory the process may hold pinned or host-located
+    /// (`VGPU_SIM_HOST_PINNED_LIMIT`; `None` = no limit): stands for what the host lets it
+    /// lock (`RLIMIT_MEMLOCK`, the container's memory cgroup).
+    pub host_pinned_limit: Option<u64>,
     /// Module code is loaded on the first launch of one of its functions
     /// (`CUDA_MODULE_LOADING=LAZY`, the real driver's default since CUDA 12.2), not when
     /// the module is loaded (`EAGER`).
@@ -362,6 +366,10 @@ impl SimConfig {
             name: get("VGPU_SIM_NAME").unwrap_or_else(|| "vgpu-sim Virtual GPU".into()),
             ctx_overhead: size_var("VGPU_SIM_CTX_OVERHEAD", 64 * MIB)?,
             module_overhead: size_var("VGPU_SIM_MODULE_OVERHEAD", 2 * MIB)?,
+            host_pinned_limit: match get("VGPU_SIM_HOST_PINNED_LIMIT") {
+                None => None,
+                Some(_) => Some(size_var("VGPU_SIM_HOST_PINNED_LIMIT", 0)?),
+            },
             lazy_loading,
             nvml_pid,
             sm_count: sm_count as i32,
@@ -445,6 +453,16 @@ mod tests {
         assert!(cfg(&[("VGPU_SIM_FAULTS", "cuMemAlloc_v2:0:2")]).is_err());
         assert!(cfg(&[("VGPU_SIM_OTHER_USED", "2g"), ("VGPU_SIM_TOTAL_MEM", "1g")]).is_err());
         assert!(cfg(&[("VGPU_SIM_POWER", "100,900")]).is_err());
+        assert!(cfg(&[("VGPU_SIM_HOST_PINNED_LIMIT", "some")]).is_err());
+    }
+
+    #[test]
+    fn the_host_pinned_limit_is_off_unless_set() {
+        assert_eq!(cfg(&[]).unwrap().host_pinned_limit, None);
+        let c = cfg(&[("VGPU_SIM_HOST_PINNED_LIMIT", "64m")]).unwrap();
+        assert_eq!(c.host_pinned_limit, Some(64 << 20));
+        let c = cfg(&[("VGPU_SIM_HOST_PINNED_LIMIT", "0")]).unwrap();
+        assert_eq!(c.host_pinned_limit, Some(0), "0 refuses every pinned byte");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! `MAP_NORESERVE` and pages are committed only when touched, so a simulated 80 GiB device
 //! costs nothing until a program writes to it.
 
+use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// The host page size.
@@ -228,46 +229,141 @@ impl PhysMem {
 /// Runs `f` in the child after every `fork` (a `pthread_atfork` child handler).
 pub fn at_fork_child(f: extern "C" fn()) {
     // SAFETY: registering a handler has no preconditions; `f` is a plain function that only
-    // stores an atomic, which is async-signal-safe as a fork handler must be.
+    // loads and stores atomics, which is async-signal-safe as a fork handler must be.
     unsafe { libc::pthread_atfork(None, None, Some(f)) };
 }
 
-/// Copies `n` bytes between addresses the caller checked.
-///
-/// # Safety
-/// `src..src+n` must be readable and `dst..dst+n` writable for the whole call (device ranges
-/// are checked against the live allocations, under the state lock, by the caller; host ranges
-/// are the program's promise, as with the real driver).
-pub unsafe fn copy(dst: u64, src: u64, n: usize) {
-    if n == 0 {
-        return;
-    }
-    // SAFETY: guaranteed by the caller; `copy` (memmove) tolerates overlap.
-    unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+/// Bytes the simulator may read and write: simulated device memory, borrowed from the mapping
+/// that backs it ([`HostRegion::span`], [`VaRange::span`]), or host memory a program passed to a
+/// driver call ([`HostPtr::span`]). [`copy`] and [`fill`] take nothing else, so the code that
+/// implements the driver's semantics moves bytes without `unsafe`.
+#[derive(Debug, Clone, Copy)]
+pub struct Span<'a> {
+    addr: usize,
+    len: usize,
+    _mem: PhantomData<&'a ()>,
 }
 
-/// Fills `count` elements of `elem` bytes (1, 2 or 4) at `dst` with the low bytes of `value`.
-///
-/// # Safety
-/// `dst..dst + count * elem` must be writable (checked by the caller as for [`copy`]).
-pub unsafe fn fill(dst: u64, value: u32, elem: usize, count: usize) {
-    // SAFETY: (all arms) the caller guarantees the range is writable; unaligned writes are used
-    // because the driver allows any address for memset.
+impl<'a> Span<'a> {
+    /// No bytes (a zero-length copy or memset, at any address).
+    pub fn empty() -> Span<'static> {
+        Span {
+            addr: 0,
+            len: 0,
+            _mem: PhantomData,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `[addr, addr + len)` when it lies inside this span.
+    pub fn sub(self, addr: u64, len: u64) -> Option<Span<'a>> {
+        inside(self.addr, self.len, addr, len)
+    }
+}
+
+/// `[addr, addr + len)` when it lies inside `[base, base + cap)`.
+fn inside<'a>(base: usize, cap: usize, addr: u64, len: u64) -> Option<Span<'a>> {
+    let (a, l) = (usize::try_from(addr).ok()?, usize::try_from(len).ok()?);
+    (a >= base && a.checked_add(l)? <= base.checked_add(cap)?).then_some(Span {
+        addr: a,
+        len: l,
+        _mem: PhantomData,
+    })
+}
+
+/// A host pointer a program passed to a driver call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostPtr(u64);
+
+impl HostPtr {
+    /// Wraps a host pointer from a driver call.
+    ///
+    /// # Safety
+    /// Every [`span`](HostPtr::span) made from it must be readable and writable for as long as
+    /// the call, or the stream work it queues, uses it: the driver API's contract for host
+    /// pointers (the real driver trusts it the same way).
+    pub unsafe fn new(addr: u64) -> HostPtr {
+        HostPtr(addr)
+    }
+
+    /// The address.
+    pub fn addr(self) -> u64 {
+        self.0
+    }
+
+    /// `len` bytes from it (`None` for a null pointer or a range past the address space).
+    pub fn span(self, len: u64) -> Option<Span<'static>> {
+        if self.0 == 0 {
+            return None;
+        }
+        inside(0, usize::MAX, self.0, len)
+    }
+}
+
+impl HostRegion {
+    /// `[addr, addr + len)` when it lies inside this region.
+    pub fn span(&self, addr: u64, len: u64) -> Option<Span<'_>> {
+        inside(self.addr, self.len, addr, len)
+    }
+}
+
+impl VaRange {
+    /// `[addr, addr + len)` when it lies inside this reservation. Pages not mapped are the
+    /// inaccessible placeholder (the caller checks the mappings): a mistake faults, it never
+    /// touches memory outside the reservation.
+    pub fn span(&self, addr: u64, len: u64) -> Option<Span<'_>> {
+        inside(self.addr, self.len, addr, len)
+    }
+}
+
+/// Copies `src` to `dst` (they may overlap); both have the same length.
+pub fn copy(dst: Span<'_>, src: Span<'_>) {
+    assert_eq!(dst.len, src.len, "copy between spans of different lengths");
+    if dst.len == 0 {
+        return;
+    }
+    // SAFETY: a span is memory a live mapping owns (borrowed for 'a) or a host range the
+    // program promised when it made the `HostPtr`; `copy` (memmove) tolerates overlap.
+    unsafe { std::ptr::copy(src.addr as *const u8, dst.addr as *mut u8, dst.len) };
+}
+
+/// Fills `dst` with elements of `elem` bytes (1, 2 or 4), the low bytes of `value`; a partial
+/// element at the end is left alone.
+pub fn fill(dst: Span<'_>, value: u32, elem: usize) {
+    let count = dst.len / elem.max(1);
+    // SAFETY: (all arms) as in `copy`, the span is writable; unaligned writes because the
+    // driver allows any address for memset.
     unsafe {
         match elem {
-            1 => std::ptr::write_bytes(dst as *mut u8, value as u8, count),
+            1 => std::ptr::write_bytes(dst.addr as *mut u8, value as u8, count),
             2 => {
                 for i in 0..count {
-                    std::ptr::write_unaligned((dst as *mut u16).add(i), value as u16);
+                    std::ptr::write_unaligned((dst.addr as *mut u16).add(i), value as u16);
                 }
             }
             _ => {
                 for i in 0..count {
-                    std::ptr::write_unaligned((dst as *mut u32).add(i), value);
+                    std::ptr::write_unaligned((dst.addr as *mut u32).add(i), value);
                 }
             }
         }
     }
+}
+
+/// Reads `out.len()` bytes of `src` (tests and checks).
+pub fn read(src: Span<'_>, out: &mut [u8]) {
+    let n = out.len().min(src.len);
+    // SAFETY: as in `copy`; `out` is a distinct Rust buffer.
+    unsafe { std::ptr::copy_nonoverlapping(src.addr as *const u8, out.as_mut_ptr(), n) };
 }
 
 #[cfg(test)]
@@ -280,12 +376,18 @@ mod tests {
         let big = HostRegion::new(64 << 30).expect("NORESERVE mapping");
         let r = HostRegion::new(100).unwrap();
         assert_eq!(r.len(), page_size());
-        // SAFETY: inside the fresh regions.
-        unsafe {
-            fill(r.addr(), 0xab, 1, 100);
-            copy(big.addr() + 4096, r.addr(), 100);
-            assert_eq!(*((big.addr() + 4096 + 99) as *const u8), 0xab);
-        }
+        fill(r.span(r.addr(), 100).unwrap(), 0xab, 1);
+        copy(
+            big.span(big.addr() + 4096, 100).unwrap(),
+            r.span(r.addr(), 100).unwrap(),
+        );
+        let mut b = [0u8; 100];
+        read(big.span(big.addr() + 4096, 100).unwrap(), &mut b);
+        assert!(b.iter().all(|&x| x == 0xab));
+        assert!(
+            r.span(r.addr() + 1, page_size() as u64).is_none(),
+            "past the region"
+        );
     }
 
     #[test]
@@ -299,11 +401,10 @@ mod tests {
             !va.map(va.addr() + (3 << 20), 2 << 20, &phys, 0),
             "outside the reservation"
         );
-        // SAFETY: both halves are mapped read-write.
-        unsafe {
-            fill(va.addr(), 0x1234_5678, 4, 1);
-            assert_eq!(*((va.addr() + (2 << 20)) as *const u32), 0x1234_5678);
-        }
+        fill(va.span(va.addr(), 4).unwrap(), 0x1234_5678, 4);
+        let mut w = [0u8; 4];
+        read(va.span(va.addr() + (2 << 20), 4).unwrap(), &mut w);
+        assert_eq!(u32::from_le_bytes(w), 0x1234_5678);
         assert!(va.unmap(va.addr(), 4 << 20));
     }
 }

@@ -98,6 +98,7 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Variant>> {
             "cuMemHostAlloc": 2020 => cuMemHostAlloc;
             "cuMemFreeHost": 2000 => cuMemFreeHost;
             "cuMemHostGetDevicePointer": 3020 => cuMemHostGetDevicePointer_v2;
+            "cuMemHostGetFlags": 2030 => cuMemHostGetFlags;
             "cuMemHostRegister": 6050 => cuMemHostRegister_v2;
             "cuMemHostUnregister": 4000 => cuMemHostUnregister;
             "cuIpcGetMemHandle": 4010 => cuIpcGetMemHandle;

@@ -1,0 +1,122 @@
+//! Physical devices: memory counters, ordinals and attributes.
+
+use super::*;
+
+/// One physical device.
+#[derive(Debug)]
+pub struct Device {
+    /// Bytes of memory.
+    pub total: u64,
+    /// Bytes used by processes outside this one.
+    pub other_used: u64,
+    /// UUID bytes.
+    pub uuid: [u8; 16],
+    /// Bytes this process uses (contexts, modules, allocations, pools, arrays).
+    pub used: AtomicU64,
+    /// Kernel busy time.
+    pub busy: BusyLog,
+}
+
+impl Device {
+    /// Bytes free on the device for everybody.
+    pub fn free(&self) -> u64 {
+        self.total
+            .saturating_sub(self.other_used)
+            .saturating_sub(self.used.load(Ordering::Relaxed))
+    }
+
+    pub(super) fn reserve(&self, bytes: u64) -> CuResult<()> {
+        let cap = self.total.saturating_sub(self.other_used);
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(bytes).filter(|n| *n <= cap)
+            })
+            .map(|_| ())
+            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    pub(super) fn release(&self, bytes: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                Some(u.saturating_sub(bytes))
+            });
+    }
+}
+
+impl Sim {
+    /// Visible device count.
+    pub fn device_count(&self) -> usize {
+        self.cfg.visible.len()
+    }
+
+    /// Physical index of CUDA ordinal `ord`.
+    pub fn phys(&self, ord: i32) -> CuResult<usize> {
+        usize::try_from(ord)
+            .ok()
+            .and_then(|o| self.cfg.visible.get(o).copied())
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    /// CUDA ordinal of physical device `p`, if visible.
+    pub fn ordinal_of(&self, p: usize) -> Option<i32> {
+        self.cfg
+            .visible
+            .iter()
+            .position(|&v| v == p)
+            .map(|o| o as i32)
+    }
+
+    /// `cuDeviceGetAttribute`.
+    pub fn attribute(&self, attr: i32, ord: i32) -> CuResult<i32> {
+        let p = self.phys(ord)?;
+        let (maj, min) = self.cfg.compute_capability;
+        Ok(match attr {
+            1 => 1024,
+            2 | 3 => 1024,
+            4 => 64,
+            5 => i32::MAX,
+            6 | 7 => 65535,
+            8 => 49152,
+            9 => 65536,
+            10 => 32,
+            11 => i32::MAX,
+            12 => 65536,
+            13 => 1_980_000,
+            14 => 512,
+            15 => 1,
+            16 => self.cfg.sm_count,
+            17 | 18 => 0,
+            19 => 1,
+            20 => 0,
+            31 => 1,
+            32 => 1,
+            33 => p as i32 + 1,
+            34 | 35 => 0,
+            36 => 2_619_000,
+            37 => 5120,
+            38 => 60 << 20,
+            39 => 2048,
+            40 => 2,
+            41 => 1,
+            50 => 0,
+            75 => maj,
+            76 => min,
+            81 => 228 << 10,
+            82 => 65536,
+            83 => 1,
+            84 => 0,
+            86 => 1,
+            88 => 1,
+            89 => 1,
+            95 => 1,
+            97 => 227 << 10,
+            102 => 1,
+            106 => 32,
+            115 => 1,
+            116 => 0b1,
+            a if (0..=160).contains(&a) => 0,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        })
+    }
+}

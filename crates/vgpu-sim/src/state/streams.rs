@@ -1,0 +1,181 @@
+//! Streams and events.
+
+use super::*;
+
+impl Sim {
+    /// `cuStreamCreate`.
+    pub fn stream_create(&self, flags: u32) -> CuResult<u64> {
+        let ctx = self.current()?;
+        let mut st = self.st();
+        let id = st.id();
+        st.streams.insert(
+            id,
+            Stream {
+                ctx,
+                flags,
+                q: StreamQueue::new(),
+                capture: None,
+            },
+        );
+        Ok(handle(tag::STREAM, id))
+    }
+
+    /// `cuStreamDestroy_v2` (pending work still runs).
+    pub fn stream_destroy(&self, h: u64) -> CuResult<()> {
+        let id = unhandle(tag::STREAM, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let s = self
+            .st()
+            .streams
+            .remove(&id)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        s.q.close();
+        Ok(())
+    }
+
+    /// The queue behind a stream handle, and whether the stream is capturing.
+    pub fn stream_queue(&self, h: u64, per_thread: bool) -> CuResult<(Arc<StreamQueue>, bool)> {
+        if h == 2 || (h == 0 && per_thread) {
+            let ctx = self.current()?;
+            let q = PER_THREAD_STREAMS.with(|m| {
+                m.borrow_mut()
+                    .entry(ctx)
+                    .or_insert_with(StreamQueue::new)
+                    .clone()
+            });
+            return Ok((q, false));
+        }
+        if h == 0 || h == 1 {
+            let ctx = self.current()?;
+            let st = self.st();
+            return Ok((
+                st.ctxs
+                    .get(&ctx)
+                    .ok_or(CUDA_ERROR_INVALID_CONTEXT)?
+                    .null_stream
+                    .clone(),
+                false,
+            ));
+        }
+        let id = unhandle(tag::STREAM, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let st = self.st();
+        let s = st.streams.get(&id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        Ok((s.q.clone(), s.capture.is_some()))
+    }
+
+    /// `cuStreamGetFlags`.
+    pub fn stream_flags(&self, h: u64) -> CuResult<u32> {
+        match unhandle(tag::STREAM, h) {
+            None => Ok(0),
+            Some(id) => self
+                .st()
+                .streams
+                .get(&id)
+                .map(|s| s.flags)
+                .ok_or(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    /// `cuStreamSynchronize`.
+    pub fn stream_sync(&self, h: u64, per_thread: bool) -> CuResult<()> {
+        let (q, _) = self.stream_queue(h, per_thread)?;
+        q.drain();
+        self.trim_pools_at_sync();
+        Ok(())
+    }
+
+    /// `cuStreamQuery`.
+    pub fn stream_query(&self, h: u64, per_thread: bool) -> CuResult<()> {
+        let (q, _) = self.stream_queue(h, per_thread)?;
+        if q.done(q.last_ticket()) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_NOT_READY)
+        }
+    }
+
+    /// `cuEventCreate`.
+    pub fn event_create(&self, flags: u32) -> CuResult<u64> {
+        self.current()?;
+        let mut st = self.st();
+        let id = st.id();
+        st.events.insert(
+            id,
+            Arc::new(Event {
+                flags,
+                ..Event::default()
+            }),
+        );
+        Ok(handle(tag::EVENT, id))
+    }
+
+    pub(super) fn event(&self, h: u64) -> CuResult<Arc<Event>> {
+        let id = unhandle(tag::EVENT, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.st()
+            .events
+            .get(&id)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// `cuEventDestroy_v2`.
+    pub fn event_destroy(&self, h: u64) -> CuResult<()> {
+        let id = unhandle(tag::EVENT, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.st()
+            .events
+            .remove(&id)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// `cuEventRecord`.
+    pub fn event_record(&self, h: u64, stream: u64, per_thread: bool) -> CuResult<()> {
+        let e = self.event(h)?;
+        let (q, capturing) = self.stream_queue(stream, per_thread)?;
+        if capturing {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        e.record(&q);
+        Ok(())
+    }
+
+    /// `cuEventSynchronize`.
+    pub fn event_sync(&self, h: u64) -> CuResult<()> {
+        self.event(h)?.wait();
+        self.trim_pools_at_sync();
+        Ok(())
+    }
+
+    /// `cuEventQuery`.
+    pub fn event_query(&self, h: u64) -> CuResult<()> {
+        if self.event(h)?.done() {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_NOT_READY)
+        }
+    }
+
+    /// `cuEventElapsedTime` in milliseconds.
+    pub fn event_elapsed(&self, a: u64, b: u64) -> CuResult<f32> {
+        let (ea, eb) = (self.event(a)?, self.event(b)?);
+        if (ea.flags | eb.flags) & 2 != 0 {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        let (Some(ta), Some(tb)) = (ea.time(), eb.time()) else {
+            return Err(CUDA_ERROR_NOT_READY);
+        };
+        let ms = if tb >= ta {
+            tb.duration_since(ta).as_secs_f64() * 1e3
+        } else {
+            -(ta.duration_since(tb).as_secs_f64() * 1e3)
+        };
+        Ok(ms as f32)
+    }
+
+    /// `cuStreamWaitEvent`: later work on the stream waits for the event.
+    pub fn stream_wait_event(&self, stream: u64, ev: u64, per_thread: bool) -> CuResult<()> {
+        let e = self.event(ev)?;
+        let (q, _) = self.stream_queue(stream, per_thread)?;
+        q.submit(Box::new(move || e.wait()));
+        Ok(())
+    }
+}

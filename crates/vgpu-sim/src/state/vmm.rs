@@ -1,0 +1,193 @@
+//! Virtual memory management: physical handles, reserved ranges, mappings.
+
+use super::*;
+
+impl Sim {
+    /// Takes `size` bytes where physical memory lives: a device, or (`None`) the host, whose
+    /// limit host-located memory counts against instead.
+    fn take_physical(&self, dev: Option<usize>, size: u64) -> CuResult<()> {
+        match dev {
+            Some(d) => self.devices[d].reserve(size),
+            None => self.host.reserve(size),
+        }
+    }
+
+    fn give_physical(&self, dev: Option<usize>, size: u64) {
+        match dev {
+            Some(d) => self.devices[d].release(size),
+            None => self.host.release(size),
+        }
+    }
+
+    /// `cuMemCreate`: `location` is `Some(ordinal)` for device memory, `None` for host memory
+    /// (`CU_MEM_LOCATION_TYPE_HOST`, `HOST_NUMA`, `HOST_NUMA_CURRENT`: not device memory,
+    /// counted against the host limit).
+    pub fn mem_create(&self, size: u64, location: Option<i32>, prop: [u8; 32]) -> CuResult<u64> {
+        if size == 0 || size % GRANULARITY != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dev = location.map(|o| self.phys(o)).transpose()?;
+        self.take_physical(dev, size)?;
+        let Some(mem) = PhysMem::new(size as usize) else {
+            self.give_physical(dev, size);
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        let mut st = self.st();
+        let id = st.id();
+        st.phys.insert(
+            id,
+            Phys {
+                size,
+                dev,
+                mem: Arc::new(mem),
+                prop,
+                refs: 1,
+                maps: 0,
+            },
+        );
+        Ok(handle(tag::VMM, id))
+    }
+
+    pub(super) fn phys_maybe_free(&self, st: &mut State, id: u64) {
+        if let Some(ph) = st.phys.get(&id)
+            && ph.refs == 0
+            && ph.maps == 0
+        {
+            let ph = st.phys.remove(&id).expect("present");
+            self.give_physical(ph.dev, ph.size);
+        }
+    }
+
+    /// `cuMemRelease`: memory goes back once it is also unmapped everywhere.
+    pub fn mem_release(&self, h: u64) -> CuResult<()> {
+        let id = unhandle(tag::VMM, h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut st = self.st();
+        let ph = st
+            .phys
+            .get_mut(&id)
+            .filter(|p| p.refs > 0)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        ph.refs -= 1;
+        self.phys_maybe_free(&mut st, id);
+        Ok(())
+    }
+
+    /// `cuMemAddressReserve`.
+    pub fn address_reserve(&self, size: u64, align: u64) -> CuResult<u64> {
+        if size == 0 || size % GRANULARITY != 0 || (align != 0 && !align.is_power_of_two()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let va = VaRange::new(size as usize, align.max(GRANULARITY) as usize)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let a = va.addr();
+        self.st().vas.insert(a, va);
+        Ok(a)
+    }
+
+    /// `cuMemAddressFree`.
+    pub fn address_free(&self, p: u64, size: u64) -> CuResult<()> {
+        let mut st = self.st();
+        if st.vas.get(&p).is_none_or(|v| v.len() as u64 != size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let inside: Vec<u64> = st.maps.range(p..p + size).map(|(k, _)| *k).collect();
+        for k in inside {
+            let m = st.maps.remove(&k).expect("present");
+            if let Some(ph) = st.phys.get_mut(&m.handle) {
+                ph.maps -= 1;
+            }
+            self.phys_maybe_free(&mut st, m.handle);
+        }
+        st.vas.remove(&p);
+        Ok(())
+    }
+
+    /// `cuMemMap`.
+    pub fn mem_map(&self, p: u64, size: u64, offset: u64, h: u64) -> CuResult<()> {
+        let id = unhandle(tag::VMM, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let mut st = self.st();
+        let ph = st
+            .phys
+            .get(&id)
+            .filter(|p| p.refs > 0)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if size == 0 || offset.checked_add(size).is_none_or(|e| e > ph.size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mem = ph.mem.clone();
+        let (&vb, va) = st
+            .vas
+            .range(..=p)
+            .next_back()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if p + size > vb + va.len() as u64 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if st.maps.range(p..p + size).next().is_some() || st.map_at(p).is_some() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if !va.map(p, size as usize, &mem, offset as usize) {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        st.phys.get_mut(&id).expect("present").maps += 1;
+        st.maps.insert(
+            p,
+            Mapping {
+                size,
+                handle: id,
+                va: vb,
+            },
+        );
+        Ok(())
+    }
+
+    /// `cuMemUnmap`.
+    pub fn mem_unmap(&self, p: u64, size: u64) -> CuResult<()> {
+        let mut st = self.st();
+        let inside: Vec<u64> = st
+            .maps
+            .range(p..p.saturating_add(size))
+            .map(|(k, _)| *k)
+            .collect();
+        if inside.is_empty() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        for k in inside {
+            let m = st.maps.remove(&k).expect("present");
+            if let Some(va) = st.vas.get(&m.va) {
+                va.unmap(k, m.size as usize);
+            }
+            if let Some(ph) = st.phys.get_mut(&m.handle) {
+                ph.maps -= 1;
+            }
+            self.phys_maybe_free(&mut st, m.handle);
+        }
+        Ok(())
+    }
+
+    /// `cuMemSetAccess`: the range must be mapped.
+    pub fn set_access(&self, p: u64, size: u64) -> CuResult<()> {
+        self.st().check_range(p, size)
+    }
+
+    /// `cuMemGetAllocationPropertiesFromHandle`.
+    pub fn handle_props(&self, h: u64) -> CuResult<[u8; 32]> {
+        let id = unhandle(tag::VMM, h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        self.st()
+            .phys
+            .get(&id)
+            .map(|p| p.prop)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// `cuMemRetainAllocationHandle`.
+    pub fn retain_handle(&self, p: u64) -> CuResult<u64> {
+        let mut st = self.st();
+        let id = st
+            .map_at(p)
+            .map(|(_, m)| m.handle)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        st.phys.get_mut(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.refs += 1;
+        Ok(handle(tag::VMM, id))
+    }
+}
