@@ -67,6 +67,17 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "Device memory in use by class (context, module, data), bytes.",
     ),
     (
+        "vgpu_device_host_backed_bytes",
+        "gauge",
+        "Host memory standing in for device memory at the device's addresses \
+         (CUDA_OVERSUBSCRIBE, VGPU_HOST_SPILL), bytes; not in the device memory figures.",
+    ),
+    (
+        "vgpu_device_host_spill_bytes",
+        "gauge",
+        "Host-backed bytes allowed beyond the limit (VGPU_HOST_SPILL; 0 = none).",
+    ),
+    (
         "vgpu_device_sm_limit_percent",
         "gauge",
         "SM (compute) limit in percent (0 = unlimited).",
@@ -155,6 +166,16 @@ pub fn render_metrics(
                     v,
                 );
             }
+            add(
+                "vgpu_device_host_backed_bytes",
+                l.clone(),
+                d.host_backed_bytes,
+            );
+            add(
+                "vgpu_device_host_spill_bytes",
+                l.clone(),
+                d.host_spill_bytes,
+            );
             add(
                 "vgpu_device_sm_limit_percent",
                 l.clone(),
