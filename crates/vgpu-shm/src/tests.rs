@@ -1083,6 +1083,7 @@ fn host_backed_bytes_are_their_own_class_and_not_in_hamis_fields() {
     me.try_reserve_host(D0, 400).unwrap();
     assert!(me.try_reserve_host(D0, 101).is_err());
     assert_eq!(me.held(D0).host, 400);
+    assert_eq!(t.host_used(D0), 400);
     assert_eq!(me.held(D0).total(), 1000);
     let snap = t.snapshot();
     assert_eq!((snap.devices[0].used, snap.devices[0].host), (1000, 400));

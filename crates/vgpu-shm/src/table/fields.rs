@@ -110,6 +110,17 @@ impl UsageTable {
         Ok(())
     }
 
+    /// Host-backed bytes all processes hold at `device`'s addresses now (one load; 0 for a
+    /// file without the host class).
+    pub fn host_used(&self, device: DeviceIndex) -> u64 {
+        if device.as_usize() >= MAX_DEVICES {
+            return 0;
+        }
+        self.store()
+            .host_total(device.as_usize())
+            .load(Ordering::Relaxed)
+    }
+
     /// `device`'s host policy as stored now.
     pub fn host_policy(&self, device: DeviceIndex) -> HostPolicy {
         if device.as_usize() >= MAX_DEVICES {
