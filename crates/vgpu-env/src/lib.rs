@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod host_limits;
 pub mod log_level;
 pub mod names;
 pub mod size;
