@@ -120,6 +120,9 @@ pub struct HostBacking {
     /// `VGPU_HOST_SPILL=<size>`: host-backed memory allowed beyond the device limit, in bytes
     /// (0 = none).
     pub spill: u64,
+    /// `VGPU_DEVICE_RESERVE=<size>`: while host backing is on, device memory to leave free on
+    /// the GPU; an allocation that would leave less is host-backed instead (0 = none).
+    pub device_reserve: u64,
 }
 
 impl HostBacking {
@@ -364,10 +367,15 @@ impl Config {
                 },
             }
         }
-        if let Some(v) = lookup(ENV_HOST_SPILL) {
-            match parse_size(&v) {
-                Ok(n) => cfg.host_backing.spill = n,
-                Err(e) => fail(ENV_HOST_SPILL, &v, e.to_string()),
+        for (name, slot) in [
+            (ENV_HOST_SPILL, &mut cfg.host_backing.spill),
+            (ENV_DEVICE_RESERVE, &mut cfg.host_backing.device_reserve),
+        ] {
+            if let Some(v) = lookup(name) {
+                match parse_size(&v) {
+                    Ok(n) => *slot = n,
+                    Err(e) => fail(name, &v, e.to_string()),
+                }
             }
         }
         let mut sizes_ok = true;
@@ -587,7 +595,8 @@ mod tests {
             cfg.host_backing,
             HostBacking {
                 oversubscribe: true,
-                spill: 0
+                spill: 0,
+                device_reserve: 0,
             }
         );
         assert!(cfg.host_backing.enabled());
@@ -595,8 +604,10 @@ mod tests {
             let cfg = Config::from_pairs([("CUDA_OVERSUBSCRIBE", off)]).unwrap();
             assert!(!cfg.host_backing.enabled(), "{off:?}");
         }
-        let cfg = Config::from_pairs([("VGPU_HOST_SPILL", "8g")]).unwrap();
+        let cfg =
+            Config::from_pairs([("VGPU_HOST_SPILL", "8g"), ("VGPU_DEVICE_RESERVE", "1g")]).unwrap();
         assert_eq!(cfg.host_backing.spill, 8 << 30);
+        assert_eq!(cfg.host_backing.device_reserve, 1 << 30);
         assert!(!cfg.host_backing.oversubscribe && cfg.host_backing.enabled());
         let err = Config::from_vars_with_warnings(&Vars::from_pairs([
             ("CUDA_OVERSUBSCRIBE", "yes"),

@@ -55,5 +55,9 @@ pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 /// vgpu's own: how much host memory a container may hold at device addresses beyond its
 /// device limit (a size; 0 = none). Its device-resident memory still never exceeds the limit.
 pub const ENV_HOST_SPILL: &str = "VGPU_HOST_SPILL";
+/// With host backing on: device memory to leave free on the GPU (a size; default 0). An
+/// allocation that would leave less is host-backed instead, so an oversubscribed tenant does
+/// not take the GPU's last bytes from its neighbours (and their new contexts).
+pub const ENV_DEVICE_RESERVE: &str = "VGPU_DEVICE_RESERVE";
 /// Default of [`ENV_SHARED_CACHE`].
 pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
