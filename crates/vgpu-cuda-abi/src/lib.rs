@@ -3,8 +3,10 @@
 //! [`nvml_hooked_functions!`]) that drives the hook's exports, its real-function table and
 //! its `dlsym`/`cuGetProcAddress` tables, and that the simulated driver reuses.
 //!
-//! This crate only declares; it contains no code that calls into a driver.
+//! This crate only declares; it contains no code that calls into a driver, and no unsafe
+//! code (the lint holds where its macros expand: in the crate that invokes them).
 
+#![forbid(unsafe_code)]
 #![allow(non_camel_case_types, non_snake_case)]
 
 mod symbols;

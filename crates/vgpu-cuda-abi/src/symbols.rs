@@ -17,22 +17,45 @@
 //! Types are written unqualified: the callback's expansion site needs `use vgpu_cuda_abi::*;`.
 //! The same lists drive the hook's exports, its real-function table, its `dlsym` and
 //! `cuGetProcAddress` tables, and [`CUDA_HOOKED_SYMBOLS`] / [`NVML_HOOKED_SYMBOLS`] here.
+//!
+//! ## Hook shapes
+//!
+//! A hooked entry may end in `=> shape`, which says how the hook's generated export reaches
+//! its implementation (functions of that name in the hook's `hooks` module):
+//!
+//! - `then f(args)`: forward the call unchanged to the real function; if it succeeds, run
+//!   `f(driver, args)`, whose result is the call's.
+//! - `finally f(args)`: forward, run `f(driver, args)` whatever the driver answered, return
+//!   the driver's answer.
+//! - `twin y(args)`: the per-thread-default-stream (`_ptsz`) twin of the hand-written `y`,
+//!   called with `StreamKind::PerThread` and this symbol's own real function.
+//! - `body(args)`: a hand-written implementation of the same name, given the forward and
+//!   only these arguments; `body f(args)`: the hand-written `f`, shared by several symbols.
+//!
+//! No shape: a hand-written implementation given the forward and every argument (for a
+//! `legacy` entry, and `body`/`twin`, also the `StreamKind`). A callback invoked as
+//! `cuda_hooked_functions!(with_shapes callback)` sees the shapes; a plain
+//! `cuda_hooked_functions!(callback)` sees entries without them.
 
 /// Every driver API symbol `libvgpu.so` intercepts, with its exact C signature.
 #[macro_export]
 macro_rules! cuda_hooked_functions {
-    ($callback:ident) => {
-        $callback! {
-            cuInit ["cuInit", 2000, any] fn(flags: c_uint) -> CUresult;
+    ($($callback:ident)+) => {
+        $crate::__shapes! { [$($callback)+]
+            cuInit ["cuInit", 2000, any] fn(flags: c_uint) -> CUresult => then initialized();
             cuGetProcAddress ["cuGetProcAddress", 11030, any]
-                fn(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t) -> CUresult;
+                fn(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t) -> CUresult
+                => then proc_address_found(symbol, pfn, cuda_version, flags);
             cuGetProcAddress_v2 ["cuGetProcAddress", 12000, any]
                 fn(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t,
-                   symbol_status: *mut CUdriverProcAddressQueryResult) -> CUresult;
+                   symbol_status: *mut CUdriverProcAddressQueryResult) -> CUresult
+                => then proc_address_found(symbol, pfn, cuda_version, flags);
 
             // Views.
-            cuMemGetInfo_v2 ["cuMemGetInfo", 3020, any] fn(free: *mut usize, total: *mut usize) -> CUresult;
-            cuDeviceTotalMem_v2 ["cuDeviceTotalMem", 3020, any] fn(bytes: *mut usize, dev: CUdevice) -> CUresult;
+            cuMemGetInfo_v2 ["cuMemGetInfo", 3020, any] fn(free: *mut usize, total: *mut usize) -> CUresult
+                => then mem_info_view(free, total);
+            cuDeviceTotalMem_v2 ["cuDeviceTotalMem", 3020, any] fn(bytes: *mut usize, dev: CUdevice) -> CUresult
+                => then total_mem_view(bytes, dev);
 
             // Plain device memory.
             cuMemAlloc_v2 ["cuMemAlloc", 3020, any] fn(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult;
@@ -48,7 +71,8 @@ macro_rules! cuda_hooked_functions {
                 fn(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) -> CUresult;
             cuPointerGetAttributes ["cuPointerGetAttributes", 7000, any]
                 fn(num_attributes: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void,
-                   ptr: CUdeviceptr) -> CUresult;
+                   ptr: CUdeviceptr) -> CUresult
+                => then range_attributes(num_attributes, attributes, data, ptr);
             cuIpcGetMemHandle ["cuIpcGetMemHandle", 4010, any]
                 fn(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult;
 
@@ -56,121 +80,174 @@ macro_rules! cuda_hooked_functions {
             cuMemCreate ["cuMemCreate", 10020, any]
                 fn(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp,
                    flags: u64) -> CUresult;
-            cuMemRelease ["cuMemRelease", 10020, any] fn(handle: CUmemGenericAllocationHandle) -> CUresult;
+            cuMemRelease ["cuMemRelease", 10020, any] fn(handle: CUmemGenericAllocationHandle) -> CUresult
+                => then vmm_released(handle);
             cuMemRetainAllocationHandle ["cuMemRetainAllocationHandle", 11000, any]
-                fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult;
+                fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult
+                => then vmm_retained(handle);
 
             // Stream-ordered allocation and pools.
             cuMemAllocAsync ["cuMemAllocAsync", 11020, legacy]
                 fn(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult;
             cuMemAllocAsync_ptsz ["cuMemAllocAsync", 11020, ptsz]
-                fn(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult;
+                fn(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
+                => twin cuMemAllocAsync;
             cuMemAllocFromPoolAsync ["cuMemAllocFromPoolAsync", 11020, legacy]
                 fn(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult;
             cuMemAllocFromPoolAsync_ptsz ["cuMemAllocFromPoolAsync", 11020, ptsz]
-                fn(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult;
+                fn(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult
+                => twin cuMemAllocFromPoolAsync;
             cuMemFreeAsync ["cuMemFreeAsync", 11020, legacy] fn(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
-            cuMemFreeAsync_ptsz ["cuMemFreeAsync", 11020, ptsz] fn(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
+            cuMemFreeAsync_ptsz ["cuMemFreeAsync", 11020, ptsz] fn(dptr: CUdeviceptr, stream: CUstream) -> CUresult
+                => twin cuMemFreeAsync;
             cuMemPoolCreate ["cuMemPoolCreate", 11020, any]
-                fn(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult;
-            cuMemPoolDestroy ["cuMemPoolDestroy", 11020, any] fn(pool: CUmemoryPool) -> CUresult;
+                fn(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
+                => then pool_created(pool, props);
+            cuMemPoolDestroy ["cuMemPoolDestroy", 11020, any] fn(pool: CUmemoryPool) -> CUresult
+                => then pool_destroyed(pool);
             cuMemPoolTrimTo ["cuMemPoolTrimTo", 11020, any]
-                fn(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult;
+                fn(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult
+                => then pool_trimmed(pool);
             // Sync points: pools give memory back to the device here.
-            cuStreamSynchronize ["cuStreamSynchronize", 2000, legacy] fn(stream: CUstream) -> CUresult;
-            cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, ptsz] fn(stream: CUstream) -> CUresult;
-            cuCtxSynchronize ["cuCtxSynchronize", 2000, any] fn() -> CUresult;
-            cuEventSynchronize ["cuEventSynchronize", 2000, any] fn(event: CUevent) -> CUresult;
+            cuStreamSynchronize ["cuStreamSynchronize", 2000, legacy] fn(stream: CUstream) -> CUresult
+                => finally after_sync();
+            cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, ptsz] fn(stream: CUstream) -> CUresult
+                => finally after_sync();
+            cuCtxSynchronize ["cuCtxSynchronize", 2000, any] fn() -> CUresult
+                => finally after_sync();
+            cuEventSynchronize ["cuEventSynchronize", 2000, any] fn(event: CUevent) -> CUresult
+                => finally after_sync();
             // CUDA 13's context-argument variant: its own API, not a newer cuCtxSynchronize.
-            cuCtxSynchronize_v2 ["cuCtxSynchronize_v2", 13000, any] fn(ctx: CUcontext) -> CUresult;
+            cuCtxSynchronize_v2 ["cuCtxSynchronize_v2", 13000, any] fn(ctx: CUcontext) -> CUresult
+                => finally after_sync();
 
             // Arrays.
             cuArrayCreate_v2 ["cuArrayCreate", 3020, any]
-                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult;
+                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult
+                => body create_array(handle, desc);
             cuArray3DCreate_v2 ["cuArray3DCreate", 3020, any]
-                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult;
-            cuArrayDestroy ["cuArrayDestroy", 2000, any] fn(handle: CUarray) -> CUresult;
+                fn(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult
+                => body create_array(handle, desc);
+            cuArrayDestroy ["cuArrayDestroy", 2000, any] fn(handle: CUarray) -> CUresult
+                => then array_destroyed(handle);
             cuMipmappedArrayCreate ["cuMipmappedArrayCreate", 5000, any]
                 fn(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, num_levels: c_uint)
                     -> CUresult;
             cuMipmappedArrayDestroy ["cuMipmappedArrayDestroy", 5000, any]
-                fn(handle: CUmipmappedArray) -> CUresult;
+                fn(handle: CUmipmappedArray) -> CUresult => then mipmapped_array_destroyed(handle);
 
             // Contexts.
             cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, any]
                 fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
-            cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, any] fn(dev: CUdevice) -> CUresult;
-            cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, any] fn(dev: CUdevice) -> CUresult;
-            cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, any] fn(dev: CUdevice) -> CUresult;
-            cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, any] fn(dev: CUdevice) -> CUresult;
+            cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, any] fn(dev: CUdevice) -> CUresult
+                => then primary_released(dev);
+            cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, any] fn(dev: CUdevice) -> CUresult
+                => then primary_released(dev);
+            cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, any] fn(dev: CUdevice) -> CUresult
+                => then primary_reset(dev);
+            cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, any] fn(dev: CUdevice) -> CUresult
+                => then primary_reset(dev);
             cuCtxCreate_v2 ["cuCtxCreate", 3020, any]
-                fn(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult;
+                fn(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult
+                => body create_context(pctx, dev);
             cuCtxCreate_v3 ["cuCtxCreate", 11040, any]
                 fn(pctx: *mut CUcontext, params: CUexecAffinityParamPtr, num_params: c_int, flags: c_uint,
-                   dev: CUdevice) -> CUresult;
+                   dev: CUdevice) -> CUresult
+                => body create_context(pctx, dev);
             cuCtxCreate_v4 ["cuCtxCreate", 12050, any]
-                fn(pctx: *mut CUcontext, params: CUctxCreateParamsPtr, flags: c_uint, dev: CUdevice) -> CUresult;
-            cuCtxDestroy ["cuCtxDestroy", 2000, any] fn(ctx: CUcontext) -> CUresult;
-            cuCtxDestroy_v2 ["cuCtxDestroy", 4000, any] fn(ctx: CUcontext) -> CUresult;
+                fn(pctx: *mut CUcontext, params: CUctxCreateParamsPtr, flags: c_uint, dev: CUdevice) -> CUresult
+                => body create_context(pctx, dev);
+            cuCtxDestroy ["cuCtxDestroy", 2000, any] fn(ctx: CUcontext) -> CUresult
+                => then context_destroyed(ctx);
+            cuCtxDestroy_v2 ["cuCtxDestroy", 4000, any] fn(ctx: CUcontext) -> CUresult
+                => then context_destroyed(ctx);
 
             // Modules and libraries: their code takes device memory, charged as module memory
             // by reconciling with NVML's per-process used memory after each load and unload.
-            cuModuleLoad ["cuModuleLoad", 2000, any] fn(module: *mut CUmodule, fname: *const c_char) -> CUresult;
+            cuModuleLoad ["cuModuleLoad", 2000, any] fn(module: *mut CUmodule, fname: *const c_char) -> CUresult
+                => then module_loaded(module);
             cuModuleLoadData ["cuModuleLoadData", 2000, any]
-                fn(module: *mut CUmodule, image: *const c_void) -> CUresult;
+                fn(module: *mut CUmodule, image: *const c_void) -> CUresult
+                => then module_loaded(module);
             cuModuleLoadDataEx ["cuModuleLoadDataEx", 2010, any]
                 fn(module: *mut CUmodule, image: *const c_void, num_options: c_uint, options: *mut CUjit_option,
-                   option_values: *mut *mut c_void) -> CUresult;
+                   option_values: *mut *mut c_void) -> CUresult => then module_loaded(module);
             cuModuleLoadFatBinary ["cuModuleLoadFatBinary", 2000, any]
-                fn(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult;
-            cuModuleUnload ["cuModuleUnload", 2000, any] fn(hmod: CUmodule) -> CUresult;
+                fn(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult
+                => then module_loaded(module);
+            cuModuleUnload ["cuModuleUnload", 2000, any] fn(hmod: CUmodule) -> CUresult
+                => then code_unloaded();
             cuLibraryLoadData ["cuLibraryLoadData", 12000, any]
                 fn(library: *mut CUlibrary, code: *const c_void, jit_options: *mut CUjit_option,
                    jit_options_values: *mut *mut c_void, num_jit_options: c_uint,
                    library_options: *mut CUlibraryOption, library_option_values: *mut *mut c_void,
-                   num_library_options: c_uint) -> CUresult;
+                   num_library_options: c_uint) -> CUresult => then library_loaded(library);
             cuLibraryLoadFromFile ["cuLibraryLoadFromFile", 12000, any]
                 fn(library: *mut CUlibrary, file_name: *const c_char, jit_options: *mut CUjit_option,
                    jit_options_values: *mut *mut c_void, num_jit_options: c_uint,
                    library_options: *mut CUlibraryOption, library_option_values: *mut *mut c_void,
-                   num_library_options: c_uint) -> CUresult;
-            cuLibraryUnload ["cuLibraryUnload", 12000, any] fn(library: CUlibrary) -> CUresult;
+                   num_library_options: c_uint) -> CUresult => then library_loaded(library);
+            cuLibraryUnload ["cuLibraryUnload", 12000, any] fn(library: CUlibrary) -> CUresult
+                => then code_unloaded();
 
             // Graph memory.
             cuGraphAddMemAllocNode ["cuGraphAddMemAllocNode", 11040, any]
                 fn(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode,
                    num_dependencies: usize, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
-            cuDeviceGraphMemTrim ["cuDeviceGraphMemTrim", 11040, any] fn(dev: CUdevice) -> CUresult;
+            cuDeviceGraphMemTrim ["cuDeviceGraphMemTrim", 11040, any] fn(dev: CUdevice) -> CUresult
+                => then graph_mem_trimmed(dev);
             // Uploading a graph reserves its memory ahead of its first launch.
-            cuGraphUpload ["cuGraphUpload", 11010, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
-            cuGraphUpload_ptsz ["cuGraphUpload", 11010, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
+            cuGraphUpload ["cuGraphUpload", 11010, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
+                => then graph_launched(stream);
+            cuGraphUpload_ptsz ["cuGraphUpload", 11010, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
+                => then graph_launched(stream);
 
             // Work submission (the SM limit's entry points).
             cuLaunchKernel ["cuLaunchKernel", 4000, legacy]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
-                   kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult;
+                   kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
+                => body(stream);
             cuLaunchKernel_ptsz ["cuLaunchKernel", 7000, ptsz]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
-                   kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult;
+                   kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
+                => twin cuLaunchKernel(stream);
             cuLaunchKernelEx ["cuLaunchKernelEx", 11060, legacy]
                 fn(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void,
-                   extra: *mut *mut c_void) -> CUresult;
+                   extra: *mut *mut c_void) -> CUresult => body(config);
             cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, ptsz]
                 fn(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void,
-                   extra: *mut *mut c_void) -> CUresult;
+                   extra: *mut *mut c_void) -> CUresult => twin cuLaunchKernelEx(config);
             cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, legacy]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
-                   kernel_params: *mut *mut c_void) -> CUresult;
+                   kernel_params: *mut *mut c_void) -> CUresult => body(stream);
             cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, ptsz]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
-                   kernel_params: *mut *mut c_void) -> CUresult;
-            cuGraphLaunch ["cuGraphLaunch", 10000, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
-            cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
+                   kernel_params: *mut *mut c_void) -> CUresult
+                => twin cuLaunchCooperativeKernel(stream);
+            cuGraphLaunch ["cuGraphLaunch", 10000, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
+                => body(stream);
+            cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
+                => twin cuGraphLaunch(stream);
         }
+    };
+}
+
+/// Hands a hooked list to its callback, with the shapes (`[with_shapes callback]`) or
+/// without them (`[callback]`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __shapes {
+    ([with_shapes $callback:ident] $($entries:tt)*) => {
+        $callback! { $($entries)* }
+    };
+    ([$callback:ident]
+     $( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty
+        $(=> $verb:ident $($target:ident)? $(($($shape_arg:ident),*))?)?; )*) => {
+        $callback! { $( $name [$base, $ver, $kind] fn($($arg: $ty),*) -> $ret; )* }
     };
 }
 
@@ -212,12 +289,14 @@ macro_rules! cuda_used_functions {
 /// Every NVML symbol `libvgpu.so` intercepts (same entry format; version and stream kind unused).
 #[macro_export]
 macro_rules! nvml_hooked_functions {
-    ($callback:ident) => {
-        $callback! {
+    ($($callback:ident)+) => {
+        $crate::__shapes! { [$($callback)+]
             nvmlDeviceGetMemoryInfo ["nvmlDeviceGetMemoryInfo", 0, any]
-                fn(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t;
+                fn(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t
+                => then nvml_memory_view(device, memory);
             nvmlDeviceGetMemoryInfo_v2 ["nvmlDeviceGetMemoryInfo_v2", 0, any]
-                fn(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t;
+                fn(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t
+                => then nvml_memory_view(device, memory);
         }
     };
 }
@@ -356,59 +435,75 @@ mod tests {
         select_variant(CUDA_HOOKED_SYMBOLS, base, v, flags).map(|s| s.name)
     }
 
+    /// `(base, cuda_version, flags, expected variant)`, checked by [`pick`].
+    fn check(cases: &[(&str, i32, u64, Option<&str>)]) {
+        for &(base, version, flags, want) in cases {
+            assert_eq!(pick(base, version, flags), want, "{base} {version} {flags}");
+        }
+    }
+
     #[test]
     fn versions_pick_the_newest_not_newer_than_requested() {
-        assert_eq!(pick("cuMemAlloc", 12040, DEFAULT), Some("cuMemAlloc_v2"));
-        assert_eq!(
-            pick("cuMemAlloc", 3000, DEFAULT),
-            None,
-            "v1 (32-bit) is not hooked"
-        );
-        assert_eq!(pick("cuCtxCreate", 11000, DEFAULT), Some("cuCtxCreate_v2"));
-        assert_eq!(pick("cuCtxCreate", 11040, DEFAULT), Some("cuCtxCreate_v3"));
-        assert_eq!(pick("cuCtxCreate", 13000, DEFAULT), Some("cuCtxCreate_v4"));
-        assert_eq!(
-            pick("cuDevicePrimaryCtxRelease", 10020, DEFAULT),
-            Some("cuDevicePrimaryCtxRelease")
-        );
-        assert_eq!(
-            pick("cuDevicePrimaryCtxRelease", 12000, DEFAULT),
-            Some("cuDevicePrimaryCtxRelease_v2")
-        );
-        assert_eq!(
-            pick("cuGetProcAddress", 12000, DEFAULT),
-            Some("cuGetProcAddress_v2")
-        );
-        assert_eq!(
-            pick("cuGetProcAddress", 11080, DEFAULT),
-            Some("cuGetProcAddress")
-        );
-        assert_eq!(pick("cuMemcpy", 12000, DEFAULT), None);
+        check(&[
+            ("cuMemAlloc", 12040, DEFAULT, Some("cuMemAlloc_v2")),
+            // v1 (32-bit) is not hooked.
+            ("cuMemAlloc", 3000, DEFAULT, None),
+            ("cuCtxCreate", 11000, DEFAULT, Some("cuCtxCreate_v2")),
+            ("cuCtxCreate", 11040, DEFAULT, Some("cuCtxCreate_v3")),
+            ("cuCtxCreate", 13000, DEFAULT, Some("cuCtxCreate_v4")),
+            (
+                "cuDevicePrimaryCtxRelease",
+                10020,
+                DEFAULT,
+                Some("cuDevicePrimaryCtxRelease"),
+            ),
+            (
+                "cuDevicePrimaryCtxRelease",
+                12000,
+                DEFAULT,
+                Some("cuDevicePrimaryCtxRelease_v2"),
+            ),
+            (
+                "cuGetProcAddress",
+                12000,
+                DEFAULT,
+                Some("cuGetProcAddress_v2"),
+            ),
+            ("cuGetProcAddress", 11080, DEFAULT, Some("cuGetProcAddress")),
+            ("cuMemcpy", 12000, DEFAULT, None),
+        ]);
     }
 
     #[test]
     fn per_thread_flag_picks_ptsz_variants_only_when_asked() {
-        assert_eq!(
-            pick("cuLaunchKernel", 12000, PER_THREAD_DEFAULT_STREAM),
-            Some("cuLaunchKernel_ptsz")
-        );
-        assert_eq!(
-            pick("cuLaunchKernel", 12000, LEGACY_STREAM),
-            Some("cuLaunchKernel")
-        );
-        assert_eq!(
-            pick("cuLaunchKernel", 12000, DEFAULT),
-            Some("cuLaunchKernel")
-        );
-        assert_eq!(
-            pick("cuMemAllocAsync", 12000, PER_THREAD_DEFAULT_STREAM),
-            Some("cuMemAllocAsync_ptsz")
-        );
-        // No stream variants: the per-thread request still gets the function.
-        assert_eq!(
-            pick("cuMemAlloc", 12000, PER_THREAD_DEFAULT_STREAM),
-            Some("cuMemAlloc_v2")
-        );
+        check(&[
+            (
+                "cuLaunchKernel",
+                12000,
+                PER_THREAD_DEFAULT_STREAM,
+                Some("cuLaunchKernel_ptsz"),
+            ),
+            (
+                "cuLaunchKernel",
+                12000,
+                LEGACY_STREAM,
+                Some("cuLaunchKernel"),
+            ),
+            ("cuLaunchKernel", 12000, DEFAULT, Some("cuLaunchKernel")),
+            (
+                "cuMemAllocAsync",
+                12000,
+                PER_THREAD_DEFAULT_STREAM,
+                Some("cuMemAllocAsync_ptsz"),
+            ),
+            // No stream variants: the per-thread request still gets the function.
+            (
+                "cuMemAlloc",
+                12000,
+                PER_THREAD_DEFAULT_STREAM,
+                Some("cuMemAlloc_v2"),
+            ),
+        ]);
     }
 
     #[test]
@@ -449,6 +544,58 @@ mod tests {
                 "{}",
                 s.name
             );
+        }
+    }
+
+    /// `(name, shape verb, shape target)` of every hooked entry (`""` where absent).
+    macro_rules! shape_table {
+        ($( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty
+            $(=> $verb:ident $($target:ident)? $(($($shape_arg:ident),*))?)?; )*) => {
+            &[$((
+                stringify!($name),
+                concat!("" $(, stringify!($verb))?),
+                concat!("" $($(, stringify!($target))?)?),
+            ),)*]
+        };
+    }
+
+    #[test]
+    fn shapes_are_known_and_twins_name_their_legacy_sibling() {
+        const CUDA: &[(&str, &str, &str)] = cuda_hooked_functions!(with_shapes shape_table);
+        const NVML: &[(&str, &str, &str)] = nvml_hooked_functions!(with_shapes shape_table);
+        assert_eq!(CUDA.len(), CUDA_HOOKED_SYMBOLS.len());
+        assert_eq!(NVML.len(), NVML_HOOKED_SYMBOLS.len());
+        for &(name, verb, target) in CUDA.iter().chain(NVML) {
+            assert!(
+                ["", "then", "finally", "twin", "body"].contains(&verb),
+                "{name}: unknown shape {verb}"
+            );
+            assert!(
+                if verb.is_empty() {
+                    target.is_empty()
+                } else {
+                    verb == "body" || !target.is_empty()
+                },
+                "{name}: only `body` goes without a target"
+            );
+            let info = find_symbol(CUDA_HOOKED_SYMBOLS, name)
+                .or_else(|| find_symbol(NVML_HOOKED_SYMBOLS, name))
+                .unwrap();
+            if verb == "twin" {
+                assert_eq!(info.stream, StreamKind::PerThread, "{name}");
+                assert_eq!(format!("{target}_ptsz"), name);
+                let sibling = CUDA.iter().find(|e| e.0 == target).unwrap();
+                assert!(
+                    sibling.1.is_empty() || sibling.1 == "body",
+                    "{name}: a twin's sibling is hand-written"
+                );
+            }
+            if info.stream == StreamKind::PerThread {
+                assert!(
+                    !verb.is_empty() && verb != "body",
+                    "{name}: a _ptsz entry needs a shape"
+                );
+            }
         }
     }
 

@@ -610,6 +610,12 @@ impl nvmlReturn_t {
     pub fn is_success(self) -> bool {
         self.0 == 0
     }
+
+    /// `Ok(())` for success, the code otherwise.
+    #[inline]
+    pub fn ok(self) -> Result<(), nvmlReturn_t> {
+        if self.is_success() { Ok(()) } else { Err(self) }
+    }
 }
 
 /// `CUjit_option` (only passed through, so a plain integer).

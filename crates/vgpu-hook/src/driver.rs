@@ -11,23 +11,25 @@ use vgpu_cuda_abi::*;
 
 use crate::real::{self, Cuda};
 
-/// Calls a real driver function that may be missing from an old driver.
-macro_rules! call {
-    ($cuda:expr, $table:ident . $f:ident ( $($arg:expr),* )) => {
-        match $cuda.$table.$f {
-            // SAFETY: a real driver entry point of exactly this signature (declaration
-            // list), called with arguments that satisfy its contract (see each caller).
-            Some(f) => unsafe { f($($arg),*) },
-            None => CUresult::NOT_SUPPORTED,
-        }
-    };
+/// A real function the driver may lack (an older driver): `NOT_SUPPORTED` then. Each call
+/// below is a real driver entry point of exactly its declared signature (the declaration
+/// list), called with arguments that satisfy its contract (said at each call).
+#[inline(always)]
+pub(crate) fn have<F>(f: Option<F>) -> Result<F, CUresult> {
+    f.ok_or(CUresult::NOT_SUPPORTED)
 }
-pub(crate) use call;
+
+/// `cuInit(0)`: initializes the driver (repeated calls are cheap no-ops).
+pub(crate) fn init(cuda: &Cuda) -> Result<(), CUresult> {
+    // SAFETY: no pointer arguments.
+    unsafe { have(cuda.h.cuInit)?(0) }.ok()
+}
 
 /// The current context (`cuCtxGetCurrent`); `INVALID_CONTEXT` when there is none.
 pub(crate) fn current_context(cuda: &Cuda) -> Result<CUcontext, CUresult> {
     let mut ctx: CUcontext = std::ptr::null_mut();
-    call!(cuda, u.cuCtxGetCurrent(&mut ctx)).ok()?;
+    // SAFETY: a valid out-pointer.
+    unsafe { have(cuda.u.cuCtxGetCurrent)?(&mut ctx) }.ok()?;
     if ctx.is_null() {
         Err(CUresult::INVALID_CONTEXT)
     } else {
@@ -38,7 +40,8 @@ pub(crate) fn current_context(cuda: &Cuda) -> Result<CUcontext, CUresult> {
 /// The current context's device (`cuCtxGetDevice`).
 pub(crate) fn current_device(cuda: &Cuda) -> Result<CUdevice, CUresult> {
     let mut dev = CUdevice(0);
-    call!(cuda, u.cuCtxGetDevice(&mut dev)).ok()?;
+    // SAFETY: a valid out-pointer.
+    unsafe { have(cuda.u.cuCtxGetDevice)?(&mut dev) }.ok()?;
     Ok(dev)
 }
 
@@ -79,15 +82,18 @@ pub(crate) fn stream_device(cuda: &Cuda, stream: CUstream) -> Result<CUdevice, C
         return current_device(cuda);
     }
     let mut ctx: CUcontext = std::ptr::null_mut();
-    call!(cuda, u.cuStreamGetCtx(stream, &mut ctx)).ok()?;
+    // SAFETY: the caller's stream handle (the driver validates it) and a valid out-pointer.
+    unsafe { have(cuda.u.cuStreamGetCtx)?(stream, &mut ctx) }.ok()?;
     let cur = current_context(cuda).unwrap_or(std::ptr::null_mut());
     if ctx.is_null() || ctx == cur {
         return current_device(cuda);
     }
-    call!(cuda, u.cuCtxPushCurrent_v2(ctx)).ok()?;
+    // SAFETY: a context the driver just named.
+    unsafe { have(cuda.u.cuCtxPushCurrent_v2)?(ctx) }.ok()?;
     let dev = current_device(cuda);
     let mut popped: CUcontext = std::ptr::null_mut();
-    let _ = call!(cuda, u.cuCtxPopCurrent_v2(&mut popped));
+    // SAFETY: a valid out-pointer; pops what was pushed above.
+    let _ = have(cuda.u.cuCtxPopCurrent_v2).map(|pop| unsafe { pop(&mut popped) });
     dev
 }
 
@@ -102,14 +108,64 @@ pub(crate) fn stream_capturing(cuda: &Cuda, stream: CUstream, per_thread: bool) 
         stream
     };
     let mut status = CUstreamCaptureStatus::NONE;
-    call!(cuda, u.cuStreamIsCapturing(stream, &mut status)).is_success()
+    let Ok(is_capturing) = have(cuda.u.cuStreamIsCapturing) else {
+        return false;
+    };
+    // SAFETY: the caller's stream handle (the driver validates it) and a valid out-pointer.
+    unsafe { is_capturing(stream, &mut status) }.is_success()
         && status != CUstreamCaptureStatus::NONE
+}
+
+/// `cuMemFree_v2(ptr)`: gives back memory the driver allocated (a pointer it returned).
+pub(crate) fn mem_free(cuda: &Cuda, ptr: CUdeviceptr) -> Result<(), CUresult> {
+    // SAFETY: a device pointer the driver returned (it validates it).
+    unsafe { have(cuda.h.cuMemFree_v2)?(ptr) }.ok()
+}
+
+/// `cuStreamSynchronize(stream)`, or its `_ptsz` twin when `per_thread`.
+pub(crate) fn stream_synchronize(
+    cuda: &Cuda,
+    stream: CUstream,
+    per_thread: bool,
+) -> Result<(), CUresult> {
+    let sync = if per_thread {
+        cuda.h.cuStreamSynchronize_ptsz
+    } else {
+        cuda.h.cuStreamSynchronize
+    };
+    // SAFETY: the caller's stream handle (the driver validates it).
+    unsafe { have(sync)?(stream) }.ok()
+}
+
+/// `cuModuleUnload(module)`.
+pub(crate) fn module_unload(cuda: &Cuda, module: CUmodule) -> Result<(), CUresult> {
+    // SAFETY: a module handle the driver returned (it validates it).
+    unsafe { have(cuda.h.cuModuleUnload)?(module) }.ok()
+}
+
+/// `cuLibraryUnload(library)`.
+pub(crate) fn library_unload(cuda: &Cuda, library: CUlibrary) -> Result<(), CUresult> {
+    // SAFETY: a library handle the driver returned (it validates it).
+    unsafe { have(cuda.h.cuLibraryUnload)?(library) }.ok()
+}
+
+/// `cuCtxDestroy_v2(ctx)`.
+pub(crate) fn ctx_destroy(cuda: &Cuda, ctx: CUcontext) -> Result<(), CUresult> {
+    // SAFETY: a context the driver returned (it validates it).
+    unsafe { have(cuda.h.cuCtxDestroy_v2)?(ctx) }.ok()
+}
+
+/// `cuDevicePrimaryCtxRelease_v2(dev)`.
+pub(crate) fn primary_ctx_release(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresult> {
+    // SAFETY: no pointer arguments; the driver validates the ordinal.
+    unsafe { have(cuda.h.cuDevicePrimaryCtxRelease_v2)?(dev) }.ok()
 }
 
 /// Physical `(free, total)` of the current context's device (real `cuMemGetInfo_v2`).
 pub(crate) fn mem_get_info(cuda: &Cuda) -> Result<(u64, u64), CUresult> {
     let (mut free, mut total) = (0usize, 0usize);
-    call!(cuda, h.cuMemGetInfo_v2(&mut free, &mut total)).ok()?;
+    // SAFETY: valid out-pointers.
+    unsafe { have(cuda.h.cuMemGetInfo_v2)?(&mut free, &mut total) }.ok()?;
     Ok((free as u64, total as u64))
 }
 
@@ -120,18 +176,16 @@ pub(crate) fn pool_attr(
     attr: CUmemPool_attribute,
 ) -> Result<u64, CUresult> {
     let mut v: u64 = 0;
-    call!(
-        cuda,
-        u.cuMemPoolGetAttribute(pool, attr, (&raw mut v).cast())
-    )
-    .ok()?;
+    // SAFETY: the pool attributes asked for here are `cuuint64_t`s; `v` is one.
+    unsafe { have(cuda.u.cuMemPoolGetAttribute)?(pool, attr, (&raw mut v).cast()) }.ok()?;
     Ok(v)
 }
 
 /// The current memory pool of a device (what `cuMemAllocAsync` uses).
 pub(crate) fn device_mem_pool(cuda: &Cuda, dev: CUdevice) -> Result<CUmemoryPool, CUresult> {
     let mut pool: CUmemoryPool = std::ptr::null_mut();
-    call!(cuda, u.cuDeviceGetMemPool(&mut pool, dev)).ok()?;
+    // SAFETY: a valid out-pointer.
+    unsafe { have(cuda.u.cuDeviceGetMemPool)?(&mut pool, dev) }.ok()?;
     Ok(pool)
 }
 
@@ -140,52 +194,44 @@ pub(crate) fn find_pool_device(cuda: &Cuda, pool: CUmemoryPool) -> Option<CUdevi
     let n = device_count(cuda).ok()?;
     (0..n).map(CUdevice).find(|&d| {
         let mut p: CUmemoryPool = std::ptr::null_mut();
-        (call!(cuda, u.cuDeviceGetDefaultMemPool(&mut p, d)).is_success() && p == pool)
-            || device_mem_pool(cuda, d).is_ok_and(|p| p == pool)
+        // SAFETY: a valid out-pointer.
+        let default =
+            have(cuda.u.cuDeviceGetDefaultMemPool).and_then(|get| unsafe { get(&mut p, d) }.ok());
+        (default.is_ok() && p == pool) || device_mem_pool(cuda, d).is_ok_and(|p| p == pool)
     })
 }
 
 /// Graph memory the driver holds for `dev` (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`).
 pub(crate) fn graph_mem_reserved(cuda: &Cuda, dev: CUdevice) -> Result<u64, CUresult> {
     let mut v: u64 = 0;
-    call!(
-        cuda,
-        u.cuDeviceGetGraphMemAttribute(
-            dev,
-            CUgraphMem_attribute::RESERVED_MEM_CURRENT,
-            (&raw mut v).cast()
-        )
-    )
-    .ok()?;
+    let attr = CUgraphMem_attribute::RESERVED_MEM_CURRENT;
+    // SAFETY: this attribute is a `cuuint64_t`; `v` is one.
+    unsafe { have(cuda.u.cuDeviceGetGraphMemAttribute)?(dev, attr, (&raw mut v).cast()) }.ok()?;
     Ok(v)
 }
 
 /// Minimum allocation granularity for `prop` (`cuMemCreate` sizes are multiples of it).
 pub(crate) fn granularity(cuda: &Cuda, prop: &CUmemAllocationProp) -> Result<u64, CUresult> {
     let mut g: usize = 0;
-    call!(
-        cuda,
-        u.cuMemGetAllocationGranularity(&mut g, prop, CUmemAllocationGranularity_flags::MINIMUM)
-    )
-    .ok()?;
+    let minimum = CUmemAllocationGranularity_flags::MINIMUM;
+    // SAFETY: a valid out-pointer and a valid property struct.
+    unsafe { have(cuda.u.cuMemGetAllocationGranularity)?(&mut g, prop, minimum) }.ok()?;
     Ok(g as u64)
 }
 
 /// Whether the device's primary context is active (`cuDevicePrimaryCtxGetState`).
 pub(crate) fn primary_ctx_active(cuda: &Cuda, dev: CUdevice) -> Result<bool, CUresult> {
     let (mut flags, mut active): (c_uint, c_int) = (0, 0);
-    call!(
-        cuda,
-        u.cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active)
-    )
-    .ok()?;
+    // SAFETY: valid out-pointers.
+    unsafe { have(cuda.u.cuDevicePrimaryCtxGetState)?(dev, &mut flags, &mut active) }.ok()?;
     Ok(active != 0)
 }
 
 /// Number of devices this process sees (`cuDeviceGetCount`).
 pub(crate) fn device_count(cuda: &Cuda) -> Result<i32, CUresult> {
     let mut n: c_int = 0;
-    call!(cuda, u.cuDeviceGetCount(&mut n)).ok()?;
+    // SAFETY: a valid out-pointer.
+    unsafe { have(cuda.u.cuDeviceGetCount)?(&mut n) }.ok()?;
     Ok(n)
 }
 
@@ -194,18 +240,23 @@ pub(crate) fn device_uuid(cuda: &Cuda, dev: CUdevice) -> Result<String, CUresult
     let mut u = CUuuid::default();
     // The GPU's own UUID (what NVML reports); drivers that dropped the v1 entry point have v2,
     // which answers the same for a non-MIG device.
-    let mut r = call!(cuda, u.cuDeviceGetUuid(&mut u, dev));
-    if r == CUresult::NOT_SUPPORTED {
-        r = call!(cuda, u.cuDeviceGetUuid_v2(&mut u, dev));
+    let v1 = have(cuda.u.cuDeviceGetUuid).and_then(|get| {
+        // SAFETY: a valid out-pointer.
+        unsafe { get(&mut u, dev) }.ok()
+    });
+    if v1 == Err(CUresult::NOT_SUPPORTED) {
+        // SAFETY: a valid out-pointer.
+        unsafe { have(cuda.u.cuDeviceGetUuid_v2)?(&mut u, dev) }.ok()?;
+    } else {
+        v1?;
     }
-    r.ok()?;
     Ok(format_gpu_uuid(&u))
 }
 
 /// UUID → CUDA ordinal for every device this process sees (after `CUDA_VISIBLE_DEVICES`).
 /// Initializes the driver if needed (`nvidia-smi` never calls `cuInit`).
 pub(crate) fn cuda_ordinals_by_uuid(cuda: &Cuda) -> HashMap<String, i32> {
-    let _ = call!(cuda, h.cuInit(0));
+    let _ = init(cuda);
     let n = device_count(cuda).unwrap_or(0);
     (0..n)
         .filter_map(|i| device_uuid(cuda, CUdevice(i)).ok().map(|u| (u, i)))
@@ -248,52 +299,48 @@ pub(crate) fn nvml_device(cuda: &Cuda, dev: CUdevice) -> Option<nvmlDevice_t> {
     Some(handle)
 }
 
-/// Calls a real NVML function that may be missing from an old NVML.
-macro_rules! nvml_call {
-    ($f:ident ( $($arg:expr),* )) => {
-        match real::nvml().map(|nvml| nvml.u.$f) {
-            // SAFETY: NVML's entry point of exactly this signature (declaration list), called
-            // with arguments that satisfy its contract (see each caller).
-            Ok(Some(f)) => unsafe { f($($arg),*) },
-            Ok(None) => nvmlReturn_t::FUNCTION_NOT_FOUND,
-            Err(e) => e,
-        }
-    };
+/// The NVML function `pick` names: `Err` when NVML does not load or lacks it (an old NVML).
+/// Each call below is NVML's entry point of exactly its declared signature, called with
+/// arguments that satisfy its contract (said at each call).
+#[inline(always)]
+fn nvml_fn<F>(pick: impl FnOnce(&real::Nvml) -> Option<F>) -> Result<F, nvmlReturn_t> {
+    pick(real::nvml()?).ok_or(nvmlReturn_t::FUNCTION_NOT_FOUND)
+}
+
+/// One value NVML reports for `device` through `get(device, &mut value)`.
+fn nvml_value<T: Default>(
+    device: nvmlDevice_t,
+    pick: impl FnOnce(&real::Nvml) -> Option<unsafe extern "C" fn(nvmlDevice_t, *mut T) -> nvmlReturn_t>,
+) -> Result<T, nvmlReturn_t> {
+    let get = nvml_fn(pick)?;
+    let mut value = T::default();
+    // SAFETY: `device` is a handle NVML gave us; the out-pointer is valid for the type the
+    // function writes (its declared signature).
+    unsafe { get(device, &mut value) }.ok()?;
+    Ok(value)
 }
 
 /// The device's energy counter, millijoules since the driver loaded
 /// (`nvmlDeviceGetTotalEnergyConsumption`; `NOT_SUPPORTED` before Volta).
 pub(crate) fn nvml_energy_mj(device: nvmlDevice_t) -> Result<u64, nvmlReturn_t> {
-    let mut mj: c_ulonglong = 0;
-    // `device` is a handle NVML gave us; the out-pointer is valid.
-    let r = nvml_call!(nvmlDeviceGetTotalEnergyConsumption(device, &mut mj));
-    if r.is_success() { Ok(mj) } else { Err(r) }
+    nvml_value(device, |n| n.u.nvmlDeviceGetTotalEnergyConsumption)
 }
 
 /// The power limit the device enforces now, milliwatts (`nvmlDeviceGetEnforcedPowerLimit`).
 pub(crate) fn nvml_power_limit_mw(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
-    let mut mw: c_uint = 0;
-    // `device` is a handle NVML gave us; the out-pointer is valid.
-    let r = nvml_call!(nvmlDeviceGetEnforcedPowerLimit(device, &mut mw));
-    if r.is_success() { Ok(mw) } else { Err(r) }
+    nvml_value(device, |n| n.u.nvmlDeviceGetEnforcedPowerLimit)
 }
 
 /// The device's power draw, milliwatts (`nvmlDeviceGetPowerUsage`: on Ampere and newer the
 /// average over the last second, before that the instantaneous draw).
 pub(crate) fn nvml_power_usage_mw(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
-    let mut mw: c_uint = 0;
-    // `device` is a handle NVML gave us; the out-pointer is valid.
-    let r = nvml_call!(nvmlDeviceGetPowerUsage(device, &mut mw));
-    if r.is_success() { Ok(mw) } else { Err(r) }
+    nvml_value(device, |n| n.u.nvmlDeviceGetPowerUsage)
 }
 
 /// Percent of the driver's last sample period during which any kernel ran on the device
 /// (`nvmlDeviceGetUtilizationRates().gpu`).
 pub(crate) fn nvml_gpu_busy_pct(device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
-    let mut u = nvmlUtilization_t::default();
-    // `device` is a handle NVML gave us; the out-pointer is valid.
-    let r = nvml_call!(nvmlDeviceGetUtilizationRates(device, &mut u));
-    if r.is_success() { Ok(u.gpu) } else { Err(r) }
+    nvml_value(device, |n| n.u.nvmlDeviceGetUtilizationRates).map(|u: nvmlUtilization_t| u.gpu)
 }
 
 /// NVML's per-process utilization samples of `device` newer than `last_seen` (µs since the
@@ -304,13 +351,9 @@ pub(crate) fn nvml_process_utilization(
     buf: &mut Vec<nvmlProcessUtilizationSample_t>,
 ) -> Result<(), nvmlReturn_t> {
     let mut count: c_uint = 0;
-    // `device` is a handle NVML gave us; a null buffer with count 0 asks for the count.
-    let r = nvml_call!(nvmlDeviceGetProcessUtilization(
-        device,
-        std::ptr::null_mut(),
-        &mut count,
-        last_seen
-    ));
+    let get = nvml_fn(|n| n.u.nvmlDeviceGetProcessUtilization)?;
+    // SAFETY: `device` is a handle NVML gave us; a null buffer with count 0 asks for the count.
+    let r = unsafe { get(device, std::ptr::null_mut(), &mut count, last_seen) };
     if r != nvmlReturn_t::INSUFFICIENT_SIZE && !r.is_success() {
         return Err(r);
     }
@@ -321,13 +364,8 @@ pub(crate) fn nvml_process_utilization(
         nvmlProcessUtilizationSample_t::default(),
     );
     let mut count = buf.len() as c_uint;
-    // `buf` has room for `count` samples.
-    let r = nvml_call!(nvmlDeviceGetProcessUtilization(
-        device,
-        buf.as_mut_ptr(),
-        &mut count,
-        last_seen
-    ));
+    // SAFETY: as above; `buf` has room for `count` samples.
+    let r = unsafe { get(device, buf.as_mut_ptr(), &mut count, last_seen) };
     if !r.is_success() {
         return Err(r);
     }
@@ -432,7 +470,8 @@ impl DeviceBackend for RealBackend {
         let cuda = real::cuda().map_err(backend_err)?;
         let size = usize::try_from(bytes).map_err(|_| BackendError::OUT_OF_MEMORY)?;
         let mut p = CUdeviceptr(0);
-        call!(cuda, h.cuMemAlloc_v2(&mut p, size))
+        // SAFETY: a valid out-pointer, in the caller's current context.
+        unsafe { have(cuda.h.cuMemAlloc_v2).map_err(backend_err)?(&mut p, size) }
             .ok()
             .map_err(backend_err)?;
         Ok(DevicePtr(p.0))
@@ -446,9 +485,7 @@ impl DeviceBackend for RealBackend {
     ) -> Result<(), BackendError> {
         let cuda = real::cuda().map_err(backend_err)?;
         // Unified addressing: cuMemFree takes any context's pointer.
-        call!(cuda, h.cuMemFree_v2(CUdeviceptr(ptr.0)))
-            .ok()
-            .map_err(backend_err)
+        mem_free(cuda, CUdeviceptr(ptr.0)).map_err(backend_err)
     }
 
     fn memory_info(&self, _device: DeviceIndex) -> Result<MemoryInfo, BackendError> {

@@ -1,6 +1,8 @@
 //! The exported C ABI, generated from the declaration lists of `vgpu-cuda-abi`: one
-//! `#[no_mangle] extern "C"` function per hooked symbol, each forwarding to the Rust
-//! implementation of the same name in `crate::hooks` behind a panic guard, plus `dlsym`.
+//! `#[no_mangle] extern "C"` function per hooked symbol, each building the program's call
+//! as a forward to the real function and handing it to the implementation in
+//! `crate::hooks` the entry's shape names (see `vgpu_cuda_abi`'s symbol docs), behind a
+//! panic guard; the implementation's `Result` becomes the returned code. Plus `dlsym`.
 //!
 //! The version script written by `build.rs` keeps exactly these symbols global.
 
@@ -8,25 +10,88 @@ use std::ffi::CStr;
 
 use vgpu_cuda_abi::*;
 
-use crate::ffi::guard;
+use crate::ffi::{code, guard};
+use crate::real::{self, Cuda, Nvml};
 
 macro_rules! export_fns {
-    ($list:ident; $( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+    ($list:ident, $lib:ident, $load:path, $missing:expr;
+     $( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty
+        $(=> $verb:ident $($target:ident)? $(($($shape_arg:ident),*))?)?; )*) => {
         $(
             #[doc = concat!("Exported `", stringify!($name), "`.")]
             ///
             /// # Safety
             /// The driver API's contract for this function.
             #[unsafe(no_mangle)]
+            // A shape's implementation is an `unsafe fn` where it reads the caller's pointers.
+            #[allow(unused_unsafe)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                // SAFETY: the caller upholds the driver's contract for this call; the
-                // implementation receives the arguments unchanged.
-                guard(stringify!($name), || unsafe { crate::hooks::$name($($arg),*) })
+                let forward = move |lib: &$lib| -> Result<(), $ret> {
+                    let real = lib.h.$name.ok_or($missing)?;
+                    // SAFETY: the real function of exactly this signature (the declaration
+                    // list), called as the caller called us: the caller's contract holds.
+                    unsafe { real($($arg),*) }.ok()
+                };
+                guard(stringify!($name), || {
+                    code(shape!($name, $kind, $load, forward, ($($arg),*)
+                        $(; $verb $($target)? $(($($shape_arg),*))?)?))
+                })
             }
         )*
 
         /// Our export's address for each entry of the list, in list order.
         pub(crate) static $list: ExportAddrs = ExportAddrs(&[$($name as *const (),)*]);
+    };
+}
+
+/// The call an export makes, by the entry's shape (`vgpu_cuda_abi`'s symbol docs).
+macro_rules! shape {
+    // Forward; on success the follow-up.
+    ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; then $f:ident ($($a:ident),*)) => {
+        $load().and_then(|lib| {
+            $forward(lib)?;
+            // SAFETY: the follow-up reads the pointers the driver just accepted.
+            unsafe { crate::hooks::$f(lib, $($a),*) }
+        })
+    };
+    // Forward; the follow-up whatever the answer.
+    ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; finally $f:ident ($($a:ident),*)) => {
+        $load().and_then(|lib| {
+            let answer = $forward(lib);
+            crate::hooks::$f(lib, $($a),*);
+            answer
+        })
+    };
+    // The `_ptsz` twin of a hand-written body.
+    ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; twin $y:ident $(($($a:ident),*))?) => {
+        shape!(@call $y, $forward, $all $(, ($($a),*))?, StreamKind::PerThread)
+    };
+    // A hand-written body (shared by several symbols when named) given some arguments.
+    ($name:ident, legacy, $load:path, $forward:ident, $all:tt; body $f:ident ($($a:ident),*)) => {
+        shape!(@call $f, $forward, ($($a),*), StreamKind::Legacy)
+    };
+    ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; body $f:ident ($($a:ident),*)) => {
+        shape!(@call $f, $forward, ($($a),*))
+    };
+    ($name:ident, legacy, $load:path, $forward:ident, $all:tt; body ($($a:ident),*)) => {
+        shape!(@call $name, $forward, ($($a),*), StreamKind::Legacy)
+    };
+    ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; body ($($a:ident),*)) => {
+        shape!(@call $name, $forward, ($($a),*))
+    };
+    // A hand-written body given every argument.
+    ($name:ident, legacy, $load:path, $forward:ident, $all:tt) => {
+        shape!(@call $name, $forward, $all, StreamKind::Legacy)
+    };
+    ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt) => {
+        shape!(@call $name, $forward, $all)
+    };
+    (@call $f:ident, $forward:ident, $all:tt, ($($a:ident),*), $variant:expr) => {
+        shape!(@call $f, $forward, ($($a),*), $variant)
+    };
+    (@call $f:ident, $forward:ident, ($($a:ident),*) $(, $variant:expr)?) => {
+        // SAFETY: the caller's arguments under the driver's contract for this call.
+        unsafe { crate::hooks::$f($($variant,)? $forward, $($a),*) }
     };
 }
 
@@ -51,10 +116,16 @@ impl ExportAddrs {
     }
 }
 
-macro_rules! cuda_exports { ($($t:tt)*) => { export_fns!(CUDA_EXPORTS; $($t)*); }; }
-macro_rules! nvml_exports { ($($t:tt)*) => { export_fns!(NVML_EXPORTS; $($t)*); }; }
-cuda_hooked_functions!(cuda_exports);
-nvml_hooked_functions!(nvml_exports);
+macro_rules! cuda_exports {
+    ($($t:tt)*) => { export_fns!(CUDA_EXPORTS, Cuda, real::cuda, CUresult::NOT_SUPPORTED; $($t)*); };
+}
+macro_rules! nvml_exports {
+    ($($t:tt)*) => {
+        export_fns!(NVML_EXPORTS, Nvml, real::nvml, nvmlReturn_t::FUNCTION_NOT_FOUND; $($t)*);
+    };
+}
+cuda_hooked_functions!(with_shapes cuda_exports);
+nvml_hooked_functions!(with_shapes nvml_exports);
 
 /// Exported `dlsym`.
 ///

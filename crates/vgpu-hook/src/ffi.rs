@@ -19,24 +19,28 @@ pub(crate) fn write_stderr(mut bytes: &[u8]) {
     }
 }
 
-/// A C return type that has an "internal error" value for caught panics.
-pub(crate) trait PanicCode: Copy + std::fmt::Debug {
+/// A C return code: a success value, and an "internal error" value for caught panics.
+pub(crate) trait ReturnCode: Copy + std::fmt::Debug {
+    /// Success.
+    const SUCCESS: Self;
     /// Returned when the hook's own code panicked.
     const PANIC: Self;
 }
 
-impl PanicCode for CUresult {
+impl ReturnCode for CUresult {
+    const SUCCESS: Self = CUresult::SUCCESS;
     const PANIC: Self = CUresult::UNKNOWN;
 }
 
-impl PanicCode for nvmlReturn_t {
+impl ReturnCode for nvmlReturn_t {
+    const SUCCESS: Self = nvmlReturn_t::SUCCESS;
     const PANIC: Self = nvmlReturn_t::UNKNOWN;
 }
 
 /// Runs an export's body, turning a panic into a logged error code: unwinding must never
 /// cross into C.
 #[inline(always)]
-pub(crate) fn guard<R: PanicCode>(name: &'static str, body: impl FnOnce() -> R) -> R {
+pub(crate) fn guard<R: ReturnCode>(name: &'static str, body: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(r) => r,
         Err(_) => {
@@ -84,11 +88,12 @@ pub(crate) unsafe fn read_back<T: Copy>(p: *const T) -> Option<T> {
     unsafe { read_in(p) }
 }
 
-/// Collapses `Result<(), CUresult>` into the code returned to C.
-#[inline]
-pub(crate) fn code(r: Result<(), CUresult>) -> CUresult {
+/// Collapses an implementation's `Result` into the code returned to C (an `Err` always
+/// holds a failure code: it comes from `CUresult::ok` / `nvmlReturn_t::ok` or names one).
+#[inline(always)]
+pub(crate) fn code<R: ReturnCode>(r: Result<(), R>) -> R {
     match r {
-        Ok(()) => CUresult::SUCCESS,
+        Ok(()) => R::SUCCESS,
         Err(e) => e,
     }
 }

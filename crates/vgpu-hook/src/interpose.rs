@@ -134,37 +134,26 @@ mod tests {
     fn an_internal_entry_point_falls_back_to_name_version_and_stream_flavour() {
         let cuda = driver();
         let internal = 0x1234_5000 as *mut c_void;
-        assert_eq!(
-            substitute_proc_address(&cuda, "cuMemAlloc", internal, 12000, DEFAULT),
-            ours("cuMemAlloc_v2")
-        );
-        assert_eq!(
-            substitute_proc_address(&cuda, "cuCtxCreate", internal, 11040, DEFAULT),
-            ours("cuCtxCreate_v3")
-        );
-        assert_eq!(
-            substitute_proc_address(&cuda, "cuCtxCreate", internal, 13000, DEFAULT),
-            ours("cuCtxCreate_v4")
-        );
-        assert_eq!(
-            substitute_proc_address(
-                &cuda,
+        for (name, version, flags, want) in [
+            ("cuMemAlloc", 12000, DEFAULT, ours("cuMemAlloc_v2")),
+            ("cuCtxCreate", 11040, DEFAULT, ours("cuCtxCreate_v3")),
+            ("cuCtxCreate", 13000, DEFAULT, ours("cuCtxCreate_v4")),
+            (
                 "cuLaunchKernel",
-                internal,
                 12000,
-                PER_THREAD_DEFAULT_STREAM
+                PER_THREAD_DEFAULT_STREAM,
+                ours("cuLaunchKernel_ptsz"),
             ),
-            ours("cuLaunchKernel_ptsz")
-        );
-        assert_eq!(
-            substitute_proc_address(&cuda, "cuLaunchKernel", internal, 12000, DEFAULT),
-            ours("cuLaunchKernel")
-        );
-        // A version older than any hooked variant (the 32-bit v1 API): untouched.
-        assert_eq!(
-            substitute_proc_address(&cuda, "cuMemAlloc", internal, 3000, DEFAULT),
-            internal
-        );
+            ("cuLaunchKernel", 12000, DEFAULT, ours("cuLaunchKernel")),
+            // A version older than any hooked variant (the 32-bit v1 API): untouched.
+            ("cuMemAlloc", 3000, DEFAULT, internal),
+        ] {
+            assert_eq!(
+                substitute_proc_address(&cuda, name, internal, version, flags),
+                want,
+                "{name} {version} {flags}"
+            );
+        }
     }
 
     #[test]

@@ -152,16 +152,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> MeasuredTracker<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_alloc_core::{InMemoryLedger, MAX_DEVICES};
-
-    const M: u64 = 1 << 20;
-    const D: DeviceIndex = DeviceIndex(0);
-
-    fn ledger(limit: u64) -> InMemoryLedger {
-        let mut l = [None; MAX_DEVICES];
-        l[0] = Some(limit);
-        InMemoryLedger::new(l)
-    }
+    use crate::testing::{D, M, ledger};
 
     #[test]
     fn charge_follows_what_the_pool_holds() {

@@ -8,10 +8,10 @@
 //! NVML's per-process figure includes and vgpu charges elsewhere is therefore counted once:
 //! the residual is only what is left.
 //!
-//! When it runs (see `hooks.rs`): after every module/library load and unload and context
-//! creation; on `cuMemGetInfo`, NVML's memory views and driver-reaching allocations at most
-//! once per [`Residual::due`] interval; before refusing an allocation while a residual is
-//! charged. Never on kernel launches or the sub-allocated alloc/free path.
+//! When it runs (see `hooks/residual_charge.rs` and its callers): after every module/library
+//! load and unload and context creation; on `cuMemGetInfo`, NVML's memory views and
+//! driver-reaching allocations at most once per [`Residual::due`] interval; before refusing
+//! an allocation while a residual is charged. Never on kernel launches or the sub-allocated alloc/free path.
 //!
 //! Pure bookkeeping here (no driver calls); unit tested with an in-memory ledger.
 
@@ -222,16 +222,8 @@ impl Residual {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{D, M, ledger};
     use vgpu_alloc_core::InMemoryLedger;
-
-    const M: u64 = 1 << 20;
-    const D: DeviceIndex = DeviceIndex(0);
-
-    fn ledger(limit: u64) -> InMemoryLedger {
-        let mut l = [None; MAX_DEVICES];
-        l[0] = Some(limit);
-        InMemoryLedger::new(l)
-    }
 
     fn held(l: &InMemoryLedger) -> impl FnOnce() -> u64 + '_ {
         || l.usage(D).used

@@ -258,7 +258,7 @@ fn visible_uuids() -> Vec<String> {
     let Ok(cuda) = crate::real::cuda() else {
         return Vec::new();
     };
-    let _ = crate::driver::call!(cuda, h.cuInit(0));
+    let _ = crate::driver::init(cuda);
     let n = crate::driver::device_count(cuda)
         .unwrap_or(0)
         .clamp(0, MAX_DEVICES as i32);

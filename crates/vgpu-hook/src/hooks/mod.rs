@@ -1,0 +1,218 @@
+//! The implementation behind every export, one file per subsystem; this file holds what
+//! they share (error mapping, the pool retry).
+//!
+//! The declaration list (`vgpu-cuda-abi`) says each hook's shape and `crate::exports`
+//! generates the export from it: a thin hook ("forward, then `f`") is a follow-up `f` here,
+//! a twin (`_ptsz`) is its legacy sibling's body called with `StreamKind::PerThread`, and
+//! every other hook is a function of the symbol's name taking the program's call as a
+//! [`Forward`]. All of them return `Result<(), CUresult>`; the export turns it into the code.
+//!
+//! FFI boundary: raw caller pointers are read and written here through `crate::ffi`; all
+//! accounting decisions are made by the allocator (`vgpu-alloc-core`), [`crate::measured`]
+//! and [`crate::accounting`], which are safe Rust.
+
+#![allow(non_snake_case, clippy::too_many_arguments)]
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::sync::atomic::Ordering;
+
+use vgpu_alloc_core::{
+    AllocError, AllocationKind, ContextId, DeviceBackend, DeviceIndex, DevicePtr, FreeError,
+    MAX_DEVICES, OutOfMemory, PendingRecord, UsageClass, UsageLedger,
+};
+use vgpu_cuda_abi::*;
+
+use crate::accounting::{
+    align_up, array2d_bytes, array3d_bytes, measured_growth, mipmapped_bytes, virtual_mem_info,
+    virtual_nvml_info,
+};
+use crate::driver;
+use crate::driver::ProcessUsage;
+use crate::ffi::{read_back, read_in, write_out};
+use crate::log::{DEBUG, ERROR, INFO, MSG, WARN, vlog};
+use crate::real::{self, Cuda};
+use crate::residual::OverLimit;
+use crate::sm_limit::{self, LaunchKind};
+use crate::state::{self, Enforcement, Ready};
+
+/// The program's own call, forwarded unchanged to the real function (the export builds it:
+/// forwarding the caller's arguments as they came needs nothing but the caller's contract).
+pub(crate) trait Forward: FnOnce(&Cuda) -> Result<(), CUresult> {}
+
+impl<F: FnOnce(&Cuda) -> Result<(), CUresult>> Forward for F {}
+
+/// Pools grow in (at least) 2 MiB steps.
+const POOL_GRANULE: u64 = 2 << 20;
+
+fn dev_index(dev: CUdevice) -> Option<DeviceIndex> {
+    (0..MAX_DEVICES as i32)
+        .contains(&dev.0)
+        .then_some(DeviceIndex(dev.0 as u32))
+}
+
+fn ctx_id(ctx: CUcontext) -> ContextId {
+    ContextId(ctx as u64)
+}
+
+/// Memory not tied to a context (VMM handles, pools, graph memory) is keyed by context 0,
+/// so destroying a context does not release it.
+const NO_CONTEXT: ContextId = ContextId(0);
+
+/// [`state::ready`] with the working case inlined into the allocation paths (the refusal,
+/// logged there, stays out of line).
+#[inline(always)]
+fn ready() -> Result<&'static Ready, CUresult> {
+    match state::get() {
+        Enforcement::Ready(r) => Ok(r),
+        Enforcement::Broken(_) => refused(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn refused() -> Result<&'static Ready, CUresult> {
+    state::ready()
+}
+
+fn ready_state() -> Option<&'static Ready> {
+    match state::get() {
+        Enforcement::Ready(r) => Some(r),
+        Enforcement::Broken(_) => None,
+    }
+}
+
+fn log_oom(oom: &OutOfMemory) -> CUresult {
+    if crate::state::has_left() {
+        // Once: a thread allocating in a loop while the process exits would repeat it.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            vlog!(
+                MSG,
+                "refusing {} bytes on device {}: this process is exiting and has given its usage \
+                 back (further refusals while exiting are not logged)",
+                oom.requested,
+                oom.device
+            );
+        }
+        return CUresult::OUT_OF_MEMORY;
+    }
+    vlog!(MSG, "{oom}");
+    CUresult::OUT_OF_MEMORY
+}
+
+fn alloc_err(e: AllocError) -> CUresult {
+    match e {
+        AllocError::InvalidValue(_) => CUresult::INVALID_VALUE,
+        AllocError::SizeOverflow { .. } => CUresult::OUT_OF_MEMORY,
+        AllocError::OutOfMemory(oom) => log_oom(&oom),
+        AllocError::Backend(b) => CUresult(b.code),
+        AllocError::Internal(why) => {
+            vlog!(ERROR, "internal accounting error: {why}");
+            CUresult::UNKNOWN
+        }
+    }
+}
+
+fn commit_err(e: AllocError, what: &str) {
+    vlog!(
+        ERROR,
+        "could not record {what}: {e}; its charge stays until the process exits"
+    );
+}
+
+/// What [`charge_and_forward`] charges: `charge` bytes for `requested`, as `kind`, on
+/// `device` in `context`; `what` names it in the log.
+struct Charge<'a> {
+    kind: AllocationKind,
+    device: DeviceIndex,
+    context: ContextId,
+    requested: u64,
+    charge: u64,
+    what: &'a str,
+}
+
+/// Charges before the driver sees the call (a refusal fails it with the allocator's code),
+/// forwards the call and records the new object under the key `key` reads from the
+/// driver's answer. A failed call gives the charge back.
+fn charge_and_forward(
+    st: &Ready,
+    cuda: &Cuda,
+    forward: impl Forward,
+    c: Charge<'_>,
+    key: impl FnOnce() -> u64,
+) -> Result<(), CUresult> {
+    let pending = with_pool_retry(st, cuda, || {
+        st.alloc
+            .begin_record(c.kind, c.device, c.context, c.requested, c.charge)
+    })
+    .map_err(alloc_err)?;
+    forward(cuda)?;
+    if let Err(e) = pending.commit(key()) {
+        commit_err(e, c.what);
+    }
+    Ok(())
+}
+
+/// Runs `f`; if the limit refused and pools may hold releasable memory, re-measure the pools
+/// (they give memory back at their own pace) and try once more. The retry is out of line,
+/// so the first try inlines into the allocation path.
+#[inline(always)]
+fn with_pool_retry<T>(
+    st: &Ready,
+    cuda: &Cuda,
+    mut f: impl FnMut() -> Result<T, AllocError>,
+) -> Result<T, AllocError> {
+    match f() {
+        Err(AllocError::OutOfMemory(oom)) if st.pools.is_active() || st.residual.any_charged() => {
+            retry_after_making_room(st, cuda, oom.device, &mut f)
+        }
+        r => r,
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn retry_after_making_room<T>(
+    st: &Ready,
+    cuda: &Cuda,
+    device: DeviceIndex,
+    f: &mut dyn FnMut() -> Result<T, AllocError>,
+) -> Result<T, AllocError> {
+    if st.pools.is_active() {
+        settle_all_pools(st, cuda);
+    }
+    // Code unloaded since the last reconciliation may leave room.
+    if st.residual.any_charged() {
+        let _ = reconcile(st, cuda, device, OverLimit::Charge);
+    }
+    f()
+}
+
+// Files whose hooks read or write the caller's pointers (out-pointers the driver filled,
+// descriptors, attribute arrays) allow unsafe code at their top; the rest are safe Rust.
+mod arrays;
+mod contexts;
+mod graphs;
+mod launches;
+mod memory;
+mod modules;
+mod pools;
+mod proc_address;
+mod residual_charge;
+mod synchronization;
+mod views;
+mod vmm;
+
+pub(crate) use arrays::*;
+pub(crate) use contexts::*;
+pub(crate) use graphs::*;
+pub(crate) use launches::*;
+pub(crate) use memory::*;
+pub(crate) use modules::*;
+pub(crate) use pools::*;
+pub(crate) use proc_address::*;
+use residual_charge::*;
+pub(crate) use synchronization::*;
+pub(crate) use views::*;
+pub(crate) use vmm::*;

@@ -1,0 +1,143 @@
+//! Views: what the driver and NVML report, rewritten to the limit.
+
+#![allow(unsafe_code)] // reads or writes the caller's pointers
+
+use super::*;
+
+/// `cuMemGetInfo_v2` succeeded: show the current device's memory under the limit.
+///
+/// # Safety
+/// `free` and `total` are the out-pointers the driver just filled.
+pub(crate) unsafe fn mem_info_view(
+    cuda: &Cuda,
+    free: *mut usize,
+    total: *mut usize,
+) -> Result<(), CUresult> {
+    let Some(st) = ready_state() else {
+        return Ok(());
+    };
+    let Some(idx) = driver::current_device(cuda).ok().and_then(dev_index) else {
+        return Ok(());
+    };
+    reconcile_if_due(st, cuda, idx);
+    // SAFETY: the driver just filled both (it fails on null).
+    let (Some(f), Some(t)) = (unsafe { read_back(free) }, unsafe { read_back(total) }) else {
+        return Ok(());
+    };
+    let (f, t) = virtual_mem_info(f as u64, t as u64, st.ledger().usage_for_view(idx));
+    // SAFETY: valid out-pointers (checked non-null above).
+    unsafe {
+        *free = f as usize;
+        *total = t as usize;
+    }
+    Ok(())
+}
+
+/// `cuDeviceTotalMem_v2` succeeded: a limited device is as large as its limit.
+///
+/// # Safety
+/// `bytes` is the out-pointer the driver just filled.
+pub(crate) unsafe fn total_mem_view(
+    _cuda: &Cuda,
+    bytes: *mut usize,
+    dev: CUdevice,
+) -> Result<(), CUresult> {
+    let (Some(st), Some(idx)) = (ready_state(), dev_index(dev)) else {
+        return Ok(());
+    };
+    // SAFETY: the driver filled it (it fails on null).
+    let filled = unsafe { read_back(bytes) };
+    if let (Some(limit), Some(t)) = (st.ledger().usage(idx).limit, filled) {
+        // SAFETY: valid out-pointer (read back above).
+        unsafe { *bytes = (t as u64).min(limit) as usize };
+    }
+    Ok(())
+}
+
+/// The usage of the CUDA device an NVML handle names (by UUID), if it is visible to this
+/// process.
+pub(super) fn nvml_device_usage(
+    st: &Ready,
+    nvml: &real::Nvml,
+    device: nvmlDevice_t,
+) -> Option<vgpu_alloc_core::DeviceUsage> {
+    let uuid = driver::nvml_uuid(nvml, device)?;
+    let cached = |map: &HashMap<String, i32>| map.get(&uuid).copied();
+    let known = st
+        .ordinals_by_uuid
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(cached);
+    let ordinal = match known {
+        Some(ordinal) => ordinal?,
+        None => {
+            // Built without holding our lock: loading the driver may wait on the loader.
+            let map = driver::cuda_ordinals_by_uuid(real::cuda().ok()?);
+            let ordinal = cached(&map);
+            *st.ordinals_by_uuid
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(map);
+            ordinal?
+        }
+    };
+    let idx = dev_index(CUdevice(ordinal))?;
+    if let Ok(cuda) = real::cuda() {
+        reconcile_if_due(st, cuda, idx);
+    }
+    Some(st.ledger().usage_for_view(idx))
+}
+
+/// One of NVML's memory-info structs, rewritten to the limit's view.
+pub(crate) trait NvmlMemoryView: Copy {
+    /// `(total, free)` as the driver reported them.
+    fn driver_view(&self) -> (u64, u64);
+    /// Replace the figures with the virtual `(total, free, used)`.
+    fn set_virtual(&mut self, total: u64, free: u64, used: u64);
+}
+
+impl NvmlMemoryView for nvmlMemory_t {
+    fn driver_view(&self) -> (u64, u64) {
+        (self.total, self.free)
+    }
+    fn set_virtual(&mut self, total: u64, free: u64, used: u64) {
+        (self.total, self.free, self.used) = (total, free, used);
+    }
+}
+
+impl NvmlMemoryView for nvmlMemory_v2_t {
+    fn driver_view(&self) -> (u64, u64) {
+        (self.total, self.free)
+    }
+    fn set_virtual(&mut self, total: u64, free: u64, used: u64) {
+        (self.total, self.free, self.used) = (total, free, used);
+        self.reserved = 0; // total = free + used under the limit
+    }
+}
+
+/// Either `nvmlDeviceGetMemoryInfo` version succeeded: show the limit's view.
+///
+/// # Safety
+/// `memory` is the out-pointer NVML just filled.
+pub(crate) unsafe fn nvml_memory_view<T: NvmlMemoryView>(
+    nvml: &real::Nvml,
+    device: nvmlDevice_t,
+    memory: *mut T,
+) -> Result<(), nvmlReturn_t> {
+    let Some(st) = ready_state() else {
+        return Ok(());
+    };
+    // SAFETY: NVML filled it (it fails on null).
+    let Some(mut m) = (unsafe { read_back(memory) }) else {
+        return Ok(());
+    };
+    let (total, free) = m.driver_view();
+    if let Some((total, free, used)) =
+        nvml_device_usage(st, nvml, device).and_then(|u| virtual_nvml_info(total, free, u))
+    {
+        m.set_virtual(total, free, used);
+        // SAFETY: valid out-pointer.
+        unsafe { *memory = m };
+    }
+    Ok(())
+}
