@@ -31,6 +31,7 @@ pub mod exports;
 #[allow(unsafe_code)]
 mod ffi;
 mod hooks;
+mod host_backing;
 mod interpose;
 mod log;
 mod measured;

@@ -24,13 +24,26 @@ pub(crate) unsafe fn mem_info_view(
     let (Some(f), Some(t)) = (unsafe { read_back(free) }, unsafe { read_back(total) }) else {
         return Ok(());
     };
-    let (f, t) = virtual_mem_info(f as u64, t as u64, st.ledger().usage_for_view(idx));
+    let (f, t) = view_of(st, idx, f as u64, t as u64);
     // SAFETY: valid out-pointers (checked non-null above).
     unsafe {
         *free = f as usize;
         *total = t as usize;
     }
     Ok(())
+}
+
+/// The `(free, total)` a view shows on device `idx`. With `CUDA_OVERSUBSCRIBE` under a limit
+/// the container's device is as large as its limit whatever the GPU has free, since host
+/// memory backs what the GPU cannot hold (docs/oversubscription.md).
+fn view_of(st: &Ready, idx: DeviceIndex, phys_free: u64, phys_total: u64) -> (u64, u64) {
+    let usage = st.ledger().usage_for_view(idx);
+    match (usage.limit, st.config.host_backing.oversubscribe, st.slot()) {
+        (Some(limit), true, Some(slot)) => {
+            crate::host_backing::oversubscribed_view(limit, usage.used, slot.table().host_used(idx))
+        }
+        _ => virtual_mem_info(phys_free, phys_total, usage),
+    }
 }
 
 /// `cuDeviceTotalMem_v2` succeeded: a limited device is as large as its limit.
@@ -48,8 +61,14 @@ pub(crate) unsafe fn total_mem_view(
     // SAFETY: the driver filled it (it fails on null).
     let filled = unsafe { read_back(bytes) };
     if let (Some(limit), Some(t)) = (st.ledger().usage(idx).limit, filled) {
+        // Oversubscribed, the device is as large as the limit (as `cuMemGetInfo` says).
+        let shown = if st.config.host_backing.oversubscribe {
+            limit
+        } else {
+            (t as u64).min(limit)
+        };
         // SAFETY: valid out-pointer (read back above).
-        unsafe { *bytes = (t as u64).min(limit) as usize };
+        unsafe { *bytes = shown as usize };
     }
     Ok(())
 }
@@ -60,7 +79,7 @@ pub(super) fn nvml_device_usage(
     st: &Ready,
     nvml: &real::Nvml,
     device: nvmlDevice_t,
-) -> Option<vgpu_alloc_core::DeviceUsage> {
+) -> Option<(DeviceIndex, vgpu_alloc_core::DeviceUsage)> {
     let uuid = driver::nvml_uuid(nvml, device)?;
     let cached = |map: &HashMap<String, i32>| map.get(&uuid).copied();
     let known = st
@@ -85,7 +104,7 @@ pub(super) fn nvml_device_usage(
     if let Ok(cuda) = real::cuda() {
         reconcile_if_due(st, cuda, idx);
     }
-    Some(st.ledger().usage_for_view(idx))
+    Some((idx, st.ledger().usage_for_view(idx)))
 }
 
 /// One of NVML's memory-info structs, rewritten to the limit's view.
@@ -132,9 +151,16 @@ pub(crate) unsafe fn nvml_memory_view<T: NvmlMemoryView>(
         return Ok(());
     };
     let (total, free) = m.driver_view();
-    if let Some((total, free, used)) =
-        nvml_device_usage(st, nvml, device).and_then(|u| virtual_nvml_info(total, free, u))
-    {
+    let view = nvml_device_usage(st, nvml, device).and_then(|(idx, u)| {
+        if st.config.host_backing.oversubscribe && u.limit.is_some() {
+            // Device and host-backed memory against the limit (`view_of`).
+            let (f, t) = view_of(st, idx, free, total);
+            Some((t, f, t.saturating_sub(f)))
+        } else {
+            virtual_nvml_info(total, free, u)
+        }
+    });
+    if let Some((total, free, used)) = view {
         m.set_virtual(total, free, used);
         // SAFETY: valid out-pointer.
         unsafe { *memory = m };
