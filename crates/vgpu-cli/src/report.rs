@@ -27,6 +27,9 @@ pub struct StatusReport {
     pub devices: Vec<DeviceStatus>,
     /// Processes registered in the file, live ones and dead ones still counted.
     pub processes: Vec<ProcessStatus>,
+    /// When a kernel was last launched under this file (HAMi's `last_kernel_time`), seconds
+    /// since the epoch; `null` when none was recorded.
+    pub last_kernel_unix_s: Option<u64>,
 }
 
 /// One device of the file.
@@ -480,10 +483,17 @@ pub(crate) mod tests {
         let json: serde_json::Value = serde_json::from_str(&report.render_json()).unwrap();
         assert_eq!(json["devices"][0]["host_backed_bytes"], 256u64 << 20);
         assert_eq!(json["devices"][0]["memory_used_bytes"], 512u64 << 20);
-        let metrics = crate::exporter::render_metrics(
-            &[(path.display().to_string(), Ok(report))],
+        let scraped = crate::exporter::Scraped {
+            cache: path.display().to_string(),
+            identity: None,
+            result: Ok(report),
+        };
+        let metrics = crate::exporter::render::render(
+            &[scraped],
             &Default::default(),
             None,
+            crate::exporter::Options::default(),
+            0,
         );
         assert!(
             metrics
@@ -539,6 +549,7 @@ pub(crate) mod tests {
                     devices: vec![],
                 },
             ],
+            last_kernel_unix_s: Some(1_700_000_000),
         }
     }
 

@@ -40,6 +40,9 @@ mod measured;
 // publication and fork reset (`state`), the SM limiter's event functions (`sm_limit`).
 #[allow(unsafe_code)]
 mod power;
+// The leaked-Box publication behind `Published<T>` (a raw pointer owned by one cell).
+#[allow(unsafe_code)]
+mod published;
 #[allow(unsafe_code)]
 mod real;
 mod residual;

@@ -1,14 +1,37 @@
-//! The process's enforcement state, built on first use from the environment.
+//! The process root: everything this process keeps about enforcement, in one [`Process`].
 //!
-//! Published through an atomic pointer and never freed. Building it takes a tiny spin
-//! flag, never a mutex, and calls no loader function, so it cannot deadlock against a
-//! thread inside `dlopen`. After `fork` the child handler forgets the parent's state
-//! (its locks may be held by threads that do not exist in the child); the child builds
-//! its own on its next call, which registers it in the shared table as a new process.
+//! ```text
+//! PROCESS ─┬─ enforcement: Published<Enforcement>   built on first use from the environment
+//!          │     Ready ─ config, allocator + ledger (this process's ProcessSlot), pools,
+//!          │             graph memory, VMM references, primary contexts, residual, NVML handles
+//!          ├─ building, left, fork_handler_registered the build's spin flag; left the table at exit
+//!          └─ sm: SmLimiter                           started with the config and the slot
+//!                ├─ limits, policy, tuning, slot, per-device limiters (Published)
+//!                ├─ power baselines
+//!                └─ power: PowerReader                the `vgpu-power` thread's readings
+//! ```
+//!
+//! The enforcement state is published in a [`Published`] cell and never freed. Building it
+//! takes a tiny spin flag, never a mutex, and calls no loader function, so it cannot
+//! deadlock against a thread inside `dlopen`; the builder then starts the SM limiter,
+//! handing it the config and this process's slot in the shared table.
+//!
+//! One fork handler ([`after_fork_in_child`], atomic stores only) resets, in this order:
+//! the enforcement state (forgotten: its locks may be held by threads that do not exist in
+//! the child; the child builds its own on its next call, which registers it in the shared
+//! table as a new process), then the SM limiter and its power reader
+//! ([`SmLimiter::reset_in_child`]).
+//!
+//! Exit: one handler ([`at_exit`], a `.fini_array` entry) stops the power reader, then
+//! leaves the shared table. The power reader must also stop before NVML's own `atexit`
+//! handlers, which only an `atexit` registration made after NVML's initialization runs
+//! before: [`stop_before_nvml_exits`] registers that one, calling the same stop.
+//!
+//! The real driver's tables (`real`) are loader caches, valid in a child too, and stay there.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use vgpu_alloc_core::{
     Allocator, DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, UsageClass,
@@ -21,7 +44,9 @@ use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
 use crate::driver::RealBackend;
 use crate::log::{DEBUG, ERROR, INFO, WARN, vlog};
 use crate::measured::MeasuredTracker;
+use crate::published::Published;
 use crate::residual::Residual;
+use crate::sm_limit::SmLimiter;
 
 /// The usage ledger behind the allocator: the seam between process-local accounting and
 /// the cross-process shared table.
@@ -177,19 +202,41 @@ pub(crate) enum Enforcement {
     Broken(String),
 }
 
-static STATE: AtomicPtr<Enforcement> = AtomicPtr::new(std::ptr::null_mut());
-static BUILDING: AtomicBool = AtomicBool::new(false);
-static ATFORK: std::sync::Once = std::sync::Once::new();
+/// Everything the process keeps (see the module's picture).
+pub(crate) struct Process {
+    /// The enforcement state, built on first use.
+    enforcement: Published<Enforcement>,
+    /// Taken by the one thread building [`Process::enforcement`].
+    building: AtomicBool,
+    /// Set once this process has left the shared table at exit (see [`at_exit`]).
+    left: AtomicBool,
+    /// [`after_fork_in_child`] is registered.
+    fork_handler_registered: AtomicBool,
+    /// The SM limiter.
+    sm: SmLimiter,
+}
+
+static PROCESS: Process = Process {
+    enforcement: Published::new(),
+    building: AtomicBool::new(false),
+    left: AtomicBool::new(false),
+    fork_handler_registered: AtomicBool::new(false),
+    sm: SmLimiter::new(),
+};
+
+/// The SM limiter (for `sm_limit`'s entry points).
+#[inline(always)]
+pub(crate) fn sm_limiter() -> &'static SmLimiter {
+    &PROCESS.sm
+}
 
 /// The state, built on first use.
 #[inline]
 pub(crate) fn get() -> &'static Enforcement {
-    let p = STATE.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: published pointers come from Box::into_raw and are never freed.
-        return unsafe { &*p };
+    match PROCESS.enforcement.get() {
+        Some(state) => state,
+        None => build(),
     }
-    build()
 }
 
 /// The working state, or the error code for allocating calls when enforcement is broken.
@@ -214,18 +261,20 @@ fn build() -> &'static Enforcement {
     let config = Config::from_vars_with_warnings(&Vars::from_os(std::env::vars_os()));
     let uuids = visible_uuids();
     let open_shared_table = move |c: &Config| open_table(c, uuids);
+    let p = &PROCESS;
     let mut waits = 0u32;
     loop {
-        if BUILDING
+        if p.building
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
             break;
         }
-        let p = STATE.load(Ordering::Acquire);
-        if !p.is_null() {
-            // SAFETY: as in get().
-            return unsafe { &*p };
+        // Once the builder is done, so that the SM limiter is started too.
+        if !p.building.load(Ordering::Acquire)
+            && let Some(state) = p.enforcement.get()
+        {
+            return state;
         }
         // The builder may wait on the shared file's initialization lock (seconds at worst):
         // yield at first, then sleep, rather than burn a core.
@@ -236,22 +285,25 @@ fn build() -> &'static Enforcement {
             std::thread::sleep(std::time::Duration::from_micros(500));
         }
     }
-    let p = STATE.load(Ordering::Acquire);
-    if !p.is_null() {
-        BUILDING.store(false, Ordering::Release);
-        // SAFETY: as in get().
-        return unsafe { &*p };
+    if let Some(state) = p.enforcement.get() {
+        p.building.store(false, Ordering::Release);
+        return state;
     }
-    let state = make(config, open_shared_table);
-    let fresh = Box::into_raw(Box::new(state));
-    STATE.store(fresh, Ordering::Release);
-    BUILDING.store(false, Ordering::Release);
-    ATFORK.call_once(|| {
-        // SAFETY: registers a handler that only stores to two atomics.
+    // The only builder: the publication cannot lose.
+    let state = p.enforcement.publish(make(config, open_shared_table));
+    // The published state is never freed, so its slot lives as long as the limiter. (A
+    // launch racing this first build may pass unthrottled, as one before it would.)
+    if let Enforcement::Ready(ready) = state {
+        p.sm.start(&ready.config, ready.slot());
+    }
+    p.building.store(false, Ordering::Release);
+    // A flag, not a `Once`: a fork while another thread registers must not leave the child
+    // a `Once` that never completes. A child inherits the registration and keeps the flag.
+    if !p.fork_handler_registered.swap(true, Ordering::AcqRel) {
+        // SAFETY: registers a handler that only makes atomic stores.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    });
-    // SAFETY: just published; never freed.
-    unsafe { &*fresh }
+    }
+    state
 }
 
 /// UUIDs of the devices this process sees, in CUDA ordinal order (what the shared table's
@@ -345,7 +397,6 @@ pub(crate) fn make(
             return Enforcement::Broken(why);
         }
     };
-    crate::sm_limit::configure(&config);
     if crate::log::enabled(INFO) {
         let limits: Vec<String> = config
             .memory_limit
@@ -375,26 +426,43 @@ pub(crate) fn make(
     }))
 }
 
+/// The process's one fork handler (child side): see the module's order.
 extern "C" fn after_fork_in_child() {
+    let p = &PROCESS;
     // The parent's state is leaked, not dropped: its mutexes may be held by threads that
     // were not copied into the child.
-    STATE.store(std::ptr::null_mut(), Ordering::Release);
-    BUILDING.store(false, Ordering::Release);
-    LEFT.store(false, Ordering::Relaxed);
-    crate::sm_limit::after_fork_in_child();
+    p.enforcement.forget();
+    p.building.store(false, Ordering::Release);
+    p.left.store(false, Ordering::Relaxed);
+    p.sm.reset_in_child();
 }
-
-/// Set once this process has left the shared table at exit (see [`leave_at_exit`]).
-static LEFT: AtomicBool = AtomicBool::new(false);
 
 /// Whether this process has already left the shared table because it is exiting: its usage
 /// was given back, and allocations made by threads still running are refused.
 pub(crate) fn has_left() -> bool {
-    LEFT.load(Ordering::Relaxed)
+    PROCESS.left.load(Ordering::Relaxed)
 }
 
-/// Run by the dynamic loader when the process exits normally (return from `main`, `exit()`
-/// from any thread, the last thread calling `pthread_exit`) and when `libvgpu.so` is unloaded.
+/// Makes the power reader stop before NVML's own exit handlers run: registers
+/// [`stop_at_nvml_exit`] with `atexit`. Called by the power reader right after it
+/// initialized NVML: `exit()` runs `atexit` handlers in reverse order of registration, so
+/// this one runs before any NVML registered while initializing.
+pub(crate) fn stop_before_nvml_exits() {
+    // SAFETY: atexit(3) with a function that stays valid (this library is never unloaded
+    // while the process runs: it is preloaded) and that catches every panic.
+    if unsafe { libc::atexit(stop_at_nvml_exit) } != 0 {
+        vlog!(DEBUG, "atexit refused the power reader's stop handler");
+    }
+}
+
+extern "C" fn stop_at_nvml_exit() {
+    let _ = std::panic::catch_unwind(|| PROCESS.sm.stop_at_exit());
+}
+
+/// The process's exit handler, run by the dynamic loader when the process exits normally
+/// (return from `main`, `exit()` from any thread, the last thread calling `pthread_exit`)
+/// and when `libvgpu.so` is unloaded. In order: the SM limiter's power reader stops (no
+/// more NVML calls: NVML may be torn down next), then this process leaves the shared table.
 ///
 /// A `.fini_array` entry, not an `atexit` handler: the loader runs `.fini_array` entries after
 /// every `atexit` handler and, object by object, after the destructors of everything loaded
@@ -407,18 +475,13 @@ pub(crate) fn has_left() -> bool {
 // calls `.fini_array` entries as; the function catches every panic.
 #[used]
 #[unsafe(link_section = ".fini_array")]
-static LEAVE_AT_EXIT: extern "C" fn() = leave_at_exit;
+static AT_EXIT: extern "C" fn() = at_exit;
 
-extern "C" fn leave_at_exit() {
-    // The power reader thread makes no NVML call from here on (NVML may be torn down next).
-    crate::power::stop();
+extern "C" fn at_exit() {
+    let p = &PROCESS;
+    let _ = std::panic::catch_unwind(|| p.sm.stop_at_exit());
     let _ = std::panic::catch_unwind(|| {
-        let p = STATE.load(Ordering::Acquire);
-        if p.is_null() {
-            return;
-        }
-        // SAFETY: published pointers come from Box::into_raw and are never freed.
-        let Enforcement::Ready(ready) = (unsafe { &*p }) else {
+        let Some(Enforcement::Ready(ready)) = p.enforcement.get() else {
             return;
         };
         let Some(slot) = ready.slot() else {
@@ -426,7 +489,7 @@ extern "C" fn leave_at_exit() {
         };
         // From here on, allocations by threads still running are refused (never unenforced):
         // the process is going away and its usage is no longer counted.
-        LEFT.store(true, Ordering::Relaxed);
+        p.left.store(true, Ordering::Relaxed);
         match slot.leave() {
             Ok(()) => vlog!(
                 DEBUG,
@@ -434,7 +497,7 @@ extern "C" fn leave_at_exit() {
                 slot.index()
             ),
             Err(e) => {
-                LEFT.store(false, Ordering::Relaxed);
+                p.left.store(false, Ordering::Relaxed);
                 vlog!(
                     WARN,
                     "exiting: could not leave the shared table ({e}); its usage returns when the process is gone"
