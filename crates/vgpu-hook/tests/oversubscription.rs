@@ -378,3 +378,40 @@ fn the_device_reserve_stays_free() {
     );
     p.finish();
 }
+
+#[test]
+fn a_move_that_fails_leaves_the_allocation_in_host_memory_intact() {
+    // The first device-to-device copy of a move fails (the simulator's fault injection): the
+    // allocation stays host-backed with its data, the move's device charge is given back, and
+    // the next synchronize moves it.
+    let vars = &[
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("VGPU_SIM_FAULTS", "cuMemcpyDtoD_v2:1:2"),
+    ];
+    let (mut p, out) = Running::start("failmove", "256m", vars, &["alloc", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    p.cmd("free 0");
+    let out = p.cmd("sync");
+    assert_eq!(
+        (value(&out, "intact"), value(&out, "bad")),
+        (11, 0),
+        "{out}"
+    );
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 6 * CHUNK, 5 * CHUNK),
+        "nothing moved, nothing left charged by the failed move"
+    );
+    let out = p.cmd("sync");
+    assert_eq!(
+        (value(&out, "intact"), value(&out, "bad")),
+        (11, 0),
+        "{out}"
+    );
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 7 * CHUNK, 4 * CHUNK),
+        "moved now"
+    );
+    p.finish();
+}
