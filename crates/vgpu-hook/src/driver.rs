@@ -574,6 +574,12 @@ pub(crate) fn unmap(cuda: &Cuda, p: CUdeviceptr, size: u64) -> Result<(), CUresu
     unsafe { have(cuda.u.cuMemUnmap)?(p, size as usize) }.ok()
 }
 
+/// The real `cuCtxSynchronize` (not our hook): waits for the current context's work.
+pub(crate) fn ctx_synchronize(cuda: &Cuda) -> Result<(), CUresult> {
+    // SAFETY: no arguments.
+    unsafe { have(cuda.h.cuCtxSynchronize)?() }.ok()
+}
+
 /// `cuMemcpyDtoD_v2`: synchronous with respect to the host.
 pub(crate) fn copy_dtod(
     cuda: &Cuda,

@@ -226,6 +226,10 @@ impl HostBacked {
     pub(crate) fn free(&self, cuda: &Cuda, slot: &ProcessSlot, ptr: CUdeviceptr) -> Option<()> {
         let e = self.lock().remove(&ptr.0)?;
         self.live.fetch_sub(1, Ordering::Release);
+        // `cuMemFree` waits for the device's work before the memory goes (CUDA's implicit
+        // synchronization); an unmap does not, so wait here: a kernel still reading the
+        // allocation must not find its address unmapped.
+        let _ = driver::ctx_synchronize(cuda);
         if e.place == Place::Host {
             self.on_host.fetch_sub(1, Ordering::Release);
         }
