@@ -43,6 +43,9 @@ enum Place {
 struct Backed {
     device: DeviceIndex,
     ordinal: CUdevice,
+    /// The context it was allocated in (destroying it frees the allocation, as for
+    /// `cuMemAlloc` memory).
+    context: usize,
     /// Mapped (and charged) size: a multiple of the granularity.
     size: u64,
     handle: CUmemGenericAllocationHandle,
@@ -157,7 +160,7 @@ impl HostBacked {
         cuda: &Cuda,
         slot: &ProcessSlot,
         device: DeviceIndex,
-        ordinal: CUdevice,
+        (ordinal, context): (CUdevice, CUcontext),
         bytes: u64,
     ) -> Result<CUdeviceptr, CUresult> {
         let prop = driver::pinned_prop(host_location());
@@ -205,6 +208,7 @@ impl HostBacked {
             Backed {
                 device,
                 ordinal,
+                context: context as usize,
                 size,
                 handle,
                 place: Place::Host,
@@ -225,11 +229,38 @@ impl HostBacked {
     /// Free `ptr` if it is one of ours: `None` if it is not (the caller frees it as usual).
     pub(crate) fn free(&self, cuda: &Cuda, slot: &ProcessSlot, ptr: CUdeviceptr) -> Option<()> {
         let e = self.lock().remove(&ptr.0)?;
-        self.live.fetch_sub(1, Ordering::Release);
         // `cuMemFree` waits for the device's work before the memory goes (CUDA's implicit
         // synchronization); an unmap does not, so wait here: a kernel still reading the
         // allocation must not find its address unmapped.
         let _ = driver::ctx_synchronize(cuda);
+        self.release(cuda, slot, ptr, e);
+        Some(())
+    }
+
+    /// Context `ctx` was destroyed: its allocations go with it, as `cuMemAlloc` memory does.
+    pub(crate) fn context_gone(&self, cuda: &Cuda, slot: &ProcessSlot, ctx: usize) {
+        if !self.any() {
+            return;
+        }
+        let gone: Vec<(u64, Backed)> = {
+            let mut entries = self.lock();
+            let keys: Vec<u64> = entries
+                .iter()
+                .filter(|(_, e)| e.context == ctx)
+                .map(|(&va, _)| va)
+                .collect();
+            keys.into_iter()
+                .filter_map(|va| entries.remove(&va).map(|e| (va, e)))
+                .collect()
+        };
+        for (va, e) in gone {
+            self.release(cuda, slot, CUdeviceptr(va), e);
+        }
+    }
+
+    /// Unmaps and frees a removed entry and gives its charge back.
+    fn release(&self, cuda: &Cuda, slot: &ProcessSlot, ptr: CUdeviceptr, e: Backed) {
+        self.live.fetch_sub(1, Ordering::Release);
         if e.place == Place::Host {
             self.on_host.fetch_sub(1, Ordering::Release);
         }
@@ -240,7 +271,6 @@ impl HostBacked {
             Place::Host => slot.release_host(e.device, e.size),
             Place::Device => slot.release(e.device, UsageClass::Data, e.size),
         }
-        Some(())
     }
 
     /// The base and size of the allocation containing `ptr`, if it is one of ours.

@@ -47,6 +47,7 @@ CUresult (*cuMemCreate)(P *, size_t, const Prop *, unsigned long long);
 CUresult (*cuMemAddressReserve)(P *, size_t, size_t, P, unsigned long long);
 CUresult (*cuMemMap)(P, size_t, size_t, P, unsigned long long);
 CUresult (*cuMemSetAccess)(P, size_t, const Access *, size_t);
+CUresult (*cuCtxDestroy_v2)(H);
 
 /* A device allocation the VMM way (cuMemCreate on device 0, mapped at a reserved address). */
 static CUresult vmm_alloc(P *out, size_t n) {
@@ -80,7 +81,7 @@ int main(int argc, char **argv) {
   NEED(cuInit); NEED(cuDeviceGet); NEED(cuCtxCreate_v2); NEED(cuMemAlloc_v2); NEED(cuMemFree_v2);
   NEED(cuMemAllocPitch_v2); NEED(cuMemsetD32_v2); NEED(cuMemcpyDtoH_v2); NEED(cuCtxSynchronize);
   NEED(cuMemGetInfo_v2); NEED(cuMemCreate); NEED(cuMemAddressReserve); NEED(cuMemMap);
-  NEED(cuMemSetAccess);
+  NEED(cuMemSetAccess); NEED(cuCtxDestroy_v2);
   int dev; H ctx;
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));
@@ -113,6 +114,8 @@ int main(int argc, char **argv) {
       for (int i = 0; i < ok; i++) if (live[i]) { if (intact(i)) good++; else bad++; }
       CHECK(cuMemGetInfo_v2(&f, &t));
       printf("intact=%d\nbad=%d\nfree=%llu\n", good, bad, (P)f);
+    } else if (!strncmp(line, "destroy", 7)) {
+      CHECK(cuCtxDestroy_v2(ctx));
     } else if (!strncmp(line, "exit", 4)) {
       break;
     }
@@ -412,6 +415,25 @@ fn a_move_that_fails_leaves_the_allocation_in_host_memory_intact() {
         usage(&p.table()),
         (CONTEXT + 7 * CHUNK, 4 * CHUNK),
         "moved now"
+    );
+    p.finish();
+}
+
+#[test]
+fn destroying_the_context_frees_its_host_backed_allocations() {
+    let (mut p, out) = Running::start(
+        "destroy",
+        "256m",
+        OVERSUBSCRIBE,
+        &["alloc", "12", "16777216"],
+    );
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    assert_eq!(usage(&p.table()).1, 5 * CHUNK);
+    p.cmd("destroy");
+    assert_eq!(
+        usage(&p.table()),
+        (0, 0),
+        "as cuMemAlloc memory, gone with its context"
     );
     p.finish();
 }

@@ -33,7 +33,7 @@ pub(crate) unsafe fn cuMemAlloc_v2(
         let full = AllocError::Backend(vgpu_alloc_core::BackendError {
             code: CUresult::OUT_OF_MEMORY.0,
         });
-        let ptr = host_backed_or(st, cuda, idx, dev, bytesize as u64, full)?;
+        let ptr = host_backed_or(st, cuda, idx, (dev, ctx), bytesize as u64, full)?;
         // SAFETY: non-null out-pointer (checked above).
         return unsafe { write_out(dptr, ptr) };
     }
@@ -42,7 +42,7 @@ pub(crate) unsafe fn cuMemAlloc_v2(
     }) {
         Ok(a) => a,
         Err(e) => {
-            let ptr = host_backed_or(st, cuda, idx, dev, bytesize as u64, e)?;
+            let ptr = host_backed_or(st, cuda, idx, (dev, ctx), bytesize as u64, e)?;
             // SAFETY: non-null out-pointer (checked above).
             return unsafe { write_out(dptr, ptr) };
         }
@@ -88,7 +88,7 @@ fn host_backed_or(
     st: &Ready,
     cuda: &Cuda,
     idx: DeviceIndex,
-    dev: CUdevice,
+    at: (CUdevice, CUcontext),
     bytes: u64,
     refused: AllocError,
 ) -> Result<CUdeviceptr, CUresult> {
@@ -99,7 +99,7 @@ fn host_backed_or(
     };
     if device_full && st.config.host_backing.enabled() {
         if let Some(slot) = st.slot() {
-            if let Ok(ptr) = st.host_backed.allocate(cuda, slot, idx, dev, bytes) {
+            if let Ok(ptr) = st.host_backed.allocate(cuda, slot, idx, at, bytes) {
                 return Ok(ptr);
             }
         }
@@ -182,7 +182,8 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
         Err(e) => {
             // SAFETY: both out-pointers non-null (checked above).
             return unsafe {
-                pitched_host_backed(st, cuda, idx, dev, dptr, pitch, width_in_bytes, height, e)
+                let at = (dev, ctx);
+                pitched_host_backed(st, cuda, idx, at, dptr, pitch, width_in_bytes, height, e)
             };
         }
     };
@@ -198,7 +199,7 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
                 st,
                 cuda,
                 idx,
-                dev,
+                (dev, ctx),
                 dptr,
                 pitch,
                 width_in_bytes,
@@ -233,7 +234,7 @@ unsafe fn pitched_host_backed(
     st: &Ready,
     cuda: &Cuda,
     idx: DeviceIndex,
-    dev: CUdevice,
+    at: (CUdevice, CUcontext),
     dptr: *mut CUdeviceptr,
     pitch: *mut usize,
     width: usize,
@@ -244,7 +245,7 @@ unsafe fn pitched_host_backed(
     let bytes = row
         .checked_mul(height as u64)
         .ok_or(CUresult::OUT_OF_MEMORY)?;
-    let ptr = host_backed_or(st, cuda, idx, dev, bytes, refused)?;
+    let ptr = host_backed_or(st, cuda, idx, at, bytes, refused)?;
     // SAFETY: non-null out-pointers (the caller's contract).
     unsafe {
         write_out(pitch, row as usize)?;
