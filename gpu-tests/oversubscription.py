@@ -151,7 +151,8 @@ def role_train(working_set, steps, wait_for_mate):
     for _ in range(3):
         step()
     times = [step() for _ in range(steps)]
-    print(f"layers={k}\nphase1={json.dumps(times)}", flush=True)
+    host = status_host_bytes(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+    print(f"layers={k}\nphase1={json.dumps(times)}\nhost_phase1={host}", flush=True)
     if wait_for_mate:
         print("waiting", flush=True)
         sys.stdin.readline()
@@ -307,7 +308,9 @@ def check_training(lib, scratch, results):
     fit = child("train", [working_set, steps, 0], hooked=lib,
                 env={**base, "CUDA_DEVICE_MEMORY_SHARED_CACHE": os.path.join(scratch, "fit.cache")})
     out, _ = fit.communicate(timeout=240)
-    fit_steps = json.loads(kv(out.splitlines())["phase1"])
+    fit_out = kv(out.splitlines())
+    fit_steps = json.loads(fit_out["phase1"])
+    fit_host = int(fit_out["host_phase1"])  # 0: the fitting run really fits
     shared = {**base, "CUDA_DEVICE_MEMORY_SHARED_CACHE": os.path.join(scratch, "shared.cache")}
     holder = child("hold", [mate], env=shared, hooked=lib)
     read_until(holder, "held")
@@ -323,10 +326,11 @@ def check_training(lib, scratch, results):
     host_after = status_host_bytes(shared["CUDA_DEVICE_MEMORY_SHARED_CACHE"])  # moved back
     finish(train)
     t_fit, t_spill, t_back = median(fit_steps), median(spilled), median(back)
-    ok = (fit.returncode == 0 and train.returncode == 0 and host_bytes > 0 and host_after == 0
-          and t_back <= 1.05 * t_fit)
+    ok = (fit.returncode == 0 and train.returncode == 0 and fit_host == 0 and host_bytes > 0
+          and host_after == 0 and t_back <= 1.05 * t_fit)
     results["training"] = {"ok": ok, "working_set": working_set, "step_fit_s": t_fit,
                            "step_spilled_s": t_spill, "step_after_move_back_s": t_back,
+                           "host_backed_fitting_run": fit_host,
                            "host_backed_while_mate_ran": host_bytes, "host_backed_at_end": host_after}
     print(f"{'PASS' if ok else 'FAIL'} training: working set {working_set / GIB:.1f} GiB in "
           f"{(limit - mate) / GIB:.0f} GiB of room, {host_bytes / GIB:.1f} GiB host-backed; step "
