@@ -330,6 +330,9 @@ macro_rules! nvml_used_functions {
     ($callback:ident) => {
         $callback! {
             nvmlInit_v2 ["nvmlInit_v2", 0, any] fn() -> nvmlReturn_t;
+            nvmlDeviceGetCount_v2 ["nvmlDeviceGetCount_v2", 0, any] fn(count: *mut c_uint) -> nvmlReturn_t;
+            nvmlDeviceGetHandleByIndex_v2 ["nvmlDeviceGetHandleByIndex_v2", 0, any]
+                fn(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t;
             nvmlDeviceGetUUID ["nvmlDeviceGetUUID", 0, any]
                 fn(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
             nvmlDeviceGetHandleByUUID ["nvmlDeviceGetHandleByUUID", 0, any]

@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use vgpu_alloc_core::{DeviceIndex, OutOfMemory, UsageClass, UsageLedger};
 use vgpu_cuda_abi::*;
-use vgpu_shm::ProcessSlot;
 
 use crate::driver;
+use crate::ledger::HookLedger;
 use crate::log::{INFO, MSG, WARN, vlog};
 use crate::real::Cuda;
 
@@ -158,7 +158,7 @@ impl HostBacked {
     pub(crate) fn allocate(
         &self,
         cuda: &Cuda,
-        slot: &ProcessSlot,
+        ledger: &HookLedger,
         device: DeviceIndex,
         (ordinal, context): (CUdevice, CUcontext),
         bytes: u64,
@@ -169,7 +169,7 @@ impl HostBacked {
         if !Self::host_allows(size) {
             return Err(CUresult::OUT_OF_MEMORY);
         }
-        slot.try_reserve_host(device, size).map_err(|oom| {
+        ledger.try_reserve_host(device, size).map_err(|oom| {
             vlog!(MSG, "host-backed memory refused too: {oom}");
             CUresult::OUT_OF_MEMORY
         })?;
@@ -198,7 +198,7 @@ impl HostBacked {
         let (va, handle) = match made {
             Ok(m) => m,
             Err(e) => {
-                slot.release_host(device, size);
+                ledger.release_host(device, size);
                 return Err(e);
             }
         };
@@ -227,18 +227,18 @@ impl HostBacked {
     }
 
     /// Free `ptr` if it is one of ours: `None` if it is not (the caller frees it as usual).
-    pub(crate) fn free(&self, cuda: &Cuda, slot: &ProcessSlot, ptr: CUdeviceptr) -> Option<()> {
+    pub(crate) fn free(&self, cuda: &Cuda, ledger: &HookLedger, ptr: CUdeviceptr) -> Option<()> {
         let e = self.lock().remove(&ptr.0)?;
         // `cuMemFree` waits for the device's work before the memory goes (CUDA's implicit
         // synchronization); an unmap does not, so wait here: a kernel still reading the
         // allocation must not find its address unmapped.
         let _ = driver::ctx_synchronize(cuda);
-        self.release(cuda, slot, ptr, e);
+        self.release(cuda, ledger, ptr, e);
         Some(())
     }
 
     /// Context `ctx` was destroyed: its allocations go with it, as `cuMemAlloc` memory does.
-    pub(crate) fn context_gone(&self, cuda: &Cuda, slot: &ProcessSlot, ctx: usize) {
+    pub(crate) fn context_gone(&self, cuda: &Cuda, ledger: &HookLedger, ctx: usize) {
         if !self.any() {
             return;
         }
@@ -254,12 +254,12 @@ impl HostBacked {
                 .collect()
         };
         for (va, e) in gone {
-            self.release(cuda, slot, CUdeviceptr(va), e);
+            self.release(cuda, ledger, CUdeviceptr(va), e);
         }
     }
 
     /// Unmaps and frees a removed entry and gives its charge back.
-    fn release(&self, cuda: &Cuda, slot: &ProcessSlot, ptr: CUdeviceptr, e: Backed) {
+    fn release(&self, cuda: &Cuda, ledger: &HookLedger, ptr: CUdeviceptr, e: Backed) {
         self.live.fetch_sub(1, Ordering::Release);
         if e.place == Place::Host {
             self.on_host.fetch_sub(1, Ordering::Release);
@@ -268,8 +268,8 @@ impl HostBacked {
         let _ = driver::mem_release(cuda, e.handle);
         let _ = driver::address_free(cuda, ptr, e.size);
         match e.place {
-            Place::Host => slot.release_host(e.device, e.size),
-            Place::Device => slot.release(e.device, UsageClass::Data, e.size),
+            Place::Host => ledger.release_host(e.device, e.size),
+            Place::Device => ledger.release(e.device, UsageClass::Data, e.size),
         }
     }
 
@@ -288,7 +288,7 @@ impl HostBacked {
     pub(crate) fn move_back(
         &self,
         cuda: &Cuda,
-        slot: &ProcessSlot,
+        ledger: &HookLedger,
         ordinal: CUdevice,
         device_reserve: u64,
     ) {
@@ -309,7 +309,7 @@ impl HostBacked {
             let Ok((phys_free, _)) = driver::mem_get_info(cuda) else {
                 return;
             };
-            let usage = slot.usage(device);
+            let usage = ledger.usage(device);
             let headroom = usage
                 .limit
                 .map_or(u64::MAX, |l| l.saturating_sub(usage.used));
@@ -324,7 +324,7 @@ impl HostBacked {
             let Some(e) = entries.get_mut(&va) else {
                 return;
             };
-            match move_one(cuda, slot, CUdeviceptr(va), e) {
+            match move_one(cuda, ledger, CUdeviceptr(va), e) {
                 Ok(()) => {
                     self.on_host.fetch_sub(1, Ordering::Release);
                     vlog!(
@@ -354,7 +354,7 @@ impl HostBacked {
     pub(crate) fn create_handle(
         &self,
         cuda: &Cuda,
-        slot: &ProcessSlot,
+        ledger: &HookLedger,
         device: DeviceIndex,
         size: u64,
         prop: &CUmemAllocationProp,
@@ -365,7 +365,8 @@ impl HostBacked {
         if !Self::host_allows(size) {
             return Err(CUresult::OUT_OF_MEMORY);
         }
-        slot.try_reserve_host(device, size)
+        ledger
+            .try_reserve_host(device, size)
             .map_err(|oom: OutOfMemory| {
                 vlog!(MSG, "host-backed memory refused too: {oom}");
                 CUresult::OUT_OF_MEMORY
@@ -379,7 +380,7 @@ impl HostBacked {
                 Ok(h)
             }
             Err(e) => {
-                slot.release_host(device, size);
+                ledger.release_host(device, size);
                 Err(e)
             }
         }
@@ -388,7 +389,7 @@ impl HostBacked {
     /// A `cuMemRelease` of a handle [`HostBacked::create_handle`] made: true if it was one.
     pub(crate) fn handle_released(
         &self,
-        slot: &ProcessSlot,
+        ledger: &HookLedger,
         h: CUmemGenericAllocationHandle,
     ) -> bool {
         let found = self
@@ -397,7 +398,7 @@ impl HostBacked {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&h.0);
         if let Some((device, size)) = found {
-            slot.release_host(device, size);
+            ledger.release_host(device, size);
         }
         found.is_some()
     }
@@ -409,13 +410,13 @@ impl HostBacked {
 /// exact (its slot gives both back).
 fn move_one(
     cuda: &Cuda,
-    slot: &ProcessSlot,
+    ledger: &HookLedger,
     va: CUdeviceptr,
     e: &mut Backed,
 ) -> Result<(), CUresult> {
     let oom = |_: OutOfMemory| CUresult::OUT_OF_MEMORY;
-    slot.try_reserve_move(e.device, e.size).map_err(oom)?;
-    let undo_charge = || slot.release(e.device, UsageClass::Data, e.size);
+    ledger.try_reserve_move(e.device, e.size).map_err(oom)?;
+    let undo_charge = || ledger.release(e.device, UsageClass::Data, e.size);
     let prop = driver::pinned_prop(device_location(e.ordinal));
     let dev_handle = match driver::mem_create(cuda, e.size, &prop) {
         Ok(h) => h,
@@ -456,7 +457,7 @@ fn move_one(
         return Err(code);
     }
     let _ = driver::mem_release(cuda, e.handle);
-    slot.release_host(e.device, e.size);
+    ledger.release_host(e.device, e.size);
     e.handle = dev_handle;
     e.place = Place::Device;
     Ok(())

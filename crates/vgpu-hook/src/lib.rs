@@ -9,7 +9,8 @@
 //!   per-process figure, charged as module memory) and `accounting` (sizes, views) →
 //!   `real` (the real driver).
 //! - `interpose`: what `dlsym` and `cuGetProcAddress` return.
-//! - `state`: the per-process state, lazily built, reset in a forked child.
+//! - `state`: the per-process state, lazily built, reset in a forked child; `ledger`: its
+//!   slot in the shared table, addressed by CUDA ordinal, kept on the right GPU and file.
 //!
 //! See `docs/hook.md` for how interception works and what each path accounts.
 //!
@@ -33,6 +34,7 @@ mod ffi;
 mod hooks;
 mod host_backing;
 mod interpose;
+mod ledger;
 mod log;
 mod measured;
 // Fork and exit handlers, the sampler thread's NVML calls (`power`), `dlopen`/`dlsym` of the

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! PROCESS ─┬─ enforcement: Published<Enforcement>   built on first use from the environment
-//!          │     Ready ─ config, allocator + ledger (this process's ProcessSlot), pools,
+//!          │     Ready ─ config, allocator + ledger (`ledger`: this process's slot), pools,
 //!          │             graph memory, VMM references, primary contexts, residual, NVML handles
 //!          ├─ building, left, fork_handler_registered the build's spin flag; left the table at exit
 //!          └─ sm: SmLimiter                           started with the config and the slot
@@ -33,117 +33,19 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use vgpu_alloc_core::{
-    Allocator, DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, UsageClass,
-    UsageLedger,
-};
+use vgpu_alloc_core::{Allocator, DeviceIndex, MAX_DEVICES};
 use vgpu_cuda_abi::{CUdevice, CUresult};
 use vgpu_env::{Config, ConfigErrors, Vars};
 use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
 
 use crate::driver::RealBackend;
-use crate::log::{DEBUG, ERROR, INFO, WARN, vlog};
+pub(crate) use crate::ledger::HookLedger;
+use crate::ledger::SharedLedger;
+use crate::log::{DEBUG, ERROR, INFO, MSG, WARN, vlog};
 use crate::measured::MeasuredTracker;
 use crate::published::Published;
 use crate::residual::Residual;
 use crate::sm_limit::SmLimiter;
-
-/// The usage ledger behind the allocator: the seam between process-local accounting and
-/// the cross-process shared table.
-#[derive(Debug)]
-pub(crate) enum HookLedger {
-    /// Process-local (tests).
-    #[allow(dead_code)]
-    Local(Box<InMemoryLedger>),
-    /// This process's slot in the container's shared table (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
-    Shared(ProcessSlot),
-}
-
-impl UsageLedger for HookLedger {
-    fn try_reserve(
-        &self,
-        device: DeviceIndex,
-        class: UsageClass,
-        bytes: u64,
-    ) -> Result<(), OutOfMemory> {
-        match self {
-            Self::Local(l) => l.try_reserve(device, class, bytes),
-            Self::Shared(t) => t.try_reserve(device, class, bytes),
-        }
-    }
-
-    fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        match self {
-            Self::Local(l) => l.release(device, class, bytes),
-            Self::Shared(t) => t.release(device, class, bytes),
-        }
-    }
-
-    fn usage(&self, device: DeviceIndex) -> DeviceUsage {
-        match self {
-            Self::Local(l) => l.usage(device),
-            Self::Shared(t) => t.table().usage(device),
-        }
-    }
-
-    fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        match self {
-            Self::Local(l) => l.charge_over_limit(device, class, bytes),
-            Self::Shared(t) => t.charge_over_limit(device, class, bytes),
-        }
-    }
-}
-
-impl HookLedger {
-    /// Bytes this process holds on `device`, every class (a process-local ledger holds only
-    /// this process's).
-    pub(crate) fn held_by_self(&self, device: DeviceIndex) -> u64 {
-        match self {
-            Self::Local(l) => l.usage(device).used,
-            Self::Shared(t) => {
-                let h = t.held(device);
-                h.context.saturating_add(h.module).saturating_add(h.data)
-            }
-        }
-    }
-
-    /// The pid NVML lists this process under: the host pid the monitor wrote into the shared
-    /// file, else `getpid()`.
-    pub(crate) fn nvml_pid(&self) -> u32 {
-        let hostpid = match self {
-            Self::Shared(t) => t.hostpid(),
-            Self::Local(_) => None,
-        };
-        hostpid.map_or_else(std::process::id, |h| h as u32)
-    }
-
-    /// Usage for a view (`cuMemGetInfo`, NVML): first gives dead processes' usage back, so
-    /// a process that just exited is not shown as still holding memory. Costs one lock probe
-    /// per live process; not for allocation paths (refused reservations sweep by themselves).
-    pub(crate) fn usage_for_view(&self, device: DeviceIndex) -> DeviceUsage {
-        if let Self::Shared(t) = self {
-            // At most one sweep per millisecond: a program polling cuMemGetInfo in a loop must not
-            // pay one lock probe per process of the container on every call.
-            static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-            static LAST_SWEEP_NS: std::sync::atomic::AtomicU64 =
-                std::sync::atomic::AtomicU64::new(0);
-            let now = EPOCH
-                .get_or_init(std::time::Instant::now)
-                .elapsed()
-                .as_nanos() as u64
-                + 1;
-            let last = LAST_SWEEP_NS.load(Ordering::Relaxed);
-            let due = (last == 0 || now.saturating_sub(last) >= 1_000_000)
-                && LAST_SWEEP_NS
-                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok();
-            if due {
-                let _ = t.table().sweep_dead();
-            }
-        }
-        self.usage(device)
-    }
-}
 
 /// Working enforcement.
 #[derive(Debug)]
@@ -159,13 +61,14 @@ pub(crate) struct Ready {
     /// Graph memory may exist (an alloc node was added or a stream-ordered allocation was
     /// made, which stream capture turns into one): graph launches measure it.
     pub(crate) graph_mem_possible: AtomicBool,
+    /// A stream-ordered pool grew since the last sync point: the sync point reconciles once
+    /// more, for driver memory the pool took after the allocation returned.
+    pub(crate) pool_grew: AtomicBool,
     /// Extra references to charged `cuMemCreate` handles taken by
     /// `cuMemRetainAllocationHandle`: the charge goes with the last `cuMemRelease`.
     pub(crate) vmm_extra_refs: Mutex<HashMap<u64, u32>>,
-    /// Primary context handle per CUDA ordinal, while we hold its memory charge.
-    pub(crate) primary: Mutex<HashMap<i32, usize>>,
-    /// NVML UUID → CUDA ordinal, built on the first NVML view.
-    pub(crate) ordinals_by_uuid: Mutex<Option<HashMap<String, i32>>>,
+    /// Primary context per CUDA ordinal, while we hold its memory charge.
+    pub(crate) primary: Mutex<HashMap<i32, PrimaryCharge>>,
     /// Driver-internal memory reconciled with NVML's per-process figure, charged as module
     /// memory.
     pub(crate) residual: Residual,
@@ -185,11 +88,16 @@ impl Ready {
     /// monitor's `recent_kernel`/`utilization_switch`, live `sm_limit[]`), if the ledger is
     /// the shared table.
     pub(crate) fn slot(&self) -> Option<&ProcessSlot> {
-        match self.ledger() {
-            HookLedger::Shared(slot) => Some(slot),
-            HookLedger::Local(_) => None,
-        }
+        self.ledger().shared().map(SharedLedger::slot)
     }
+}
+
+/// A primary context whose memory is charged: its handle and what its creation measured
+/// (charged again when a reset keeps it alive, see `hooks::primary_reset`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PrimaryCharge {
+    pub(crate) ctx: usize,
+    pub(crate) bytes: u64,
 }
 
 /// What the hook does with allocations.
@@ -306,19 +214,27 @@ fn build() -> &'static Enforcement {
     state
 }
 
-/// UUIDs of the devices this process sees, in CUDA ordinal order (what the shared table's
-/// `uuids[]` are indexed by). Empty when the driver is unavailable.
+/// UUIDs of the devices this process sees, in CUDA ordinal order: the container's devices
+/// when this process makes the shared file (its `uuids[]`, which limits `_<i>` index).
+///
+/// Never initializes CUDA: a process that has not (one that only asked NVML, as monitors and
+/// GPU-picking launchers do) must be able to fork workers that use CUDA, and the driver
+/// refuses CUDA in a child forked after initialization (issue 12). `cuDeviceGetCount` answers
+/// only once the program initialized CUDA; before, NVML's devices narrowed by
+/// `CUDA_VISIBLE_DEVICES` stand for them. Empty when neither driver answers.
 fn visible_uuids() -> Vec<String> {
-    let Ok(cuda) = crate::real::cuda() else {
-        return Vec::new();
-    };
-    let _ = crate::driver::init(cuda);
-    let n = crate::driver::device_count(cuda)
-        .unwrap_or(0)
-        .clamp(0, MAX_DEVICES as i32);
-    (0..n)
-        .map(|i| crate::driver::device_uuid(cuda, CUdevice(i)).unwrap_or_default())
-        .collect()
+    if let Ok(cuda) = crate::real::cuda()
+        && let Ok(n) = crate::driver::device_count(cuda)
+    {
+        return (0..n.clamp(0, MAX_DEVICES as i32))
+            .map(|i| crate::driver::device_uuid(cuda, CUdevice(i)).unwrap_or_default())
+            .collect();
+    }
+    let all = crate::driver::nvml_uuids();
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let mut v = crate::ledger::visible_subset(&all, visible.as_deref());
+    v.truncate(MAX_DEVICES);
+    v
 }
 
 /// Opens (or creates) the shared table and registers this process in it.
@@ -356,7 +272,48 @@ fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String>
         "registered in shared table {path} (slot {})",
         slot.index()
     );
-    Ok(HookLedger::Shared(slot))
+    say_limits_in_force(config, &table);
+    Ok(HookLedger::Shared(SharedLedger::new(slot)))
+}
+
+/// Logs the memory limits in force (the file's: an existing file keeps its own): at the
+/// info level always, and once at the default level when they differ from the
+/// environment's, so that a leftover file never changes a limit without a word.
+fn say_limits_in_force(config: &Config, table: &UsageTable) {
+    let show = |l: Option<u64>| l.map_or_else(|| "unlimited".to_owned(), |b| format!("{b}"));
+    let devices = (0..table.device_num()).map(DeviceIndex);
+    let in_force: Vec<String> = devices
+        .clone()
+        .map(|d| format!("{d}={}", show(table.memory_limit(d))))
+        .collect();
+    vlog!(
+        INFO,
+        "memory limits in force (bytes, by device of the shared file): {}",
+        in_force.join(" ")
+    );
+    let differ: Vec<String> = devices
+        .filter_map(|d| {
+            let env = config.memory_limit.get(d.as_usize()).copied().flatten();
+            let file = table.memory_limit(d);
+            (env != file).then(|| {
+                format!(
+                    "device {d}: {} (the environment says {})",
+                    show(file),
+                    show(env)
+                )
+            })
+        })
+        .collect();
+    if !differ.is_empty() {
+        vlog!(
+            MSG,
+            "memory limits in force differ from the environment's: {}; the shared file {} was \
+             made with these and keeps them (vgpu set-limit changes them; a new file takes the \
+             environment's)",
+            differ.join(", "),
+            table.path().display()
+        );
+    }
 }
 
 /// Builds the state from a parsed configuration and a ledger opener (separate from the
@@ -397,19 +354,6 @@ pub(crate) fn make(
             return Enforcement::Broken(why);
         }
     };
-    if crate::log::enabled(INFO) {
-        let limits: Vec<String> = config
-            .memory_limit
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.map(|l| format!("{i}={l}")))
-            .collect();
-        vlog!(
-            INFO,
-            "memory limits (bytes, by device; the shared table's own limits win): {}",
-            limits.join(" ")
-        );
-    }
     let residual = Residual::new(config.reconcile_ms);
     Enforcement::Ready(Box::new(Ready {
         config,
@@ -417,9 +361,9 @@ pub(crate) fn make(
         pools: MeasuredTracker::default(),
         graph: MeasuredTracker::default(),
         graph_mem_possible: AtomicBool::new(false),
+        pool_grew: AtomicBool::new(false),
         vmm_extra_refs: Mutex::new(HashMap::new()),
         primary: Mutex::new(HashMap::new()),
-        ordinals_by_uuid: Mutex::new(None),
         residual,
         nvml_handles: Mutex::new(HashMap::new()),
         host_backed: Default::default(),
@@ -510,6 +454,7 @@ extern "C" fn at_exit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vgpu_alloc_core::{InMemoryLedger, UsageClass, UsageLedger};
 
     fn ready(e: &Enforcement) -> &Ready {
         match e {
@@ -608,8 +553,8 @@ mod tests {
             std::process::id(),
             "no host pid written"
         );
-        if let HookLedger::Shared(slot) = a.ledger() {
-            slot.set_hostpid(4242);
+        if let Some(shared) = a.ledger().shared() {
+            shared.slot().set_hostpid(4242);
         }
         assert_eq!(a.ledger().nvml_pid(), 4242, "the monitor's host pid");
         let _ = std::fs::remove_file(&path);

@@ -140,10 +140,16 @@ struct Running {
 }
 
 impl Running {
+    /// Starts the program on a fresh usage file named after `tag`.
     fn start(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
+        let _ = std::fs::remove_file(program().dir.join(format!("{tag}.cache")));
+        Self::join(tag, limit, vars, args)
+    }
+
+    /// Starts the program on the usage file named after `tag`, as it is.
+    fn join(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
         let e = program();
         let cache = e.dir.join(format!("{tag}.cache"));
-        let _ = std::fs::remove_file(&cache);
         let mut cmd = Command::new(&e.program);
         cmd.args(args)
             .env("LD_PRELOAD", &e.hook)
@@ -436,4 +442,28 @@ fn destroying_the_context_frees_its_host_backed_allocations() {
         "as cuMemAlloc memory, gone with its context"
     );
     p.finish();
+}
+
+#[test]
+fn host_backed_bytes_are_charged_on_the_gpu_not_the_ordinal() {
+    // Two simulated GPUs; the file is made by a process that sees both, then a process that
+    // sees only the second (its ordinal 0) oversubscribes: its host-backed bytes are the
+    // second GPU's (file index 1), as its device memory is.
+    let two = &[
+        ("VGPU_SIM_DEVICE_COUNT", "2"),
+        ("CUDA_OVERSUBSCRIBE", "true"),
+    ];
+    let (first, _) = Running::start("gpus", "256m", two, &["alloc", "1", "16777216"]);
+    let second_only = &[
+        ("VGPU_SIM_DEVICE_COUNT", "2"),
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("CUDA_VISIBLE_DEVICES", "1"),
+    ];
+    let (second, out) = Running::join("gpus", "256m", second_only, &["alloc", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    let t = second.table();
+    assert_eq!(t.devices[1].host, 5 * CHUNK, "on the second GPU");
+    assert_eq!(t.devices[0].host, 0);
+    second.finish();
+    first.finish();
 }

@@ -98,10 +98,8 @@ fn host_backed_or(
         _ => false,
     };
     if device_full && st.config.host_backing.enabled() {
-        if let Some(slot) = st.slot() {
-            if let Ok(ptr) = st.host_backed.allocate(cuda, slot, idx, at, bytes) {
-                return Ok(ptr);
-            }
+        if let Ok(ptr) = st.host_backed.allocate(cuda, st.ledger(), idx, at, bytes) {
+            return Ok(ptr);
         }
     }
     Err(alloc_err(refused))
@@ -113,12 +111,8 @@ pub(crate) fn cuMemFree_v2(forward: impl Forward, dptr: CUdeviceptr) -> Result<(
         Enforcement::Ready(st) if dptr.0 != 0 => st,
         _ => return forward(cuda),
     };
-    if st.host_backed.any() {
-        if let Some(slot) = st.slot() {
-            if st.host_backed.free(cuda, slot, dptr).is_some() {
-                return Ok(());
-            }
-        }
+    if st.host_backed.any() && st.host_backed.free(cuda, st.ledger(), dptr).is_some() {
+        return Ok(());
     }
     match st.alloc.free(DevicePtr(dptr.0)) {
         Ok(_) => Ok(()),

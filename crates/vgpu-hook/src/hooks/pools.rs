@@ -123,7 +123,18 @@ unsafe fn alloc_async(
         return Err(r);
     }
     settle_pool(st, cuda, pool, idx, tentative);
-    reconcile_if_due(st, cuda, idx);
+    if need > 0 {
+        // The pool grew: the driver took memory for it beyond what the pool reports (about
+        // 70 MiB for PyTorch's 2.5 GiB pool on the H200). Reconciled at every growth, not at
+        // the rate limit: allocations in quick succession would otherwise leave the last
+        // growths uncharged until some other call came by (issue 12). Growth is rare (a
+        // pool keeps what it reserved) and costs a driver allocation anyway.
+        st.residual.ran_now();
+        let _ = reconcile(st, cuda, idx, OverLimit::Charge);
+        st.pool_grew.store(true, Ordering::Relaxed);
+    } else {
+        reconcile_if_due(st, cuda, idx);
+    }
     Ok(())
 }
 
@@ -194,9 +205,7 @@ pub(crate) fn cuMemFreeAsync(
     if st.host_backed.any() && st.host_backed.range(dptr).is_some_and(|(b, _)| b == dptr.0) {
         // Unmapped at once: the stream must have reached the free first.
         driver::stream_synchronize(cuda, stream, variant == StreamKind::PerThread)?;
-        if let Some(slot) = st.slot() {
-            st.host_backed.free(cuda, slot, dptr);
-        }
+        st.host_backed.free(cuda, st.ledger(), dptr);
         return Ok(());
     }
     let Some(range) = st

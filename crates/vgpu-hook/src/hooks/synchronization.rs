@@ -12,20 +12,25 @@ pub(crate) fn cuCtxSynchronize(forward: impl Forward) -> Result<(), CUresult> {
     after_sync(cuda);
     if answer.is_ok() {
         if let Some(st) = ready_state().filter(|st| st.host_backed.any()) {
-            if let (Some(slot), Ok(dev)) = (st.slot(), driver::current_device(cuda)) {
+            if let Ok(dev) = driver::current_device(cuda) {
                 let reserve = st.config.host_backing.device_reserve;
-                st.host_backed.move_back(cuda, slot, dev, reserve);
+                st.host_backed.move_back(cuda, st.ledger(), dev, reserve);
             }
         }
     }
     answer
 }
 
-/// After a sync point, whatever it answered: pools may have given memory back.
+/// After a sync point, whatever it answered: pools may have given memory back; after a
+/// pool grew, the driver's own memory for it is reconciled once more (it may take some
+/// after the allocation returned).
 pub(crate) fn after_sync(cuda: &Cuda) {
     if let Some(st) = ready_state() {
         if st.pools.is_active() {
             settle_all_pools(st, cuda);
+        }
+        if st.pool_grew.load(Ordering::Relaxed) && st.pool_grew.swap(false, Ordering::Relaxed) {
+            let _ = reconcile_all(st, cuda, OverLimit::Charge);
         }
     }
 }

@@ -38,9 +38,10 @@ pub(crate) unsafe fn mem_info_view(
 /// memory backs what the GPU cannot hold (docs/oversubscription.md).
 fn view_of(st: &Ready, idx: DeviceIndex, phys_free: u64, phys_total: u64) -> (u64, u64) {
     let usage = st.ledger().usage_for_view(idx);
-    match (usage.limit, st.config.host_backing.oversubscribe, st.slot()) {
-        (Some(limit), true, Some(slot)) => {
-            crate::host_backing::oversubscribed_view(limit, usage.used, slot.table().host_used(idx))
+    match (usage.limit, st.config.host_backing.oversubscribe) {
+        (Some(limit), true) => {
+            let host = st.ledger().host_used(idx);
+            crate::host_backing::oversubscribed_view(limit, usage.used, host)
         }
         _ => virtual_mem_info(phys_free, phys_total, usage),
     }
@@ -73,38 +74,23 @@ pub(crate) unsafe fn total_mem_view(
     Ok(())
 }
 
-/// The usage of the CUDA device an NVML handle names (by UUID), if it is visible to this
-/// process.
+/// The shared file's index and usage of the GPU an NVML handle names, found by UUID among the shared file's GPUs
+/// (none for a GPU that is not the container's). Asks NVML only: an NVML-only process must
+/// not initialize CUDA (a child it forks could not use it). Reconciles first when this
+/// process has a CUDA device on that GPU.
 pub(super) fn nvml_device_usage(
     st: &Ready,
     nvml: &real::Nvml,
     device: nvmlDevice_t,
 ) -> Option<(DeviceIndex, vgpu_alloc_core::DeviceUsage)> {
-    let uuid = driver::nvml_uuid(nvml, device)?;
-    let cached = |map: &HashMap<String, i32>| map.get(&uuid).copied();
-    let known = st
-        .ordinals_by_uuid
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .map(cached);
-    let ordinal = match known {
-        Some(ordinal) => ordinal?,
-        None => {
-            // Built without holding our lock: loading the driver may wait on the loader.
-            let map = driver::cuda_ordinals_by_uuid(real::cuda().ok()?);
-            let ordinal = cached(&map);
-            *st.ordinals_by_uuid
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(map);
-            ordinal?
-        }
-    };
-    let idx = dev_index(CUdevice(ordinal))?;
-    if let Ok(cuda) = real::cuda() {
-        reconcile_if_due(st, cuda, idx);
+    let shared = st.ledger().shared()?;
+    let file_device = shared.device_of_uuid(&driver::nvml_uuid(nvml, device)?)?;
+    if let Some(ordinal) = shared.ordinal_of(file_device)
+        && let Ok(cuda) = real::cuda()
+    {
+        reconcile_if_due(st, cuda, ordinal);
     }
-    Some((idx, st.ledger().usage_for_view(idx)))
+    Some((file_device, shared.file_usage_for_view(file_device)))
 }
 
 /// One of NVML's memory-info structs, rewritten to the limit's view.
@@ -151,13 +137,19 @@ pub(crate) unsafe fn nvml_memory_view<T: NvmlMemoryView>(
         return Ok(());
     };
     let (total, free) = m.driver_view();
-    let view = nvml_device_usage(st, nvml, device).and_then(|(idx, u)| {
-        if st.config.host_backing.oversubscribe && u.limit.is_some() {
-            // Device and host-backed memory against the limit (`view_of`).
-            let (f, t) = view_of(st, idx, free, total);
-            Some((t, f, t.saturating_sub(f)))
-        } else {
-            virtual_nvml_info(total, free, u)
+    let view = nvml_device_usage(st, nvml, device).and_then(|(file_device, u)| {
+        match (
+            u.limit,
+            st.config.host_backing.oversubscribe,
+            st.ledger().shared(),
+        ) {
+            // Device and host-backed memory against the limit (as `view_of`).
+            (Some(limit), true, Some(shared)) => {
+                let host = shared.file_host_used(file_device);
+                let (f, t) = crate::host_backing::oversubscribed_view(limit, u.used, host);
+                Some((t, f, t - f))
+            }
+            _ => virtual_nvml_info(total, free, u),
         }
     });
     if let Some((total, free, used)) = view {

@@ -93,11 +93,12 @@ unsafe fn host_handle_or(
         _ => false,
     };
     if device_full && st.config.host_backing.enabled() {
-        if let Some(slot) = st.slot() {
-            if let Ok(h) = st.host_backed.create_handle(cuda, slot, idx, size, prop) {
-                // SAFETY: non-null out-pointer (the caller's contract).
-                return unsafe { write_out(handle, h) };
-            }
+        if let Ok(h) = st
+            .host_backed
+            .create_handle(cuda, st.ledger(), idx, size, prop)
+        {
+            // SAFETY: non-null out-pointer (the caller's contract).
+            return unsafe { write_out(handle, h) };
         }
     }
     Err(alloc_err(refused))
@@ -111,10 +112,8 @@ pub(crate) fn vmm_released(
     let Some(st) = ready_state() else {
         return Ok(());
     };
-    if let Some(slot) = st.slot() {
-        if st.host_backed.handle_released(slot, handle) {
-            return Ok(());
-        }
+    if st.host_backed.handle_released(st.ledger(), handle) {
+        return Ok(());
     }
     let mut refs = st.vmm_extra_refs.lock().unwrap_or_else(|e| e.into_inner());
     match refs.get_mut(&handle.0) {
