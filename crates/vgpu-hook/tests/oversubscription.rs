@@ -386,6 +386,15 @@ fn the_device_reserve_stays_free() {
         "one moved back"
     );
     p.finish();
+    // Without host backing the reserve means nothing: the device fills as before.
+    let (p, out) = Running::start(
+        "reserve-off",
+        "256m",
+        &[("VGPU_DEVICE_RESERVE", "48m")],
+        &["alloc", "8", "16777216"],
+    );
+    assert_eq!(value(&out, "allocated"), 7, "{out}");
+    p.finish();
 }
 
 #[test]

@@ -23,7 +23,9 @@ pub(crate) unsafe fn cuMemAlloc_v2(
         );
         return forward(cuda);
     };
+    // (The reserve applies only with host backing on: `enabled` is read only when it is set.)
     if st.config.host_backing.device_reserve != 0
+        && st.config.host_backing.enabled()
         && crate::host_backing::breaks_reserve(
             cuda,
             st.config.host_backing.device_reserve,
