@@ -135,7 +135,9 @@ def role_train(working_set, steps, wait_for_mate):
     import torch
     layer = 8192 * 8192 * 4
     k = max(1, int(working_set // (2 * layer)))
-    model = torch.nn.Sequential(*[torch.nn.Linear(8192, 8192, bias=False) for _ in range(k)]).cuda()
+    # Made on the device: initializing 2 G parameters on the CPU would take most of the budget.
+    model = torch.nn.Sequential(
+        *[torch.nn.Linear(8192, 8192, bias=False, device="cuda") for _ in range(k)])
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     x = torch.randn(256, 8192, device="cuda")
 
@@ -383,7 +385,16 @@ def main():
     scratch = tempfile.mkdtemp(prefix="vgpu-oversub-")
     results = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "lib": lib}
     t0 = time.time()
-    ok = check_exhaustion(lib, scratch, a.left_gib * GIB, results)
+
+    def run(name, check, *args):
+        try:
+            return check(lib, scratch, *args, results)
+        except Exception as e:  # noqa: BLE001 - a check that breaks is a failed check
+            results[name] = {"ok": False, "error": repr(e)}
+            print(f"FAIL {name}: {e!r}")
+            return False
+
+    ok = run("exhaustion", check_exhaustion, a.left_gib * GIB)
     try:
         import torch  # noqa: F401
         have_torch = True
@@ -391,8 +402,8 @@ def main():
         have_torch = False
         print("SKIP bandwidth, training: no PyTorch")
     if have_torch:
-        ok = check_bandwidth(lib, scratch, results) and ok
-        ok = check_training(lib, scratch, results) and ok
+        ok = run("bandwidth", check_bandwidth) and ok
+        ok = run("training", check_training) and ok
     results["seconds"] = time.time() - t0
     with open(os.path.join(a.out, "oversubscription.json"), "w") as f:
         json.dump(results, f, indent=2)
