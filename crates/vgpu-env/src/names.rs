@@ -59,5 +59,11 @@ pub const ENV_HOST_SPILL: &str = "VGPU_HOST_SPILL";
 /// allocation that would leave less is host-backed instead, so an oversubscribed tenant does
 /// not take the GPU's last bytes from its neighbours (and their new contexts).
 pub const ENV_DEVICE_RESERVE: &str = "VGPU_DEVICE_RESERVE";
+/// How `CUDA_DEVICE_SM_LIMIT` is read: `cap` (HAMi's meaning, the default) or `share`
+/// (a guaranteed share that borrows idle time, with `CUDA_TASK_PRIORITY` ordering who
+/// borrows first; docs/sm-limit.md).
+pub const ENV_SM_MODE: &str = "VGPU_SM_MODE";
+/// Share mode: the most a container may borrow up to, percent (default 100).
+pub const ENV_SM_CEILING: &str = "VGPU_SM_CEILING";
 /// Default of [`ENV_SHARED_CACHE`].
 pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
