@@ -21,7 +21,6 @@
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::time::Instant;
 
 use vgpu_alloc_core::{
     DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, UsageClass, UsageLedger,
@@ -67,17 +66,30 @@ impl SharedLedger {
         &self.slot
     }
 
-    /// The file index of CUDA ordinal `ordinal`, building the map on first use.
+    /// The file index of CUDA ordinal `ordinal`, building the map on first use. Once built
+    /// it is one load and one array index (every reservation and release asks it).
+    #[inline]
     pub(crate) fn file_device(&self, ordinal: DeviceIndex) -> Option<DeviceIndex> {
-        let map = match self.devices.get() {
-            Some(m) => m,
-            None => {
-                // Not cached while the driver cannot answer (CUDA not initialized yet).
-                let built = build_map(self.slot.table())?;
-                self.devices.get_or_init(|| built)
-            }
-        };
-        let found = *map.get(ordinal.as_usize())?;
+        match self.devices.get() {
+            Some(map) => match map.get(ordinal.as_usize()) {
+                Some(Some(d)) => Some(*d),
+                Some(None) => {
+                    self.say_unlisted(ordinal);
+                    None
+                }
+                None => None,
+            },
+            None => self.file_device_first(ordinal),
+        }
+    }
+
+    /// [`Self::file_device`] before the map is built: builds it (not cached while the driver
+    /// cannot answer: CUDA not initialized yet).
+    #[cold]
+    #[inline(never)]
+    fn file_device_first(&self, ordinal: DeviceIndex) -> Option<DeviceIndex> {
+        let built = build_map(self.slot.table())?;
+        let found = *self.devices.get_or_init(|| built).get(ordinal.as_usize())?;
         if found.is_none() {
             self.say_unlisted(ordinal);
         }
@@ -112,6 +124,8 @@ impl SharedLedger {
         self.slot.table().usage(device)
     }
 
+    #[cold]
+    #[inline(never)]
     fn say_unlisted(&self, ordinal: DeviceIndex) {
         let bit = 1u32 << (ordinal.0 % 32);
         if self.unlisted_said.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
@@ -137,6 +151,7 @@ impl SharedLedger {
     }
 
     /// Whether new reservations may go to this file (see the module's second invariant).
+    #[inline]
     fn attached(&self, force: bool) -> bool {
         self.link.attached(self.slot.table(), force)
     }
@@ -174,41 +189,46 @@ fn build_map(table: &UsageTable) -> Option<[Option<DeviceIndex>; MAX_DEVICES]> {
 /// Watches that the table's path still names the file this process charges.
 #[derive(Debug)]
 struct LinkWatch {
-    /// Milliseconds (since [`epoch`], + 1) of the last check; 0 = never.
-    last_ms: AtomicU64,
+    /// `CLOCK_MONOTONIC` nanoseconds ([`vgpu_shm::monotonic_ns`]) of the last check; 0 =
+    /// never.
+    last_ns: AtomicU64,
     detached: AtomicBool,
 }
 
 /// At most one check a second (about a microsecond each).
-const LINK_CHECK_MS: u64 = 1000;
-
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
+const LINK_CHECK_NS: u64 = 1_000_000_000;
 
 impl LinkWatch {
     fn new() -> Self {
         Self {
-            last_ms: AtomicU64::new(0),
+            last_ns: AtomicU64::new(0),
             detached: AtomicBool::new(false),
         }
     }
 
     /// False once the path names another file or none (said once). Checked when due, or now
-    /// with `force`.
+    /// with `force`. Not due: one flag load, one clock read and one compare.
+    #[inline]
     fn attached(&self, table: &UsageTable, force: bool) -> bool {
         if self.detached.load(Ordering::Relaxed) {
             return false;
         }
-        let now = epoch().elapsed().as_millis() as u64 + 1;
-        let last = self.last_ms.load(Ordering::Relaxed);
-        let due = force || last == 0 || now.saturating_sub(last) >= LINK_CHECK_MS;
-        if !due
-            || self
-                .last_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
+        let now = vgpu_shm::monotonic_ns();
+        let last = self.last_ns.load(Ordering::Relaxed);
+        if !force && last != 0 && now.saturating_sub(last) < LINK_CHECK_NS {
+            return true;
+        }
+        self.check(table, now, last)
+    }
+
+    /// The due check of [`Self::attached`]: one racing thread claims it and asks the file.
+    #[cold]
+    #[inline(never)]
+    fn check(&self, table: &UsageTable, now: u64, last: u64) -> bool {
+        if self
+            .last_ns
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
         {
             return true;
         }
@@ -254,7 +274,7 @@ fn refusal(device: DeviceIndex, bytes: u64) -> OutOfMemory {
 /// `cuMemGetInfo` in a loop must not pay one lock probe per process on every call.
 fn sweep_for_view(table: &UsageTable) {
     static LAST_SWEEP_NS: AtomicU64 = AtomicU64::new(0);
-    let now = epoch().elapsed().as_nanos() as u64 + 1;
+    let now = vgpu_shm::monotonic_ns();
     let last = LAST_SWEEP_NS.load(Ordering::Relaxed);
     let due = (last == 0 || now.saturating_sub(last) >= 1_000_000)
         && LAST_SWEEP_NS

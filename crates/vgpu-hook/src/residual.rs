@@ -18,7 +18,6 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
 
 use vgpu_alloc_core::{DeviceIndex, MAX_DEVICES, OutOfMemory, UsageClass, UsageLedger};
 
@@ -56,8 +55,8 @@ pub(crate) struct Residual {
     any_charged: AtomicBool,
     /// Minimum nanoseconds between rate-limited settles; `None` = reconciliation off.
     interval_ns: Option<u64>,
-    epoch: Instant,
-    /// When the last rate-limited settle was claimed (ns since `epoch`, + 1; 0 = never).
+    /// When the last rate-limited settle was claimed (`CLOCK_MONOTONIC` ns,
+    /// [`vgpu_shm::monotonic_ns`]; 0 = never).
     last_ns: AtomicU64,
     /// This process's contexts (handle → device) that vgpu measured: NVML lists a process
     /// on a device only while it has a context there.
@@ -75,7 +74,6 @@ impl Residual {
             charged: Mutex::new([0; MAX_DEVICES]),
             any_charged: AtomicBool::new(false),
             interval_ns: interval_ms.map(|ms| ms.saturating_mul(1_000_000)),
-            epoch: Instant::now(),
             last_ns: AtomicU64::new(0),
             contexts: Mutex::new(HashMap::new()),
             said_not_listed: AtomicBool::new(false),
@@ -95,7 +93,7 @@ impl Residual {
         let Some(interval) = self.interval_ns else {
             return false;
         };
-        let now = self.epoch.elapsed().as_nanos() as u64 + 1;
+        let now = vgpu_shm::monotonic_ns();
         let last = self.last_ns.load(Ordering::Relaxed);
         (last == 0 || now.saturating_sub(last) >= interval)
             && self
@@ -108,7 +106,7 @@ impl Residual {
     /// rate-limited paths do not repeat it at once.
     pub(crate) fn ran_now(&self) {
         if self.interval_ns.is_some() {
-            let now = self.epoch.elapsed().as_nanos() as u64 + 1;
+            let now = vgpu_shm::monotonic_ns();
             self.last_ns.store(now, Ordering::Relaxed);
         }
     }
