@@ -372,3 +372,81 @@ fn live_share_and_priority_changes_apply_within_a_second() {
     );
     assert!(ua >= 0.95 && ub <= 0.02, "{ua} {ub}");
 }
+
+/// A launch-bound request (batch-1 inference): `kernels` launches of `dur` with `host` of
+/// host work after each, waited for at the end, `think` apart; latencies pushed to `lat`.
+fn gappy_requests(
+    kernels: u32,
+    dur: Nanos,
+    host: Nanos,
+    think: Nanos,
+    lat: Rc<RefCell<Vec<Nanos>>>,
+) -> Workload {
+    let (mut i, mut start) = (0u32, 0);
+    Box::new(move |t| {
+        i += 1;
+        match i {
+            1 => {
+                start = t;
+                Step::Launch(dur)
+            }
+            n if n <= 2 * kernels && n % 2 == 0 => Step::Pause(host),
+            n if n <= 2 * kernels => Step::Launch(dur),
+            n if n == 2 * kernels + 1 => Step::Sync,
+            _ => {
+                lat.borrow_mut().push(t - start);
+                i = 0;
+                Step::Pause(think)
+            }
+        }
+    })
+}
+
+/// The H200's table 4 shape: a request of 60 × 30 µs kernels with 70 µs of host work
+/// between them (6 ms, the GPU busy less than a third of it) every 10 ms, beside a
+/// best-effort training loop of 200 µs kernels. Returns the latencies and the loop's busy
+/// fraction.
+fn launch_bound_service_beside_training(with_training: bool) -> (Vec<Nanos>, f64) {
+    let mut w = World::new(GpuMode::Serial);
+    let board = SimShares::default();
+    let lat = Rc::new(RefCell::new(Vec::new()));
+    w.add(
+        share_cfg(100, 0),
+        SimTable::new(0).view_sharing(&board, 0x1),
+        gappy_requests(60, 30 * US, 70 * US, 4 * MS, lat.clone()),
+    );
+    let lo = with_training.then(|| {
+        w.add(
+            share_cfg(100, 1),
+            SimTable::new(0).view_sharing(&board, 0x2),
+            kernel_loop(200 * US),
+        )
+    });
+    w.run_until(5 * S);
+    let busy = lo.map_or(0.0, |id| w.gpu.busy_fraction(id, S, 5 * S));
+    let lat: Vec<Nanos> = lat.borrow()[20..].to_vec();
+    (lat, busy)
+}
+
+/// Fails today (training about 0.23, p99 about 1.3x): the loop is held for the service's
+/// whole request plus its grace, while the GPU is busy with the service less than half of
+/// it. Two causes found, not yet fixed: a priority-0 container's `busy_until` covers its
+/// host gaps (they are shorter than the 2 ms grace and the 500 us board poll), and its
+/// measured utilization spans them too (segments open across host time: alone it reports
+/// 48% for a true 21%), so neither its record nor its utilization can tell a filler where
+/// the gaps are. Gap filling with the outranked queue cap alone reaches 0.76 but breaks
+/// the holding tests (a fresh dead claim, a live priority change) and the service's p99.
+#[test]
+#[ignore = "known shortfall (issue 17, H200 table 4): see the comment"]
+fn best_effort_fills_the_gaps_of_a_launch_bound_service() {
+    // Holding the loop whenever the service has work left the GPU idle in the service's
+    // host gaps: the loop got about a third of its alone throughput on the H200.
+    let (alone, _) = launch_bound_service_beside_training(false);
+    let (shared, busy) = launch_bound_service_beside_training(true);
+    let (p50a, p99a) = (percentile(&alone, 0.5), percentile(&alone, 0.99));
+    let (p50, p99) = (percentile(&shared, 0.5), percentile(&shared, 0.99));
+    eprintln!("alone p50 {p50a} p99 {p99a}; beside p50 {p50} p99 {p99}; training {busy:.3}");
+    assert!(p50 as f64 <= 1.25 * p50a as f64, "p50 {p50} vs {p50a}");
+    assert!(p99 as f64 <= 1.25 * p99a as f64, "p99 {p99} vs {p99a}");
+    assert!(busy >= 0.5, "best effort got {busy:.3}");
+}
