@@ -51,9 +51,9 @@ impl Sim {
 
 fn status_json(sim: &Sim, cache: &Path) -> serde_json::Value {
     let mut cmd = sim.vgpu();
-    cmd.args(["status", "--json", "--cache", cache.to_str().unwrap()]);
+    cache_args(&mut cmd, &["status", "--json"], cache);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     serde_json::from_str(&out.stdout).unwrap()
 }
 
@@ -107,21 +107,10 @@ fn set_limit_is_seen_by_a_running_process() {
     assert_eq!(v["devices"][0]["data_bytes"], 128 * MIB);
 
     let mut cmd = sim.vgpu();
-    cmd.args([
-        "set-limit",
-        "--memory",
-        "512m",
-        "--cache",
-        cache.to_str().unwrap(),
-    ]);
+    cache_args(&mut cmd, &["set-limit", "--memory", "512m"], &cache);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
-    assert!(
-        out.stdout
-            .contains("device 0: memory limit 256 MiB -> 512 MiB"),
-        "{}",
-        out.stdout
-    );
+    out.assert_success();
+    out.assert_stdout_has(&["device 0: memory limit 256 MiB -> 512 MiB"]);
     // The same process, without restarting, now gets what it was refused.
     let again = w.send("alloc 128m").unwrap();
     assert!(again.ok(), "after set-limit: {}", again.line);
@@ -153,13 +142,7 @@ fn set_limit_is_seen_by_a_running_process() {
     );
     // ...and the next program to attach (here set-limit) returns its usage to the pool.
     let mut cmd = sim.vgpu();
-    cmd.args([
-        "set-limit",
-        "--memory",
-        "512m",
-        "--cache",
-        cache.to_str().unwrap(),
-    ]);
+    cache_args(&mut cmd, &["set-limit", "--memory", "512m"], &cache);
     assert_eq!(run(cmd).code(), Some(0));
     let v = status_json(&sim, &cache);
     assert_eq!(v["devices"][0]["memory_used_bytes"], 0, "{v:#}");
@@ -221,7 +204,7 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     let sim = Sim::new();
     let cache = sim.cache();
     let mut cmd = sim.vgpu();
-    cmd.args(["doctor", "--cache", cache.to_str().unwrap()]);
+    cache_args(&mut cmd, &["doctor"], &cache);
     let out = run(cmd);
     assert_eq!(out.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
     out.assert_stdout_has(&[
@@ -260,13 +243,11 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     let bogus = sim.dir.path().join("libvgpu.so");
     std::fs::write(&bogus, b"not an ELF file").unwrap();
     let mut cmd = sim.vgpu();
-    cmd.args([
-        "doctor",
-        "--lib",
-        bogus.to_str().unwrap(),
-        "--cache",
-        cache.to_str().unwrap(),
-    ]);
+    cache_args(
+        &mut cmd,
+        &["doctor", "--lib", bogus.to_str().unwrap()],
+        &cache,
+    );
     let out = run(cmd);
     assert_eq!(out.code(), Some(1), "{}", out.stdout);
     out.assert_stdout_has(&[
@@ -288,7 +269,7 @@ fn doctor_without_any_driver_fails_and_says_so() {
         .args(["doctor", "--cache", sim.cache().to_str().unwrap()]);
     let out = run(cmd);
     assert_eq!(out.code(), Some(1), "{}", out.stdout);
-    assert!(out.stdout.contains("[FAIL] CUDA driver"), "{}", out.stdout);
+    out.assert_stdout_has(&["[FAIL] CUDA driver"]);
     assert!(
         out.stdout.contains("vgpu demo"),
         "points to the simulated demo: {}",

@@ -56,7 +56,7 @@ fn limits_become_canonical_hami_variables() {
         "echo $CUDA_DEVICE_MEMORY_LIMIT $CUDA_DEVICE_MEMORY_LIMIT_1 $CUDA_DEVICE_SM_LIMIT $CUDA_DEVICE_SM_LIMIT_2; \
          echo $CUDA_DEVICE_MEMORY_SHARED_CACHE",
     );
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines[0], "4294967296 1610612736 50 30");
     // The cache path is made absolute, so the program finds it whatever its working directory.
@@ -77,7 +77,7 @@ fn existing_preload_is_kept_after_the_hook() {
         &[("LD_PRELOAD", other)],
         "echo $LD_PRELOAD",
     );
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert_eq!(out.stdout.trim(), format!("{lib}:{other}"));
     // Running vgpu run inside vgpu run does not preload the hook twice.
     let out = run_sh(
@@ -104,7 +104,7 @@ fn flags_replace_inherited_limits_of_their_kind_only() {
         &env,
         "echo ${CUDA_DEVICE_MEMORY_LIMIT_3:-unset} $CUDA_DEVICE_MEMORY_LIMIT $CUDA_DEVICE_SM_LIMIT",
     );
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert_eq!(out.stdout.trim(), "unset 1073741824 20");
     // Without flags the inherited configuration passes through untouched.
     let out = run_sh(
@@ -209,17 +209,9 @@ fn dry_run_prints_the_environment_and_command() {
         "a b",
     ]);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
-    assert!(
-        out.stdout.contains("CUDA_DEVICE_MEMORY_LIMIT=536870912\n"),
-        "{}",
-        out.stdout
-    );
-    assert!(
-        out.stdout.contains(&format!("LD_PRELOAD={lib}\n")),
-        "{}",
-        out.stdout
-    );
+    out.assert_success();
+    out.assert_stdout_has(&["CUDA_DEVICE_MEMORY_LIMIT=536870912\n"]);
+    out.assert_stdout_has(&[&format!("LD_PRELOAD={lib}\n")]);
     assert!(out.stdout.ends_with("exec echo 'a b'\n"), "{}", out.stdout);
 }
 
@@ -280,13 +272,8 @@ fn dry_run_says_a_private_table_is_made_at_run_time_and_creates_nothing() {
     let dir = TempDir::new("vgpu-run").unwrap();
     let lib = fake_lib(&dir);
     let out = run_sh(&lib, &["--dry-run", "--driver", "simulated"], &[], "true");
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
-    assert!(
-        out.stdout
-            .contains("# CUDA_DEVICE_MEMORY_SHARED_CACHE: a private usage table"),
-        "{}",
-        out.stdout
-    );
+    out.assert_success();
+    out.assert_stdout_has(&["# CUDA_DEVICE_MEMORY_SHARED_CACHE: a private usage table"]);
     assert!(
         out.stdout
             .contains("# LD_LIBRARY_PATH: the simulated driver")
@@ -300,12 +287,12 @@ fn dry_run_says_a_private_table_is_made_at_run_time_and_creates_nothing() {
     );
     // --share names the group's file in the per-user directory.
     let out = run_sh(&lib, &["--dry-run", "--share", "team"], &[], "true");
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let want = format!(
         "CUDA_DEVICE_MEMORY_SHARED_CACHE={}/vgpu-{uid}/team.cache\n",
         work.display()
     );
-    assert!(out.stdout.contains(&want), "{}", out.stdout);
+    out.assert_stdout_has(&[&want]);
 }

@@ -55,6 +55,12 @@ impl Output {
         self.status.code()
     }
 
+    /// Assert the command exited 0 (showing its stderr otherwise).
+    #[track_caller]
+    pub fn assert_success(&self) {
+        assert_eq!(self.code(), Some(0), "{}", self.stderr);
+    }
+
     /// Assert stdout contains each of `needles`.
     #[track_caller]
     #[allow(dead_code)] // not every test binary uses it
@@ -109,6 +115,11 @@ pub fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Adds `ARGS --cache CACHE` to `cmd`: most subcommands are pointed at one usage file.
+pub fn cache_args(cmd: &mut Command, args: &[&str], cache: &Path) {
+    cmd.args(args).arg("--cache").arg(cache);
 }
 
 /// Run with a 30 s bound.
