@@ -276,6 +276,27 @@ impl ProcessSlot {
     }
 }
 
+impl ProcessSlot {
+    /// Runs `op` with the store, this slot, its owner word and the device index, unless the
+    /// process left the table, the device is out of range or there are no bytes to move
+    /// (what `release` and `charge_over_limit` share; neither can be refused).
+    fn adjust(
+        &self,
+        device: DeviceIndex,
+        bytes: u64,
+        op: impl FnOnce(&Mapped<'_>, usize, u64, usize),
+    ) {
+        let d = device.as_usize();
+        let Some(owner) = self.owner() else {
+            return;
+        };
+        if d >= MAX_DEVICES || bytes == 0 {
+            return;
+        }
+        op(&self.table.store(), self.index, owner, d);
+    }
+}
+
 impl Drop for ProcessSlot {
     fn drop(&mut self) {
         let _ = self.leave();
@@ -336,23 +357,9 @@ impl UsageLedger for ProcessSlot {
     }
 
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        let d = device.as_usize();
-        let Some(owner) = self.owner() else {
-            return;
-        };
-        if d >= MAX_DEVICES || bytes == 0 {
-            return;
-        }
-        let st = self.table.store();
-        let _ = protocol::release(
-            &st,
-            self.index,
-            owner,
-            d,
-            class_index(class),
-            bytes,
-            &NoCrash,
-        );
+        self.adjust(device, bytes, |st, slot, owner, d| {
+            let _ = protocol::release(st, slot, owner, d, class_index(class), bytes, &NoCrash);
+        });
     }
 
     fn usage(&self, device: DeviceIndex) -> DeviceUsage {
@@ -360,22 +367,16 @@ impl UsageLedger for ProcessSlot {
     }
 
     fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        let d = device.as_usize();
-        let Some(owner) = self.owner() else {
-            return;
-        };
-        if d >= MAX_DEVICES || bytes == 0 {
-            return;
-        }
-        let st = self.table.store();
-        let _ = protocol::charge_over_limit(
-            &st,
-            self.index,
-            owner,
-            d,
-            class_index(class),
-            bytes,
-            &NoCrash,
-        );
+        self.adjust(device, bytes, |st, slot, owner, d| {
+            let _ = protocol::charge_over_limit(
+                st,
+                slot,
+                owner,
+                d,
+                class_index(class),
+                bytes,
+                &NoCrash,
+            );
+        });
     }
 }
