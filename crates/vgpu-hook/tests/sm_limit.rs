@@ -6,7 +6,7 @@
 //! unlimited run of the same program in the same test. Needs `libvgpu.so` and
 //! `libvgpusim.so` built in the target directory (`cargo xtask test` does that).
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use support::Standalone;
 
@@ -133,21 +133,17 @@ fn spawn(
     mode: char,
 ) -> std::process::Child {
     let e = env();
-    let mut cmd = Command::new(&e.program);
-    cmd.arg(seconds.to_string())
-        .arg((kernel_us * 1000).to_string())
-        .arg(mode.to_string())
-        .env("LD_PRELOAD", &e.hook)
-        .env("LD_LIBRARY_PATH", &e.dir)
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", e.dir.join(cache))
-        .env(
-            "VGPU_SIM_UTIL_WINDOW_MS",
-            ((seconds * 1000.0) as u64).to_string(),
-        )
-        .env_remove("CUDA_DEVICE_SM_LIMIT")
-        .env_remove("GPU_CORE_UTILIZATION_POLICY")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    let args = [
+        seconds.to_string(),
+        (kernel_us * 1000).to_string(),
+        mode.to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = e.hooked(&args, &e.dir.join(cache));
+    cmd.env(
+        "VGPU_SIM_UTIL_WINDOW_MS",
+        ((seconds * 1000.0) as u64).to_string(),
+    );
     if let Some(l) = limit {
         cmd.env("CUDA_DEVICE_SM_LIMIT", l.to_string());
     }
@@ -282,17 +278,11 @@ fn two_processes_share_one_container_limit() {
     let cache = e.dir.join("shared50.cache");
     let _ = std::fs::remove_file(&cache);
     let spawn_one = || {
-        let mut cmd = Command::new(&e.program);
-        cmd.args(["2", "2000000", "k", "1.0"])
-            .env("LD_PRELOAD", &e.hook)
-            .env("LD_LIBRARY_PATH", &e.dir)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+        e.hooked(&["2", "2000000", "k", "1.0"], &cache)
             .env("CUDA_DEVICE_SM_LIMIT", "50")
             .env("VGPU_SIM_UTIL_WINDOW_MS", "2000")
-            .env_remove("GPU_CORE_UTILIZATION_POLICY")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        cmd.spawn().expect("spawn")
+            .spawn()
+            .expect("spawn")
     };
     let (a, b) = (spawn_one(), spawn_one());
     let (a, b) = (
@@ -336,18 +326,12 @@ fn two_containers_announce_themselves_and_take_turns() {
     let spawn_one = |name: &str, pct: &str| {
         let cache = e.dir.join(name);
         let _ = std::fs::remove_file(&cache);
-        let mut cmd = Command::new(&e.program);
-        cmd.args(["2", "2000000", "k", "1.0"])
-            .env("LD_PRELOAD", &e.hook)
-            .env("LD_LIBRARY_PATH", &e.dir)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+        e.hooked(&["2", "2000000", "k", "1.0"], &cache)
             .env("CUDA_DEVICE_SM_LIMIT", pct)
             .env("VGPU_TURN_DIR", &turns)
             .env("VGPU_SIM_UTIL_WINDOW_MS", "2000")
-            .env_remove("GPU_CORE_UTILIZATION_POLICY")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        cmd.spawn().expect("spawn")
+            .spawn()
+            .expect("spawn")
     };
     let (a, b) = (
         spawn_one("turn30.cache", "30"),
@@ -419,16 +403,9 @@ fn a_peer_that_stopped_launching_no_longer_holds_back_the_other() {
     let cache = e.dir.join("stale-peer.cache");
     let _ = std::fs::remove_file(&cache);
     let command = |args: &[&str]| {
-        let mut cmd = Command::new(&e.program);
-        cmd.args(args)
-            .env("LD_PRELOAD", &e.hook)
-            .env("LD_LIBRARY_PATH", &e.dir)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
-            .env("CUDA_DEVICE_SM_LIMIT", "50")
-            .env("VGPU_SIM_UTIL_WINDOW_MS", "1500")
-            .env_remove("GPU_CORE_UTILIZATION_POLICY")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
+        let mut cmd = e.hooked(args, &cache);
+        cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
+            .env("VGPU_SIM_UTIL_WINDOW_MS", "1500");
         cmd
     };
     // B launches for 0.6 s (publishing its share, about 50%), then stays alive for 5 s

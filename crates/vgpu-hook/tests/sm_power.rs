@@ -14,7 +14,7 @@
 //!
 //! Needs `libvgpu.so` and `libvgpusim.so` built in the target directory (`cargo xtask test`).
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use support::Standalone;
 
@@ -134,15 +134,10 @@ fn run(s: Scenario, name: &str) -> Measured {
     let e = env();
     let cache = e.dir.join(format!("{name}.cache"));
     let _ = std::fs::remove_file(&cache);
-    let mut cmd = Command::new(&e.program);
-    cmd.args([IDLE_S, BUSY_S, KERNEL_NS, &s.context.to_string()])
-        .env("LD_PRELOAD", &e.hook)
-        .env("LD_LIBRARY_PATH", &e.dir)
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
-        .env("CUDA_DEVICE_SM_LIMIT", "50")
+    let mut cmd = e.hooked(&[IDLE_S, BUSY_S, KERNEL_NS, &s.context.to_string()], &cache);
+    cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
         .env("VGPU_SIM_UTIL_WINDOW_MS", MEASURED_MS)
         .env("LIBCUDA_LOG_LEVEL", "3")
-        .env_remove("GPU_CORE_UTILIZATION_POLICY")
         .env_remove("VGPU_SIM_POWER")
         .env_remove("VGPU_SIM_NVML_ENERGY_DELAY_MS")
         .env_remove("VGPU_SM_POWER_EXPONENT");
