@@ -224,17 +224,16 @@ pub unsafe extern "C" fn cuGetProcAddress(
     cuda_version: c_int,
     flags: u64,
 ) -> CUresult {
-    // SAFETY: forwarded from this function's own contract; no status is asked for.
-    unsafe {
-        get_proc_address(
-            "cuGetProcAddress",
-            symbol,
-            pfn,
-            cuda_version,
-            flags,
-            std::ptr::null_mut(),
-        )
-    }
+    entry_pre("cuGetProcAddress", || {
+        let name = cstr!(symbol);
+        let (p, _) = crate::procaddr::lookup(name, cuda_version, flags);
+        out!(pfn, p as *mut c_void);
+        if p == 0 {
+            Err(CUDA_ERROR_NOT_FOUND)
+        } else {
+            Ok(())
+        }
+    })
 }
 
 /// The simulated driver's `cuGetProcAddress_v2` (CUDA 12 form, with the symbol status).
@@ -249,33 +248,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
-    // SAFETY: forwarded from this function's own contract.
-    unsafe {
-        get_proc_address(
-            "cuGetProcAddress_v2",
-            symbol,
-            pfn,
-            cuda_version,
-            flags,
-            status,
-        )
-    }
-}
-
-/// Both forms of `cuGetProcAddress`, entered as `entry`: the CUDA 11.3 one passes a null
-/// `status`.
-///
-/// # Safety
-/// As for [`cuGetProcAddress_v2`].
-unsafe fn get_proc_address(
-    entry: &'static str,
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: u64,
-    status: *mut CUdriverProcAddressQueryResult,
-) -> CUresult {
-    entry_pre(entry, || {
+    entry_pre("cuGetProcAddress_v2", || {
         let name = cstr!(symbol);
         let (p, st) = crate::procaddr::lookup(name, cuda_version, flags);
         out!(pfn, p as *mut c_void);
