@@ -9,10 +9,13 @@ use common::*;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
-fn fake_lib(dir: &TempDir) -> String {
+/// A fresh directory holding the stand-in `libvgpu.so`, and that library's canonical path.
+fn fake_lib() -> (TempDir, String) {
+    let dir = TempDir::new("vgpu-run").unwrap();
     let lib = dir.path().join("libvgpu.so");
     std::fs::write(&lib, b"").unwrap();
-    lib.canonicalize().unwrap().to_str().unwrap().to_owned()
+    let lib = lib.canonicalize().unwrap().to_str().unwrap().to_owned();
+    (dir, lib)
 }
 
 /// Run `sh -c script` under `vgpu run ARGS`, returning stdout lines. Runs in a fresh
@@ -36,8 +39,7 @@ fn run_sh(lib: &str, args: &[&str], env: &[(&str, &str)], script: &str) -> Outpu
 
 #[test]
 fn limits_become_canonical_hami_variables() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let out = run_sh(
         &lib,
         &[
@@ -66,8 +68,7 @@ fn limits_become_canonical_hami_variables() {
 
 #[test]
 fn existing_preload_is_kept_after_the_hook() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let other = dir.path().join("libother.so");
     std::fs::write(&other, b"").unwrap();
     let other = other.to_str().unwrap();
@@ -91,8 +92,7 @@ fn existing_preload_is_kept_after_the_hook() {
 
 #[test]
 fn flags_replace_inherited_limits_of_their_kind_only() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (_dir, lib) = fake_lib();
     let env = [
         ("CUDA_DEVICE_MEMORY_LIMIT_3", "2g"),
         ("CUDA_DEVICE_MEMORY_LIMIT", "8g"),
@@ -118,8 +118,7 @@ fn flags_replace_inherited_limits_of_their_kind_only() {
 
 #[test]
 fn an_inherited_bad_value_is_refused_before_the_program_starts() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (_dir, lib) = fake_lib();
     let out = run_sh(
         &lib,
         &[],
@@ -134,8 +133,7 @@ fn an_inherited_bad_value_is_refused_before_the_program_starts() {
 
 #[test]
 fn exec_hands_over_pid_exit_code_and_signals() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (_dir, lib) = fake_lib();
     let mut cmd = vgpu();
     cmd.args(["run", "--lib", &lib, "--", "sh", "-c", "echo $$; exit 7"]);
     cmd.stdout(std::process::Stdio::piped())
@@ -152,8 +150,7 @@ fn exec_hands_over_pid_exit_code_and_signals() {
 
 #[test]
 fn missing_program_and_library_are_clear_errors() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let mut cmd = vgpu();
     cmd.args(["run", "--lib", &lib, "--", "/nonexistent/program"]);
     assert_fails(&run(cmd), 127, &["cannot run `/nonexistent/program`"]);
@@ -194,8 +191,7 @@ fn missing_program_and_library_are_clear_errors() {
 
 #[test]
 fn dry_run_prints_the_environment_and_command() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (_dir, lib) = fake_lib();
     let mut cmd = vgpu();
     cmd.args([
         "run",
@@ -217,8 +213,7 @@ fn dry_run_prints_the_environment_and_command() {
 
 #[test]
 fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let mut cmd = vgpu();
     cmd.env("VGPU_LIB", &lib)
         .args(["run", "--dry-run", "--", "true"]);
@@ -269,8 +264,7 @@ fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
 
 #[test]
 fn dry_run_says_a_private_table_is_made_at_run_time_and_creates_nothing() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let out = run_sh(&lib, &["--dry-run", "--driver", "simulated"], &[], "true");
     out.assert_success();
     out.assert_stdout_has(&["# CUDA_DEVICE_MEMORY_SHARED_CACHE: a private usage table"]);

@@ -36,6 +36,13 @@ impl Box_ {
         self.tmp.path().join("vgpulock")
     }
 
+    /// `vgpu run --driver simulated ARGS` in this box.
+    fn run_simulated(&self, args: &[&str]) -> Command {
+        let mut cmd = self.vgpu();
+        cmd.args(["run", "--driver", "simulated"]).args(args);
+        cmd
+    }
+
     fn vgpu(&self) -> Command {
         std::fs::create_dir_all(self.tmpdir()).unwrap();
         let mut cmd = vgpu();
@@ -196,18 +203,7 @@ fn a_stale_table_never_silently_wins() {
     let mut a = b.job(&["--memory", "1g", "--share", "g"]);
     assert!(a.send("init").starts_with("ok"));
     // While a live process holds the group under 1 GiB, a job asking 2 GiB is refused.
-    let mut cmd = b.vgpu();
-    cmd.args([
-        "run",
-        "--driver",
-        "simulated",
-        "--memory",
-        "2g",
-        "--share",
-        "g",
-        "--",
-        "true",
-    ]);
+    let cmd = b.run_simulated(&["--memory", "2g", "--share", "g", "--", "true"]);
     let out = run(cmd);
     assert_fails(
         &out,
@@ -220,18 +216,7 @@ fn a_stale_table_never_silently_wins() {
         ],
     );
     // The same limit joins.
-    let mut cmd = b.vgpu();
-    cmd.args([
-        "run",
-        "--driver",
-        "simulated",
-        "--memory",
-        "1g",
-        "--share",
-        "g",
-        "--",
-        "true",
-    ]);
+    let cmd = b.run_simulated(&["--memory", "1g", "--share", "g", "--", "true"]);
     assert_eq!(run(cmd).code(), Some(0));
     assert_eq!(a.finish().code(), Some(0));
 
@@ -256,9 +241,8 @@ fn a_stale_table_never_silently_wins() {
 #[test]
 fn run_on_the_simulated_driver_needs_no_gpu_and_cleans_up() {
     let b = Box_::new();
-    let mut cmd = b.vgpu();
-    cmd.args(["run", "--driver", "simulated", "--memory", "512m", "--"])
-        .arg(vgpu_exe())
+    let mut cmd = b.run_simulated(&["--memory", "512m", "--"]);
+    cmd.arg(vgpu_exe())
         .args(["workload", "--script", "init;total;alloc 600m"]);
     let out = run(cmd);
     out.assert_success();
@@ -275,8 +259,7 @@ fn run_on_the_simulated_driver_needs_no_gpu_and_cleans_up() {
     );
     wait_until("the job directory is removed", || job_dirs(&b).is_empty());
     // A pipe reader sees EOF when the program ends: the cleanup watcher holds no pipe.
-    let mut cmd = b.vgpu();
-    cmd.args(["run", "--driver", "simulated", "--", "sh", "-c", "echo hi"]);
+    let cmd = b.run_simulated(&["--", "sh", "-c", "echo hi"]);
     let start = Instant::now();
     let out = run_bounded(cmd, Duration::from_secs(10));
     assert_eq!(out.stdout.trim(), "hi");
@@ -286,23 +269,14 @@ fn run_on_the_simulated_driver_needs_no_gpu_and_cleans_up() {
 #[test]
 fn the_turn_directory_is_created_sticky_for_sm_jobs() {
     let b = Box_::new();
-    let mut cmd = b.vgpu();
-    cmd.args(["run", "--driver", "simulated", "--sm", "50", "--", "true"]);
+    let cmd = b.run_simulated(&["--sm", "50", "--", "true"]);
     let out = run(cmd);
     out.assert_success();
     let mode = mode_of(b.turn_dir(), 0o7777);
     assert_eq!(mode, 0o1777);
     // A directory that cannot be created is a warning, not a failure.
-    let mut cmd = b.vgpu();
-    cmd.env("VGPU_TURN_DIR", "/nonexistent/vgpulock").args([
-        "run",
-        "--driver",
-        "simulated",
-        "--sm",
-        "50",
-        "--",
-        "true",
-    ]);
+    let mut cmd = b.run_simulated(&["--sm", "50", "--", "true"]);
+    cmd.env("VGPU_TURN_DIR", "/nonexistent/vgpulock");
     let out = run(cmd);
     out.assert_success();
     assert!(
@@ -317,9 +291,8 @@ fn an_explicit_cache_is_created_private_and_never_through_a_symlink() {
     let b = Box_::new();
     let dir = b.tmp.path();
     let cache = dir.join("x.cache");
-    let mut cmd = b.vgpu();
-    cmd.args(["run", "--driver", "simulated", "--memory", "1g", "--cache"])
-        .arg(&cache)
+    let mut cmd = b.run_simulated(&["--memory", "1g", "--cache"]);
+    cmd.arg(&cache)
         .arg("--")
         .arg(vgpu_exe())
         .args(["workload", "--script", "init"]);
