@@ -23,18 +23,8 @@ int main(int argc, char **argv) {
   unsigned long long ns = strtoull(argv[2], 0, 10);
   char mode = argv[3][0]; /* k: cuLaunchKernel, p: cuLaunchKernel_ptsz on stream 0,
                              c: cuLaunchCooperativeKernel, g: cuGraphLaunch of 4 kernels */
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 3; }
-  CUresult (*cuInit)(unsigned);
-  CUresult (*cuDeviceGet)(int *, int);
-  CUresult (*cuDevicePrimaryCtxRetain)(H *, int);
-  CUresult (*cuCtxSetCurrent)(H);
-  CUresult (*cuModuleLoadData)(H *, const void *);
-  CUresult (*cuModuleGetFunction)(H *, H, const char *);
-  CUresult (*cuStreamCreate)(H *, unsigned);
-  CUresult (*cuStreamSynchronize)(H);
-  CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, H, void **, void **);
+  int loaded = load_driver();
+  if (loaded) return loaded;
   CUresult (*cuLaunchKernel_ptsz)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   unsigned, H, void **, void **);
   CUresult (*cuLaunchCooperativeKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -43,13 +33,7 @@ int main(int argc, char **argv) {
   CUresult (*cuStreamEndCapture)(H, H *);
   CUresult (*cuGraphInstantiateWithFlags)(H *, H, unsigned long long);
   CUresult (*cuGraphLaunch)(H, H);
-  CUresult (*cuEventCreate)(H *, unsigned);
-  CUresult (*cuEventRecord)(H, H);
-  CUresult (*cuEventSynchronize)(H);
-  NEED(cuEventCreate) NEED(cuEventRecord) NEED(cuEventSynchronize)
-  NEED(cuInit) NEED(cuDeviceGet) NEED(cuDevicePrimaryCtxRetain) NEED(cuCtxSetCurrent)
-  NEED(cuModuleLoadData) NEED(cuModuleGetFunction) NEED(cuStreamCreate) NEED(cuStreamSynchronize)
-  NEED(cuLaunchKernel) NEED(cuLaunchKernel_ptsz) NEED(cuLaunchCooperativeKernel)
+  NEED(cuLaunchKernel_ptsz) NEED(cuLaunchCooperativeKernel)
   NEED(cuStreamBeginCapture_v2) NEED(cuStreamEndCapture) NEED(cuGraphInstantiateWithFlags)
   NEED(cuGraphLaunch)
   int dev; H ctx, mod, f, s, g, exec, ring[4];

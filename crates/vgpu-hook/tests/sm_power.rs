@@ -31,26 +31,10 @@ int main(int argc, char **argv) {
   double idle = atof(argv[1]), seconds = atof(argv[2]);
   unsigned long long ns = strtoull(argv[3], 0, 10);
   char ctx_mode = argv[4][0];
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 3; }
-  CUresult (*cuInit)(unsigned);
-  CUresult (*cuDeviceGet)(int *, int);
-  CUresult (*cuDevicePrimaryCtxRetain)(H *, int);
+  int loaded = load_driver();
+  if (loaded) return loaded;
   CUresult (*cuCtxCreate_v2)(H *, unsigned, int);
-  CUresult (*cuCtxSetCurrent)(H);
-  CUresult (*cuModuleLoadData)(H *, const void *);
-  CUresult (*cuModuleGetFunction)(H *, H, const char *);
-  CUresult (*cuStreamCreate)(H *, unsigned);
-  CUresult (*cuStreamSynchronize)(H);
-  CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, H, void **, void **);
-  CUresult (*cuEventCreate)(H *, unsigned);
-  CUresult (*cuEventRecord)(H, H);
-  CUresult (*cuEventSynchronize)(H);
-  NEED(cuInit) NEED(cuDeviceGet) NEED(cuDevicePrimaryCtxRetain) NEED(cuCtxCreate_v2)
-  NEED(cuCtxSetCurrent) NEED(cuModuleLoadData) NEED(cuModuleGetFunction) NEED(cuStreamCreate)
-  NEED(cuStreamSynchronize) NEED(cuLaunchKernel) NEED(cuEventCreate) NEED(cuEventRecord)
-  NEED(cuEventSynchronize)
+  NEED(cuCtxCreate_v2)
   int dev; H ctx, mod, f, s, ring[4];
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));
