@@ -49,6 +49,20 @@ impl Sim {
     }
 }
 
+/// The workload `cmd` runs, initialised, its `cuMemAlloc_v2` resolved from `library`.
+#[track_caller]
+fn started(cmd: Command, library: &str) -> WorkloadProcess {
+    let mut w = WorkloadProcess::spawn_command(cmd, false).unwrap();
+    let init = w.send("init").unwrap();
+    assert!(init.ok(), "{}", init.line);
+    assert!(
+        init.get("alloc_from").is_some_and(|f| f.ends_with(library)),
+        "cuMemAlloc_v2 should come from {library}: {}",
+        init.line
+    );
+    w
+}
+
 fn status_json(sim: &Sim, cache: &Path) -> serde_json::Value {
     let mut cmd = sim.vgpu();
     cache_args(&mut cmd, &["status", "--json"], cache);
@@ -73,15 +87,8 @@ fn set_limit_is_seen_by_a_running_process() {
     ])
     .arg(vgpu_exe())
     .arg("workload");
-    let mut w = WorkloadProcess::spawn_command(cmd, false).unwrap();
-    let init = w.send("init").unwrap();
-    assert!(init.ok(), "{}", init.line);
-    assert!(
-        init.get("alloc_from")
-            .is_some_and(|f| f.ends_with("libvgpu.so")),
-        "dlsym(libcuda, cuMemAlloc_v2) should answer from the hook: {}",
-        init.line
-    );
+    // dlsym(libcuda, cuMemAlloc_v2) should answer from the hook.
+    let mut w = started(cmd, "libvgpu.so");
     assert_eq!(w.send("total").unwrap().num("bytes"), Some(256 * MIB));
     let a = w.send("alloc 128m").unwrap();
     assert!(a.ok(), "{}", a.line);
@@ -287,15 +294,7 @@ fn without_the_hook_the_same_workload_is_not_limited() {
     cmd.env_remove("LD_PRELOAD")
         .env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
         .arg("workload");
-    let mut w = WorkloadProcess::spawn_command(cmd, false).unwrap();
-    let init = w.send("init").unwrap();
-    assert!(init.ok(), "{}", init.line);
-    assert!(
-        init.get("alloc_from")
-            .is_some_and(|f| f.ends_with("libvgpusim.so")),
-        "{}",
-        init.line
-    );
+    let mut w = started(cmd, "libvgpusim.so");
     assert_eq!(w.send("total").unwrap().num("bytes"), Some(4 << 30));
     assert!(w.send("alloc 512m").unwrap().ok());
     w.finish().unwrap();
