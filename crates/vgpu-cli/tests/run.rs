@@ -165,28 +165,18 @@ fn missing_program_and_library_are_clear_errors() {
     cmd.env("VGPU_LIB", "/nonexistent/libvgpu.so")
         .args(["run", "--", "true"]);
     assert_fails(&run(cmd), 1, &["$VGPU_LIB", "not found"]);
-    let mut cmd = vgpu();
-    cmd.args([
-        "run",
-        "--lib",
-        &lib,
-        "--cache",
-        dir.path().to_str().unwrap(),
-        "--",
-        "true",
-    ]);
-    assert_fails(&run(cmd), 1, &["is a directory"]);
-    let mut cmd = vgpu();
-    cmd.args([
-        "run",
-        "--lib",
-        &lib,
-        "--cache",
-        "/nonexistent/dir/x.cache",
-        "--",
-        "true",
-    ]);
-    assert_fails(&run(cmd), 1, &["/nonexistent/dir does not exist"]);
+    // (the usage file asked for, what the error says)
+    for (cache, says) in [
+        (dir.path().to_str().unwrap(), "is a directory"),
+        (
+            "/nonexistent/dir/x.cache",
+            "/nonexistent/dir does not exist",
+        ),
+    ] {
+        let mut cmd = vgpu();
+        cmd.args(["run", "--lib", &lib, "--cache", cache, "--", "true"]);
+        assert_fails(&run(cmd), 1, &[says]);
+    }
 }
 
 #[test]
