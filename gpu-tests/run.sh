@@ -69,8 +69,8 @@ fi
 export VGPU_LIB="$lib" VGPU_PROBE="$build/probe" VGPU_RUNTIME_PROBE="$build/runtime_probe" VGPU_OUT="$out"
 export VGPU_GPU_TESTS="$here" PYTHONUNBUFFERED=1
 cd "$here"
-# Both modules (test_two_gpus.py skips with fewer than two GPUs), unless test files are named.
-modules=(test_acceptance.py test_two_gpus.py)
+# Every module (test_two_gpus.py skips with fewer than two GPUs), unless test files are named.
+modules=(test_acceptance.py test_hardening.py test_two_gpus.py)
 for a in "${pyargs[@]}"; do case "$a" in *.py|*.py::*) modules=() ;; esac; done
 python3 -m pytest -v -rfEs -p no:cacheprovider --junitxml="$out/junit.xml" "${pyargs[@]}" "${modules[@]}" 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}

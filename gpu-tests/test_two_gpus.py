@@ -101,6 +101,48 @@ def test_second_gpu_made_visible_alone_is_accounted_on_the_right_physical_device
         p.communicate("go\n", timeout=120)
 
 
+def test_processes_seeing_different_gpus_are_charged_on_their_own_gpu():
+    # Issue 12 defect 2: one container (one file) whose processes set CUDA_VISIBLE_DEVICES per
+    # rank (Ray, MPI launchers). The container's own view (both GPUs) makes the file; each
+    # rank's device 0 must be charged, limited and shown as the GPU it really is.
+    c = Container(None, CUDA_DEVICE_MEMORY_LIMIT_0="3g", CUDA_DEVICE_MEMORY_LIMIT_1="5g")
+    assert c.probe("try", MIB)["alloc"] == "0"
+    ranks = []
+    for gpu, size in ((0, GIB), (1, 2 * GIB)):
+        r = Container(None, CUDA_DEVICE_MEMORY_LIMIT_0="3g", CUDA_DEVICE_MEMORY_LIMIT_1="5g",
+                      CUDA_VISIBLE_DEVICES=str(gpu))
+        r.cache = c.cache
+        ranks.append((gpu, size, r, r.spawn([PROBE, "hold", str(size)])))
+    try:
+        for gpu, size, r, p in ranks:
+            assert wait_line(p, "hold=") == "hold=0", f"rank on GPU {gpu}"
+        with open(c.cache, "rb") as f:
+            b = f.read(64 + 96 * 16)
+        uuids = [b[64 + 96 * i:64 + 96 * (i + 1)].split(b"\0")[0].decode() for i in range(2)]
+        assert uuids == UUIDS[:2], f"file uuids {uuids} vs NVML {UUIDS[:2]}"
+        apps = compute_apps()
+        for gpu, size, r, p in ranks:
+            usage = slot_usage(c.cache, p.pid, dev=gpu)
+            other = slot_usage(c.cache, p.pid, dev=1 - gpu)
+            record(f"rank on GPU {gpu}", f"file dev{gpu} {usage}, dev{1 - gpu} {other}, nvidia-smi {apps.get(p.pid)}")
+            assert usage is not None and usage[1] >= size, f"GPU {gpu}: {usage}"
+            assert other is not None and other[2] == 0, f"charged on the other GPU: {other}"
+            assert [u for u, _ in apps.get(p.pid, [])] == [UUIDS[gpu]], apps.get(p.pid)
+        # Each rank's device 0 has its own GPU's limit, and sees that GPU's usage.
+        for gpu, limit, held in ((0, 3 * GIB, GIB), (1, 5 * GIB, 2 * GIB)):
+            r = Container(None, CUDA_DEVICE_MEMORY_LIMIT_0="3g", CUDA_DEVICE_MEMORY_LIMIT_1="5g",
+                          CUDA_VISIBLE_DEVICES=str(gpu))
+            r.cache = c.cache
+            d = r.probe("info")
+            assert int(d["dev0_total_mem"]) == limit, d
+            assert int(d["dev0_free"]) <= limit - held, d
+        both = c.probe("info")
+        assert int(both["nvml0_used"]) >= GIB and int(both["nvml1_used"]) >= 2 * GIB, both
+    finally:
+        for _, _, _, p in ranks:
+            p.communicate("go\n", timeout=120)
+
+
 @torch_only
 def test_torch_job_on_both_gpus_sees_and_respects_each_limit():
     c = Container(None, CUDA_DEVICE_MEMORY_LIMIT_0="4g", CUDA_DEVICE_MEMORY_LIMIT_1="6g")

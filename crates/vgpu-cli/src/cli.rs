@@ -177,16 +177,34 @@ pub struct SetLimitArgs {
 /// `vgpu exporter`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Example:\n  vgpu exporter --listen 0.0.0.0:9400 --cache '/usr/local/vgpu/containers/*/*.cache'\n\n\
-GLOB supports * ? and [abc] in any path component (no **). Files named libvgpu.so are skipped."
+    after_help = "Examples:\n  vgpu exporter --listen 0.0.0.0:9395 --cache '/usr/local/vgpu/containers/*/*.cache'   (HAMi)\n  \
+vgpu exporter --listen 0.0.0.0:9395 --cache '/usr/local/vgpu/vgpu/containers/*/*.cache'   (Volcano)\n\n\
+GLOB supports * ? [abc] and ** (the glob crate); files whose name contains libvgpu.so are skipped. \
+Files under .../containers/<pod UID>_<container>/ get HAMi's families (hami_*) with namespace, \
+pod and container labels; namespace and pod name come from the kubelet's /var/log/pods/<ns>_<pod>_<uid> \
+directories, else pod is the pod UID and namespace is empty. Default port 9395: HAMi's monitor \
+uses 9394, dcgm-exporter 9400."
 )]
 pub struct ExporterArgs {
     /// Address to listen on (port 0 picks a free port; the address is printed).
-    #[arg(long, default_value = "127.0.0.1:9400", value_name = "ADDR")]
+    #[arg(long, default_value = "127.0.0.1:9395", value_name = "ADDR")]
     pub listen: String,
     /// Usage file or glob of usage files (default: $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache).
     #[arg(long, value_name = "GLOB")]
     pub cache: Option<String>,
+    /// The kubelet's pod log directory, read for pod namespaces and names.
+    #[arg(long, value_name = "DIR", default_value = crate::exporter::pods::DEFAULT_POD_LOGS)]
+    pub pod_logs: PathBuf,
+    /// Also serve HAMi's pre-2.6 metric names (vGPU_device_memory_usage_in_bytes, ...), as HAMi's
+    /// monitor does with the same flag.
+    #[arg(long)]
+    pub legacy_metrics: bool,
+    /// Do not serve HAMi's hami_* families (when HAMi's own monitor serves them on this node).
+    #[arg(long)]
+    pub no_hami_metrics: bool,
+    /// Serve one series per process (vgpu_process_*; many series on a busy node).
+    #[arg(long)]
+    pub per_process: bool,
 }
 
 /// `vgpu doctor`.

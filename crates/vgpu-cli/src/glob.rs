@@ -1,139 +1,57 @@
-//! A small glob (`*`, `?`, `[abc]`, `[a-z]`, `[!x]` within path components; no `**`), enough
-//! for "every usage file under a directory" as HAMi's monitor scans. Written here rather
-//! than pulling a crate: about 100 lines, and the exporter needs only this.
+//! Which usage files a `--cache` pattern names: the maintained `glob` crate's matching
+//! (`*`, `?`, `[abc]`, `[!a-z]`, `**`), bounded, and without the library HAMi's monitor also
+//! skips.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// At most this many directory entries are examined per expansion, so a mistaken
-/// pattern over a huge tree stays bounded.
-pub const MAX_ENTRIES: usize = 100_000;
+/// At most this many files are taken per expansion, so a mistaken pattern over a huge tree
+/// stays bounded (a node runs at most a few hundred containers).
+pub const MAX_MATCHES: usize = 10_000;
 
 /// Whether `s` contains a wildcard.
 pub fn has_magic(s: &str) -> bool {
     s.contains(['*', '?', '['])
 }
 
-/// Match one class `[...]` starting after `[`; returns (matched, bytes consumed incl. `]`).
-fn match_class(p: &[u8], c: u8) -> Option<(bool, usize)> {
-    let mut i = 0;
-    let negate = matches!(p.first(), Some(b'!' | b'^'));
-    if negate {
-        i += 1;
-    }
-    let mut matched = false;
-    let mut first = true;
-    while i < p.len() {
-        if p[i] == b']' && !first {
-            return Some((matched != negate, i + 1));
-        }
-        first = false;
-        let lo = p[i];
-        if i + 2 < p.len() && p[i + 1] == b'-' && p[i + 2] != b']' {
-            matched |= lo <= c && c <= p[i + 2];
-            i += 3;
-        } else {
-            matched |= lo == c;
-            i += 1;
-        }
-    }
-    None // unterminated: `[` is literal
-}
+/// The options every expansion uses: `*` does not match a leading `.` (hidden entries, as in
+/// the shell), and matching is case-sensitive.
+const OPTIONS: glob::MatchOptions = glob::MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: true,
+    require_literal_leading_dot: true,
+};
 
-/// Whether `name` matches `pattern` (one path component).
+/// Whether `name` matches `pattern` (one path component); an invalid pattern matches nothing.
 pub fn matches(pattern: &str, name: &str) -> bool {
-    let (p, n) = (pattern.as_bytes(), name.as_bytes());
-    let (mut pi, mut ni) = (0, 0);
-    // Backtracking point of the last `*`: (pattern index after it, name index it covers to).
-    let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() {
-        let step = match p.get(pi) {
-            Some(b'*') => {
-                star = Some((pi + 1, ni));
-                pi += 1;
-                continue;
-            }
-            Some(b'?') => Some(1),
-            Some(b'[') => match match_class(&p[pi + 1..], n[ni]) {
-                Some((true, used)) => Some(1 + used),
-                Some((false, _)) => None,
-                None => (n[ni] == b'[').then_some(1),
-            },
-            Some(b'\\') if pi + 1 < p.len() => (p[pi + 1] == n[ni]).then_some(2),
-            Some(&c) => (c == n[ni]).then_some(1),
-            None => None,
-        };
-        match step {
-            Some(used) => {
-                pi += used;
-                ni += 1;
-            }
-            None => match star {
-                Some((sp, sn)) => {
-                    pi = sp;
-                    ni = sn + 1;
-                    star = Some((sp, sn + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    p[pi..].iter().all(|&c| c == b'*')
+    glob::Pattern::new(pattern).is_ok_and(|p| p.matches_with(name, OPTIONS))
 }
 
-/// Expand `pattern` to the regular files it matches, sorted. Hidden names match only a
-/// component that starts with `.`; files named `libvgpu.so` are skipped (as the monitor does).
+/// The regular files `pattern` matches, sorted. Files whose name contains `libvgpu.so` are
+/// skipped (the monitor does the same: the library sits beside the cache files).
 pub fn expand(pattern: &str) -> Result<Vec<PathBuf>, String> {
     if pattern.is_empty() {
         return Err("empty glob".into());
     }
-    let mut frontier: Vec<PathBuf> = vec![if pattern.starts_with('/') {
-        PathBuf::from("/")
-    } else {
-        PathBuf::new()
-    }];
-    let components: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
-    let mut budget = MAX_ENTRIES;
-    for (i, comp) in components.iter().enumerate() {
-        let last = i + 1 == components.len();
-        let mut next = Vec::new();
-        for dir in &frontier {
-            if !has_magic(comp) {
-                next.push(dir.join(comp));
-                continue;
-            }
-            let read_from = if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir.as_path()
-            };
-            let Ok(entries) = std::fs::read_dir(read_from) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                budget = budget.checked_sub(1).ok_or_else(|| {
-                    format!(
-                        "glob {pattern} examines more than {MAX_ENTRIES} entries; make it narrower"
-                    )
-                })?;
-                let name = entry.file_name();
-                let Some(name) = name.to_str() else { continue };
-                if name.starts_with('.') && !comp.starts_with('.') {
-                    continue;
-                }
-                if matches(comp, name) {
-                    next.push(dir.join(name));
-                }
-            }
+    let paths = glob::glob_with(pattern, OPTIONS).map_err(|e| format!("glob {pattern}: {e}"))?;
+    let mut out = Vec::new();
+    // Unreadable directories are skipped, as the shell does.
+    for path in paths.flatten() {
+        let is_library = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.contains(crate::locate::HOOK_NAME));
+        if is_library || !path.is_file() {
+            continue;
         }
-        if !last {
-            next.retain(|p| p.is_dir());
+        if out.len() == MAX_MATCHES {
+            return Err(format!(
+                "glob {pattern} matches more than {MAX_MATCHES} files; make it narrower"
+            ));
         }
-        frontier = next;
+        out.push(path);
     }
-    frontier.retain(|p| p.is_file() && p.file_name().is_none_or(|n| n != crate::locate::HOOK_NAME));
-    frontier.sort();
-    frontier.dedup();
-    Ok(frontier)
+    out.sort();
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -155,10 +73,10 @@ mod tests {
         assert!(matches("[a-c]1", "c1"));
         assert!(!matches("[a-c]1", "d1"));
         assert!(matches("[]]", "]"));
-        assert!(matches("[", "["));
-        assert!(matches("\\*", "*"));
-        assert!(!matches("\\*", "a"));
-        assert!(matches("**x", "abx"));
+        // The crate's escapes are classes, and an unterminated `[` is an invalid pattern.
+        assert!(matches("[*]", "*"));
+        assert!(!matches("[*]", "a"));
+        assert!(!matches("[", "["));
     }
 
     #[test]
@@ -172,6 +90,7 @@ mod tests {
             std::fs::create_dir(root.join(sub)).unwrap();
             std::fs::write(root.join(sub).join("x.cache"), b"").unwrap();
             std::fs::write(root.join(sub).join("libvgpu.so"), b"").unwrap();
+            std::fs::write(root.join(sub).join("libvgpu.so.v2.10.0"), b"").unwrap();
         }
         std::fs::write(root.join("c1/y.txt"), b"").unwrap();
         std::fs::create_dir(root.join("c1/d.cache")).unwrap();
@@ -184,11 +103,14 @@ mod tests {
         assert_eq!(got, want);
         let got = expand(&format!("{}/c[12]/*.cache", root.display())).unwrap();
         assert_eq!(got.len(), 2);
+        let got = expand(&format!("{}/**/*.cache", root.display())).unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
         assert!(
             expand(&format!("{}/none/*.cache", root.display()))
                 .unwrap()
                 .is_empty()
         );
         assert!(expand("").is_err());
+        assert!(expand(&format!("{}/[/*.cache", root.display())).is_err());
     }
 }

@@ -27,6 +27,9 @@ pub struct StatusReport {
     pub devices: Vec<DeviceStatus>,
     /// Processes registered in the file, live ones and dead ones still counted.
     pub processes: Vec<ProcessStatus>,
+    /// When a kernel was last launched under this file (HAMi's `last_kernel_time`), seconds
+    /// since the epoch; `null` when none was recorded.
+    pub last_kernel_unix_s: Option<u64>,
 }
 
 /// One device of the file.
@@ -439,6 +442,7 @@ pub(crate) mod tests {
                     devices: vec![],
                 },
             ],
+            last_kernel_unix_s: Some(1_700_000_000),
         }
     }
 

@@ -90,6 +90,7 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
         cache: cache.display().to_string(),
         devices,
         processes,
+        last_kernel_unix_s: (snap.last_kernel_time != 0).then_some(snap.last_kernel_time),
     }
 }
 

@@ -28,8 +28,14 @@ impl Drop for Exporter {
 
 /// Start `vgpu exporter --listen 127.0.0.1:0 --cache PATTERN` and read the address it prints.
 pub fn start(pattern: &str) -> Exporter {
+    start_with(pattern, &[])
+}
+
+/// [`start`] with more arguments.
+pub fn start_with(pattern: &str, extra: &[&str]) -> Exporter {
     let mut cmd = vgpu();
     cmd.args(["exporter", "--listen", "127.0.0.1:0", "--cache", pattern])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let mut child = cmd.spawn().unwrap();
@@ -134,4 +140,288 @@ fn bad_listen_address_and_glob_are_clear_errors() {
     let mut cmd = vgpu();
     cmd.args(["exporter", "--cache", ""]);
     assert_fails(&run(cmd), 2, &["--cache is empty"]);
+}
+
+/// What HAMi's published vGPU dashboard asks of the container families: every query on a
+/// container metric, its label filter and the labels its legend prints. From
+/// `dashboards/hami-vgpu-dashboard.json` in Project-HAMi/HAMi (commit 4707fb02, v2.10); the
+/// node panels (`hami_gpu_*`, `hami_host_gpu_*`) come from HAMi's scheduler and monitor, not
+/// from this exporter (docs/kubernetes.md).
+const DASHBOARD_QUERIES: &[DashboardQuery] = &[
+    DashboardQuery {
+        panel: "vGPU memory: used vs limit",
+        metric: "hami_vgpu_memory_used_bytes",
+        filter: "namespace",
+        legend: &["namespace", "pod", "container", "vdevice_index"],
+    },
+    DashboardQuery {
+        panel: "vGPU memory: used vs limit",
+        metric: "hami_vgpu_memory_limit_bytes",
+        filter: "namespace",
+        legend: &["namespace", "pod", "container", "vdevice_index"],
+    },
+    DashboardQuery {
+        panel: "Container device utilization",
+        metric: "hami_container_device_utilization_ratio",
+        filter: "namespace",
+        legend: &["namespace", "pod", "container", "vdevice_index"],
+    },
+    DashboardQuery {
+        panel: "vGPU memory used % of limit (numerator; the denominator is the limit above)",
+        metric: "hami_vgpu_memory_used_bytes",
+        filter: "namespace",
+        legend: &["namespace", "pod", "container", "vdevice_index"],
+    },
+    DashboardQuery {
+        panel: "Top 10 containers by vGPU memory",
+        metric: "hami_vgpu_memory_used_bytes",
+        filter: "namespace",
+        legend: &[],
+    },
+    DashboardQuery {
+        panel: "variable $namespace: label_values(hami_vgpu_memory_used_bytes, namespace)",
+        metric: "hami_vgpu_memory_used_bytes",
+        filter: "namespace",
+        legend: &["namespace"],
+    },
+];
+
+#[derive(Debug)]
+struct DashboardQuery {
+    panel: &'static str,
+    metric: &'static str,
+    /// The label the query filters on (`{namespace=~"$namespace"}`).
+    filter: &'static str,
+    /// Labels the legend prints; each must be present and non-empty.
+    legend: &'static [&'static str],
+}
+
+/// The labels HAMi's monitor puts on every container series (`cmd/vGPUmonitor/metrics.go`),
+/// plus the `zone` its registry wraps them with.
+const HAMI_LABELS: &[&str] = &[
+    "namespace",
+    "pod",
+    "container",
+    "vdevice_index",
+    "device_uuid",
+    "zone",
+];
+
+const UID_A: &str = "6a1f0e2c-9b7d-4c3e-8f10-0000000000a1";
+const UID_B: &str = "6a1f0e2c-9b7d-4c3e-8f10-0000000000b2";
+const UUID: &str = "GPU-5a1e5130-0000-4000-8000-00000000d000";
+const MIB: u64 = 1 << 20;
+
+/// A node's host layout: `containers/<uid>_<ctr>/<x>.cache` and `pods/<ns>_<pod>_<uid>`.
+struct Node {
+    dir: TempDir,
+}
+
+impl Node {
+    fn new() -> Self {
+        let dir = TempDir::new("vgpu-exp-node").unwrap();
+        std::fs::create_dir_all(dir.path().join("pods")).unwrap();
+        Node { dir }
+    }
+
+    fn pod(&self, ns: &str, name: &str, uid: &str) {
+        std::fs::create_dir(self.dir.path().join(format!("pods/{ns}_{name}_{uid}"))).unwrap();
+    }
+
+    /// A container's usage file (limit `None` = unlimited), as the hook creates it.
+    fn container(&self, uid: &str, ctr: &str, limit: Option<u64>) -> std::path::PathBuf {
+        let d = self.dir.path().join(format!("containers/{uid}_{ctr}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("0d3c8f2e-1111-4222-8333-444455556666.cache");
+        let init = vgpu_shm::TableInit {
+            uuids: vec![UUID.into()],
+            memory_limits: vec![limit],
+            sm_limits: vec![Some(30)],
+            priority: 1,
+        };
+        drop(vgpu_shm::UsageTable::open_or_create(&path, &init).unwrap());
+        path
+    }
+
+    fn start(&self, extra: &[&str]) -> Exporter {
+        let pattern = format!("{}/containers/*/*.cache", self.dir.path().display());
+        let pods = self.dir.path().join("pods");
+        let mut args = vec!["--pod-logs", pods.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        start_with(&pattern, &args)
+    }
+}
+
+/// This process registers in `path` and holds `bytes` of data and `sm` percent.
+fn hold(path: &std::path::Path, bytes: u64, sm: u64) -> vgpu_shm::ProcessSlot {
+    use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
+    let slot = vgpu_shm::UsageTable::open_existing(path)
+        .unwrap()
+        .register_self()
+        .unwrap();
+    slot.try_reserve(DeviceIndex(0), UsageClass::Data, bytes)
+        .unwrap();
+    slot.set_sm_util(DeviceIndex(0), sm);
+    slot.touch_kernel_time();
+    slot
+}
+
+/// Parse a scrape with a real Prometheus text-format parser; every sample line must parse.
+fn parse(body: &str) -> Vec<prometheus_parse::Sample> {
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("the page parses");
+    let sample_lines = body
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .count();
+    assert_eq!(
+        scrape.samples.len(),
+        sample_lines,
+        "some sample lines did not parse:\n{body}"
+    );
+    scrape.samples
+}
+
+fn value(s: &prometheus_parse::Sample) -> f64 {
+    match s.value {
+        prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Untyped(v) => v,
+        _ => panic!("not a scalar: {s:?}"),
+    }
+}
+
+fn find<'a>(
+    samples: &'a [prometheus_parse::Sample],
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> Vec<&'a prometheus_parse::Sample> {
+    samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .collect()
+}
+
+#[test]
+fn every_hami_dashboard_query_finds_its_series() {
+    let node = Node::new();
+    node.pod("team-a", "train-0", UID_A);
+    let a = node.container(UID_A, "main", Some(1 << 30));
+    let _held = hold(&a, 300 * MIB, 40);
+    let e = node.start(&[]);
+    let (status, body) = http::get(&e.addr, "/metrics", T).unwrap();
+    assert_eq!(status, 200);
+    let samples = parse(&body);
+    for q in DASHBOARD_QUERIES {
+        let hits = find(&samples, q.metric, &[(q.filter, "team-a")]);
+        assert_eq!(hits.len(), 1, "{q:?} finds no series in\n{body}");
+        for l in HAMI_LABELS.iter().chain(q.legend) {
+            assert!(
+                hits[0].labels.get(l).is_some_and(|v| !v.is_empty()),
+                "{}: label {l} missing on {:?}",
+                q.panel,
+                hits[0]
+            );
+        }
+    }
+    let pod = [
+        ("namespace", "team-a"),
+        ("pod", "train-0"),
+        ("container", "main"),
+        ("vdevice_index", "0"),
+        ("device_uuid", UUID),
+    ];
+    let one = |m: &str| {
+        let hits = find(&samples, m, &pod);
+        assert_eq!(hits.len(), 1, "{m} in\n{body}");
+        value(hits[0])
+    };
+    // The container's data plus the context the file charges: at least what it holds.
+    assert_eq!(one("hami_vgpu_memory_used_bytes"), (300 * MIB) as f64);
+    assert_eq!(
+        one("hami_container_device_memory_bytes"),
+        (300 * MIB) as f64
+    );
+    assert_eq!(one("hami_vgpu_memory_buffer_bytes"), (300 * MIB) as f64);
+    assert_eq!(one("hami_vgpu_memory_limit_bytes"), (1u64 << 30) as f64);
+    assert_eq!(one("hami_container_device_utilization_ratio"), 40.0);
+    assert!(one("hami_container_last_kernel_elapsed_seconds") < 60.0);
+    // The legacy names only when asked.
+    assert!(find(&samples, "vGPU_device_memory_usage_in_bytes", &[]).is_empty());
+    // vgpu's own families carry the same pod labels, for joins.
+    let own = find(
+        &samples,
+        "vgpu_device_memory_used_bytes",
+        &[("pod", "train-0"), ("pod_uid", UID_A)],
+    );
+    assert_eq!(own.len(), 1, "{body}");
+    assert_eq!(find(&samples, "vgpu_build_info", &[]).len(), 1);
+}
+
+#[test]
+fn unlimited_gives_no_limit_series_and_an_unknown_pod_is_named_by_its_uid() {
+    let node = Node::new();
+    // No pod directory for UID_B: the kubelet's metadata is not available.
+    let b = node.container(UID_B, "worker", None);
+    let _held = hold(&b, 64 * MIB, 0);
+    let e = node.start(&[]);
+    let samples = parse(&http::get(&e.addr, "/metrics", T).unwrap().1);
+    let used = find(
+        &samples,
+        "hami_vgpu_memory_used_bytes",
+        &[("pod", UID_B), ("namespace", ""), ("container", "worker")],
+    );
+    assert_eq!(used.len(), 1);
+    // used / limit has nothing to divide by: no series, never +Inf.
+    assert!(find(&samples, "hami_vgpu_memory_limit_bytes", &[]).is_empty());
+    assert!(find(&samples, "vgpu_device_memory_limit_bytes", &[]).is_empty());
+    assert!(samples.iter().all(|s| !matches!(s.value,
+        prometheus_parse::Value::Gauge(v) if !v.is_finite())));
+}
+
+#[test]
+fn legacy_names_and_per_process_series_are_served_when_asked() {
+    let node = Node::new();
+    node.pod("team-a", "train-0", UID_A);
+    let a = node.container(UID_A, "main", Some(1 << 30));
+    let _held = hold(&a, 300 * MIB, 40);
+    let e = node.start(&["--legacy-metrics", "--per-process"]);
+    let samples = parse(&http::get(&e.addr, "/metrics", T).unwrap().1);
+    let l = [
+        ("podnamespace", "team-a"),
+        ("podname", "train-0"),
+        ("ctrname", "main"),
+        ("vdeviceid", "0"),
+        ("deviceuuid", UUID),
+    ];
+    for m in [
+        "vGPU_device_memory_usage_in_bytes",
+        "vGPU_device_memory_limit_in_bytes",
+        "Device_memory_desc_of_container",
+        "Device_utilization_desc_of_container",
+        "Device_last_kernel_of_container",
+    ] {
+        assert_eq!(find(&samples, m, &l).len(), 1, "{m}");
+    }
+    let desc = find(&samples, "Device_memory_desc_of_container", &l);
+    assert_eq!(
+        desc[0].labels.get("data"),
+        Some((300 * MIB).to_string().as_str())
+    );
+    let pid = std::process::id().to_string();
+    assert_eq!(
+        find(
+            &samples,
+            "vgpu_process_alive",
+            &[("pid", pid.as_str()), ("pod", "train-0")]
+        )
+        .len(),
+        1
+    );
+    // And HAMi's families can be left to HAMi's own monitor.
+    let e = node.start(&["--no-hami-metrics"]);
+    let samples = parse(&http::get(&e.addr, "/metrics", T).unwrap().1);
+    assert!(samples.iter().all(|s| !s.metric.starts_with("hami_")));
+    assert!(!find(&samples, "vgpu_device_memory_used_bytes", &[]).is_empty());
 }

@@ -463,6 +463,7 @@ fn exporter_reports_a_live_file() {
         "127.0.0.1:0",
         "--cache",
         &format!("{}/*.cache", dir.path().display()),
+        "--per-process",
     ])
     .stdout(Stdio::piped())
     .stderr(Stdio::null());

@@ -269,6 +269,15 @@ macro_rules! cuda_used_functions {
             cuStreamGetCtx ["cuStreamGetCtx", 9020, legacy] fn(stream: CUstream, pctx: *mut CUcontext) -> CUresult;
             cuStreamIsCapturing ["cuStreamIsCapturing", 10000, legacy]
                 fn(stream: CUstream, status: *mut CUstreamCaptureStatus) -> CUresult;
+            cuEventCreate ["cuEventCreate", 2000, any] fn(event: *mut CUevent, flags: c_uint) -> CUresult;
+            cuEventDestroy ["cuEventDestroy", 2000, any] fn(event: CUevent) -> CUresult;
+            cuEventDestroy_v2 ["cuEventDestroy", 4000, any] fn(event: CUevent) -> CUresult;
+            cuEventRecord ["cuEventRecord", 2000, legacy] fn(event: CUevent, stream: CUstream) -> CUresult;
+            cuEventQuery ["cuEventQuery", 2000, any] fn(event: CUevent) -> CUresult;
+            cuEventElapsedTime ["cuEventElapsedTime", 2000, any]
+                fn(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
+            cuEventElapsedTime_v2 ["cuEventElapsedTime", 12080, any]
+                fn(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
             cuMemGetAllocationGranularity ["cuMemGetAllocationGranularity", 10020, any]
                 fn(granularity: *mut usize, prop: *const CUmemAllocationProp,
                    option: CUmemAllocationGranularity_flags) -> CUresult;
@@ -307,6 +316,9 @@ macro_rules! nvml_used_functions {
     ($callback:ident) => {
         $callback! {
             nvmlInit_v2 ["nvmlInit_v2", 0, any] fn() -> nvmlReturn_t;
+            nvmlDeviceGetCount_v2 ["nvmlDeviceGetCount_v2", 0, any] fn(count: *mut c_uint) -> nvmlReturn_t;
+            nvmlDeviceGetHandleByIndex_v2 ["nvmlDeviceGetHandleByIndex_v2", 0, any]
+                fn(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t;
             nvmlDeviceGetUUID ["nvmlDeviceGetUUID", 0, any]
                 fn(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
             nvmlDeviceGetHandleByUUID ["nvmlDeviceGetHandleByUUID", 0, any]

@@ -3,7 +3,6 @@
 //! opaque values the driver validates itself.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_alloc_core::{BackendError, ContextId, DeviceBackend, DeviceIndex, DevicePtr, MemoryInfo};
@@ -17,12 +16,6 @@ use crate::real::{self, Cuda};
 #[inline(always)]
 pub(crate) fn have<F>(f: Option<F>) -> Result<F, CUresult> {
     f.ok_or(CUresult::NOT_SUPPORTED)
-}
-
-/// `cuInit(0)`: initializes the driver (repeated calls are cheap no-ops).
-pub(crate) fn init(cuda: &Cuda) -> Result<(), CUresult> {
-    // SAFETY: no pointer arguments.
-    unsafe { have(cuda.h.cuInit)?(0) }.ok()
 }
 
 /// The current context (`cuCtxGetCurrent`); `INVALID_CONTEXT` when there is none.
@@ -253,13 +246,38 @@ pub(crate) fn device_uuid(cuda: &Cuda, dev: CUdevice) -> Result<String, CUresult
     Ok(format_gpu_uuid(&u))
 }
 
-/// UUID → CUDA ordinal for every device this process sees (after `CUDA_VISIBLE_DEVICES`).
-/// Initializes the driver if needed (`nvidia-smi` never calls `cuInit`).
-pub(crate) fn cuda_ordinals_by_uuid(cuda: &Cuda) -> HashMap<String, i32> {
-    let _ = init(cuda);
-    let n = device_count(cuda).unwrap_or(0);
+/// UUIDs of every GPU NVML sees, in NVML index order (initializes NVML, never CUDA).
+/// Empty when NVML is not available.
+pub(crate) fn nvml_uuids() -> Vec<String> {
+    let Ok(nvml) = real::nvml() else {
+        return Vec::new();
+    };
+    let (Some(init), Some(count), Some(by_index)) = (
+        nvml.u.nvmlInit_v2,
+        nvml.u.nvmlDeviceGetCount_v2,
+        nvml.u.nvmlDeviceGetHandleByIndex_v2,
+    ) else {
+        return Vec::new();
+    };
+    // SAFETY: nvmlInit_v2 takes no arguments; repeated calls only bump a reference count.
+    if !unsafe { init() }.is_success() {
+        return Vec::new();
+    }
+    let mut n: c_uint = 0;
+    // SAFETY: a valid out-pointer.
+    if !unsafe { count(&mut n) }.is_success() {
+        return Vec::new();
+    }
     (0..n)
-        .filter_map(|i| device_uuid(cuda, CUdevice(i)).ok().map(|u| (u, i)))
+        .map(|i| {
+            let mut handle: nvmlDevice_t = std::ptr::null_mut();
+            // SAFETY: an index below the count and a valid out-pointer.
+            let found = unsafe { by_index(i, &mut handle) }.is_success();
+            found
+                .then(|| nvml_uuid(nvml, handle))
+                .flatten()
+                .unwrap_or_default()
+        })
         .collect()
 }
 

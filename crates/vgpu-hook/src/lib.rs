@@ -9,7 +9,8 @@
 //!   per-process figure, charged as module memory) and `accounting` (sizes, views) →
 //!   `real` (the real driver).
 //! - `interpose`: what `dlsym` and `cuGetProcAddress` return.
-//! - `state`: the per-process state, lazily built, reset in a forked child.
+//! - `state`: the per-process state, lazily built, reset in a forked child; `ledger`: its
+//!   slot in the shared table, addressed by CUDA ordinal, kept on the right GPU and file.
 //!
 //! See `docs/hook.md` for how interception works and what each path accounts.
 //!
@@ -32,6 +33,7 @@ pub mod exports;
 mod ffi;
 mod hooks;
 mod interpose;
+mod ledger;
 mod log;
 mod measured;
 // Fork and exit handlers, the sampler thread's NVML calls (`power`), `dlopen`/`dlsym` of the
@@ -39,6 +41,9 @@ mod measured;
 // publication and fork reset (`state`), the SM limiter's event functions (`sm_limit`).
 #[allow(unsafe_code)]
 mod power;
+// The leaked-Box publication behind `Published<T>` (a raw pointer owned by one cell).
+#[allow(unsafe_code)]
+mod published;
 #[allow(unsafe_code)]
 mod real;
 mod residual;

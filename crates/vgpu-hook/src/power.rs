@@ -29,7 +29,7 @@ const IDLE_FOR: Nanos = 1_000_000_000;
 /// "No value" in the published atomics.
 const NONE: u64 = u64::MAX;
 
-/// A 64-bit atomic word: `std`'s in the library, loom's in the model of [`Published`].
+/// A 64-bit atomic word: `std`'s in the library, loom's in the model of [`ReadingSeqlock`].
 pub(crate) trait Word {
     fn load(&self, order: Ordering) -> u64;
     fn store(&self, value: u64, order: Ordering);
@@ -58,7 +58,7 @@ impl Word for AtomicU64 {
 /// its second load of `seq` cannot return the old value: a torn reading is never returned
 /// (loom model `loom_tests::a_reading_is_never_torn`). Atomics only, so a fork at any
 /// instant leaves nothing locked.
-pub(crate) struct Published<W = AtomicU64> {
+pub(crate) struct ReadingSeqlock<W = AtomicU64> {
     seq: W,
     at: W,
     energy_mj: W,
@@ -67,7 +67,7 @@ pub(crate) struct Published<W = AtomicU64> {
     idle_mw: W,
 }
 
-impl Published<AtomicU64> {
+impl ReadingSeqlock<AtomicU64> {
     const fn new() -> Self {
         Self {
             seq: AtomicU64::new(0),
@@ -80,7 +80,7 @@ impl Published<AtomicU64> {
     }
 }
 
-impl<W: Word> Published<W> {
+impl<W: Word> ReadingSeqlock<W> {
     /// Publishes `s` (one writer at a time).
     pub(crate) fn store(&self, s: &PowerSample) {
         self.seq.fetch_add(1, Ordering::AcqRel);
@@ -117,105 +117,164 @@ impl<W: Word> Published<W> {
     }
 }
 
-static PUBLISHED: [Published<AtomicU64>; MAX_DEVICES] = [const { Published::new() }; MAX_DEVICES];
-/// Devices whose limiter asked for readings (bit per device).
-static WANTED: AtomicU64 = AtomicU64::new(0);
-/// Whether this process's thread runs (or is being started).
-static RUNNING: AtomicBool = AtomicBool::new(false);
-/// Set at exit: the thread makes no further NVML call.
-static STOP: AtomicBool = AtomicBool::new(false);
-/// Bumped by every [`latest`] (once per publish period of a launching limiter): while it
-/// stands still, nobody launches, and the thread reads once a second instead of ten times.
-static ASKED: AtomicU64 = AtomicU64::new(0);
+// `PowerReader::wanted` has a bit per device.
+const _: () = assert!(MAX_DEVICES <= 64);
+
+/// The reader's process state (one, in the SM limiter's state): each device's latest
+/// reading and the thread's controls. Atomics only, so a fork at any instant leaves
+/// nothing locked.
+pub(crate) struct PowerReader {
+    latest: [ReadingSeqlock<AtomicU64>; MAX_DEVICES],
+    /// Devices whose limiter asked for readings (bit per device).
+    wanted: AtomicU64,
+    /// Whether this process's thread runs (or is being started).
+    running: AtomicBool,
+    /// Set at exit: the thread makes no further NVML call.
+    stop: AtomicBool,
+    /// Bumped by every [`PowerReader::latest`] (once per publish period of a launching
+    /// limiter): while it stands still, nobody launches, and the thread reads once a second
+    /// instead of ten times.
+    asked: AtomicU64,
+    /// Set while the thread is inside NVML.
+    in_call: AtomicBool,
+}
+
 /// Reads per [`PERIOD`]s while nobody asks: one a second.
 const QUIET_EVERY: u32 = 10;
-
-/// The latest reading of `device`, after asking for readings of it (starts the thread on
-/// first use). `None` until the thread has read it, or when it cannot.
-pub(crate) fn latest(device: usize) -> Option<PowerSample> {
-    let p = PUBLISHED.get(device)?;
-    want(device);
-    ASKED.fetch_add(1, Ordering::Relaxed);
-    p.load()
-}
-
-/// Asks the thread to read `device` too, starting it if needed.
-pub(crate) fn want(device: usize) {
-    if device >= MAX_DEVICES {
-        return;
-    }
-    let bit = 1u64 << device;
-    if WANTED.load(Ordering::Relaxed) & bit == 0 {
-        WANTED.fetch_or(bit, Ordering::AcqRel);
-    }
-    if !RUNNING.load(Ordering::Relaxed) && !RUNNING.swap(true, Ordering::AcqRel) {
-        start();
-    }
-}
-
-#[cold]
-fn start() {
-    // exit() runs the atexit list in reverse order of registration, and library destructors
-    // (_dl_fini, registered at start-up) last. So NVML is loaded and initialized first (its
-    // own handlers, if it registers any, come earlier in the list), then our handler stops
-    // the thread before any of them runs; our .fini_array entry stops it again.
-    if let Ok(nvml) = crate::real::nvml()
-        && let Some(init) = nvml.u.nvmlInit_v2
-    {
-        // SAFETY: nvmlInit_v2 takes no arguments; repeated calls bump a reference count.
-        unsafe { init() };
-    }
-    // SAFETY: atexit(3) with a function that stays valid (this library is never unloaded
-    // while the process runs: it is preloaded) and that catches every panic.
-    if unsafe { libc::atexit(stop_at_exit) } != 0 {
-        vlog!(DEBUG, "atexit refused the power reader's stop handler");
-    }
-    let spawned = std::thread::Builder::new()
-        .name("vgpu-power".into())
-        .stack_size(256 * 1024)
-        .spawn(run);
-    if let Err(e) = spawned {
-        // Without readings the power share stays off: the limit bounds time only. Not
-        // retried (RUNNING stays set): a process that cannot start threads won't later.
-        vlog!(
-            INFO,
-            "cannot start the power reader thread ({e}): the SM limit bounds GPU time only"
-        );
-    }
-}
-
-/// At exit (before NVML's own teardown can run): no more NVML calls from the thread, and
-/// the one in progress, if any, has returned (waiting at most [`STOP_WAIT`]: exit never
-/// hangs on it).
-pub(crate) fn stop() {
-    // SeqCst with the thread's `IN_CALL` store then `STOP` load: either the thread sees
-    // STOP and makes no call, or this sees its call in progress and waits.
-    STOP.store(true, Ordering::SeqCst);
-    let mut waited = Duration::ZERO;
-    while IN_CALL.load(Ordering::SeqCst) && waited < STOP_WAIT {
-        std::thread::sleep(Duration::from_millis(1));
-        waited += Duration::from_millis(1);
-    }
-}
-
-extern "C" fn stop_at_exit() {
-    let _ = std::panic::catch_unwind(stop);
-}
-
-/// Set while the thread is inside NVML.
-static IN_CALL: AtomicBool = AtomicBool::new(false);
 /// The longest an exiting process waits for the thread's NVML call to return (the H200's
 /// slowest, the energy counter, took up to 15 ms).
 const STOP_WAIT: Duration = Duration::from_millis(100);
 
-/// In the child after `fork`: the thread was not copied; the child's limiters ask again.
-pub(crate) fn after_fork_in_child() {
-    RUNNING.store(false, Ordering::Relaxed);
-    WANTED.store(0, Ordering::Relaxed);
-    for p in &PUBLISHED {
-        // Not mid-write: the writer thread does not exist in the child. Old readings are
-        // the parent's device's, still true, but start clean.
-        p.seq.store(0, Ordering::Relaxed);
+impl PowerReader {
+    pub(crate) const fn new() -> Self {
+        Self {
+            latest: [const { ReadingSeqlock::new() }; MAX_DEVICES],
+            wanted: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            asked: AtomicU64::new(0),
+            in_call: AtomicBool::new(false),
+        }
+    }
+
+    /// The latest reading of `device`, after asking for readings of it (starts the thread
+    /// on first use). `None` until the thread has read it, or when it cannot.
+    pub(crate) fn latest(&'static self, device: usize) -> Option<PowerSample> {
+        let p = self.latest.get(device)?;
+        self.want(device);
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        p.load()
+    }
+
+    /// Asks the thread to read `device` too, starting it if needed.
+    pub(crate) fn want(&'static self, device: usize) {
+        if device >= MAX_DEVICES {
+            return;
+        }
+        let bit = 1u64 << device;
+        if self.wanted.load(Ordering::Relaxed) & bit == 0 {
+            self.wanted.fetch_or(bit, Ordering::AcqRel);
+        }
+        if !self.running.load(Ordering::Relaxed) && !self.running.swap(true, Ordering::AcqRel) {
+            self.start();
+        }
+    }
+
+    #[cold]
+    fn start(&'static self) {
+        // exit() runs the atexit list in reverse order of registration, and library
+        // destructors (_dl_fini, registered at start-up) last. So NVML is loaded and
+        // initialized first (its own handlers, if it registers any, come earlier in the
+        // list), then the process root's handler stops the thread before any of them runs;
+        // its .fini_array entry stops it again.
+        if let Ok(nvml) = crate::real::nvml()
+            && let Some(init) = nvml.u.nvmlInit_v2
+        {
+            // SAFETY: nvmlInit_v2 takes no arguments; repeated calls bump a reference count.
+            unsafe { init() };
+        }
+        crate::state::stop_before_nvml_exits();
+        let spawned = std::thread::Builder::new()
+            .name("vgpu-power".into())
+            .stack_size(256 * 1024)
+            .spawn(move || self.run());
+        if let Err(e) = spawned {
+            // Without readings the power share stays off: the limit bounds time only. Not
+            // retried (`running` stays set): a process that cannot start threads won't later.
+            vlog!(
+                INFO,
+                "cannot start the power reader thread ({e}): the SM limit bounds GPU time only"
+            );
+        }
+    }
+
+    /// At exit (before NVML's own teardown can run): no more NVML calls from the thread,
+    /// and the one in progress, if any, has returned (waiting at most [`STOP_WAIT`]: exit
+    /// never hangs on it).
+    pub(crate) fn stop(&self) {
+        // SeqCst with the thread's `in_call` store then `stop` load: either the thread sees
+        // `stop` and makes no call, or this sees its call in progress and waits.
+        self.stop.store(true, Ordering::SeqCst);
+        let mut waited = Duration::ZERO;
+        while self.in_call.load(Ordering::SeqCst) && waited < STOP_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+            waited += Duration::from_millis(1);
+        }
+    }
+
+    /// In the child after `fork`: the thread was not copied; the child's limiters ask again.
+    pub(crate) fn reset_in_child(&self) {
+        self.running.store(false, Ordering::Relaxed);
+        self.wanted.store(0, Ordering::Relaxed);
+        for p in &self.latest {
+            // Not mid-write: the writer thread does not exist in the child. Old readings are
+            // the parent's device's, still true, but start clean.
+            p.seq.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn run(&self) {
+        let mut devices: Vec<DeviceReader> =
+            (0..MAX_DEVICES).map(|_| DeviceReader::default()).collect();
+        let (mut asked, mut quiet) = (u64::MAX, 0u32);
+        while !self.stop.load(Ordering::Acquire) {
+            let now_asked = self.asked.load(Ordering::Relaxed);
+            if now_asked == asked {
+                // Nobody launched since the last round: a reading a second is enough (it
+                // still sees the device go idle, for the idle power).
+                quiet += 1;
+                if quiet % QUIET_EVERY != 0 {
+                    std::thread::sleep(PERIOD);
+                    continue;
+                }
+            } else {
+                quiet = 0;
+            }
+            asked = now_asked;
+            let wanted = self.wanted.load(Ordering::Acquire);
+            for (d, state) in devices.iter_mut().enumerate() {
+                if wanted & (1 << d) == 0 || state.unavailable {
+                    continue;
+                }
+                self.in_call.store(true, Ordering::SeqCst);
+                if self.stop.load(Ordering::SeqCst) {
+                    self.in_call.store(false, Ordering::SeqCst);
+                    return;
+                }
+                // A panic here would end the thread with `in_call` set (exit then waits its
+                // 100 ms); caught, the device just goes unread this round.
+                let sample = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    read_device(d, state)
+                }))
+                .ok()
+                .flatten();
+                self.in_call.store(false, Ordering::SeqCst);
+                if let Some(sample) = sample {
+                    self.latest[d].store(&sample);
+                }
+            }
+            std::thread::sleep(PERIOD);
+        }
     }
 }
 
@@ -230,49 +289,6 @@ struct DeviceReader {
     idle_since: Option<Nanos>,
     /// The latest idle power measured.
     idle_mw: Option<u64>,
-}
-
-fn run() {
-    let mut devices: Vec<DeviceReader> =
-        (0..MAX_DEVICES).map(|_| DeviceReader::default()).collect();
-    let (mut asked, mut quiet) = (u64::MAX, 0u32);
-    while !STOP.load(Ordering::Acquire) {
-        let now_asked = ASKED.load(Ordering::Relaxed);
-        if now_asked == asked {
-            // Nobody launched since the last round: a reading a second is enough (it still
-            // sees the device go idle, for the idle power).
-            quiet += 1;
-            if quiet % QUIET_EVERY != 0 {
-                std::thread::sleep(PERIOD);
-                continue;
-            }
-        } else {
-            quiet = 0;
-        }
-        asked = now_asked;
-        let wanted = WANTED.load(Ordering::Acquire);
-        for (d, state) in devices.iter_mut().enumerate() {
-            if wanted & (1 << d) == 0 || state.unavailable {
-                continue;
-            }
-            IN_CALL.store(true, Ordering::SeqCst);
-            if STOP.load(Ordering::SeqCst) {
-                IN_CALL.store(false, Ordering::SeqCst);
-                return;
-            }
-            // A panic here would end the thread with IN_CALL set (exit then waits its
-            // 100 ms); caught, the device just goes unread this round.
-            let sample =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_device(d, state)))
-                    .ok()
-                    .flatten();
-            IN_CALL.store(false, Ordering::SeqCst);
-            if let Some(sample) = sample {
-                PUBLISHED[d].store(&sample);
-            }
-        }
-        std::thread::sleep(PERIOD);
-    }
 }
 
 fn read_device(d: usize, state: &mut DeviceReader) -> Option<PowerSample> {
@@ -388,7 +404,7 @@ mod tests {
 
     #[test]
     fn published_readings_round_trip_and_an_unwritten_slot_reads_none() {
-        let p = Published::new();
+        let p = ReadingSeqlock::new();
         assert_eq!(p.load(), None);
         let s = PowerSample {
             at: 42,
@@ -446,7 +462,7 @@ mod loom_tests {
     #[test]
     fn a_reading_is_never_torn() {
         loom::model(|| {
-            let p = loom::sync::Arc::new(Published {
+            let p = loom::sync::Arc::new(ReadingSeqlock {
                 seq: word(0),
                 at: word(0),
                 energy_mj: word(0),

@@ -1,9 +1,9 @@
 //! The real driver: `libcuda.so.1` and `libnvidia-ml.so.1` loaded with the real `dlsym`.
 //!
 //! Initialization is lazy and lock-free: a thread that finds a table missing builds one
-//! (dlopen/dlsym take the loader's own lock, never ours) and publishes it with a
-//! compare-and-swap; a losing thread leaks its copy (a few hundred bytes, at most once per
-//! racing thread). So no thread ever waits on us while holding the loader lock.
+//! (dlopen/dlsym take the loader's own lock, never ours) and publishes it in a
+//! [`Published`] cell; a losing thread drops its copy. So no thread ever waits on us while
+//! holding the loader lock.
 //!
 //! A thread-local guard marks "inside our loader calls": the `dlsym` export passes lookups
 //! straight through while it is set, because loading a library runs its constructors,
@@ -11,12 +11,12 @@
 
 use std::cell::Cell;
 use std::ffi::CStr;
-use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use vgpu_cuda_abi::*;
 
 use crate::log::{ERROR, vlog};
+use crate::published::Published;
 
 /// `dlsym`'s C signature.
 pub(crate) type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
@@ -200,8 +200,8 @@ pub(crate) const LIBCUDA: &CStr = c"libcuda.so.1";
 /// Name of the real NVML library.
 pub(crate) const LIBNVML: &CStr = c"libnvidia-ml.so.1";
 
-static CUDA: AtomicPtr<Cuda> = AtomicPtr::new(ptr::null_mut());
-static NVML: AtomicPtr<Nvml> = AtomicPtr::new(ptr::null_mut());
+static CUDA: Published<Cuda> = Published::new();
+static NVML: Published<Nvml> = Published::new();
 
 fn open(name: &CStr) -> Option<(DlsymFn, *mut c_void)> {
     let dlsym = real_dlsym()?;
@@ -218,12 +218,10 @@ fn open(name: &CStr) -> Option<(DlsymFn, *mut c_void)> {
 /// The real driver, loading it on first use. `Err` when it cannot be loaded (logged once)
 /// or when called re-entrantly from inside our own loading.
 pub(crate) fn cuda() -> Result<&'static Cuda, CUresult> {
-    let p = CUDA.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: published pointers come from Box::leak and are never freed.
-        return Ok(unsafe { &*p });
+    match CUDA.get() {
+        Some(cuda) => Ok(cuda),
+        None => load_cuda(),
     }
-    load_cuda()
 }
 
 #[cold]
@@ -250,17 +248,16 @@ fn load_cuda() -> Result<&'static Cuda, CUresult> {
         handle: lib as usize,
         hooked_addrs: h.addresses(),
     };
-    Ok(publish(&CUDA, table))
+    // A losing thread's extra dlopen reference is harmless (the library stays loaded).
+    Ok(CUDA.publish(table))
 }
 
 /// Real NVML, loading it on first use.
 pub(crate) fn nvml() -> Result<&'static Nvml, nvmlReturn_t> {
-    let p = NVML.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: published pointers come from Box::leak and are never freed.
-        return Ok(unsafe { &*p });
+    match NVML.get() {
+        Some(nvml) => Ok(nvml),
+        None => load_nvml(),
     }
-    load_nvml()
 }
 
 #[cold]
@@ -284,23 +281,7 @@ fn load_nvml() -> Result<&'static Nvml, nvmlReturn_t> {
         handle: lib as usize,
         hooked_addrs: h.addresses(),
     };
-    Ok(publish(&NVML, table))
-}
-
-fn publish<T>(slot: &AtomicPtr<T>, value: T) -> &'static T {
-    let fresh = Box::into_raw(Box::new(value));
-    match slot.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-        // SAFETY: `fresh` was just leaked and is now published, never freed.
-        Ok(_) => unsafe { &*fresh },
-        Err(winner) => {
-            // Another thread published first. Ours may be dropped: nobody saw it. The extra
-            // dlopen reference is harmless (the library stays loaded either way).
-            // SAFETY: `fresh` came from Box::into_raw above and was never shared.
-            drop(unsafe { Box::from_raw(fresh) });
-            // SAFETY: the winner's pointer comes from Box::leak and is never freed.
-            unsafe { &*winner }
-        }
-    }
+    Ok(NVML.publish(table))
 }
 
 fn dlerror() -> String {

@@ -1,124 +1,51 @@
-//! The process's enforcement state, built on first use from the environment.
+//! The process root: everything this process keeps about enforcement, in one [`Process`].
 //!
-//! Published through an atomic pointer and never freed. Building it takes a tiny spin
-//! flag, never a mutex, and calls no loader function, so it cannot deadlock against a
-//! thread inside `dlopen`. After `fork` the child handler forgets the parent's state
-//! (its locks may be held by threads that do not exist in the child); the child builds
-//! its own on its next call, which registers it in the shared table as a new process.
+//! ```text
+//! PROCESS ─┬─ enforcement: Published<Enforcement>   built on first use from the environment
+//!          │     Ready ─ config, allocator + ledger (`ledger`: this process's slot), pools,
+//!          │             graph memory, VMM references, primary contexts, residual, NVML handles
+//!          ├─ building, left, fork_handler_registered the build's spin flag; left the table at exit
+//!          └─ sm: SmLimiter                           started with the config and the slot
+//!                ├─ limits, policy, tuning, slot, per-device limiters (Published)
+//!                ├─ power baselines
+//!                └─ power: PowerReader                the `vgpu-power` thread's readings
+//! ```
+//!
+//! The enforcement state is published in a [`Published`] cell and never freed. Building it
+//! takes a tiny spin flag, never a mutex, and calls no loader function, so it cannot
+//! deadlock against a thread inside `dlopen`; the builder then starts the SM limiter,
+//! handing it the config and this process's slot in the shared table.
+//!
+//! One fork handler ([`after_fork_in_child`], atomic stores only) resets, in this order:
+//! the enforcement state (forgotten: its locks may be held by threads that do not exist in
+//! the child; the child builds its own on its next call, which registers it in the shared
+//! table as a new process), then the SM limiter and its power reader
+//! ([`SmLimiter::reset_in_child`]).
+//!
+//! Exit: one handler ([`at_exit`], a `.fini_array` entry) stops the power reader, then
+//! leaves the shared table. The power reader must also stop before NVML's own `atexit`
+//! handlers, which only an `atexit` registration made after NVML's initialization runs
+//! before: [`stop_before_nvml_exits`] registers that one, calling the same stop.
+//!
+//! The real driver's tables (`real`) are loader caches, valid in a child too, and stay there.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use vgpu_alloc_core::{
-    Allocator, DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, UsageClass,
-    UsageLedger,
-};
+use vgpu_alloc_core::{Allocator, DeviceIndex, MAX_DEVICES};
 use vgpu_cuda_abi::{CUdevice, CUresult};
 use vgpu_env::{Config, ConfigErrors, Vars};
 use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
 
 use crate::driver::RealBackend;
-use crate::log::{DEBUG, ERROR, INFO, WARN, vlog};
+pub(crate) use crate::ledger::HookLedger;
+use crate::ledger::SharedLedger;
+use crate::log::{DEBUG, ERROR, INFO, MSG, WARN, vlog};
 use crate::measured::MeasuredTracker;
+use crate::published::Published;
 use crate::residual::Residual;
-
-/// The usage ledger behind the allocator: the seam between process-local accounting and
-/// the cross-process shared table.
-#[derive(Debug)]
-pub(crate) enum HookLedger {
-    /// Process-local (tests).
-    #[allow(dead_code)]
-    Local(Box<InMemoryLedger>),
-    /// This process's slot in the container's shared table (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
-    Shared(ProcessSlot),
-}
-
-impl UsageLedger for HookLedger {
-    fn try_reserve(
-        &self,
-        device: DeviceIndex,
-        class: UsageClass,
-        bytes: u64,
-    ) -> Result<(), OutOfMemory> {
-        match self {
-            Self::Local(l) => l.try_reserve(device, class, bytes),
-            Self::Shared(t) => t.try_reserve(device, class, bytes),
-        }
-    }
-
-    fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        match self {
-            Self::Local(l) => l.release(device, class, bytes),
-            Self::Shared(t) => t.release(device, class, bytes),
-        }
-    }
-
-    fn usage(&self, device: DeviceIndex) -> DeviceUsage {
-        match self {
-            Self::Local(l) => l.usage(device),
-            Self::Shared(t) => t.table().usage(device),
-        }
-    }
-
-    fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        match self {
-            Self::Local(l) => l.charge_over_limit(device, class, bytes),
-            Self::Shared(t) => t.charge_over_limit(device, class, bytes),
-        }
-    }
-}
-
-impl HookLedger {
-    /// Bytes this process holds on `device`, every class (a process-local ledger holds only
-    /// this process's).
-    pub(crate) fn held_by_self(&self, device: DeviceIndex) -> u64 {
-        match self {
-            Self::Local(l) => l.usage(device).used,
-            Self::Shared(t) => {
-                let h = t.held(device);
-                h.context.saturating_add(h.module).saturating_add(h.data)
-            }
-        }
-    }
-
-    /// The pid NVML lists this process under: the host pid the monitor wrote into the shared
-    /// file, else `getpid()`.
-    pub(crate) fn nvml_pid(&self) -> u32 {
-        let hostpid = match self {
-            Self::Shared(t) => t.hostpid(),
-            Self::Local(_) => None,
-        };
-        hostpid.map_or_else(std::process::id, |h| h as u32)
-    }
-
-    /// Usage for a view (`cuMemGetInfo`, NVML): first gives dead processes' usage back, so
-    /// a process that just exited is not shown as still holding memory. Costs one lock probe
-    /// per live process; not for allocation paths (refused reservations sweep by themselves).
-    pub(crate) fn usage_for_view(&self, device: DeviceIndex) -> DeviceUsage {
-        if let Self::Shared(t) = self {
-            // At most one sweep per millisecond: a program polling cuMemGetInfo in a loop must not
-            // pay one lock probe per process of the container on every call.
-            static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-            static LAST_SWEEP_NS: std::sync::atomic::AtomicU64 =
-                std::sync::atomic::AtomicU64::new(0);
-            let now = EPOCH
-                .get_or_init(std::time::Instant::now)
-                .elapsed()
-                .as_nanos() as u64
-                + 1;
-            let last = LAST_SWEEP_NS.load(Ordering::Relaxed);
-            let due = (last == 0 || now.saturating_sub(last) >= 1_000_000)
-                && LAST_SWEEP_NS
-                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok();
-            if due {
-                let _ = t.table().sweep_dead();
-            }
-        }
-        self.usage(device)
-    }
-}
+use crate::sm_limit::SmLimiter;
 
 /// Working enforcement.
 #[derive(Debug)]
@@ -134,13 +61,14 @@ pub(crate) struct Ready {
     /// Graph memory may exist (an alloc node was added or a stream-ordered allocation was
     /// made, which stream capture turns into one): graph launches measure it.
     pub(crate) graph_mem_possible: AtomicBool,
+    /// A stream-ordered pool grew since the last sync point: the sync point reconciles once
+    /// more, for driver memory the pool took after the allocation returned.
+    pub(crate) pool_grew: AtomicBool,
     /// Extra references to charged `cuMemCreate` handles taken by
     /// `cuMemRetainAllocationHandle`: the charge goes with the last `cuMemRelease`.
     pub(crate) vmm_extra_refs: Mutex<HashMap<u64, u32>>,
-    /// Primary context handle per CUDA ordinal, while we hold its memory charge.
-    pub(crate) primary: Mutex<HashMap<i32, usize>>,
-    /// NVML UUID → CUDA ordinal, built on the first NVML view.
-    pub(crate) ordinals_by_uuid: Mutex<Option<HashMap<String, i32>>>,
+    /// Primary context per CUDA ordinal, while we hold its memory charge.
+    pub(crate) primary: Mutex<HashMap<i32, PrimaryCharge>>,
     /// Driver-internal memory reconciled with NVML's per-process figure, charged as module
     /// memory.
     pub(crate) residual: Residual,
@@ -158,11 +86,16 @@ impl Ready {
     /// monitor's `recent_kernel`/`utilization_switch`, live `sm_limit[]`), if the ledger is
     /// the shared table.
     pub(crate) fn slot(&self) -> Option<&ProcessSlot> {
-        match self.ledger() {
-            HookLedger::Shared(slot) => Some(slot),
-            HookLedger::Local(_) => None,
-        }
+        self.ledger().shared().map(SharedLedger::slot)
     }
+}
+
+/// A primary context whose memory is charged: its handle and what its creation measured
+/// (charged again when a reset keeps it alive, see `hooks::primary_reset`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PrimaryCharge {
+    pub(crate) ctx: usize,
+    pub(crate) bytes: u64,
 }
 
 /// What the hook does with allocations.
@@ -175,19 +108,41 @@ pub(crate) enum Enforcement {
     Broken(String),
 }
 
-static STATE: AtomicPtr<Enforcement> = AtomicPtr::new(std::ptr::null_mut());
-static BUILDING: AtomicBool = AtomicBool::new(false);
-static ATFORK: std::sync::Once = std::sync::Once::new();
+/// Everything the process keeps (see the module's picture).
+pub(crate) struct Process {
+    /// The enforcement state, built on first use.
+    enforcement: Published<Enforcement>,
+    /// Taken by the one thread building [`Process::enforcement`].
+    building: AtomicBool,
+    /// Set once this process has left the shared table at exit (see [`at_exit`]).
+    left: AtomicBool,
+    /// [`after_fork_in_child`] is registered.
+    fork_handler_registered: AtomicBool,
+    /// The SM limiter.
+    sm: SmLimiter,
+}
+
+static PROCESS: Process = Process {
+    enforcement: Published::new(),
+    building: AtomicBool::new(false),
+    left: AtomicBool::new(false),
+    fork_handler_registered: AtomicBool::new(false),
+    sm: SmLimiter::new(),
+};
+
+/// The SM limiter (for `sm_limit`'s entry points).
+#[inline(always)]
+pub(crate) fn sm_limiter() -> &'static SmLimiter {
+    &PROCESS.sm
+}
 
 /// The state, built on first use.
 #[inline]
 pub(crate) fn get() -> &'static Enforcement {
-    let p = STATE.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: published pointers come from Box::into_raw and are never freed.
-        return unsafe { &*p };
+    match PROCESS.enforcement.get() {
+        Some(state) => state,
+        None => build(),
     }
-    build()
 }
 
 /// The working state, or the error code for allocating calls when enforcement is broken.
@@ -212,18 +167,20 @@ fn build() -> &'static Enforcement {
     let config = Config::from_vars_with_warnings(&Vars::from_os(std::env::vars_os()));
     let uuids = visible_uuids();
     let open_shared_table = move |c: &Config| open_table(c, uuids);
+    let p = &PROCESS;
     let mut waits = 0u32;
     loop {
-        if BUILDING
+        if p.building
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
             break;
         }
-        let p = STATE.load(Ordering::Acquire);
-        if !p.is_null() {
-            // SAFETY: as in get().
-            return unsafe { &*p };
+        // Once the builder is done, so that the SM limiter is started too.
+        if !p.building.load(Ordering::Acquire)
+            && let Some(state) = p.enforcement.get()
+        {
+            return state;
         }
         // The builder may wait on the shared file's initialization lock (seconds at worst):
         // yield at first, then sleep, rather than burn a core.
@@ -234,37 +191,48 @@ fn build() -> &'static Enforcement {
             std::thread::sleep(std::time::Duration::from_micros(500));
         }
     }
-    let p = STATE.load(Ordering::Acquire);
-    if !p.is_null() {
-        BUILDING.store(false, Ordering::Release);
-        // SAFETY: as in get().
-        return unsafe { &*p };
+    if let Some(state) = p.enforcement.get() {
+        p.building.store(false, Ordering::Release);
+        return state;
     }
-    let state = make(config, open_shared_table);
-    let fresh = Box::into_raw(Box::new(state));
-    STATE.store(fresh, Ordering::Release);
-    BUILDING.store(false, Ordering::Release);
-    ATFORK.call_once(|| {
-        // SAFETY: registers a handler that only stores to two atomics.
+    // The only builder: the publication cannot lose.
+    let state = p.enforcement.publish(make(config, open_shared_table));
+    // The published state is never freed, so its slot lives as long as the limiter. (A
+    // launch racing this first build may pass unthrottled, as one before it would.)
+    if let Enforcement::Ready(ready) = state {
+        p.sm.start(&ready.config, ready.slot());
+    }
+    p.building.store(false, Ordering::Release);
+    // A flag, not a `Once`: a fork while another thread registers must not leave the child
+    // a `Once` that never completes. A child inherits the registration and keeps the flag.
+    if !p.fork_handler_registered.swap(true, Ordering::AcqRel) {
+        // SAFETY: registers a handler that only makes atomic stores.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    });
-    // SAFETY: just published; never freed.
-    unsafe { &*fresh }
+    }
+    state
 }
 
-/// UUIDs of the devices this process sees, in CUDA ordinal order (what the shared table's
-/// `uuids[]` are indexed by). Empty when the driver is unavailable.
+/// UUIDs of the devices this process sees, in CUDA ordinal order: the container's devices
+/// when this process makes the shared file (its `uuids[]`, which limits `_<i>` index).
+///
+/// Never initializes CUDA: a process that has not (one that only asked NVML, as monitors and
+/// GPU-picking launchers do) must be able to fork workers that use CUDA, and the driver
+/// refuses CUDA in a child forked after initialization (issue 12). `cuDeviceGetCount` answers
+/// only once the program initialized CUDA; before, NVML's devices narrowed by
+/// `CUDA_VISIBLE_DEVICES` stand for them. Empty when neither driver answers.
 fn visible_uuids() -> Vec<String> {
-    let Ok(cuda) = crate::real::cuda() else {
-        return Vec::new();
-    };
-    let _ = crate::driver::init(cuda);
-    let n = crate::driver::device_count(cuda)
-        .unwrap_or(0)
-        .clamp(0, MAX_DEVICES as i32);
-    (0..n)
-        .map(|i| crate::driver::device_uuid(cuda, CUdevice(i)).unwrap_or_default())
-        .collect()
+    if let Ok(cuda) = crate::real::cuda()
+        && let Ok(n) = crate::driver::device_count(cuda)
+    {
+        return (0..n.clamp(0, MAX_DEVICES as i32))
+            .map(|i| crate::driver::device_uuid(cuda, CUdevice(i)).unwrap_or_default())
+            .collect();
+    }
+    let all = crate::driver::nvml_uuids();
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let mut v = crate::ledger::visible_subset(&all, visible.as_deref());
+    v.truncate(MAX_DEVICES);
+    v
 }
 
 /// Opens (or creates) the shared table and registers this process in it.
@@ -291,7 +259,48 @@ fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String>
         "registered in shared table {path} (slot {})",
         slot.index()
     );
-    Ok(HookLedger::Shared(slot))
+    say_limits_in_force(config, &table);
+    Ok(HookLedger::Shared(SharedLedger::new(slot)))
+}
+
+/// Logs the memory limits in force (the file's: an existing file keeps its own): at the
+/// info level always, and once at the default level when they differ from the
+/// environment's, so that a leftover file never changes a limit without a word.
+fn say_limits_in_force(config: &Config, table: &UsageTable) {
+    let show = |l: Option<u64>| l.map_or_else(|| "unlimited".to_owned(), |b| format!("{b}"));
+    let devices = (0..table.device_num()).map(DeviceIndex);
+    let in_force: Vec<String> = devices
+        .clone()
+        .map(|d| format!("{d}={}", show(table.memory_limit(d))))
+        .collect();
+    vlog!(
+        INFO,
+        "memory limits in force (bytes, by device of the shared file): {}",
+        in_force.join(" ")
+    );
+    let differ: Vec<String> = devices
+        .filter_map(|d| {
+            let env = config.memory_limit.get(d.as_usize()).copied().flatten();
+            let file = table.memory_limit(d);
+            (env != file).then(|| {
+                format!(
+                    "device {d}: {} (the environment says {})",
+                    show(file),
+                    show(env)
+                )
+            })
+        })
+        .collect();
+    if !differ.is_empty() {
+        vlog!(
+            MSG,
+            "memory limits in force differ from the environment's: {}; the shared file {} was \
+             made with these and keeps them (vgpu set-limit changes them; a new file takes the \
+             environment's)",
+            differ.join(", "),
+            table.path().display()
+        );
+    }
 }
 
 /// Builds the state from a parsed configuration and a ledger opener (separate from the
@@ -332,20 +341,6 @@ pub(crate) fn make(
             return Enforcement::Broken(why);
         }
     };
-    crate::sm_limit::configure(&config);
-    if crate::log::enabled(INFO) {
-        let limits: Vec<String> = config
-            .memory_limit
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.map(|l| format!("{i}={l}")))
-            .collect();
-        vlog!(
-            INFO,
-            "memory limits (bytes, by device; the shared table's own limits win): {}",
-            limits.join(" ")
-        );
-    }
     let residual = Residual::new(config.reconcile_ms);
     Enforcement::Ready(Box::new(Ready {
         config,
@@ -353,34 +348,51 @@ pub(crate) fn make(
         pools: MeasuredTracker::default(),
         graph: MeasuredTracker::default(),
         graph_mem_possible: AtomicBool::new(false),
+        pool_grew: AtomicBool::new(false),
         vmm_extra_refs: Mutex::new(HashMap::new()),
         primary: Mutex::new(HashMap::new()),
-        ordinals_by_uuid: Mutex::new(None),
         residual,
         nvml_handles: Mutex::new(HashMap::new()),
     }))
 }
 
+/// The process's one fork handler (child side): see the module's order.
 extern "C" fn after_fork_in_child() {
+    let p = &PROCESS;
     // The parent's state is leaked, not dropped: its mutexes may be held by threads that
     // were not copied into the child.
-    STATE.store(std::ptr::null_mut(), Ordering::Release);
-    BUILDING.store(false, Ordering::Release);
-    LEFT.store(false, Ordering::Relaxed);
-    crate::sm_limit::after_fork_in_child();
+    p.enforcement.forget();
+    p.building.store(false, Ordering::Release);
+    p.left.store(false, Ordering::Relaxed);
+    p.sm.reset_in_child();
 }
-
-/// Set once this process has left the shared table at exit (see [`leave_at_exit`]).
-static LEFT: AtomicBool = AtomicBool::new(false);
 
 /// Whether this process has already left the shared table because it is exiting: its usage
 /// was given back, and allocations made by threads still running are refused.
 pub(crate) fn has_left() -> bool {
-    LEFT.load(Ordering::Relaxed)
+    PROCESS.left.load(Ordering::Relaxed)
 }
 
-/// Run by the dynamic loader when the process exits normally (return from `main`, `exit()`
-/// from any thread, the last thread calling `pthread_exit`) and when `libvgpu.so` is unloaded.
+/// Makes the power reader stop before NVML's own exit handlers run: registers
+/// [`stop_at_nvml_exit`] with `atexit`. Called by the power reader right after it
+/// initialized NVML: `exit()` runs `atexit` handlers in reverse order of registration, so
+/// this one runs before any NVML registered while initializing.
+pub(crate) fn stop_before_nvml_exits() {
+    // SAFETY: atexit(3) with a function that stays valid (this library is never unloaded
+    // while the process runs: it is preloaded) and that catches every panic.
+    if unsafe { libc::atexit(stop_at_nvml_exit) } != 0 {
+        vlog!(DEBUG, "atexit refused the power reader's stop handler");
+    }
+}
+
+extern "C" fn stop_at_nvml_exit() {
+    let _ = std::panic::catch_unwind(|| PROCESS.sm.stop_at_exit());
+}
+
+/// The process's exit handler, run by the dynamic loader when the process exits normally
+/// (return from `main`, `exit()` from any thread, the last thread calling `pthread_exit`)
+/// and when `libvgpu.so` is unloaded. In order: the SM limiter's power reader stops (no
+/// more NVML calls: NVML may be torn down next), then this process leaves the shared table.
 ///
 /// A `.fini_array` entry, not an `atexit` handler: the loader runs `.fini_array` entries after
 /// every `atexit` handler and, object by object, after the destructors of everything loaded
@@ -393,18 +405,13 @@ pub(crate) fn has_left() -> bool {
 // calls `.fini_array` entries as; the function catches every panic.
 #[used]
 #[unsafe(link_section = ".fini_array")]
-static LEAVE_AT_EXIT: extern "C" fn() = leave_at_exit;
+static AT_EXIT: extern "C" fn() = at_exit;
 
-extern "C" fn leave_at_exit() {
-    // The power reader thread makes no NVML call from here on (NVML may be torn down next).
-    crate::power::stop();
+extern "C" fn at_exit() {
+    let p = &PROCESS;
+    let _ = std::panic::catch_unwind(|| p.sm.stop_at_exit());
     let _ = std::panic::catch_unwind(|| {
-        let p = STATE.load(Ordering::Acquire);
-        if p.is_null() {
-            return;
-        }
-        // SAFETY: published pointers come from Box::into_raw and are never freed.
-        let Enforcement::Ready(ready) = (unsafe { &*p }) else {
+        let Some(Enforcement::Ready(ready)) = p.enforcement.get() else {
             return;
         };
         let Some(slot) = ready.slot() else {
@@ -412,7 +419,7 @@ extern "C" fn leave_at_exit() {
         };
         // From here on, allocations by threads still running are refused (never unenforced):
         // the process is going away and its usage is no longer counted.
-        LEFT.store(true, Ordering::Relaxed);
+        p.left.store(true, Ordering::Relaxed);
         match slot.leave() {
             Ok(()) => vlog!(
                 DEBUG,
@@ -420,7 +427,7 @@ extern "C" fn leave_at_exit() {
                 slot.index()
             ),
             Err(e) => {
-                LEFT.store(false, Ordering::Relaxed);
+                p.left.store(false, Ordering::Relaxed);
                 vlog!(
                     WARN,
                     "exiting: could not leave the shared table ({e}); its usage returns when the process is gone"
@@ -433,6 +440,7 @@ extern "C" fn leave_at_exit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vgpu_alloc_core::{InMemoryLedger, UsageClass, UsageLedger};
 
     fn ready(e: &Enforcement) -> &Ready {
         match e {
@@ -531,8 +539,8 @@ mod tests {
             std::process::id(),
             "no host pid written"
         );
-        if let HookLedger::Shared(slot) = a.ledger() {
-            slot.set_hostpid(4242);
+        if let Some(shared) = a.ledger().shared() {
+            shared.slot().set_hostpid(4242);
         }
         assert_eq!(a.ledger().nvml_pid(), 4242, "the monitor's host pid");
         let _ = std::fs::remove_file(&path);

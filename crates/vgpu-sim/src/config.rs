@@ -53,6 +53,10 @@ pub struct SimConfig {
     pub ctx_overhead: u64,
     /// Bytes of device memory a loaded module takes.
     pub module_overhead: u64,
+    /// Bytes of device memory the driver takes for itself with each block a stream-ordered
+    /// pool reserves, held while the pool holds the block and not in the pool's
+    /// `RESERVED_MEM_CURRENT` (the H200's driver took ~70 MiB for PyTorch's 2.5 GiB pool).
+    pub pool_block_overhead: u64,
     /// Bytes of host memory the process may hold pinned or host-located
     /// (`VGPU_SIM_HOST_PINNED_LIMIT`; `None` = no limit): stands for what the host lets it
     /// lock (`RLIMIT_MEMLOCK`, the container's memory cgroup).
@@ -365,6 +369,7 @@ impl SimConfig {
             name: get("VGPU_SIM_NAME").unwrap_or_else(|| "vgpu-sim Virtual GPU".into()),
             ctx_overhead: size_var("VGPU_SIM_CTX_OVERHEAD", 64 * MIB)?,
             module_overhead: size_var("VGPU_SIM_MODULE_OVERHEAD", 2 * MIB)?,
+            pool_block_overhead: size_var("VGPU_SIM_POOL_BLOCK_OVERHEAD", 0)?,
             host_pinned_limit: match get("VGPU_SIM_HOST_PINNED_LIMIT") {
                 None => None,
                 Some(_) => Some(size_var("VGPU_SIM_HOST_PINNED_LIMIT", 0)?),

@@ -1,6 +1,6 @@
 //! `cuGetProcAddress`: base name + requested CUDA version + stream flags → our own function.
 //!
-//! The pointers are this library's own functions; with `-Bsymbolic-functions` they cannot be
+//! The pointers are this library's own functions; with `-Bsymbolic` they cannot be
 //! interposed, exactly like the real driver's, so a preloaded hook only sees calls through
 //! these pointers if it answers `cuGetProcAddress` itself.
 

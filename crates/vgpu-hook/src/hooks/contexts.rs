@@ -113,12 +113,14 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
     dev: CUdevice,
 ) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
-    let (Some(st), Some(idx)) = (ready_state(), dev_index(dev)) else {
-        return forward(cuda);
-    };
     if driver::primary_ctx_active(cuda, dev).unwrap_or(true) {
         return forward(cuda); // retaining an existing context takes nothing
     }
+    // A new context takes device memory: refused while enforcement is off.
+    let st = ready()?;
+    let Some(idx) = dev_index(dev) else {
+        return forward(cuda);
+    };
     // SAFETY: the caller's out-pointer, as the driver API's contract requires.
     let Some((ctx, bytes)) = (unsafe { create_measured(st, cuda, (dev, idx), forward, pctx) })?
     else {
@@ -134,7 +136,14 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
     if !charged {
         return Ok(());
     }
-    primary.insert(dev.0, ctx as usize);
+    let bytes = bytes.unwrap_or(0);
+    primary.insert(
+        dev.0,
+        state::PrimaryCharge {
+            ctx: ctx as usize,
+            bytes,
+        },
+    );
     drop(primary);
     // Anything else the driver took for this process meanwhile.
     st.residual.ran_now();
@@ -151,8 +160,8 @@ fn forget_primary(st: &Ready, dev: CUdevice) -> Option<u64> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&dev.0)?;
-    st.residual.context_gone(ctx);
-    Some(st.alloc.release_context(ContextId(ctx as u64)).released)
+    st.residual.context_gone(ctx.ctx);
+    Some(st.alloc.release_context(ContextId(ctx.ctx as u64)).released)
 }
 
 /// `cuDevicePrimaryCtxRelease[_v2]` succeeded: if the context is gone, so is everything in
@@ -176,10 +185,37 @@ pub(crate) fn primary_released(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresul
 }
 
 /// `cuDevicePrimaryCtxReset[_v2]` succeeded: every allocation of the primary context is
-/// destroyed (it stays retained).
+/// destroyed. A driver that keeps the context itself alive through the reset (it stays
+/// retained and active, as the simulator's does) keeps its memory: that is charged again,
+/// since the next retain finds the context active and measures nothing (issue 12: a
+/// process held 2,112 MiB under 2 GiB). When the reset destroyed it, the next retain
+/// creates and measures a new one.
 pub(crate) fn primary_reset(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresult> {
     if let Some(st) = ready_state() {
+        let charged = st
+            .primary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&dev.0)
+            .copied();
         forget_primary(st, dev);
+        if let (Some(c), Some(idx)) = (charged, dev_index(dev))
+            && driver::primary_ctx_active(cuda, dev).unwrap_or(false)
+        {
+            let ctx = c.ctx as CUcontext;
+            let mut primary = st.primary.lock().unwrap_or_else(|e| e.into_inner());
+            match charge_context(st, idx, ctx, Some(c.bytes), || {}) {
+                Ok(_) => {
+                    primary.insert(dev.0, c);
+                }
+                Err(_) => vlog!(
+                    WARN,
+                    "device {idx}: the primary context kept through a reset ({} bytes) no longer \
+                     fits the limit; it is not charged until it is recreated",
+                    c.bytes
+                ),
+            }
+        }
     }
     code_unloaded(cuda)
 }
@@ -194,7 +230,9 @@ pub(crate) unsafe fn create_context(
     dev: CUdevice,
 ) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
-    let (Some(st), Some(idx)) = (ready_state(), dev_index(dev)) else {
+    // It takes device memory: refused while enforcement is off.
+    let st = ready()?;
+    let Some(idx) = dev_index(dev) else {
         return forward(cuda);
     };
     // SAFETY: the caller's out-pointer, as the driver API's contract requires.

@@ -46,9 +46,8 @@ pub(crate) unsafe fn cuGraphAddMemAllocNode(
     params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
 ) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
-    let Some(st) = ready_state() else {
-        return forward(cuda);
-    };
+    // Graph memory is taken at launch: refused here while enforcement is off.
+    let st = ready()?;
     // SAFETY: `params` is null or valid (driver contract).
     if let Some(p) = unsafe { read_in(params) } {
         let loc = p.poolProps.location;

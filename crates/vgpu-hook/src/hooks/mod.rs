@@ -13,7 +13,6 @@
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
-use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::atomic::Ordering;
 

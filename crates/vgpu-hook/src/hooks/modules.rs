@@ -7,10 +7,21 @@
 use super::*;
 
 /// After a module or library load: charge what it put on the device; a load whose memory
-/// the limit refuses is undone and fails with `CUDA_ERROR_OUT_OF_MEMORY`.
+/// the limit refuses (or any load while enforcement is off) is undone and fails with
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
 fn code_loaded(cuda: &Cuda, unload: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
-    let Some(st) = ready_state() else {
-        return Ok(());
+    // Code takes device memory: while enforcement is off the load is undone and refused.
+    let st = match ready() {
+        Ok(st) => st,
+        Err(refused) => {
+            if let Err(undone) = unload() {
+                vlog!(
+                    ERROR,
+                    "could not unload code refused with enforcement off ({undone:?})"
+                );
+            }
+            return Err(refused);
+        }
     };
     if let Err(oom) = reconcile_all(st, cuda, OverLimit::Refuse) {
         if let Err(undone) = unload() {

@@ -123,7 +123,18 @@ unsafe fn alloc_async(
         return Err(r);
     }
     settle_pool(st, cuda, pool, idx, tentative);
-    reconcile_if_due(st, cuda, idx);
+    if need > 0 {
+        // The pool grew: the driver took memory for it beyond what the pool reports (about
+        // 70 MiB for PyTorch's 2.5 GiB pool on the H200). Reconciled at every growth, not at
+        // the rate limit: allocations in quick succession would otherwise leave the last
+        // growths uncharged until some other call came by (issue 12). Growth is rare (a
+        // pool keeps what it reserved) and costs a driver allocation anyway.
+        st.residual.ran_now();
+        let _ = reconcile(st, cuda, idx, OverLimit::Charge);
+        st.pool_grew.store(true, Ordering::Relaxed);
+    } else {
+        reconcile_if_due(st, cuda, idx);
+    }
     Ok(())
 }
 

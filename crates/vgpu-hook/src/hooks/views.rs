@@ -54,38 +54,23 @@ pub(crate) unsafe fn total_mem_view(
     Ok(())
 }
 
-/// The usage of the CUDA device an NVML handle names (by UUID), if it is visible to this
-/// process.
+/// The usage of the GPU an NVML handle names, found by UUID among the shared file's GPUs
+/// (none for a GPU that is not the container's). Asks NVML only: an NVML-only process must
+/// not initialize CUDA (a child it forks could not use it). Reconciles first when this
+/// process has a CUDA device on that GPU.
 pub(super) fn nvml_device_usage(
     st: &Ready,
     nvml: &real::Nvml,
     device: nvmlDevice_t,
 ) -> Option<vgpu_alloc_core::DeviceUsage> {
-    let uuid = driver::nvml_uuid(nvml, device)?;
-    let cached = |map: &HashMap<String, i32>| map.get(&uuid).copied();
-    let known = st
-        .ordinals_by_uuid
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .map(cached);
-    let ordinal = match known {
-        Some(ordinal) => ordinal?,
-        None => {
-            // Built without holding our lock: loading the driver may wait on the loader.
-            let map = driver::cuda_ordinals_by_uuid(real::cuda().ok()?);
-            let ordinal = cached(&map);
-            *st.ordinals_by_uuid
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(map);
-            ordinal?
-        }
-    };
-    let idx = dev_index(CUdevice(ordinal))?;
-    if let Ok(cuda) = real::cuda() {
-        reconcile_if_due(st, cuda, idx);
+    let shared = st.ledger().shared()?;
+    let file_device = shared.device_of_uuid(&driver::nvml_uuid(nvml, device)?)?;
+    if let Some(ordinal) = shared.ordinal_of(file_device)
+        && let Ok(cuda) = real::cuda()
+    {
+        reconcile_if_due(st, cuda, ordinal);
     }
-    Some(st.ledger().usage_for_view(idx))
+    Some(shared.file_usage_for_view(file_device))
 }
 
 /// One of NVML's memory-info structs, rewritten to the limit's view.

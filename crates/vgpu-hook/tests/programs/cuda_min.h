@@ -118,6 +118,7 @@ CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice d);
 CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d);
 CUresult cuCtxDestroy_v2(CUcontext c);
 CUresult cuCtxSetCurrent(CUcontext c);

@@ -31,6 +31,7 @@
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 12000)              \
     X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 12000) \
     X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 12000) \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 12000) \
     X(cuCtxCreate_v2, "cuCtxCreate", 11000)                        \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 12000)                      \
     X(cuCtxSetCurrent, "cuCtxSetCurrent", 12000)                   \
@@ -561,6 +562,142 @@ static int cmd_fork(size_t size, const char *self) {
     return 0;
 }
 
+/* ---------- fork after NVML (issue 12 defect 1) ---------- */
+
+/* What a forked worker does with CUDA: initialize, allocate `size`, write and read it back,
+ * then ask for twice the limit's worth (`over`, refused under the hook). Prints each step's
+ * code with the prefix "child_"; returns the first failing code (0 = all worked). */
+static int fork_child_uses_cuda(size_t size, size_t over) {
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr p = 0, q = 0;
+    unsigned char back[64];
+    int r = A.cuInit(0);
+    printf("child_init=%d\n", r);
+    if (!r) printf("child_get=%d\n", r = A.cuDeviceGet(&d, 0));
+    if (!r) printf("child_retain=%d\n", r = A.cuDevicePrimaryCtxRetain(&c, d));
+    if (!r) printf("child_set=%d\n", r = A.cuCtxSetCurrent(c));
+    if (!r) printf("child_alloc=%d\n", r = A.cuMemAlloc_v2(&p, size));
+    if (!r) printf("child_memset=%d\n", r = A.cuMemsetD8_v2(p, 0x5a, sizeof back));
+    if (!r) printf("child_copy=%d\n", r = A.cuMemcpyDtoH_v2(back, p, sizeof back));
+    if (!r) printf("child_data_ok=%d\n", back[0] == 0x5a && back[63] == 0x5a);
+    if (!r && over) {
+        int o = A.cuMemAlloc_v2(&q, over);
+        printf("child_over=%d\n", o);
+        if (!o) A.cuMemFree_v2(q);
+    }
+    if (!r) A.cuMemFree_v2(p);
+    fflush(stdout);
+    return r;
+}
+
+/* The parent does `mode` first, then forks a worker (fork_child_uses_cuda):
+ *   none    nothing
+ *   nvml    what monitoring code and GPU-picking launchers do: nvmlInit, count, handle by
+ *           index, memory info (both versions), UUID, the process list
+ *   cuinit  cuInit (the real driver's rule: the child cannot use CUDA then)
+ * With VGPU_VIA=procaddr the parent has already called cuGetProcAddress (load_api). */
+static int cmd_fork_after(const char *mode, size_t size, size_t over) {
+    if (!strcmp(mode, "nvml")) {
+        if (!N.Init) die("fork_after nvml: no NVML");
+        unsigned n = 0;
+        nvmlDevice_t d;
+        nvmlMemory_t m;
+        nvmlMemory_v2_t m2;
+        char uuid[96];
+        nvmlProcessInfo_t procs[16];
+        unsigned np = 16;
+        printf("parent_nvml_init=%d\n", N.Init());
+        printf("parent_nvml_count=%d\n", N.GetCount(&n));
+        printf("parent_nvml_handle=%d\n", N.GetHandleByIndex(0, &d));
+        printf("parent_nvml_meminfo=%d\n", N.GetMemoryInfo(d, &m));
+        memset(&m2, 0, sizeof m2);
+        m2.version = nvmlMemory_v2;
+        if (N.GetMemoryInfo_v2) printf("parent_nvml_meminfo_v2=%d\n", N.GetMemoryInfo_v2(d, &m2));
+        printf("parent_nvml_uuid=%d\n", N.GetUUID(d, uuid, sizeof uuid));
+        if (N.GetProcs) printf("parent_nvml_procs=%d\n", N.GetProcs(d, &np, procs));
+        printf("parent_nvml_total=%llu\n", m.total);
+    } else if (!strcmp(mode, "cuinit")) {
+        printf("parent_init=%d\n", A.cuInit(0));
+    } else if (strcmp(mode, "none")) {
+        die("fork_after: mode must be none, nvml or cuinit");
+    }
+    fflush(stdout);
+    pid_t c = fork();
+    if (c == 0) _exit(fork_child_uses_cuda(size, over) & 0xff);
+    int st = 0;
+    waitpid(c, &st, 0);
+    printf("child_exit=%d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    return 0;
+}
+
+/* ---------- everything that takes device memory (issue 12 defect 6) ---------- */
+
+/* Each way a program takes device memory, whatever cuInit answered (a program may ignore
+ * it): the primary context, a created context, a module, a library, an allocation. */
+static int cmd_takes(void) {
+    CUdevice d = 0;
+    CUcontext primary = NULL, created = NULL;
+    CUmodule m = NULL;
+    CUlibrary lib = NULL;
+    CUdeviceptr p = 0;
+    printf("init=%d\n", A.cuInit(0));
+    printf("get=%d\n", A.cuDeviceGet(&d, 0));
+    int r = A.cuDevicePrimaryCtxRetain(&primary, d);
+    printf("retain=%d\n", r);
+    printf("create=%d\n", A.cuCtxCreate_v2(&created, 0, d));
+    if (!r) A.cuCtxSetCurrent(primary);
+    printf("module=%d\n", A.cuModuleLoadData(&m, VGPU_TEST_PTX));
+    printf("library=%d\n", A.cuLibraryLoadData(&lib, VGPU_TEST_PTX, NULL, NULL, 0, NULL, NULL, 0));
+    printf("alloc=%d\n", A.cuMemAlloc_v2(&p, 4 * MIB));
+    return 0;
+}
+
+/* ---------- a reset primary context (issue 12 defect 7) ---------- */
+
+/* Retain the primary context, reset it (what cudaDeviceReset does), retain it anew: the
+ * new context's memory is charged like the first one's. Then tries to allocate `size`. */
+static int cmd_reset(size_t size) {
+    must(A.cuInit(0), "cuInit");
+    CUdevice d;
+    CUcontext c;
+    must(A.cuDeviceGet(&d, 0), "cuDeviceGet");
+    ctx_on(0);
+    printf("used_first=%zu\n", used_now());
+    printf("reset=%d\n", A.cuDevicePrimaryCtxReset_v2(d));
+    must(A.cuDevicePrimaryCtxRetain(&c, d), "cuDevicePrimaryCtxRetain again");
+    must(A.cuCtxSetCurrent(c), "cuCtxSetCurrent");
+    printf("used_again=%zu\n", used_now());
+    CUdeviceptr p = 0;
+    CUresult r = A.cuMemAlloc_v2(&p, size);
+    printf("alloc=%d\n", r);
+    if (!r) A.cuMemFree_v2(p);
+    /* The retain count is now 2 (first retain, second retain): release both. */
+    A.cuDevicePrimaryCtxRelease_v2(d);
+    A.cuDevicePrimaryCtxRelease_v2(d);
+    return 0;
+}
+
+/* ---------- allocate on request (issue 12 defect 8) ---------- */
+
+/* Allocates `first`, prints "first=<code>" and "ready=1", then allocates `second` after
+ * a line on stdin, prints "second=<code>" and "done=1", and exits after one more line.
+ * Calls no view (cuMemGetInfo, NVML) in between. */
+static int cmd_two_steps(size_t first, size_t second) {
+    must(A.cuInit(0), "cuInit");
+    ctx_on(0);
+    CUdeviceptr p = 0, q = 0;
+    char line[64];
+    printf("first=%d\nready=1\n", A.cuMemAlloc_v2(&p, first));
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) return 0;
+    printf("second=%d\ndone=1\n", A.cuMemAlloc_v2(&q, second));
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) {
+    }
+    return 0;
+}
+
 /* ---------- ranges and IPC ---------- */
 
 static int cmd_range(void) {
@@ -1023,6 +1160,36 @@ static int cmd_exit(const char *how, size_t size) {
     return 2;
 }
 
+/* ---------- stream-ordered allocations held (issue 12 defect 9) ---------- */
+
+/* hold_async SIZE...: cuMemAllocAsync of each size, one right after the other on one stream
+ * (as PyTorch's cudaMallocAsync backend makes them), synchronize, print what NVML lists for
+ * this process ("nvml_self_used", -1 if not listed; the process list is not hooked, so this
+ * triggers nothing in the hook) and "hold=1", then free after a line on stdin. No view
+ * (cuMemGetInfo, nvmlDeviceGetMemoryInfo) is called. */
+static int cmd_hold_async(int n, char **sizes) {
+    must(A.cuInit(0), "cuInit");
+    ctx_on(0);
+    CUstream s;
+    must(A.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    CUdeviceptr p[16];
+    int k = 0;
+    for (; k < n && k < 16; k++) {
+        CUresult r = A.cuMemAllocAsync(&p[k], strtoull(sizes[k], NULL, 0), s);
+        printf("async%d=%d\n", k, r);
+        if (r) break;
+    }
+    must(A.cuStreamSynchronize(s), "cuStreamSynchronize");
+    printf("nvml_self_used=%lld\nhold=1\n", nvml_self_used());
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) {
+    }
+    for (int i = 0; i < k; i++) A.cuMemFreeAsync(p[i], s);
+    A.cuStreamSynchronize(s);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) die("usage: probe info|counted|threads|hold|try|fork|range|devices|launch|bench_*|leak|exit ...");
@@ -1036,7 +1203,12 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "hold")) return cmd_hold(ARG(2));
     if (!strcmp(c, "try")) return cmd_try(ARG(2));
     if (!strcmp(c, "fork")) return cmd_fork(ARG(2), argv[0]);
+    if (!strcmp(c, "fork_after") && argc >= 4) return cmd_fork_after(argv[2], ARG(3), ARG(4));
     if (!strcmp(c, "range")) return cmd_range();
+    if (!strcmp(c, "takes")) return cmd_takes();
+    if (!strcmp(c, "hold_async")) return cmd_hold_async(argc - 2, argv + 2);
+    if (!strcmp(c, "two_steps")) return cmd_two_steps(ARG(2), ARG(3));
+    if (!strcmp(c, "reset")) return cmd_reset(ARG(2));
     if (!strcmp(c, "devices")) return cmd_devices(ARG(2));
     if (!strcmp(c, "launch")) return cmd_launch((int)ARG(2));
     if (!strcmp(c, "bench_alloc")) return cmd_bench_alloc((int)ARG(2), ARG(3));

@@ -87,7 +87,7 @@ impl Sim {
                     pool.used = pool.used.saturating_sub(a.accounted);
                     if pool.destroyed {
                         pool.reserved = pool.reserved.saturating_sub(a.accounted);
-                        self.devices[a.dev].release(a.accounted);
+                        self.release_pool_block(a.dev, a.accounted);
                     } else {
                         pool.free.push((a.accounted, a.region));
                     }

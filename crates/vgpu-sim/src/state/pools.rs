@@ -88,15 +88,23 @@ impl Sim {
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         pl.destroyed = true;
         let dev = pl.dev;
-        let freed: u64 = pl.free.drain(..).map(|(s, _)| s).sum();
-        pl.reserved -= freed;
-        self.devices[dev].release(freed);
+        let blocks: Vec<u64> = pl.free.drain(..).map(|(s, _)| s).collect();
+        pl.reserved -= blocks.iter().sum::<u64>();
+        for s in blocks {
+            self.release_pool_block(dev, s);
+        }
         for cur in st.current_pool.iter_mut() {
             if *cur == Some(id) {
                 *cur = None;
             }
         }
         Ok(())
+    }
+
+    /// A pool's block of `size` goes back to device `dev`, with the driver's own memory for it
+    /// (`VGPU_SIM_POOL_BLOCK_OVERHEAD`).
+    pub(super) fn release_pool_block(&self, dev: usize, size: u64) {
+        self.devices[dev].release(size + self.cfg.pool_block_overhead);
     }
 
     pub(super) fn pool_trim_locked(&self, st: &mut State, id: u64, keep: u64) {
@@ -107,7 +115,8 @@ impl Sim {
         while pl.reserved > keep {
             let Some((s, _)) = pl.free.pop() else { break };
             pl.reserved -= s;
-            self.devices[pl.dev].release(s);
+            let dev = pl.dev;
+            self.release_pool_block(dev, s);
         }
     }
 
@@ -209,13 +218,16 @@ impl Sim {
         let (bsize, region) = if let Some((i, _)) = best {
             pl.free.swap_remove(i)
         } else {
-            if self.devices[pdev].reserve(block).is_err() {
+            let taken = block
+                .checked_add(self.cfg.pool_block_overhead)
+                .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+            if self.devices[pdev].reserve(taken).is_err() {
                 // Give back this pool's unused blocks before failing, as the driver does.
                 self.pool_trim_locked(&mut st, id, 0);
-                self.devices[pdev].reserve(block)?;
+                self.devices[pdev].reserve(taken)?;
             }
             let Some(r) = HostRegion::new(block as usize) else {
-                self.devices[pdev].release(block);
+                self.release_pool_block(pdev, block);
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             };
             let pl = st.pools.get_mut(&id).expect("present");

@@ -132,6 +132,26 @@ fn pools_reserve_blocks_and_release_at_sync() {
 }
 
 #[test]
+fn a_pool_block_costs_its_overhead_outside_what_the_pool_reports() {
+    let s = sim(&[
+        ("VGPU_SIM_CTX_OVERHEAD", "0"),
+        ("VGPU_SIM_POOL_BLOCK_OVERHEAD", "2m"),
+    ]);
+    s.ctx_create(0, 0).unwrap();
+    let pool = s.default_pool(0).unwrap();
+    let a = s.alloc_async(3 << 20, 0, 0, false).unwrap();
+    let b = s.alloc_async(1 << 20, 0, 0, false).unwrap();
+    let reserved = s.pool_get_attr(pool, 5).unwrap();
+    assert_eq!(reserved, 6 << 20, "two blocks: 4 MiB and 2 MiB");
+    assert_eq!(used(s, 0), reserved + (4 << 20), "2 MiB more per block");
+    s.free_async(a, 0, false).unwrap();
+    s.free_async(b, 0, false).unwrap();
+    s.stream_sync(0, false).unwrap();
+    s.pool_trim(pool, 0).unwrap();
+    assert_eq!(used(s, 0), 0, "the overhead goes with its block");
+}
+
+#[test]
 fn module_code_takes_memory_at_load_when_eager_and_at_first_launch_when_lazy() {
     const MOD: u64 = 8 << 20;
     let launch_fill = |s: &'static Sim, f: u64| {

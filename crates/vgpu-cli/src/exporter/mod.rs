@@ -1,0 +1,268 @@
+//! `vgpu exporter`: Prometheus text metrics of one usage file or every file a glob matches.
+//!
+//! Every scrape re-expands the glob, re-reads the kubelet's pod directories and reads each
+//! file through the node-side reader ([`report::read`]), so containers that come and go are
+//! picked up without a restart. The page ([`render`]) serves HAMi's families for containers
+//! in the device plugins' layout ([`pods`]) beside vgpu's own.
+
+pub mod pods;
+pub mod render;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use crate::Failure;
+use crate::cli::{CacheArg, ExporterArgs};
+use crate::glob;
+use crate::http::{self, Request, Response};
+use crate::report;
+
+pub use render::{Options, Scraped};
+
+/// The files to scrape: a glob's matches, or one literal path (kept even while missing, so
+/// `vgpu_up` says it is down rather than the series vanishing).
+pub fn scrape_targets(pattern: &str) -> Result<Vec<PathBuf>, String> {
+    if glob::has_magic(pattern) {
+        glob::expand(pattern)
+    } else {
+        Ok(vec![PathBuf::from(pattern)])
+    }
+}
+
+/// The exporter's state shared by connection threads.
+#[derive(Debug)]
+pub struct Exporter {
+    pattern: String,
+    pod_logs: PathBuf,
+    options: Options,
+    errors_total: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Exporter {
+    /// An exporter for `pattern` (a path or a glob), with pod metadata from `pod_logs`.
+    pub fn new(pattern: String, pod_logs: PathBuf, options: Options) -> Self {
+        Self {
+            pattern,
+            pod_logs,
+            options,
+            errors_total: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Read every target now and render the metrics page.
+    pub fn scrape(&self) -> String {
+        let (targets, glob_error) = match scrape_targets(&self.pattern) {
+            Ok(t) => (t, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        let pods = pods::PodIndex::read(&self.pod_logs);
+        let scraped: Vec<Scraped> = targets
+            .iter()
+            .map(|p| Scraped {
+                cache: p.display().to_string(),
+                identity: pods.identify(p),
+                result: report::read(p),
+            })
+            .collect();
+        let mut errors = self.errors_total.lock().unwrap_or_else(|e| e.into_inner());
+        for f in &scraped {
+            if f.result.is_err() {
+                *errors.entry(f.cache.clone()).or_insert(0) += 1;
+            }
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        render::render(&scraped, &errors, glob_error.as_deref(), self.options, now)
+    }
+
+    /// Answer one HTTP request.
+    pub fn respond(&self, req: &Request) -> Response {
+        if req.method != "GET" && req.method != "HEAD" {
+            return Response::text(405, "only GET and HEAD\n");
+        }
+        match req.path.as_str() {
+            "/metrics" => Response {
+                status: 200,
+                content_type: "text/plain; version=0.0.4; charset=utf-8",
+                body: self.scrape(),
+            },
+            "/" => Response {
+                status: 200,
+                content_type: "text/html; charset=utf-8",
+                body: format!(
+                    "<!doctype html><html><head><title>vgpu exporter</title></head><body>\
+                     <h1>vgpu exporter</h1><p>Usage files: <code>{}</code></p>\
+                     <p><a href=\"/metrics\">Metrics</a></p></body></html>\n",
+                    self.pattern
+                        .replace('&', "&amp;")
+                        .replace('<', "&lt;")
+                        .replace('>', "&gt;")
+                ),
+            },
+            _ => Response::text(404, "not found; try /metrics\n"),
+        }
+    }
+}
+
+/// `vgpu exporter`: bind, print the address, serve until killed.
+pub fn exporter(args: &ExporterArgs) -> Result<ExitCode, Failure> {
+    let pattern = match &args.cache {
+        Some(p) if p.trim().is_empty() => return Err(Failure::usage("--cache is empty")),
+        Some(p) => p.clone(),
+        None => report::cache_path(&CacheArg { cache: None })
+            .display()
+            .to_string(),
+    };
+    // Fail now on a glob that can never work rather than at every scrape.
+    if let Err(e) = scrape_targets(&pattern) {
+        return Err(Failure::msg(format!("--cache {pattern}: {e}")));
+    }
+    let listener = TcpListener::bind(&args.listen)
+        .map_err(|e| Failure::msg(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::msg(format!("listening socket: {e}")))?;
+    println!("vgpu exporter: serving http://{addr}/metrics for {pattern}");
+    let _ = std::io::stdout().flush();
+    let options = Options {
+        hami: !args.no_hami_metrics,
+        legacy: args.legacy_metrics,
+        per_process: args.per_process,
+    };
+    let exporter = Arc::new(Exporter::new(pattern, args.pod_logs.clone(), options));
+    let err = http::serve(
+        listener,
+        Arc::new(move |req: &Request| exporter.respond(req)),
+    );
+    Err(Failure::msg(format!("accept failed: {err}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use render::render;
+    use std::path::Path;
+
+    fn scraped(cache: &str, result: Result<report::StatusReport, String>) -> Scraped {
+        Scraped {
+            cache: cache.to_owned(),
+            identity: pods::PodIndex::default().identify(Path::new(cache)),
+            result,
+        }
+    }
+
+    #[test]
+    fn metrics_are_grouped_by_family_with_labels() {
+        let mut with_turns = crate::report::tests::sample();
+        with_turns.devices[0].turns = vec![
+            crate::report::TurnTenantStatus {
+                key: "1".into(),
+                this_container: true,
+                sm_limit_percent: 50,
+                launch_us: 47,
+                age_ms: 10,
+            };
+            2
+        ];
+        let results = vec![
+            scraped("/tmp/x.cache", Ok(with_turns)),
+            scraped("/tmp/bad\"name", Err("not a usage file".to_owned())),
+        ];
+        let mut errors = BTreeMap::new();
+        errors.insert("/tmp/bad\"name".to_owned(), 3);
+        let opts = Options {
+            per_process: true,
+            ..Options::default()
+        };
+        let text = render(&results, &errors, None, opts, 0);
+        assert!(
+            text.contains("vgpu_up{cache=\"/tmp/x.cache\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vgpu_up{cache=\"/tmp/bad\\\"name\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vgpu_scrape_errors_total{cache=\"/tmp/bad\\\"name\"} 3\n"),
+            "{text}"
+        );
+        assert!(text.contains("vgpu_exporter_files 2\n"), "{text}");
+        assert!(
+            text.contains("# error reading /tmp/bad\"name: not a usage file\n"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "vgpu_device_memory_limit_bytes{cache=\"/tmp/x.cache\",device=\"0\",uuid=\"GPU-00000000-0000-0000-0000-000000000001\"} 1073741824\n"
+        ), "{text}");
+        assert!(text.contains(",class=\"data\"} 805306368\n"), "{text}");
+        assert!(text.contains("vgpu_device_turn_containers{cache=\"/tmp/x.cache\",device=\"0\",uuid=\"GPU-00000000-0000-0000-0000-000000000001\"} 2\n"), "{text}");
+        assert!(text.contains("vgpu_process_memory_used_bytes{cache=\"/tmp/x.cache\",pid=\"42\",host_pid=\"4242\",device=\"0\"} 872415232\n"), "{text}");
+        assert!(
+            text.contains("vgpu_process_alive{cache=\"/tmp/x.cache\",pid=\"7\",host_pid=\"\"} 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("vgpu_build_info{version=\""), "{text}");
+        // A file outside the plugins' layout has no pod: no HAMi series for it.
+        assert!(!text.contains("hami_vgpu_memory_used_bytes{"), "{text}");
+        // Every sample line belongs to the family declared just before it.
+        let mut current = "";
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                current = rest.split(' ').next().unwrap();
+            } else if !line.starts_with('#') {
+                assert!(
+                    line.starts_with(current),
+                    "{line} outside its family {current}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn per_process_series_are_opt_in() {
+        let results = vec![scraped("/tmp/x.cache", Ok(crate::report::tests::sample()))];
+        let text = render(&results, &BTreeMap::new(), None, Options::default(), 0);
+        assert!(!text.contains("vgpu_process_"), "{text}");
+        assert!(text.contains("vgpu_device_dead_processes{"), "{text}");
+    }
+
+    #[test]
+    fn unknown_paths_and_methods_get_errors() {
+        let e = Exporter::new(
+            "/nonexistent/x.cache".into(),
+            "/nonexistent/pods".into(),
+            Options::default(),
+        );
+        let get = |path: &str| Request {
+            method: "GET".into(),
+            path: path.into(),
+        };
+        assert_eq!(e.respond(&get("/nope")).status, 404);
+        assert_eq!(
+            e.respond(&Request {
+                method: "POST".into(),
+                path: "/metrics".into()
+            })
+            .status,
+            405
+        );
+        assert_eq!(e.respond(&get("/")).status, 200);
+        let m = e.respond(&get("/metrics"));
+        assert!(
+            m.body.contains("vgpu_up{cache=\"/nonexistent/x.cache\"} 0"),
+            "{}",
+            m.body
+        );
+        assert!(
+            e.respond(&get("/metrics"))
+                .body
+                .contains("vgpu_scrape_errors_total{cache=\"/nonexistent/x.cache\"} 2")
+        );
+    }
+}

@@ -1,0 +1,500 @@
+//! The metrics page: HAMi's families (names and labels exactly as HAMi's monitor serves them,
+//! `cmd/vGPUmonitor/metrics.go`), optionally its legacy names, and vgpu's own richer families.
+//!
+//! Invariants: every sample follows its family's `# HELP`/`# TYPE`; a limit that means
+//! "unlimited" produces no limit sample (so `used / limit` has no series rather than +Inf);
+//! a container's usage counts only processes that are alive (a killed container drops to 0,
+//! what the GPU really holds), while vgpu's own `dead` families show what dead processes
+//! still hold in the file.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::pods::Identity;
+use crate::report::{DeviceStatus, StatusReport};
+
+/// What the page includes besides vgpu's own families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// HAMi's `hami_*` families (for its dashboard).
+    pub hami: bool,
+    /// HAMi's pre-2.6 names (`vGPU_device_memory_usage_in_bytes`, ...).
+    pub legacy: bool,
+    /// One series per process (`vgpu_process_*`): many series on busy nodes, so opt-in.
+    pub per_process: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            hami: true,
+            legacy: false,
+            per_process: false,
+        }
+    }
+}
+
+/// One usage file as read at one scrape.
+#[derive(Debug, Clone)]
+pub struct Scraped {
+    /// Its path.
+    pub cache: String,
+    /// Its pod and container, when it lies in the device plugins' layout.
+    pub identity: Option<Identity>,
+    /// The report, or why it could not be read.
+    pub result: Result<StatusReport, String>,
+}
+
+/// Which set a family belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Set {
+    Vgpu,
+    PerProcess,
+    Hami,
+    Legacy,
+}
+
+/// Families in output order: set, name, type, help.
+const FAMILIES: &[(Set, &str, &str, &str)] = &[
+    (
+        Set::Vgpu,
+        "vgpu_build_info",
+        "gauge",
+        "Always 1; the exporter's version.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_up",
+        "gauge",
+        "1 if the usage file was read, 0 if it is missing or invalid.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_scrape_errors_total",
+        "counter",
+        "Failed reads of the usage file since the exporter started.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_exporter_files",
+        "gauge",
+        "Usage files matched by the glob at this scrape.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_memory_limit_bytes",
+        "gauge",
+        "Device memory limit in bytes (no sample when unlimited).",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_memory_used_bytes",
+        "gauge",
+        "Device memory the file counts against the limit (dead processes included until swept), bytes.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_memory_class_bytes",
+        "gauge",
+        "Device memory counted by class (context, module, data), bytes.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_memory_dead_bytes",
+        "gauge",
+        "Device memory still counted for processes that no longer exist, bytes.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_dead_processes",
+        "gauge",
+        "Processes that no longer exist but are still counted on the device.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_sm_limit_percent",
+        "gauge",
+        "SM (compute) limit in percent (no sample when unlimited).",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_sm_utilization_percent",
+        "gauge",
+        "Sum of the processes' SM utilization, percent.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_processes",
+        "gauge",
+        "Processes registered in the file using the device.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_turn_containers",
+        "gauge",
+        "Limited containers taking turns on the GPU (its turn board; 0 = no turns).",
+    ),
+    (
+        Set::PerProcess,
+        "vgpu_process_memory_used_bytes",
+        "gauge",
+        "Device memory in use by one process, bytes.",
+    ),
+    (
+        Set::PerProcess,
+        "vgpu_process_sm_utilization_percent",
+        "gauge",
+        "SM utilization of one process on one device, percent.",
+    ),
+    (
+        Set::PerProcess,
+        "vgpu_process_alive",
+        "gauge",
+        "1 if the process exists, 0 if it is dead but still counted.",
+    ),
+    (
+        Set::Hami,
+        "hami_vgpu_memory_used_bytes",
+        "gauge",
+        "vGPU device memory usage in bytes",
+    ),
+    (
+        Set::Hami,
+        "hami_vgpu_memory_limit_bytes",
+        "gauge",
+        "vGPU device memory limit in bytes",
+    ),
+    (
+        Set::Hami,
+        "hami_container_device_memory_bytes",
+        "gauge",
+        "Container device memory usage in bytes",
+    ),
+    (
+        Set::Hami,
+        "hami_container_device_utilization_ratio",
+        "gauge",
+        "Container device SM utilization ratio",
+    ),
+    (
+        Set::Hami,
+        "hami_container_last_kernel_elapsed_seconds",
+        "gauge",
+        "Seconds since last kernel execution in container",
+    ),
+    (
+        Set::Hami,
+        "hami_vgpu_memory_context_bytes",
+        "gauge",
+        "Container device memory context size in bytes",
+    ),
+    (
+        Set::Hami,
+        "hami_vgpu_memory_module_bytes",
+        "gauge",
+        "Container device memory module size in bytes",
+    ),
+    (
+        Set::Hami,
+        "hami_vgpu_memory_buffer_bytes",
+        "gauge",
+        "Container device memory buffer size in bytes",
+    ),
+    (
+        Set::Legacy,
+        "vGPU_device_memory_usage_in_bytes",
+        "gauge",
+        "vGPU device usage",
+    ),
+    (
+        Set::Legacy,
+        "vGPU_device_memory_limit_in_bytes",
+        "gauge",
+        "vGPU device limit",
+    ),
+    (
+        Set::Legacy,
+        "Device_memory_desc_of_container",
+        "gauge",
+        "Container device memory description",
+    ),
+    (
+        Set::Legacy,
+        "Device_utilization_desc_of_container",
+        "gauge",
+        "Container device utilization description",
+    ),
+    (
+        Set::Legacy,
+        "Device_last_kernel_of_container",
+        "gauge",
+        "Container device last kernel description",
+    ),
+];
+
+/// HAMi's monitor registers its collector with a constant `zone="vGPU"` label.
+const HAMI_ZONE: (&str, &str) = ("zone", "vGPU");
+
+/// Escape a label value (backslash, quote, newline).
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Samples collected per family name.
+#[derive(Debug, Default)]
+struct Samples(BTreeMap<&'static str, Vec<String>>);
+
+impl Samples {
+    fn add(&mut self, name: &'static str, labels: &[(&str, &str)], value: u64) {
+        let mut line = String::from(name);
+        if !labels.is_empty() {
+            line.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    line.push(',');
+                }
+                let _ = write!(line, "{k}=\"{}\"", esc(v));
+            }
+            line.push('}');
+        }
+        let _ = write!(line, " {value}");
+        self.0.entry(name).or_default().push(line);
+    }
+}
+
+/// Live processes' memory on device `d` (what the GPU holds for this container now).
+fn live_used(report: &StatusReport, d: &DeviceStatus) -> (u64, u64, u64, u64) {
+    let mut sum = (0u64, 0u64, 0u64, 0u64);
+    for pd in report
+        .processes
+        .iter()
+        .filter(|p| p.alive)
+        .flat_map(|p| p.devices.iter().filter(|pd| pd.index == d.index))
+    {
+        sum.0 = sum.0.saturating_add(pd.memory_used_bytes);
+        sum.1 = sum.1.saturating_add(pd.context_bytes);
+        sum.2 = sum.2.saturating_add(pd.module_bytes);
+        sum.3 = sum.3.saturating_add(pd.data_bytes);
+    }
+    sum
+}
+
+fn hami_samples(
+    s: &mut Samples,
+    opts: Options,
+    id: &Identity,
+    report: &StatusReport,
+    now_unix: u64,
+) {
+    for d in &report.devices {
+        // HAMi skips a device whose UUID is not recorded yet, and keeps 40 characters of it.
+        let Some(uuid) = d.uuid.as_deref().filter(|u| !u.is_empty()) else {
+            continue;
+        };
+        let uuid: String = uuid.chars().take(40).collect();
+        let index = d.index.to_string();
+        let (used, context, module, data) = live_used(report, d);
+        let last_kernel = report
+            .last_kernel_unix_s
+            .map(|t| now_unix.saturating_sub(t));
+        if opts.hami {
+            let l = [
+                ("namespace", id.namespace.as_str()),
+                ("pod", id.pod.as_str()),
+                ("container", id.container.as_str()),
+                ("vdevice_index", index.as_str()),
+                ("device_uuid", uuid.as_str()),
+                HAMI_ZONE,
+            ];
+            s.add("hami_vgpu_memory_used_bytes", &l, used);
+            if let Some(limit) = d.memory_limit_bytes {
+                s.add("hami_vgpu_memory_limit_bytes", &l, limit);
+            }
+            s.add("hami_container_device_memory_bytes", &l, used);
+            s.add(
+                "hami_container_device_utilization_ratio",
+                &l,
+                d.sm_utilization_percent,
+            );
+            if let Some(secs) = last_kernel {
+                s.add("hami_container_last_kernel_elapsed_seconds", &l, secs);
+            }
+            s.add("hami_vgpu_memory_context_bytes", &l, context);
+            s.add("hami_vgpu_memory_module_bytes", &l, module);
+            s.add("hami_vgpu_memory_buffer_bytes", &l, data);
+        }
+        if opts.legacy {
+            let l = [
+                ("podnamespace", id.namespace.as_str()),
+                ("podname", id.pod.as_str()),
+                ("ctrname", id.container.as_str()),
+                ("vdeviceid", index.as_str()),
+                ("deviceuuid", uuid.as_str()),
+                HAMI_ZONE,
+            ];
+            s.add("vGPU_device_memory_usage_in_bytes", &l, used);
+            if let Some(limit) = d.memory_limit_bytes {
+                s.add("vGPU_device_memory_limit_in_bytes", &l, limit);
+            }
+            let offset = used.saturating_sub(context + module + data).to_string();
+            let (c, m, b) = (context.to_string(), module.to_string(), data.to_string());
+            let mut desc = l.to_vec();
+            desc.extend([
+                ("context", c.as_str()),
+                ("module", m.as_str()),
+                ("data", b.as_str()),
+                ("offset", offset.as_str()),
+            ]);
+            s.add("Device_memory_desc_of_container", &desc, used);
+            s.add(
+                "Device_utilization_desc_of_container",
+                &l,
+                d.sm_utilization_percent,
+            );
+            if let Some(secs) = last_kernel {
+                s.add("Device_last_kernel_of_container", &l, secs);
+            }
+        }
+    }
+}
+
+fn vgpu_samples(s: &mut Samples, opts: Options, base: &[(&str, &str)], report: &StatusReport) {
+    for d in &report.devices {
+        let index = d.index.to_string();
+        let mut l = base.to_vec();
+        l.extend([
+            ("device", index.as_str()),
+            ("uuid", d.uuid.as_deref().unwrap_or("")),
+        ]);
+        if let Some(limit) = d.memory_limit_bytes {
+            s.add("vgpu_device_memory_limit_bytes", &l, limit);
+        }
+        s.add("vgpu_device_memory_used_bytes", &l, d.memory_used_bytes);
+        for (class, v) in [
+            ("context", d.context_bytes),
+            ("module", d.module_bytes),
+            ("data", d.data_bytes),
+        ] {
+            let mut lc = l.clone();
+            lc.push(("class", class));
+            s.add("vgpu_device_memory_class_bytes", &lc, v);
+        }
+        let on_device = |alive: bool| {
+            report
+                .processes
+                .iter()
+                .filter(move |p| p.alive == alive)
+                .filter_map(|p| p.devices.iter().find(|pd| pd.index == d.index))
+        };
+        let dead_bytes = on_device(false)
+            .map(|pd| pd.memory_used_bytes)
+            .fold(0, u64::saturating_add);
+        s.add("vgpu_device_memory_dead_bytes", &l, dead_bytes);
+        s.add(
+            "vgpu_device_dead_processes",
+            &l,
+            on_device(false).count() as u64,
+        );
+        if let Some(sm) = d.sm_limit_percent {
+            s.add("vgpu_device_sm_limit_percent", &l, sm);
+        }
+        s.add(
+            "vgpu_device_sm_utilization_percent",
+            &l,
+            d.sm_utilization_percent,
+        );
+        let users = on_device(true).count() + on_device(false).count();
+        s.add("vgpu_device_processes", &l, users as u64);
+        s.add("vgpu_device_turn_containers", &l, d.turns.len() as u64);
+    }
+    if !opts.per_process {
+        return;
+    }
+    for p in &report.processes {
+        let pid = p.pid.to_string();
+        let host = p.host_pid.map_or_else(String::new, |h| h.to_string());
+        let mut pl = base.to_vec();
+        pl.extend([("pid", pid.as_str()), ("host_pid", host.as_str())]);
+        s.add("vgpu_process_alive", &pl, u64::from(p.alive));
+        for d in &p.devices {
+            let index = d.index.to_string();
+            let mut l = pl.clone();
+            l.push(("device", index.as_str()));
+            s.add("vgpu_process_memory_used_bytes", &l, d.memory_used_bytes);
+            s.add(
+                "vgpu_process_sm_utilization_percent",
+                &l,
+                d.sm_utilization_percent,
+            );
+        }
+    }
+}
+
+/// Render the Prometheus text format (0.0.4) for the scraped files at `now_unix`.
+pub fn render(
+    scraped: &[Scraped],
+    errors_total: &BTreeMap<String, u64>,
+    glob_error: Option<&str>,
+    opts: Options,
+    now_unix: u64,
+) -> String {
+    let mut s = Samples::default();
+    s.add(
+        "vgpu_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1,
+    );
+    s.add("vgpu_exporter_files", &[], scraped.len() as u64);
+    for f in scraped {
+        // A container's file also carries its pod labels, for joins with HAMi's families.
+        let mut base = vec![("cache", f.cache.as_str())];
+        if let Some(id) = &f.identity {
+            base.extend([
+                ("namespace", id.namespace.as_str()),
+                ("pod", id.pod.as_str()),
+                ("container", id.container.as_str()),
+                ("pod_uid", id.pod_uid.as_str()),
+            ]);
+        }
+        s.add("vgpu_up", &base, u64::from(f.result.is_ok()));
+        s.add(
+            "vgpu_scrape_errors_total",
+            &base,
+            errors_total.get(&f.cache).copied().unwrap_or(0),
+        );
+        let Ok(report) = &f.result else { continue };
+        vgpu_samples(&mut s, opts, &base, report);
+        // HAMi's families exist only for containers (its monitor knows nothing else).
+        if let Some(id) = &f.identity {
+            hami_samples(&mut s, opts, id, report, now_unix);
+        }
+    }
+    let mut out = String::new();
+    if let Some(e) = glob_error {
+        // Comments are ignored by Prometheus but visible to a person reading the page.
+        let _ = writeln!(out, "# glob error: {}", e.replace('\n', " "));
+    }
+    for f in scraped {
+        if let Err(e) = &f.result {
+            let _ = writeln!(out, "# error reading {}: {}", f.cache, e.replace('\n', " "));
+        }
+    }
+    for (set, name, kind, help) in FAMILIES {
+        let included = match set {
+            Set::Vgpu => true,
+            Set::PerProcess => opts.per_process,
+            Set::Hami => opts.hami,
+            Set::Legacy => opts.legacy,
+        };
+        if !included {
+            continue;
+        }
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for line in s.0.get(name).into_iter().flatten() {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    out
+}

@@ -1,0 +1,461 @@
+//! Two "containers" on one simulated GPU, laid out exactly as HAMi's device plugin lays them
+//! out (pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go, Allocate), read by the
+//! node side from the host layout.
+//!
+//! Each container is a process in its own PID and mount namespace (`unshare`), seeing:
+//! - `/usr/local/vgpu` = the host's `<root>/containers/<pod UID>_<container>/` (read-write),
+//!   with `libvgpu.so` bind-mounted read-only at `/usr/local/vgpu/libvgpu.so` (the runtime
+//!   creates that mount point as an empty file in the host directory, which is why the monitor
+//!   skips files named libvgpu.so);
+//! - `/tmp/vgpulock` = the host's one turn directory, shared by every container;
+//! - the preload through `/etc/ld.so.preload`, bind-mounted read-only from the host's
+//!   `ld.so.preload` naming `/usr/local/vgpu/libvgpu.so` (where the host has no
+//!   `/etc/ld.so.preload` to mount over, the namespace's `/etc` becomes links to the host's
+//!   plus that one file: never a change on the host);
+//! - `CUDA_DEVICE_MEMORY_LIMIT_0=<MiB>m`, `CUDA_DEVICE_SM_LIMIT`,
+//!   `CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/<uuid>.cache`.
+//!
+//! The node side (`vgpu exporter`, `vgpu status`) sees only the host paths. Needs root (or
+//! user namespaces) for `unshare`; skips with a message where that is not permitted.
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use vgpu_cli::http;
+
+const MIB: u64 = 1 << 20;
+/// The one simulated GPU both containers are given (the simulator models one per process; the
+/// shared UUID is what puts both on one turn board, as on a real GPU).
+const GPU: &str = "GPU-5a1e5130-0000-4000-8000-0000000c0de0";
+const CTX: u64 = 32 * MIB;
+
+/// Allocates ALLOC MiB (must succeed), then OVER MiB more (must be refused: the limit), then
+/// launches the simulator's 2 ms `spin` kernel back to back until killed.
+const PROGRAM: &str = r#"
+#include "standalone.h"
+#include <unistd.h>
+int main(int argc, char **argv) {
+  if (argc < 3) return 1;
+  unsigned long long alloc = strtoull(argv[1], 0, 10) << 20, over = strtoull(argv[2], 0, 10) << 20;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 3; }
+  CUresult (*cuInit)(unsigned); CUresult (*cuDeviceGet)(int *, int);
+  CUresult (*cuDevicePrimaryCtxRetain)(H *, int); CUresult (*cuCtxSetCurrent)(H);
+  CUresult (*cuMemAlloc_v2)(unsigned long long *, size_t);
+  CUresult (*cuModuleLoadData)(H *, const void *); CUresult (*cuModuleGetFunction)(H *, H, const char *);
+  CUresult (*cuStreamCreate)(H *, unsigned); CUresult (*cuStreamSynchronize)(H);
+  CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, H, void **, void **);
+  NEED(cuInit) NEED(cuDeviceGet) NEED(cuDevicePrimaryCtxRetain) NEED(cuCtxSetCurrent)
+  NEED(cuMemAlloc_v2) NEED(cuModuleLoadData) NEED(cuModuleGetFunction) NEED(cuStreamCreate)
+  NEED(cuStreamSynchronize) NEED(cuLaunchKernel)
+  int dev; H ctx, mod, f, s; unsigned long long a, b;
+  CHECK(cuInit(0)); CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev)); CHECK(cuCtxSetCurrent(ctx));
+  CUresult first = cuMemAlloc_v2(&a, alloc);
+  CUresult second = cuMemAlloc_v2(&b, over);
+  CHECK(cuModuleLoadData(&mod, "vgpusim-module: spin"));
+  CHECK(cuModuleGetFunction(&f, mod, "spin"));
+  CHECK(cuStreamCreate(&s, 0));
+  unsigned long long ns = 2000000; void *args[] = {&ns};
+  for (long n = 0;; n++) {
+    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, args, 0));
+    CHECK(cuStreamSynchronize(s));
+    if (n == 20) {
+      printf("READY pid=%d first=%d second=%d\n", (int)getpid(), first, second);
+      fflush(stdout);
+    }
+  }
+}
+"#;
+
+/// One HAMi-style container: its pod, its limits, its process.
+struct Container {
+    unshare: Child,
+    lines: Receiver<String>,
+    dir: PathBuf,
+}
+
+impl Container {
+    fn ready(&self) -> String {
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end {
+            if let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                if l.starts_with("READY") {
+                    return l;
+                }
+                eprintln!("container: {l}");
+            }
+        }
+        panic!("container {} never became ready", self.dir.display());
+    }
+
+    /// Kill the container: SIGKILL to `unshare` takes its namespace's init with it
+    /// (`--kill-child`), and with the init every process of the PID namespace.
+    fn kill(&mut self) {
+        self.unshare.kill().unwrap();
+        self.unshare.wait().unwrap();
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+    }
+}
+
+/// The node: host directories, the built program, the hook and the simulated driver.
+struct Node {
+    root: TempDir,
+    program: PathBuf,
+    hook: PathBuf,
+    driver: PathBuf,
+}
+
+impl Node {
+    fn new() -> Self {
+        let hook = built_library("libvgpu.so");
+        let sim = built_library("libvgpusim.so");
+        let root = TempDir::new("vgpu-node").unwrap();
+        let r = root.path();
+        for d in ["containers", "pods", "vgpulock", "driver"] {
+            std::fs::create_dir_all(r.join(d)).unwrap();
+        }
+        // The "driver" the NVIDIA runtime would mount: the simulator under the driver's names.
+        vgpu_cli::demo::make_sim_link_dir(&sim, &r.join("driver")).unwrap();
+        let src = r.join("program.c");
+        std::fs::write(&src, PROGRAM).unwrap();
+        let program = r.join("program");
+        let includes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vgpu-hook/tests/programs");
+        let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-O2", "-o"])
+            .arg(&program)
+            .arg(&src)
+            .arg("-I")
+            .arg(includes)
+            .arg("-ldl")
+            .output()
+            .expect("a C compiler (cc) is needed for this test");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let driver = r.join("driver");
+        Node {
+            root,
+            program,
+            hook,
+            driver,
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.root.path().join(p)
+    }
+
+    /// Start a container of pod `ns/pod` (UID `uid`), container `ctr`, with the plugin's
+    /// environment for `memory_mib` and `sm`; its program allocates `alloc` then `over` MiB.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &self,
+        ns: &str,
+        pod: &str,
+        uid: &str,
+        ctr: &str,
+        memory_mib: u64,
+        sm: u32,
+        alloc: u64,
+        over: u64,
+    ) -> Container {
+        std::fs::create_dir_all(self.path(&format!("pods/{ns}_{pod}_{uid}"))).unwrap();
+        let dir = self.path(&format!("containers/{uid}_{ctr}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let preload_file = dir.join("../..").join(format!("preload-{uid}"));
+        std::fs::write(&preload_file, "/usr/local/vgpu/libvgpu.so\n").unwrap();
+        // Inside the new mount namespace (private propagation): the plugin's mounts. A tmpfs
+        // over /usr/local gives a /usr/local/vgpu mount point without touching the host's.
+        let script = format!(
+            r#"set -eu
+mount -t tmpfs tmpfs /usr/local
+mkdir -p /usr/local/vgpu
+mount --bind '{dir}' /usr/local/vgpu
+touch /usr/local/vgpu/libvgpu.so
+mount --bind '{hook}' /usr/local/vgpu/libvgpu.so
+mount -o remount,bind,ro /usr/local/vgpu/libvgpu.so
+mount --bind '{lock}' /tmp/vgpulock
+if [ ! -e /etc/ld.so.preload ]; then
+  # Nothing to mount over: this namespace's /etc becomes links to the host's, plus the file.
+  mkdir -p '{etc}/orig' '{etc}/view'
+  mount --bind /etc '{etc}/orig'
+  for f in '{etc}'/orig/* '{etc}'/orig/.[!.]*; do [ -e "$f" ] && ln -s "$f" '{etc}/view/'; done
+  touch '{etc}/view/ld.so.preload'
+  mount --bind '{etc}/view' /etc
+fi
+mount --bind '{preload}' /etc/ld.so.preload
+mount -o remount,bind,ro /etc/ld.so.preload
+exec '{program}' {alloc} {over}
+"#,
+            dir = dir.display(),
+            hook = self.hook.display(),
+            lock = self.path("vgpulock").display(),
+            preload = preload_file.display(),
+            etc = self.path(&format!("etc-{uid}")).display(),
+            program = self.program.display(),
+        );
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount",
+            "--propagation",
+            "private",
+            "--mount-proc",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        cmd.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("LD_LIBRARY_PATH", &self.driver)
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", format!("{memory_mib}m"))
+            .env("CUDA_DEVICE_SM_LIMIT", sm.to_string())
+            .env(
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                format!("/usr/local/vgpu/{uid}-cache.cache"),
+            )
+            .env("VGPU_SIM_UUIDS", GPU)
+            .env("VGPU_SIM_CTX_OVERHEAD", CTX.to_string())
+            .env("VGPU_SIM_TOTAL_MEM", "8g")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut unshare = cmd.spawn().expect("unshare (util-linux)");
+        let (tx, lines) = channel();
+        let out = BufReader::new(unshare.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        Container {
+            unshare,
+            lines,
+            dir,
+        }
+    }
+}
+
+/// Whether this machine lets us make PID and mount namespaces with mounts in them.
+fn namespaces_permitted() -> bool {
+    Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--propagation",
+            "private",
+            "--mount-proc",
+        ])
+        .args(["sh", "-c", "mount -t tmpfs tmpfs /mnt"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn parse(body: &str) -> Vec<prometheus_parse::Sample> {
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    prometheus_parse::Scrape::parse(lines).unwrap().samples
+}
+
+/// The value of the one sample of `metric` with `labels`.
+fn value(
+    samples: &[prometheus_parse::Sample],
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    let hits: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .filter_map(|s| match s.value {
+            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        hits.len() <= 1,
+        "{metric} {labels:?}: {} series",
+        hits.len()
+    );
+    hits.first().copied()
+}
+
+const UID_A: &str = "3f2a0c4e-0000-4000-8000-00000000000a";
+const UID_B: &str = "3f2a0c4e-0000-4000-8000-00000000000b";
+
+#[test]
+fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
+    if !namespaces_permitted() {
+        eprintln!(
+            "SKIP: cannot create PID + mount namespaces here (unshare --pid --mount needs root \
+             or user namespaces); the container test did not run"
+        );
+        return;
+    }
+    let node = Node::new();
+    // Container A: 256 MiB, 30% SM; holds 128 MiB, 200 MiB more must be refused.
+    let mut a = node.start("team-a", "train-a", UID_A, "main", 256, 30, 128, 200);
+    // Container B: 512 MiB, 60% SM; holds 300 MiB, 300 MiB more must be refused.
+    let b = node.start("team-b", "infer-b", UID_B, "server", 512, 60, 300, 300);
+    let (ra, rb) = (a.ready(), b.ready());
+    // Limits hold per container: each first allocation fits, each second is OUT_OF_MEMORY.
+    assert!(ra.contains("first=0 second=2"), "A: {ra}");
+    assert!(rb.contains("first=0 second=2"), "B: {rb}");
+    // Each is pid 1 of its own PID namespace.
+    assert!(
+        ra.contains("pid=1 ") && rb.contains("pid=1 "),
+        "{ra} / {rb}"
+    );
+
+    // The node side reads the host layout only.
+    let mut cmd = vgpu();
+    cmd.env("VGPU_TURN_DIR", node.path("vgpulock")).args([
+        "exporter",
+        "--listen",
+        "127.0.0.1:0",
+        "--per-process",
+        "--pod-logs",
+        node.path("pods").to_str().unwrap(),
+        "--cache",
+        &format!("{}/containers/*/*.cache", node.root.path().display()),
+    ]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut exporter = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(exporter.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let scrape = || {
+        parse(
+            &http::get(&addr, "/metrics", Duration::from_secs(5))
+                .unwrap()
+                .1,
+        )
+    };
+    let pod_a = [
+        ("namespace", "team-a"),
+        ("pod", "train-a"),
+        ("container", "main"),
+    ];
+    let pod_b = [
+        ("namespace", "team-b"),
+        ("pod", "infer-b"),
+        ("container", "server"),
+    ];
+
+    // Usage under the right pod labels, limits per container, one process each, and both
+    // containers announced on the one GPU's turn board in the shared /tmp/vgpulock.
+    let mut s = scrape();
+    let end = Instant::now() + Duration::from_secs(10);
+    while value(&s, "vgpu_device_turn_containers", &pod_a) != Some(2.0) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+        s = scrape();
+    }
+    let used = |s: &[_], pod: &[(&str, &str)]| value(s, "hami_vgpu_memory_used_bytes", pod);
+    assert_eq!(used(&s, &pod_a), Some((CTX + 128 * MIB) as f64));
+    assert_eq!(used(&s, &pod_b), Some((CTX + 300 * MIB) as f64));
+    assert_eq!(
+        value(&s, "hami_vgpu_memory_limit_bytes", &pod_a),
+        Some((256 * MIB) as f64)
+    );
+    assert_eq!(
+        value(&s, "hami_vgpu_memory_limit_bytes", &pod_b),
+        Some((512 * MIB) as f64)
+    );
+    for pod in [&pod_a, &pod_b] {
+        let mut l = pod.to_vec();
+        l.push(("device_uuid", GPU));
+        assert!(value(&s, "hami_container_device_utilization_ratio", &l).is_some());
+        let mut p = pod.to_vec();
+        p.push(("pid", "1"));
+        assert_eq!(value(&s, "vgpu_process_alive", &p), Some(1.0), "{pod:?}");
+        assert_eq!(
+            value(&s, "vgpu_device_processes", pod),
+            Some(1.0),
+            "{pod:?}"
+        );
+        assert_eq!(
+            value(&s, "vgpu_device_turn_containers", pod),
+            Some(2.0),
+            "turns: {pod:?}"
+        );
+    }
+    let boards: Vec<_> = std::fs::read_dir(node.path("vgpulock")).unwrap().collect();
+    assert_eq!(boards.len(), 1, "one turn board for the one GPU");
+    // The runtime's mount point for the library sits in the host directory; it is skipped.
+    assert!(a.dir.join("libvgpu.so").exists());
+    assert_eq!(value(&s, "vgpu_exporter_files", &[]), Some(2.0));
+
+    // `vgpu status` on the host reads each container's file by its host path.
+    for (dir, limit) in [(&a.dir, 256 * MIB), (&b.dir, 512 * MIB)] {
+        let cache = dir.join(format!(
+            "{}-cache.cache",
+            &dir.file_name().unwrap().to_str().unwrap()[..36]
+        ));
+        let mut cmd = vgpu();
+        cmd.args(["status", "--json", "--cache", cache.to_str().unwrap()]);
+        let out = run(cmd);
+        assert_eq!(out.code(), Some(0), "{}", out.stderr);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["devices"][0]["memory_limit_bytes"], limit);
+        assert_eq!(v["devices"][0]["uuid"], GPU);
+        assert_eq!(v["processes"].as_array().unwrap().len(), 1);
+        assert_eq!(v["processes"][0]["alive"], true);
+    }
+
+    // Kill container A: its usage disappears from what the GPU holds (dead, no longer
+    // used), B is untouched, and A leaves the turn board.
+    a.kill();
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut s = scrape();
+    while (used(&s, &pod_a) != Some(0.0)
+        || value(&s, "vgpu_device_turn_containers", &pod_b) != Some(1.0))
+        && Instant::now() < end
+    {
+        std::thread::sleep(Duration::from_millis(200));
+        s = scrape();
+    }
+    assert_eq!(
+        used(&s, &pod_a),
+        Some(0.0),
+        "a killed container holds nothing"
+    );
+    assert_eq!(value(&s, "vgpu_device_dead_processes", &pod_a), Some(1.0));
+    let mut dead = pod_a.to_vec();
+    dead.push(("pid", "1"));
+    assert_eq!(value(&s, "vgpu_process_alive", &dead), Some(0.0));
+    assert_eq!(used(&s, &pod_b), Some((CTX + 300 * MIB) as f64));
+    assert_eq!(value(&s, "vgpu_device_turn_containers", &pod_b), Some(1.0));
+    let _ = exporter.kill();
+    let _ = exporter.wait();
+}

@@ -1,0 +1,430 @@
+//! The usage ledger behind the allocator: this process's slot in the container's shared
+//! table, addressed by the process's own CUDA ordinals.
+//!
+//! Invariants:
+//! - **The file's device index is the GPU**, not a process's ordinal: index i is the GPU
+//!   whose UUID is the file's `uuids[i]` (the container's devices, in the order of the
+//!   process that made the file). A process charges its ordinal o on the index whose UUID is
+//!   `cuDeviceGetUuid(o)`, so two processes with different `CUDA_VISIBLE_DEVICES` charge,
+//!   limit and show each GPU once. The map is built on the first use of an ordinal, which
+//!   only CUDA calls make (the process has initialized CUDA then: the hook never does). A
+//!   file that names no GPU maps o to o. An ordinal whose GPU the file does not list is
+//!   refused, with one line naming the GPU.
+//! - **The slot is in the file at the path**: a file unlinked or replaced under its name
+//!   splits the container in two ledgers. [`UsageTable::link_state`] is asked at most once a
+//!   second on reservations and on every refused one; once the path no longer names our
+//!   file, new reservations are refused (one line says why and what to do) and frees still
+//!   go to the file they were charged in.
+//!
+//! Views and sub-allocations cost nothing more: the map is one load once built, the link
+//! check one clock read when not due.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use vgpu_alloc_core::{
+    DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, UsageClass, UsageLedger,
+};
+use vgpu_cuda_abi::CUdevice;
+use vgpu_shm::{FileLink, ProcessSlot, UsageTable};
+
+use crate::log::{ERROR, WARN, vlog};
+
+/// The ledger: process-local (tests) or this process's slot in the shared table.
+#[derive(Debug)]
+pub(crate) enum HookLedger {
+    /// Process-local (tests), indexed by ordinal.
+    #[allow(dead_code)]
+    Local(Box<InMemoryLedger>),
+    /// This process's slot in the container's shared table (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
+    Shared(SharedLedger),
+}
+
+/// A slot of the shared table with the ordinal → GPU map and the link watch.
+#[derive(Debug)]
+pub(crate) struct SharedLedger {
+    slot: ProcessSlot,
+    /// File index per CUDA ordinal (`None`: the file does not list that GPU).
+    devices: OnceLock<[Option<DeviceIndex>; MAX_DEVICES]>,
+    /// Ordinals whose "not in the file" line was written (one bit each).
+    unlisted_said: AtomicU32,
+    link: LinkWatch,
+}
+
+impl SharedLedger {
+    pub(crate) fn new(slot: ProcessSlot) -> Self {
+        Self {
+            slot,
+            devices: OnceLock::new(),
+            unlisted_said: AtomicU32::new(0),
+            link: LinkWatch::new(),
+        }
+    }
+
+    /// The slot.
+    pub(crate) fn slot(&self) -> &ProcessSlot {
+        &self.slot
+    }
+
+    /// The file index of CUDA ordinal `ordinal`, building the map on first use.
+    fn file_device(&self, ordinal: DeviceIndex) -> Option<DeviceIndex> {
+        let map = match self.devices.get() {
+            Some(m) => m,
+            None => {
+                // Not cached while the driver cannot answer (CUDA not initialized yet).
+                let built = build_map(self.slot.table())?;
+                self.devices.get_or_init(|| built)
+            }
+        };
+        let found = *map.get(ordinal.as_usize())?;
+        if found.is_none() {
+            self.say_unlisted(ordinal);
+        }
+        found
+    }
+
+    /// The ordinal whose GPU is file index `device`, if the map was built (for views from
+    /// NVML; never builds it: an NVML-only process must not touch CUDA).
+    pub(crate) fn ordinal_of(&self, device: DeviceIndex) -> Option<DeviceIndex> {
+        let map = self.devices.get()?;
+        map.iter()
+            .position(|d| *d == Some(device))
+            .map(|o| DeviceIndex(o as u32))
+    }
+
+    /// The file index of the GPU with NVML UUID `uuid`.
+    pub(crate) fn device_of_uuid(&self, uuid: &str) -> Option<DeviceIndex> {
+        let table = self.slot.table();
+        (0..table.device_num())
+            .map(DeviceIndex)
+            .find(|&d| table.uuid(d) == uuid)
+    }
+
+    /// Usage of file index `device` for a view (dead processes swept first).
+    pub(crate) fn file_usage_for_view(&self, device: DeviceIndex) -> DeviceUsage {
+        sweep_for_view(self.slot.table());
+        self.slot.table().usage(device)
+    }
+
+    fn say_unlisted(&self, ordinal: DeviceIndex) {
+        let bit = 1u32 << (ordinal.0 % 32);
+        if self.unlisted_said.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+            return;
+        }
+        let uuid = crate::real::cuda()
+            .ok()
+            .and_then(|c| crate::driver::device_uuid(c, CUdevice(ordinal.0 as i32)).ok())
+            .unwrap_or_default();
+        let table = self.slot.table();
+        let listed: Vec<String> = (0..table.device_num())
+            .map(|d| table.uuid(DeviceIndex(d)))
+            .collect();
+        vlog!(
+            ERROR,
+            "device {ordinal} ({uuid}) is not among the GPUs of the shared file {} ({}): the \
+             file was made by a process that did not see it, so it has no limit or usage there; \
+             allocations on it are refused (run this process with the container's \
+             CUDA_VISIBLE_DEVICES, or give it a file of its own)",
+            table.path().display(),
+            listed.join(", ")
+        );
+    }
+
+    /// Whether new reservations may go to this file (see the module's second invariant).
+    fn attached(&self, force: bool) -> bool {
+        self.link.attached(self.slot.table(), force)
+    }
+}
+
+/// Builds the ordinal → file index map from the driver's UUIDs; `None` when the driver
+/// cannot count its devices (CUDA not initialized by the program).
+fn build_map(table: &UsageTable) -> Option<[Option<DeviceIndex>; MAX_DEVICES]> {
+    let identity = || std::array::from_fn(|o| Some(DeviceIndex(o as u32)));
+    let file: Vec<String> = (0..table.device_num())
+        .map(|d| table.uuid(DeviceIndex(d)))
+        .collect();
+    // A file that names no GPU: ordinals are its indices (what it was made with). No
+    // driver at all (unit tests): nothing to map.
+    if file.iter().all(String::is_empty) {
+        return Some(identity());
+    }
+    let Ok(cuda) = crate::real::cuda() else {
+        return Some(identity());
+    };
+    let n = crate::driver::device_count(cuda)
+        .ok()?
+        .clamp(0, MAX_DEVICES as i32);
+    let mut map = [None; MAX_DEVICES];
+    for o in 0..n {
+        let uuid = crate::driver::device_uuid(cuda, CUdevice(o)).unwrap_or_default();
+        map[o as usize] = file
+            .iter()
+            .position(|u| !uuid.is_empty() && *u == uuid)
+            .map(|i| DeviceIndex(i as u32));
+    }
+    Some(map)
+}
+
+/// Watches that the table's path still names the file this process charges.
+#[derive(Debug)]
+struct LinkWatch {
+    /// Milliseconds (since [`epoch`], + 1) of the last check; 0 = never.
+    last_ms: AtomicU64,
+    detached: AtomicBool,
+}
+
+/// At most one check a second (about a microsecond each).
+const LINK_CHECK_MS: u64 = 1000;
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl LinkWatch {
+    fn new() -> Self {
+        Self {
+            last_ms: AtomicU64::new(0),
+            detached: AtomicBool::new(false),
+        }
+    }
+
+    /// False once the path names another file or none (said once). Checked when due, or now
+    /// with `force`.
+    fn attached(&self, table: &UsageTable, force: bool) -> bool {
+        if self.detached.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = epoch().elapsed().as_millis() as u64 + 1;
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let due = force || last == 0 || now.saturating_sub(last) >= LINK_CHECK_MS;
+        if !due
+            || self
+                .last_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return true;
+        }
+        let what = match table.link_state() {
+            Ok(FileLink::Linked) => return true,
+            Ok(FileLink::Unlinked) => "was removed",
+            Ok(FileLink::Replaced) => "was replaced by another file",
+            Err(e) => {
+                vlog!(
+                    WARN,
+                    "cannot check the shared file {}: {e}",
+                    table.path().display()
+                );
+                return true;
+            }
+        };
+        if !self.detached.swap(true, Ordering::Relaxed) {
+            vlog!(
+                ERROR,
+                "the shared file {} {what} while this process used it: processes started since \
+                 count in another file, so this one no longer sees the container's usage. New \
+                 allocations are refused (frees still work); restart the process to join the file \
+                 now at that path",
+                table.path().display()
+            );
+        }
+        false
+    }
+}
+
+/// A refusal that is not the limit's (GPU not in the file, file detached): the hook's own
+/// line said why.
+fn refusal(device: DeviceIndex, bytes: u64) -> OutOfMemory {
+    OutOfMemory {
+        device,
+        requested: bytes,
+        in_use: 0,
+        limit: 0,
+    }
+}
+
+/// Views sweep dead processes at most once a millisecond: a program polling
+/// `cuMemGetInfo` in a loop must not pay one lock probe per process on every call.
+fn sweep_for_view(table: &UsageTable) {
+    static LAST_SWEEP_NS: AtomicU64 = AtomicU64::new(0);
+    let now = epoch().elapsed().as_nanos() as u64 + 1;
+    let last = LAST_SWEEP_NS.load(Ordering::Relaxed);
+    let due = (last == 0 || now.saturating_sub(last) >= 1_000_000)
+        && LAST_SWEEP_NS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok();
+    if due {
+        let _ = table.sweep_dead();
+    }
+}
+
+impl UsageLedger for HookLedger {
+    fn try_reserve(
+        &self,
+        device: DeviceIndex,
+        class: UsageClass,
+        bytes: u64,
+    ) -> Result<(), OutOfMemory> {
+        match self {
+            Self::Local(l) => l.try_reserve(device, class, bytes),
+            Self::Shared(s) => {
+                let Some(d) = s.file_device(device) else {
+                    return Err(refusal(device, bytes));
+                };
+                if !s.attached(false) {
+                    return Err(refusal(device, bytes));
+                }
+                s.slot.try_reserve(d, class, bytes).map_err(|oom| {
+                    // A refusal may come from a ledger split: say so if it is one.
+                    s.attached(true);
+                    OutOfMemory { device, ..oom }
+                })
+            }
+        }
+    }
+
+    fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
+        match self {
+            Self::Local(l) => l.release(device, class, bytes),
+            Self::Shared(s) => {
+                if let Some(d) = s.file_device(device) {
+                    s.slot.release(d, class, bytes);
+                }
+            }
+        }
+    }
+
+    fn usage(&self, device: DeviceIndex) -> DeviceUsage {
+        match self {
+            Self::Local(l) => l.usage(device),
+            Self::Shared(s) => match s.file_device(device) {
+                Some(d) => s.slot.table().usage(d),
+                // Not the container's GPU: nothing of it may be used.
+                None => DeviceUsage {
+                    used: 0,
+                    limit: Some(0),
+                },
+            },
+        }
+    }
+
+    fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
+        match self {
+            Self::Local(l) => l.charge_over_limit(device, class, bytes),
+            Self::Shared(s) => {
+                if let Some(d) = s.file_device(device) {
+                    s.slot.charge_over_limit(d, class, bytes);
+                }
+            }
+        }
+    }
+}
+
+impl HookLedger {
+    /// Bytes this process holds on `device` (an ordinal), every class (a process-local ledger
+    /// holds only this process's).
+    pub(crate) fn held_by_self(&self, device: DeviceIndex) -> u64 {
+        match self {
+            Self::Local(l) => l.usage(device).used,
+            Self::Shared(s) => s.file_device(device).map_or(0, |d| {
+                let h = s.slot.held(d);
+                h.context.saturating_add(h.module).saturating_add(h.data)
+            }),
+        }
+    }
+
+    /// The pid NVML lists this process under: the host pid the monitor wrote into the shared
+    /// file, else `getpid()`.
+    pub(crate) fn nvml_pid(&self) -> u32 {
+        let hostpid = match self {
+            Self::Shared(s) => s.slot.hostpid(),
+            Self::Local(_) => None,
+        };
+        hostpid.map_or_else(std::process::id, |h| h as u32)
+    }
+
+    /// Usage of ordinal `device` for a view (`cuMemGetInfo`): first gives dead processes'
+    /// usage back, so a process that just exited is not shown as still holding memory. Not for
+    /// allocation paths (refused reservations sweep by themselves).
+    pub(crate) fn usage_for_view(&self, device: DeviceIndex) -> DeviceUsage {
+        if let Self::Shared(s) = self {
+            sweep_for_view(s.slot.table());
+        }
+        self.usage(device)
+    }
+
+    /// The shared ledger, if this is one.
+    pub(crate) fn shared(&self) -> Option<&SharedLedger> {
+        match self {
+            Self::Shared(s) => Some(s),
+            Self::Local(_) => None,
+        }
+    }
+}
+
+/// The GPUs of `all` (NVML's UUIDs in NVML order) that `CUDA_VISIBLE_DEVICES` = `visible`
+/// names, in its order, as the driver reads it: indices or unique UUID prefixes (with or
+/// without `GPU-`), the list ending at the first entry that names no GPU; unset: all.
+/// For a process that has not initialized CUDA and cannot ask the driver. (The driver's own
+/// order, `CUDA_DEVICE_ORDER=FASTEST_FIRST`, equals NVML's on machines of one GPU model;
+/// MIG instances are not GPUs here: an entry naming one ends the list.)
+pub(crate) fn visible_subset(all: &[String], visible: Option<&str>) -> Vec<String> {
+    let Some(visible) = visible else {
+        return all.to_vec();
+    };
+    let mut out: Vec<String> = Vec::new();
+    for entry in visible.split(',').map(str::trim) {
+        let found = if let Ok(i) = entry.parse::<usize>() {
+            all.get(i)
+        } else {
+            let prefix = entry.strip_prefix("GPU-").unwrap_or(entry);
+            let mut matching = all
+                .iter()
+                .filter(|u| !prefix.is_empty() && u.trim_start_matches("GPU-").starts_with(prefix));
+            match (matching.next(), matching.next()) {
+                (Some(u), None) => Some(u),
+                _ => None,
+            }
+        };
+        match found {
+            Some(u) if !out.contains(u) => out.push(u.clone()),
+            _ => break,
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visible_devices_name_gpus_as_the_driver_reads_them() {
+        let all: Vec<String> = ["GPU-aaa1", "GPU-bbb2", "GPU-abc3"]
+            .map(String::from)
+            .to_vec();
+        let v = |s| visible_subset(&all, s);
+        assert_eq!(v(None), all);
+        assert_eq!(v(Some("2,0")), ["GPU-abc3", "GPU-aaa1"]);
+        assert_eq!(v(Some("GPU-bbb")), ["GPU-bbb2"]);
+        assert_eq!(
+            v(Some("bbb2,1")),
+            ["GPU-bbb2"],
+            "a repeated GPU ends the list"
+        );
+        assert_eq!(
+            v(Some("1,7,0")),
+            ["GPU-bbb2"],
+            "ends at the first entry naming none"
+        );
+        assert_eq!(
+            v(Some("GPU-a")),
+            Vec::<String>::new(),
+            "an ambiguous prefix"
+        );
+        assert_eq!(v(Some("")), Vec::<String>::new());
+        assert_eq!(v(Some("MIG-xyz")), Vec::<String>::new());
+    }
+}

@@ -1,0 +1,388 @@
+//! Compute (SM) limit on the launch path.
+//!
+//! # Interface (stable; the launch hooks depend on it)
+//!
+//! Every launch export (`cuLaunchKernel`, `cuLaunchKernelEx`, `cuLaunchCooperativeKernel`,
+//! `cuGraphLaunch` and their `_ptsz` variants) does:
+//!
+//! ```text
+//! let dev = if sm_limit::enabled() { Some(device of the stream) } else { None };
+//! if let Some(d) = dev { sm_limit::before_launch(d, stream, kind)?; }   // may wait; Err = return code
+//! let r = real launch;
+//! if let Some(d) = dev { sm_limit::after_launch(d, stream, kind, r); }
+//! ```
+//!
+//! - [`enabled`] is one relaxed atomic load. When no SM limit is configured it is false,
+//!   and the launch path does no syscall, takes no lock and writes no shared memory.
+//! - [`before_launch`] runs before the real launch on the caller's thread; returning
+//!   `Err(code)` makes the launch return `code` without launching.
+//! - [`after_launch`] runs after the real launch with its result.
+//! - [`context_creating`] runs just before the hook creates a context on a device (primary
+//!   retain or `cuCtxCreate*`), never on the launch path: it records the device's power
+//!   then, so the limiter's power share can measure the idle power from there to the first
+//!   launch.
+//! - `stream` is the stream as the driver will see it: a `_ptsz` export passes
+//!   `CU_STREAM_PER_THREAD` (0x2) when the application passed 0, so that the limiter's
+//!   events go to the same (per-thread) stream as the launch.
+//!
+//! These functions are a facade over the one [`SmLimiter`], which lives in the process root
+//! (`crate::state`). The root starts it when the process state is built ([`SmLimiter::start`],
+//! with the parsed environment and this process's slot in the shared file: container-wide
+//! limits, `sm_util` reporting and the monitor's fields), resets it in a forked child and
+//! stops it at exit. The limiter never looks the process state up itself.
+//!
+//! # Body
+//!
+//! The control logic is the pure crate `vgpu-limiter` (docs/sm-limit.md says why it is
+//! built this way). This module supplies its three inputs: a monotonic clock and CUDA events
+//! as its GPU timer (`timer`: the real driver's functions from `real`'s table of used
+//! symbols, never through our exports), and the shared file as its container view (`view`,
+//! with NVML's and the turn board's `probes`, and the `power_share`'s baseline and log).
+//! One limiter per device sits behind a mutex that a launch holds from [`before_launch`] to
+//! [`after_launch`] (kept in a thread-local), so admission, the marker around the launch and
+//! its accounting are one step; a throttled launch sleeps holding it, which throttles the
+//! device's other launching threads too, as the limit is per device.
+
+mod power_share;
+mod probes;
+mod timer;
+mod view;
+
+use std::cell::RefCell;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use vgpu_alloc_core::{DeviceIndex, MAX_DEVICES};
+use vgpu_cuda_abi::{CUresult, CUstream};
+use vgpu_env::{Config, SmTuning};
+use vgpu_limiter::{Admission, Limiter, LimiterConfig, Policy, Ticket};
+use vgpu_shm::ProcessSlot;
+
+use crate::log::{INFO, vlog};
+use crate::power::PowerReader;
+use crate::published::Published;
+use power_share::Baselines;
+use timer::{EventFns, EventTimer, Events, MonoClock, StreamKey};
+use view::FileView;
+
+/// Which launch entry point is calling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LaunchKind {
+    /// `cuLaunchKernel[_ptsz]`
+    Kernel,
+    /// `cuLaunchKernelEx[_ptsz]`
+    KernelEx,
+    /// `cuLaunchCooperativeKernel[_ptsz]`
+    Cooperative,
+    /// `cuGraphLaunch[_ptsz]`: a whole graph of kernels.
+    Graph,
+}
+
+/// The SM limiter's process state (one, in the process root).
+///
+/// Atomics and [`Published`] cells only, so a fork at any instant leaves nothing locked
+/// that [`SmLimiter::reset_in_child`] must touch.
+pub(crate) struct SmLimiter {
+    /// Whether any SM limit is active in this process (the launch path's one relaxed load).
+    enabled: AtomicBool,
+    /// SM limit per device from the environment, percent (0 = none).
+    env_limit: [AtomicU32; MAX_DEVICES],
+    /// The policy, as `policy_code`.
+    policy: AtomicU8,
+    /// The limiter's tuning from the environment (the first value set wins).
+    tuning: Published<SmTuning>,
+    /// This process's slot in the shared file, handed over by [`SmLimiter::start`]: it lives
+    /// in the published process state, which is never freed.
+    slot: AtomicPtr<ProcessSlot>,
+    /// One limiter per device, built on its first throttled launch.
+    devices: [Published<DeviceLimiter>; MAX_DEVICES],
+    /// The real driver's functions for the GPU timer (valid in a forked child too).
+    events: Events,
+    /// The power baselines taken before each device's first context.
+    baselines: Baselines,
+    /// The power reader thread's readings.
+    power: PowerReader,
+}
+
+type DeviceLimiter = Mutex<Limiter<MonoClock, EventTimer, FileView>>;
+
+fn policy_code(p: Policy) -> u8 {
+    match p {
+        Policy::Default => 0,
+        Policy::Force => 1,
+        Policy::Disable => 2,
+        Policy::Monitor => 3,
+    }
+}
+
+impl SmLimiter {
+    pub(crate) const fn new() -> Self {
+        Self {
+            enabled: AtomicBool::new(false),
+            env_limit: [const { AtomicU32::new(0) }; MAX_DEVICES],
+            policy: AtomicU8::new(0),
+            tuning: Published::new(),
+            slot: AtomicPtr::new(ptr::null_mut()),
+            devices: [const { Published::new() }; MAX_DEVICES],
+            events: Events::new(),
+            baselines: Baselines::new(),
+            power: PowerReader::new(),
+        }
+    }
+
+    /// Configures the limiter from the parsed environment and hands it this process's slot
+    /// in the shared file (when the ledger is the shared table). Run when the process state
+    /// is built (again in a forked child that uses CUDA). Limits stored in the file win over
+    /// the environment's, but only a limit in the environment arms the launch path
+    /// (docs/sm-limit.md).
+    pub(crate) fn start(&self, config: &Config, slot: Option<&'static ProcessSlot>) {
+        self.tuning.publish(config.sm_tuning.clone());
+        let policy = config.core_policy;
+        self.policy.store(policy_code(policy), Ordering::Relaxed);
+        let mut armed = false;
+        for (d, l) in config.sm_limit.iter().enumerate() {
+            let pct = l.map_or(0, u32::from);
+            self.env_limit[d].store(pct, Ordering::Relaxed);
+            if pct > 0 {
+                armed = true;
+                vlog!(INFO, "device {d}: SM limit {pct}% (policy {policy:?})");
+            }
+        }
+        self.slot.store(
+            slot.map_or(ptr::null_mut(), |s| ptr::from_ref(s).cast_mut()),
+            Ordering::Relaxed,
+        );
+        let any = (0..MAX_DEVICES).any(|d| self.limit_pct(d) > 0);
+        // Release: a launch that sees the flag (and loads it again with acquire on its cold
+        // path) sees the limits and the slot stored above.
+        self.enabled
+            .store(armed && any && policy != Policy::Disable, Ordering::Release);
+    }
+
+    /// In the child after `fork` (atomic stores only), in this order: the launch path is
+    /// disarmed; the parent's limiters (their mutexes may be held by threads that were not
+    /// copied, their events belong to the parent's contexts) and its slot are forgotten,
+    /// leaked rather than dropped; the power baselines are reset (the child creates its own
+    /// context and records its own then); the power reader, whose thread was not copied,
+    /// is reset. The child's next call builds its process state, which starts this again.
+    pub(crate) fn reset_in_child(&self) {
+        self.enabled.store(false, Ordering::Relaxed);
+        for d in &self.devices {
+            d.forget();
+        }
+        self.slot.store(ptr::null_mut(), Ordering::Relaxed);
+        self.baselines.reset_in_child();
+        self.power.reset_in_child();
+    }
+
+    /// At exit: the power reader makes no further NVML call (NVML may be torn down next).
+    pub(crate) fn stop_at_exit(&self) {
+        self.power.stop();
+    }
+
+    fn policy(&self) -> Policy {
+        match self.policy.load(Ordering::Relaxed) {
+            1 => Policy::Force,
+            2 => Policy::Disable,
+            3 => Policy::Monitor,
+            _ => Policy::Default,
+        }
+    }
+
+    fn tuning(&self) -> &SmTuning {
+        self.tuning.get_or_publish(SmTuning::default)
+    }
+
+    fn slot(&self) -> Option<&'static ProcessSlot> {
+        let p = self.slot.load(Ordering::Acquire);
+        // SAFETY: only ever set from a `&'static ProcessSlot` in `start`.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    /// The limit of device `d` in percent (0 = none): the file's when it has one, else the
+    /// environment's.
+    fn limit_pct(&self, d: usize) -> u32 {
+        if let Some(s) = self.slot()
+            && let Some(p) = s.table().sm_limit(DeviceIndex(d as u32))
+        {
+            return p as u32;
+        }
+        self.env_limit[d].load(Ordering::Relaxed)
+    }
+
+    fn before_launch(&'static self, device: DeviceIndex, stream: CUstream) -> Result<(), CUresult> {
+        // A guard left by a launch whose `after_launch` never ran (it cannot happen with the
+        // hook's call sites, but must not deadlock this thread).
+        drop(HELD.with(|h| h.borrow_mut().take()));
+        let d = device.0 as usize;
+        if d >= MAX_DEVICES || !self.enabled.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let Some(fns) = self.events.get() else {
+            return Ok(());
+        };
+        let key = StreamKey::of(stream);
+        if fns.capturing(stream) {
+            // Captured launches do not run now; the graph's launch is measured instead.
+            return Ok(());
+        }
+        let mut guard = self
+            .device_limiter(d, fns)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match guard.admit(key) {
+                Admission::Go(ticket) => {
+                    if ticket.counted() {
+                        HELD.with(|h| *h.borrow_mut() = Some(Held { guard, ticket, key }));
+                    }
+                    return Ok(());
+                }
+                Admission::Wait(ns) => std::thread::sleep(Duration::from_nanos(ns)),
+            }
+        }
+    }
+
+    fn device_limiter(&'static self, d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {
+        self.devices[d].get_or_publish(|| self.new_limiter(d, fns))
+    }
+
+    #[cold]
+    fn new_limiter(&'static self, d: usize, fns: &'static EventFns) -> DeviceLimiter {
+        let mut cfg = LimiterConfig {
+            policy: self.policy(),
+            ..LimiterConfig::default()
+        };
+        let t = self.tuning();
+        // The NVML-based contention correction is experimental: NVML's per-process
+        // utilization proved unreliable under time slicing on the H200 (docs/sm-limit.md).
+        if t.contention_correction {
+            cfg.contention_period = 500_000_000;
+        }
+        cfg.turn_cycle = t.turn_cycle_ms * 1_000_000;
+        cfg.turn_lead_in = t.turn_lead_us * 1_000;
+        cfg.power_exponent = f64::from(t.power_exponent_pct) / 100.0;
+        let view = FileView::new(d, self);
+        Mutex::new(Limiter::new(cfg, MonoClock, EventTimer::new(fns), view))
+    }
+}
+
+/// The one limiter, in the process root.
+#[inline(always)]
+fn sm() -> &'static SmLimiter {
+    crate::state::sm_limiter()
+}
+
+/// Whether any SM limit is active in this process (one relaxed load).
+#[inline(always)]
+pub(crate) fn enabled() -> bool {
+    sm().enabled.load(Ordering::Relaxed)
+}
+
+/// Before a launch on `device`/`stream`.
+pub(crate) fn before_launch(
+    device: DeviceIndex,
+    stream: CUstream,
+    _kind: LaunchKind,
+) -> Result<(), CUresult> {
+    sm().before_launch(device, stream)
+}
+
+/// After a launch on `device`/`stream` that returned `result`.
+pub(crate) fn after_launch(
+    _device: DeviceIndex,
+    _stream: CUstream,
+    _kind: LaunchKind,
+    result: CUresult,
+) {
+    if let Some(mut held) = HELD.with(|h| h.borrow_mut().take()) {
+        held.guard
+            .launched(held.ticket, held.key, result.is_success());
+    }
+}
+
+/// Just before the hook creates a context on `device` (see [`SmLimiter::context_creating`]).
+pub(crate) fn context_creating(device: usize) {
+    sm().context_creating(device);
+}
+
+/// A launch admitted and counted, between [`before_launch`] and [`after_launch`].
+struct Held {
+    guard: MutexGuard<'static, Limiter<MonoClock, EventTimer, FileView>>,
+    ticket: Ticket,
+    key: StreamKey,
+}
+
+thread_local! {
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_shm::{TableInit, UsageTable};
+
+    /// A limiter of its own (the process root's is shared by every test).
+    fn limiter() -> &'static SmLimiter {
+        Box::leak(Box::new(SmLimiter::new()))
+    }
+
+    fn config(pairs: &[(&str, &str)]) -> Config {
+        Config::from_pairs(pairs.iter().copied()).expect("valid configuration")
+    }
+
+    fn armed(sm: &SmLimiter) -> bool {
+        sm.enabled.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn only_a_limit_in_the_environment_arms_the_launch_path() {
+        let sm = limiter();
+        assert!(!armed(sm), "not started");
+        sm.start(&config(&[]), None);
+        assert!(!armed(sm), "no limit");
+        sm.start(&config(&[("CUDA_DEVICE_SM_LIMIT", "50")]), None);
+        assert!(armed(sm));
+        assert_eq!(sm.limit_pct(0), 50);
+        sm.start(
+            &config(&[
+                ("CUDA_DEVICE_SM_LIMIT", "50"),
+                ("GPU_CORE_UTILIZATION_POLICY", "disable"),
+            ]),
+            None,
+        );
+        assert!(!armed(sm), "policy disable");
+    }
+
+    #[test]
+    fn the_slot_handed_over_gives_the_file_limits_and_a_forked_child_forgets_it() {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-sm-slot-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let init = TableInit {
+            uuids: vec!["GPU-test".into()],
+            memory_limits: vec![None],
+            sm_limits: vec![Some(30)],
+            priority: 1,
+        };
+        let table = UsageTable::open_or_create(&path, &init).unwrap();
+        let slot: &'static ProcessSlot = Box::leak(Box::new(table.register_self().unwrap()));
+        let file_only = limiter();
+        file_only.start(&config(&[]), Some(slot));
+        assert!(
+            !armed(file_only),
+            "a limit only in the file does not arm the launch path (docs/sm-limit.md)"
+        );
+        let sm = limiter();
+        sm.start(&config(&[("CUDA_DEVICE_SM_LIMIT", "50")]), Some(slot));
+        assert!(armed(sm));
+        assert_eq!(sm.limit_pct(0), 30, "the file's limit wins");
+        assert!(sm.slot().is_some());
+        sm.reset_in_child();
+        assert!(!armed(sm), "disarmed in the child until its state is built");
+        assert!(sm.slot().is_none(), "the parent's slot is forgotten");
+        assert_eq!(sm.limit_pct(0), 50, "the environment's again");
+        let _ = std::fs::remove_file(&path);
+    }
+}

@@ -1,0 +1,275 @@
+//! The limiter's clock and GPU timer: `CLOCK_MONOTONIC`, and CUDA events recorded around
+//! launches (the real driver's, from `real`'s table of used symbols), recycled per context.
+
+use std::cell::Cell;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use vgpu_cuda_abi::{CUcontext, CUevent, CUresult, CUstream, CUstreamCaptureStatus, pfn};
+use vgpu_limiter::{Clock, GpuTimer, Nanos, TimerError};
+
+use crate::log::{WARN, vlog};
+use crate::published::Published;
+
+thread_local! {
+    static THREAD_TOKEN: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A small number unique to the calling thread (never 0).
+fn thread_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    THREAD_TOKEN.with(|t| {
+        if t.get() == 0 {
+            t.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        t.get()
+    })
+}
+
+/// `CU_STREAM_LEGACY`.
+const STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+const STREAM_PER_THREAD: usize = 0x2;
+
+/// A stream as the limiter tells streams apart: the per-thread default stream is a
+/// different stream in every thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StreamKey {
+    handle: usize,
+    /// The owning thread's token for the per-thread stream, else 0.
+    owner: u64,
+}
+
+impl StreamKey {
+    pub(super) fn of(stream: CUstream) -> Self {
+        match stream as usize {
+            STREAM_PER_THREAD => Self {
+                handle: STREAM_PER_THREAD,
+                owner: thread_token(),
+            },
+            // The NULL stream and CU_STREAM_LEGACY are the same stream.
+            STREAM_LEGACY => Self {
+                handle: 0,
+                owner: 0,
+            },
+            h => Self {
+                handle: h,
+                owner: 0,
+            },
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds (a vDSO read, no syscall), as is: the shared file's
+/// `sm_util` publish times are on this time line, which every process of the host shares
+/// (containers included: the monotonic clock is not namespaced), so a peer's time compares
+/// with ours.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MonoClock;
+
+impl Clock for MonoClock {
+    fn now(&self) -> Nanos {
+        vgpu_shm::monotonic_ns()
+    }
+}
+
+/// The real driver's functions the GPU timer calls (from the driver table's used
+/// functions, so never through our exports), each one present.
+#[derive(Debug)]
+pub(super) struct EventFns {
+    create: pfn::cuEventCreate,
+    destroy: pfn::cuEventDestroy_v2,
+    record: pfn::cuEventRecord,
+    query: pfn::cuEventQuery,
+    elapsed: pfn::cuEventElapsedTime,
+    is_capturing: pfn::cuStreamIsCapturing,
+    ctx_current: pfn::cuCtxGetCurrent,
+}
+
+/// The event functions, resolved on first use (`None`, logged once, if the driver lacks any).
+pub(super) struct Events {
+    fns: Published<EventFns>,
+    failed: AtomicBool,
+}
+
+impl Events {
+    pub(super) const fn new() -> Self {
+        Self {
+            fns: Published::new(),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn get(&self) -> Option<&EventFns> {
+        if let Some(fns) = self.fns.get() {
+            return Some(fns);
+        }
+        if self.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.resolve()
+    }
+
+    #[cold]
+    fn resolve(&self) -> Option<&EventFns> {
+        match resolve_events() {
+            Some(fns) => Some(self.fns.publish(fns)),
+            None => {
+                if !self.failed.swap(true, Ordering::Relaxed) {
+                    vlog!(
+                        WARN,
+                        "SM limit not enforced: the driver lacks the event functions it needs"
+                    );
+                }
+                None
+            }
+        }
+    }
+}
+
+#[cold]
+fn resolve_events() -> Option<EventFns> {
+    let u = &crate::real::cuda().ok()?.u;
+    Some(EventFns {
+        create: u.cuEventCreate?,
+        destroy: u.cuEventDestroy_v2.or(u.cuEventDestroy)?,
+        record: u.cuEventRecord?,
+        query: u.cuEventQuery?,
+        elapsed: u.cuEventElapsedTime_v2.or(u.cuEventElapsedTime)?,
+        is_capturing: u.cuStreamIsCapturing?,
+        ctx_current: u.cuCtxGetCurrent?,
+    })
+}
+
+impl EventFns {
+    /// Whether `stream` is being captured into a graph. An error counts as "not capturing":
+    /// the launch then most likely fails too, and a failing event record only leaves the
+    /// launch unmeasured (charged its estimate).
+    pub(super) fn capturing(&self, stream: CUstream) -> bool {
+        let mut status = CUstreamCaptureStatus(0);
+        // SAFETY: valid out-pointer; the stream handle is the application's, as it passes
+        // it to the launch.
+        let r = unsafe { (self.is_capturing)(stream, &mut status) };
+        r.is_success() && status.0 != 0
+    }
+
+    fn current_context(&self) -> Option<usize> {
+        let mut ctx: CUcontext = ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { (self.ctx_current)(&mut ctx) };
+        (r.is_success() && !ctx.is_null()).then_some(ctx as usize)
+    }
+}
+
+/// A recorded event and the context it was created in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct EventMarker {
+    event: usize,
+    ctx: usize,
+}
+
+/// CUDA events as the limiter's GPU timer, recycled per context.
+pub(super) struct EventTimer {
+    fns: &'static EventFns,
+    /// Idle events per context.
+    pool: Vec<(usize, Vec<usize>)>,
+}
+
+/// Idle events kept per context.
+const POOL_PER_CONTEXT: usize = 64;
+
+fn timer_error(r: CUresult) -> TimerError {
+    TimerError { code: r.0 as i32 }
+}
+
+impl EventTimer {
+    pub(super) fn new(fns: &'static EventFns) -> Self {
+        Self {
+            fns,
+            pool: Vec::new(),
+        }
+    }
+
+    fn take(&mut self, ctx: usize) -> Option<usize> {
+        self.pool.iter_mut().find(|(c, _)| *c == ctx)?.1.pop()
+    }
+
+    fn create(&self) -> Result<usize, TimerError> {
+        let mut ev: CUevent = ptr::null_mut();
+        // SAFETY: valid out-pointer; flags 0 = a timing event that spins on sync.
+        let r = unsafe { (self.fns.create)(&mut ev, 0) };
+        if r.is_success() && !ev.is_null() {
+            Ok(ev as usize)
+        } else {
+            Err(timer_error(r))
+        }
+    }
+
+    fn destroy(&self, event: usize) {
+        // SAFETY: an event we created; errors (e.g. its context is gone) leave nothing to do.
+        let _ = unsafe { (self.fns.destroy)(event as CUevent) };
+    }
+
+    fn record_on(&self, event: usize, handle: usize) -> CUresult {
+        // SAFETY: an event of the current context and the application's stream handle.
+        unsafe { (self.fns.record)(event as CUevent, handle as CUstream) }
+    }
+}
+
+impl GpuTimer for EventTimer {
+    type Stream = StreamKey;
+    type Marker = EventMarker;
+
+    fn record(&mut self, stream: StreamKey) -> Result<EventMarker, TimerError> {
+        if stream.owner != 0 && stream.owner != thread_token() {
+            // Another thread's per-thread stream cannot be named from this thread.
+            return Err(TimerError { code: -1 });
+        }
+        let ctx = self.fns.current_context().ok_or(TimerError { code: -2 })?;
+        if let Some(event) = self.take(ctx) {
+            if self.record_on(event, stream.handle).is_success() {
+                return Ok(EventMarker { event, ctx });
+            }
+            // A stale pooled event (its context was destroyed and the handle reused).
+            self.destroy(event);
+        }
+        let event = self.create()?;
+        let r = self.record_on(event, stream.handle);
+        if r.is_success() {
+            Ok(EventMarker { event, ctx })
+        } else {
+            self.destroy(event);
+            Err(timer_error(r))
+        }
+    }
+
+    fn is_complete(&mut self, marker: EventMarker) -> Result<bool, TimerError> {
+        // SAFETY: a recorded event we own.
+        let r = unsafe { (self.fns.query)(marker.event as CUevent) };
+        match r {
+            CUresult::SUCCESS => Ok(true),
+            CUresult::NOT_READY => Ok(false),
+            e => Err(timer_error(e)),
+        }
+    }
+
+    fn elapsed(&mut self, start: EventMarker, end: EventMarker) -> Result<Nanos, TimerError> {
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer; two completed events we own.
+        let r =
+            unsafe { (self.fns.elapsed)(&mut ms, start.event as CUevent, end.event as CUevent) };
+        if r.is_success() {
+            Ok((f64::from(ms) * 1e6).max(0.0) as Nanos)
+        } else {
+            Err(timer_error(r))
+        }
+    }
+
+    fn release(&mut self, marker: EventMarker) {
+        match self.pool.iter_mut().find(|(c, _)| *c == marker.ctx) {
+            Some((_, idle)) if idle.len() < POOL_PER_CONTEXT => idle.push(marker.event),
+            Some(_) => self.destroy(marker.event),
+            None => self.pool.push((marker.ctx, vec![marker.event])),
+        }
+    }
+}
