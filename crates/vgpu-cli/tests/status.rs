@@ -468,18 +468,7 @@ fn exporter_reports_a_live_file() {
     .stdout(Stdio::piped())
     .stderr(Stdio::null());
     let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let addr = exporter_address(&mut child);
     let get = || vgpu_cli::http::get(&addr, "/metrics", Duration::from_secs(5)).unwrap();
     let (status, body) = get();
     let _ = child.kill();
