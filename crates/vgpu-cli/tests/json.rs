@@ -100,14 +100,8 @@ fn status_watch_and_set_limit_print_json_with_a_schema() {
     assert!(v.get("priority").is_none(), "no priority change asked");
 
     // The file's CUDA_TASK_PRIORITY (share mode honours it live): 1 is the default.
-    let mut cmd = s.vgpu();
-    args(
-        &mut cmd,
-        &["set-limit", "--json", "--priority", "-2"],
-        &cache,
-    );
-    let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let out = s.run_on(&["set-limit", "--json", "--priority", "-2"], &cache);
+    out.assert_success();
     let v = parse(&out.stdout, "vgpu.set-limit.v1");
     assert_eq!(
         (v["priority"]["old"].as_i64(), v["priority"]["new"].as_i64()),

@@ -435,22 +435,14 @@ fn spawn_sharing(
     let e = env();
     let cache = e.dir.join(cache);
     let _ = std::fs::remove_file(&cache);
-    let mut cmd = Command::new(&e.program);
-    cmd.args([&seconds.to_string(), "500000", "k", "0.3"])
-        .env("LD_PRELOAD", &e.hook)
-        .env("LD_LIBRARY_PATH", &e.dir)
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
-        .env("VGPU_TURN_DIR", turns)
+    let mut cmd = e.hooked(&[&seconds.to_string(), "500000", "k", "0.3"], &cache);
+    cmd.env("VGPU_TURN_DIR", turns)
         .env("VGPU_SM_MODE", "share")
         .env(
             "VGPU_SIM_UTIL_WINDOW_MS",
             ((seconds * 1000.0) as u64).to_string(),
         )
-        .env_remove("CUDA_DEVICE_SM_LIMIT")
-        .env_remove("CUDA_TASK_PRIORITY")
-        .env_remove("GPU_CORE_UTILIZATION_POLICY")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .env_remove("CUDA_TASK_PRIORITY");
     for (k, v) in vars {
         cmd.env(k, v);
     }
