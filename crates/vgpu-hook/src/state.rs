@@ -74,6 +74,8 @@ pub(crate) struct Ready {
     pub(crate) residual: Residual,
     /// NVML device handle per CUDA ordinal (found by UUID once).
     pub(crate) nvml_handles: Mutex<HashMap<i32, usize>>,
+    /// Allocations backed by host memory (`CUDA_OVERSUBSCRIBE`, `VGPU_HOST_SPILL`).
+    pub(crate) host_backed: crate::host_backing::HostBacked,
 }
 
 impl Ready {
@@ -251,6 +253,17 @@ fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String>
     let path = &config.shared_cache;
     let table =
         UsageTable::open_or_create(path, &init).map_err(|e| format!("shared table: {e}"))?;
+    if config.host_backing.enabled() {
+        // The container's policy, in the file so that every process's reservations (and
+        // `vgpu status`) see it; all processes of a container share the environment.
+        let policy = vgpu_shm::HostPolicy {
+            spill: config.host_backing.spill,
+            oversubscribe: config.host_backing.oversubscribe,
+        };
+        for d in 0..vgpu_alloc_core::MAX_DEVICES {
+            let _ = table.set_host_policy(vgpu_alloc_core::DeviceIndex(d as u32), policy);
+        }
+    }
     let slot = table
         .register_self()
         .map_err(|e| format!("shared table: {e}"))?;
@@ -353,6 +366,7 @@ pub(crate) fn make(
         primary: Mutex::new(HashMap::new()),
         residual,
         nvml_handles: Mutex::new(HashMap::new()),
+        host_backed: Default::default(),
     }))
 }
 
