@@ -118,7 +118,7 @@ macro_rules! cuda_hooked_functions {
                 => finally after_sync();
             // CUDA 13's context-argument variant: its own API, not a newer cuCtxSynchronize.
             cuCtxSynchronize_v2 ["cuCtxSynchronize_v2", 13000, any] fn(ctx: CUcontext) -> CUresult
-                => finally after_sync();
+                => body(ctx);
 
             // Arrays.
             cuArrayCreate_v2 ["cuArrayCreate", 3020, any]

@@ -68,7 +68,7 @@ impl SharedLedger {
     }
 
     /// The file index of CUDA ordinal `ordinal`, building the map on first use.
-    fn file_device(&self, ordinal: DeviceIndex) -> Option<DeviceIndex> {
+    pub(crate) fn file_device(&self, ordinal: DeviceIndex) -> Option<DeviceIndex> {
         let map = match self.devices.get() {
             Some(m) => m,
             None => {

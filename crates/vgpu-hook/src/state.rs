@@ -84,9 +84,7 @@ impl Ready {
         self.alloc.ledger()
     }
 
-    /// This process's slot in the shared table (for the SM limiter: `sm_util`, the
-    /// monitor's `recent_kernel`/`utilization_switch`, live `sm_limit[]`), if the ledger is
-    /// the shared table.
+    /// This process's slot in the shared table, if the ledger is the shared table.
     pub(crate) fn slot(&self) -> Option<&ProcessSlot> {
         self.ledger().shared().map(SharedLedger::slot)
     }
@@ -202,7 +200,7 @@ fn build() -> &'static Enforcement {
     // The published state is never freed, so its slot lives as long as the limiter. (A
     // launch racing this first build may pass unthrottled, as one before it would.)
     if let Enforcement::Ready(ready) = state {
-        p.sm.start(&ready.config, ready.slot());
+        p.sm.start(&ready.config, ready.ledger().shared());
     }
     p.building.store(false, Ordering::Release);
     // A flag, not a `Once`: a fork while another thread registers must not leave the child

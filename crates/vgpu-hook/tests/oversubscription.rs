@@ -42,6 +42,7 @@ CUresult (*cuMemFree_v2)(P);
 CUresult (*cuMemsetD32_v2)(P, unsigned, size_t);
 CUresult (*cuMemcpyDtoH_v2)(void *, P, size_t);
 CUresult (*cuCtxSynchronize)(void);
+CUresult (*cuCtxSynchronize_v2)(H);
 CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
 CUresult (*cuMemCreate)(P *, size_t, const Prop *, unsigned long long);
 CUresult (*cuMemAddressReserve)(P *, size_t, size_t, P, unsigned long long);
@@ -81,7 +82,7 @@ int main(int argc, char **argv) {
   NEED(cuInit); NEED(cuDeviceGet); NEED(cuCtxCreate_v2); NEED(cuMemAlloc_v2); NEED(cuMemFree_v2);
   NEED(cuMemAllocPitch_v2); NEED(cuMemsetD32_v2); NEED(cuMemcpyDtoH_v2); NEED(cuCtxSynchronize);
   NEED(cuMemGetInfo_v2); NEED(cuMemCreate); NEED(cuMemAddressReserve); NEED(cuMemMap);
-  NEED(cuMemSetAccess); NEED(cuCtxDestroy_v2);
+  NEED(cuMemSetAccess); NEED(cuCtxDestroy_v2); NEED(cuCtxSynchronize_v2);
   int dev; H ctx;
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));
@@ -109,7 +110,8 @@ int main(int argc, char **argv) {
     if (sscanf(line, "free %d", &k) == 1 && k >= 0 && k < ok && live[k]) {
       CHECK(cuMemFree_v2(ptr[k])); live[k] = 0;
     } else if (!strncmp(line, "sync", 4)) {
-      CHECK(cuCtxSynchronize());
+      /* "sync2": CUDA 13's context-argument variant (NULL = the current context). */
+      CHECK(line[4] == '2' ? cuCtxSynchronize_v2(0) : cuCtxSynchronize());
       int good = 0, bad = 0;
       for (int i = 0; i < ok; i++) if (live[i]) { if (intact(i)) good++; else bad++; }
       CHECK(cuMemGetInfo_v2(&f, &t));
@@ -266,6 +268,36 @@ fn with_oversubscription_allocations_past_the_device_are_host_backed_and_come_ba
     assert_eq!((value(&out, "intact"), value(&out, "bad")), (9, 0), "{out}");
     assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 2 * CHUNK));
     // Freed, host-backed or moved: everything given back.
+    for k in 3..12 {
+        p.cmd(&format!("free {k}"));
+    }
+    assert_eq!(usage(&p.table()), (CONTEXT, 0));
+    p.finish();
+}
+
+#[test]
+fn cuda_13s_context_synchronize_moves_memory_back_too() {
+    // CUDA 13's runtime may synchronize through cuCtxSynchronize_v2 (the H200 run of
+    // 2026-12-01: a PyTorch loop's host-backed memory never came back at
+    // torch.cuda.synchronize). It is the same sync point.
+    let (mut p, out) = Running::start(
+        "oversub-v2",
+        "256m",
+        OVERSUBSCRIBE,
+        &["alloc", "12", "16777216"],
+    );
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 5 * CHUNK));
+    for k in 0..3 {
+        p.cmd(&format!("free {k}"));
+    }
+    let out = p.cmd("sync2");
+    assert_eq!((value(&out, "intact"), value(&out, "bad")), (9, 0), "{out}");
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 7 * CHUNK, 2 * CHUNK),
+        "three host-backed chunks moved back at cuCtxSynchronize_v2"
+    );
     for k in 3..12 {
         p.cmd(&format!("free {k}"));
     }
