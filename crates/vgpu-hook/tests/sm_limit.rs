@@ -427,22 +427,13 @@ fn a_peer_that_stopped_launching_no_longer_holds_back_the_other() {
 
 /// The program in a container of two simulated GPUs (file `cache`) whose second has a 30%
 /// SM limit (`CUDA_DEVICE_SM_LIMIT_1`, the container's device 1).
-fn two_gpu_container(cache: &std::path::Path, args: &[&str]) -> Command {
-    let e = env();
-    let mut cmd = Command::new(&e.program);
-    cmd.args(args)
-        .env("LD_PRELOAD", &e.hook)
-        .env("LD_LIBRARY_PATH", &e.dir)
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache)
-        .env("VGPU_SIM_DEVICE_COUNT", "2")
+fn two_gpu_container(cache: &std::path::Path, args: &[&str]) -> std::process::Command {
+    let mut cmd = env().hooked(args, cache);
+    cmd.env("VGPU_SIM_DEVICE_COUNT", "2")
         .env("CUDA_DEVICE_SM_LIMIT_1", "30")
         .env("VGPU_SIM_UTIL_WINDOW_MS", "1500")
-        .env_remove("CUDA_DEVICE_SM_LIMIT")
         .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("SPIN_DEVICE")
-        .env_remove("GPU_CORE_UTILIZATION_POLICY")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .env_remove("SPIN_DEVICE");
     cmd
 }
 
