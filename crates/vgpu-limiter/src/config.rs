@@ -85,6 +85,9 @@ pub struct LimiterConfig {
     /// Share mode: most work queued while a container of higher priority is on the board,
     /// so that its next work waits at most this (plus one kernel) behind ours.
     pub outranked_queue: Nanos,
+    /// Share mode: most work queued while filling the gaps of a busy container of higher
+    /// priority ([`crate::Allotment::gap_fill`]): what is queued lands in its bursts.
+    pub gap_fill_queue: Nanos,
     /// Share mode: which records are believed.
     pub share_rules: ShareRules,
 }
@@ -121,6 +124,7 @@ impl Default for LimiterConfig {
             idle_grace: 2 * MILLIS,
             idle_grace_in_turns: 5 * MILLIS,
             outranked_queue: 500 * MICROS,
+            gap_fill_queue: 125 * MICROS,
             share_rules: ShareRules::default(),
         }
     }

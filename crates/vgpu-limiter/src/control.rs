@@ -256,14 +256,17 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.maybe_publish(now, pct);
         self.maybe_correct(now);
         let share = self.share_step(now, pct);
+        // Held by priority, filling gaps: paced only by the outranked queue below.
+        let gap_fill = share.is_some_and(|a| a.gap_fill);
         self.limit = match share {
+            Some(_) if gap_fill => self.effective(1.0),
             Some(a) => self.effective(a.fraction),
             None => {
                 let scale = self.power.as_ref().map_or(1.0, PowerShare::scale);
                 self.effective(f64::from(pct) / 100.0 * scale)
             }
         };
-        if share.is_some_and(|a| a.fraction <= 0.0) {
+        if share.is_some_and(|a| a.fraction <= 0.0) && !gap_fill {
             // Share mode, nothing to borrow and no guarantee: hold new launches while
             // others' work runs; ask the board again soon.
             self.close_open(now);
@@ -325,13 +328,19 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             // A more urgent container may start any moment: keep our queue short. Counted
             // from our segments not yet complete (not from when we expect them to end: our
             // work may wait behind the urgent one's, and still be ahead of its next).
+            // Filling the gaps of an urgent container's work, keep less: what we queue
+            // lands in its bursts.
             self.poll(now);
             let queued = self.queued_estimate();
-            if queued > self.cfg.outranked_queue as f64 {
+            let cap = if gap_fill {
+                self.cfg.gap_fill_queue
+            } else {
+                self.cfg.outranked_queue
+            } as f64;
+            if queued > cap {
                 self.close_open(now);
                 return self.wait(
-                    ((queued - self.cfg.outranked_queue as f64) as Nanos)
-                        .clamp(self.cfg.poll_interval, self.cfg.max_wait),
+                    ((queued - cap) as Nanos).clamp(self.cfg.poll_interval, self.cfg.max_wait),
                 );
             }
         }

@@ -66,6 +66,9 @@ pub struct ShareTenant {
     pub busy_until: Nanos,
     /// When it last wrote its record.
     pub heartbeat: Nanos,
+    /// Its achieved utilization as it last published it, percent (a record that cannot
+    /// say: 100).
+    pub util_pct: u32,
 }
 
 /// What a reader accepts from the board.
@@ -75,6 +78,10 @@ pub struct ShareRules {
     pub max_age: Nanos,
     /// A heartbeat or demand this far ahead of the reader's clock is not believed.
     pub max_ahead: Nanos,
+    /// A busy container whose demand ends within this of now has little queued (its
+    /// `busy_until` is its queue's end plus the idle grace): one held by priority may fill
+    /// its gaps. A dense burst queues further ahead and is not filled.
+    pub sparse_within: Nanos,
 }
 
 impl Default for ShareRules {
@@ -82,6 +89,8 @@ impl Default for ShareRules {
         Self {
             max_age: 300 * 1_000_000,
             max_ahead: 10 * 1_000_000,
+            // The default idle grace (2 ms) plus the outranked queue (0.5 ms).
+            sparse_within: 2_500_000,
         }
     }
 }
@@ -100,7 +109,19 @@ pub struct Allotment {
     pub outranked: bool,
     /// Another container borrows (gets more than its guarantee) now.
     pub others_borrow: bool,
+    /// Held by priority (no part), but the busy containers leave gaps: little queued
+    /// ([`ShareRules::sparse_within`]) and their published utilization sums to at most
+    /// [`GAP_FILL_BELOW`]. Launch with the outranked queue.
+    pub gap_fill: bool,
 }
+
+/// A container held by priority fills the gaps of busy containers whose published
+/// utilization sums to at most this: a launch-bound service (batch-1 inference) leaves its
+/// host time between kernels idle, far shorter than the board can show, while a dense one
+/// (a kernel loop) leaves none. Utilization is measured over segments that span those host
+/// gaps, so a sparse service reads high (48% for a true 21% in the model): the bound is
+/// loose on purpose.
+pub const GAP_FILL_BELOW: f64 = 0.8;
 
 /// This container's allotment among `others` (every record on the GPU's board; its own, if
 /// present, is skipped) at `now`; it has work, since it asks. Deterministic: containers
@@ -137,6 +158,7 @@ pub fn allot(
         launch_ns: my_launch_ns,
         busy_until: now,
         heartbeat: now,
+        util_pct: 0,
     });
     busy.sort_unstable_by_key(|t| t.key);
 
@@ -212,12 +234,24 @@ pub fn allot(
     } else {
         None
     };
+    let gap_fill = outranked && part[mine_at] <= 1e-6 && {
+        let others = (0..busy.len()).filter(|&i| i != mine_at);
+        let used: f64 = others
+            .clone()
+            .map(|i| f64::from(busy[i].util_pct.min(100)) / 100.0)
+            .sum();
+        let sparse = others
+            .into_iter()
+            .all(|i| busy[i].busy_until <= now.saturating_add(rules.sparse_within));
+        used <= GAP_FILL_BELOW && sparse
+    };
     Allotment {
         fraction: part[mine_at],
         guarantee: guarantee[mine_at],
         turn,
         outranked,
         others_borrow,
+        gap_fill,
     }
 }
 
@@ -393,6 +427,7 @@ mod tests {
             launch_ns: 50_000,
             busy_until: if busy { NOW + MS } else { NOW - MS },
             heartbeat: NOW - MS,
+            util_pct: 100,
         }
     }
 

@@ -583,6 +583,7 @@ impl ContainerView for SimView {
             launch_ns: report.launch_ns,
             busy_until: report.busy_until,
             heartbeat: now,
+            util_pct: report.util_pct,
         };
         board.put(me);
         let mut b = board.0.borrow_mut();

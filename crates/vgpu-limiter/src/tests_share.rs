@@ -239,6 +239,7 @@ fn a_dead_tenants_claim_expires_within_its_heartbeat_age() {
         launch_ns: 50 * US,
         busy_until: Nanos::MAX,
         heartbeat: 0,
+        util_pct: 100,
     });
     let id = w.add(
         share_cfg(100, 1),
@@ -296,6 +297,7 @@ fn hostile_records_cannot_take_the_guarantee() {
             launch_ns: 50 * US,
             busy_until: Nanos::MAX,
             heartbeat: t,
+            util_pct: 100,
         });
         t += 100 * MS;
         w.run_until(t);
@@ -371,4 +373,125 @@ fn live_share_and_priority_changes_apply_within_a_second() {
         w.gpu.busy_fraction(b, 5 * S, 6 * S),
     );
     assert!(ua >= 0.95 && ub <= 0.02, "{ua} {ub}");
+}
+
+/// A launch-bound request (batch-1 inference): `kernels` launches of `dur` with `host` of
+/// host work after each, waited for at the end, `think` apart; latencies pushed to `lat`.
+fn gappy_requests(
+    kernels: u32,
+    dur: Nanos,
+    host: Nanos,
+    think: Nanos,
+    lat: Rc<RefCell<Vec<Nanos>>>,
+) -> Workload {
+    let (mut i, mut start) = (0u32, 0);
+    Box::new(move |t| {
+        i += 1;
+        match i {
+            1 => {
+                start = t;
+                Step::Launch(dur)
+            }
+            n if n <= 2 * kernels && n % 2 == 0 => Step::Pause(host),
+            n if n <= 2 * kernels => Step::Launch(dur),
+            n if n == 2 * kernels + 1 => Step::Sync,
+            _ => {
+                lat.borrow_mut().push(t - start);
+                i = 0;
+                Step::Pause(think)
+            }
+        }
+    })
+}
+
+/// The H200's table 4 shape: a request of 60 × 30 µs kernels with 70 µs of host work
+/// between them (6 ms, the GPU busy less than a third of it) every 10 ms, beside a
+/// best-effort training loop of 200 µs kernels. Returns the latencies and the loop's busy
+/// fraction.
+fn launch_bound_service_beside_training(with_training: bool) -> (Vec<Nanos>, f64) {
+    // The engine that models two contexts time-slicing the H200.
+    let mut w = World::new(GpuMode::Preempting);
+    let board = SimShares::default();
+    let lat = Rc::new(RefCell::new(Vec::new()));
+    w.add(
+        share_cfg(100, 0),
+        SimTable::new(0).view_sharing(&board, 0x1),
+        gappy_requests(60, 30 * US, 70 * US, 4 * MS, lat.clone()),
+    );
+    let lo = with_training.then(|| {
+        w.add(
+            share_cfg(100, 1),
+            SimTable::new(0).view_sharing(&board, 0x2),
+            kernel_loop(200 * US),
+        )
+    });
+    w.run_until(5 * S);
+    let busy = lo.map_or(0.0, |id| w.gpu.busy_fraction(id, S, 5 * S));
+    let lat: Vec<Nanos> = lat.borrow()[20..].to_vec();
+    (lat, busy)
+}
+
+/// Holding the loop for the service's whole request plus its grace gave it 0.13 here: a
+/// priority-0 container's `busy_until` covers its host gaps (shorter than the 2 ms grace
+/// and the 0.5 ms board poll). Gap filling (a held container launches, with a 125 µs queue,
+/// while the urgent one has little queued and publishes a utilization that leaves room)
+/// gives it about 0.66 with p99 1.15x.
+#[test]
+fn best_effort_fills_the_gaps_of_a_launch_bound_service() {
+    // Holding the loop whenever the service has work left the GPU idle in the service's
+    // host gaps: the loop got about a third of its alone throughput on the H200.
+    let (alone, _) = launch_bound_service_beside_training(false);
+    let (shared, busy) = launch_bound_service_beside_training(true);
+    let (p50a, p99a) = (percentile(&alone, 0.5), percentile(&alone, 0.99));
+    let (p50, p99) = (percentile(&shared, 0.5), percentile(&shared, 0.99));
+    eprintln!("alone p50 {p50a} p99 {p99a}; beside p50 {p50} p99 {p99}; training {busy:.3}");
+    assert!(p50 as f64 <= 1.25 * p50a as f64, "p50 {p50} vs {p50a}");
+    assert!(p99 as f64 <= 1.25 * p99a as f64, "p99 {p99} vs {p99a}");
+    assert!(busy >= 0.5, "best effort got {busy:.3}");
+}
+
+/// Table 3's shape with a real host: matmul-like 150 µs kernels, 20 µs of host per launch
+/// (PyTorch), wake-ups up to 250 µs late; tenant `i` idle during `idle(i)`.
+fn four_tenants_on_a_slow_host(idle: impl Fn(usize) -> Vec<(Nanos, Nanos)>) -> (World, Vec<usize>) {
+    let shares = [10u32, 20, 30, 40];
+    let mut w = World::new(GpuMode::Preempting);
+    let board = SimShares::default();
+    let ids: Vec<usize> = shares
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let id = w.add(
+                share_cfg(100, 1),
+                SimTable::new(s).view_sharing(&board, 0x10 + i as u64),
+                loop_with_idle(150 * US, idle(i)),
+            );
+            w.apps[id].launch_cost = 20 * US;
+            w.apps[id].max_oversleep = 250 * US;
+            id
+        })
+        .collect();
+    w.run_until(7 * S);
+    (w, ids)
+}
+
+#[test]
+fn four_tenants_on_a_slow_host_keep_the_gpu_busy() {
+    let (w, ids) = four_tenants_on_a_slow_host(|i| vec![((i as u64 + 2) * S, (i as u64 + 3) * S)]);
+    for phase in 0..5u64 {
+        let (t0, t1) = ((phase + 1) * S + 250 * MS, (phase + 2) * S);
+        let got: Vec<f64> = ids
+            .iter()
+            .map(|&id| w.gpu.busy_fraction(id, t0, t1))
+            .collect();
+        let device: f64 = got.iter().sum();
+        eprintln!("phase {phase}: {got:.3?} device {device:.3}");
+        for (i, &u) in got.iter().enumerate() {
+            if phase != i as u64 + 1 {
+                let share = f64::from([10u32, 20, 30, 40][i]) / 100.0;
+                assert!(u >= share - 0.015, "phase {phase}: tenant {i} got {u:.3}");
+            }
+        }
+        // The H200 reached only 0.87-0.93 here: what it loses is not in this model.
+        assert!(device >= 0.95, "phase {phase}: device busy {device:.3}");
+    }
 }

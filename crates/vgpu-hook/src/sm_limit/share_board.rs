@@ -64,6 +64,8 @@ impl ShareProbe {
                         launch_ns: t.launch_ns,
                         busy_until: t.heartbeat_ns.saturating_add(TURN_MAX_AGE),
                         heartbeat: t.heartbeat_ns,
+                        // Capped: its limit is what it may use.
+                        util_pct: t.limit_pct,
                     })
                     .collect();
                 match board.open_records() {
@@ -124,6 +126,7 @@ impl ShareProbe {
                     launch_ns: r.launch_ns,
                     busy_until: r.busy_until,
                     heartbeat: r.heartbeat,
+                    util_pct: u32::from(r.util_pct),
                 }));
             }
             Err(e) => vlog!(DEBUG, "device {device}: share records: {e}"),
