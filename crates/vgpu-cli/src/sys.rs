@@ -109,7 +109,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pidfd_of_this_process_is_not_readable_and_a_dead_child_counts_as_gone() {
+    fn a_pidfd_turns_readable_when_its_process_exits_and_a_reaped_one_is_gone() {
         let me = std::process::id() as i32;
         assert!(process_exists(me));
         let mut child = Command::new("true").spawn().unwrap();
