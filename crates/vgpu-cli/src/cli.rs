@@ -150,10 +150,12 @@ pub struct WatchArgs {
 
 /// `vgpu set-limit`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("limit").required(true).multiple(true).args(["memory", "sm"])))]
+#[command(group(ArgGroup::new("limit").required(true).multiple(true).args(["memory", "sm", "priority"])))]
 #[command(
-    after_help = "Examples:\n  vgpu set-limit --memory 8g\n  vgpu set-limit --device 1 --sm 40\n\n\
-Running processes enforce the new value from their next allocation."
+    after_help = "Examples:\n  vgpu set-limit --memory 8g\n  vgpu set-limit --device 1 --sm 40\n  \
+vgpu set-limit --priority 0\n\n\
+Running processes enforce the new value from their next allocation (SM limit and priority: \
+from their next launch)."
 )]
 pub struct SetLimitArgs {
     /// Device index (default: every device in the file).
@@ -162,9 +164,13 @@ pub struct SetLimitArgs {
     /// New memory limit (0 = unlimited).
     #[arg(long, short = 'm', value_name = "SIZE", value_parser = crate::limits::parse_memory_value)]
     pub memory: Option<u64>,
-    /// New SM limit in percent (0 or 100 = unlimited).
+    /// New SM limit in percent (0 or 100 = unlimited; in share mode the guarantee).
     #[arg(long, value_name = "PERCENT", value_parser = crate::limits::parse_sm_value)]
     pub sm: Option<u8>,
+    /// New `CUDA_TASK_PRIORITY` of the whole file (0 = high, 1 = low; honoured by share
+    /// mode, `VGPU_SM_MODE=share`).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub priority: Option<i32>,
     #[command(flatten)]
     pub cache: CacheArg,
     #[command(flatten)]

@@ -71,6 +71,30 @@ pub struct TurnTenantStatus {
     pub launch_us: u64,
     /// Milliseconds since it last announced itself.
     pub age_ms: u64,
+    /// Share mode (`VGPU_SM_MODE=share`): its record on the board; absent in cap mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share: Option<ShareStatus>,
+}
+
+/// A share-mode container's record on a GPU's turn board (docs/sm-limit.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ShareStatus {
+    /// Its guaranteed share, percent (0: best effort).
+    pub share_percent: u32,
+    /// The most it borrows up to, percent.
+    pub ceiling_percent: u32,
+    /// `CUDA_TASK_PRIORITY` (lower is more urgent: 0 high, 1 low).
+    pub priority: i32,
+    /// Its achieved utilization, percent.
+    pub utilization_percent: u32,
+    /// Its part of the GPU now (guarantee plus borrowed), percent.
+    pub part_percent: u32,
+    /// Whether it has work now.
+    pub busy: bool,
+    /// GPU time of its guarantee it left to others, milliseconds so far.
+    pub lent_ms: u64,
+    /// GPU time it used above its guarantee, milliseconds so far.
+    pub borrowed_ms: u64,
 }
 
 /// One process's use of one device.
@@ -208,6 +232,24 @@ impl StatusReport {
                     d.turns.len(),
                     list.join(", ")
                 );
+                for t in &d.turns {
+                    let Some(sh) = &t.share else { continue };
+                    let me = if t.this_container { " (this one)" } else { "" };
+                    let _ = writeln!(
+                        out,
+                        "device {}: share mode{me}: {}% share, ceiling {}%, priority {}, {}: \
+                         using {}%, part {}%, lent {:.1} s, borrowed {:.1} s",
+                        d.index,
+                        sh.share_percent,
+                        sh.ceiling_percent,
+                        sh.priority,
+                        if sh.busy { "busy" } else { "idle" },
+                        sh.utilization_percent,
+                        sh.part_percent,
+                        sh.lent_ms as f64 / 1e3,
+                        sh.borrowed_ms as f64 / 1e3
+                    );
+                }
             }
         }
         let _ = writeln!(out);
@@ -455,6 +497,49 @@ pub(crate) mod tests {
         assert!(
             text.contains("dead") && text.contains("still counted"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn share_mode_containers_get_a_line_and_json_fields() {
+        let mut r = sample();
+        let turn = |me: bool, share: Option<ShareStatus>| TurnTenantStatus {
+            key: "1".into(),
+            this_container: me,
+            sm_limit_percent: 30,
+            launch_us: 47,
+            age_ms: 10,
+            share,
+        };
+        r.devices[0].turns = vec![
+            turn(
+                true,
+                Some(ShareStatus {
+                    share_percent: 30,
+                    ceiling_percent: 80,
+                    priority: 0,
+                    utilization_percent: 29,
+                    part_percent: 30,
+                    busy: true,
+                    lent_ms: 1200,
+                    borrowed_ms: 3400,
+                }),
+            ),
+            turn(false, None),
+        ];
+        let text = r.render_text();
+        assert!(
+            text.contains(
+                "share mode (this one): 30% share, ceiling 80%, priority 0, busy: using 29%, \
+                 part 30%, lent 1.2 s, borrowed 3.4 s"
+            ),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&r.render_json()).unwrap();
+        assert_eq!(v["devices"][0]["turns"][0]["share"]["borrowed_ms"], 3400);
+        assert!(
+            v["devices"][0]["turns"][1].get("share").is_none(),
+            "absent in cap mode"
         );
     }
 

@@ -27,6 +27,18 @@ pub struct SetLimitReport {
     pub cache: String,
     /// One entry per device and kind of limit changed.
     pub changes: Vec<LimitChange>,
+    /// The file's `CUDA_TASK_PRIORITY`, when `--priority` changed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<PriorityChange>,
+}
+
+/// The file's priority before and after (`--priority`).
+#[derive(Debug, Serialize)]
+pub struct PriorityChange {
+    /// The value before.
+    pub old: i32,
+    /// The value now.
+    pub new: i32,
 }
 
 /// One limit changed on one device; `null` old/new = unlimited.
@@ -51,7 +63,10 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
     let path = table_path(&args.cache, &args.share);
     let table = open_writable(&path)?;
     let device_num = table.device_num();
+    let per_device = args.memory.is_some() || args.sm.is_some();
     let devices: Vec<u32> = match args.device {
+        // The priority is the file's, not a device's.
+        _ if !per_device => Vec::new(),
         Some(d) if d >= device_num => {
             return Err(Failure::msg(format!(
                 "device {d} is not in {} (it has {device_num} device(s): 0..{device_num})",
@@ -99,11 +114,22 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
             });
         }
     }
+    let priority = match args.priority {
+        Some(p) => {
+            let old = table.priority();
+            table
+                .set_priority(p)
+                .map_err(|e| Failure::msg(e.to_string()))?;
+            Some(PriorityChange { old, new: p })
+        }
+        None => None,
+    };
     if args.json {
         let report = SetLimitReport {
             schema: SCHEMA,
             cache: path.display().to_string(),
             changes,
+            priority,
         };
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Failure::msg(format!("cannot encode the report: {e}")))?;
@@ -134,6 +160,9 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
                 pct(c.new)
             ),
         }
+    }
+    if let Some(p) = priority {
+        println!("priority {} -> {} (0 = high)", p.old, p.new);
     }
     Ok(ExitCode::SUCCESS)
 }

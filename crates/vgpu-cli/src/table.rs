@@ -7,7 +7,7 @@ use vgpu_env::{ENV_TURN_DIR, SmTuning};
 use vgpu_shm::{NodeReader, ShmError, TableSnapshot, UsageTable, board_file_name, container_key};
 
 use crate::report::{
-    DeviceStatus, ProcessDevice, ProcessStatus, SCHEMA, StatusReport, TurnTenantStatus,
+    DeviceStatus, ProcessDevice, ProcessStatus, SCHEMA, ShareStatus, StatusReport, TurnTenantStatus,
 };
 
 /// Explain an attach error in words a user can act on.
@@ -105,6 +105,10 @@ pub fn turn_tenants(dir: &Path, uuid: &str, cache: &Path) -> Vec<TurnTenantStatu
         return Vec::new();
     };
     let mine = container_key(cache).ok();
+    // Share-mode records (VGPU_SM_MODE=share), read the same way; none in cap mode.
+    let shares = NodeReader::default()
+        .share_records(dir.join(board_file_name(uuid)))
+        .unwrap_or_default();
     tenants
         .into_iter()
         .map(|t| TurnTenantStatus {
@@ -113,6 +117,16 @@ pub fn turn_tenants(dir: &Path, uuid: &str, cache: &Path) -> Vec<TurnTenantStatu
             sm_limit_percent: t.limit_pct,
             launch_us: t.launch_ns / 1_000,
             age_ms: now.saturating_sub(t.heartbeat_ns) / 1_000_000,
+            share: shares.iter().find(|r| r.key == t.key).map(|r| ShareStatus {
+                share_percent: u32::from(r.share_pct),
+                ceiling_percent: u32::from(r.ceiling_pct),
+                priority: r.priority,
+                utilization_percent: u32::from(r.util_pct),
+                part_percent: u32::from(r.allot_pct),
+                busy: r.busy_until >= now,
+                lent_ms: r.lent_ns / 1_000_000,
+                borrowed_ms: r.borrowed_ns / 1_000_000,
+            }),
         })
         .collect()
 }

@@ -197,6 +197,22 @@ fn render_body(r: &StatusReport, p: Palette) -> String {
                     })
                     .collect();
                 let _ = writeln!(out, "     taking turns: {} (* = this file)", list.join(" "));
+                for t in &d.turns {
+                    let Some(sh) = &t.share else { continue };
+                    // Guarantee-ceiling, then what it gets; whole seconds keep 80 columns.
+                    let me = if t.this_container { "*" } else { "" };
+                    let _ = writeln!(
+                        out,
+                        "     share{me} {}-{}% prio {}: using {}% part {}% lent {:.0}s borrowed {:.0}s",
+                        sh.share_percent,
+                        sh.ceiling_percent,
+                        sh.priority,
+                        sh.utilization_percent,
+                        sh.part_percent,
+                        sh.lent_ms as f64 / 1e3,
+                        sh.borrowed_ms as f64 / 1e3
+                    );
+                }
             }
         }
     }
@@ -330,12 +346,33 @@ mod tests {
         r.devices[0].context_bytes = (1 << 30) - 1;
         r.devices[0].sm_limit_percent = Some(99);
         r.devices[0].sm_utilization_percent = 100;
+        r.devices[0].turns = vec![crate::report::TurnTenantStatus {
+            key: "1".into(),
+            this_container: true,
+            sm_limit_percent: 99,
+            launch_us: 47,
+            age_ms: 10,
+            share: Some(crate::report::ShareStatus {
+                share_percent: 100,
+                ceiling_percent: 100,
+                priority: 1,
+                utilization_percent: 100,
+                part_percent: 100,
+                busy: true,
+                lent_ms: 99_999_000,
+                borrowed_ms: 99_999_000,
+            }),
+        }];
         let text = render_body(&r, Palette::new(false));
         for line in text.lines() {
             assert!(line.chars().count() <= 80, "{} columns: {line}", line.len());
         }
         assert!(text.contains("GPU-ffffffff"), "{text}");
         assert!(text.contains("still counted"), "{text}");
+        assert!(
+            text.contains("share* 100-100% prio 1: using 100%"),
+            "{text}"
+        );
         assert!(!text.contains('\x1b'), "{text}");
     }
 

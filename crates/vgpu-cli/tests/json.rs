@@ -108,6 +108,23 @@ fn status_watch_and_set_limit_print_json_with_a_schema() {
     assert_eq!(changes[1]["limit"], "sm_percent");
     assert!(changes[1]["old"].is_null());
     assert_eq!(changes[1]["new"], 40);
+    assert!(v.get("priority").is_none(), "no priority change asked");
+
+    // The file's CUDA_TASK_PRIORITY (share mode honours it live): 1 is the default.
+    let mut cmd = s.vgpu();
+    args(
+        &mut cmd,
+        &["set-limit", "--json", "--priority", "-2"],
+        &cache,
+    );
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let v = parse(&out.stdout, "vgpu.set-limit.v1");
+    assert_eq!(
+        (v["priority"]["old"].as_i64(), v["priority"]["new"].as_i64()),
+        (Some(1), Some(-2))
+    );
+    assert!(v["changes"].as_array().unwrap().is_empty());
 }
 
 #[test]

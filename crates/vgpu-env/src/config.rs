@@ -4,7 +4,7 @@
 use std::fmt;
 
 use vgpu_alloc_core::{AllocatorConfig, MAX_DEVICES};
-use vgpu_limiter::Policy;
+use vgpu_limiter::{Policy, SmMode};
 
 use crate::log_level::{DEFAULT_LOG_LEVEL, LOG_LEVEL_EXPECTED, parse_log_level};
 use crate::names::*;
@@ -55,8 +55,13 @@ pub struct Config {
     pub shared_cache: String,
     /// When to enforce the SM limit.
     pub core_policy: Policy,
-    /// `CUDA_TASK_PRIORITY` (default 1).
+    /// `CUDA_TASK_PRIORITY` (default 1; lower is more urgent, as in HAMi: 0 high, 1 low).
+    /// Only written for HAMi's monitor, unless [`Config::sm_mode`] is share.
     pub task_priority: i32,
+    /// `VGPU_SM_MODE`: cap (default) or share.
+    pub sm_mode: SmMode,
+    /// `VGPU_SM_CEILING` (share mode), percent 1..=100; `None` = 100.
+    pub sm_ceiling: Option<u8>,
     /// `LIBCUDA_LOG_LEVEL` 0..=4 (default 2; grammar in [`crate::log_level`]).
     pub log_level: u8,
     /// `ACTIVE_OOM_KILLER` as written; accepted, has no effect.
@@ -93,6 +98,8 @@ impl Default for Config {
             shared_cache: DEFAULT_SHARED_CACHE.to_owned(),
             core_policy: Policy::Default,
             task_priority: 1,
+            sm_mode: SmMode::Cap,
+            sm_ceiling: None,
             log_level: DEFAULT_LOG_LEVEL,
             active_oom_killer: None,
             visible_devices: None,
@@ -250,6 +257,20 @@ impl Config {
                     &v,
                     "expected force, disable, monitor or default".into(),
                 ),
+            }
+        }
+        if let Some(v) = lookup(ENV_SM_MODE) {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "cap" | "" => cfg.sm_mode = SmMode::Cap,
+                "share" => cfg.sm_mode = SmMode::Share,
+                _ => fail(ENV_SM_MODE, &v, "expected cap or share".into()),
+            }
+        }
+        if let Some(v) = lookup(ENV_SM_CEILING) {
+            match parse_percent(&v) {
+                // 0 or 100: no ceiling below the whole GPU.
+                Ok(p) => cfg.sm_ceiling = p,
+                Err(r) => fail(ENV_SM_CEILING, &v, r),
             }
         }
         if let Some(v) = lookup(ENV_TASK_PRIORITY) {
@@ -587,6 +608,20 @@ mod tests {
 
     fn lenient(pairs: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
         Config::from_vars_with_warnings(&Vars::from_pairs(pairs.iter().copied()))
+    }
+
+    #[test]
+    fn share_mode_and_ceiling_are_opt_in_and_checked() {
+        let cfg = Config::from_pairs([("CUDA_DEVICE_SM_LIMIT", "30")]).unwrap();
+        assert_eq!((cfg.sm_mode, cfg.sm_ceiling), (SmMode::Cap, None));
+        let cfg =
+            Config::from_pairs([("VGPU_SM_MODE", "Share"), ("VGPU_SM_CEILING", "60")]).unwrap();
+        assert_eq!((cfg.sm_mode, cfg.sm_ceiling), (SmMode::Share, Some(60)));
+        for (name, bad) in [("VGPU_SM_MODE", "elastic"), ("VGPU_SM_CEILING", "150")] {
+            let err = Config::from_vars_with_warnings(&Vars::from_pairs([(name, bad)]))
+                .expect_err("enforcement: a bad value is fatal");
+            assert_eq!(err.0[0].variable, name);
+        }
     }
 
     #[test]

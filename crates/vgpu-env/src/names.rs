@@ -48,5 +48,11 @@ pub const ENV_TURN_LEAD_US: &str = "VGPU_TURN_LEAD_US";
 /// How strongly the SM limit also bounds a tenant's share of the GPU's power budget: an
 /// exponent from 0 (time only) to 1 (the power share fully), default 0.5; `off` = 0.
 pub const ENV_SM_POWER_EXPONENT: &str = "VGPU_SM_POWER_EXPONENT";
+/// How `CUDA_DEVICE_SM_LIMIT` is read: `cap` (HAMi's meaning, the default) or `share`
+/// (a guaranteed share that borrows idle time, with `CUDA_TASK_PRIORITY` ordering who
+/// borrows first; docs/sm-limit.md).
+pub const ENV_SM_MODE: &str = "VGPU_SM_MODE";
+/// Share mode: the most a container may borrow up to, percent (default 100).
+pub const ENV_SM_CEILING: &str = "VGPU_SM_CEILING";
 /// Default of [`ENV_SHARED_CACHE`].
 pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";

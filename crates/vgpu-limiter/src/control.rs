@@ -3,103 +3,11 @@
 use std::collections::VecDeque;
 use std::fmt;
 
+pub use crate::config::LimiterConfig;
 use crate::policy::Policy;
 use crate::power::{PowerShare, PowerState};
+use crate::share::{Allotment, ShareClaim, ShareReport, ShareTiming, Sharing, SmMode};
 use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage, Turn};
-
-const MICROS: Nanos = 1_000;
-const MILLIS: Nanos = 1_000_000;
-
-/// Tuning of a [`Limiter`]; [`LimiterConfig::default`] is what the hook uses.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LimiterConfig {
-    /// When the limit is enforced.
-    pub policy: Policy,
-    /// Control period: how far the virtual clock may run ahead of real time before
-    /// launches wait. It bounds the work queued on the GPU to about `limit × period`
-    /// (plus one kernel) and sets the granularity of the duty cycle.
-    pub period: Nanos,
-    /// How far the virtual clock may fall behind real time: the credit that makes up
-    /// for late wake-ups, and the largest burst after an idle spell (`limit × burst`
-    /// of GPU time on top of `limit × period`).
-    pub burst: Nanos,
-    /// Estimated GPU work after which a segment is closed with a marker.
-    pub segment_work: Nanos,
-    /// Launches after which a segment is closed regardless of the estimate.
-    pub segment_launches: u32,
-    /// A launch this long after the previous one first closes the open segment, and a
-    /// segment closed this late is checked for GPU idle time at its end.
-    pub idle_gap: Nanos,
-    /// Closed segments whose markers have not completed; more make launches wait.
-    pub max_outstanding: usize,
-    /// Longest single wait; the caller then asks again (limit changes, monitor flags).
-    pub max_wait: Nanos,
-    /// Completions are polled at most this often on launches that are not throttled.
-    pub poll_interval: Nanos,
-    /// Poll interval while the monitor blocks launches (`recent_kernel < 0`).
-    pub blocked_poll: Nanos,
-    /// How often the achieved utilization is published and the peers' is read.
-    pub publish_period: Nanos,
-    /// A peer's share published longer ago than this is ignored: the peer stopped launching
-    /// (a process publishes only while it launches or waits to launch). A few publish
-    /// periods, so that one late publish does not drop a busy peer.
-    pub peer_stale_after: Nanos,
-    /// How often activity is signalled to the monitor.
-    pub activity_period: Nanos,
-    /// Budget against `limit − other processes' share` (the container-wide limit).
-    pub share_with_peers: bool,
-    /// How often the device's own accounting ([`ContainerView::device_sample`]) is compared
-    /// with the events' measurements; 0 (the default) turns the contention correction off.
-    /// Off by default: on the H200, NVML's per-process utilization split time-sliced work
-    /// about evenly between two tenants whatever their real shares (docs/sm-limit.md).
-    pub contention_period: Nanos,
-    /// The correction applies only when the device sees clearly less of our work than the
-    /// events do (ratio below this), and other processes are active.
-    pub contention_threshold: f64,
-    /// Lowest correction factor: measurements are never discounted by more than this.
-    pub contention_floor: f64,
-    /// Shortest cycle of the turns limited containers on one GPU take
-    /// ([`ContainerView::turn_tenants`]; stretched for long launches, see [`Turn::layout`]).
-    pub turn_cycle: Nanos,
-    /// How long before its window a container may start queueing ([`Turn::admits`]).
-    pub turn_lead_in: Nanos,
-    /// How strongly the limit also bounds the share of the GPU's power budget
-    /// ([`crate::power`]): 0 = time only, 1 = the power share fully; default 0.5.
-    pub power_exponent: f64,
-    /// Span over which device power and busy time are averaged for the power share.
-    pub power_window: Nanos,
-    /// Shortest idle span (no work of ours, the device not busy) that measures idle power.
-    pub power_idle_span: Nanos,
-}
-
-impl Default for LimiterConfig {
-    fn default() -> Self {
-        Self {
-            policy: Policy::Default,
-            period: 2 * MILLIS,
-            burst: 10 * MILLIS,
-            segment_work: 500 * MICROS,
-            segment_launches: 64,
-            idle_gap: MILLIS,
-            max_outstanding: 16,
-            max_wait: 2 * MILLIS,
-            poll_interval: 100 * MICROS,
-            blocked_poll: MILLIS,
-            publish_period: 100 * MILLIS,
-            peer_stale_after: 500 * MILLIS,
-            activity_period: 1_000 * MILLIS,
-            share_with_peers: true,
-            contention_period: 0,
-            contention_threshold: 0.9,
-            contention_floor: 0.5,
-            turn_cycle: 20 * MILLIS,
-            turn_lead_in: 0,
-            power_exponent: 0.5,
-            power_window: 1_000 * MILLIS,
-            power_idle_span: 200 * MILLIS,
-        }
-    }
-}
 
 /// The answer to [`Limiter::admit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,6 +116,8 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     power_state: Option<PowerState>,
     /// Measured GPU time since the start, uncorrected, ns (for the power share).
     own_busy: f64,
+    /// Share mode's state (`None` in cap mode).
+    sharing: Option<Sharing>,
     stats: LimiterStats,
 }
 
@@ -260,6 +170,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             power_seeded: false,
             power_state: None,
             own_busy: 0.0,
+            sharing: (cfg.mode == SmMode::Share).then(Sharing::default),
             stats: LimiterStats::default(),
         }
     }
@@ -294,6 +205,17 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.turn
     }
 
+    /// Share mode: this container's part of the GPU as last computed.
+    pub fn allotment(&self) -> Option<Allotment> {
+        self.sharing.as_ref().and_then(|s| s.allot)
+    }
+
+    /// Share mode: GPU time (ns) of its guarantee lent to others, and used above it.
+    pub fn lent_and_borrowed(&self) -> Option<(u64, u64)> {
+        let s = self.sharing.as_ref()?;
+        Some((s.lent_ns as u64, s.borrowed_ns as u64))
+    }
+
     /// The container view, e.g. for the hook to publish a final zero at exit.
     pub fn view_mut(&mut self) -> &mut V {
         &mut self.view
@@ -305,7 +227,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     /// touching the timer or writing the shared view.
     pub fn admit(&mut self, stream: T::Stream) -> Admission {
         let pct = self.view.sm_limit_pct();
-        if self.cfg.policy == Policy::Disable || pct == 0 || pct >= 100 {
+        let unlimited = pct == 0 || pct >= 100;
+        // In share mode 0 is "no guarantee" and 100 "the whole GPU": both are enforced.
+        if self.cfg.policy == Policy::Disable || (unlimited && self.sharing.is_none()) {
             return Admission::Go(Ticket::UNCOUNTED);
         }
         let now = self.clock.now();
@@ -329,9 +253,23 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         {
             self.poll(now);
         }
-        self.maybe_publish(now);
+        self.maybe_publish(now, pct);
         self.maybe_correct(now);
-        self.limit = self.effective(pct);
+        let share = self.share_step(now, pct);
+        self.limit = match share {
+            Some(a) => self.effective(a.fraction),
+            None => {
+                let scale = self.power.as_ref().map_or(1.0, PowerShare::scale);
+                self.effective(f64::from(pct) / 100.0 * scale)
+            }
+        };
+        if share.is_some_and(|a| a.fraction <= 0.0) {
+            // Share mode, nothing to borrow and no guarantee: hold new launches while
+            // others' work runs; ask the board again soon.
+            self.close_open(now);
+            self.poll(now);
+            return self.wait(self.cfg.demand_poll);
+        }
         let floor = now as f64 - self.cfg.burst as f64;
         if self.vt < floor {
             self.vt = floor;
@@ -347,6 +285,25 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             return self.wait(self.cfg.poll_interval);
         }
         let now_f = now as f64;
+        if let Some(a) = share {
+            // Share mode promises a part of the GPU from now on, not an average over the
+            // past: no debt beyond a cycle and a period (above the throttle's threshold, so
+            // it still throttles; time-slicing by others inflates measurements).
+            let lead = self
+                .turn
+                .map_or(self.cfg.period, |t| t.cycle.max(self.cfg.period));
+            self.vt = self.vt.min(now_f + (lead + self.cfg.period) as f64);
+            if a.fraction >= 0.999 && a.turn.is_none() {
+                // The whole GPU is ours for now: keep the queue one period deep, without
+                // the hysteresis (a latency-critical container must not wait for its own
+                // queue to drain).
+                self.throttled = false;
+                if self.vt > now_f + self.cfg.period as f64 {
+                    self.close_open(now);
+                    return self.wait_until_vt(now_f + self.cfg.period as f64);
+                }
+            }
+        }
         if self.throttled {
             if self.vt <= now_f {
                 self.throttled = false;
@@ -363,6 +320,20 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             self.throttled = true;
             self.close_open(now);
             return self.wait_until_vt(now_f);
+        }
+        if share.is_some_and(|a| a.outranked) {
+            // A more urgent container may start any moment: keep our queue short. Counted
+            // from our segments not yet complete (not from when we expect them to end: our
+            // work may wait behind the urgent one's, and still be ahead of its next).
+            self.poll(now);
+            let queued = self.queued_estimate();
+            if queued > self.cfg.outranked_queue as f64 {
+                self.close_open(now);
+                return self.wait(
+                    ((queued - self.cfg.outranked_queue as f64) as Nanos)
+                        .clamp(self.cfg.poll_interval, self.cfg.max_wait),
+                );
+            }
         }
         if let Some(turn) = self.turn {
             let est = self.cost.unwrap_or(0.0);
@@ -411,9 +382,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.wait(ns.min(self.cfg.max_wait))
     }
 
-    fn effective(&self, pct: u32) -> f64 {
-        let scale = self.power.as_ref().map_or(1.0, PowerShare::scale);
-        let base = f64::from(pct) / 100.0 * scale;
+    /// The process's part of the container's `base` (fraction), after its peers' share.
+    fn effective(&self, base: f64) -> f64 {
+        // Never 0: the pacer divides by it.
+        let base = base.max(1e-3);
         if !self.cfg.share_with_peers || self.peers.active == 0 {
             return base;
         }
@@ -437,6 +409,15 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             }
         }
         usage
+    }
+
+    /// Estimated GPU time of our launches not yet known complete.
+    fn queued_estimate(&self) -> f64 {
+        self.closed
+            .iter()
+            .chain(self.open.iter())
+            .map(|s| s.est)
+            .sum()
     }
 
     /// Makes sure an open segment on `stream` brackets the coming launch.
@@ -556,6 +537,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 }
             }
         }
+        if self.closed.is_empty() && self.open.is_none() {
+            // Everything submitted is done: the estimate of when queued work ends (which
+            // only grows between measurements) starts again from now.
+            self.horizon = self.horizon.min(now as f64);
+        }
     }
 
     fn settle(&mut self, seg: Segment<T::Stream, T::Marker>, complete: bool) {
@@ -608,11 +594,42 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         }
     }
 
-    fn maybe_publish(&mut self, now: Nanos) {
+    /// Share mode: reads the board's demand (at most every `demand_poll`) and returns this
+    /// container's part; `None` in cap mode. Sets the turn.
+    fn share_step(&mut self, now: Nanos, pct: u32) -> Option<Allotment> {
+        let claim = self.claim(pct);
+        let launch_ns = self.cost.unwrap_or(0.0).max(0.0) as u64;
+        let timing = ShareTiming {
+            demand_poll: self.cfg.demand_poll,
+            idle_grace: self.cfg.idle_grace,
+            idle_grace_in_turns: self.cfg.idle_grace_in_turns,
+            min_cycle: self.cfg.turn_cycle,
+            rules: self.cfg.share_rules,
+        };
+        let horizon = self.horizon;
+        let a = self
+            .sharing
+            .as_mut()?
+            .step(&mut self.view, now, claim, launch_ns, horizon, timing);
+        self.turn = a.turn;
+        Some(a)
+    }
+
+    fn claim(&self, pct: u32) -> ShareClaim {
+        ShareClaim {
+            share_pct: if pct >= 100 { 100 } else { pct },
+            ceiling_pct: self.cfg.ceiling_pct,
+            priority: self.view.task_priority().unwrap_or(self.cfg.priority),
+        }
+        .sanitized()
+    }
+
+    fn maybe_publish(&mut self, now: Nanos, pct: u32) {
         if now < self.next_publish {
             return;
         }
         let elapsed = now.saturating_sub(self.bin_start);
+        let bin_busy = self.bin_busy;
         if elapsed > 0 && self.stats.launches > 0 {
             let bin = (self.bin_busy / elapsed as f64).min(1.0);
             let util = match self.util {
@@ -629,10 +646,29 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         }
         self.sample_power(now);
         let launch_ns = self.cost.unwrap_or(0.0).max(0.0) as u64;
-        self.turn = self
-            .view
-            .turn_tenants(now, launch_ns)
-            .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
+        if self.sharing.is_some() {
+            let report = ShareReport {
+                claim: self.claim(pct),
+                launch_ns,
+                busy_until: (self.horizon.max(now as f64) as Nanos)
+                    .saturating_add(self.cfg.idle_grace_in_turns),
+                allot_pct: self
+                    .allotment()
+                    .map_or(0, |a| (a.fraction * 100.0).round() as u32),
+                util_pct: self.util.map_or(0, |u| (u * 100.0).round() as u32),
+                lent_ns: 0,
+                borrowed_ns: 0,
+            };
+            let rules = self.cfg.share_rules;
+            if let Some(s) = self.sharing.as_mut() {
+                s.publish(&mut self.view, now, report, bin_busy, elapsed, rules);
+            }
+        } else {
+            self.turn = self
+                .view
+                .turn_tenants(now, launch_ns)
+                .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
+        }
         self.next_publish = now + self.cfg.publish_period;
     }
 

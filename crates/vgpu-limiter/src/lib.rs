@@ -20,18 +20,23 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod config;
 mod control;
 mod policy;
 pub mod power;
+pub mod share;
 mod traits;
 
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_share;
 
 pub use control::{Admission, Limiter, LimiterConfig, LimiterStats, Ticket};
 pub use policy::Policy;
+pub use share::{Allotment, ShareClaim, ShareReport, ShareRules, ShareTenant, SmMode};
 pub use traits::{
     Clock, ContainerView, DeviceSample, GpuTimer, Nanos, PeerShare, PeerUsage, PowerSample,
     TimerError, Turn, TurnTenant,

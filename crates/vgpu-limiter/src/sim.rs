@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use crate::{
     Admission, Clock, ContainerView, DeviceSample, GpuTimer, Limiter, LimiterConfig, Nanos,
-    PeerShare, PowerSample, TimerError, TurnTenant,
+    PeerShare, PowerSample, ShareReport, ShareTenant, TimerError, TurnTenant,
 };
 
 pub const US: Nanos = 1_000;
@@ -377,6 +377,8 @@ pub struct TableState {
     pub untimed: Vec<bool>,
     pub writes: u64,
     pub activity: u64,
+    /// `CUDA_TASK_PRIORITY` as the file holds it (a live change), if set.
+    pub priority: Option<i32>,
 }
 
 #[derive(Clone)]
@@ -403,7 +405,15 @@ impl SimTable {
             device: None,
             node: None,
             power: None,
+            shares: None,
         }
+    }
+
+    /// A process's view whose container keeps a share-mode record as `key` on `board`.
+    pub fn view_sharing(&self, board: &SimShares, key: u64) -> SimView {
+        let mut v = self.view();
+        v.shares = Some((board.clone(), key));
+        v
     }
 
     /// A process's view that reads the world GPU's power (its baseline: now).
@@ -452,6 +462,32 @@ pub struct SimView {
     node: Option<(SimNode, u64)>,
     /// The GPU whose power this view reads, and the sample taken when it was attached.
     power: Option<(SimGpu, Option<PowerSample>)>,
+    /// The node's share-mode records and this container's key there.
+    shares: Option<(SimShares, u64)>,
+}
+
+/// A node-wide board of share-mode records (what vgpu-shm's share region holds), with the
+/// last report of each container for the tests to read.
+#[derive(Clone, Default)]
+pub struct SimShares(pub Rc<RefCell<Vec<SimShareEntry>>>);
+
+/// A record on the simulated board with its writer's last report.
+pub type SimShareEntry = (ShareTenant, Option<ShareReport>);
+
+impl SimShares {
+    /// Puts a record on the board as another container (or a hostile one) would.
+    pub fn put(&self, t: ShareTenant) {
+        let mut b = self.0.borrow_mut();
+        match b.iter_mut().find(|e| e.0.key == t.key) {
+            Some(e) => e.0 = t,
+            None => b.push((t, None)),
+        }
+    }
+
+    /// The last report of `key`.
+    pub fn report(&self, key: u64) -> Option<ShareReport> {
+        self.0.borrow().iter().find(|e| e.0.key == key)?.1
+    }
 }
 
 impl SimView {
@@ -537,6 +573,36 @@ impl ContainerView for SimView {
 
     fn power_baseline(&mut self) -> Option<PowerSample> {
         self.power.as_mut()?.1.take()
+    }
+
+    fn share_board(&mut self, now: Nanos, report: &ShareReport) -> Option<(u64, Vec<ShareTenant>)> {
+        let (board, key) = self.shares.as_ref()?;
+        let me = ShareTenant {
+            key: *key,
+            claim: report.claim,
+            launch_ns: report.launch_ns,
+            busy_until: report.busy_until,
+            heartbeat: now,
+        };
+        board.put(me);
+        let mut b = board.0.borrow_mut();
+        if let Some(e) = b.iter_mut().find(|e| e.0.key == *key) {
+            e.1 = Some(*report);
+        }
+        Some((*key, b.iter().map(|e| e.0).collect()))
+    }
+
+    fn share_demand(&mut self, _now: Nanos, busy_until: Option<Nanos>) -> Option<Vec<ShareTenant>> {
+        let (board, key) = self.shares.as_ref()?;
+        let mut b = board.0.borrow_mut();
+        if let (Some(until), Some(e)) = (busy_until, b.iter_mut().find(|e| e.0.key == *key)) {
+            e.0.busy_until = until;
+        }
+        Some(b.iter().map(|e| e.0).collect())
+    }
+
+    fn task_priority(&self) -> Option<i32> {
+        self.table.0.borrow().priority
     }
 
     fn note_activity(&mut self, _now: Nanos) {

@@ -265,4 +265,30 @@ pub trait ContainerView {
     /// What the power share concluded from the latest sample (for logs; called once per
     /// publish period while samples come).
     fn note_power(&mut self, _state: &crate::power::PowerState) {}
+    /// Share mode ([`crate::SmMode::Share`]): writes this container's record on the GPU's
+    /// turn board and returns its key with every record there (hostile input: the limiter
+    /// checks them, [`crate::share::allot`]); `None` when containers do not coordinate.
+    /// Called once per publish period.
+    fn share_board(
+        &mut self,
+        _now: Nanos,
+        _report: &crate::share::ShareReport,
+    ) -> Option<(u64, Vec<crate::share::ShareTenant>)> {
+        None
+    }
+    /// Share mode, called at most every `demand_poll` (sub-millisecond, so it must be a
+    /// few system calls at most, no lock): writes this container's `busy_until` if given
+    /// (in the record [`ContainerView::share_board`] placed), and returns every record.
+    fn share_demand(
+        &mut self,
+        _now: Nanos,
+        _busy_until: Option<Nanos>,
+    ) -> Option<Vec<crate::share::ShareTenant>> {
+        None
+    }
+    /// The container's `CUDA_TASK_PRIORITY` as its file says now (a live change), if the
+    /// view has one; otherwise the limiter's configured priority holds.
+    fn task_priority(&self) -> Option<i32> {
+        None
+    }
 }

@@ -37,6 +37,7 @@ mod hami_file;
 pub mod layout;
 mod node_read;
 mod protocol;
+pub mod shares;
 mod sync;
 #[allow(unsafe_code)] // the crate's one boundary module
 mod sys;

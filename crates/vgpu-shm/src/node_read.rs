@@ -73,6 +73,21 @@ impl NodeReader {
     }
 }
 
+impl NodeReader {
+    /// The share-mode records on the turn board at `path` (docs/sm-limit.md, `shares.rs`),
+    /// as [`NodeReader::turn_tenants`] reads the tenants.
+    pub fn share_records(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> Result<Vec<crate::shares::ShareRecord>, TurnBoardError> {
+        let path: PathBuf = path.as_ref().to_path_buf();
+        bounded(self.timeout, move || {
+            crate::shares::read_share_records(&path)
+        })
+        .unwrap_or(Err(TurnBoardError::Busy))
+    }
+}
+
 /// `f` on a thread of its own, if it returns within `timeout`; run here when no thread can be
 /// started (the opens cannot block, so only a hung file system could then hold it).
 fn bounded<T: Send + 'static>(

@@ -278,6 +278,8 @@ fn set_limits_on_a_live_file() {
     me.try_reserve(D0, UsageClass::Data, 1 << 40).unwrap();
     cli.set_sm_limit(D1, Some(50)).unwrap();
     assert_eq!(t.sm_limit(D1), Some(50));
+    cli.set_priority(0).unwrap();
+    assert_eq!(t.priority(), 0, "a priority change reaches the processes");
     assert!(matches!(
         cli.set_memory_limit(DeviceIndex(16), Some(1)),
         Err(ShmError::InvalidDevice { .. })

@@ -123,6 +123,8 @@ pub struct TurnBoard {
 /// The board's words as read from the file (missing bytes read as zero).
 type Image = [u64; IMAGE_WORDS];
 const IMAGE_WORDS: usize = HEADER_WORDS + TURN_ENTRIES * ENTRY_WORDS;
+/// Words of the turn entries; the share-mode records follow (`shares.rs`).
+pub(crate) const TURN_IMAGE_WORDS: usize = IMAGE_WORDS;
 
 /// How long an operation waits for the board's lock before giving up for this period (a
 /// holder keeps it for a few microseconds; the limiter asks from a launch, once per 100 ms).
@@ -241,6 +243,32 @@ impl TurnBoard {
         read_tenants(&self.path, now, max_age).unwrap_or_default()
     }
 
+    /// The entry this process announced itself in last (its share record's index).
+    pub fn entry(&self) -> Option<usize> {
+        self.mine
+    }
+
+    /// The board's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The key of every entry (0 = never written), read without the lock (opened as every
+    /// read of a board is: no link followed, no FIFO waited on); empty when the file cannot
+    /// be read. Share records count only under their entry's key.
+    pub fn entry_keys(&self) -> Vec<u64> {
+        read_board(&self.path).map_or_else(|_| Vec::new(), |image| entry_keys_of(&image))
+    }
+
+    /// The board's file for reading and writing this container's share record (opened as
+    /// every write of a board is; the caller keeps it for its hot path and opens it again
+    /// with each announcement, so a replaced file is followed within a period).
+    pub fn open_records(&self) -> Result<File, TurnBoardError> {
+        file::open_writable(&self.path, false)
+            .map(|o| o.file)
+            .map_err(|e| open_error(&self.path, e))
+    }
+
     /// Withdraws `key` (a container's last limited process exits), so others need not wait
     /// for its heartbeat to age out.
     pub fn withdraw(&mut self, key: u64) -> Result<(), TurnBoardError> {
@@ -274,8 +302,15 @@ pub(crate) fn read_tenants(
     Ok(tenants_in(&read_board(path)?, now, max_age))
 }
 
+/// The key of every entry of an image.
+pub(crate) fn entry_keys_of(image: &Image) -> Vec<u64> {
+    (0..TURN_ENTRIES)
+        .map(|e| image[HEADER_WORDS + e * ENTRY_WORDS])
+        .collect()
+}
+
 /// The board's image, read-only; a missing, refused or foreign file is an error.
-fn read_board(path: &Path) -> Result<Image, TurnBoardError> {
+pub(crate) fn read_board(path: &Path) -> Result<Image, TurnBoardError> {
     let file = file::open_read_only(path)
         .map_err(|e| open_error(path, e))?
         .file;
@@ -284,7 +319,7 @@ fn read_board(path: &Path) -> Result<Image, TurnBoardError> {
     Ok(image)
 }
 
-fn open_error(path: &Path, e: OpenError) -> TurnBoardError {
+pub(crate) fn open_error(path: &Path, e: OpenError) -> TurnBoardError {
     let path = path.to_path_buf();
     match e {
         OpenError::Io(op, source) => TurnBoardError::Io { path, op, source },

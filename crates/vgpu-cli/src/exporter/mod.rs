@@ -166,9 +166,21 @@ mod tests {
                 sm_limit_percent: 50,
                 launch_us: 47,
                 age_ms: 10,
+                share: None,
             };
             2
         ];
+        // This container in share mode.
+        with_turns.devices[0].turns[0].share = Some(crate::report::ShareStatus {
+            share_percent: 30,
+            ceiling_percent: 80,
+            priority: 0,
+            utilization_percent: 29,
+            part_percent: 30,
+            busy: true,
+            lent_ms: 1200,
+            borrowed_ms: 3400,
+        });
         let results = vec![
             scraped("/tmp/x.cache", Ok(with_turns)),
             scraped("/tmp/bad\"name", Err("not a usage file".to_owned())),
@@ -202,6 +214,8 @@ mod tests {
         ), "{text}");
         assert!(text.contains(",class=\"data\"} 805306368\n"), "{text}");
         assert!(text.contains("vgpu_device_turn_containers{cache=\"/tmp/x.cache\",device=\"0\",uuid=\"GPU-00000000-0000-0000-0000-000000000001\"} 2\n"), "{text}");
+        assert!(text.contains("vgpu_device_sm_share_percent{cache=\"/tmp/x.cache\",device=\"0\",uuid=\"GPU-00000000-0000-0000-0000-000000000001\",priority=\"0\"} 30\n"), "{text}");
+        assert!(text.contains("vgpu_device_sm_borrowed_milliseconds_total{cache=\"/tmp/x.cache\",device=\"0\",uuid=\"GPU-00000000-0000-0000-0000-000000000001\"} 3400\n"), "{text}");
         assert!(text.contains("vgpu_process_memory_used_bytes{cache=\"/tmp/x.cache\",pid=\"42\",host_pid=\"4242\",device=\"0\"} 872415232\n"), "{text}");
         assert!(
             text.contains("vgpu_process_alive{cache=\"/tmp/x.cache\",pid=\"7\",host_pid=\"\"} 0\n"),

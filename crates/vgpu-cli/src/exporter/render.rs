@@ -135,6 +135,36 @@ const FAMILIES: &[(Set, &str, &str, &str)] = &[
         "Limited containers taking turns on the GPU (its turn board; 0 = no turns).",
     ),
     (
+        Set::Vgpu,
+        "vgpu_device_sm_share_percent",
+        "gauge",
+        "Share mode: the container's guaranteed SM share, percent (label priority: CUDA_TASK_PRIORITY, 0 = high).",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_sm_ceiling_percent",
+        "gauge",
+        "Share mode: the most the container borrows up to, percent.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_sm_part_percent",
+        "gauge",
+        "Share mode: the container's part of the GPU now (guarantee plus borrowed), percent.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_sm_lent_milliseconds_total",
+        "counter",
+        "Share mode: GPU time of the container's guarantee left to others, milliseconds.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_sm_borrowed_milliseconds_total",
+        "counter",
+        "Share mode: GPU time the container used above its guarantee, milliseconds.",
+    ),
+    (
         Set::PerProcess,
         "vgpu_process_memory_used_bytes",
         "gauge",
@@ -408,6 +438,37 @@ fn vgpu_samples(s: &mut Samples, opts: Options, base: &[(&str, &str)], report: &
         let users = on_device(true).count() + on_device(false).count();
         s.add("vgpu_device_processes", &l, users as u64);
         s.add("vgpu_device_turn_containers", &l, d.turns.len() as u64);
+        let share = d
+            .turns
+            .iter()
+            .filter(|t| t.this_container)
+            .find_map(|t| t.share.as_ref());
+        if let Some(sh) = share {
+            let priority = sh.priority.to_string();
+            let mut lp = l.clone();
+            lp.push(("priority", priority.as_str()));
+            s.add(
+                "vgpu_device_sm_share_percent",
+                &lp,
+                u64::from(sh.share_percent),
+            );
+            s.add(
+                "vgpu_device_sm_ceiling_percent",
+                &l,
+                u64::from(sh.ceiling_percent),
+            );
+            s.add(
+                "vgpu_device_sm_part_percent",
+                &l,
+                u64::from(sh.part_percent),
+            );
+            s.add("vgpu_device_sm_lent_milliseconds_total", &l, sh.lent_ms);
+            s.add(
+                "vgpu_device_sm_borrowed_milliseconds_total",
+                &l,
+                sh.borrowed_ms,
+            );
+        }
     }
     if !opts.per_process {
         return;

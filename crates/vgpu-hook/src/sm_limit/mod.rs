@@ -45,19 +45,20 @@
 
 mod power_share;
 mod probes;
+mod share_board;
 mod timer;
 mod view;
 
 use std::cell::RefCell;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use vgpu_alloc_core::{DeviceIndex, MAX_DEVICES};
 use vgpu_cuda_abi::{CUresult, CUstream};
 use vgpu_env::{Config, SmTuning};
-use vgpu_limiter::{Admission, Limiter, LimiterConfig, Policy, Ticket};
+use vgpu_limiter::{Admission, Limiter, LimiterConfig, Policy, SmMode, Ticket};
 use vgpu_shm::ProcessSlot;
 
 use crate::log::{INFO, vlog};
@@ -91,6 +92,12 @@ pub(crate) struct SmLimiter {
     env_limit: [AtomicU32; MAX_DEVICES],
     /// The policy, as `policy_code`.
     policy: AtomicU8,
+    /// `VGPU_SM_MODE=share`: the limit is a guarantee that borrows idle time.
+    share: AtomicBool,
+    /// Share mode: `VGPU_SM_CEILING`, percent.
+    ceiling: AtomicU32,
+    /// `CUDA_TASK_PRIORITY` from the environment (the file's wins once there is one).
+    priority: AtomicI32,
     /// The limiter's tuning from the environment (the first value set wins).
     tuning: Published<SmTuning>,
     /// This process's slot in the shared file, handed over by [`SmLimiter::start`]: it lives
@@ -123,6 +130,9 @@ impl SmLimiter {
             enabled: AtomicBool::new(false),
             env_limit: [const { AtomicU32::new(0) }; MAX_DEVICES],
             policy: AtomicU8::new(0),
+            share: AtomicBool::new(false),
+            ceiling: AtomicU32::new(100),
+            priority: AtomicI32::new(1),
             tuning: Published::new(),
             slot: AtomicPtr::new(ptr::null_mut()),
             devices: [const { Published::new() }; MAX_DEVICES],
@@ -154,11 +164,28 @@ impl SmLimiter {
             slot.map_or(ptr::null_mut(), |s| ptr::from_ref(s).cast_mut()),
             Ordering::Relaxed,
         );
-        let any = (0..MAX_DEVICES).any(|d| self.limit_pct(d) > 0);
+        // Share mode arms every device, with a limit or not: without one the container is
+        // best effort (no guarantee; it borrows what others leave).
+        let share = config.sm_mode == SmMode::Share;
+        self.share.store(share, Ordering::Relaxed);
+        self.ceiling
+            .store(config.sm_ceiling.map_or(100, u32::from), Ordering::Relaxed);
+        self.priority.store(config.task_priority, Ordering::Relaxed);
+        if share {
+            vlog!(
+                INFO,
+                "SM share mode: limits are guarantees, ceiling {}%, priority {} (0 = high)",
+                config.sm_ceiling.map_or(100, u32::from),
+                config.task_priority
+            );
+        }
+        let any = share || (0..MAX_DEVICES).any(|d| self.limit_pct(d) > 0);
         // Release: a launch that sees the flag (and loads it again with acquire on its cold
         // path) sees the limits and the slot stored above.
-        self.enabled
-            .store(armed && any && policy != Policy::Disable, Ordering::Release);
+        self.enabled.store(
+            (armed || share) && any && policy != Policy::Disable,
+            Ordering::Release,
+        );
     }
 
     /// In the child after `fork` (atomic stores only), in this order: the launch path is
@@ -264,6 +291,11 @@ impl SmLimiter {
         cfg.turn_cycle = t.turn_cycle_ms * 1_000_000;
         cfg.turn_lead_in = t.turn_lead_us * 1_000;
         cfg.power_exponent = f64::from(t.power_exponent_pct) / 100.0;
+        if self.share.load(Ordering::Relaxed) {
+            cfg.mode = SmMode::Share;
+            cfg.ceiling_pct = self.ceiling.load(Ordering::Relaxed);
+            cfg.priority = self.priority.load(Ordering::Relaxed);
+        }
         let view = FileView::new(d, self);
         Mutex::new(Limiter::new(cfg, MonoClock, EventTimer::new(fns), view))
     }

@@ -3,11 +3,15 @@
 
 use vgpu_alloc_core::DeviceIndex;
 use vgpu_limiter::power::PowerState;
-use vgpu_limiter::{ContainerView, DeviceSample, Nanos, PeerShare, PowerSample, TurnTenant};
+use vgpu_limiter::{
+    ContainerView, DeviceSample, Nanos, PeerShare, PowerSample, ShareReport, ShareTenant,
+    TurnTenant,
+};
 
 use super::SmLimiter;
 use super::power_share::{PowerLog, Watts};
 use super::probes::{NvmlProbe, TurnProbe};
+use super::share_board::ShareProbe;
 use crate::log::{DEBUG, INFO, vlog};
 
 /// The shared file's view of one device (the environment's limits only, without a file).
@@ -17,6 +21,8 @@ pub(crate) struct FileView {
     sm: &'static SmLimiter,
     nvml: NvmlProbe,
     turns: TurnProbe,
+    /// Share mode's records on the turn board.
+    share: ShareProbe,
     /// Which power-share conclusions were logged at INFO.
     power_log: PowerLog,
 }
@@ -28,6 +34,7 @@ impl FileView {
             sm,
             nvml: NvmlProbe::Unopened,
             turns: TurnProbe::Unopened,
+            share: ShareProbe::default(),
             power_log: PowerLog::default(),
         }
     }
@@ -111,6 +118,34 @@ impl ContainerView for FileView {
             })
             .collect();
         Some((*key, tenants))
+    }
+
+    fn share_board(&mut self, now: Nanos, report: &ShareReport) -> Option<(u64, Vec<ShareTenant>)> {
+        if matches!(self.turns, TurnProbe::Unopened) {
+            self.turns = TurnProbe::open(self.device, self.sm);
+        }
+        let TurnProbe::Open { board, key } = &mut self.turns else {
+            return None;
+        };
+        let tenants = self.share.announce(self.device, board, *key, report, now);
+        vlog!(
+            DEBUG,
+            "device {}: share mode: part {}%, {} containers on the board",
+            self.device,
+            report.allot_pct,
+            tenants.len()
+        );
+        Some((*key, tenants))
+    }
+
+    fn share_demand(&mut self, _now: Nanos, busy_until: Option<Nanos>) -> Option<Vec<ShareTenant>> {
+        matches!(self.turns, TurnProbe::Open { .. })
+            .then(|| self.share.demand(self.device, busy_until))
+    }
+
+    fn task_priority(&self) -> Option<i32> {
+        // The file's (a live change there applies); the environment's without a file.
+        self.sm.slot().map(|s| s.table().priority())
     }
 
     fn device_sample(&mut self) -> Option<DeviceSample> {

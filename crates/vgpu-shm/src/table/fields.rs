@@ -123,6 +123,14 @@ impl UsageTable {
         self.region().priority.load(Ordering::Relaxed)
     }
 
+    /// Change `priority` (`CUDA_TASK_PRIORITY`; lower is more urgent) on the live file: the
+    /// SM limiter of a share-mode container reads it on every admission (docs/sm-limit.md).
+    pub fn set_priority(&self, priority: i32) -> Result<(), ShmError> {
+        self.check_writable()?;
+        self.region().priority.store(priority, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// `last_kernel_time`: seconds since the epoch of the last recorded kernel launch.
     pub fn last_kernel_time(&self) -> u64 {
         self.region().last_kernel_time.load(Ordering::Relaxed)

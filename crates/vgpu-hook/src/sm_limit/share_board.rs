@@ -1,0 +1,191 @@
+//! Share mode's records on the turn board (`VGPU_SM_MODE=share`; protocol in
+//! `vgpu-shm/src/shares.rs`, arithmetic in `vgpu-limiter/src/share.rs`).
+//!
+//! Once per publish period the container announces itself on the board (under its lock),
+//! reopens its handle on the board's file and rewrites its record; on the launch path, at
+//! most every 0.5 ms, it reads all records with one `pread` through that handle and, when
+//! its demand runs out soon, rewrites that one word. Everything read is hostile input: the
+//! shm decoder refuses malformed records and the limiter's arithmetic never lets a record
+//! lower this container's guarantee.
+
+use std::fs::File;
+
+use vgpu_limiter::{Nanos, ShareClaim, ShareReport, ShareTenant};
+use vgpu_shm::TurnBoard;
+use vgpu_shm::shares::{self, ShareRecord};
+
+use super::view::{TURN_MAX_AGE, TURN_STALE};
+use crate::log::{DEBUG, vlog};
+
+/// `CUDA_TASK_PRIORITY`'s default (HAMi's): what a cap-mode container on the board counts as.
+const DEFAULT_PRIORITY: i32 = 1;
+
+/// This container's handle on the board's records and what it last read.
+#[derive(Default)]
+pub(super) struct ShareProbe {
+    /// The board's file (reopened with every announcement).
+    records: Option<File>,
+    /// Our record's index (our turn entry).
+    entry: Option<usize>,
+    /// The key of every turn entry at the last announcement (records count under them).
+    keys: Vec<u64>,
+    /// Cap-mode containers on the board (a turn entry without a share record): each counts
+    /// as busy with its limit as share and ceiling while it announces itself.
+    capped: Vec<ShareTenant>,
+}
+
+impl ShareProbe {
+    /// Announces `key` on `board` with `report` and returns every tenant there.
+    pub(super) fn announce(
+        &mut self,
+        device: usize,
+        board: &mut TurnBoard,
+        key: u64,
+        report: &ShareReport,
+        now: Nanos,
+    ) -> Vec<ShareTenant> {
+        // Cap-mode containers lay out their turns from the entries' limits: show them our
+        // part now (1..=99, the range an entry carries).
+        let pct = report.allot_pct.clamp(1, 99);
+        match board.announce(key, pct, report.launch_ns, now, TURN_STALE, TURN_MAX_AGE) {
+            Ok(tenants) => {
+                self.entry = board.entry();
+                self.keys = board.entry_keys();
+                self.capped = tenants
+                    .iter()
+                    .filter(|t| t.key != key)
+                    .map(|t| ShareTenant {
+                        key: t.key,
+                        claim: ShareClaim {
+                            share_pct: t.limit_pct,
+                            ceiling_pct: t.limit_pct,
+                            priority: DEFAULT_PRIORITY,
+                        },
+                        launch_ns: t.launch_ns,
+                        busy_until: t.heartbeat_ns.saturating_add(TURN_MAX_AGE),
+                        heartbeat: t.heartbeat_ns,
+                    })
+                    .collect();
+                match board.open_records() {
+                    Ok(f) => self.records = Some(f),
+                    Err(e) => vlog!(DEBUG, "device {device}: share records: {e}"),
+                }
+            }
+            // Busy (another holder of the lock) or gone: keep the last handle and entry.
+            Err(e) => vlog!(DEBUG, "device {device}: turn board: {e}"),
+        }
+        if let (Some(f), Some(e)) = (&self.records, self.entry) {
+            let record = ShareRecord {
+                key,
+                share_pct: report.claim.share_pct.min(100) as u8,
+                ceiling_pct: report.claim.ceiling_pct.clamp(1, 100) as u8,
+                priority: report.claim.priority,
+                launch_ns: report.launch_ns,
+                busy_until: report.busy_until,
+                heartbeat: now.max(1),
+                util_pct: report.util_pct.min(100) as u8,
+                allot_pct: report.allot_pct.min(100) as u8,
+                lent_ns: report.lent_ns,
+                borrowed_ns: report.borrowed_ns,
+            };
+            if let Err(err) = shares::write_record(f, e, &record) {
+                vlog!(DEBUG, "device {device}: share record: {err}");
+            }
+        }
+        self.read(device)
+    }
+
+    /// The hot path: writes `busy_until` if given, returns every tenant.
+    pub(super) fn demand(&mut self, device: usize, busy_until: Option<Nanos>) -> Vec<ShareTenant> {
+        if let (Some(f), Some(e), Some(b)) = (&self.records, self.entry, busy_until) {
+            if let Err(err) = shares::write_busy_until(f, e, b) {
+                vlog!(DEBUG, "device {device}: share demand: {err}");
+            }
+        }
+        self.read(device)
+    }
+
+    fn read(&self, device: usize) -> Vec<ShareTenant> {
+        let mut out = self.capped.clone();
+        let Some(f) = &self.records else {
+            return out;
+        };
+        match shares::read_records(f, &self.keys) {
+            Ok(records) => {
+                // A container with a share record is a share tenant, not a capped one.
+                out.retain(|c| !records.iter().any(|r| r.key == c.key));
+                out.extend(records.iter().map(|r| ShareTenant {
+                    key: r.key,
+                    claim: ShareClaim {
+                        share_pct: u32::from(r.share_pct),
+                        ceiling_pct: u32::from(r.ceiling_pct),
+                        priority: r.priority,
+                    },
+                    launch_ns: r.launch_ns,
+                    busy_until: r.busy_until,
+                    heartbeat: r.heartbeat,
+                }));
+            }
+            Err(e) => vlog!(DEBUG, "device {device}: share records: {e}"),
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn report(share_pct: u32, busy_until: Nanos) -> ShareReport {
+        ShareReport {
+            claim: ShareClaim {
+                share_pct,
+                ceiling_pct: 100,
+                priority: 1,
+            },
+            launch_ns: 50_000,
+            busy_until,
+            allot_pct: 60,
+            util_pct: 55,
+            lent_ns: 0,
+            borrowed_ns: 7,
+        }
+    }
+
+    #[test]
+    fn share_and_cap_mode_containers_see_each_other() {
+        let dir = std::env::temp_dir().join(format!("vgpu-share-board-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vgpu-turns-GPU-x");
+        let now = 10_000 * MS;
+        // A cap-mode container at 40% (a turn entry, no share record).
+        let mut capped = TurnBoard::open_or_create(&path).unwrap();
+        capped
+            .announce(0xc, 40, 0, now, TURN_STALE, TURN_MAX_AGE)
+            .unwrap();
+        // A share-mode one: it sees the capped one as busy with 40% share and ceiling.
+        let mut board = TurnBoard::open_or_create(&path).unwrap();
+        let mut probe = ShareProbe::default();
+        let seen = probe.announce(0, &mut board, 0x5, &report(30, now + 2 * MS), now);
+        let c = seen
+            .iter()
+            .find(|t| t.key == 0xc)
+            .expect("the capped container");
+        assert_eq!((c.claim.share_pct, c.claim.ceiling_pct), (40, 40));
+        assert!(c.busy_until > now);
+        let me = seen.iter().find(|t| t.key == 0x5).expect("our own record");
+        assert_eq!((me.claim.share_pct, me.busy_until), (30, now + 2 * MS));
+        // The cap-mode container reads our part now (60%) in our turn entry.
+        let tenants = capped.tenants(now + MS, TURN_MAX_AGE);
+        let ours = tenants.iter().find(|t| t.key == 0x5).unwrap();
+        assert_eq!(ours.limit_pct, 60);
+        // The hot path rewrites only our demand.
+        let again = probe.demand(0, Some(now + 9 * MS));
+        let me = again.iter().find(|t| t.key == 0x5).unwrap();
+        assert_eq!(me.busy_until, now + 9 * MS);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
