@@ -25,8 +25,8 @@ pub const PROBE_LIMIT: u64 = 1536 << 20;
 pub const SCHEMA: &str = "vgpu.doctor.v1";
 
 /// HAMi's device plugin sets this to `true` when `deviceMemoryScaling > 1` (memory
-/// oversubscription); vgpu does not implement it yet.
-pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+/// oversubscription; docs/oversubscription.md).
+pub const ENV_OVERSUBSCRIBE: &str = vgpu_env::ENV_OVERSUBSCRIBE;
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -290,19 +290,81 @@ fn check_environment() -> (Check, Option<Config>) {
     }
 }
 
-/// `CUDA_OVERSUBSCRIBE`, when set: said plainly that vgpu does not honour it.
+/// Host backing (`CUDA_OVERSUBSCRIBE`, `VGPU_HOST_SPILL`), when either is set: what the hook
+/// will do, and whether the host lets it pin (docs/oversubscription.md). A warning when
+/// neither switch turns anything on, or when the container's memory cgroup leaves less than
+/// [`HOST_HEADROOM_WARN`] to pin.
 fn check_oversubscribe() -> Option<Check> {
-    let v = std::env::var(ENV_OVERSUBSCRIBE).ok()?;
+    let over = std::env::var(ENV_OVERSUBSCRIBE).ok();
+    let spill = std::env::var(vgpu_env::ENV_HOST_SPILL).ok();
+    if over.is_none() && spill.is_none() {
+        return None;
+    }
+    let pairs = [
+        (ENV_OVERSUBSCRIBE, &over),
+        (vgpu_env::ENV_HOST_SPILL, &spill),
+    ];
+    let vars = vgpu_env::Vars::from_pairs(
+        pairs
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v.as_str()))),
+    );
+    let set: Vec<String> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
+        .collect();
+    let set = set.join(" ");
+    let backing = match vgpu_env::Config::from_vars(&vars) {
+        Ok(c) => c.host_backing,
+        Err(e) => return Some(check("oversubscribe", Verdict::Fail, format!("{set}: {e}"))),
+    };
+    if !backing.enabled() {
+        return Some(check(
+            "oversubscribe",
+            Verdict::Warn,
+            format!(
+                "{set}: host backing is off; allocations past the GPU or the limit are refused"
+            ),
+        ));
+    }
+    let mut what = Vec::new();
+    if backing.oversubscribe {
+        what.push(
+            "what the limit allows but the GPU has no room for is backed by host memory, and              programs see a device as large as the limit"
+                .to_owned(),
+        );
+    }
+    if backing.spill > 0 {
+        what.push(format!(
+            "up to {} of host memory past the limit",
+            crate::units::format_bytes(backing.spill)
+        ));
+    }
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let headroom = read("/proc/self/cgroup")
+        .and_then(|c| vgpu_env::host_limits::cgroup_memory_files(&c))
+        .and_then(|(max, cur)| vgpu_env::host_limits::cgroup_headroom(&read(&max)?, &read(&cur)?));
+    let memlock =
+        read("/proc/self/limits").and_then(|l| vgpu_env::host_limits::memlock_soft_limit(&l));
+    let show = |v: Option<u64>| v.map_or("unlimited".to_owned(), crate::units::format_bytes);
+    let verdict = match headroom {
+        Some(h) if h < HOST_HEADROOM_WARN => Verdict::Warn,
+        _ => Verdict::Ok,
+    };
     Some(check(
         "oversubscribe",
-        Verdict::Warn,
+        verdict,
         format!(
-            "{ENV_OVERSUBSCRIBE}={v} is set (HAMi sets it when deviceMemoryScaling > 1), but vgpu does not \
-             honour it yet: memory is NOT oversubscribed; programs see and get at most their limit, \
-             and allocations past it are refused"
+            "{set}: {}; the host lets it pin: memory cgroup headroom {}, RLIMIT_MEMLOCK {} (past              them an allocation fails with CUDA_ERROR_OUT_OF_MEMORY)",
+            what.join("; "),
+            show(headroom),
+            show(memlock)
         ),
     ))
 }
+
+/// Less cgroup headroom than this for pinned host memory is worth a warning.
+const HOST_HEADROOM_WARN: u64 = 1 << 30;
 
 /// What `doctor --json` prints.
 #[derive(Debug, Serialize)]

@@ -49,6 +49,14 @@ pub struct DeviceStatus {
     pub module_bytes: u64,
     /// Of which data allocations.
     pub data_bytes: u64,
+    /// Host-backed bytes at this device's addresses (oversubscription, docs/oversubscription.md):
+    /// not device memory, so not in `memory_used_bytes`.
+    pub host_backed_bytes: u64,
+    /// Host-backed bytes allowed beyond the limit (`VGPU_HOST_SPILL`; 0 = none).
+    pub host_spill_bytes: u64,
+    /// Whether `CUDA_OVERSUBSCRIBE` is on: host memory stands in for device memory the limit
+    /// allows but the GPU has no room for (device + host within limit + spill).
+    pub oversubscribe: bool,
     /// SM limit in percent; `null` = unlimited.
     pub sm_limit_percent: Option<u64>,
     /// Sum of the processes' last reported SM utilization, percent.
@@ -110,6 +118,8 @@ pub struct ProcessDevice {
     pub module_bytes: u64,
     /// Of which data.
     pub data_bytes: u64,
+    /// Host-backed bytes at this device's addresses (not in `memory_used_bytes`).
+    pub host_backed_bytes: u64,
     /// Last reported SM utilization, percent.
     pub sm_utilization_percent: u64,
 }
@@ -216,6 +226,30 @@ impl StatusReport {
                     d.uuid.as_deref().unwrap_or("-"),
                 );
             }
+            for d in self
+                .devices
+                .iter()
+                .filter(|d| d.host_backed_bytes > 0 || d.oversubscribe || d.host_spill_bytes > 0)
+                .collect::<Vec<_>>()
+            {
+                let mut how = Vec::new();
+                if d.oversubscribe {
+                    how.push("oversubscribed (CUDA_OVERSUBSCRIBE)".to_owned());
+                }
+                if d.host_spill_bytes > 0 {
+                    how.push(format!(
+                        "{} allowed past the limit (VGPU_HOST_SPILL)",
+                        format_bytes(d.host_spill_bytes)
+                    ));
+                }
+                let _ = writeln!(
+                    out,
+                    "device {}: {} host-backed, not device memory: {}",
+                    d.index,
+                    format_bytes(d.host_backed_bytes),
+                    how.join(", ")
+                );
+            }
             for d in self.devices.iter().filter(|d| !d.turns.is_empty()) {
                 let list: Vec<String> = d
                     .turns
@@ -277,9 +311,14 @@ impl StatusReport {
                 );
             }
             for d in &p.devices {
+                let backed = if d.host_backed_bytes > 0 {
+                    format!("  + {} host-backed", format_bytes(d.host_backed_bytes))
+                } else {
+                    String::new()
+                };
                 let _ = writeln!(
                     out,
-                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{note}",
+                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{backed}{note}",
                     p.pid,
                     host,
                     p.state,
@@ -443,6 +482,70 @@ pub(crate) mod tests {
         assert!(err.contains("symbolic link"), "{err}");
     }
 
+    /// Host-backed bytes are shown as their own figure in the text, the JSON and the
+    /// exporter, and never added into device memory.
+    #[test]
+    fn host_backed_bytes_are_shown_apart_from_device_memory() {
+        use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
+        let dir = crate::private_tempdir("vgpu-read-host").unwrap();
+        let path = dir.path().join("t.cache");
+        table_at(&path);
+        let t = UsageTable::open_existing(&path).unwrap();
+        let d0 = DeviceIndex(0);
+        t.set_host_policy(
+            d0,
+            vgpu_shm::HostPolicy {
+                spill: 2 << 30,
+                oversubscribe: true,
+            },
+        )
+        .unwrap();
+        let me = t.register_self().unwrap();
+        me.try_reserve(d0, UsageClass::Data, 512 << 20).unwrap();
+        me.try_reserve_host(d0, 256 << 20).unwrap();
+        let report = read(&path).unwrap();
+        let d = &report.devices[0];
+        assert_eq!(
+            (
+                d.memory_used_bytes,
+                d.host_backed_bytes,
+                d.host_spill_bytes,
+                d.oversubscribe
+            ),
+            (512 << 20, 256 << 20, 2 << 30, true)
+        );
+        assert_eq!(report.processes[0].devices[0].host_backed_bytes, 256 << 20);
+        let text = report.render_text();
+        assert!(
+            text.contains("device 0: 256 MiB host-backed, not device memory: oversubscribed")
+                && text.contains("2 GiB allowed past the limit (VGPU_HOST_SPILL)")
+                && text.contains("+ 256 MiB host-backed"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.render_json()).unwrap();
+        assert_eq!(json["devices"][0]["host_backed_bytes"], 256u64 << 20);
+        assert_eq!(json["devices"][0]["memory_used_bytes"], 512u64 << 20);
+        let scraped = crate::exporter::Scraped {
+            cache: path.display().to_string(),
+            identity: None,
+            result: Ok(report),
+        };
+        let metrics = crate::exporter::render::render(
+            &[scraped],
+            &Default::default(),
+            None,
+            crate::exporter::Options::default(),
+            0,
+        );
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("vgpu_device_host_backed_bytes{")
+                    && l.ends_with(&format!(" {}", 256u64 << 20))),
+            "{metrics}"
+        );
+    }
+
     pub(crate) fn sample() -> StatusReport {
         StatusReport {
             schema: SCHEMA,
@@ -455,6 +558,9 @@ pub(crate) mod tests {
                 context_bytes: 64 << 20,
                 module_bytes: 0,
                 data_bytes: 768 << 20,
+                host_backed_bytes: 0,
+                host_spill_bytes: 0,
+                oversubscribe: false,
                 sm_limit_percent: Some(50),
                 sm_utilization_percent: 12,
                 turns: Vec::new(),
@@ -472,6 +578,7 @@ pub(crate) mod tests {
                         context_bytes: 64 << 20,
                         module_bytes: 0,
                         data_bytes: 768 << 20,
+                        host_backed_bytes: 0,
                         sm_utilization_percent: 12,
                     }],
                 },

@@ -40,6 +40,9 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
             context_bytes: d.context,
             module_bytes: d.module,
             data_bytes: d.data,
+            host_backed_bytes: d.host,
+            host_spill_bytes: d.host_policy.spill,
+            oversubscribe: d.host_policy.oversubscribe,
             sm_limit_percent: d.sm_limit,
             sm_utilization_percent: snap
                 .processes
@@ -58,13 +61,14 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
                 .devices
                 .iter()
                 .enumerate()
-                .filter(|(_, u)| u.total() > 0 || u.sm_util > 0)
+                .filter(|(_, u)| u.total() > 0 || u.host > 0 || u.sm_util > 0)
                 .map(|(i, u)| ProcessDevice {
                     index: i as u32,
                     memory_used_bytes: u.total(),
                     context_bytes: u.context,
                     module_bytes: u.module,
                     data_bytes: u.data,
+                    host_backed_bytes: u.host,
                     sm_utilization_percent: u.sm_util,
                 })
                 .collect();

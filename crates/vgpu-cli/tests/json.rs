@@ -151,17 +151,34 @@ fn doctor_json_names_every_check_and_reports_oversubscribe() {
         .iter()
         .find(|c| c["name"] == "oversubscribe")
         .unwrap_or_else(|| panic!("no oversubscribe check:\n{}", out.stdout));
-    assert_eq!(over["verdict"], "warn");
+    // Honoured since issue 16 (it used to be a warning that vgpu ignores it): the check says
+    // what happens and what the host lets the hook pin.
+    assert_ne!(over["verdict"], "fail");
     let detail = over["detail"].as_str().unwrap();
     assert!(
-        detail.contains("CUDA_OVERSUBSCRIBE=true") && detail.contains("does not honour it"),
+        detail.contains("CUDA_OVERSUBSCRIBE=true")
+            && detail.contains("backed by host memory")
+            && detail.contains("RLIMIT_MEMLOCK"),
         "{detail}"
     );
-    // The text form says the same; without the variable there is no such check.
+    // The text form says the same; a typo is a failure; without the variable there is no
+    // such check.
     let mut cmd = s.vgpu();
     cmd.env("CUDA_OVERSUBSCRIBE", "true");
     args(&mut cmd, &["doctor", "--no-probe"], &cache);
-    assert!(run(cmd).stdout.contains("does not honour it"));
+    assert!(run(cmd).stdout.contains("backed by host memory"));
+    let mut cmd = s.vgpu();
+    cmd.env("CUDA_OVERSUBSCRIBE", "yes");
+    args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
+    let v = parse(&run(cmd).stdout, "vgpu.doctor.v1");
+    let over = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "oversubscribe")
+        .cloned()
+        .unwrap();
+    assert_eq!(over["verdict"], "fail", "{over}");
     let mut cmd = s.vgpu();
     args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
     let v = parse(&run(cmd).stdout, "vgpu.doctor.v1");

@@ -644,6 +644,8 @@ fn a_file_written_by_hami_core_is_shown_read_only() {
             context: 0,
             module: 0,
             data: 700 * MIB,
+            host: 0,
+            host_policy: Default::default(),
         }],
         processes: vec![ProcessSnapshot {
             slot: 0,

@@ -113,13 +113,12 @@ macro_rules! cuda_hooked_functions {
                 => finally after_sync();
             cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, ptsz] fn(stream: CUstream) -> CUresult
                 => finally after_sync();
-            cuCtxSynchronize ["cuCtxSynchronize", 2000, any] fn() -> CUresult
-                => finally after_sync();
+            cuCtxSynchronize ["cuCtxSynchronize", 2000, any] fn() -> CUresult => body();
             cuEventSynchronize ["cuEventSynchronize", 2000, any] fn(event: CUevent) -> CUresult
                 => finally after_sync();
             // CUDA 13's context-argument variant: its own API, not a newer cuCtxSynchronize.
             cuCtxSynchronize_v2 ["cuCtxSynchronize_v2", 13000, any] fn(ctx: CUcontext) -> CUresult
-                => finally after_sync();
+                => body(ctx);
 
             // Arrays.
             cuArrayCreate_v2 ["cuArrayCreate", 3020, any]
@@ -291,6 +290,21 @@ macro_rules! cuda_used_functions {
                 fn(dev: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult;
             cuDevicePrimaryCtxGetState ["cuDevicePrimaryCtxGetState", 7000, any]
                 fn(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult;
+            // Host-backed memory (docs/oversubscription.md): a reserved address mapped to
+            // host-located memory, later remapped to device memory after a copy.
+            cuMemAddressReserve ["cuMemAddressReserve", 10020, any]
+                fn(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr,
+                   flags: c_ulonglong) -> CUresult;
+            cuMemAddressFree ["cuMemAddressFree", 10020, any]
+                fn(ptr: CUdeviceptr, size: usize) -> CUresult;
+            cuMemMap ["cuMemMap", 10020, any]
+                fn(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle,
+                   flags: c_ulonglong) -> CUresult;
+            cuMemUnmap ["cuMemUnmap", 10020, any] fn(ptr: CUdeviceptr, size: usize) -> CUresult;
+            cuMemSetAccess ["cuMemSetAccess", 10020, any]
+                fn(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult;
+            cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, any]
+                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
         }
     };
 }

@@ -70,6 +70,8 @@ pub struct Config {
     pub visible_devices: Option<Vec<DeviceSelector>>,
     /// Count `cuMemAllocManaged` against the limit (`VGPU_COUNT_MANAGED`, default on).
     pub count_managed: bool,
+    /// Host-backed memory: `CUDA_OVERSUBSCRIBE` and `VGPU_HOST_SPILL`.
+    pub host_backing: HostBacking,
     /// Sub-allocator sizes and switch.
     pub allocator: AllocatorConfig,
     /// Minimum interval between rate-limited reconciliations of this process's accounting
@@ -104,12 +106,36 @@ impl Default for Config {
             active_oom_killer: None,
             visible_devices: None,
             count_managed: true,
+            host_backing: HostBacking::default(),
             allocator: AllocatorConfig::default(),
             reconcile_ms: Some(DEFAULT_RECONCILE_MS),
             sm_tuning: SmTuning::default(),
             per_device: Vec::new(),
             warnings: Vec::new(),
         }
+    }
+}
+
+/// When an allocation may be backed by host memory at a device address (docs/oversubscription.md).
+/// Both off (the default): never, and the allocation path does no extra work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostBacking {
+    /// `CUDA_OVERSUBSCRIBE=true` (HAMi's meaning): what the limit allows but the physical device
+    /// has no room for is host-backed; device-resident plus host-backed memory stays within the
+    /// limit (plus [`HostBacking::spill`]).
+    pub oversubscribe: bool,
+    /// `VGPU_HOST_SPILL=<size>`: host-backed memory allowed beyond the device limit, in bytes
+    /// (0 = none).
+    pub spill: u64,
+    /// `VGPU_DEVICE_RESERVE=<size>`: while host backing is on, device memory to leave free on
+    /// the GPU; an allocation that would leave less is host-backed instead (0 = none).
+    pub device_reserve: u64,
+}
+
+impl HostBacking {
+    /// Whether any allocation may be host-backed.
+    pub fn enabled(&self) -> bool {
+        self.oversubscribe || self.spill > 0
     }
 }
 
@@ -352,6 +378,27 @@ impl Config {
                 }
             }
         }
+        if let Some(v) = lookup(ENV_OVERSUBSCRIBE) {
+            // HAMi writes `true`; an empty value is how a chart unsets it.
+            match v.trim() {
+                "" => {}
+                t => match parse_bool(t) {
+                    Some(b) => cfg.host_backing.oversubscribe = b,
+                    None => fail(ENV_OVERSUBSCRIBE, &v, "expected true, false, 1 or 0".into()),
+                },
+            }
+        }
+        for (name, slot) in [
+            (ENV_HOST_SPILL, &mut cfg.host_backing.spill),
+            (ENV_DEVICE_RESERVE, &mut cfg.host_backing.device_reserve),
+        ] {
+            if let Some(v) = lookup(name) {
+                match parse_size(&v) {
+                    Ok(n) => *slot = n,
+                    Err(e) => fail(name, &v, e.to_string()),
+                }
+            }
+        }
         let mut sizes_ok = true;
         for (name, slot) in [
             (ENV_REGION_SIZE, &mut cfg.allocator.region_size),
@@ -559,6 +606,37 @@ mod tests {
         }
         let cfg = Config::from_pairs([("CUDA_VISIBLE_DEVICES", "")]).unwrap();
         assert_eq!(cfg.visible_devices, Some(vec![]));
+    }
+
+    #[test]
+    fn host_backing_is_off_unless_asked_and_a_typo_is_an_error() {
+        assert!(!Config::default().host_backing.enabled());
+        let cfg = Config::from_pairs([("CUDA_OVERSUBSCRIBE", "true")]).unwrap();
+        assert_eq!(
+            cfg.host_backing,
+            HostBacking {
+                oversubscribe: true,
+                spill: 0,
+                device_reserve: 0,
+            }
+        );
+        assert!(cfg.host_backing.enabled());
+        for off in ["false", "0", "", "FALSE"] {
+            let cfg = Config::from_pairs([("CUDA_OVERSUBSCRIBE", off)]).unwrap();
+            assert!(!cfg.host_backing.enabled(), "{off:?}");
+        }
+        let cfg =
+            Config::from_pairs([("VGPU_HOST_SPILL", "8g"), ("VGPU_DEVICE_RESERVE", "1g")]).unwrap();
+        assert_eq!(cfg.host_backing.spill, 8 << 30);
+        assert_eq!(cfg.host_backing.device_reserve, 1 << 30);
+        assert!(!cfg.host_backing.oversubscribe && cfg.host_backing.enabled());
+        let err = Config::from_vars_with_warnings(&Vars::from_pairs([
+            ("CUDA_OVERSUBSCRIBE", "yes"),
+            ("VGPU_HOST_SPILL", "lots"),
+        ]))
+        .unwrap_err();
+        let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
+        assert_eq!(names, ["CUDA_OVERSUBSCRIBE", "VGPU_HOST_SPILL"]);
     }
 
     #[test]

@@ -48,6 +48,17 @@ pub const ENV_TURN_LEAD_US: &str = "VGPU_TURN_LEAD_US";
 /// How strongly the SM limit also bounds a tenant's share of the GPU's power budget: an
 /// exponent from 0 (time only) to 1 (the power share fully), default 0.5; `off` = 0.
 pub const ENV_SM_POWER_EXPONENT: &str = "VGPU_SM_POWER_EXPONENT";
+/// HAMi's oversubscription switch (`true` when `deviceMemoryScaling > 1`): the limit still
+/// bounds what a container holds, but what the physical device has no room for is backed by
+/// host memory at a device address instead of failing (docs/oversubscription.md).
+pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+/// vgpu's own: how much host memory a container may hold at device addresses beyond its
+/// device limit (a size; 0 = none). Its device-resident memory still never exceeds the limit.
+pub const ENV_HOST_SPILL: &str = "VGPU_HOST_SPILL";
+/// With host backing on: device memory to leave free on the GPU (a size; default 0). An
+/// allocation that would leave less is host-backed instead, so an oversubscribed tenant does
+/// not take the GPU's last bytes from its neighbours (and their new contexts).
+pub const ENV_DEVICE_RESERVE: &str = "VGPU_DEVICE_RESERVE";
 /// How `CUDA_DEVICE_SM_LIMIT` is read: `cap` (HAMi's meaning, the default) or `share`
 /// (a guaranteed share that borrows idle time, with `CUDA_TASK_PRIORITY` ordering who
 /// borrows first; docs/sm-limit.md).

@@ -512,3 +512,99 @@ impl DeviceBackend for RealBackend {
         Ok(MemoryInfo { free, total })
     }
 }
+
+// --- Virtual memory for host-backed allocations (`host_backing`) ---
+
+/// Pinned memory at `location` (a device ordinal, or the host).
+pub(crate) fn pinned_prop(location: CUmemLocation) -> CUmemAllocationProp {
+    CUmemAllocationProp {
+        type_: CUmemAllocationType::PINNED,
+        requestedHandleTypes: 0,
+        location,
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: CUmemAllocationPropFlags::default(),
+    }
+}
+
+/// The real `cuMemCreate` (not our hook: the caller accounts for it itself).
+pub(crate) fn mem_create(
+    cuda: &Cuda,
+    size: u64,
+    prop: &CUmemAllocationProp,
+) -> Result<CUmemGenericAllocationHandle, CUresult> {
+    let mut h = CUmemGenericAllocationHandle(0);
+    // SAFETY: a valid out-pointer and property struct; flags must be 0.
+    unsafe { have(cuda.h.cuMemCreate)?(&mut h, size as usize, prop, 0) }.ok()?;
+    Ok(h)
+}
+
+/// The real `cuMemRelease` (not our hook).
+pub(crate) fn mem_release(cuda: &Cuda, h: CUmemGenericAllocationHandle) -> Result<(), CUresult> {
+    // SAFETY: a handle `mem_create` returned (the driver validates it).
+    unsafe { have(cuda.h.cuMemRelease)?(h) }.ok()
+}
+
+/// `cuMemAddressReserve`: `size` bytes of address space aligned to `align`.
+pub(crate) fn address_reserve(cuda: &Cuda, size: u64, align: u64) -> Result<CUdeviceptr, CUresult> {
+    let mut p = CUdeviceptr(0);
+    // SAFETY: a valid out-pointer; no fixed address, no flags.
+    unsafe {
+        have(cuda.u.cuMemAddressReserve)?(&mut p, size as usize, align as usize, CUdeviceptr(0), 0)
+    }
+    .ok()?;
+    Ok(p)
+}
+
+/// `cuMemAddressFree` of a range `address_reserve` returned.
+pub(crate) fn address_free(cuda: &Cuda, p: CUdeviceptr, size: u64) -> Result<(), CUresult> {
+    // SAFETY: a reservation's base and size (the driver validates them).
+    unsafe { have(cuda.u.cuMemAddressFree)?(p, size as usize) }.ok()
+}
+
+/// `cuMemMap` of all of `h` at `p`, then read-write access for device `dev` there.
+pub(crate) fn map_for_device(
+    cuda: &Cuda,
+    p: CUdeviceptr,
+    size: u64,
+    h: CUmemGenericAllocationHandle,
+    dev: CUdevice,
+) -> Result<(), CUresult> {
+    // SAFETY: a reserved range and a handle of at least `size` bytes (the driver checks both).
+    unsafe { have(cuda.u.cuMemMap)?(p, size as usize, 0, h, 0) }.ok()?;
+    let access = CUmemAccessDesc {
+        location: CUmemLocation {
+            type_: CUmemLocationType::DEVICE,
+            id: dev.0,
+        },
+        flags: 3, // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    };
+    // SAFETY: one valid descriptor for the range just mapped.
+    let granted = unsafe { have(cuda.u.cuMemSetAccess)?(p, size as usize, &access, 1) }.ok();
+    if granted.is_err() {
+        let _ = unmap(cuda, p, size);
+    }
+    granted
+}
+
+/// `cuMemUnmap` of a mapped range.
+pub(crate) fn unmap(cuda: &Cuda, p: CUdeviceptr, size: u64) -> Result<(), CUresult> {
+    // SAFETY: a mapped range (the driver validates it).
+    unsafe { have(cuda.u.cuMemUnmap)?(p, size as usize) }.ok()
+}
+
+/// The real `cuCtxSynchronize` (not our hook): waits for the current context's work.
+pub(crate) fn ctx_synchronize(cuda: &Cuda) -> Result<(), CUresult> {
+    // SAFETY: no arguments.
+    unsafe { have(cuda.h.cuCtxSynchronize)?() }.ok()
+}
+
+/// `cuMemcpyDtoD_v2`: synchronous with respect to the host.
+pub(crate) fn copy_dtod(
+    cuda: &Cuda,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: u64,
+) -> Result<(), CUresult> {
+    // SAFETY: two mapped ranges of at least `n` bytes (the driver validates them).
+    unsafe { have(cuda.u.cuMemcpyDtoD_v2)?(dst, src, n as usize) }.ok()
+}

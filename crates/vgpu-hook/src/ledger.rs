@@ -68,7 +68,7 @@ impl SharedLedger {
     }
 
     /// The file index of CUDA ordinal `ordinal`, building the map on first use.
-    fn file_device(&self, ordinal: DeviceIndex) -> Option<DeviceIndex> {
+    pub(crate) fn file_device(&self, ordinal: DeviceIndex) -> Option<DeviceIndex> {
         let map = match self.devices.get() {
             Some(m) => m,
             None => {
@@ -99,6 +99,11 @@ impl SharedLedger {
         (0..table.device_num())
             .map(DeviceIndex)
             .find(|&d| table.uuid(d) == uuid)
+    }
+
+    /// Host-backed bytes of file index `device` (all processes).
+    pub(crate) fn file_host_used(&self, device: DeviceIndex) -> u64 {
+        self.slot.table().host_used(device)
     }
 
     /// Usage of file index `device` for a view (dead processes swept first).
@@ -257,6 +262,63 @@ fn sweep_for_view(table: &UsageTable) {
             .is_ok();
     if due {
         let _ = table.sweep_dead();
+    }
+}
+
+/// The host-backed class (`crate::host_backing`), by ordinal like the other classes. A
+/// process-local ledger holds none: it refuses.
+impl HookLedger {
+    /// `f` on this process's slot with ordinal `device`'s file index, checked like
+    /// [`UsageLedger::try_reserve`].
+    fn reserve_on_file(
+        &self,
+        device: DeviceIndex,
+        bytes: u64,
+        f: impl FnOnce(&ProcessSlot, DeviceIndex) -> Result<(), OutOfMemory>,
+    ) -> Result<(), OutOfMemory> {
+        let Self::Shared(s) = self else {
+            return Err(refusal(device, bytes));
+        };
+        let Some(d) = s.file_device(device).filter(|_| s.attached(false)) else {
+            return Err(refusal(device, bytes));
+        };
+        f(&s.slot, d).map_err(|oom| OutOfMemory { device, ..oom })
+    }
+
+    /// Reserve `bytes` of host-backed memory at ordinal `device`'s addresses.
+    pub(crate) fn try_reserve_host(
+        &self,
+        device: DeviceIndex,
+        bytes: u64,
+    ) -> Result<(), OutOfMemory> {
+        self.reserve_on_file(device, bytes, |s, d| s.try_reserve_host(d, bytes))
+    }
+
+    /// Reserve device room for host-backed bytes moving onto ordinal `device`.
+    pub(crate) fn try_reserve_move(
+        &self,
+        device: DeviceIndex,
+        bytes: u64,
+    ) -> Result<(), OutOfMemory> {
+        self.reserve_on_file(device, bytes, |s, d| s.try_reserve_move(d, bytes))
+    }
+
+    /// Release host-backed bytes at ordinal `device`'s addresses (into the file they were
+    /// charged in).
+    pub(crate) fn release_host(&self, device: DeviceIndex, bytes: u64) {
+        if let Self::Shared(s) = self {
+            if let Some(d) = s.file_device(device) {
+                s.slot.release_host(d, bytes);
+            }
+        }
+    }
+
+    /// Host-backed bytes of all processes at ordinal `device`'s addresses.
+    pub(crate) fn host_used(&self, device: DeviceIndex) -> u64 {
+        match self {
+            Self::Shared(s) => s.file_device(device).map_or(0, |d| s.file_host_used(d)),
+            Self::Local(_) => 0,
+        }
     }
 }
 

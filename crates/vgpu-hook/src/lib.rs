@@ -32,6 +32,7 @@ pub mod exports;
 #[allow(unsafe_code)]
 mod ffi;
 mod hooks;
+mod host_backing;
 mod interpose;
 mod ledger;
 mod log;

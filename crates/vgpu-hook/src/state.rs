@@ -74,6 +74,8 @@ pub(crate) struct Ready {
     pub(crate) residual: Residual,
     /// NVML device handle per CUDA ordinal (found by UUID once).
     pub(crate) nvml_handles: Mutex<HashMap<i32, usize>>,
+    /// Allocations backed by host memory (`CUDA_OVERSUBSCRIBE`, `VGPU_HOST_SPILL`).
+    pub(crate) host_backed: crate::host_backing::HostBacked,
 }
 
 impl Ready {
@@ -82,9 +84,7 @@ impl Ready {
         self.alloc.ledger()
     }
 
-    /// This process's slot in the shared table (for the SM limiter: `sm_util`, the
-    /// monitor's `recent_kernel`/`utilization_switch`, live `sm_limit[]`), if the ledger is
-    /// the shared table.
+    /// This process's slot in the shared table, if the ledger is the shared table.
     pub(crate) fn slot(&self) -> Option<&ProcessSlot> {
         self.ledger().shared().map(SharedLedger::slot)
     }
@@ -200,7 +200,7 @@ fn build() -> &'static Enforcement {
     // The published state is never freed, so its slot lives as long as the limiter. (A
     // launch racing this first build may pass unthrottled, as one before it would.)
     if let Enforcement::Ready(ready) = state {
-        p.sm.start(&ready.config, ready.slot());
+        p.sm.start(&ready.config, ready.ledger().shared());
     }
     p.building.store(false, Ordering::Release);
     // A flag, not a `Once`: a fork while another thread registers must not leave the child
@@ -251,6 +251,17 @@ fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String>
     let path = &config.shared_cache;
     let table =
         UsageTable::open_or_create(path, &init).map_err(|e| format!("shared table: {e}"))?;
+    if config.host_backing.enabled() {
+        // The container's policy, in the file so that every process's reservations (and
+        // `vgpu status`) see it; all processes of a container share the environment.
+        let policy = vgpu_shm::HostPolicy {
+            spill: config.host_backing.spill,
+            oversubscribe: config.host_backing.oversubscribe,
+        };
+        for d in 0..vgpu_alloc_core::MAX_DEVICES {
+            let _ = table.set_host_policy(vgpu_alloc_core::DeviceIndex(d as u32), policy);
+        }
+    }
     let slot = table
         .register_self()
         .map_err(|e| format!("shared table: {e}"))?;
@@ -353,6 +364,7 @@ pub(crate) fn make(
         primary: Mutex::new(HashMap::new()),
         residual,
         nvml_handles: Mutex::new(HashMap::new()),
+        host_backed: Default::default(),
     }))
 }
 

@@ -54,7 +54,8 @@ int main(int argc, char **argv) {
   NEED(cuGraphLaunch)
   int dev; H ctx, mod, f, s, g, exec, ring[4];
   CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
+  const char *spin_device = getenv("SPIN_DEVICE"); /* the ordinal to launch on; 0 unset */
+  CHECK(cuDeviceGet(&dev, spin_device ? atoi(spin_device) : 0));
   CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
   CHECK(cuCtxSetCurrent(ctx));
   CHECK(cuModuleLoadData(&mod, "vgpusim-module: spin"));
@@ -460,6 +461,128 @@ fn a_peer_that_stopped_launching_no_longer_holds_back_the_other() {
         (a.busy_pct - 50.0).abs() <= 7.0,
         "A held back by a peer that stopped launching: busy {}% for 50%",
         a.busy_pct
+    );
+}
+
+/// The program in a container of two simulated GPUs (file `cache`) whose second has a 30%
+/// SM limit (`CUDA_DEVICE_SM_LIMIT_1`, the container's device 1).
+fn two_gpu_container(cache: &std::path::Path, args: &[&str]) -> Command {
+    let e = env();
+    let mut cmd = Command::new(&e.program);
+    cmd.args(args)
+        .env("LD_PRELOAD", &e.hook)
+        .env("LD_LIBRARY_PATH", &e.dir)
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache)
+        .env("VGPU_SIM_DEVICE_COUNT", "2")
+        .env("CUDA_DEVICE_SM_LIMIT_1", "30")
+        .env("VGPU_SIM_UTIL_WINDOW_MS", "1500")
+        .env_remove("CUDA_DEVICE_SM_LIMIT")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("SPIN_DEVICE")
+        .env_remove("GPU_CORE_UTILIZATION_POLICY")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+#[test]
+fn a_process_seeing_one_gpu_of_two_is_limited_and_reported_on_that_gpu() {
+    // Issue 12, defect 2: the shared file's index is the GPU. A container of two GPUs whose
+    // second has a 30% limit; a rank that sees only GPU 1 (its device 0) must be held to GPU
+    // 1's limit and publish its utilization on GPU 1's index, where HAMi's monitor reads it.
+    let _one = serial();
+    let e = env();
+    let cache = e.dir.join("narrowed.cache");
+    let _ = std::fs::remove_file(&cache);
+    let command = |args: &[&str]| two_gpu_container(&cache, args);
+    // The container's first process sees both GPUs and makes the file.
+    parse(&command(&["0.1", "1000000", "k"]).output().unwrap());
+    let base = baseline('k', 2_000);
+    let mut rank = command(&["1.5", "2000000", "k", "0.3", "1.5"])
+        .env("CUDA_VISIBLE_DEVICES", "1")
+        .spawn()
+        .expect("spawn");
+    // Read the file while the rank lingers after its measurement.
+    let mut stdout = std::io::BufReader::new(rank.stdout.take().unwrap());
+    let mut result = String::new();
+    while !result.starts_with("RESULT") {
+        result.clear();
+        let n = std::io::BufRead::read_line(&mut stdout, &mut result).unwrap();
+        assert!(n > 0, "the rank ended without a result");
+    }
+    let snap = vgpu_shm::UsageTable::open_read_only(&cache)
+        .expect("open the shared file")
+        .snapshot();
+    let out = rank.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(snap.devices[1].uuid.ends_with("d001"), "{snap:?}");
+    let me = snap
+        .processes
+        .iter()
+        .find(|p| p.alive)
+        .unwrap_or_else(|| panic!("the rank's slot: {snap:?}"));
+    assert_eq!(
+        me.devices[0].sm_util, 0,
+        "nothing reported on GPU 0, which the rank does not use: {me:?}"
+    );
+    assert!(
+        me.devices[1].sm_util > 0,
+        "its utilization is on GPU 1's index: {me:?}"
+    );
+    let kps: f64 = result
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("kernels_per_s=")?.parse().ok())
+        .expect("kernels_per_s");
+    let ratio = 100.0 * kps / base.kernels_per_s;
+    eprintln!("rank on GPU 1 under its 30% limit: {ratio:.1}% of unlimited throughput");
+    // The busy figure is NVML index 0's (GPU 0): throughput tells the limit instead.
+    let expected = 30.0 * 100.0 / base.busy_pct.max(1.0);
+    assert!(
+        ratio < expected * 1.6 && ratio > expected / 1.6,
+        "held to GPU 1's 30%: {ratio:.1}% of unlimited, expected about {expected:.1}%"
+    );
+}
+
+#[test]
+fn ranks_seeing_one_gpu_under_different_ordinals_share_its_limit() {
+    // Issue 12, defect 2: peers' utilization is read on the GPU's file index. Two ranks on
+    // GPU 1 of the container, one seeing it as its device 0 (`CUDA_VISIBLE_DEVICES=1`), one
+    // as its device 1 (both GPUs): together they are held to GPU 1's 30%.
+    let _one = serial();
+    let e = env();
+    let cache = e.dir.join("narrowed-peers.cache");
+    let _ = std::fs::remove_file(&cache);
+    parse(
+        &two_gpu_container(&cache, &["0.1", "1000000", "k"])
+            .output()
+            .unwrap(),
+    );
+    let base = baseline('k', 2_000);
+    let args = ["2", "2000000", "k", "1.0"];
+    let narrowed = two_gpu_container(&cache, &args)
+        .env("CUDA_VISIBLE_DEVICES", "1")
+        .spawn()
+        .expect("spawn");
+    let full = two_gpu_container(&cache, &args)
+        .env("SPIN_DEVICE", "1")
+        .spawn()
+        .expect("spawn");
+    let (a, b) = (
+        parse(&narrowed.wait_with_output().unwrap()),
+        parse(&full.wait_with_output().unwrap()),
+    );
+    // Each simulated process has its own simulated GPU; the limit is the container's. The
+    // busy figure is NVML index 0's (GPU 0): throughput tells the limit instead.
+    let total = 100.0 * (a.kernels_per_s + b.kernels_per_s) / base.kernels_per_s;
+    let expected = 30.0 * 100.0 / base.busy_pct.max(1.0);
+    eprintln!("two ranks on GPU 1 at its 30%: together {total:.1}% of unlimited throughput");
+    assert!(
+        total < expected * 1.3 && total > expected / 1.3,
+        "together held to GPU 1's 30%: {total:.1}% of unlimited, expected about {expected:.1}%"
     );
 }
 

@@ -49,6 +49,8 @@ impl TableSnapshot {
                     context: 0,
                     module: 0,
                     data: 0,
+                    host: 0,
+                    host_policy: Default::default(),
                 }
             })
             .collect();
@@ -75,6 +77,7 @@ impl TableSnapshot {
                     context,
                     module,
                     data,
+                    host: 0,
                     sm_util: u64_at(slot + offsets::slot_sm_util(d)),
                     sm_util_at: None,
                 });

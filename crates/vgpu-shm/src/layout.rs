@@ -38,8 +38,21 @@ pub const EXT_OFFSET: usize = HAMI_FILE_LEN.div_ceil(64) * 64;
 pub const BASE_FILE_LEN: usize = EXT_OFFSET + size_of::<Extension>();
 /// Where [`PublishTimes`] starts (minor version 1 and later).
 pub const TIMES_OFFSET: usize = BASE_FILE_LEN;
+/// Length of a vgpu file of minor version 1 (up to the [`PublishTimes`]).
+pub const MINOR1_FILE_LEN: usize = TIMES_OFFSET + size_of::<PublishTimes>();
+/// Where [`HostHeld`] starts (minor version 2 and later).
+pub const HOST_OFFSET: usize = MINOR1_FILE_LEN;
 /// Length of a vgpu file as this library creates it (minor version [`EXT_MINOR`]).
-pub const FILE_LEN: usize = TIMES_OFFSET + size_of::<PublishTimes>();
+pub const FILE_LEN: usize = HOST_OFFSET + size_of::<HostHeld>();
+
+/// The shortest length a file of extension minor version `minor` may have.
+pub const fn len_of_minor(minor: u32) -> usize {
+    match minor {
+        0 => BASE_FILE_LEN,
+        1 => MINOR1_FILE_LEN,
+        _ => FILE_LEN,
+    }
+}
 
 /// HAMi slot `status`: suspended.
 pub const HAMI_STATUS_SUSPENDED: i32 = 2;
@@ -70,7 +83,13 @@ pub const EXT_VERSION: u32 = 1;
 /// uses the parts it knows and that the file's minor version says are there.
 /// - 0: header, devices, slots ([`Extension`]).
 /// - 1: [`PublishTimes`] after the slots.
-pub const EXT_MINOR: u32 = 1;
+/// - 2: [`HostHeld`] after the publish times, and the host words of [`DeviceRecord`] (zero
+///   padding before: an older file has host backing off and holds no host bytes).
+pub const EXT_MINOR: u32 = 2;
+
+/// [`DeviceRecord::host_flags`] bit: host-backed bytes count against the device limit
+/// (`CUDA_OVERSUBSCRIBE`): device-resident plus host-backed stays within limit + spill.
+pub const HOST_FLAG_OVERSUBSCRIBE: u64 = 1;
 
 /// Usage classes stored per slot and device, in HAMi field order.
 pub const CLASSES: usize = 3;
@@ -209,8 +228,16 @@ pub struct DeviceRecord {
     /// Bytes reserved on the device by all slots: equals the sum of all slots' `held`
     /// whenever `lock` is free.
     pub total: AtomicU64,
+    /// Host-backed bytes of all slots at this device's addresses (minor version 2): equals the
+    /// sum of all slots' [`HostHeld`] whenever `lock` is free. Not part of `total`, which is
+    /// device-resident memory only.
+    pub host_total: AtomicU64,
+    /// Host-backed bytes allowed beyond the device limit (`VGPU_HOST_SPILL`; 0 = none).
+    pub host_spill: AtomicU64,
+    /// [`HOST_FLAG_OVERSUBSCRIBE`] or 0.
+    pub host_flags: AtomicU64,
     /// Padding to a cache line.
-    pub pad: [AtomicU64; 6],
+    pub pad: [AtomicU64; 3],
 }
 
 /// Per-process slot: vgpu's truth about one process.
@@ -255,6 +282,16 @@ pub struct SlotPublish {
 pub struct PublishTimes {
     /// One per slot, indexed like [`Extension::slots`].
     pub slots: [SlotPublish; MAX_SLOTS],
+}
+
+/// Host-backed bytes per slot and device (extension minor version 2): the fourth usage class,
+/// kept apart from `held` so that the slot records (and HAMi's mirror, device memory only)
+/// keep their layout.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct HostHeld {
+    /// Indexed like [`Extension::slots`], then by device.
+    pub slots: [[AtomicU64; MAX_DEVICES]; MAX_SLOTS],
 }
 
 /// Everything vgpu keeps after HAMi's region.
@@ -324,7 +361,11 @@ const _: () = {
     assert!(offset_of!(ExtHeader, minor_version) == 48);
     assert!(size_of::<SlotPublish>() == 192);
     assert!(TIMES_OFFSET % 64 == 0);
-    assert!(FILE_LEN == 2_599_872 + 1024 * 192);
+    assert!(MINOR1_FILE_LEN == 2_599_872 + 1024 * 192);
+    // Minor version 2 only appends too, and uses what was padding in DeviceRecord.
+    assert!(HOST_OFFSET % 64 == 0);
+    assert!(offset_of!(DeviceRecord, host_total) == 16);
+    assert!(FILE_LEN == MINOR1_FILE_LEN + 1024 * 16 * 8);
 };
 
 /// Byte offsets of fields other code (tests, the monitor emulation, validation) needs by number.

@@ -47,6 +47,7 @@ mod validate;
 
 pub use error::{ImageError, ShmError};
 pub use node_read::NodeReader;
+pub use protocol::HostPolicy;
 pub use sys::monotonic_ns;
 pub use table::{
     DeviceAudit, DeviceSnapshot, FileLink, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot,

@@ -132,7 +132,12 @@ fn read_table(path: &Path) -> Result<TableSnapshot, ShmError> {
             let times = image
                 .publish_times()
                 .filter(|_| ext.header.minor_version.load(Ordering::Acquire) >= 1);
-            Ok(picture(&Mapped::new(region, ext, &opened.file), times))
+            let minor = ext.header.minor_version.load(Ordering::Acquire);
+            let host = image.host_held().filter(|_| minor >= 2);
+            Ok(picture(
+                &Mapped::new(region, ext, host, &opened.file),
+                times,
+            ))
         }
         Ok(_) => Err(invalid(truncated(len))),
         Err(ImageError::HamiCoreFile) => {

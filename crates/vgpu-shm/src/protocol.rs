@@ -3,11 +3,15 @@
 //! State (per device `d`): a lock word, a `total`, a `limit` (0 = unlimited); per slot `j`:
 //! an `ident` word (generation, free/live) and `held[j][d][class]`.
 //!
-//! Invariant **I**: whenever lock `d` is free, `total[d] == Σ_j Σ_c held[j][d][c]`.
-//! Every write of `total[d]` or any `held[_][d][_]` happens under lock `d`, so:
+//! Invariant **I**: whenever lock `d` is free, `total[d] == Σ_j Σ_c held[j][d][c]` over the
+//! device classes (context, module, data) and `host_total[d] == Σ_j held[j][d][HOST]` (the
+//! host-backed class, memory at device `d`'s addresses that lives in host memory).
+//! Every write of `total[d]`, `host_total[d]` or any `held[_][d][_]` happens under lock `d`, so:
 //! - reserve: under the lock, `total + bytes <= limit` or refuse (nothing written); else
 //!   `total += bytes`, then `held += bytes`. Release: `held -= a`, then `total -= a`.
 //!   Hence `Σ held <= total <= limit` at every instant (the limit only bounds new reservations).
+//!   The host class is bounded by the device's host policy ([`HostPolicy`]) instead, and, with
+//!   oversubscription, device and host together by `limit + spill`.
 //! - a process killed anywhere inside the lock leaves its owner word in the lock. A waiter that
 //!   finds the owner dead (kernel-held liveness lock gone, or its slot reused) takes the lock
 //!   over with one CAS (only one waiter can win) and *recomputes* `total[d]` from the `held`
@@ -20,6 +24,48 @@
 //! administrator's word differs from the current one's and is taken over exactly once.
 
 use crate::layout::CLASSES;
+
+/// The host-backed class's index in [`Store::held`], after the three device classes.
+pub(crate) const HOST: usize = CLASSES;
+/// Classes the protocol keeps per slot and device: the device ones and [`HOST`].
+pub(crate) const LEDGER_CLASSES: usize = CLASSES + 1;
+
+/// How much host-backed memory a device's slots may hold together (read under its lock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostPolicy {
+    /// Host-backed bytes allowed beyond the device limit (`VGPU_HOST_SPILL`).
+    pub spill: u64,
+    /// `CUDA_OVERSUBSCRIBE`: host-backed bytes may also stand in for device memory the limit
+    /// allows but the GPU has no room for; device plus host then stays within
+    /// `limit + spill`, and device reservations check that too.
+    pub oversubscribe: bool,
+}
+
+impl HostPolicy {
+    /// The most host-backed bytes (together with `device` device-resident ones under a
+    /// device `limit`, 0 = unlimited) the policy allows.
+    fn host_cap(&self, limit: u64, device: u64) -> u64 {
+        if !self.oversubscribe {
+            self.spill
+        } else if limit == 0 {
+            u64::MAX
+        } else {
+            limit.saturating_add(self.spill).saturating_sub(device)
+        }
+    }
+}
+
+/// Which bounds a reservation checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bound {
+    /// All of them (a new allocation).
+    Full,
+    /// Only the device limit: a host-backed allocation moving onto the device, whose bytes
+    /// already count against the combined bound (its host bytes are released after the copy).
+    DeviceOnly,
+    /// None (memory already taken, measured after the fact).
+    Unchecked,
+}
 use crate::sync::{Atomic64, Backoff, Ordering};
 
 /// Set in every administrator's owner word.
@@ -41,7 +87,12 @@ pub(crate) trait Store {
     /// The limit in bytes, read fresh on every reservation (the monitor may change it); 0 =
     /// unlimited.
     fn limit(&self, device: usize) -> u64;
+    /// `class < LEDGER_CLASSES`; [`HOST`] is the host-backed class.
     fn held(&self, slot: usize, device: usize, class: usize) -> &Self::A;
+    /// Host-backed bytes of all slots on `device` (the host class's `total`).
+    fn host_total(&self, device: usize) -> &Self::A;
+    /// The device's host policy, read fresh on every reservation.
+    fn host_policy(&self, device: usize) -> HostPolicy;
     fn ident(&self, slot: usize) -> &Self::A;
     /// The current administrative epoch.
     fn admin_epoch(&self) -> u64;
@@ -231,13 +282,24 @@ fn mirror_and_unlock<S: Store, C: Crash>(
 
 /// Restore invariant **I** for `device` (caller holds its lock).
 pub(crate) fn recompute_total<S: Store>(s: &S, device: usize) {
-    let mut sum: u64 = 0;
+    let (mut sum, mut host): (u64, u64) = (0, 0);
     for slot in 0..s.slot_count() {
         for class in 0..CLASSES {
             sum = sum.saturating_add(s.held(slot, device, class).load(Ordering::Relaxed));
         }
+        host = host.saturating_add(s.held(slot, device, HOST).load(Ordering::Relaxed));
     }
     s.total(device).store(sum, Ordering::Relaxed);
+    s.host_total(device).store(host, Ordering::Relaxed);
+}
+
+/// The total `class` counts in on `device`: `host_total` for [`HOST`], else `total`.
+fn total_of<S: Store>(s: &S, device: usize, class: usize) -> &S::A {
+    if class == HOST {
+        s.host_total(device)
+    } else {
+        s.total(device)
+    }
 }
 
 /// What a successful lock-protected operation also reports.
@@ -248,7 +310,9 @@ pub(crate) struct Done<T> {
     pub took_over: bool,
 }
 
-/// Reserve `bytes` for `class` on `device` for the slot whose owner word is `me`.
+/// Reserve `bytes` for `class` on `device` for the slot whose owner word is `me`, within every
+/// bound ([`reserve_within`] with [`Bound::Full`]; the models' shorthand).
+#[cfg(test)]
 pub(crate) fn reserve<S: Store, C: Crash>(
     s: &S,
     slot: usize,
@@ -258,7 +322,23 @@ pub(crate) fn reserve<S: Store, C: Crash>(
     bytes: u64,
     crash: &C,
 ) -> Result<Done<Result<u64, Refusal>>, Died> {
-    add(s, slot, me, device, class, bytes, true, crash)
+    add(s, slot, me, device, class, bytes, Bound::Full, crash)
+}
+
+/// [`reserve`] with the bounds `bound` names ([`Bound::DeviceOnly`] for a move onto the
+/// device).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reserve_within<S: Store, C: Crash>(
+    s: &S,
+    slot: usize,
+    me: u64,
+    device: usize,
+    class: usize,
+    bytes: u64,
+    bound: Bound,
+    crash: &C,
+) -> Result<Done<Result<u64, Refusal>>, Died> {
+    add(s, slot, me, device, class, bytes, bound, crash)
 }
 
 /// Add `bytes` that are already taken (measured after the fact) to `class` on `device` held
@@ -274,7 +354,7 @@ pub(crate) fn charge_over_limit<S: Store, C: Crash>(
     bytes: u64,
     crash: &C,
 ) -> Result<Done<Result<u64, Refusal>>, Died> {
-    add(s, slot, me, device, class, bytes, false, crash)
+    add(s, slot, me, device, class, bytes, Bound::Unchecked, crash)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -285,19 +365,36 @@ fn add<S: Store, C: Crash>(
     device: usize,
     class: usize,
     bytes: u64,
-    check_limit: bool,
+    bound: Bound,
     crash: &C,
 ) -> Result<Done<Result<u64, Refusal>>, Died> {
     let took_over = lock_device(s, device, me, crash)? == Acquired::TakenOver;
     crash.at()?;
     let limit = s.limit(device);
-    let cap = if limit == 0 || !check_limit {
-        u64::MAX
-    } else {
-        limit
+    let device_used = s.total(device).load(Ordering::Relaxed);
+    let host_used = s.host_total(device).load(Ordering::Relaxed);
+    // `cap` bounds this class's total; a refusal reports it as the limit.
+    let cap = match bound {
+        Bound::Unchecked => u64::MAX,
+        _ if class == HOST => s.host_policy(device).host_cap(limit, device_used),
+        Bound::DeviceOnly => limit_or_max(limit),
+        Bound::Full => {
+            let policy = s.host_policy(device);
+            let own = limit_or_max(limit);
+            if policy.oversubscribe && limit != 0 {
+                // Device plus host stays within limit + spill: host bytes take device room.
+                own.min(policy.host_cap(limit, host_used))
+            } else {
+                own
+            }
+        }
     };
-    let total = s.total(device);
-    let t = total.load(Ordering::Relaxed);
+    let total = total_of(s, device, class);
+    let t = if class == HOST {
+        host_used
+    } else {
+        device_used
+    };
     if !still_owner(s, slot, me) {
         // The process left the table (`depart`) while this thread waited: charge nothing.
         unlock_if_held(s, device, me);
@@ -330,6 +427,10 @@ fn add<S: Store, C: Crash>(
     })
 }
 
+fn limit_or_max(limit: u64) -> u64 {
+    if limit == 0 { u64::MAX } else { limit }
+}
+
 /// Release up to `bytes` of `class` on `device` held by `slot`; returns the bytes released
 /// (less than asked only if the caller releases more than it holds).
 pub(crate) fn release<S: Store, C: Crash>(
@@ -356,7 +457,7 @@ pub(crate) fn release<S: Store, C: Crash>(
     let amount = h.min(bytes);
     held.store(h - amount, Ordering::Relaxed);
     crash.at()?;
-    let total = s.total(device);
+    let total = total_of(s, device, class);
     total.store(
         total.load(Ordering::Relaxed).saturating_sub(amount),
         Ordering::Relaxed,
@@ -396,7 +497,7 @@ pub(crate) fn release_dead<S: Store, C: Crash>(
     for device in 0..s.device_count() {
         lock_device(s, device, me, crash)?;
         for &slot in dead {
-            for class in 0..CLASSES {
+            for class in 0..LEDGER_CLASSES {
                 let h = s.held(slot, device, class);
                 let bytes = h.load(Ordering::Relaxed);
                 if bytes != 0 {
@@ -404,7 +505,7 @@ pub(crate) fn release_dead<S: Store, C: Crash>(
                     // the next locker's takeover recompute corrects.
                     h.store(0, Ordering::Relaxed);
                     crash.at()?;
-                    let total = s.total(device);
+                    let total = total_of(s, device, class);
                     total.store(
                         total.load(Ordering::Relaxed).saturating_sub(bytes),
                         Ordering::Relaxed,
@@ -467,13 +568,13 @@ pub(crate) fn depart<S: Store, C: Crash>(
     }
     crash.at()?;
     for device in 0..s.device_count() {
-        for class in 0..CLASSES {
+        for class in 0..LEDGER_CLASSES {
             let h = s.held(slot, device, class);
             let bytes = h.load(Ordering::Relaxed);
             if bytes != 0 {
                 h.store(0, Ordering::Relaxed);
                 crash.at()?;
-                let total = s.total(device);
+                let total = total_of(s, device, class);
                 total.store(
                     total.load(Ordering::Relaxed).saturating_sub(bytes),
                     Ordering::Relaxed,
@@ -519,7 +620,7 @@ pub(crate) fn normalize<S: Store, C: Crash>(
             continue;
         }
         for device in 0..s.device_count() {
-            for class in 0..CLASSES {
+            for class in 0..LEDGER_CLASSES {
                 let h = s.held(slot, device, class);
                 if h.load(Ordering::Relaxed) != 0 {
                     h.store(0, Ordering::Relaxed);
@@ -584,7 +685,11 @@ pub(crate) mod model {
         pub slots: usize,
         pub locks: Vec<AtomicU64>,
         pub totals: Vec<AtomicU64>,
+        pub host_totals: Vec<AtomicU64>,
         pub limits: Vec<AtomicU64>,
+        /// Per device: host spill bytes, and 1 for oversubscription.
+        pub host_spill: Vec<AtomicU64>,
+        pub oversubscribe: Vec<AtomicU64>,
         pub held: Vec<AtomicU64>,
         pub idents: Vec<AtomicU64>,
         /// 1 while the slot's process lives (the kernel liveness lock).
@@ -601,8 +706,11 @@ pub(crate) mod model {
                 slots,
                 locks: v(devices, 0),
                 totals: v(devices, 0),
+                host_totals: v(devices, 0),
                 limits: v(devices, limit),
-                held: v(slots * devices * 3, 0),
+                host_spill: v(devices, 0),
+                oversubscribe: v(devices, 0),
+                held: v(slots * devices * LEDGER_CLASSES, 0),
                 idents: v(slots, 0),
                 alive: v(slots, 0),
                 admin_alive: AtomicU64::new(0),
@@ -629,6 +737,10 @@ pub(crate) mod model {
                 .map(|c| self.held(slot, device, c).load(Ordering::SeqCst))
                 .sum()
         }
+
+        pub(crate) fn host_held_by(&self, slot: usize, device: usize) -> u64 {
+            self.held(slot, device, HOST).load(Ordering::SeqCst)
+        }
     }
 
     impl Store for ModelStore {
@@ -649,7 +761,16 @@ pub(crate) mod model {
             self.limits[device].load(Ordering::Relaxed)
         }
         fn held(&self, slot: usize, device: usize, class: usize) -> &AtomicU64 {
-            &self.held[(slot * self.devices + device) * 3 + class]
+            &self.held[(slot * self.devices + device) * LEDGER_CLASSES + class]
+        }
+        fn host_total(&self, device: usize) -> &AtomicU64 {
+            &self.host_totals[device]
+        }
+        fn host_policy(&self, device: usize) -> HostPolicy {
+            HostPolicy {
+                spill: self.host_spill[device].load(Ordering::Relaxed),
+                oversubscribe: self.oversubscribe[device].load(Ordering::Relaxed) != 0,
+            }
         }
         fn ident(&self, slot: usize) -> &AtomicU64 {
             &self.idents[slot]
@@ -715,6 +836,146 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn policy(s: &ModelStore, device: usize, spill: u64, oversubscribe: bool) {
+        s.host_spill[device].store(spill, Ordering::SeqCst);
+        s.oversubscribe[device].store(u64::from(oversubscribe), Ordering::SeqCst);
+    }
+
+    fn fits(s: &ModelStore, me: u64, class: usize, bytes: u64, bound: Bound) -> bool {
+        reserve_within(s, 0, me, 0, class, bytes, bound, &NoCrash)
+            .unwrap()
+            .value
+            .is_ok()
+    }
+
+    /// Off: no host byte. Spill: host bytes within the spill, beside a full device limit.
+    /// Oversubscription: device and host together within limit + spill, whichever asks.
+    #[test]
+    fn host_bytes_are_bounded_by_the_devices_host_policy() {
+        let s = ModelStore::new(1, 1, 100);
+        let me = s.register(0);
+        assert!(!fits(&s, me, HOST, 1, Bound::Full), "off: refused");
+
+        policy(&s, 0, 30, false);
+        assert!(fits(&s, me, 2, 100, Bound::Full));
+        assert!(fits(&s, me, HOST, 30, Bound::Full), "beyond the full limit");
+        assert!(!fits(&s, me, HOST, 1, Bound::Full), "past the spill");
+        assert!(
+            !fits(&s, me, 2, 1, Bound::Full),
+            "device still bounded by the limit"
+        );
+        assert_eq!(s.totals[0].load(Ordering::SeqCst), 100);
+        assert_eq!(s.host_totals[0].load(Ordering::SeqCst), 30);
+
+        let s = ModelStore::new(1, 1, 100);
+        let me = s.register(0);
+        policy(&s, 0, 0, true);
+        assert!(fits(&s, me, 2, 60, Bound::Full));
+        assert!(
+            !fits(&s, me, HOST, 41, Bound::Full),
+            "host + device > limit"
+        );
+        assert!(fits(&s, me, HOST, 40, Bound::Full));
+        assert!(
+            !fits(&s, me, 2, 1, Bound::Full),
+            "device sees the host bytes"
+        );
+        // A move onto the device needs only device room: its bytes count already.
+        assert!(fits(&s, me, 2, 40, Bound::DeviceOnly));
+        release(&s, 0, me, 0, HOST, 40, &NoCrash).unwrap();
+        assert_eq!(s.totals[0].load(Ordering::SeqCst), 100);
+        assert_eq!(s.host_totals[0].load(Ordering::SeqCst), 0);
+        assert!(
+            !fits(&s, me, 2, 1, Bound::DeviceOnly),
+            "a move never passes the limit"
+        );
+
+        // Both: the spill extends the combined bound; unlimited devices bound nothing.
+        let s = ModelStore::new(1, 1, 100);
+        let me = s.register(0);
+        policy(&s, 0, 50, true);
+        assert!(fits(&s, me, HOST, 150, Bound::Full));
+        assert!(!fits(&s, me, 2, 1, Bound::Full));
+        let s = ModelStore::new(1, 1, 0);
+        let me = s.register(0);
+        policy(&s, 0, 0, true);
+        assert!(fits(&s, me, HOST, u64::MAX / 2, Bound::Full));
+    }
+
+    /// A process killed at every step of a host reservation, a host release, and a move onto
+    /// the device (device room reserved, host bytes released): after the survivor's takeover
+    /// and the repair, both totals equal exactly what the survivor holds.
+    #[test]
+    fn crash_at_every_step_of_host_reserve_release_and_move_recovers_exactly() {
+        for op in 0..3 {
+            for point in 0..24 {
+                let s = ModelStore::new(1, 2, 100);
+                policy(&s, 0, 0, true);
+                let victim = s.register(0);
+                let survivor = s.register(1);
+                let ok = |r: Result<Done<Result<u64, Refusal>>, Died>| r.unwrap().value.unwrap();
+                ok(reserve(&s, 0, victim, 0, HOST, 30, &NoCrash));
+                ok(reserve(&s, 1, survivor, 0, HOST, 5, &NoCrash));
+                let crash = CrashAfter::new(Some(point));
+                let died = match op {
+                    0 => reserve(&s, 0, victim, 0, HOST, 20, &crash).is_err(),
+                    1 => release(&s, 0, victim, 0, HOST, 10, &crash).is_err(),
+                    _ => {
+                        reserve_within(&s, 0, victim, 0, 2, 30, Bound::DeviceOnly, &crash).is_err()
+                            || release(&s, 0, victim, 0, HOST, 30, &crash).is_err()
+                    }
+                };
+                s.kill(0);
+                ok(reserve(&s, 1, survivor, 0, 2, 10, &NoCrash));
+                let combined =
+                    s.totals[0].load(Ordering::SeqCst) + s.host_totals[0].load(Ordering::SeqCst);
+                assert!(combined <= 100, "op {op} point {point}: {combined}");
+                let dead = find_dead(&s);
+                assert_eq!(normalize(&s, admin_owner_word(1), &dead, &NoCrash), Ok(1));
+                assert_eq!(
+                    s.totals[0].load(Ordering::SeqCst),
+                    10,
+                    "op {op} point {point}"
+                );
+                assert_eq!(
+                    s.host_totals[0].load(Ordering::SeqCst),
+                    5,
+                    "op {op} point {point}"
+                );
+                assert_eq!(s.host_held_by(0, 0), 0);
+                assert_eq!(s.host_held_by(1, 0), 5);
+                if !died {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The lighter sweep gives back a dead process's host bytes too.
+    #[test]
+    fn the_sweep_gives_back_host_bytes() {
+        let s = ModelStore::new(2, 2, 100);
+        policy(&s, 1, 40, false);
+        let a = s.register(0);
+        let b = s.register(1);
+        reserve(&s, 0, a, 1, HOST, 25, &NoCrash)
+            .unwrap()
+            .value
+            .unwrap();
+        reserve(&s, 1, b, 1, HOST, 15, &NoCrash)
+            .unwrap()
+            .value
+            .unwrap();
+        s.kill(0);
+        let dead = find_dead(&s);
+        assert_eq!(
+            release_dead(&s, admin_owner_word(1), &dead, &NoCrash),
+            Ok(1)
+        );
+        assert_eq!(s.host_totals[1].load(Ordering::SeqCst), 15);
+        assert_eq!(s.host_held_by(0, 1), 0);
     }
 
     /// An administrator killed at any step of its repair: the next one finishes the job, and

@@ -10,7 +10,10 @@ use std::ptr::NonNull;
 use std::sync::Once;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
-use crate::layout::{EXT_OFFSET, Extension, HamiRegion, PublishTimes, REGION_SIZE, TIMES_OFFSET};
+use crate::layout::{
+    EXT_OFFSET, Extension, HOST_OFFSET, HamiRegion, HostHeld, PublishTimes, REGION_SIZE,
+    TIMES_OFFSET,
+};
 
 /// A shared mapping of the whole file.
 #[derive(Debug)]
@@ -96,6 +99,18 @@ impl Mapping {
         // base, which meets PublishTimes' alignment; the bounds were checked above; all fields
         // are atomics (see `region`).
         Some(unsafe { &*self.ptr.as_ptr().add(TIMES_OFFSET).cast::<PublishTimes>() })
+    }
+
+    /// The host-backed usage table (extension minor version 2), if the mapping is long
+    /// enough. Whether the file's minor version says it is there is the caller's question.
+    pub(crate) fn host_held(&self) -> Option<&HostHeld> {
+        if self.len < HOST_OFFSET + size_of::<HostHeld>() {
+            return None;
+        }
+        // SAFETY: HOST_OFFSET is a multiple of 64 (asserted in `layout`) from a page-aligned
+        // base, which meets HostHeld's alignment; the bounds were checked above; all fields
+        // are atomics (see `region`).
+        Some(unsafe { &*self.ptr.as_ptr().add(HOST_OFFSET).cast::<HostHeld>() })
     }
 
     /// Atomic load of the little-endian u32 at `offset` (must be 4-aligned).
@@ -189,6 +204,11 @@ impl OwnedImage {
     /// The publish-time table, if the copy is long enough.
     pub(crate) fn publish_times(&self) -> Option<&PublishTimes> {
         self.view(TIMES_OFFSET)
+    }
+
+    /// The host-backed usage table, if the copy is long enough.
+    pub(crate) fn host_held(&self) -> Option<&HostHeld> {
+        self.view(HOST_OFFSET)
     }
 }
 

@@ -1063,3 +1063,100 @@ fn a_table_knows_when_its_path_no_longer_names_its_file() {
     std::os::unix::fs::symlink("/dev/null", &p.0).unwrap();
     assert_eq!(newcomer.link_state().unwrap(), FileLink::Replaced);
 }
+
+// --- the host-backed class (issue 16) ---
+
+/// Host-backed bytes are their own class: in the extension (snapshot, node-side reader), not
+/// in the device's `used` nor in HAMi's fields (the monitor reads device memory only); the
+/// policy is the file's and bounds them.
+#[test]
+fn host_backed_bytes_are_their_own_class_and_not_in_hamis_fields() {
+    let p = TempPath::new("host");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    assert!(me.try_reserve_host(D0, 1).is_err(), "off by default");
+    let spill = crate::HostPolicy {
+        spill: 500,
+        oversubscribe: false,
+    };
+    t.set_host_policy(D0, spill).unwrap();
+    assert_eq!(t.host_policy(D0), spill);
+    me.try_reserve(D0, UsageClass::Data, 1000).unwrap();
+    me.try_reserve_host(D0, 400).unwrap();
+    assert!(me.try_reserve_host(D0, 101).is_err());
+    assert_eq!(me.held(D0).host, 400);
+    assert_eq!(t.host_used(D0), 400);
+    assert_eq!(me.held(D0).total(), 1000);
+    let snap = t.snapshot();
+    assert_eq!((snap.devices[0].used, snap.devices[0].host), (1000, 400));
+    assert_eq!(snap.devices[0].host_policy, spill);
+    assert_eq!(snap.processes[0].devices[0].host, 400);
+    let node = crate::NodeReader::default().table(&p.0).unwrap();
+    assert_eq!(node.devices[0].host, 400);
+    assert_eq!(node.processes[0].devices[0].host, 400);
+    // HAMi's mirror: device memory only.
+    let b = std::fs::read(&p.0).unwrap();
+    let used = offsets::slot(0) + offsets::slot_memory(0);
+    assert_eq!(read_u64(&b, used + offsets::MEMORY_TOTAL), 1000);
+    let audit = me.audit(D0).unwrap();
+    assert!(audit.is_consistent(), "{audit:?}");
+    assert_eq!((audit.host_total, audit.host_held), (400, 400));
+    // A move: device room first (refused here: the limit is full), then the host bytes go.
+    assert!(me.try_reserve_move(D0, 400).is_err());
+    me.release(D0, UsageClass::Data, 400);
+    me.try_reserve_move(D0, 400).unwrap();
+    me.release_host(D0, 400);
+    let snap = t.snapshot();
+    assert_eq!((snap.devices[0].used, snap.devices[0].host), (1000, 0));
+    // Leaving gives host bytes back too.
+    me.try_reserve_host(D0, 100).unwrap();
+    me.leave().unwrap();
+    assert_eq!(t.snapshot().devices[0].host, 0);
+}
+
+/// A minor-1 file (an older library's: no host class) is upgraded in place by the first
+/// writable open; a read-only open reads it with no host bytes and host backing off.
+#[test]
+fn a_minor_1_file_gains_the_host_class_in_place() {
+    let p = TempPath::new("minor1");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 300).unwrap();
+    drop(t);
+    poke(&p, offsets::EXT_MINOR_VERSION, &1u32.to_le_bytes());
+    // Garbage where the host words will be: an upgrade must not take it for usage.
+    poke(&p, layout::HOST_OFFSET, &77u64.to_le_bytes());
+    let host_total = layout::EXT_OFFSET + 64 + 16;
+    poke(&p, host_total, &55u64.to_le_bytes());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p.0)
+        .unwrap()
+        .set_len(layout::MINOR1_FILE_LEN as u64)
+        .unwrap();
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    let snap = ro.snapshot();
+    assert_eq!((snap.devices[0].used, snap.devices[0].host), (300, 0));
+    assert_eq!(snap.devices[0].host_policy, crate::HostPolicy::default());
+    let again = UsageTable::open_existing(&p.0).unwrap();
+    assert_eq!(std::fs::metadata(&p.0).unwrap().len(), FILE_LEN as u64);
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(validate_image(&b).unwrap().minor_version, 2);
+    assert_eq!(read_u64(&b, layout::HOST_OFFSET), 0);
+    assert_eq!(read_u64(&b, host_total), 0);
+    let snap = again.snapshot();
+    assert_eq!((snap.devices[0].used, snap.devices[0].host), (300, 0));
+    // A minor-2 file cut before the host class is refused.
+    drop((again, ro, me));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p.0)
+        .unwrap()
+        .set_len(layout::MINOR1_FILE_LEN as u64)
+        .unwrap();
+    let b = std::fs::read(&p.0).unwrap();
+    assert!(matches!(
+        validate_image(&b),
+        Err(ImageError::Truncated { .. })
+    ));
+}

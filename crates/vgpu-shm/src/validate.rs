@@ -81,11 +81,13 @@ pub(crate) fn validate<I: Image + ?Sized>(image: &I) -> Result<ImageInfo, ImageE
         .ok_or_else(truncated)?;
     if flag == 0 {
         // Zero flag: an unfinished initialization if the file has our length, else not ours.
-        return Err(if len == FILE_LEN || len == BASE_FILE_LEN {
-            ImageError::Uninitialized
-        } else {
-            truncated()
-        });
+        return Err(
+            if [FILE_LEN, layout::MINOR1_FILE_LEN, BASE_FILE_LEN].contains(&len) {
+                ImageError::Uninitialized
+            } else {
+                truncated()
+            },
+        );
     }
     check_hami_header(image).map_err(|e| e.unwrap_or_else(truncated))?;
     if len < BASE_FILE_LEN {
@@ -147,11 +149,11 @@ pub(crate) fn validate<I: Image + ?Sized>(image: &I) -> Result<ImageInfo, ImageE
     let minor_version = image
         .u32_at(offsets::EXT_MINOR_VERSION)
         .ok_or_else(truncated)?;
-    if minor_version >= 1 && len < FILE_LEN {
-        // Says it has the publish-time table, but the file ends before it.
+    if len < layout::len_of_minor(minor_version) {
+        // Says it has an appended part (publish times, host usage), but ends before it.
         return Err(ImageError::Truncated {
             len: len as u64,
-            expected: FILE_LEN as u64,
+            expected: layout::len_of_minor(minor_version) as u64,
         });
     }
     let proc_num = image.u32_at(offsets::PROC_NUM).ok_or_else(truncated)?;

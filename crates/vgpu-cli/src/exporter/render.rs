@@ -100,6 +100,19 @@ const FAMILIES: &[(Set, &str, &str, &str)] = &[
     ),
     (
         Set::Vgpu,
+        "vgpu_device_host_backed_bytes",
+        "gauge",
+        "Host memory standing in for device memory at the device's addresses \
+         (CUDA_OVERSUBSCRIBE, VGPU_HOST_SPILL), bytes; not in the device memory figures.",
+    ),
+    (
+        Set::Vgpu,
+        "vgpu_device_host_spill_bytes",
+        "gauge",
+        "Host-backed bytes allowed beyond the limit (VGPU_HOST_SPILL; 0 = none).",
+    ),
+    (
+        Set::Vgpu,
         "vgpu_device_memory_dead_bytes",
         "gauge",
         "Device memory still counted for processes that no longer exist, bytes.",
@@ -411,6 +424,8 @@ fn vgpu_samples(s: &mut Samples, opts: Options, base: &[(&str, &str)], report: &
             lc.push(("class", class));
             s.add("vgpu_device_memory_class_bytes", &lc, v);
         }
+        s.add("vgpu_device_host_backed_bytes", &l, d.host_backed_bytes);
+        s.add("vgpu_device_host_spill_bytes", &l, d.host_spill_bytes);
         let on_device = |alive: bool| {
             report
                 .processes

@@ -161,7 +161,15 @@ fn forget_primary(st: &Ready, dev: CUdevice) -> Option<u64> {
         .unwrap_or_else(|e| e.into_inner())
         .remove(&dev.0)?;
     st.residual.context_gone(ctx.ctx);
+    host_backed_context_gone(st, ctx.ctx);
     Some(st.alloc.release_context(ContextId(ctx.ctx as u64)).released)
+}
+
+/// Host-backed allocations of a destroyed context go with it (`crate::host_backing`).
+fn host_backed_context_gone(st: &Ready, ctx: usize) {
+    if let (true, Ok(cuda)) = (st.host_backed.any(), real::cuda()) {
+        st.host_backed.context_gone(cuda, st.ledger(), ctx);
+    }
 }
 
 /// `cuDevicePrimaryCtxRelease[_v2]` succeeded: if the context is gone, so is everything in
@@ -255,6 +263,7 @@ pub(crate) fn context_destroyed(cuda: &Cuda, ctx: CUcontext) -> Result<(), CUres
     driver::contexts_changed();
     if let Some(st) = ready_state() {
         st.residual.context_gone(ctx as usize);
+        host_backed_context_gone(st, ctx as usize);
         st.alloc.release_context(ctx_id(ctx));
     }
     code_unloaded(cuda)

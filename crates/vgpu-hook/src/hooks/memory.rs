@@ -23,10 +23,32 @@ pub(crate) unsafe fn cuMemAlloc_v2(
         );
         return forward(cuda);
     };
-    let a = with_pool_retry(st, cuda, || {
+    // (The reserve applies only with host backing on: `enabled` is read only when it is set.)
+    if st.config.host_backing.device_reserve != 0
+        && st.config.host_backing.enabled()
+        && crate::host_backing::breaks_reserve(
+            cuda,
+            st.config.host_backing.device_reserve,
+            bytesize as u64,
+        )
+    {
+        let full = AllocError::Backend(vgpu_alloc_core::BackendError {
+            code: CUresult::OUT_OF_MEMORY.0,
+        });
+        let ptr = host_backed_or(st, cuda, idx, (dev, ctx), bytesize as u64, full)?;
+        // SAFETY: non-null out-pointer (checked above).
+        return unsafe { write_out(dptr, ptr) };
+    }
+    let a = match with_pool_retry(st, cuda, || {
         st.alloc.allocate(idx, ctx_id(ctx), bytesize as u64)
-    })
-    .map_err(alloc_err)?;
+    }) {
+        Ok(a) => a,
+        Err(e) => {
+            let ptr = host_backed_or(st, cuda, idx, (dev, ctx), bytesize as u64, e)?;
+            // SAFETY: non-null out-pointer (checked above).
+            return unsafe { write_out(dptr, ptr) };
+        }
+    };
     // Only allocations that reached the driver (no clock read on the sub-allocated path;
     // a sub-threshold request that fell back to the driver counts as direct).
     if a.kind == AllocationKind::Direct {
@@ -60,12 +82,40 @@ pub(super) fn free_err(e: FreeError, ptr: CUdeviceptr) -> CUresult {
     }
 }
 
+/// A device allocation the device could not take (`refused`): backed by host memory when
+/// host backing is on and allows it, else `refused` as the program's answer (logged).
+#[cold]
+#[inline(never)]
+fn host_backed_or(
+    st: &Ready,
+    cuda: &Cuda,
+    idx: DeviceIndex,
+    at: (CUdevice, CUcontext),
+    bytes: u64,
+    refused: AllocError,
+) -> Result<CUdeviceptr, CUresult> {
+    let device_full = match &refused {
+        AllocError::OutOfMemory(_) => true,
+        AllocError::Backend(b) => CUresult(b.code) == CUresult::OUT_OF_MEMORY,
+        _ => false,
+    };
+    if device_full && st.config.host_backing.enabled() {
+        if let Ok(ptr) = st.host_backed.allocate(cuda, st.ledger(), idx, at, bytes) {
+            return Ok(ptr);
+        }
+    }
+    Err(alloc_err(refused))
+}
+
 pub(crate) fn cuMemFree_v2(forward: impl Forward, dptr: CUdeviceptr) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
     let st = match state::get() {
         Enforcement::Ready(st) if dptr.0 != 0 => st,
         _ => return forward(cuda),
     };
+    if st.host_backed.any() && st.host_backed.free(cuda, st.ledger(), dptr).is_some() {
+        return Ok(());
+    }
     match st.alloc.free(DevicePtr(dptr.0)) {
         Ok(_) => Ok(()),
         Err(FreeError::NotTracked) if inside_region(st, dptr) => {
@@ -114,7 +164,7 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
     let estimate =
         charge(align_up(width_in_bytes as u64, 512).and_then(|w| w.checked_mul(height as u64)))
             .ok_or(CUresult::OUT_OF_MEMORY)?;
-    let mut pending = with_pool_retry(st, cuda, || {
+    let begun = with_pool_retry(st, cuda, || {
         st.alloc.begin_record(
             AllocationKind::Pitched,
             idx,
@@ -122,9 +172,38 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
             requested,
             estimate,
         )
-    })
-    .map_err(alloc_err)?;
-    forward(cuda)?;
+    });
+    let mut pending = match begun {
+        Ok(p) => p,
+        Err(e) => {
+            // SAFETY: both out-pointers non-null (checked above).
+            return unsafe {
+                let at = (dev, ctx);
+                pitched_host_backed(st, cuda, idx, at, dptr, pitch, width_in_bytes, height, e)
+            };
+        }
+    };
+    if let Err(code) = forward(cuda) {
+        drop(pending);
+        if code != CUresult::OUT_OF_MEMORY {
+            return Err(code);
+        }
+        let full = AllocError::Backend(vgpu_alloc_core::BackendError { code: code.0 });
+        // SAFETY: both out-pointers non-null (checked above).
+        return unsafe {
+            pitched_host_backed(
+                st,
+                cuda,
+                idx,
+                (dev, ctx),
+                dptr,
+                pitch,
+                width_in_bytes,
+                height,
+                full,
+            )
+        };
+    }
     // SAFETY: the driver filled both out-pointers (checked non-null above).
     let (ptr, real_pitch) = unsafe { (*dptr, *pitch) };
     let actual = charge((real_pitch as u64).checked_mul(height as u64)).unwrap_or(u64::MAX);
@@ -138,6 +217,36 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
     }
     reconcile_if_due(st, cuda, idx);
     Ok(())
+}
+
+/// A pitched allocation the device could not take, host-backed like [`host_backed_or`]: rows
+/// padded to 512 bytes (the pitch alignment of current GPUs).
+///
+/// # Safety
+/// `dptr` and `pitch` are non-null caller out-pointers.
+#[cold]
+#[inline(never)]
+unsafe fn pitched_host_backed(
+    st: &Ready,
+    cuda: &Cuda,
+    idx: DeviceIndex,
+    at: (CUdevice, CUcontext),
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    refused: AllocError,
+) -> Result<(), CUresult> {
+    let row = align_up(width as u64, 512).ok_or(CUresult::OUT_OF_MEMORY)?;
+    let bytes = row
+        .checked_mul(height as u64)
+        .ok_or(CUresult::OUT_OF_MEMORY)?;
+    let ptr = host_backed_or(st, cuda, idx, at, bytes, refused)?;
+    // SAFETY: non-null out-pointers (the caller's contract).
+    unsafe {
+        write_out(pitch, row as usize)?;
+        write_out(dptr, ptr)
+    }
 }
 
 /// Change a pending charge to the size the driver really allocated, in place: the estimate

@@ -202,6 +202,12 @@ pub(crate) fn cuMemFreeAsync(
     let Some(st) = ready_state().filter(|_| dptr.0 != 0) else {
         return forward(cuda);
     };
+    if st.host_backed.any() && st.host_backed.range(dptr).is_some_and(|(b, _)| b == dptr.0) {
+        // Unmapped at once: the stream must have reached the free first.
+        driver::stream_synchronize(cuda, stream, variant == StreamKind::PerThread)?;
+        st.host_backed.free(cuda, st.ledger(), dptr);
+        return Ok(());
+    }
     let Some(range) = st
         .alloc
         .containing(DevicePtr(dptr.0))

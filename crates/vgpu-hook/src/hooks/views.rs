@@ -24,13 +24,27 @@ pub(crate) unsafe fn mem_info_view(
     let (Some(f), Some(t)) = (unsafe { read_back(free) }, unsafe { read_back(total) }) else {
         return Ok(());
     };
-    let (f, t) = virtual_mem_info(f as u64, t as u64, st.ledger().usage_for_view(idx));
+    let (f, t) = view_of(st, idx, f as u64, t as u64);
     // SAFETY: valid out-pointers (checked non-null above).
     unsafe {
         *free = f as usize;
         *total = t as usize;
     }
     Ok(())
+}
+
+/// The `(free, total)` a view shows on device `idx`. With `CUDA_OVERSUBSCRIBE` under a limit
+/// the container's device is as large as its limit whatever the GPU has free, since host
+/// memory backs what the GPU cannot hold (docs/oversubscription.md).
+fn view_of(st: &Ready, idx: DeviceIndex, phys_free: u64, phys_total: u64) -> (u64, u64) {
+    let usage = st.ledger().usage_for_view(idx);
+    match (usage.limit, st.config.host_backing.oversubscribe) {
+        (Some(limit), true) => {
+            let host = st.ledger().host_used(idx);
+            crate::host_backing::oversubscribed_view(limit, usage.used, host)
+        }
+        _ => virtual_mem_info(phys_free, phys_total, usage),
+    }
 }
 
 /// `cuDeviceTotalMem_v2` succeeded: a limited device is as large as its limit.
@@ -48,13 +62,19 @@ pub(crate) unsafe fn total_mem_view(
     // SAFETY: the driver filled it (it fails on null).
     let filled = unsafe { read_back(bytes) };
     if let (Some(limit), Some(t)) = (st.ledger().usage(idx).limit, filled) {
+        // Oversubscribed, the device is as large as the limit (as `cuMemGetInfo` says).
+        let shown = if st.config.host_backing.oversubscribe {
+            limit
+        } else {
+            (t as u64).min(limit)
+        };
         // SAFETY: valid out-pointer (read back above).
-        unsafe { *bytes = (t as u64).min(limit) as usize };
+        unsafe { *bytes = shown as usize };
     }
     Ok(())
 }
 
-/// The usage of the GPU an NVML handle names, found by UUID among the shared file's GPUs
+/// The shared file's index and usage of the GPU an NVML handle names, found by UUID among the shared file's GPUs
 /// (none for a GPU that is not the container's). Asks NVML only: an NVML-only process must
 /// not initialize CUDA (a child it forks could not use it). Reconciles first when this
 /// process has a CUDA device on that GPU.
@@ -62,7 +82,7 @@ pub(super) fn nvml_device_usage(
     st: &Ready,
     nvml: &real::Nvml,
     device: nvmlDevice_t,
-) -> Option<vgpu_alloc_core::DeviceUsage> {
+) -> Option<(DeviceIndex, vgpu_alloc_core::DeviceUsage)> {
     let shared = st.ledger().shared()?;
     let file_device = shared.device_of_uuid(&driver::nvml_uuid(nvml, device)?)?;
     if let Some(ordinal) = shared.ordinal_of(file_device)
@@ -70,7 +90,7 @@ pub(super) fn nvml_device_usage(
     {
         reconcile_if_due(st, cuda, ordinal);
     }
-    Some(shared.file_usage_for_view(file_device))
+    Some((file_device, shared.file_usage_for_view(file_device)))
 }
 
 /// One of NVML's memory-info structs, rewritten to the limit's view.
@@ -117,9 +137,22 @@ pub(crate) unsafe fn nvml_memory_view<T: NvmlMemoryView>(
         return Ok(());
     };
     let (total, free) = m.driver_view();
-    if let Some((total, free, used)) =
-        nvml_device_usage(st, nvml, device).and_then(|u| virtual_nvml_info(total, free, u))
-    {
+    let view = nvml_device_usage(st, nvml, device).and_then(|(file_device, u)| {
+        match (
+            u.limit,
+            st.config.host_backing.oversubscribe,
+            st.ledger().shared(),
+        ) {
+            // Device and host-backed memory against the limit (as `view_of`).
+            (Some(limit), true, Some(shared)) => {
+                let host = shared.file_host_used(file_device);
+                let (f, t) = crate::host_backing::oversubscribed_view(limit, u.used, host);
+                Some((t, f, t - f))
+            }
+            _ => virtual_nvml_info(total, free, u),
+        }
+    });
+    if let Some((total, free, used)) = view {
         m.set_virtual(total, free, used);
         // SAFETY: valid out-pointer.
         unsafe { *memory = m };

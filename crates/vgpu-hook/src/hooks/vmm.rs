@@ -38,10 +38,70 @@ pub(crate) unsafe fn cuMemCreate(
         charge,
         what: "a cuMemCreate handle",
     };
-    // SAFETY: read after success: the driver filled the non-null out-pointer.
-    charge_and_forward(st, cuda, forward, charge, || unsafe { *handle }.0)?;
+    let pending = match with_pool_retry(st, cuda, || {
+        st.alloc.begin_record(
+            charge.kind,
+            charge.device,
+            charge.context,
+            charge.requested,
+            charge.charge,
+        )
+    }) {
+        Ok(pending) => pending,
+        Err(e) => {
+            // SAFETY: non-null out-pointer (checked above).
+            return unsafe { host_handle_or(st, cuda, idx, handle, size as u64, &p, e) };
+        }
+    };
+    if let Err(code) = forward(cuda) {
+        drop(pending);
+        if code != CUresult::OUT_OF_MEMORY {
+            return Err(code);
+        }
+        let full = AllocError::Backend(vgpu_alloc_core::BackendError { code: code.0 });
+        // SAFETY: as above.
+        return unsafe { host_handle_or(st, cuda, idx, handle, size as u64, &p, full) };
+    }
+    // SAFETY: the driver filled the non-null out-pointer.
+    if let Err(e) = pending.commit(unsafe { *handle }.0) {
+        commit_err(e, charge.what);
+    }
     reconcile_if_due(st, cuda, idx);
     Ok(())
+}
+
+/// A device-located `cuMemCreate` the device could not take: made in host memory when host
+/// backing is on and allows it (the program maps and accesses it as it would the device
+/// handle), else `refused` as the answer.
+///
+/// # Safety
+/// `handle` is the caller's non-null out-pointer.
+#[cold]
+#[inline(never)]
+unsafe fn host_handle_or(
+    st: &Ready,
+    cuda: &Cuda,
+    idx: DeviceIndex,
+    handle: *mut CUmemGenericAllocationHandle,
+    size: u64,
+    prop: &CUmemAllocationProp,
+    refused: AllocError,
+) -> Result<(), CUresult> {
+    let device_full = match &refused {
+        AllocError::OutOfMemory(_) => true,
+        AllocError::Backend(b) => CUresult(b.code) == CUresult::OUT_OF_MEMORY,
+        _ => false,
+    };
+    if device_full && st.config.host_backing.enabled() {
+        if let Ok(h) = st
+            .host_backed
+            .create_handle(cuda, st.ledger(), idx, size, prop)
+        {
+            // SAFETY: non-null out-pointer (the caller's contract).
+            return unsafe { write_out(handle, h) };
+        }
+    }
+    Err(alloc_err(refused))
 }
 
 /// `cuMemRelease` succeeded: one reference fewer; the last one releases the charge.
@@ -52,6 +112,9 @@ pub(crate) fn vmm_released(
     let Some(st) = ready_state() else {
         return Ok(());
     };
+    if st.host_backed.handle_released(st.ledger(), handle) {
+        return Ok(());
+    }
     let mut refs = st.vmm_extra_refs.lock().unwrap_or_else(|e| e.into_inner());
     match refs.get_mut(&handle.0) {
         // A reference from cuMemRetainAllocationHandle: the allocation lives on.

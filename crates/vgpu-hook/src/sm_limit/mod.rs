@@ -27,7 +27,8 @@
 //!
 //! These functions are a facade over the one [`SmLimiter`], which lives in the process root
 //! (`crate::state`). The root starts it when the process state is built ([`SmLimiter::start`],
-//! with the parsed environment and this process's slot in the shared file: container-wide
+//! with the parsed environment and this process's slot in the shared file with its ordinal →
+//! file index map (the file's index is the GPU, `crate::ledger`): container-wide
 //! limits, `sm_util` reporting and the monitor's fields), resets it in a forked child and
 //! stops it at exit. The limiter never looks the process state up itself.
 //!
@@ -61,6 +62,7 @@ use vgpu_env::{Config, SmTuning};
 use vgpu_limiter::{Admission, Limiter, LimiterConfig, Policy, SmMode, Ticket};
 use vgpu_shm::ProcessSlot;
 
+use crate::ledger::SharedLedger;
 use crate::log::{INFO, vlog};
 use crate::power::PowerReader;
 use crate::published::Published;
@@ -100,9 +102,9 @@ pub(crate) struct SmLimiter {
     priority: AtomicI32,
     /// The limiter's tuning from the environment (the first value set wins).
     tuning: Published<SmTuning>,
-    /// This process's slot in the shared file, handed over by [`SmLimiter::start`]: it lives
-    /// in the published process state, which is never freed.
-    slot: AtomicPtr<ProcessSlot>,
+    /// This process's slot in the shared file with its ordinal → file index map, handed over
+    /// by [`SmLimiter::start`]: it lives in the published process state, which is never freed.
+    slot: AtomicPtr<SharedLedger>,
     /// One limiter per device, built on its first throttled launch.
     devices: [Published<DeviceLimiter>; MAX_DEVICES],
     /// The real driver's functions for the GPU timer (valid in a forked child too).
@@ -147,7 +149,7 @@ impl SmLimiter {
     /// is built (again in a forked child that uses CUDA). Limits stored in the file win over
     /// the environment's, but only a limit in the environment arms the launch path
     /// (docs/sm-limit.md).
-    pub(crate) fn start(&self, config: &Config, slot: Option<&'static ProcessSlot>) {
+    pub(crate) fn start(&self, config: &Config, slot: Option<&'static SharedLedger>) {
         self.tuning.publish(config.sm_tuning.clone());
         let policy = config.core_policy;
         self.policy.store(policy_code(policy), Ordering::Relaxed);
@@ -179,7 +181,8 @@ impl SmLimiter {
                 config.task_priority
             );
         }
-        let any = share || (0..MAX_DEVICES).any(|d| self.limit_pct(d) > 0);
+        // By file index: the map needs CUDA initialized, which the program may not have yet.
+        let any = share || (0..MAX_DEVICES).any(|i| self.limit_pct_of_index(i) > 0);
         // Release: a launch that sees the flag (and loads it again with acquire on its cold
         // path) sees the limits and the slot stored above.
         self.enabled.store(
@@ -222,21 +225,45 @@ impl SmLimiter {
         self.tuning.get_or_publish(SmTuning::default)
     }
 
-    fn slot(&self) -> Option<&'static ProcessSlot> {
+    fn shared(&self) -> Option<&'static SharedLedger> {
         let p = self.slot.load(Ordering::Acquire);
-        // SAFETY: only ever set from a `&'static ProcessSlot` in `start`.
+        // SAFETY: only ever set from a `&'static SharedLedger` in `start`.
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    /// The limit of device `d` in percent (0 = none): the file's when it has one, else the
-    /// environment's.
+    fn slot(&self) -> Option<&'static ProcessSlot> {
+        self.shared().map(SharedLedger::slot)
+    }
+
+    /// The file index of CUDA ordinal `d` (the GPU's; `d` itself without a file), `None` for
+    /// a GPU the file does not list (its contexts are refused) or before CUDA is initialized.
+    fn file_index(&self, d: usize) -> Option<usize> {
+        match self.shared() {
+            Some(s) => s
+                .file_device(DeviceIndex(d as u32))
+                .map(DeviceIndex::as_usize),
+            None => Some(d),
+        }
+    }
+
+    /// The limit of CUDA ordinal `d` in percent (0 = none): its GPU's.
     fn limit_pct(&self, d: usize) -> u32 {
+        match self.file_index(d) {
+            Some(i) => self.limit_pct_of_index(i),
+            None => self.env_limit[d].load(Ordering::Relaxed),
+        }
+    }
+
+    /// The limit of the container's device `i` (the file's index, which the environment's
+    /// `_<i>` names too: docs/compatibility.md) in percent (0 = none): the file's when it has
+    /// one, else the environment's.
+    fn limit_pct_of_index(&self, i: usize) -> u32 {
         if let Some(s) = self.slot()
-            && let Some(p) = s.table().sm_limit(DeviceIndex(d as u32))
+            && let Some(p) = s.table().sm_limit(DeviceIndex(i as u32))
         {
             return p as u32;
         }
-        self.env_limit[d].load(Ordering::Relaxed)
+        self.env_limit[i].load(Ordering::Relaxed)
     }
 
     fn before_launch(&'static self, device: DeviceIndex, stream: CUstream) -> Result<(), CUresult> {
@@ -399,7 +426,8 @@ mod tests {
             priority: 1,
         };
         let table = UsageTable::open_or_create(&path, &init).unwrap();
-        let slot: &'static ProcessSlot = Box::leak(Box::new(table.register_self().unwrap()));
+        let slot: &'static SharedLedger =
+            Box::leak(Box::new(SharedLedger::new(table.register_self().unwrap())));
         let file_only = limiter();
         file_only.start(&config(&[]), Some(slot));
         assert!(

@@ -63,11 +63,14 @@ impl ContainerView for FileView {
         let Some(me) = self.sm.slot() else {
             return Vec::new();
         };
+        let Some(i) = self.sm.file_index(self.device) else {
+            return Vec::new();
+        };
         let snap = me.table().snapshot();
         snap.processes
             .iter()
             .filter(|p| p.slot != me.index() && p.alive)
-            .filter_map(|p| p.devices.get(self.device))
+            .filter_map(|p| p.devices.get(i))
             .map(|u| PeerShare {
                 util_pct: u.sm_util.min(100) as u32,
                 published_at: u.sm_util_at,
@@ -81,8 +84,10 @@ impl ContainerView for FileView {
             "device {}: achieved SM utilization {util_pct}%",
             self.device
         );
-        if let Some(s) = self.sm.slot() {
-            s.publish_sm_util(DeviceIndex(self.device as u32), u64::from(util_pct), now);
+        if let Some(s) = self.sm.slot()
+            && let Some(i) = self.sm.file_index(self.device)
+        {
+            s.publish_sm_util(DeviceIndex(i as u32), u64::from(util_pct), now);
         }
     }
 

@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use vgpu_alloc_core::{DeviceIndex, DeviceUsage};
 
 use crate::error::ShmError;
-use crate::layout::{self, MAX_DEVICES};
+use crate::layout::{self, HOST_FLAG_OVERSUBSCRIBE, MAX_DEVICES};
+use crate::protocol::{HostPolicy, Store};
 
 use super::{RECENT_KERNEL_ACTIVE, UsageTable, now_secs};
 
@@ -83,6 +84,49 @@ impl UsageTable {
         }
         slot.store(limit.unwrap_or(0), Ordering::Release);
         Ok(())
+    }
+
+    /// Set `device`'s host policy on the live file (single atomic stores, like the limits):
+    /// how much host-backed memory its processes may hold beyond the limit, and whether
+    /// oversubscription lets host memory stand in for device memory within it. Enforced from
+    /// the next reservation on; host bytes already held stay until freed.
+    pub fn set_host_policy(&self, device: DeviceIndex, policy: HostPolicy) -> Result<(), ShmError> {
+        self.check_writable()?;
+        let d = self
+            .ext()
+            .devices
+            .get(device.as_usize())
+            .ok_or(ShmError::InvalidDevice {
+                device: device.0,
+                max: MAX_DEVICES,
+            })?;
+        d.host_spill.store(policy.spill, Ordering::Release);
+        let flags = if policy.oversubscribe {
+            HOST_FLAG_OVERSUBSCRIBE
+        } else {
+            0
+        };
+        d.host_flags.store(flags, Ordering::Release);
+        Ok(())
+    }
+
+    /// Host-backed bytes all processes hold at `device`'s addresses now (one load; 0 for a
+    /// file without the host class).
+    pub fn host_used(&self, device: DeviceIndex) -> u64 {
+        if device.as_usize() >= MAX_DEVICES {
+            return 0;
+        }
+        self.store()
+            .host_total(device.as_usize())
+            .load(Ordering::Relaxed)
+    }
+
+    /// `device`'s host policy as stored now.
+    pub fn host_policy(&self, device: DeviceIndex) -> HostPolicy {
+        if device.as_usize() >= MAX_DEVICES {
+            return HostPolicy::default();
+        }
+        self.store().host_policy(device.as_usize())
     }
 
     /// Change the SM limit (percent, 1..=100; `None` = unlimited) of `device` on the live file.

@@ -5,9 +5,10 @@ use std::fs::File;
 use std::sync::atomic::Ordering;
 
 use crate::layout::{
-    Extension, HAMI_STATUS_RUNNING, HamiProcSlot, HamiRegion, MAX_DEVICES, MAX_SLOTS, SlotRecord,
+    CLASSES, Extension, HAMI_STATUS_RUNNING, HOST_FLAG_OVERSUBSCRIBE, HamiProcSlot, HamiRegion,
+    HostHeld, MAX_DEVICES, MAX_SLOTS, SlotRecord,
 };
-use crate::protocol::{STATE_LIVE, Store, split_ident};
+use crate::protocol::{HostPolicy, STATE_LIVE, Store, split_ident};
 use crate::sys;
 
 use super::{ADMIN_LOCK_OFFSET, SLOT_LOCK_BASE};
@@ -16,14 +17,31 @@ use super::{ADMIN_LOCK_OFFSET, SLOT_LOCK_BASE};
 pub(crate) struct Mapped<'a> {
     pub(super) region: &'a HamiRegion,
     pub(super) ext: &'a Extension,
+    /// The host-backed class (minor version 2). Absent only from a read-only view of an older
+    /// file, which holds no host bytes (a writable attach upgrades the file first).
+    pub(super) host: Option<&'a HostHeld>,
     pub(super) probe: &'a File,
 }
 
+/// What the host class reads as in a file without it: nothing held. Never written: only a
+/// read-only view lacks the part, and the protocol writes through writable handles only.
+static NO_HOST_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 impl<'a> Mapped<'a> {
-    /// A view of `region` and `ext` whose liveness questions go to `probe` (a descriptor of the
-    /// same file that never holds locks).
-    pub(crate) fn new(region: &'a HamiRegion, ext: &'a Extension, probe: &'a File) -> Self {
-        Self { region, ext, probe }
+    /// A view of `region`, `ext` and (when the file has it) `host` whose liveness questions go
+    /// to `probe` (a descriptor of the same file that never holds locks).
+    pub(crate) fn new(
+        region: &'a HamiRegion,
+        ext: &'a Extension,
+        host: Option<&'a HostHeld>,
+        probe: &'a File,
+    ) -> Self {
+        Self {
+            region,
+            ext,
+            host,
+            probe,
+        }
     }
 
     pub(super) fn proc_of(&self, slot: usize) -> Option<&HamiProcSlot> {
@@ -109,7 +127,28 @@ impl Store for Mapped<'_> {
         self.region.limit[device].load(Ordering::Relaxed)
     }
     fn held(&self, slot: usize, device: usize, class: usize) -> &Self::A {
-        &self.ext.slots[slot].held[device][class]
+        if class < CLASSES {
+            &self.ext.slots[slot].held[device][class]
+        } else {
+            self.host.map_or(&NO_HOST_BYTES, |h| &h.slots[slot][device])
+        }
+    }
+    fn host_total(&self, device: usize) -> &Self::A {
+        if self.host.is_some() {
+            &self.ext.devices[device].host_total
+        } else {
+            &NO_HOST_BYTES
+        }
+    }
+    fn host_policy(&self, device: usize) -> HostPolicy {
+        if self.host.is_none() {
+            return HostPolicy::default();
+        }
+        let d = &self.ext.devices[device];
+        HostPolicy {
+            spill: d.host_spill.load(Ordering::Relaxed),
+            oversubscribe: d.host_flags.load(Ordering::Relaxed) & HOST_FLAG_OVERSUBSCRIBE != 0,
+        }
     }
     fn ident(&self, slot: usize) -> &Self::A {
         &self.ext.slots[slot].ident

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use vgpu_alloc_core::UsageClass;
 
 use crate::error::ShmError;
-use crate::layout::{Extension, HamiRegion, PublishTimes};
+use crate::layout::{Extension, HamiRegion, HostHeld, PublishTimes};
 use crate::sys::{self, Mapping};
 
 mod fields;
@@ -171,12 +171,21 @@ impl UsageTable {
         self.inner.map.publish_times()
     }
 
-    pub(crate) fn store(&self) -> Mapped<'_> {
-        Mapped {
-            region: self.region(),
-            ext: self.ext(),
-            probe: &self.inner.probe_file,
+    /// The host-backed class, when the file has it (minor version ≥ 2 when attached).
+    pub(crate) fn host_held(&self) -> Option<&HostHeld> {
+        if self.ext().header.minor_version.load(Ordering::Acquire) < 2 {
+            return None;
         }
+        self.inner.map.host_held()
+    }
+
+    pub(crate) fn store(&self) -> Mapped<'_> {
+        Mapped::new(
+            self.region(),
+            self.ext(),
+            self.host_held(),
+            &self.inner.probe_file,
+        )
     }
 
     pub(super) fn check_writable(&self) -> Result<&File, ShmError> {

@@ -142,10 +142,10 @@ impl UsageTable {
                 let map = Mapping::map(&file, map_len.max(1), writable).map_err(io("mmap"))?;
                 // Report the real length, not the mapped one.
                 match validate(&map) {
-                    Ok(info) if info.minor_version == 0 && writable => {
-                        // Written by a library from before the publish-time table: append it.
+                    Ok(info) if info.minor_version < layout::EXT_MINOR && writable => {
+                        // Written by an older library: append the parts it lacks.
                         drop(map);
-                        Self::upgrade(&file, len).map_err(io("upgrade"))?
+                        Self::upgrade(&file, len, info.minor_version).map_err(io("upgrade"))?
                     }
                     Ok(_) if len >= BASE_FILE_LEN as u64 => map,
                     Ok(_) => unreachable_truncated(len).map_err(invalid)?,
@@ -210,23 +210,39 @@ impl UsageTable {
         Ok(table)
     }
 
-    /// Append the publish-time table (extension minor version 1) to a valid minor-0 file
-    /// (caller holds the init flock). Everything before it stays as it is, so processes of
-    /// older libraries that map only the base keep working; they never read the new part.
-    fn upgrade(file: &File, len: u64) -> io::Result<Mapping> {
+    /// Append the parts a valid file of an older minor version lacks (the publish-time table
+    /// after minor 0, the host-backed class after minor 1; caller holds the init flock).
+    /// Everything before them stays as it is, so processes of older libraries that map only
+    /// what they know keep working; they never read the new parts.
+    fn upgrade(file: &File, len: u64, minor: u32) -> io::Result<Mapping> {
         // Growing zero-fills; a longer file is never cut.
         if len < FILE_LEN as u64 {
             file.set_len(FILE_LEN as u64)?;
         }
         let map = Mapping::map(file, FILE_LEN, true)?;
-        let (Some(ext), Some(times)) = (map.extension(), map.publish_times()) else {
+        let (Some(ext), Some(times), Some(host)) =
+            (map.extension(), map.publish_times(), map.host_held())
+        else {
             return Err(io::Error::other("mapping shorter than the table"));
         };
-        // Whatever lay beyond the base belongs to nobody yet (the minor version says 0).
-        for slot in &times.slots {
-            slot.ident.store(0, Ordering::Relaxed);
-            for at in &slot.sm_util_at {
-                at.store(0, Ordering::Relaxed);
+        // Whatever lay beyond the parts the minor version names belongs to nobody yet.
+        if minor < 1 {
+            for slot in &times.slots {
+                slot.ident.store(0, Ordering::Relaxed);
+                for at in &slot.sm_util_at {
+                    at.store(0, Ordering::Relaxed);
+                }
+            }
+        }
+        for words in host.slots.iter().flatten() {
+            words.store(0, Ordering::Relaxed);
+        }
+        // Padding before minor 2: zero in files vgpu wrote, but say so rather than assume.
+        // No host byte is held yet, and no process of this file can reserve one before the
+        // minor version below is published.
+        for d in &ext.devices {
+            for w in [&d.host_total, &d.host_spill, &d.host_flags] {
+                w.store(0, Ordering::Relaxed);
             }
         }
         ext.header

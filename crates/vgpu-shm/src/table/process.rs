@@ -8,7 +8,7 @@ use vgpu_alloc_core::{DeviceIndex, DeviceUsage, OutOfMemory, UsageClass, UsageLe
 
 use crate::error::ShmError;
 use crate::layout::{CLASSES, MAX_DEVICES, MAX_SLOTS, SlotRecord};
-use crate::protocol::{self, NoCrash, STATE_LIVE, split_ident};
+use crate::protocol::{self, NoCrash, STATE_LIVE, Store, split_ident};
 use crate::sys;
 
 use super::{
@@ -21,6 +21,10 @@ use super::{
 pub struct DeviceAudit {
     /// The device's reservation total.
     pub total: u64,
+    /// The device's host-backed total.
+    pub host_total: u64,
+    /// Sum of every slot's host-backed bytes (equals `host_total`).
+    pub host_held: u64,
     /// Sum of every slot's held bytes (equals `total` by the protocol's invariant).
     pub held: u64,
     /// Sum of HAMi's `used[device].total` over `[0, proc_num)` (what the monitor adds up).
@@ -30,7 +34,7 @@ pub struct DeviceAudit {
 impl DeviceAudit {
     /// Whether the three agree.
     pub fn is_consistent(&self) -> bool {
-        self.total == self.held && self.held == self.hami_used
+        self.total == self.held && self.held == self.hami_used && self.host_total == self.host_held
     }
 }
 
@@ -181,6 +185,7 @@ impl ProcessSlot {
             context: h[0].load(Ordering::Relaxed),
             module: h[1].load(Ordering::Relaxed),
             data: h[2].load(Ordering::Relaxed),
+            host: self.held_host(device),
             sm_util: self.record().sm_util[device.as_usize()].load(Ordering::Relaxed),
             sm_util_at: self
                 .table
@@ -205,6 +210,10 @@ impl ProcessSlot {
                 .flat_map(|j| (0..CLASSES).map(move |c| (j, c)))
                 .map(|(j, c)| st.ext.slots[j].held[d][c].load(Ordering::Relaxed))
                 .fold(0u64, u64::saturating_add);
+            let host_total = st.host_total(d).load(Ordering::Relaxed);
+            let host_held = (0..MAX_SLOTS)
+                .map(|j| st.held(j, d, protocol::HOST).load(Ordering::Relaxed))
+                .fold(0u64, u64::saturating_add);
             let n = st
                 .region
                 .proc_num
@@ -216,6 +225,8 @@ impl ProcessSlot {
                 .fold(0u64, u64::saturating_add);
             DeviceAudit {
                 total,
+                host_total,
+                host_held,
                 held,
                 hami_used: hami,
             }
@@ -282,12 +293,50 @@ impl Drop for ProcessSlot {
     }
 }
 
-impl UsageLedger for ProcessSlot {
-    fn try_reserve(
+/// The host-backed class (docs/oversubscription.md): memory at a device's addresses that lives
+/// in host memory. Kept apart from the device classes: it is not in the device's `total` (so
+/// device-resident memory alone is bounded by the limit) nor in HAMi's fields (device memory
+/// only); the device's [`HostPolicy`](crate::HostPolicy) bounds it.
+impl ProcessSlot {
+    /// Reserve `bytes` of host-backed memory at `device`'s addresses, within the device's host
+    /// policy (refused when the policy allows none).
+    pub fn try_reserve_host(&self, device: DeviceIndex, bytes: u64) -> Result<(), OutOfMemory> {
+        self.reserve_class(device, protocol::HOST, bytes, protocol::Bound::Full)
+    }
+
+    /// Release up to `bytes` of this process's host-backed memory at `device`'s addresses.
+    pub fn release_host(&self, device: DeviceIndex, bytes: u64) {
+        self.release_class(device, protocol::HOST, bytes);
+    }
+
+    /// Reserve device room (class data) for `bytes` of this process's host-backed memory that
+    /// is about to move onto `device`: only the device limit is checked, since those bytes
+    /// already count against the combined bound. The move then ends with
+    /// [`ProcessSlot::release_host`] (both are held meanwhile: a process killed in between
+    /// gives both back), or, if it fails, with a release of the data bytes.
+    pub fn try_reserve_move(&self, device: DeviceIndex, bytes: u64) -> Result<(), OutOfMemory> {
+        self.reserve_class(
+            device,
+            class_index(UsageClass::Data),
+            bytes,
+            protocol::Bound::DeviceOnly,
+        )
+    }
+
+    /// Bytes of host-backed memory this process holds at `device`'s addresses.
+    pub fn held_host(&self, device: DeviceIndex) -> u64 {
+        self.table
+            .host_held()
+            .and_then(|h| h.slots[self.index].get(device.as_usize()))
+            .map_or(0, |w| w.load(Ordering::Relaxed))
+    }
+
+    fn reserve_class(
         &self,
         device: DeviceIndex,
-        class: UsageClass,
+        c: usize,
         bytes: u64,
+        bound: protocol::Bound,
     ) -> Result<(), OutOfMemory> {
         let d = device.as_usize();
         let refuse = |in_use, limit| OutOfMemory {
@@ -303,11 +352,12 @@ impl UsageLedger for ProcessSlot {
         if bytes == 0 {
             return Ok(());
         }
-        let c = class_index(class);
         let mut swept = false;
         loop {
             let st = self.table.store();
-            let done = match protocol::reserve(&st, self.index, owner, d, c, bytes, &NoCrash) {
+            let done = match protocol::reserve_within(
+                &st, self.index, owner, d, c, bytes, bound, &NoCrash,
+            ) {
                 Ok(done) => done,
                 Err(protocol::Died) => return Err(refuse(0, 0)), // NoCrash never dies
             };
@@ -335,7 +385,7 @@ impl UsageLedger for ProcessSlot {
         }
     }
 
-    fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
+    fn release_class(&self, device: DeviceIndex, class: usize, bytes: u64) {
         let d = device.as_usize();
         let Some(owner) = self.owner() else {
             return;
@@ -344,15 +394,22 @@ impl UsageLedger for ProcessSlot {
             return;
         }
         let st = self.table.store();
-        let _ = protocol::release(
-            &st,
-            self.index,
-            owner,
-            d,
-            class_index(class),
-            bytes,
-            &NoCrash,
-        );
+        let _ = protocol::release(&st, self.index, owner, d, class, bytes, &NoCrash);
+    }
+}
+
+impl UsageLedger for ProcessSlot {
+    fn try_reserve(
+        &self,
+        device: DeviceIndex,
+        class: UsageClass,
+        bytes: u64,
+    ) -> Result<(), OutOfMemory> {
+        self.reserve_class(device, class_index(class), bytes, protocol::Bound::Full)
+    }
+
+    fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
+        self.release_class(device, class_index(class), bytes);
     }
 
     fn usage(&self, device: DeviceIndex) -> DeviceUsage {

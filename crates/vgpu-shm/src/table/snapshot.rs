@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use vgpu_alloc_core::DeviceIndex;
 
 use crate::layout::HAMI_STATUS_SUSPENDED;
-use crate::protocol::{STATE_LIVE, Store, split_ident};
+use crate::protocol::{HOST, HostPolicy, STATE_LIVE, Store, split_ident};
 
 use super::fields::read;
 use super::{Mapped, SWEEP_LOCK_TIMEOUT, UsageTable};
@@ -31,6 +31,12 @@ pub struct DeviceSnapshot {
     pub module: u64,
     /// Data bytes of all processes.
     pub data: u64,
+    /// Host-backed bytes of all processes at this device's addresses (not in `used`, which is
+    /// device-resident memory; docs/oversubscription.md).
+    pub host: u64,
+    /// The device's host policy: host-backed bytes allowed beyond the limit
+    /// (`VGPU_HOST_SPILL`) and whether oversubscription (`CUDA_OVERSUBSCRIBE`) is on.
+    pub host_policy: HostPolicy,
 }
 
 /// One process's usage of one device.
@@ -42,6 +48,8 @@ pub struct ProcessDeviceUsage {
     pub module: u64,
     /// Data bytes.
     pub data: u64,
+    /// Host-backed bytes at this device's addresses (not in [`ProcessDeviceUsage::total`]).
+    pub host: u64,
     /// Last reported SM utilization, percent.
     pub sm_util: u64,
     /// When `sm_util` was reported: `CLOCK_MONOTONIC` nanoseconds (one clock for every
@@ -51,7 +59,7 @@ pub struct ProcessDeviceUsage {
 }
 
 impl ProcessDeviceUsage {
-    /// All bytes.
+    /// All device-resident bytes (context, module, data; host-backed ones are `host`).
     pub fn total(&self) -> u64 {
         self.context
             .saturating_add(self.module)
@@ -126,6 +134,8 @@ pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSna
             context: 0,
             module: 0,
             data: 0,
+            host: st.host_total(d).load(Ordering::Relaxed),
+            host_policy: st.host_policy(d),
         })
         .collect();
     let mut processes = Vec::new();
@@ -140,6 +150,7 @@ pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSna
             context: rec.held[d][0].load(Ordering::Relaxed),
             module: rec.held[d][1].load(Ordering::Relaxed),
             data: rec.held[d][2].load(Ordering::Relaxed),
+            host: st.held(j, d, HOST).load(Ordering::Relaxed),
             sm_util: rec.sm_util[d].load(Ordering::Relaxed),
             sm_util_at: own_times
                 .map(|t| t.sm_util_at[d].load(Ordering::Relaxed))

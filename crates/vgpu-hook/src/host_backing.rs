@@ -1,0 +1,493 @@
+//! Host-backed allocations (`CUDA_OVERSUBSCRIBE`, `VGPU_HOST_SPILL`; docs/oversubscription.md).
+//!
+//! Invariant: every host-backed allocation this process made is one entry here, keyed by its
+//! device address, and is charged in the shared table exactly once: as host-backed bytes while
+//! its address maps host memory, as data bytes once it moved onto the device. Its address
+//! never changes.
+//!
+//! An allocation the device cannot take (the limit refuses it, or the GPU is full) is made
+//! VMM-backed from the start: a reserved address range mapped to a host-located
+//! `cuMemCreate` allocation that the device reads and writes over the bus. When device room
+//! frees up, [`HostBacked::move_back`] (at `cuCtxSynchronize`, when the context's work is
+//! finished) copies it into a device-located allocation and remaps the same address to it.
+//! Pinned `cuMemHostAlloc` memory could not do that (its device address is the driver's, and
+//! cannot be remapped), and managed memory is never used (oversubscribing it can stall the
+//! whole GPU for every tenant).
+//!
+//! Nothing here runs unless host backing is on: the allocation path reaches it only after a
+//! refusal, the free path after one relaxed load finds entries.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use vgpu_alloc_core::{DeviceIndex, OutOfMemory, UsageClass, UsageLedger};
+use vgpu_cuda_abi::*;
+
+use crate::driver;
+use crate::ledger::HookLedger;
+use crate::log::{INFO, MSG, WARN, vlog};
+use crate::real::Cuda;
+
+/// VMM granularity assumed when the driver does not say (2 MiB on every current GPU).
+const DEFAULT_GRANULARITY: u64 = 2 << 20;
+
+/// Where an entry's address maps now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Host,
+    Device,
+}
+
+#[derive(Debug)]
+struct Backed {
+    device: DeviceIndex,
+    ordinal: CUdevice,
+    /// The context it was allocated in (destroying it frees the allocation, as for
+    /// `cuMemAlloc` memory).
+    context: usize,
+    /// Mapped (and charged) size: a multiple of the granularity.
+    size: u64,
+    handle: CUmemGenericAllocationHandle,
+    place: Place,
+    /// Allocation order (ties in the move-back order go to the oldest).
+    seq: u64,
+}
+
+/// This process's host-backed allocations.
+#[derive(Debug, Default)]
+pub(crate) struct HostBacked {
+    entries: Mutex<BTreeMap<u64, Backed>>,
+    /// Entries of any place: 0 means a free needs no lookup.
+    live: AtomicUsize,
+    /// Entries in host memory: 0 means nothing to move back.
+    on_host: AtomicUsize,
+    next_seq: AtomicU64,
+    /// `cuMemCreate` handles of the program's own VMM path made in host memory instead of on
+    /// the device (their charge is host-backed until the handle's release).
+    vmm_handles: Mutex<BTreeMap<u64, (DeviceIndex, u64)>>,
+}
+
+/// The move-back order: the largest allocation that fits in `room`, the oldest among equals.
+///
+/// Without page-level tracking (no managed memory) the hook cannot see which allocation was
+/// used most recently; what it can do is bring back as many bytes as the room allows with as
+/// few moves (each one a copy and a remap) as possible, and the largest allocations are the
+/// ones whose accesses cost most over the bus.
+fn pick(entries: impl Iterator<Item = (u64, u64, u64)>, room: u64) -> Option<u64> {
+    entries
+        .filter(|&(_, size, _)| size <= room)
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)))
+        .map(|(va, _, _)| va)
+}
+
+/// What the host lets this process pin now: its memory cgroup's headroom (pinned host
+/// memory is charged to the cgroup, and past its limit the kernel's OOM killer ends the
+/// container instead of refusing the pin, so the hook refuses first). `None` = unlimited.
+fn host_headroom() -> Option<u64> {
+    use vgpu_env::host_limits::{cgroup_headroom, cgroup_memory_files};
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let (max, current) = cgroup_memory_files(&read("/proc/self/cgroup")?)?;
+    cgroup_headroom(&read(&max)?, &read(&current)?)
+}
+
+/// Whether placing `bytes` on the current device would leave it less than `reserve` free
+/// (`VGPU_DEVICE_RESERVE`); an unknown answer says no.
+pub(crate) fn breaks_reserve(cuda: &Cuda, reserve: u64, bytes: u64) -> bool {
+    driver::mem_get_info(cuda).is_ok_and(|(free, _)| free < bytes.saturating_add(reserve))
+}
+
+/// Host memory left to the program after a spill: a cgroup with less headroom than this
+/// after the pin is refused (the program itself needs host memory too).
+const HOST_RESERVE: u64 = 256 << 20;
+
+fn host_location() -> CUmemLocation {
+    CUmemLocation {
+        type_: CUmemLocationType::HOST,
+        id: 0,
+    }
+}
+
+fn device_location(ordinal: CUdevice) -> CUmemLocation {
+    CUmemLocation {
+        type_: CUmemLocationType::DEVICE,
+        id: ordinal.0,
+    }
+}
+
+fn granularity(cuda: &Cuda, prop: &CUmemAllocationProp) -> u64 {
+    driver::granularity(cuda, prop)
+        .ok()
+        .filter(|&g| g > 0)
+        .unwrap_or(DEFAULT_GRANULARITY)
+}
+
+fn round_up(n: u64, to: u64) -> Option<u64> {
+    n.checked_next_multiple_of(to.max(1))
+}
+
+impl HostBacked {
+    /// Whether any allocation is host-backed or moved (one relaxed load).
+    #[inline(always)]
+    pub(crate) fn any(&self) -> bool {
+        self.live.load(Ordering::Relaxed) != 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Backed>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Checks the host would let this process pin `size` more bytes; logs why not.
+    fn host_allows(size: u64) -> bool {
+        match host_headroom() {
+            Some(room) if room < size.saturating_add(HOST_RESERVE) => {
+                vlog!(
+                    MSG,
+                    "not backing {size} bytes with host memory: the container's memory cgroup \
+                     has {room} bytes left and pinned memory counts against it"
+                );
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Make a host-backed allocation of at least `bytes` at a device address of `ordinal`,
+    /// charged as host-backed bytes on `device`. `Err` leaves nothing behind (the caller then
+    /// answers as it would have without host backing).
+    pub(crate) fn allocate(
+        &self,
+        cuda: &Cuda,
+        ledger: &HookLedger,
+        device: DeviceIndex,
+        (ordinal, context): (CUdevice, CUcontext),
+        bytes: u64,
+    ) -> Result<CUdeviceptr, CUresult> {
+        let prop = driver::pinned_prop(host_location());
+        let gran = granularity(cuda, &prop);
+        let size = round_up(bytes.max(1), gran).ok_or(CUresult::OUT_OF_MEMORY)?;
+        if !Self::host_allows(size) {
+            return Err(CUresult::OUT_OF_MEMORY);
+        }
+        ledger.try_reserve_host(device, size).map_err(|oom| {
+            vlog!(MSG, "host-backed memory refused too: {oom}");
+            CUresult::OUT_OF_MEMORY
+        })?;
+        let made = (|| {
+            let va = driver::address_reserve(cuda, size, gran)?;
+            let h = match driver::mem_create(cuda, size, &prop) {
+                Ok(h) => h,
+                Err(e) => {
+                    let _ = driver::address_free(cuda, va, size);
+                    vlog!(
+                        MSG,
+                        "the host refused to pin {size} bytes for device memory (error {}): \
+                         RLIMIT_MEMLOCK or the container's memory limit",
+                        e.0
+                    );
+                    return Err(CUresult::OUT_OF_MEMORY);
+                }
+            };
+            if let Err(e) = driver::map_for_device(cuda, va, size, h, ordinal) {
+                let _ = driver::mem_release(cuda, h);
+                let _ = driver::address_free(cuda, va, size);
+                return Err(e);
+            }
+            Ok((va, h))
+        })();
+        let (va, handle) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                ledger.release_host(device, size);
+                return Err(e);
+            }
+        };
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(
+            va.0,
+            Backed {
+                device,
+                ordinal,
+                context: context as usize,
+                size,
+                handle,
+                place: Place::Host,
+                seq,
+            },
+        );
+        self.live.fetch_add(1, Ordering::Release);
+        self.on_host.fetch_add(1, Ordering::Release);
+        vlog!(
+            INFO,
+            "device {} is full for this container: {bytes} bytes at {:#x} are backed by host memory",
+            device.0,
+            va.0
+        );
+        Ok(va)
+    }
+
+    /// Free `ptr` if it is one of ours: `None` if it is not (the caller frees it as usual).
+    pub(crate) fn free(&self, cuda: &Cuda, ledger: &HookLedger, ptr: CUdeviceptr) -> Option<()> {
+        let e = self.lock().remove(&ptr.0)?;
+        // `cuMemFree` waits for the device's work before the memory goes (CUDA's implicit
+        // synchronization); an unmap does not, so wait here: a kernel still reading the
+        // allocation must not find its address unmapped.
+        let _ = driver::ctx_synchronize(cuda);
+        self.release(cuda, ledger, ptr, e);
+        Some(())
+    }
+
+    /// Context `ctx` was destroyed: its allocations go with it, as `cuMemAlloc` memory does.
+    pub(crate) fn context_gone(&self, cuda: &Cuda, ledger: &HookLedger, ctx: usize) {
+        if !self.any() {
+            return;
+        }
+        let gone: Vec<(u64, Backed)> = {
+            let mut entries = self.lock();
+            let keys: Vec<u64> = entries
+                .iter()
+                .filter(|(_, e)| e.context == ctx)
+                .map(|(&va, _)| va)
+                .collect();
+            keys.into_iter()
+                .filter_map(|va| entries.remove(&va).map(|e| (va, e)))
+                .collect()
+        };
+        for (va, e) in gone {
+            self.release(cuda, ledger, CUdeviceptr(va), e);
+        }
+    }
+
+    /// Unmaps and frees a removed entry and gives its charge back.
+    fn release(&self, cuda: &Cuda, ledger: &HookLedger, ptr: CUdeviceptr, e: Backed) {
+        self.live.fetch_sub(1, Ordering::Release);
+        if e.place == Place::Host {
+            self.on_host.fetch_sub(1, Ordering::Release);
+        }
+        let _ = driver::unmap(cuda, ptr, e.size);
+        let _ = driver::mem_release(cuda, e.handle);
+        let _ = driver::address_free(cuda, ptr, e.size);
+        match e.place {
+            Place::Host => ledger.release_host(e.device, e.size),
+            Place::Device => ledger.release(e.device, UsageClass::Data, e.size),
+        }
+    }
+
+    /// The base and size of the allocation containing `ptr`, if it is one of ours.
+    pub(crate) fn range(&self, ptr: CUdeviceptr) -> Option<(u64, u64)> {
+        let entries = self.lock();
+        let (&va, e) = entries.range(..=ptr.0).next_back()?;
+        (ptr.0 < va + e.size).then_some((va, e.size))
+    }
+
+    /// Move host-backed allocations of device `ordinal` onto it while room allows (largest
+    /// first, see [`pick`]). The caller guarantees the work that might touch them is finished
+    /// (it runs after a successful `cuCtxSynchronize` with that device's context current).
+    /// Each move keeps the address and the data; a move that fails leaves the allocation in
+    /// host memory, as it was.
+    pub(crate) fn move_back(
+        &self,
+        cuda: &Cuda,
+        ledger: &HookLedger,
+        ordinal: CUdevice,
+        device_reserve: u64,
+    ) {
+        if self.on_host.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        // Held throughout: frees of these allocations wait for the move (never concurrent
+        // with it), and two synchronizing threads do not move the same one.
+        let mut entries = self.lock();
+        loop {
+            let Some(device) = entries
+                .values()
+                .find(|e| e.ordinal == ordinal)
+                .map(|e| e.device)
+            else {
+                return;
+            };
+            let Ok((phys_free, _)) = driver::mem_get_info(cuda) else {
+                return;
+            };
+            let usage = ledger.usage(device);
+            let headroom = usage
+                .limit
+                .map_or(u64::MAX, |l| l.saturating_sub(usage.used));
+            let room = phys_free.saturating_sub(device_reserve).min(headroom);
+            let candidates = entries
+                .iter()
+                .filter(|(_, e)| e.place == Place::Host && e.ordinal == ordinal)
+                .map(|(&va, e)| (va, e.size, e.seq));
+            let Some(va) = pick(candidates, room) else {
+                return;
+            };
+            let Some(e) = entries.get_mut(&va) else {
+                return;
+            };
+            match move_one(cuda, ledger, CUdeviceptr(va), e) {
+                Ok(()) => {
+                    self.on_host.fetch_sub(1, Ordering::Release);
+                    vlog!(
+                        INFO,
+                        "{} bytes at {va:#x} moved back onto device {}",
+                        e.size,
+                        device.0
+                    );
+                }
+                Err(code) => {
+                    vlog!(
+                        WARN,
+                        "moving {} bytes at {va:#x} back onto device {} failed (error {}); they \
+                         stay in host memory",
+                        e.size,
+                        device.0,
+                        code.0
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The program's `cuMemCreate` on a device that cannot take it: the same handle made in
+    /// host memory instead (the program maps it where it likes), charged as host-backed.
+    pub(crate) fn create_handle(
+        &self,
+        cuda: &Cuda,
+        ledger: &HookLedger,
+        device: DeviceIndex,
+        size: u64,
+        prop: &CUmemAllocationProp,
+    ) -> Result<CUmemGenericAllocationHandle, CUresult> {
+        let mut host = *prop;
+        host.location = host_location();
+        let size = round_up(size, granularity(cuda, &host)).ok_or(CUresult::OUT_OF_MEMORY)?;
+        if !Self::host_allows(size) {
+            return Err(CUresult::OUT_OF_MEMORY);
+        }
+        ledger
+            .try_reserve_host(device, size)
+            .map_err(|oom: OutOfMemory| {
+                vlog!(MSG, "host-backed memory refused too: {oom}");
+                CUresult::OUT_OF_MEMORY
+            })?;
+        match driver::mem_create(cuda, size, &host) {
+            Ok(h) => {
+                self.vmm_handles
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(h.0, (device, size));
+                Ok(h)
+            }
+            Err(e) => {
+                ledger.release_host(device, size);
+                Err(e)
+            }
+        }
+    }
+
+    /// A `cuMemRelease` of a handle [`HostBacked::create_handle`] made: true if it was one.
+    pub(crate) fn handle_released(
+        &self,
+        ledger: &HookLedger,
+        h: CUmemGenericAllocationHandle,
+    ) -> bool {
+        let found = self
+            .vmm_handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&h.0);
+        if let Some((device, size)) = found {
+            ledger.release_host(device, size);
+        }
+        found.is_some()
+    }
+}
+
+/// One move: device room reserved in the table first, a device-located allocation filled
+/// through a second address, then the allocation's own address remapped to it; the host
+/// bytes go last. Both are charged in between, so a process killed mid-move leaves the table
+/// exact (its slot gives both back).
+fn move_one(
+    cuda: &Cuda,
+    ledger: &HookLedger,
+    va: CUdeviceptr,
+    e: &mut Backed,
+) -> Result<(), CUresult> {
+    let oom = |_: OutOfMemory| CUresult::OUT_OF_MEMORY;
+    ledger.try_reserve_move(e.device, e.size).map_err(oom)?;
+    let undo_charge = || ledger.release(e.device, UsageClass::Data, e.size);
+    let prop = driver::pinned_prop(device_location(e.ordinal));
+    let dev_handle = match driver::mem_create(cuda, e.size, &prop) {
+        Ok(h) => h,
+        Err(code) => {
+            undo_charge();
+            return Err(code);
+        }
+    };
+    let copied = (|| {
+        let staging = driver::address_reserve(cuda, e.size, granularity(cuda, &prop))?;
+        let r =
+            driver::map_for_device(cuda, staging, e.size, dev_handle, e.ordinal).and_then(|()| {
+                let c = driver::copy_dtod(cuda, staging, va, e.size);
+                let _ = driver::unmap(cuda, staging, e.size);
+                c
+            });
+        let _ = driver::address_free(cuda, staging, e.size);
+        r
+    })();
+    if let Err(code) = copied {
+        let _ = driver::mem_release(cuda, dev_handle);
+        undo_charge();
+        return Err(code);
+    }
+    driver::unmap(cuda, va, e.size)?;
+    if let Err(code) = driver::map_for_device(cuda, va, e.size, dev_handle, e.ordinal) {
+        // Put the host memory back at the address: the data there is still whole.
+        let restored = driver::map_for_device(cuda, va, e.size, e.handle, e.ordinal);
+        let _ = driver::mem_release(cuda, dev_handle);
+        undo_charge();
+        if restored.is_err() {
+            vlog!(
+                WARN,
+                "{:#x}: could not map its memory again after a failed move",
+                va.0
+            );
+        }
+        return Err(code);
+    }
+    let _ = driver::mem_release(cuda, e.handle);
+    ledger.release_host(e.device, e.size);
+    e.handle = dev_handle;
+    e.place = Place::Device;
+    Ok(())
+}
+
+/// `(free, total)` of a device under `CUDA_OVERSUBSCRIBE` with a `limit`: the device is as
+/// large as the limit (HAMi's scaled share, which may exceed the GPU), and everything the
+/// container holds against it, device-resident (`used`) or host-backed (`host`), is in use.
+/// Frameworks that size their caches from `free` then plan within the limit, and whatever
+/// the GPU cannot hold is host-backed.
+pub(crate) fn oversubscribed_view(limit: u64, used: u64, host: u64) -> (u64, u64) {
+    (limit.saturating_sub(used.saturating_add(host)), limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_oversubscribed_device_is_as_large_as_its_limit() {
+        assert_eq!(oversubscribed_view(100, 30, 20), (50, 100));
+        assert_eq!(oversubscribed_view(100, 90, 20), (0, 100));
+    }
+
+    #[test]
+    fn the_largest_allocation_that_fits_moves_first_and_the_oldest_among_equals() {
+        let entries = [(0xa, 4, 0), (0xb, 8, 1), (0xc, 8, 2), (0xd, 16, 3)];
+        assert_eq!(pick(entries.into_iter(), 100), Some(0xd));
+        assert_eq!(pick(entries.into_iter(), 15), Some(0xb), "oldest of the 8s");
+        assert_eq!(pick(entries.into_iter(), 5), Some(0xa));
+        assert_eq!(pick(entries.into_iter(), 3), None);
+    }
+}

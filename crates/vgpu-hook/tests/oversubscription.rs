@@ -1,0 +1,510 @@
+//! End to end: host-backed memory (`CUDA_OVERSUBSCRIBE`, `VGPU_HOST_SPILL`; Issue 16) through
+//! `libvgpu.so` on a physically small simulated device (128 MiB, a 16 MiB context).
+//!
+//! A program allocates past what the device (or its limit) can hold, writes a pattern into
+//! every allocation, and then follows commands on stdin: free some, synchronize (where
+//! host-backed allocations move back onto the device), verify every pattern. The test reads
+//! the shared file meanwhile: device-resident usage, host-backed bytes, and after a SIGKILL
+//! that both return. Needs `libvgpu.so` and `libvgpusim.so` built (`cargo xtask test`).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::OnceLock;
+
+use support::Standalone;
+use vgpu_shm::{TableSnapshot, UsageTable};
+
+mod support;
+
+const MIB: u64 = 1 << 20;
+const PHYSICAL: u64 = 128 * MIB;
+const CONTEXT: u64 = 16 * MIB;
+const CHUNK: u64 = 16 * MIB;
+
+const PROGRAM: &str = r#"
+#include "standalone.h"
+#include <string.h>
+
+typedef unsigned long long P;
+typedef struct { int type, id; } Loc;
+typedef struct { int type, handles; Loc loc; void *win32; unsigned char flags[8]; } Prop;
+typedef struct { Loc loc; unsigned flags; } Access;
+
+#define MAXN 64
+static P ptr[MAXN], size[MAXN];
+static int live[MAXN];
+static unsigned *buf;
+
+CUresult (*cuMemAlloc_v2)(P *, size_t);
+CUresult (*cuMemAllocPitch_v2)(P *, size_t *, size_t, size_t, unsigned);
+CUresult (*cuMemFree_v2)(P);
+CUresult (*cuMemsetD32_v2)(P, unsigned, size_t);
+CUresult (*cuMemcpyDtoH_v2)(void *, P, size_t);
+CUresult (*cuCtxSynchronize)(void);
+CUresult (*cuCtxSynchronize_v2)(H);
+CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+CUresult (*cuMemCreate)(P *, size_t, const Prop *, unsigned long long);
+CUresult (*cuMemAddressReserve)(P *, size_t, size_t, P, unsigned long long);
+CUresult (*cuMemMap)(P, size_t, size_t, P, unsigned long long);
+CUresult (*cuMemSetAccess)(P, size_t, const Access *, size_t);
+CUresult (*cuCtxDestroy_v2)(H);
+
+/* A device allocation the VMM way (cuMemCreate on device 0, mapped at a reserved address). */
+static CUresult vmm_alloc(P *out, size_t n) {
+  Prop prop; memset(&prop, 0, sizeof prop);
+  prop.type = 1; prop.loc.type = 1; prop.loc.id = 0;
+  P h; CUresult r = cuMemCreate(&h, n, &prop, 0);
+  if (r) return r;
+  if ((r = cuMemAddressReserve(out, n, 0, 0, 0))) return r;
+  if ((r = cuMemMap(*out, n, 0, h, 0))) return r;
+  Access a = { { 1, 0 }, 3 };
+  return cuMemSetAccess(*out, n, &a, 1);
+}
+
+/* Every word of allocation i is i + 1. */
+static int intact(int i) {
+  if (cuMemcpyDtoH_v2(buf, ptr[i], size[i])) return 0;
+  for (P w = 0; w < size[i] / 4; w++) if (buf[w] != (unsigned)i + 1) return 0;
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) return 1;
+  const char *how = argv[1];
+  int n = atoi(argv[2]);
+  P bytes = strtoull(argv[3], 0, 0);
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 3; }
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDeviceGet)(int *, int);
+  CUresult (*cuCtxCreate_v2)(H *, unsigned, int);
+  NEED(cuInit); NEED(cuDeviceGet); NEED(cuCtxCreate_v2); NEED(cuMemAlloc_v2); NEED(cuMemFree_v2);
+  NEED(cuMemAllocPitch_v2); NEED(cuMemsetD32_v2); NEED(cuMemcpyDtoH_v2); NEED(cuCtxSynchronize);
+  NEED(cuMemGetInfo_v2); NEED(cuMemCreate); NEED(cuMemAddressReserve); NEED(cuMemMap);
+  NEED(cuMemSetAccess); NEED(cuCtxDestroy_v2); NEED(cuCtxSynchronize_v2);
+  int dev; H ctx;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuCtxCreate_v2(&ctx, 0, dev));
+  buf = malloc(bytes);
+  int ok = 0; CUresult last = 0;
+  for (int i = 0; i < n && i < MAXN; i++) {
+    size_t pitch = 0;
+    if (!strcmp(how, "pitch")) last = cuMemAllocPitch_v2(&ptr[i], &pitch, bytes / 256, 256, 4);
+    else if (!strcmp(how, "vmm")) last = vmm_alloc(&ptr[i], bytes);
+    else last = cuMemAlloc_v2(&ptr[i], bytes);
+    if (last) break;
+    size[i] = pitch ? pitch * 256 : bytes;
+    CHECK(cuMemsetD32_v2(ptr[i], (unsigned)i + 1, size[i] / 4));
+    live[i] = 1; ok++;
+  }
+  size_t f, t;
+  CHECK(cuMemGetInfo_v2(&f, &t));
+  printf("allocated=%d\nlast=%d\nfree=%llu\ntotal=%llu\n", ok, last, (P)f, (P)t);
+  printf("ready\n");
+  fflush(stdout);
+  char line[64];
+  while (fgets(line, sizeof line, stdin)) {
+    int k;
+    if (sscanf(line, "free %d", &k) == 1 && k >= 0 && k < ok && live[k]) {
+      CHECK(cuMemFree_v2(ptr[k])); live[k] = 0;
+    } else if (!strncmp(line, "sync", 4)) {
+      /* "sync2": CUDA 13's context-argument variant (NULL = the current context). */
+      CHECK(line[4] == '2' ? cuCtxSynchronize_v2(0) : cuCtxSynchronize());
+      int good = 0, bad = 0;
+      for (int i = 0; i < ok; i++) if (live[i]) { if (intact(i)) good++; else bad++; }
+      CHECK(cuMemGetInfo_v2(&f, &t));
+      printf("intact=%d\nbad=%d\nfree=%llu\n", good, bad, (P)f);
+    } else if (!strncmp(line, "destroy", 7)) {
+      CHECK(cuCtxDestroy_v2(ctx));
+    } else if (!strncmp(line, "exit", 4)) {
+      break;
+    }
+    printf("done\n");
+    fflush(stdout);
+  }
+  return 0;
+}
+"#;
+
+fn program() -> &'static Standalone {
+    static P: OnceLock<Standalone> = OnceLock::new();
+    P.get_or_init(|| support::standalone("oversub", "oversub", PROGRAM))
+}
+
+/// The program running under the hook, driven line by line.
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    cache: PathBuf,
+}
+
+impl Running {
+    /// Starts the program on a fresh usage file named after `tag`.
+    fn start(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
+        let _ = std::fs::remove_file(program().dir.join(format!("{tag}.cache")));
+        Self::join(tag, limit, vars, args)
+    }
+
+    /// Starts the program on the usage file named after `tag`, as it is.
+    fn join(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
+        let e = program();
+        let cache = e.dir.join(format!("{tag}.cache"));
+        let mut cmd = Command::new(&e.program);
+        cmd.args(args)
+            .env("LD_PRELOAD", &e.hook)
+            .env("LD_LIBRARY_PATH", &e.dir)
+            .env("CUDA_DEVICE_MEMORY_LIMIT", limit)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+            .env("VGPU_SIM_TOTAL_MEM", "128m")
+            .env("VGPU_SIM_CTX_OVERHEAD", "16m")
+            .env("VGPU_SIM_MODULE_OVERHEAD", "0")
+            .env("VGPU_SIM_HOST_PINNED_LIMIT", "4g")
+            .env("VGPU_RECONCILE_MS", "off")
+            .env_remove("CUDA_OVERSUBSCRIBE")
+            .env_remove("VGPU_HOST_SPILL")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("VGPU_SUBALLOC")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start the program");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut r = Running {
+            child,
+            stdin,
+            stdout,
+            cache,
+        };
+        let out = r.until("ready");
+        (r, out)
+    }
+
+    fn until(&mut self, marker: &str) -> String {
+        let mut all = String::new();
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(n > 0, "the program ended before `{marker}`:\n{all}");
+            all.push_str(&line);
+            if line.trim() == marker {
+                return all;
+            }
+        }
+    }
+
+    fn cmd(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+        self.until("done")
+    }
+
+    fn table(&self) -> TableSnapshot {
+        UsageTable::open_read_only(&self.cache).unwrap().snapshot()
+    }
+
+    fn finish(mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "{st:?}");
+    }
+}
+
+fn value(out: &str, key: &str) -> u64 {
+    out.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in\n{out}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// (device-resident bytes, host-backed bytes) of device 0.
+fn usage(t: &TableSnapshot) -> (u64, u64) {
+    (t.devices[0].used, t.devices[0].host)
+}
+
+const OVERSUBSCRIBE: &[(&str, &str)] = &[("CUDA_OVERSUBSCRIBE", "true")];
+
+#[test]
+fn with_oversubscription_allocations_past_the_device_are_host_backed_and_come_back() {
+    // A 256 MiB limit on a 128 MiB device: 7 chunks fit beside the context, 5 are host-backed.
+    let (mut p, out) = Running::start(
+        "oversub",
+        "256m",
+        OVERSUBSCRIBE,
+        &["alloc", "12", "16777216"],
+    );
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    let (device, host) = usage(&p.table());
+    assert_eq!(device, CONTEXT + 7 * CHUNK);
+    assert!(device <= PHYSICAL);
+    assert_eq!(host, 5 * CHUNK);
+    // The view: a device as large as the limit, everything held counted.
+    assert_eq!(value(&out, "total"), 256 * MIB);
+    assert_eq!(value(&out, "free"), 256 * MIB - CONTEXT - 12 * CHUNK);
+    let out = p.cmd("sync");
+    assert_eq!(
+        (value(&out, "intact"), value(&out, "bad")),
+        (12, 0),
+        "{out}"
+    );
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 7 * CHUNK, 5 * CHUNK),
+        "no room: nothing moved"
+    );
+    // Three device chunks freed: three host-backed ones move back at the next sync, intact.
+    for k in 0..3 {
+        p.cmd(&format!("free {k}"));
+    }
+    let out = p.cmd("sync");
+    assert_eq!((value(&out, "intact"), value(&out, "bad")), (9, 0), "{out}");
+    assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 2 * CHUNK));
+    // Freed, host-backed or moved: everything given back.
+    for k in 3..12 {
+        p.cmd(&format!("free {k}"));
+    }
+    assert_eq!(usage(&p.table()), (CONTEXT, 0));
+    p.finish();
+}
+
+#[test]
+fn cuda_13s_context_synchronize_moves_memory_back_too() {
+    // CUDA 13's runtime may synchronize through cuCtxSynchronize_v2 (the H200 run of
+    // 2026-12-01: a PyTorch loop's host-backed memory never came back at
+    // torch.cuda.synchronize). It is the same sync point.
+    let (mut p, out) = Running::start(
+        "oversub-v2",
+        "256m",
+        OVERSUBSCRIBE,
+        &["alloc", "12", "16777216"],
+    );
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 5 * CHUNK));
+    for k in 0..3 {
+        p.cmd(&format!("free {k}"));
+    }
+    let out = p.cmd("sync2");
+    assert_eq!((value(&out, "intact"), value(&out, "bad")), (9, 0), "{out}");
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 7 * CHUNK, 2 * CHUNK),
+        "three host-backed chunks moved back at cuCtxSynchronize_v2"
+    );
+    for k in 3..12 {
+        p.cmd(&format!("free {k}"));
+    }
+    assert_eq!(usage(&p.table()), (CONTEXT, 0));
+    p.finish();
+}
+
+#[test]
+fn without_host_backing_the_full_device_refuses() {
+    let (p, out) = Running::start("off", "256m", &[], &["alloc", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 7, "{out}");
+    assert_eq!(value(&out, "last"), 2, "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 0));
+    p.finish();
+}
+
+#[test]
+fn host_spill_goes_past_the_limit_into_host_memory_only() {
+    // A 64 MiB limit: 3 chunks beside the context; VGPU_HOST_SPILL=64m takes 4 more, no
+    // further; the device-resident part never passes the limit.
+    let spill = &[("VGPU_HOST_SPILL", "64m")];
+    let (mut p, out) = Running::start("spill", "64m", spill, &["alloc", "10", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 7, "{out}");
+    assert_eq!(value(&out, "last"), 2);
+    assert_eq!(usage(&p.table()), (CONTEXT + 3 * CHUNK, 4 * CHUNK));
+    // Spill is not advertised: the view is the device limit's.
+    assert_eq!(value(&out, "total"), 64 * MIB);
+    assert_eq!(value(&out, "free"), 0);
+    p.cmd("free 0");
+    let out = p.cmd("sync");
+    assert_eq!((value(&out, "intact"), value(&out, "bad")), (6, 0), "{out}");
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 3 * CHUNK, 3 * CHUNK),
+        "one moved back"
+    );
+    p.finish();
+    let (p, out) = Running::start("nospill", "64m", &[], &["alloc", "10", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 3, "{out}");
+    p.finish();
+}
+
+#[test]
+fn pitched_and_vmm_allocations_are_host_backed_too() {
+    for how in ["pitch", "vmm"] {
+        let (mut p, out) = Running::start(
+            &format!("{how}-o"),
+            "256m",
+            OVERSUBSCRIBE,
+            &[how, "12", "16777216"],
+        );
+        assert_eq!(value(&out, "allocated"), 12, "{how}: {out}");
+        let (device, host) = usage(&p.table());
+        assert!(
+            device <= PHYSICAL && host >= 5 * CHUNK,
+            "{how}: {device} {host}"
+        );
+        let out = p.cmd("sync");
+        assert_eq!(
+            (value(&out, "intact"), value(&out, "bad")),
+            (12, 0),
+            "{how}: {out}"
+        );
+        p.finish();
+    }
+}
+
+#[test]
+fn a_killed_process_gives_back_its_host_backed_memory() {
+    let (mut p, out) = Running::start("kill", "256m", OVERSUBSCRIBE, &["alloc", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 12);
+    assert_eq!(usage(&p.table()).1, 5 * CHUNK);
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    // The next one to attach sweeps the dead process away: device and host usage both.
+    let t = UsageTable::open_existing(&p.cache).unwrap();
+    assert_eq!(usage(&t.snapshot()), (0, 0));
+}
+
+#[test]
+fn when_the_host_refuses_to_pin_the_allocation_fails_cleanly() {
+    // The host lets the process pin 32 MiB (RLIMIT_MEMLOCK or the cgroup, as the simulator
+    // models it): two chunks are host-backed, the next allocation is a clean out-of-memory.
+    let vars = &[
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("VGPU_SIM_HOST_PINNED_LIMIT", "32m"),
+    ];
+    let (mut p, out) = Running::start("pinlimit", "256m", vars, &["alloc", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 9, "{out}");
+    assert_eq!(value(&out, "last"), 2, "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 7 * CHUNK, 2 * CHUNK),
+        "nothing charged for it"
+    );
+    let out = p.cmd("sync");
+    assert_eq!((value(&out, "intact"), value(&out, "bad")), (9, 0), "{out}");
+    p.finish();
+}
+
+#[test]
+fn the_device_reserve_stays_free() {
+    // VGPU_DEVICE_RESERVE=48m on the 128 MiB device: 4 chunks fit beside the context (64 MiB
+    // free would become 48), the rest is host-backed; a move back keeps the reserve too.
+    let vars = &[
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("VGPU_DEVICE_RESERVE", "48m"),
+    ];
+    let (mut p, out) = Running::start("reserve", "256m", vars, &["alloc", "8", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 8, "{out}");
+    assert_eq!(usage(&p.table()), (CONTEXT + 4 * CHUNK, 4 * CHUNK));
+    p.cmd("free 0");
+    let out = p.cmd("sync");
+    assert_eq!((value(&out, "intact"), value(&out, "bad")), (7, 0), "{out}");
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 4 * CHUNK, 3 * CHUNK),
+        "one moved back"
+    );
+    p.finish();
+    // Without host backing the reserve means nothing: the device fills as before.
+    let (p, out) = Running::start(
+        "reserve-off",
+        "256m",
+        &[("VGPU_DEVICE_RESERVE", "48m")],
+        &["alloc", "8", "16777216"],
+    );
+    assert_eq!(value(&out, "allocated"), 7, "{out}");
+    p.finish();
+}
+
+#[test]
+fn a_move_that_fails_leaves_the_allocation_in_host_memory_intact() {
+    // The first device-to-device copy of a move fails (the simulator's fault injection): the
+    // allocation stays host-backed with its data, the move's device charge is given back, and
+    // the next synchronize moves it.
+    let vars = &[
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("VGPU_SIM_FAULTS", "cuMemcpyDtoD_v2:1:2"),
+    ];
+    let (mut p, out) = Running::start("failmove", "256m", vars, &["alloc", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    p.cmd("free 0");
+    let out = p.cmd("sync");
+    assert_eq!(
+        (value(&out, "intact"), value(&out, "bad")),
+        (11, 0),
+        "{out}"
+    );
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 6 * CHUNK, 5 * CHUNK),
+        "nothing moved, nothing left charged by the failed move"
+    );
+    let out = p.cmd("sync");
+    assert_eq!(
+        (value(&out, "intact"), value(&out, "bad")),
+        (11, 0),
+        "{out}"
+    );
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 7 * CHUNK, 4 * CHUNK),
+        "moved now"
+    );
+    p.finish();
+}
+
+#[test]
+fn destroying_the_context_frees_its_host_backed_allocations() {
+    let (mut p, out) = Running::start(
+        "destroy",
+        "256m",
+        OVERSUBSCRIBE,
+        &["alloc", "12", "16777216"],
+    );
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    assert_eq!(usage(&p.table()).1, 5 * CHUNK);
+    p.cmd("destroy");
+    assert_eq!(
+        usage(&p.table()),
+        (0, 0),
+        "as cuMemAlloc memory, gone with its context"
+    );
+    p.finish();
+}
+
+#[test]
+fn host_backed_bytes_are_charged_on_the_gpu_not_the_ordinal() {
+    // Two simulated GPUs; the file is made by a process that sees both, then a process that
+    // sees only the second (its ordinal 0) oversubscribes: its host-backed bytes are the
+    // second GPU's (file index 1), as its device memory is.
+    let two = &[
+        ("VGPU_SIM_DEVICE_COUNT", "2"),
+        ("CUDA_OVERSUBSCRIBE", "true"),
+    ];
+    let (first, _) = Running::start("gpus", "256m", two, &["alloc", "1", "16777216"]);
+    let second_only = &[
+        ("VGPU_SIM_DEVICE_COUNT", "2"),
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("CUDA_VISIBLE_DEVICES", "1"),
+    ];
+    let (second, out) = Running::join("gpus", "256m", second_only, &["alloc", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    let t = second.table();
+    assert_eq!(t.devices[1].host, 5 * CHUNK, "on the second GPU");
+    assert_eq!(t.devices[0].host, 0);
+    second.finish();
+    first.finish();
+}
