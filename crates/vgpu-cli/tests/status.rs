@@ -646,6 +646,7 @@ fn a_file_written_by_hami_core_is_shown_read_only() {
             data: 700 * MIB,
             host: 0,
             host_policy: Default::default(),
+            oom_refusals: 0,
         }],
         processes: vec![ProcessSnapshot {
             slot: 0,
