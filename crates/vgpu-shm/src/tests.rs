@@ -1178,6 +1178,9 @@ fn refusals_are_counted_per_device_and_shown_in_the_snapshot() {
         read_u64(&b, offsets::DEVICE_OOM_REFUSALS + offsets::DEVICE_STRIDE),
         2
     );
+    // The node side (a private copy, never mapped) sees the same count.
+    let node = crate::NodeReader::default().table(&p.0).unwrap();
+    assert_eq!(node.devices[1].oom_refusals, 2);
 }
 
 #[test]
@@ -1210,7 +1213,11 @@ fn a_minor_2_file_gains_the_refusal_counts_in_place() {
     let snap = again.snapshot();
     // The minor-2 parts survive the upgrade: the host class and its policy were live.
     assert_eq!(
-        (snap.devices[0].used, snap.devices[0].host, snap.devices[0].oom_refusals),
+        (
+            snap.devices[0].used,
+            snap.devices[0].host,
+            snap.devices[0].oom_refusals
+        ),
         (300, 200, 0)
     );
     assert_eq!(snap.devices[0].host_policy.spill, 500);
