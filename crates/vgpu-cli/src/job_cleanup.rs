@@ -11,7 +11,6 @@
 //! directory.
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Duration;
@@ -65,17 +64,7 @@ pub fn job_cleanup(args: &JobCleanupArgs) -> Result<ExitCode, Failure> {
             .arg(&args.dir)
             .stdin(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: setsid and close_range are async-signal-safe system calls that touch no
-        // memory of this process. Closing inherited descriptors (other than the stdio the
-        // watcher needs) keeps it from holding a pipe the job's caller waits on; a kernel
-        // without close_range (< 5.9) leaves them, which only matters for such pipes.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                Ok(())
-            });
-        }
+        crate::sys::detach_on_spawn(&mut cmd);
         // Stdout (the pipe `run` reads) is inherited; stage 2 writes `ready` into it.
         cmd.spawn().map_err(|e| Failure::msg(e.to_string()))?;
         return Ok(ExitCode::SUCCESS);
@@ -95,11 +84,8 @@ pub fn job_cleanup(args: &JobCleanupArgs) -> Result<ExitCode, Failure> {
 
 fn redirect_stdout_to_null() {
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-        use std::os::fd::AsRawFd;
-        // SAFETY: dup2 onto stdout of two valid descriptors.
-        unsafe {
-            libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO);
-        }
+        use std::os::fd::AsFd;
+        let _ = crate::sys::redirect_stdout(null.as_fd());
     }
 }
 
@@ -116,38 +102,19 @@ struct JobHandle {
 
 impl JobHandle {
     fn open(pid: i32) -> Self {
-        use std::os::fd::FromRawFd;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let pidfd = (fd >= 0).then(|| {
-            // SAFETY: `fd` is a descriptor just returned to us and owned by nobody else.
-            unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
-        });
-        Self { pid, pidfd }
+        Self {
+            pid,
+            pidfd: crate::sys::pidfd_open(pid),
+        }
     }
 
     /// Block until the process has exited.
     fn wait_exit(&self) {
-        if let Some(fd) = &self.pidfd {
-            use std::os::fd::AsRawFd;
-            let mut p = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            loop {
-                // SAFETY: one valid pollfd.
-                let n = unsafe { libc::poll(&mut p, 1, -1) };
-                if n > 0 {
-                    return;
-                }
-                if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                    break; // fall back to asking by pid
-                }
-            }
+        // A failed poll falls back to asking by pid.
+        if self.pidfd.as_ref().is_some_and(crate::sys::wait_readable) {
+            return;
         }
-        // SAFETY: signal 0 only checks that the process exists.
-        while unsafe { libc::kill(self.pid, 0) } == 0 {
+        while crate::sys::process_exists(self.pid) {
             std::thread::sleep(Duration::from_millis(200));
         }
     }

@@ -1,5 +1,7 @@
 //! `vgpu`: see `vgpu --help` and docs/cli.md.
 
+#![deny(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

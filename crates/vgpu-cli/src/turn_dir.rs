@@ -77,8 +77,7 @@ fn writable(dir: &Path) -> bool {
     let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
         return false;
     };
-    // SAFETY: `c` is a valid NUL-terminated path.
-    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+    crate::sys::may_access(&c, libc::W_OK | libc::X_OK)
 }
 
 #[cfg(test)]

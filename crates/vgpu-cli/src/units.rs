@@ -38,18 +38,10 @@ pub fn format_limit(limit: Option<u64>) -> String {
 /// Wall-clock time `unix_secs` in the local time zone (the system's, or `$TZ`), formatted
 /// by `strftime` with `format`: libc's tz database reader, rather than a second one.
 pub fn format_local_time(unix_secs: i64, format: &std::ffi::CStr) -> String {
-    let t: libc::time_t = unix_secs;
-    // SAFETY: an all-zero `tm` is a valid value to be overwritten.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: localtime_r writes only into `tm` (glibc reads TZ once, on first use).
-    let ok = unsafe { !libc::localtime_r(&t, &mut tm).is_null() };
-    if !ok {
-        return unix_secs.to_string();
-    }
-    let mut buf = [0u8; 64];
-    // SAFETY: strftime writes at most `buf.len()` bytes and returns how many (0 on overflow).
-    let n = unsafe { libc::strftime(buf.as_mut_ptr().cast(), buf.len(), format.as_ptr(), &tm) };
-    String::from_utf8_lossy(&buf[..n]).into_owned()
+    crate::sys::local_time(unix_secs).map_or_else(
+        || unix_secs.to_string(),
+        |tm| crate::sys::strftime(format, &tm),
+    )
 }
 
 /// RFC 3339 local time with offset, `2026-12-01T10:15:03+01:00`.

@@ -49,14 +49,9 @@ pub fn parse_share_name(text: &str) -> Result<String, String> {
     }
 }
 
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
 /// This user's directory for private and shared tables: `$TMPDIR/vgpu-<uid>` (not created).
 pub fn user_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("vgpu-{}", euid()))
+    std::env::temp_dir().join(format!("vgpu-{}", crate::sys::effective_uid()))
 }
 
 /// The table of the group `name` (`vgpu run --share NAME`), whether it exists or not.
@@ -76,7 +71,7 @@ pub fn ensure_user_dir() -> Result<PathBuf, String> {
     let meta = std::fs::symlink_metadata(&dir)
         .map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
     let mode = meta.permissions().mode() & 0o7777;
-    if !meta.is_dir() || meta.uid() != euid() || mode & 0o022 != 0 {
+    if !meta.is_dir() || meta.uid() != crate::sys::effective_uid() || mode & 0o022 != 0 {
         return Err(format!(
             "{} is not a private directory of yours (owner uid {}, mode {mode:04o}{}): another user \
              could change the tables in it; remove it, or set TMPDIR to a directory of your own",
@@ -131,7 +126,11 @@ pub fn prepare_explicit(path: &Path, all_users: bool) -> Result<(), String> {
             path.display()
         )),
         Ok(meta) if !meta.is_file() => Err(format!("{} is not a regular file", path.display())),
-        Ok(meta) if meta.uid() != euid() && meta.uid() != 0 && in_world_writable_dir(path) => {
+        Ok(meta)
+            if meta.uid() != crate::sys::effective_uid()
+                && meta.uid() != 0
+                && in_world_writable_dir(path) =>
+        {
             // The hook's owner rule (docs/security.md): said here, before the program starts.
             Err(format!(
                 "{} belongs to uid {} and lies in a world-writable directory, where anyone could \
@@ -144,8 +143,7 @@ pub fn prepare_explicit(path: &Path, all_users: bool) -> Result<(), String> {
         Ok(meta) => {
             let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
                 .map_err(|_| format!("{} contains a NUL byte", path.display()))?;
-            // SAFETY: `c` is a valid NUL-terminated path.
-            if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+            if !crate::sys::may_access(&c, libc::R_OK | libc::W_OK) {
                 return Err(format!(
                     "{} belongs to uid {} (mode {:04o}) and you cannot write it: its owner can let \
                      other users join with `vgpu run --cache PATH --all-users` when creating it",

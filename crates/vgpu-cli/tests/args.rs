@@ -49,79 +49,38 @@ fn unknown_subcommand_and_flag_are_usage_errors() {
 
 #[test]
 fn bad_limit_values_are_refused_with_the_reason() {
-    assert_fails(
-        &vgpu_args(&["run", "--memory", "4x", "--", "true"]),
-        2,
-        &["'4x'", "not a size"],
-    );
-    assert_fails(
-        &vgpu_args(&["run", "--memory", "0x10", "--", "true"]),
-        2,
-        &["not a size"],
-    );
-    assert_fails(
-        &vgpu_args(&["run", "--memory", "1.5", "--", "true"]),
-        2,
-        &["fraction"],
-    );
-    assert_fails(
-        &vgpu_args(&["run", "--memory", "16=1g", "--", "true"]),
-        2,
-        &["out of range"],
-    );
-    assert_fails(
-        &vgpu_args(&["run", "--memory", "a=1g", "--", "true"]),
-        2,
-        &["not a device index"],
-    );
-    assert_fails(
-        &vgpu_args(&["run", "--sm", "101", "--", "true"]),
-        2,
-        &["percentage"],
-    );
-    assert_fails(
-        &vgpu_args(&["run", "--sm", "50g", "--", "true"]),
-        2,
-        &["percentage"],
-    );
-    assert_fails(&vgpu_args(&["run", "--memory", "1g"]), 2, &["COMMAND"]);
-    assert_fails(
-        &vgpu_args(&["set-limit", "--memory=-1"]),
-        2,
-        &["not a size"],
-    );
-    assert_fails(
-        &vgpu_args(&["set-limit", "--sm", "200"]),
-        2,
-        &["percentage"],
-    );
-    assert_fails(
-        &vgpu_args(&["set-limit", "--device", "16", "--sm", "20"]),
-        2,
-        &["16"],
-    );
-    assert_fails(
-        &vgpu_args(&["set-limit", "--cache", "/x"]),
-        2,
-        &["--memory", "--sm"],
-    );
-    assert_fails(
-        &vgpu_args(&["watch", "--interval", "1h"]),
-        2,
-        &["unknown unit"],
-    );
-    assert_fails(
-        &vgpu_args(&["watch", "--interval", "0"]),
-        2,
-        &["out of range"],
-    );
-    assert_fails(&vgpu_args(&["watch", "--count", "x"]), 2, &["--count"]);
-    assert_fails(&vgpu_args(&["demo", "--memory", "0"]), 2, &["more than 0"]);
-    assert_fails(
-        &vgpu_args(&["demo", "--driver", "quantum"]),
-        2,
-        &["quantum"],
-    );
+    // (arguments, what stderr must name): each a usage error, exit 2.
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["run", "--memory", "4x", "--", "true"],
+            &["'4x'", "not a size"],
+        ),
+        (&["run", "--memory", "0x10", "--", "true"], &["not a size"]),
+        (&["run", "--memory", "1.5", "--", "true"], &["fraction"]),
+        (
+            &["run", "--memory", "16=1g", "--", "true"],
+            &["out of range"],
+        ),
+        (
+            &["run", "--memory", "a=1g", "--", "true"],
+            &["not a device index"],
+        ),
+        (&["run", "--sm", "101", "--", "true"], &["percentage"]),
+        (&["run", "--sm", "50g", "--", "true"], &["percentage"]),
+        (&["run", "--memory", "1g"], &["COMMAND"]),
+        (&["set-limit", "--memory=-1"], &["not a size"]),
+        (&["set-limit", "--sm", "200"], &["percentage"]),
+        (&["set-limit", "--device", "16", "--sm", "20"], &["16"]),
+        (&["set-limit", "--cache", "/x"], &["--memory", "--sm"]),
+        (&["watch", "--interval", "1h"], &["unknown unit"]),
+        (&["watch", "--interval", "0"], &["out of range"]),
+        (&["watch", "--count", "x"], &["--count"]),
+        (&["demo", "--memory", "0"], &["more than 0"]),
+        (&["demo", "--driver", "quantum"], &["quantum"]),
+    ];
+    for (args, needles) in cases {
+        assert_fails(&vgpu_args(args), 2, needles);
+    }
 }
 
 /// A duplicate is bad usage (exit 2, as docs/cli.md says); it gave 1 before.
@@ -143,37 +102,32 @@ fn duplicate_limits_are_refused() {
 
 #[test]
 fn share_names_and_conflicting_tables_are_usage_errors() {
-    assert_fails(
-        &vgpu_args(&["run", "--share", "../x", "--", "true"]),
-        2,
-        &["not a group name"],
-    );
-    assert_fails(
-        &vgpu_args(&[
-            "run",
-            "--share",
-            "a",
-            "--cache",
-            "/tmp/x.cache",
-            "--",
-            "true",
-        ]),
-        2,
-        &["--share", "--cache"],
-    );
-    assert_fails(
-        &vgpu_args(&["run", "--all-users", "--", "true"]),
-        2,
-        &["--cache"],
-    );
-    assert_fails(
-        &vgpu_args(&["status", "--share", "a", "--cache", "/tmp/x.cache"]),
-        2,
-        &["--share"],
-    );
-    assert_fails(
-        &vgpu_args(&["run", "--driver", "quantum", "--", "true"]),
-        2,
-        &["quantum"],
-    );
+    // (arguments, what stderr must name): each a usage error, exit 2.
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["run", "--share", "../x", "--", "true"],
+            &["not a group name"],
+        ),
+        (
+            &[
+                "run",
+                "--share",
+                "a",
+                "--cache",
+                "/tmp/x.cache",
+                "--",
+                "true",
+            ],
+            &["--share", "--cache"],
+        ),
+        (&["run", "--all-users", "--", "true"], &["--cache"]),
+        (
+            &["status", "--share", "a", "--cache", "/tmp/x.cache"],
+            &["--share"],
+        ),
+        (&["run", "--driver", "quantum", "--", "true"], &["quantum"]),
+    ];
+    for (args, needles) in cases {
+        assert_fails(&vgpu_args(args), 2, needles);
+    }
 }

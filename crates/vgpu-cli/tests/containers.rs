@@ -343,18 +343,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     ]);
     cmd.stdout(Stdio::piped()).stderr(Stdio::null());
     let mut exporter = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(exporter.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let addr = exporter_address(&mut exporter);
     let scrape = || {
         parse(
             &http::get(&addr, "/metrics", Duration::from_secs(5))

@@ -30,6 +30,13 @@ impl Setup {
         (s, cache)
     }
 
+    /// `vgpu ARGS --cache CACHE` in this setup, run to the end.
+    fn run_on(&self, args: &[&str], cache: &Path) -> Output {
+        let mut cmd = self.vgpu();
+        cache_args(&mut cmd, args, cache);
+        run(cmd)
+    }
+
     fn vgpu(&self) -> Command {
         let mut cmd = vgpu();
         cmd.env("TMPDIR", self.dir.path())
@@ -48,28 +55,19 @@ fn parse(text: &str, schema: &str) -> serde_json::Value {
     v
 }
 
-fn args(cmd: &mut Command, a: &[&str], cache: &Path) {
-    cmd.args(a).arg("--cache").arg(cache);
-}
-
 #[test]
 fn status_watch_and_set_limit_print_json_with_a_schema() {
     let (s, cache) = Setup::new();
-    let mut cmd = s.vgpu();
-    args(&mut cmd, &["status", "--json"], &cache);
-    let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let out = s.run_on(&["status", "--json"], &cache);
+    out.assert_success();
     let v = parse(&out.stdout, "vgpu.status.v1");
     assert_eq!(v["devices"][0]["memory_limit_bytes"], 1u64 << 30);
 
-    let mut cmd = s.vgpu();
-    args(
-        &mut cmd,
+    let out = s.run_on(
         &["watch", "--json", "--count", "3", "--interval", "10ms"],
         &cache,
     );
-    let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 3, "one object per line:\n{}", out.stdout);
     for line in lines {
@@ -81,25 +79,16 @@ fn status_watch_and_set_limit_print_json_with_a_schema() {
         assert_eq!(time.len(), 25, "RFC 3339 with offset: {time}");
     }
     // A missing file is a sample with an error, not the end of the stream.
-    let mut cmd = s.vgpu();
-    args(
-        &mut cmd,
-        &["watch", "--json"],
-        &s.dir.path().join("none.cache"),
-    );
-    let out = run(cmd);
+    let out = s.run_on(&["watch", "--json"], &s.dir.path().join("none.cache"));
     assert_eq!(out.code(), Some(0));
     let v = parse(out.stdout.trim(), "vgpu.watch.v1");
     assert!(v["status"].is_null() && v["error"].as_str().unwrap().contains("does not exist"));
 
-    let mut cmd = s.vgpu();
-    args(
-        &mut cmd,
+    let out = s.run_on(
         &["set-limit", "--json", "--memory", "2g", "--sm", "40"],
         &cache,
     );
-    let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     let v = parse(&out.stdout, "vgpu.set-limit.v1");
     let changes = v["changes"].as_array().unwrap();
     assert_eq!(changes[0]["limit"], "memory_bytes");
@@ -111,14 +100,8 @@ fn status_watch_and_set_limit_print_json_with_a_schema() {
     assert!(v.get("priority").is_none(), "no priority change asked");
 
     // The file's CUDA_TASK_PRIORITY (share mode honours it live): 1 is the default.
-    let mut cmd = s.vgpu();
-    args(
-        &mut cmd,
-        &["set-limit", "--json", "--priority", "-2"],
-        &cache,
-    );
-    let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let out = s.run_on(&["set-limit", "--json", "--priority", "-2"], &cache);
+    out.assert_success();
     let v = parse(&out.stdout, "vgpu.set-limit.v1");
     assert_eq!(
         (v["priority"]["old"].as_i64(), v["priority"]["new"].as_i64()),
@@ -132,7 +115,7 @@ fn doctor_json_names_every_check_and_reports_oversubscribe() {
     let (s, cache) = Setup::new();
     let mut cmd = s.vgpu();
     cmd.env("CUDA_OVERSUBSCRIBE", "true");
-    args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
+    cache_args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
     let out = run(cmd);
     let v = parse(&out.stdout, "vgpu.doctor.v1");
     assert_eq!(
@@ -165,11 +148,11 @@ fn doctor_json_names_every_check_and_reports_oversubscribe() {
     // such check.
     let mut cmd = s.vgpu();
     cmd.env("CUDA_OVERSUBSCRIBE", "true");
-    args(&mut cmd, &["doctor", "--no-probe"], &cache);
+    cache_args(&mut cmd, &["doctor", "--no-probe"], &cache);
     assert!(run(cmd).stdout.contains("backed by host memory"));
     let mut cmd = s.vgpu();
     cmd.env("CUDA_OVERSUBSCRIBE", "yes");
-    args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
+    cache_args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
     let v = parse(&run(cmd).stdout, "vgpu.doctor.v1");
     let over = v["checks"]
         .as_array()
@@ -179,9 +162,10 @@ fn doctor_json_names_every_check_and_reports_oversubscribe() {
         .cloned()
         .unwrap();
     assert_eq!(over["verdict"], "fail", "{over}");
-    let mut cmd = s.vgpu();
-    args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
-    let v = parse(&run(cmd).stdout, "vgpu.doctor.v1");
+    let v = parse(
+        &s.run_on(&["doctor", "--json", "--no-probe"], &cache).stdout,
+        "vgpu.doctor.v1",
+    );
     assert!(
         !v["checks"]
             .as_array()
@@ -197,7 +181,7 @@ fn doctor_checks_the_simulated_driver_when_asked() {
     let mut cmd = s.vgpu();
     // No real driver on the library path: only --driver simulated can pass.
     cmd.env("LD_LIBRARY_PATH", s.dir.path());
-    args(
+    cache_args(
         &mut cmd,
         &["doctor", "--json", "--driver", "simulated"],
         &cache,

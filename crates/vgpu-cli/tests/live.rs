@@ -49,11 +49,25 @@ impl Sim {
     }
 }
 
+/// The workload `cmd` runs, initialised, its `cuMemAlloc_v2` resolved from `library`.
+#[track_caller]
+fn started(cmd: Command, library: &str) -> WorkloadProcess {
+    let mut w = WorkloadProcess::spawn_command(cmd, false).unwrap();
+    let init = w.send("init").unwrap();
+    assert!(init.ok(), "{}", init.line);
+    assert!(
+        init.get("alloc_from").is_some_and(|f| f.ends_with(library)),
+        "cuMemAlloc_v2 should come from {library}: {}",
+        init.line
+    );
+    w
+}
+
 fn status_json(sim: &Sim, cache: &Path) -> serde_json::Value {
     let mut cmd = sim.vgpu();
-    cmd.args(["status", "--json", "--cache", cache.to_str().unwrap()]);
+    cache_args(&mut cmd, &["status", "--json"], cache);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     serde_json::from_str(&out.stdout).unwrap()
 }
 
@@ -73,15 +87,8 @@ fn set_limit_is_seen_by_a_running_process() {
     ])
     .arg(vgpu_exe())
     .arg("workload");
-    let mut w = WorkloadProcess::spawn_command(cmd, false).unwrap();
-    let init = w.send("init").unwrap();
-    assert!(init.ok(), "{}", init.line);
-    assert!(
-        init.get("alloc_from")
-            .is_some_and(|f| f.ends_with("libvgpu.so")),
-        "dlsym(libcuda, cuMemAlloc_v2) should answer from the hook: {}",
-        init.line
-    );
+    // dlsym(libcuda, cuMemAlloc_v2) should answer from the hook.
+    let mut w = started(cmd, "libvgpu.so");
     assert_eq!(w.send("total").unwrap().num("bytes"), Some(256 * MIB));
     let a = w.send("alloc 128m").unwrap();
     assert!(a.ok(), "{}", a.line);
@@ -107,21 +114,10 @@ fn set_limit_is_seen_by_a_running_process() {
     assert_eq!(v["devices"][0]["data_bytes"], 128 * MIB);
 
     let mut cmd = sim.vgpu();
-    cmd.args([
-        "set-limit",
-        "--memory",
-        "512m",
-        "--cache",
-        cache.to_str().unwrap(),
-    ]);
+    cache_args(&mut cmd, &["set-limit", "--memory", "512m"], &cache);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
-    assert!(
-        out.stdout
-            .contains("device 0: memory limit 256 MiB -> 512 MiB"),
-        "{}",
-        out.stdout
-    );
+    out.assert_success();
+    out.assert_stdout_has(&["device 0: memory limit 256 MiB -> 512 MiB"]);
     // The same process, without restarting, now gets what it was refused.
     let again = w.send("alloc 128m").unwrap();
     assert!(again.ok(), "after set-limit: {}", again.line);
@@ -153,13 +149,7 @@ fn set_limit_is_seen_by_a_running_process() {
     );
     // ...and the next program to attach (here set-limit) returns its usage to the pool.
     let mut cmd = sim.vgpu();
-    cmd.args([
-        "set-limit",
-        "--memory",
-        "512m",
-        "--cache",
-        cache.to_str().unwrap(),
-    ]);
+    cache_args(&mut cmd, &["set-limit", "--memory", "512m"], &cache);
     assert_eq!(run(cmd).code(), Some(0));
     let v = status_json(&sim, &cache);
     assert_eq!(v["devices"][0]["memory_used_bytes"], 0, "{v:#}");
@@ -221,7 +211,7 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     let sim = Sim::new();
     let cache = sim.cache();
     let mut cmd = sim.vgpu();
-    cmd.args(["doctor", "--cache", cache.to_str().unwrap()]);
+    cache_args(&mut cmd, &["doctor"], &cache);
     let out = run(cmd);
     assert_eq!(out.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
     out.assert_stdout_has(&[
@@ -260,13 +250,11 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     let bogus = sim.dir.path().join("libvgpu.so");
     std::fs::write(&bogus, b"not an ELF file").unwrap();
     let mut cmd = sim.vgpu();
-    cmd.args([
-        "doctor",
-        "--lib",
-        bogus.to_str().unwrap(),
-        "--cache",
-        cache.to_str().unwrap(),
-    ]);
+    cache_args(
+        &mut cmd,
+        &["doctor", "--lib", bogus.to_str().unwrap()],
+        &cache,
+    );
     let out = run(cmd);
     assert_eq!(out.code(), Some(1), "{}", out.stdout);
     out.assert_stdout_has(&[
@@ -288,7 +276,7 @@ fn doctor_without_any_driver_fails_and_says_so() {
         .args(["doctor", "--cache", sim.cache().to_str().unwrap()]);
     let out = run(cmd);
     assert_eq!(out.code(), Some(1), "{}", out.stdout);
-    assert!(out.stdout.contains("[FAIL] CUDA driver"), "{}", out.stdout);
+    out.assert_stdout_has(&["[FAIL] CUDA driver"]);
     assert!(
         out.stdout.contains("vgpu demo"),
         "points to the simulated demo: {}",
@@ -306,15 +294,7 @@ fn without_the_hook_the_same_workload_is_not_limited() {
     cmd.env_remove("LD_PRELOAD")
         .env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
         .arg("workload");
-    let mut w = WorkloadProcess::spawn_command(cmd, false).unwrap();
-    let init = w.send("init").unwrap();
-    assert!(init.ok(), "{}", init.line);
-    assert!(
-        init.get("alloc_from")
-            .is_some_and(|f| f.ends_with("libvgpusim.so")),
-        "{}",
-        init.line
-    );
+    let mut w = started(cmd, "libvgpusim.so");
     assert_eq!(w.send("total").unwrap().num("bytes"), Some(4 << 30));
     assert!(w.send("alloc 512m").unwrap().ok());
     w.finish().unwrap();

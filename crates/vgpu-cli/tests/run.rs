@@ -9,10 +9,13 @@ use common::*;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
-fn fake_lib(dir: &TempDir) -> String {
+/// A fresh directory holding the stand-in `libvgpu.so`, and that library's canonical path.
+fn fake_lib() -> (TempDir, String) {
+    let dir = TempDir::new("vgpu-run").unwrap();
     let lib = dir.path().join("libvgpu.so");
     std::fs::write(&lib, b"").unwrap();
-    lib.canonicalize().unwrap().to_str().unwrap().to_owned()
+    let lib = lib.canonicalize().unwrap().to_str().unwrap().to_owned();
+    (dir, lib)
 }
 
 /// Run `sh -c script` under `vgpu run ARGS`, returning stdout lines. Runs in a fresh
@@ -36,8 +39,7 @@ fn run_sh(lib: &str, args: &[&str], env: &[(&str, &str)], script: &str) -> Outpu
 
 #[test]
 fn limits_become_canonical_hami_variables() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let out = run_sh(
         &lib,
         &[
@@ -56,7 +58,7 @@ fn limits_become_canonical_hami_variables() {
         "echo $CUDA_DEVICE_MEMORY_LIMIT $CUDA_DEVICE_MEMORY_LIMIT_1 $CUDA_DEVICE_SM_LIMIT $CUDA_DEVICE_SM_LIMIT_2; \
          echo $CUDA_DEVICE_MEMORY_SHARED_CACHE",
     );
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines[0], "4294967296 1610612736 50 30");
     // The cache path is made absolute, so the program finds it whatever its working directory.
@@ -66,8 +68,7 @@ fn limits_become_canonical_hami_variables() {
 
 #[test]
 fn existing_preload_is_kept_after_the_hook() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let other = dir.path().join("libother.so");
     std::fs::write(&other, b"").unwrap();
     let other = other.to_str().unwrap();
@@ -77,7 +78,7 @@ fn existing_preload_is_kept_after_the_hook() {
         &[("LD_PRELOAD", other)],
         "echo $LD_PRELOAD",
     );
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert_eq!(out.stdout.trim(), format!("{lib}:{other}"));
     // Running vgpu run inside vgpu run does not preload the hook twice.
     let out = run_sh(
@@ -91,8 +92,7 @@ fn existing_preload_is_kept_after_the_hook() {
 
 #[test]
 fn flags_replace_inherited_limits_of_their_kind_only() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (_dir, lib) = fake_lib();
     let env = [
         ("CUDA_DEVICE_MEMORY_LIMIT_3", "2g"),
         ("CUDA_DEVICE_MEMORY_LIMIT", "8g"),
@@ -104,7 +104,7 @@ fn flags_replace_inherited_limits_of_their_kind_only() {
         &env,
         "echo ${CUDA_DEVICE_MEMORY_LIMIT_3:-unset} $CUDA_DEVICE_MEMORY_LIMIT $CUDA_DEVICE_SM_LIMIT",
     );
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert_eq!(out.stdout.trim(), "unset 1073741824 20");
     // Without flags the inherited configuration passes through untouched.
     let out = run_sh(
@@ -118,8 +118,7 @@ fn flags_replace_inherited_limits_of_their_kind_only() {
 
 #[test]
 fn an_inherited_bad_value_is_refused_before_the_program_starts() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (_dir, lib) = fake_lib();
     let out = run_sh(
         &lib,
         &[],
@@ -134,8 +133,7 @@ fn an_inherited_bad_value_is_refused_before_the_program_starts() {
 
 #[test]
 fn exec_hands_over_pid_exit_code_and_signals() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (_dir, lib) = fake_lib();
     let mut cmd = vgpu();
     cmd.args(["run", "--lib", &lib, "--", "sh", "-c", "echo $$; exit 7"]);
     cmd.stdout(std::process::Stdio::piped())
@@ -152,8 +150,7 @@ fn exec_hands_over_pid_exit_code_and_signals() {
 
 #[test]
 fn missing_program_and_library_are_clear_errors() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let mut cmd = vgpu();
     cmd.args(["run", "--lib", &lib, "--", "/nonexistent/program"]);
     assert_fails(&run(cmd), 127, &["cannot run `/nonexistent/program`"]);
@@ -168,34 +165,23 @@ fn missing_program_and_library_are_clear_errors() {
     cmd.env("VGPU_LIB", "/nonexistent/libvgpu.so")
         .args(["run", "--", "true"]);
     assert_fails(&run(cmd), 1, &["$VGPU_LIB", "not found"]);
-    let mut cmd = vgpu();
-    cmd.args([
-        "run",
-        "--lib",
-        &lib,
-        "--cache",
-        dir.path().to_str().unwrap(),
-        "--",
-        "true",
-    ]);
-    assert_fails(&run(cmd), 1, &["is a directory"]);
-    let mut cmd = vgpu();
-    cmd.args([
-        "run",
-        "--lib",
-        &lib,
-        "--cache",
-        "/nonexistent/dir/x.cache",
-        "--",
-        "true",
-    ]);
-    assert_fails(&run(cmd), 1, &["/nonexistent/dir does not exist"]);
+    // (the usage file asked for, what the error says)
+    for (cache, says) in [
+        (dir.path().to_str().unwrap(), "is a directory"),
+        (
+            "/nonexistent/dir/x.cache",
+            "/nonexistent/dir does not exist",
+        ),
+    ] {
+        let mut cmd = vgpu();
+        cmd.args(["run", "--lib", &lib, "--cache", cache, "--", "true"]);
+        assert_fails(&run(cmd), 1, &[says]);
+    }
 }
 
 #[test]
 fn dry_run_prints_the_environment_and_command() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (_dir, lib) = fake_lib();
     let mut cmd = vgpu();
     cmd.args([
         "run",
@@ -209,24 +195,15 @@ fn dry_run_prints_the_environment_and_command() {
         "a b",
     ]);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
-    assert!(
-        out.stdout.contains("CUDA_DEVICE_MEMORY_LIMIT=536870912\n"),
-        "{}",
-        out.stdout
-    );
-    assert!(
-        out.stdout.contains(&format!("LD_PRELOAD={lib}\n")),
-        "{}",
-        out.stdout
-    );
+    out.assert_success();
+    out.assert_stdout_has(&["CUDA_DEVICE_MEMORY_LIMIT=536870912\n"]);
+    out.assert_stdout_has(&[&format!("LD_PRELOAD={lib}\n")]);
     assert!(out.stdout.ends_with("exec echo 'a b'\n"), "{}", out.stdout);
 }
 
 #[test]
 fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let mut cmd = vgpu();
     cmd.env("VGPU_LIB", &lib)
         .args(["run", "--dry-run", "--", "true"]);
@@ -277,16 +254,10 @@ fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
 
 #[test]
 fn dry_run_says_a_private_table_is_made_at_run_time_and_creates_nothing() {
-    let dir = TempDir::new("vgpu-run").unwrap();
-    let lib = fake_lib(&dir);
+    let (dir, lib) = fake_lib();
     let out = run_sh(&lib, &["--dry-run", "--driver", "simulated"], &[], "true");
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
-    assert!(
-        out.stdout
-            .contains("# CUDA_DEVICE_MEMORY_SHARED_CACHE: a private usage table"),
-        "{}",
-        out.stdout
-    );
+    out.assert_success();
+    out.assert_stdout_has(&["# CUDA_DEVICE_MEMORY_SHARED_CACHE: a private usage table"]);
     assert!(
         out.stdout
             .contains("# LD_LIBRARY_PATH: the simulated driver")
@@ -300,12 +271,12 @@ fn dry_run_says_a_private_table_is_made_at_run_time_and_creates_nothing() {
     );
     // --share names the group's file in the per-user directory.
     let out = run_sh(&lib, &["--dry-run", "--share", "team"], &[], "true");
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let want = format!(
         "CUDA_DEVICE_MEMORY_SHARED_CACHE={}/vgpu-{uid}/team.cache\n",
         work.display()
     );
-    assert!(out.stdout.contains(&want), "{}", out.stdout);
+    out.assert_stdout_has(&[&want]);
 }

@@ -125,9 +125,9 @@ fn make_table(dir: &TempDir) -> std::path::PathBuf {
 
 fn status_json(path: &Path) -> serde_json::Value {
     let mut cmd = vgpu();
-    cmd.args(["status", "--json", "--cache", path.to_str().unwrap()]);
+    cache_args(&mut cmd, &["status", "--json"], path);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
 }
 
@@ -165,7 +165,7 @@ fn status_lists_the_containers_taking_turns_on_each_gpu() {
     cmd.args(["status", "--json", "--cache", path.to_str().unwrap()])
         .env("VGPU_TURN_DIR", &turns);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let listed: Vec<(u64, bool)> = v["devices"][0]["turns"]
         .as_array()
@@ -261,15 +261,11 @@ fn status_json_reports_devices_processes_and_the_dead() {
 
     // The text view says the same in words.
     let mut cmd = vgpu();
-    cmd.args(["status", "--cache", path.to_str().unwrap()]);
+    cache_args(&mut cmd, &["status"], &path);
     let out = run(cmd);
     assert_eq!(out.code(), Some(0));
-    assert!(
-        out.stdout.contains("320 MiB / 1 GiB (31%)"),
-        "{}",
-        out.stdout
-    );
-    assert!(out.stdout.contains("128 MiB / unlimited"), "{}", out.stdout);
+    out.assert_stdout_has(&["320 MiB / 1 GiB (31%)"]);
+    out.assert_stdout_has(&["128 MiB / unlimited"]);
     assert!(
         out.stdout.contains(&dead_pid.to_string()) && out.stdout.contains("dead"),
         "{}",
@@ -292,7 +288,7 @@ fn set_limit_changes_the_live_file() {
         run(cmd)
     };
     let out = set(&["--device", "0", "--memory", "2g"]);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert_eq!(out.stdout, "device 0: memory limit 1 GiB -> 2 GiB\n");
     assert_eq!(
         status_json(&path)["devices"][0]["memory_limit_bytes"],
@@ -307,19 +303,14 @@ fn set_limit_changes_the_live_file() {
     );
     me.release(DeviceIndex(0), UsageClass::Data, GIB);
     let out = set(&["--memory", "256m"]);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert!(
         out.stdout
             .contains("device 0: memory limit 2 GiB -> 256 MiB (usage 512 MiB is above it"),
         "{}",
         out.stdout
     );
-    assert!(
-        out.stdout
-            .contains("device 1: memory limit unlimited -> 256 MiB\n"),
-        "{}",
-        out.stdout
-    );
+    out.assert_stdout_has(&["device 1: memory limit unlimited -> 256 MiB\n"]);
     assert!(
         me.try_reserve(DeviceIndex(0), UsageClass::Data, MIB)
             .is_err(),
@@ -354,25 +345,19 @@ fn missing_and_foreign_files_are_clear_errors() {
     let dir = TempDir::new("vgpu-status").unwrap();
     let missing = dir.path().join("nope.cache");
     let mut cmd = vgpu();
-    cmd.args(["status", "--cache", missing.to_str().unwrap()]);
+    cache_args(&mut cmd, &["status"], &missing);
     assert_fails(
         &run(cmd),
         1,
         &["does not exist", "no program has run under the hook"],
     );
     let mut cmd = vgpu();
-    cmd.args([
-        "set-limit",
-        "--memory",
-        "1g",
-        "--cache",
-        missing.to_str().unwrap(),
-    ]);
+    cache_args(&mut cmd, &["set-limit", "--memory", "1g"], &missing);
     assert_fails(&run(cmd), 1, &["does not exist"]);
     let foreign = dir.path().join("foreign.cache");
     std::fs::write(&foreign, vec![7u8; 4096]).unwrap();
     let mut cmd = vgpu();
-    cmd.args(["status", "--json", "--cache", foreign.to_str().unwrap()]);
+    cache_args(&mut cmd, &["status", "--json"], &foreign);
     let out = run(cmd);
     assert_fails(&out, 1, &["not a usable vgpu usage file", "foreign.cache"]);
     assert!(out.stdout.is_empty());
@@ -435,17 +420,13 @@ fn watch_refreshes_and_stops_after_count() {
     let path = make_table(&dir);
     let _h = Helper::start(&path, &format!("0:data:{}", 100 * MIB));
     let mut cmd = vgpu();
-    cmd.args([
-        "watch",
-        "--interval",
-        "10ms",
-        "--count",
-        "3",
-        "--cache",
-        path.to_str().unwrap(),
-    ]);
+    cache_args(
+        &mut cmd,
+        &["watch", "--interval", "10ms", "--count", "3"],
+        &path,
+    );
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert_eq!(out.stdout.matches("refresh ").count(), 3, "{}", out.stdout);
     assert_eq!(
         out.stdout.matches("100 MiB / 1 GiB").count(),
@@ -459,7 +440,7 @@ fn watch_refreshes_and_stops_after_count() {
     );
     // Without --count and without a terminal: one frame.
     let mut cmd = vgpu();
-    cmd.args(["watch", "--cache", path.to_str().unwrap()]);
+    cache_args(&mut cmd, &["watch"], &path);
     let out = run_bounded(cmd, Duration::from_secs(10));
     assert_eq!(out.stdout.matches("refresh ").count(), 1);
     // A missing file is shown, not fatal.
@@ -536,18 +517,7 @@ fn exporter_reports_a_live_file() {
     .stdout(Stdio::piped())
     .stderr(Stdio::null());
     let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let addr = exporter_address(&mut child);
     let get = || vgpu_cli::http::get(&addr, "/metrics", Duration::from_secs(5)).unwrap();
     let (status, body) = get();
     let _ = child.kill();
@@ -605,10 +575,10 @@ fn run_notes_when_the_file_holds_another_limit() {
     };
     // The same limit as the file: nothing to say about device 0.
     let out = run_with("0=1g");
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert!(!out.stderr.contains("device 0"), "{}", out.stderr);
     let out = run_with("2g");
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert!(
         out.stderr.contains(
             "held other limits from an earlier job (device 0 memory limit 1 GiB (this job: 2 GiB)"
@@ -617,7 +587,7 @@ fn run_notes_when_the_file_holds_another_limit() {
         out.stderr
     );
     let mut cmd = vgpu();
-    cmd.args(["status", "--json", "--cache", path.to_str().unwrap()]);
+    cache_args(&mut cmd, &["status", "--json"], &path);
     let v: serde_json::Value = serde_json::from_str(&run(cmd).stdout).unwrap();
     assert_eq!(v["devices"][0]["memory_limit_bytes"], 2u64 << 30);
 }
@@ -729,63 +699,16 @@ fn a_file_written_by_hami_core_is_shown_read_only() {
     assert_eq!(v["processes"][0]["state"], "running");
     // Changing it is refused: vgpu writes only its own format.
     let mut cmd = vgpu();
-    cmd.args([
-        "set-limit",
-        "--memory",
-        "1g",
-        "--cache",
-        path.to_str().unwrap(),
-    ]);
+    cache_args(&mut cmd, &["set-limit", "--memory", "1g"], &path);
     assert_fails(&run(cmd), 1, &["created by HAMi-core"]);
     assert_eq!(std::fs::read(&path).unwrap(), b, "the file is untouched");
 }
 
 #[test]
 fn watch_on_a_terminal_clears_and_redraws() {
-    use std::os::fd::{FromRawFd, OwnedFd};
     let dir = TempDir::new("vgpu-watch").unwrap();
     let path = make_table(&dir);
-    let (mut master, mut slave) = (-1, -1);
-    // SAFETY: openpty writes two descriptors into the out-pointers; name/termios/winsize unused.
-    let rc = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(rc, 0, "openpty");
-    // SAFETY: both descriptors were just returned by openpty and are owned here.
-    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-    let mut cmd = vgpu();
-    cmd.args([
-        "watch",
-        "--interval",
-        "10ms",
-        "--count",
-        "2",
-        "--cache",
-        path.to_str().unwrap(),
-    ])
-    .stdout(Stdio::from(slave))
-    .stderr(Stdio::null());
-    let mut child = cmd.spawn().unwrap();
-    let status = wait_bounded(&mut child, Duration::from_secs(10));
-    drop(cmd); // closes our copy of the slave, so reading the master ends
-    assert_eq!(status.code(), Some(0));
-    let mut out = Vec::new();
-    let mut master = std::fs::File::from(master);
-    let mut buf = [0u8; 4096];
-    // Reading a pty master whose slave is closed ends with EIO, not 0.
-    while let Ok(n) = std::io::Read::read(&mut master, &mut buf) {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&out);
+    let text = watch_on_a_pty(&path, &["--interval", "10ms", "--count", "2"], &[]);
     assert_eq!(text.matches("\x1b[H\x1b[2J").count(), 2, "{text:?}");
     assert!(text.contains("refresh 2"), "{text:?}");
     // On a terminal (and only there) it says how to stop.
@@ -803,19 +726,14 @@ fn watch_fits_80_columns_with_local_time_and_no_terminal_hints_in_a_pipe() {
     cmd.env("TZ", "UTC")
         .args(["watch", "--cache", path.to_str().unwrap()]);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     for line in out.stdout.lines() {
         assert!(
             line.chars().count() <= 80,
             "wider than 80 columns: {line:?}"
         );
     }
-    assert!(
-        out.stdout
-            .contains("GPU-aaaaaaaa-0000-0000-0000-000000000000"),
-        "{}",
-        out.stdout
-    );
+    out.assert_stdout_has(&["GPU-aaaaaaaa-0000-0000-0000-000000000000"]);
     let first = out.stdout.lines().next().unwrap();
     assert!(
         first.contains(" UTC ") && !first.contains("unix"),
@@ -827,11 +745,12 @@ fn watch_fits_80_columns_with_local_time_and_no_terminal_hints_in_a_pipe() {
         out.stdout
     );
     // 1000 MiB of 1 GiB is near the limit: shown, but as plain text in a pipe.
-    assert!(out.stdout.contains("97%"), "{}", out.stdout);
+    out.assert_stdout_has(&["97%"]);
 }
 
-/// `vgpu watch` on a pseudo-terminal with `env`; what it wrote.
-fn watch_on_a_pty(path: &Path, env: &[(&str, &str)]) -> String {
+/// `vgpu watch ARGS --cache PATH` on a pseudo-terminal with `env` (and no inherited
+/// `NO_COLOR`); what it wrote.
+fn watch_on_a_pty(path: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
     use std::os::fd::{FromRawFd, OwnedFd};
     let (mut master, mut slave) = (-1, -1);
     // SAFETY: openpty writes two descriptors into the out-pointers; name/termios/winsize unused.
@@ -850,16 +769,19 @@ fn watch_on_a_pty(path: &Path, env: &[(&str, &str)]) -> String {
     let mut cmd = vgpu();
     cmd.env_remove("NO_COLOR")
         .envs(env.iter().copied())
-        .args(["watch", "--count", "1", "--cache", path.to_str().unwrap()])
+        .arg("watch")
+        .args(args)
+        .args(["--cache", path.to_str().unwrap()])
         .stdout(Stdio::from(slave))
         .stderr(Stdio::null());
     let mut child = cmd.spawn().unwrap();
     let status = wait_bounded(&mut child, Duration::from_secs(10));
-    drop(cmd);
+    drop(cmd); // closes our copy of the slave, so reading the master ends
     assert_eq!(status.code(), Some(0));
     let mut out = Vec::new();
     let mut master = std::fs::File::from(master);
     let mut buf = [0u8; 4096];
+    // Reading a pty master whose slave is closed ends with EIO, not 0.
     while let Ok(n) = std::io::Read::read(&mut master, &mut buf) {
         if n == 0 {
             break;
@@ -875,14 +797,14 @@ fn watch_highlights_a_device_near_its_limit_on_a_terminal_only() {
     let path = make_table(&dir);
     let _h = Helper::start(&path, &format!("0:data:{}", 1000 * MIB));
     let yellow_bold = "\x1b[1m\x1b[33m";
-    let text = watch_on_a_pty(&path, &[]);
+    let text = watch_on_a_pty(&path, &["--count", "1"], &[]);
     let device_line = text
         .lines()
         .find(|l| l.contains("1000 MiB / 1 GiB"))
         .unwrap_or_else(|| panic!("{text:?}"));
     assert!(device_line.contains(yellow_bold), "{device_line:?}");
     // NO_COLOR: the same frame without colour (the screen is still cleared).
-    let text = watch_on_a_pty(&path, &[("NO_COLOR", "1")]);
+    let text = watch_on_a_pty(&path, &["--count", "1"], &[("NO_COLOR", "1")]);
     assert!(text.contains("1000 MiB / 1 GiB"), "{text:?}");
     assert!(!text.contains(yellow_bold), "{text:?}");
 }

@@ -114,17 +114,24 @@ impl Drop for Victim {
     }
 }
 
+/// A fresh directory with both library versions and the victim program compiled into it.
+fn built(tag: &str) -> (TempDir, [PathBuf; 3]) {
+    let dir = TempDir::new(tag).unwrap();
+    let d = dir.path();
+    let v1 = cc(d, "libv1.so", LIB_V1, &["-shared", "-fPIC", "-O1"]);
+    let v2 = cc(d, "libv2.so", LIB_V2, &["-shared", "-fPIC", "-O1"]);
+    let victim = cc(d, "victim", VICTIM, &["-O1"]);
+    (dir, [v1, v2, victim])
+}
+
 fn inode(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().ino()
 }
 
 #[test]
 fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
-    let dir = TempDir::new("vgpu-swap").unwrap();
+    let (dir, [v1, v2, victim]) = built("vgpu-swap");
     let d = dir.path();
-    let v1 = cc(d, "libv1.so", LIB_V1, &["-shared", "-fPIC", "-O1"]);
-    let v2 = cc(d, "libv2.so", LIB_V2, &["-shared", "-fPIC", "-O1"]);
-    let victim = cc(d, "victim", VICTIM, &["-O1"]);
     // The image's library directory (source) and the host's /usr/local/vgpu (destination).
     let image = d.join("image");
     let host = d.join("host");
@@ -191,11 +198,8 @@ fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
 
 #[test]
 fn detaching_first_makes_an_in_place_rollback_harmless() {
-    let dir = TempDir::new("vgpu-detach").unwrap();
+    let (dir, [v1, v2, victim]) = built("vgpu-detach");
     let d = dir.path();
-    let v1 = cc(d, "libv1.so", LIB_V1, &["-shared", "-fPIC", "-O1"]);
-    let v2 = cc(d, "libv2.so", LIB_V2, &["-shared", "-fPIC", "-O1"]);
-    let victim = cc(d, "victim", VICTIM, &["-O1"]);
     let host = d.join("host");
     std::fs::create_dir_all(&host).unwrap();
     let lib = host.join("libvgpu.so.v2.10.0");

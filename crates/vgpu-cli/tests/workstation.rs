@@ -36,6 +36,13 @@ impl Box_ {
         self.tmp.path().join("vgpulock")
     }
 
+    /// `vgpu run --driver simulated ARGS` in this box.
+    fn run_simulated(&self, args: &[&str]) -> Command {
+        let mut cmd = self.vgpu();
+        cmd.args(["run", "--driver", "simulated"]).args(args);
+        cmd
+    }
+
     fn vgpu(&self) -> Command {
         std::fs::create_dir_all(self.tmpdir()).unwrap();
         let mut cmd = vgpu();
@@ -120,6 +127,11 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// The permission bits of `path` that `mask` keeps.
+fn mode_of(path: impl AsRef<Path>, mask: u32) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & mask
+}
+
 fn job_dirs(b: &Box_) -> Vec<PathBuf> {
     std::fs::read_dir(b.user_dir())
         .map(|d| {
@@ -148,16 +160,11 @@ fn two_jobs_get_separate_tables_by_default_and_share_only_when_asked() {
     let dirs = job_dirs(&b);
     assert_eq!(dirs.len(), 2, "{dirs:?}");
     for d in &dirs {
-        let mode = std::fs::metadata(d).unwrap().permissions().mode() & 0o777;
+        let mode = mode_of(d, 0o777);
         assert_eq!(mode, 0o700, "{}", d.display());
-        let f = std::fs::metadata(d.join("usage.cache")).unwrap();
-        assert_eq!(f.permissions().mode() & 0o777, 0o600);
+        assert_eq!(mode_of(d.join("usage.cache"), 0o777), 0o600);
     }
-    let user_mode = std::fs::metadata(b.user_dir())
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o777;
+    let user_mode = mode_of(b.user_dir(), 0o777);
     assert_eq!(user_mode, 0o700);
     assert_eq!(a.finish().code(), Some(0));
     assert_eq!(c.finish().code(), Some(0));
@@ -179,12 +186,12 @@ fn two_jobs_get_separate_tables_by_default_and_share_only_when_asked() {
     let mut cmd = b.vgpu();
     cmd.args(["status", "--json", "--share", "team"]);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(v["schema"], "vgpu.status.v1");
     assert_eq!(v["processes"].as_array().unwrap().len(), 2);
     let shared = b.user_dir().join("team.cache");
-    let mode = std::fs::metadata(&shared).unwrap().permissions().mode() & 0o777;
+    let mode = mode_of(&shared, 0o777);
     assert_eq!(mode, 0o600, "a group table is not writable by other users");
     a.finish();
     c.finish();
@@ -196,18 +203,7 @@ fn a_stale_table_never_silently_wins() {
     let mut a = b.job(&["--memory", "1g", "--share", "g"]);
     assert!(a.send("init").starts_with("ok"));
     // While a live process holds the group under 1 GiB, a job asking 2 GiB is refused.
-    let mut cmd = b.vgpu();
-    cmd.args([
-        "run",
-        "--driver",
-        "simulated",
-        "--memory",
-        "2g",
-        "--share",
-        "g",
-        "--",
-        "true",
-    ]);
+    let cmd = b.run_simulated(&["--memory", "2g", "--share", "g", "--", "true"]);
     let out = run(cmd);
     assert_fails(
         &out,
@@ -220,18 +216,7 @@ fn a_stale_table_never_silently_wins() {
         ],
     );
     // The same limit joins.
-    let mut cmd = b.vgpu();
-    cmd.args([
-        "run",
-        "--driver",
-        "simulated",
-        "--memory",
-        "1g",
-        "--share",
-        "g",
-        "--",
-        "true",
-    ]);
+    let cmd = b.run_simulated(&["--memory", "1g", "--share", "g", "--", "true"]);
     assert_eq!(run(cmd).code(), Some(0));
     assert_eq!(a.finish().code(), Some(0));
 
@@ -256,22 +241,17 @@ fn a_stale_table_never_silently_wins() {
 #[test]
 fn run_on_the_simulated_driver_needs_no_gpu_and_cleans_up() {
     let b = Box_::new();
-    let mut cmd = b.vgpu();
-    cmd.args(["run", "--driver", "simulated", "--memory", "512m", "--"])
-        .arg(vgpu_exe())
+    let mut cmd = b.run_simulated(&["--memory", "512m", "--"]);
+    cmd.arg(vgpu_exe())
         .args(["workload", "--script", "init;total;alloc 600m"]);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert!(
         out.stdout.contains("file=") && out.stdout.contains("libvgpusim.so"),
         "{}",
         out.stdout
     );
-    assert!(
-        out.stdout.contains(&format!("bytes={}", 512 * MIB)),
-        "{}",
-        out.stdout
-    );
+    out.assert_stdout_has(&[&format!("bytes={}", 512 * MIB)]);
     assert!(
         out.stdout.contains("err alloc") && out.stdout.contains("OUT_OF_MEMORY"),
         "{}",
@@ -279,8 +259,7 @@ fn run_on_the_simulated_driver_needs_no_gpu_and_cleans_up() {
     );
     wait_until("the job directory is removed", || job_dirs(&b).is_empty());
     // A pipe reader sees EOF when the program ends: the cleanup watcher holds no pipe.
-    let mut cmd = b.vgpu();
-    cmd.args(["run", "--driver", "simulated", "--", "sh", "-c", "echo hi"]);
+    let cmd = b.run_simulated(&["--", "sh", "-c", "echo hi"]);
     let start = Instant::now();
     let out = run_bounded(cmd, Duration::from_secs(10));
     assert_eq!(out.stdout.trim(), "hi");
@@ -290,29 +269,16 @@ fn run_on_the_simulated_driver_needs_no_gpu_and_cleans_up() {
 #[test]
 fn the_turn_directory_is_created_sticky_for_sm_jobs() {
     let b = Box_::new();
-    let mut cmd = b.vgpu();
-    cmd.args(["run", "--driver", "simulated", "--sm", "50", "--", "true"]);
+    let cmd = b.run_simulated(&["--sm", "50", "--", "true"]);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
-    let mode = std::fs::metadata(b.turn_dir())
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o7777;
+    out.assert_success();
+    let mode = mode_of(b.turn_dir(), 0o7777);
     assert_eq!(mode, 0o1777);
     // A directory that cannot be created is a warning, not a failure.
-    let mut cmd = b.vgpu();
-    cmd.env("VGPU_TURN_DIR", "/nonexistent/vgpulock").args([
-        "run",
-        "--driver",
-        "simulated",
-        "--sm",
-        "50",
-        "--",
-        "true",
-    ]);
+    let mut cmd = b.run_simulated(&["--sm", "50", "--", "true"]);
+    cmd.env("VGPU_TURN_DIR", "/nonexistent/vgpulock");
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    out.assert_success();
     assert!(
         out.stderr.contains("warning") && out.stderr.contains("will not take turns"),
         "{}",
@@ -325,27 +291,20 @@ fn an_explicit_cache_is_created_private_and_never_through_a_symlink() {
     let b = Box_::new();
     let dir = b.tmp.path();
     let cache = dir.join("x.cache");
-    let mut cmd = b.vgpu();
-    cmd.args(["run", "--driver", "simulated", "--memory", "1g", "--cache"])
-        .arg(&cache)
+    let mut cmd = b.run_simulated(&["--memory", "1g", "--cache"]);
+    cmd.arg(&cache)
         .arg("--")
         .arg(vgpu_exe())
         .args(["workload", "--script", "init"]);
     assert_eq!(run(cmd).code(), Some(0));
-    assert_eq!(
-        std::fs::metadata(&cache).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    assert_eq!(mode_of(&cache, 0o777), 0o600);
     let all = dir.join("all.cache");
     let mut cmd = b.vgpu();
     cmd.args(["run", "--all-users", "--cache"])
         .arg(&all)
         .args(["--", "true"]);
     assert_eq!(run(cmd).code(), Some(0));
-    assert_eq!(
-        std::fs::metadata(&all).unwrap().permissions().mode() & 0o777,
-        0o666
-    );
+    assert_eq!(mode_of(&all, 0o777), 0o666);
     let link = dir.join("link.cache");
     std::os::unix::fs::symlink(dir.join("elsewhere"), &link).unwrap();
     let mut cmd = b.vgpu();

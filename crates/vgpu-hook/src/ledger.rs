@@ -381,6 +381,17 @@ impl UsageLedger for HookLedger {
         }
     }
 
+    fn has_device(&self, device: DeviceIndex) -> bool {
+        match self {
+            Self::Local(l) => l.has_device(device),
+            Self::Shared(s) => match s.file_device(device) {
+                Some(d) => s.slot.has_device(d),
+                // Left to try_reserve, which refuses it with the line naming the GPU.
+                None => true,
+            },
+        }
+    }
+
     fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
         match self {
             Self::Local(l) => l.charge_over_limit(device, class, bytes),
@@ -470,6 +481,16 @@ pub(crate) fn visible_subset(all: &[String], visible: Option<&str>) -> Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wrapped_ledger_says_which_devices_it_accounts_for() {
+        let ledger = HookLedger::Local(Box::new(InMemoryLedger::new([Some(1 << 20)])));
+        assert!(ledger.has_device(DeviceIndex(0)));
+        assert!(
+            !ledger.has_device(DeviceIndex(1)),
+            "an ordinal past the local ledger's devices is not accounted for"
+        );
+    }
 
     #[test]
     fn visible_devices_name_gpus_as_the_driver_reads_them() {

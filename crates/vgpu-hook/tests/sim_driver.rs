@@ -327,26 +327,43 @@ fn sixty_four_threads_allocate_and_free_without_errors_or_leaks() {
 #[test]
 fn sub_allocations_answer_their_own_range_and_refuse_ipc() {
     let o = Run::hooked("256m").run(&["range"]);
-    assert_eq!(o.get("range_rc"), "0");
-    assert_eq!(o.get("range_base_off"), "0");
-    assert_eq!(
-        o.get("range_size"),
-        "3000",
-        "cuMemGetAddressRange of a sub-allocation"
-    );
-    assert_eq!(o.get("attr_rc"), "0,0");
-    assert_eq!(o.get("attr_start_off"), "0");
-    assert_eq!(
-        o.get("attr_size"),
-        "3000",
-        "CU_POINTER_ATTRIBUTE_RANGE_SIZE of a sub-allocation"
-    );
-    assert_eq!(o.get("copy_ok"), "1");
-    assert_eq!(
-        o.get("neighbour_ok"),
-        "1",
-        "a copy into one sub-allocation touched another"
-    );
+    // (probe key, expected value, what it checks)
+    for (key, want, what) in [
+        ("range_rc", "0", "cuMemGetAddressRange succeeds"),
+        (
+            "range_base_off",
+            "0",
+            "cuMemGetAddressRange of a sub-allocation",
+        ),
+        (
+            "range_size",
+            "3000",
+            "cuMemGetAddressRange of a sub-allocation",
+        ),
+        ("attr_rc", "0,0", "cuPointerGetAttribute succeeds"),
+        (
+            "attr_start_off",
+            "0",
+            "CU_POINTER_ATTRIBUTE_RANGE_START_ADDR of a sub-allocation",
+        ),
+        (
+            "attr_size",
+            "3000",
+            "CU_POINTER_ATTRIBUTE_RANGE_SIZE of a sub-allocation",
+        ),
+        ("copy_ok", "1", "a copy into a sub-allocation"),
+        (
+            "neighbour_ok",
+            "1",
+            "a copy into one sub-allocation touched another",
+        ),
+        ("ipc_big", "0", "cuIpcGetMemHandle of a direct allocation"),
+        ("double_free_small", "1", "double free of a sub-allocation"),
+        ("double_free_big", "1", "double free of a direct allocation"),
+        ("interior_free", "1", "free of an interior pointer"),
+    ] {
+        assert_eq!(o.get(key), want, "{key}: {what}");
+    }
     assert_ne!(
         o.get("ipc_small"),
         "0",
@@ -357,18 +374,6 @@ fn sub_allocations_answer_their_own_range_and_refuse_ipc() {
         "the refusal says how to turn sub-allocation off:\n{}",
         o.stderr
     );
-    assert_eq!(o.get("ipc_big"), "0");
-    assert_eq!(
-        o.get("double_free_small"),
-        "1",
-        "double free of a sub-allocation"
-    );
-    assert_eq!(
-        o.get("double_free_big"),
-        "1",
-        "double free of a direct allocation"
-    );
-    assert_eq!(o.get("interior_free"), "1", "free of an interior pointer");
     assert_eq!(
         o.get("full_alloc"),
         "0",

@@ -6,7 +6,7 @@
 //! unlimited run of the same program in the same test. Needs `libvgpu.so` and
 //! `libvgpusim.so` built in the target directory (`cargo xtask test` does that).
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use support::Standalone;
 
@@ -23,18 +23,8 @@ int main(int argc, char **argv) {
   unsigned long long ns = strtoull(argv[2], 0, 10);
   char mode = argv[3][0]; /* k: cuLaunchKernel, p: cuLaunchKernel_ptsz on stream 0,
                              c: cuLaunchCooperativeKernel, g: cuGraphLaunch of 4 kernels */
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 3; }
-  CUresult (*cuInit)(unsigned);
-  CUresult (*cuDeviceGet)(int *, int);
-  CUresult (*cuDevicePrimaryCtxRetain)(H *, int);
-  CUresult (*cuCtxSetCurrent)(H);
-  CUresult (*cuModuleLoadData)(H *, const void *);
-  CUresult (*cuModuleGetFunction)(H *, H, const char *);
-  CUresult (*cuStreamCreate)(H *, unsigned);
-  CUresult (*cuStreamSynchronize)(H);
-  CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, H, void **, void **);
+  int loaded = load_driver();
+  if (loaded) return loaded;
   CUresult (*cuLaunchKernel_ptsz)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   unsigned, H, void **, void **);
   CUresult (*cuLaunchCooperativeKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -43,13 +33,7 @@ int main(int argc, char **argv) {
   CUresult (*cuStreamEndCapture)(H, H *);
   CUresult (*cuGraphInstantiateWithFlags)(H *, H, unsigned long long);
   CUresult (*cuGraphLaunch)(H, H);
-  CUresult (*cuEventCreate)(H *, unsigned);
-  CUresult (*cuEventRecord)(H, H);
-  CUresult (*cuEventSynchronize)(H);
-  NEED(cuEventCreate) NEED(cuEventRecord) NEED(cuEventSynchronize)
-  NEED(cuInit) NEED(cuDeviceGet) NEED(cuDevicePrimaryCtxRetain) NEED(cuCtxSetCurrent)
-  NEED(cuModuleLoadData) NEED(cuModuleGetFunction) NEED(cuStreamCreate) NEED(cuStreamSynchronize)
-  NEED(cuLaunchKernel) NEED(cuLaunchKernel_ptsz) NEED(cuLaunchCooperativeKernel)
+  NEED(cuLaunchKernel_ptsz) NEED(cuLaunchCooperativeKernel)
   NEED(cuStreamBeginCapture_v2) NEED(cuStreamEndCapture) NEED(cuGraphInstantiateWithFlags)
   NEED(cuGraphLaunch)
   int dev; H ctx, mod, f, s, g, exec, ring[4];
@@ -134,21 +118,17 @@ fn spawn(
     mode: char,
 ) -> std::process::Child {
     let e = env();
-    let mut cmd = Command::new(&e.program);
-    cmd.arg(seconds.to_string())
-        .arg((kernel_us * 1000).to_string())
-        .arg(mode.to_string())
-        .env("LD_PRELOAD", &e.hook)
-        .env("LD_LIBRARY_PATH", &e.dir)
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", e.dir.join(cache))
-        .env(
-            "VGPU_SIM_UTIL_WINDOW_MS",
-            ((seconds * 1000.0) as u64).to_string(),
-        )
-        .env_remove("CUDA_DEVICE_SM_LIMIT")
-        .env_remove("GPU_CORE_UTILIZATION_POLICY")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    let args = [
+        seconds.to_string(),
+        (kernel_us * 1000).to_string(),
+        mode.to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = e.hooked(&args, &e.dir.join(cache));
+    cmd.env(
+        "VGPU_SIM_UTIL_WINDOW_MS",
+        ((seconds * 1000.0) as u64).to_string(),
+    );
     if let Some(l) = limit {
         cmd.env("CUDA_DEVICE_SM_LIMIT", l.to_string());
     }
@@ -283,17 +263,11 @@ fn two_processes_share_one_container_limit() {
     let cache = e.dir.join("shared50.cache");
     let _ = std::fs::remove_file(&cache);
     let spawn_one = || {
-        let mut cmd = Command::new(&e.program);
-        cmd.args(["2", "2000000", "k", "1.0"])
-            .env("LD_PRELOAD", &e.hook)
-            .env("LD_LIBRARY_PATH", &e.dir)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+        e.hooked(&["2", "2000000", "k", "1.0"], &cache)
             .env("CUDA_DEVICE_SM_LIMIT", "50")
             .env("VGPU_SIM_UTIL_WINDOW_MS", "2000")
-            .env_remove("GPU_CORE_UTILIZATION_POLICY")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        cmd.spawn().expect("spawn")
+            .spawn()
+            .expect("spawn")
     };
     let (a, b) = (spawn_one(), spawn_one());
     let (a, b) = (
@@ -337,18 +311,12 @@ fn two_containers_announce_themselves_and_take_turns() {
     let spawn_one = |name: &str, pct: &str| {
         let cache = e.dir.join(name);
         let _ = std::fs::remove_file(&cache);
-        let mut cmd = Command::new(&e.program);
-        cmd.args(["2", "2000000", "k", "1.0"])
-            .env("LD_PRELOAD", &e.hook)
-            .env("LD_LIBRARY_PATH", &e.dir)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+        e.hooked(&["2", "2000000", "k", "1.0"], &cache)
             .env("CUDA_DEVICE_SM_LIMIT", pct)
             .env("VGPU_TURN_DIR", &turns)
             .env("VGPU_SIM_UTIL_WINDOW_MS", "2000")
-            .env_remove("GPU_CORE_UTILIZATION_POLICY")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        cmd.spawn().expect("spawn")
+            .spawn()
+            .expect("spawn")
     };
     let (a, b) = (
         spawn_one("turn30.cache", "30"),
@@ -420,16 +388,9 @@ fn a_peer_that_stopped_launching_no_longer_holds_back_the_other() {
     let cache = e.dir.join("stale-peer.cache");
     let _ = std::fs::remove_file(&cache);
     let command = |args: &[&str]| {
-        let mut cmd = Command::new(&e.program);
-        cmd.args(args)
-            .env("LD_PRELOAD", &e.hook)
-            .env("LD_LIBRARY_PATH", &e.dir)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
-            .env("CUDA_DEVICE_SM_LIMIT", "50")
-            .env("VGPU_SIM_UTIL_WINDOW_MS", "1500")
-            .env_remove("GPU_CORE_UTILIZATION_POLICY")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
+        let mut cmd = e.hooked(args, &cache);
+        cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
+            .env("VGPU_SIM_UTIL_WINDOW_MS", "1500");
         cmd
     };
     // B launches for 0.6 s (publishing its share, about 50%), then stays alive for 5 s
@@ -466,22 +427,13 @@ fn a_peer_that_stopped_launching_no_longer_holds_back_the_other() {
 
 /// The program in a container of two simulated GPUs (file `cache`) whose second has a 30%
 /// SM limit (`CUDA_DEVICE_SM_LIMIT_1`, the container's device 1).
-fn two_gpu_container(cache: &std::path::Path, args: &[&str]) -> Command {
-    let e = env();
-    let mut cmd = Command::new(&e.program);
-    cmd.args(args)
-        .env("LD_PRELOAD", &e.hook)
-        .env("LD_LIBRARY_PATH", &e.dir)
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache)
-        .env("VGPU_SIM_DEVICE_COUNT", "2")
+fn two_gpu_container(cache: &std::path::Path, args: &[&str]) -> std::process::Command {
+    let mut cmd = env().hooked(args, cache);
+    cmd.env("VGPU_SIM_DEVICE_COUNT", "2")
         .env("CUDA_DEVICE_SM_LIMIT_1", "30")
         .env("VGPU_SIM_UTIL_WINDOW_MS", "1500")
-        .env_remove("CUDA_DEVICE_SM_LIMIT")
         .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("SPIN_DEVICE")
-        .env_remove("GPU_CORE_UTILIZATION_POLICY")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .env_remove("SPIN_DEVICE");
     cmd
 }
 
@@ -597,22 +549,14 @@ fn spawn_sharing(
     let e = env();
     let cache = e.dir.join(cache);
     let _ = std::fs::remove_file(&cache);
-    let mut cmd = Command::new(&e.program);
-    cmd.args([&seconds.to_string(), "500000", "k", "0.3"])
-        .env("LD_PRELOAD", &e.hook)
-        .env("LD_LIBRARY_PATH", &e.dir)
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
-        .env("VGPU_TURN_DIR", turns)
+    let mut cmd = e.hooked(&[&seconds.to_string(), "500000", "k", "0.3"], &cache);
+    cmd.env("VGPU_TURN_DIR", turns)
         .env("VGPU_SM_MODE", "share")
         .env(
             "VGPU_SIM_UTIL_WINDOW_MS",
             ((seconds * 1000.0) as u64).to_string(),
         )
-        .env_remove("CUDA_DEVICE_SM_LIMIT")
-        .env_remove("CUDA_TASK_PRIORITY")
-        .env_remove("GPU_CORE_UTILIZATION_POLICY")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .env_remove("CUDA_TASK_PRIORITY");
     for (k, v) in vars {
         cmd.env(k, v);
     }

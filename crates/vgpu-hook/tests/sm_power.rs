@@ -14,7 +14,7 @@
 //!
 //! Needs `libvgpu.so` and `libvgpusim.so` built in the target directory (`cargo xtask test`).
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use support::Standalone;
 
@@ -31,26 +31,10 @@ int main(int argc, char **argv) {
   double idle = atof(argv[1]), seconds = atof(argv[2]);
   unsigned long long ns = strtoull(argv[3], 0, 10);
   char ctx_mode = argv[4][0];
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 3; }
-  CUresult (*cuInit)(unsigned);
-  CUresult (*cuDeviceGet)(int *, int);
-  CUresult (*cuDevicePrimaryCtxRetain)(H *, int);
+  int loaded = load_driver();
+  if (loaded) return loaded;
   CUresult (*cuCtxCreate_v2)(H *, unsigned, int);
-  CUresult (*cuCtxSetCurrent)(H);
-  CUresult (*cuModuleLoadData)(H *, const void *);
-  CUresult (*cuModuleGetFunction)(H *, H, const char *);
-  CUresult (*cuStreamCreate)(H *, unsigned);
-  CUresult (*cuStreamSynchronize)(H);
-  CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, H, void **, void **);
-  CUresult (*cuEventCreate)(H *, unsigned);
-  CUresult (*cuEventRecord)(H, H);
-  CUresult (*cuEventSynchronize)(H);
-  NEED(cuInit) NEED(cuDeviceGet) NEED(cuDevicePrimaryCtxRetain) NEED(cuCtxCreate_v2)
-  NEED(cuCtxSetCurrent) NEED(cuModuleLoadData) NEED(cuModuleGetFunction) NEED(cuStreamCreate)
-  NEED(cuStreamSynchronize) NEED(cuLaunchKernel) NEED(cuEventCreate) NEED(cuEventRecord)
-  NEED(cuEventSynchronize)
+  NEED(cuCtxCreate_v2)
   int dev; H ctx, mod, f, s, ring[4];
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));
@@ -134,15 +118,10 @@ fn run(s: Scenario, name: &str) -> Measured {
     let e = env();
     let cache = e.dir.join(format!("{name}.cache"));
     let _ = std::fs::remove_file(&cache);
-    let mut cmd = Command::new(&e.program);
-    cmd.args([IDLE_S, BUSY_S, KERNEL_NS, &s.context.to_string()])
-        .env("LD_PRELOAD", &e.hook)
-        .env("LD_LIBRARY_PATH", &e.dir)
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
-        .env("CUDA_DEVICE_SM_LIMIT", "50")
+    let mut cmd = e.hooked(&[IDLE_S, BUSY_S, KERNEL_NS, &s.context.to_string()], &cache);
+    cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
         .env("VGPU_SIM_UTIL_WINDOW_MS", MEASURED_MS)
         .env("LIBCUDA_LOG_LEVEL", "3")
-        .env_remove("GPU_CORE_UTILIZATION_POLICY")
         .env_remove("VGPU_SIM_POWER")
         .env_remove("VGPU_SIM_NVML_ENERGY_DELAY_MS")
         .env_remove("VGPU_SM_POWER_EXPONENT");

@@ -28,14 +28,12 @@ int main(int argc, char **argv) {
   if (argc < 3) return 1;
   P held = strtoull(argv[1], 0, 0), small = strtoull(argv[2], 0, 0);
   P max = argc > 3 ? strtoull(argv[3], 0, 0) : ~0ULL;
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 3; }
-  CUresult (*cuInit)(unsigned);
-  CUresult (*cuDeviceGet)(int *, int);
+  int loaded = load_driver();
+  if (loaded) return loaded;
   CUresult (*cuCtxCreate_v2)(H *, unsigned, int);
   CUresult (*cuMemAlloc_v2)(P *, size_t);
   CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
-  NEED(cuInit); NEED(cuDeviceGet); NEED(cuCtxCreate_v2); NEED(cuMemAlloc_v2); NEED(cuMemGetInfo_v2);
+  NEED(cuCtxCreate_v2); NEED(cuMemAlloc_v2); NEED(cuMemGetInfo_v2);
   int dev; H ctx; P p; size_t free0, free1, total;
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));

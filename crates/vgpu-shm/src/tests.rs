@@ -8,7 +8,7 @@ use std::time::Instant;
 use vgpu_alloc_core::{DeviceIndex, OutOfMemory, UsageClass, UsageLedger};
 
 use crate::layout::{self, FILE_LEN, HAMI_FILE_LEN, MAX_SLOTS, offsets};
-use crate::{ImageError, ShmError, TableInit, UsageTable, validate_image};
+use crate::{ImageError, ProcessSlot, ShmError, TableInit, UsageTable, validate_image};
 
 const D0: DeviceIndex = DeviceIndex(0);
 const D1: DeviceIndex = DeviceIndex(1);
@@ -28,6 +28,24 @@ impl Drop for TempPath {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// A fresh table at a temporary path named after `tag`, with [`init`]'s devices; the path
+/// is removed when the returned guard drops.
+fn table(tag: &str, limit0: u64, limit1: u64) -> (TempPath, UsageTable) {
+    let p = TempPath::new(tag);
+    let t = UsageTable::open_or_create(&p.0, &init(limit0, limit1)).unwrap();
+    (p, t)
+}
+
+/// Asserts that `slot`'s audit of `device` finds `bytes` in the device total, the sum of
+/// the slots' held bytes and HAMi's view alike.
+#[track_caller]
+fn assert_audit(slot: &ProcessSlot, device: DeviceIndex, bytes: u64) {
+    assert_eq!(
+        slot.audit(device).map(|a| (a.total, a.held, a.hami_used)),
+        Some((bytes, bytes, bytes))
+    );
 }
 
 fn init(limit0: u64, limit1: u64) -> TableInit {
@@ -57,8 +75,7 @@ fn poke(path: &TempPath, off: usize, bytes: &[u8]) {
 
 #[test]
 fn file_has_hami_layout_at_exact_offsets() {
-    let p = TempPath::new("layout");
-    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let (p, t) = table("layout", 1000, 2000);
     assert!(t.created());
     let me = t.register_self().unwrap();
     me.try_reserve(D1, UsageClass::Data, 300).unwrap();
@@ -118,8 +135,7 @@ fn limits_in_an_existing_file_win_over_init() {
 
 #[test]
 fn refused_reservation_changes_nothing() {
-    let p = TempPath::new("refuse");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (p, t) = table("refuse", 100, 100);
     let me = t.register_self().unwrap();
     me.try_reserve(D0, UsageClass::Data, 60).unwrap();
     let before = std::fs::read(&p.0).unwrap();
@@ -146,8 +162,7 @@ fn refused_reservation_changes_nothing() {
 
 #[test]
 fn dead_process_usage_returns_when_a_reservation_would_fail() {
-    let p = TempPath::new("dead");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (_p, t) = table("dead", 100, 100);
     let victim = t.register_self().unwrap();
     let other = t.register_self().unwrap();
     victim.try_reserve(D0, UsageClass::Data, 80).unwrap();
@@ -160,16 +175,12 @@ fn dead_process_usage_returns_when_a_reservation_would_fail() {
     assert_eq!(snap.processes.len(), 1);
     assert_eq!(snap.proc_num, 1);
     assert_eq!(snap.processes[0].devices[0].data, 60);
-    assert_eq!(
-        other.audit(D0).map(|a| (a.total, a.held, a.hami_used)),
-        Some((60, 60, 60))
-    );
+    assert_audit(&other, D0, 60);
 }
 
 #[test]
 fn periodic_sm_util_report_sweeps_dead_processes() {
-    let p = TempPath::new("periodic");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (_p, t) = table("periodic", 100, 100);
     let victim = t.register_self().unwrap();
     let other = t.register_self().unwrap();
     victim.try_reserve(D0, UsageClass::Data, 40).unwrap();
@@ -188,8 +199,7 @@ fn periodic_sm_util_report_sweeps_dead_processes() {
 fn reused_pid_does_not_keep_a_dead_slot_alive() {
     // The dead slot carries a pid (ours) that is alive and even has the right start time:
     // only the kernel-held liveness lock counts.
-    let p = TempPath::new("pidreuse");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (_p, t) = table("pidreuse", 100, 100);
     let victim = t.register_self().unwrap();
     victim.try_reserve(D0, UsageClass::Data, 70).unwrap();
     victim.simulate_death();
@@ -200,8 +210,7 @@ fn reused_pid_does_not_keep_a_dead_slot_alive() {
 
 #[test]
 fn compaction_keeps_live_slots_dense_and_writers_follow_their_slot() {
-    let p = TempPath::new("compact");
-    let t = UsageTable::open_or_create(&p.0, &init(1000, 1000)).unwrap();
+    let (p, t) = table("compact", 1000, 1000);
     let a = t.register_self().unwrap();
     let b = t.register_self().unwrap();
     let c = t.register_self().unwrap();
@@ -242,16 +251,12 @@ fn compaction_keeps_live_slots_dense_and_writers_follow_their_slot() {
         c_snap.hostpid, 4242,
         "the monitor's hostpid moved with the slot"
     );
-    assert_eq!(
-        a.audit(D0).map(|a| (a.total, a.held, a.hami_used)),
-        Some((13, 13, 13))
-    );
+    assert_audit(&a, D0, 13);
 }
 
 #[test]
 fn monitor_writes_are_honoured() {
-    let p = TempPath::new("monitor");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (p, t) = table("monitor", 100, 100);
     let me = t.register_self().unwrap();
     me.try_reserve(D0, UsageClass::Data, 50).unwrap();
     poke(&p, offsets::LIMIT, &60u64.to_le_bytes()); // the monitor shrinks the limit
@@ -268,8 +273,7 @@ fn monitor_writes_are_honoured() {
 
 #[test]
 fn set_limits_on_a_live_file() {
-    let p = TempPath::new("setlimit");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (p, t) = table("setlimit", 100, 100);
     let me = t.register_self().unwrap();
     let cli = UsageTable::open_existing(&p.0).unwrap();
     cli.set_memory_limit(D0, Some(10)).unwrap();
@@ -306,8 +310,7 @@ fn set_limits_on_a_live_file() {
 
 #[test]
 fn hostpid_is_what_the_monitor_or_the_process_wrote() {
-    let p = TempPath::new("hostpid");
-    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let (_p, t) = table("hostpid", 1000, 2000);
     let me = t.register_self().unwrap();
     assert_eq!(me.hostpid(), None, "nobody wrote one");
     me.set_hostpid(4242);
@@ -316,8 +319,7 @@ fn hostpid_is_what_the_monitor_or_the_process_wrote() {
 
 #[test]
 fn a_charge_over_the_limit_shows_in_the_file_and_refuses_later_reservations() {
-    let p = TempPath::new("overlimit");
-    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let (_p, t) = table("overlimit", 1000, 2000);
     let me = t.register_self().unwrap();
     me.try_reserve(D0, UsageClass::Data, 900).unwrap();
     me.charge_over_limit(D0, UsageClass::Module, 300);
@@ -331,8 +333,7 @@ fn a_charge_over_the_limit_shows_in_the_file_and_refuses_later_reservations() {
 
 #[test]
 fn snapshot_reports_devices_and_processes() {
-    let p = TempPath::new("snap");
-    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let (_p, t) = table("snap", 1000, 2000);
     let me = t.register_self().unwrap();
     me.try_reserve(D0, UsageClass::Context, 5).unwrap();
     me.try_reserve(D0, UsageClass::Module, 6).unwrap();
@@ -357,8 +358,7 @@ fn snapshot_reports_devices_and_processes() {
 #[test]
 fn crash_inside_a_device_lock_recovers_within_100ms() {
     use crate::protocol::Store;
-    let p = TempPath::new("lockcrash");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (_p, t) = table("lockcrash", 100, 100);
     let victim = t.register_self().unwrap();
     let other = t.register_self().unwrap();
     victim.try_reserve(D0, UsageClass::Data, 30).unwrap();
@@ -377,17 +377,13 @@ fn crash_inside_a_device_lock_recovers_within_100ms() {
         start.elapsed()
     );
     assert_eq!(t.usage(D0).used, 90);
-    assert_eq!(
-        other.audit(D0).map(|a| (a.total, a.held, a.hami_used)),
-        Some((90, 90, 90))
-    );
+    assert_audit(&other, D0, 90);
 }
 
 #[test]
 fn administrator_killed_mid_repair_is_finished_by_the_next_reservation() {
     use crate::protocol::{Store, admin_owner_word};
-    let p = TempPath::new("admincrash");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (_p, t) = table("admincrash", 100, 100);
     let a = t.register_self().unwrap();
     let b = t.register_self().unwrap();
     a.try_reserve(D0, UsageClass::Data, 30).unwrap();
@@ -412,20 +408,13 @@ fn administrator_killed_mid_repair_is_finished_by_the_next_reservation() {
     let snap = t.snapshot();
     assert_eq!(snap.proc_num, 2, "the view was rebuilt");
     assert_eq!(snap.devices[0].used, 100);
-    assert_eq!(
-        a.audit(D0).map(|a| (a.total, a.held, a.hami_used)),
-        Some((100, 100, 100))
-    );
-    assert_eq!(
-        a.audit(D1).map(|a| (a.total, a.held, a.hami_used)),
-        Some((20, 20, 20))
-    );
+    assert_audit(&a, D0, 100);
+    assert_audit(&a, D1, 20);
 }
 
 #[test]
 fn full_slot_table_is_a_clear_error() {
-    let p = TempPath::new("full");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (_p, t) = table("full", 100, 100);
     let mut slots = Vec::new();
     for _ in 0..MAX_SLOTS {
         slots.push(t.register_self().unwrap());
@@ -703,8 +692,7 @@ fn other_files_are_refused_as_hami_core_files() {
 /// is untouched.
 #[test]
 fn leave_gives_usage_back_at_once_while_another_thread_reserves() {
-    let p = TempPath::new("leave");
-    let t = UsageTable::open_or_create(&p.0, &init(1 << 30, 1 << 30)).unwrap();
+    let (p, t) = table("leave", 1 << 30, 1 << 30);
     let peer = t.register_self().unwrap();
     peer.try_reserve(D0, UsageClass::Data, 1000).unwrap();
     let me = std::sync::Arc::new(t.register_self().unwrap());
@@ -766,8 +754,7 @@ fn leave_gives_usage_back_at_once_while_another_thread_reserves() {
 /// monitor's negative "block" value, and a read-only handle writes nothing.
 #[test]
 fn kernel_activity_marks_recent_kernel_but_never_a_negative_value() {
-    let p = TempPath::new("recent");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (p, t) = table("recent", 100, 100);
     let rk = |v: i32| poke(&p, offsets::RECENT_KERNEL, &v.to_le_bytes());
     assert_eq!((t.recent_kernel(), t.last_kernel_time()), (0, 0));
     t.note_kernel_activity();
@@ -800,8 +787,7 @@ fn kernel_activity_marks_recent_kernel_but_never_a_negative_value() {
 /// clears the time; a new process in a reused slot starts without one.
 #[test]
 fn sm_util_publish_times_belong_to_the_slots_current_process() {
-    let p = TempPath::new("times");
-    let t = UsageTable::open_or_create(&p.0, &init(100, 100)).unwrap();
+    let (p, t) = table("times", 100, 100);
     let b = std::fs::read(&p.0).unwrap();
     assert_eq!(b.len(), FILE_LEN);
     assert_eq!(
@@ -852,8 +838,7 @@ fn sm_util_publish_times_belong_to_the_slots_current_process() {
 /// a read-only open reads it as it is.
 #[test]
 fn a_minor_0_file_is_upgraded_in_place() {
-    let p = TempPath::new("minor0");
-    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let (p, t) = table("minor0", 1000, 2000);
     let me = t.register_self().unwrap();
     me.try_reserve(D0, UsageClass::Data, 300).unwrap();
     me.set_sm_util(D0, 12);
@@ -1045,8 +1030,7 @@ fn a_foreign_owned_file_in_a_world_writable_directory_is_refused() {
 #[test]
 fn a_table_knows_when_its_path_no_longer_names_its_file() {
     use crate::FileLink;
-    let p = TempPath::new("linked");
-    let t = UsageTable::open_or_create(&p.0, &init(1000, 1000)).unwrap();
+    let (p, t) = table("linked", 1000, 1000);
     let me = t.register_self().unwrap();
     assert_eq!(t.link_state().unwrap(), FileLink::Linked);
     std::fs::remove_file(&p.0).unwrap();

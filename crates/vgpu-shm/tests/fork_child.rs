@@ -12,12 +12,7 @@ use vgpu_shm::{ShmError, TableInit, UsageTable};
 const D0: DeviceIndex = DeviceIndex(0);
 
 fn init() -> TableInit {
-    TableInit {
-        uuids: vec!["GPU-fork".into()],
-        memory_limits: vec![Some(1000)],
-        sm_limits: vec![None],
-        priority: 1,
-    }
+    one_gpu("GPU-fork", 1000)
 }
 
 #[test]

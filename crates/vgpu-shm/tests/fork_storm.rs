@@ -24,12 +24,7 @@ const REFUSED: usize = 4;
 const GRANTED: usize = 5;
 
 fn init() -> TableInit {
-    TableInit {
-        uuids: vec!["GPU-storm".into()],
-        memory_limits: vec![Some(LIMIT)],
-        sm_limits: vec![None],
-        priority: 1,
-    }
+    one_gpu("GPU-storm", LIMIT)
 }
 
 #[test]

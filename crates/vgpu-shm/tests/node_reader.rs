@@ -14,12 +14,7 @@ use vgpu_shm::{NodeReader, TableInit, UsageTable};
 const SIGBUS_EXIT: i32 = 128 + libc::SIGBUS;
 
 fn init() -> TableInit {
-    TableInit {
-        uuids: vec!["GPU-trunc".into()],
-        memory_limits: vec![Some(1 << 30)],
-        sm_limits: vec![None],
-        priority: 1,
-    }
+    one_gpu("GPU-trunc", 1 << 30)
 }
 
 #[test]

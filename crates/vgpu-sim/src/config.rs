@@ -238,6 +238,16 @@ impl SimConfig {
                     .map_err(|_| err(var, &v, "expected an integer")),
             }
         };
+        // An integer setting that must lie in `ok`; `expected` says so when it does not.
+        let int_in =
+            |var: &str, default: i64, ok: std::ops::RangeInclusive<i64>, expected: &str| {
+                let value = int_var(var, default)?;
+                if ok.contains(&value) {
+                    Ok(value)
+                } else {
+                    Err(err(var, &value.to_string(), expected))
+                }
+            };
         let count = int_var("VGPU_SIM_DEVICE_COUNT", 1)?;
         if !(0..=MAX_SIM_DEVICES as i64).contains(&count) {
             let v = get("VGPU_SIM_DEVICE_COUNT").unwrap_or_default();
@@ -309,22 +319,13 @@ impl SimConfig {
             .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
             .ok_or_else(|| err("VGPU_SIM_COMPUTE_CAPABILITY", &cc, "expected MAJOR.MINOR"))?;
         let driver_version = int_var("VGPU_SIM_DRIVER_VERSION", 13000)?;
-        let sm_count = int_var("VGPU_SIM_SM_COUNT", 132)?;
-        if !(1..=1024).contains(&sm_count) {
-            return Err(err(
-                "VGPU_SIM_SM_COUNT",
-                &sm_count.to_string(),
-                "expected 1..=1024",
-            ));
-        }
-        let util_window_ms = int_var("VGPU_SIM_UTIL_WINDOW_MS", 1000)?;
-        if util_window_ms <= 0 {
-            return Err(err(
-                "VGPU_SIM_UTIL_WINDOW_MS",
-                &util_window_ms.to_string(),
-                "expected > 0",
-            ));
-        }
+        let sm_count = int_in("VGPU_SIM_SM_COUNT", 132, 1..=1024, "expected 1..=1024")?;
+        let util_window_ms = int_in(
+            "VGPU_SIM_UTIL_WINDOW_MS",
+            1000,
+            1..=i64::MAX,
+            "expected > 0",
+        )?;
         let lazy_loading = match get("CUDA_MODULE_LOADING") {
             None => true,
             Some(v) => match v.trim().to_ascii_uppercase().as_str() {
@@ -343,14 +344,12 @@ impl SimConfig {
                 )
             })?,
         };
-        let nvml_energy_delay_ms = int_var("VGPU_SIM_NVML_ENERGY_DELAY_MS", 0)?;
-        if !(0..=1000).contains(&nvml_energy_delay_ms) {
-            return Err(err(
-                "VGPU_SIM_NVML_ENERGY_DELAY_MS",
-                &nvml_energy_delay_ms.to_string(),
-                "expected 0..=1000",
-            ));
-        }
+        let nvml_energy_delay_ms = int_in(
+            "VGPU_SIM_NVML_ENERGY_DELAY_MS",
+            0,
+            0..=1000,
+            "expected 0..=1000",
+        )?;
         let nvml_pid = match get("VGPU_SIM_NVML_PID") {
             None => None,
             Some(v) => Some(

@@ -18,45 +18,21 @@ fn round_up(n: usize, to: usize) -> Option<usize> {
     n.checked_add(to - 1).map(|v| v / to * to)
 }
 
-/// Anonymous readable and writable memory: backs `cuMemAlloc` and friends.
+/// `len` bytes of address space at `addr`, unmapped on drop: what a [`HostRegion`] and a
+/// [`VaRange`] own (they dereference to it).
 #[derive(Debug)]
-pub struct HostRegion {
+pub struct Mapping {
     addr: usize,
     len: usize,
 }
 
-impl HostRegion {
-    /// Maps `len` bytes (at least one page), or `None` when the host refuses.
-    pub fn new(len: usize) -> Option<HostRegion> {
-        let len = round_up(len.max(1), page_size())?;
-        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing touches no
-        // existing memory.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            None
-        } else {
-            Some(HostRegion {
-                addr: p as usize,
-                len,
-            })
-        }
-    }
-
+impl Mapping {
     /// Start address.
     pub fn addr(&self) -> u64 {
         self.addr as u64
     }
 
-    /// Mapped length (a whole number of pages).
+    /// Length in bytes (a whole number of pages).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -67,19 +43,60 @@ impl HostRegion {
     }
 }
 
-impl Drop for HostRegion {
+impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: this region owns exactly this mapping.
+        // SAFETY: this mapping owns exactly this range (mappings placed inside it included).
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// A fresh private anonymous `MAP_NORESERVE` mapping of `len` bytes with protection `prot`
+/// at an address of the kernel's choosing; its address, or `None` when the host refuses.
+fn map_anonymous(len: usize, prot: libc::c_int) -> Option<usize> {
+    // SAFETY: a new mapping where the kernel chooses touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p as usize)
+}
+
+/// Anonymous readable and writable memory: backs `cuMemAlloc` and friends.
+#[derive(Debug)]
+pub struct HostRegion(Mapping);
+
+impl HostRegion {
+    /// Maps `len` bytes (at least one page), or `None` when the host refuses.
+    pub fn new(len: usize) -> Option<HostRegion> {
+        let len = round_up(len.max(1), page_size())?;
+        let addr = map_anonymous(len, libc::PROT_READ | libc::PROT_WRITE)?;
+        Some(HostRegion(Mapping { addr, len }))
+    }
+}
+
+impl std::ops::Deref for HostRegion {
+    type Target = Mapping;
+    fn deref(&self) -> &Mapping {
+        &self.0
     }
 }
 
 /// A reserved, inaccessible address range (`cuMemAddressReserve`): physical memory is mapped
 /// into it with [`VaRange::map`].
 #[derive(Debug)]
-pub struct VaRange {
-    addr: usize,
-    len: usize,
+pub struct VaRange(Mapping);
+
+impl std::ops::Deref for VaRange {
+    type Target = Mapping;
+    fn deref(&self) -> &Mapping {
+        &self.0
+    }
 }
 
 impl VaRange {
@@ -91,21 +108,7 @@ impl VaRange {
         }
         let len = round_up(len, page_size())?;
         let over = len.checked_add(align)?;
-        // SAFETY: a fresh inaccessible mapping at an address of the kernel's choosing.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                over,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
-        let start = p as usize;
+        let start = map_anonymous(over, libc::PROT_NONE)?;
         let aligned = round_up(start, align)?;
         // SAFETY: both trimmed pieces lie inside the mapping just made and are not used.
         unsafe {
@@ -117,22 +120,7 @@ impl VaRange {
                 libc::munmap((aligned + len) as *mut libc::c_void, tail);
             }
         }
-        Some(VaRange { addr: aligned, len })
-    }
-
-    /// Start address.
-    pub fn addr(&self) -> u64 {
-        self.addr as u64
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Never true; present for clippy's `len_without_is_empty`.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+        Some(VaRange(Mapping { addr: aligned, len }))
     }
 
     fn contains(&self, addr: u64, len: usize) -> bool {
@@ -180,13 +168,6 @@ impl VaRange {
             )
         };
         p != libc::MAP_FAILED
-    }
-}
-
-impl Drop for VaRange {
-    fn drop(&mut self) {
-        // SAFETY: this reservation owns exactly this range (mappings inside it included).
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
     }
 }
 

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -53,6 +53,12 @@ pub struct Output {
 impl Output {
     pub fn code(&self) -> Option<i32> {
         self.status.code()
+    }
+
+    /// Assert the command exited 0 (showing its stderr otherwise).
+    #[track_caller]
+    pub fn assert_success(&self) {
+        assert_eq!(self.code(), Some(0), "{}", self.stderr);
     }
 
     /// Assert stdout contains each of `needles`.
@@ -109,6 +115,27 @@ pub fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Adds `ARGS --cache CACHE` to `cmd`: most subcommands are pointed at one usage file.
+pub fn cache_args(cmd: &mut Command, args: &[&str], cache: &Path) {
+    cmd.args(args).arg("--cache").arg(cache);
+}
+
+/// The `host:port` a just-spawned `vgpu exporter` (stdout piped) listens on, from the first
+/// line it prints.
+pub fn exporter_address(exporter: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(exporter.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line.split("http://")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned()
 }
 
 /// Run with a 30 s bound.

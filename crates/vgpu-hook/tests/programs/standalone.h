@@ -1,5 +1,5 @@
 /* The preamble of the standalone SM-limit test programs (tests/sm_limit.rs, tests/sm_power.rs):
-   they load the driver with dlopen and resolve each function with NEED. */
+   they load the driver with load_driver (the common functions) and resolve the rest with NEED. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +9,32 @@ typedef int CUresult;
 typedef void *H;
 #define NEED(name) name = dlsym(lib, #name); if (!name) { fprintf(stderr, "no %s\n", #name); return 3; }
 #define CHECK(x) do { CUresult r_ = (x); if (r_) { fprintf(stderr, "%s = %d\n", #x, r_); return 2; } } while (0)
+
+/* The driver functions every standalone program uses, resolved by load_driver. */
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuDeviceGet)(int *, int);
+static CUresult (*cuDevicePrimaryCtxRetain)(H *, int);
+static CUresult (*cuCtxSetCurrent)(H);
+static CUresult (*cuModuleLoadData)(H *, const void *);
+static CUresult (*cuModuleGetFunction)(H *, H, const char *);
+static CUresult (*cuStreamCreate)(H *, unsigned);
+static CUresult (*cuStreamSynchronize)(H);
+static CUresult (*cuEventCreate)(H *, unsigned);
+static CUresult (*cuEventRecord)(H, H);
+static CUresult (*cuEventSynchronize)(H);
+static CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    unsigned, H, void **, void **);
+static void *lib; /* libcuda.so.1, for NEED */
+
+/* Opens the driver and resolves the functions above: 0, or 3 after saying what is missing. */
+static int load_driver(void) {
+  lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 3; }
+  NEED(cuInit) NEED(cuDeviceGet) NEED(cuDevicePrimaryCtxRetain) NEED(cuCtxSetCurrent)
+  NEED(cuModuleLoadData) NEED(cuModuleGetFunction) NEED(cuStreamCreate) NEED(cuStreamSynchronize)
+  NEED(cuEventCreate) NEED(cuEventRecord) NEED(cuEventSynchronize) NEED(cuLaunchKernel)
+  return 0;
+}
 
 static double now(void) {
   struct timespec t;

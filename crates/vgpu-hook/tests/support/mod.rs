@@ -51,6 +51,23 @@ fn built_libraries() -> (PathBuf, PathBuf) {
     (hook, sim)
 }
 
+/// The C compiler: `$CC`, else `cc`.
+fn cc() -> Command {
+    Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+}
+
+/// Runs a [`cc`] command line, failing the test with the compiler's complaint.
+fn compile(cc: &mut Command) {
+    let out = cc
+        .output()
+        .expect("cannot run cc: a C compiler is needed for these tests");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn programs_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
 }
@@ -75,33 +92,21 @@ pub fn env() -> &'static Env {
             std::os::unix::fs::symlink(&sim, simlib.join(name)).expect("symlink");
         }
         let probe = scratch.join("probe");
-        let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-O1", "-Wall", "-o"])
-            .arg(&probe)
-            .arg(programs_dir().join("probe.c"))
-            .arg("-I")
-            .arg(programs_dir())
-            .arg("-L")
-            .arg(&simlib)
-            .args(["-lcuda", "-ldl", "-lpthread"])
-            .output()
-            .expect("cannot run cc: a C compiler is needed for these tests");
-        assert!(
-            out.status.success(),
-            "cc failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        compile(
+            cc().args(["-O1", "-Wall", "-o"])
+                .arg(&probe)
+                .arg(programs_dir().join("probe.c"))
+                .arg("-I")
+                .arg(programs_dir())
+                .arg("-L")
+                .arg(&simlib)
+                .args(["-lcuda", "-ldl", "-lpthread"]),
         );
         let interposer = scratch.join("interposer.so");
-        let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&interposer)
-            .arg(programs_dir().join("interposer.c"))
-            .output()
-            .expect("cannot run cc");
-        assert!(
-            out.status.success(),
-            "cc failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        compile(
+            cc().args(["-shared", "-fPIC", "-o"])
+                .arg(&interposer)
+                .arg(programs_dir().join("interposer.c")),
         );
         Env {
             hook,
@@ -138,21 +143,33 @@ pub fn standalone(tag: &str, name: &str, source: &str) -> Standalone {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).expect("write the program");
     let program = dir.join(name);
-    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O2", "-o"])
-        .arg(&program)
-        .arg(&src)
-        .arg("-I")
-        .arg(programs_dir())
-        .arg("-ldl")
-        .output()
-        .expect("cannot run cc: a C compiler is needed for these tests");
-    assert!(
-        out.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    compile(
+        cc().args(["-O2", "-o"])
+            .arg(&program)
+            .arg(&src)
+            .arg("-I")
+            .arg(programs_dir())
+            .arg("-ldl"),
     );
     Standalone { dir, program, hook }
+}
+
+impl Standalone {
+    /// The program with `args` under the hook, counting into the usage file `cache`, stdout
+    /// and stderr piped, and no SM limit or policy inherited from the test runner (callers
+    /// set the ones they test).
+    pub fn hooked(&self, args: &[&str], cache: &Path) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(args)
+            .env("LD_PRELOAD", &self.hook)
+            .env("LD_LIBRARY_PATH", &self.dir)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache)
+            .env_remove("CUDA_DEVICE_SM_LIMIT")
+            .env_remove("GPU_CORE_UTILIZATION_POLICY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
 }
 
 /// Scratch directories of earlier test runs whose process is gone (nothing runs at exit to
@@ -315,15 +332,19 @@ impl Run {
         c
     }
 
+    /// Starts the probe with `stdin` and `stderr` as given and stdout piped.
+    fn start(&self, args: &[&str], stdin: Stdio, stderr: Stdio) -> Child {
+        self.command(args)
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn probe")
+    }
+
     /// Runs the probe to completion (60 s at most).
     pub fn run(&self, args: &[&str]) -> Out {
-        let mut child = self
-            .command(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn probe");
+        let mut child = self.start(args, Stdio::null(), Stdio::piped());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
             if child.try_wait().expect("wait").is_some() {
@@ -354,13 +375,7 @@ impl Run {
 
     /// Starts a probe that keeps running (for `hold`), with stdin and stdout piped.
     pub fn spawn(&self, args: &[&str]) -> Held {
-        let mut child = self
-            .command(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn probe");
+        let mut child = self.start(args, Stdio::piped(), Stdio::inherit());
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
         Held {

@@ -287,6 +287,27 @@ impl ProcessSlot {
     }
 }
 
+impl ProcessSlot {
+    /// Runs `op` with the store, this slot, its owner word and the device index, unless the
+    /// process left the table, the device is out of range or there are no bytes to move
+    /// (what the releases and `charge_over_limit` share; none can be refused).
+    fn adjust(
+        &self,
+        device: DeviceIndex,
+        bytes: u64,
+        op: impl FnOnce(&Mapped<'_>, usize, u64, usize),
+    ) {
+        let d = device.as_usize();
+        let Some(owner) = self.owner() else {
+            return;
+        };
+        if d >= MAX_DEVICES || bytes == 0 {
+            return;
+        }
+        op(&self.table.store(), self.index, owner, d);
+    }
+}
+
 impl Drop for ProcessSlot {
     fn drop(&mut self) {
         let _ = self.leave();
@@ -386,15 +407,9 @@ impl ProcessSlot {
     }
 
     fn release_class(&self, device: DeviceIndex, class: usize, bytes: u64) {
-        let d = device.as_usize();
-        let Some(owner) = self.owner() else {
-            return;
-        };
-        if d >= MAX_DEVICES || bytes == 0 {
-            return;
-        }
-        let st = self.table.store();
-        let _ = protocol::release(&st, self.index, owner, d, class, bytes, &NoCrash);
+        self.adjust(device, bytes, |st, slot, owner, d| {
+            let _ = protocol::release(st, slot, owner, d, class, bytes, &NoCrash);
+        });
     }
 }
 
@@ -417,22 +432,16 @@ impl UsageLedger for ProcessSlot {
     }
 
     fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        let d = device.as_usize();
-        let Some(owner) = self.owner() else {
-            return;
-        };
-        if d >= MAX_DEVICES || bytes == 0 {
-            return;
-        }
-        let st = self.table.store();
-        let _ = protocol::charge_over_limit(
-            &st,
-            self.index,
-            owner,
-            d,
-            class_index(class),
-            bytes,
-            &NoCrash,
-        );
+        self.adjust(device, bytes, |st, slot, owner, d| {
+            let _ = protocol::charge_over_limit(
+                st,
+                slot,
+                owner,
+                d,
+                class_index(class),
+                bytes,
+                &NoCrash,
+            );
+        });
     }
 }

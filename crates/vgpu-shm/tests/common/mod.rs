@@ -108,3 +108,13 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 pub fn load(w: &AtomicU64) -> u64 {
     w.load(Ordering::SeqCst)
 }
+
+/// One GPU named `uuid` with a memory limit of `limit` bytes and no SM limit.
+pub fn one_gpu(uuid: &str, limit: u64) -> vgpu_shm::TableInit {
+    vgpu_shm::TableInit {
+        uuids: vec![uuid.into()],
+        memory_limits: vec![Some(limit)],
+        sm_limits: vec![None],
+        priority: 1,
+    }
+}

@@ -170,15 +170,20 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     })
 }
 
-/// The simulated driver's `cuGetErrorName`: unknown codes give `CUDA_ERROR_INVALID_VALUE`.
+/// `cuGetErrorName`/`cuGetErrorString`: writes the C string `pick` chooses from the code's
+/// `(name, description)`, or null and `CUDA_ERROR_INVALID_VALUE` for an unknown code.
 ///
 /// # Safety
 /// `p` must be valid for a write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetErrorName(code: CUresult, p: *mut *const c_char) -> CUresult {
-    entry_pre("cuGetErrorName", || match cuda_error(code.0) {
-        Some((name, _)) => {
-            out!(p, name.as_ptr().cast());
+unsafe fn describe_error(
+    symbol: &'static str,
+    code: CUresult,
+    p: *mut *const c_char,
+    pick: fn((&'static str, &'static str)) -> &'static str,
+) -> CUresult {
+    entry_pre(symbol, || match cuda_error(code.0) {
+        Some(error) => {
+            out!(p, pick(error).as_ptr().cast());
             Ok(())
         }
         None => {
@@ -188,22 +193,24 @@ pub unsafe extern "C" fn cuGetErrorName(code: CUresult, p: *mut *const c_char) -
     })
 }
 
+/// The simulated driver's `cuGetErrorName`: unknown codes give `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `p` must be valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(code: CUresult, p: *mut *const c_char) -> CUresult {
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { describe_error("cuGetErrorName", code, p, |(name, _)| name) }
+}
+
 /// The simulated driver's `cuGetErrorString`.
 ///
 /// # Safety
 /// `p` must be valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorString(code: CUresult, p: *mut *const c_char) -> CUresult {
-    entry_pre("cuGetErrorString", || match cuda_error(code.0) {
-        Some((_, text)) => {
-            out!(p, text.as_ptr().cast());
-            Ok(())
-        }
-        None => {
-            out!(p, std::ptr::null());
-            Err(CUDA_ERROR_INVALID_VALUE)
-        }
-    })
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { describe_error("cuGetErrorString", code, p, |(_, text)| text) }
 }
 
 /// The simulated driver's `cuGetProcAddress` (CUDA 11.3 form).

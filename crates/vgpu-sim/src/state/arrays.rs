@@ -63,22 +63,7 @@ impl Sim {
     /// `cuArrayCreate_v2` / `cuArray3DCreate_v2`.
     pub fn array_create(&self, desc: ArrayDesc) -> CuResult<u64> {
         let bytes = desc.bytes()?;
-        let (ctx, dev) = self.cur_dev()?;
-        self.devices[dev].reserve(bytes)?;
-        let mut st = self.st();
-        let id = st.id();
-        st.arrays.insert(
-            id,
-            Array {
-                dev,
-                ctx,
-                bytes,
-                desc,
-                levels: 1,
-                parent: None,
-            },
-        );
-        Ok(handle(tag::ARRAY, id))
+        self.add_array(tag::ARRAY, desc, 1, bytes)
     }
 
     /// `cuArrayDestroy`.
@@ -95,12 +80,11 @@ impl Sim {
 
     /// `cuArray3DGetDescriptor_v2`.
     pub fn array_desc(&self, h: u64) -> CuResult<ArrayDesc> {
-        let id = unhandle(tag::ARRAY, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        self.st()
-            .arrays
-            .get(&id)
-            .map(|a| a.desc)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+        self.read_handle(
+            (tag::ARRAY, h, CUDA_ERROR_INVALID_HANDLE),
+            |st| &st.arrays,
+            |a| a.desc,
+        )
     }
 
     /// `cuMipmappedArrayCreate`.
@@ -116,22 +100,23 @@ impl Sim {
                 .checked_add(desc.level(l).bytes()?)
                 .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         }
+        self.add_array(tag::MIPMAP, desc, levels, bytes)
+    }
+
+    /// Charges `bytes` to the current device and registers a top-level array (or mipmapped
+    /// array, by `t`) of `levels` levels.
+    fn add_array(&self, t: u64, desc: ArrayDesc, levels: u32, bytes: u64) -> CuResult<u64> {
         let (ctx, dev) = self.cur_dev()?;
         self.devices[dev].reserve(bytes)?;
-        let mut st = self.st();
-        let id = st.id();
-        st.arrays.insert(
-            id,
-            Array {
-                dev,
-                ctx,
-                bytes,
-                desc,
-                levels,
-                parent: None,
-            },
-        );
-        Ok(handle(tag::MIPMAP, id))
+        let array = Array {
+            dev,
+            ctx,
+            bytes,
+            desc,
+            levels,
+            parent: None,
+        };
+        Ok(self.new_handle(t, |st| &mut st.arrays, array))
     }
 
     /// `cuMipmappedArrayGetLevel`.

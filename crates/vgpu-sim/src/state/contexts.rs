@@ -42,12 +42,7 @@ impl Sim {
                 self.devices[a.dev].release(a.accounted);
             }
         }
-        let arrays: Vec<u64> = st
-            .arrays
-            .iter()
-            .filter(|(_, a)| a.ctx == id)
-            .map(|(k, _)| *k)
-            .collect();
+        let arrays = ids_where(&st.arrays, |a| a.ctx == id);
         for k in arrays {
             if let Some(a) = st.arrays.remove(&k)
                 && a.parent.is_none()
@@ -55,24 +50,14 @@ impl Sim {
                 self.devices[a.dev].release(a.bytes);
             }
         }
-        let mods: Vec<u64> = st
-            .modules
-            .iter()
-            .filter(|(_, m)| m.ctx == id)
-            .map(|(k, _)| *k)
-            .collect();
+        let mods = ids_where(&st.modules, |m| m.ctx == id);
         for k in mods {
             if let Some(m) = st.modules.remove(&k) {
                 self.devices[m.dev].release(m.accounted);
                 st.funcs.retain(|_, f| f.module != k);
             }
         }
-        let streams: Vec<u64> = st
-            .streams
-            .iter()
-            .filter(|(_, s)| s.ctx == id)
-            .map(|(k, _)| *k)
-            .collect();
+        let streams = ids_where(&st.streams, |s| s.ctx == id);
         for k in streams {
             if let Some(s) = st.streams.remove(&k) {
                 s.q.close();
@@ -288,4 +273,13 @@ impl Sim {
         self.st().primary[p].flags = flags;
         Ok(())
     }
+}
+
+/// The ids of the objects in `table` that `owned` picks (collected, so the table can then change).
+fn ids_where<T>(table: &HashMap<u64, T>, owned: impl Fn(&T) -> bool) -> Vec<u64> {
+    table
+        .iter()
+        .filter(|(_, object)| owned(object))
+        .map(|(id, _)| *id)
+        .collect()
 }

@@ -26,21 +26,15 @@ impl Device {
     }
 
     pub(super) fn reserve(&self, bytes: u64) -> CuResult<()> {
-        let cap = self.total.saturating_sub(self.other_used);
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                u.checked_add(bytes).filter(|n| *n <= cap)
-            })
-            .map(|_| ())
-            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+        reserve_under(
+            &self.used,
+            self.total.saturating_sub(self.other_used),
+            bytes,
+        )
     }
 
     pub(super) fn release(&self, bytes: u64) {
-        let _ = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                Some(u.saturating_sub(bytes))
-            });
+        release_from(&self.used, bytes)
     }
 }
 

@@ -4,13 +4,12 @@ use super::*;
 
 impl Sim {
     pub(super) fn capture_graph(&self, stream: u64) -> CuResult<u64> {
-        let id = unhandle(tag::STREAM, stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        self.st()
-            .streams
-            .get(&id)
-            .and_then(|s| s.capture)
-            .map(|c| c.graph)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+        self.read_handle(
+            (tag::STREAM, stream, CUDA_ERROR_INVALID_HANDLE),
+            |st| &st.streams,
+            |s| s.capture.map(|c| c.graph),
+        )?
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 
     /// A graph allocation is no longer in use (freed by a node, `cuMemFree` or `cuMemFreeAsync`).
@@ -28,10 +27,7 @@ impl Sim {
 
     /// `cuGraphCreate`.
     pub fn graph_create(&self) -> CuResult<u64> {
-        let mut st = self.st();
-        let id = st.id();
-        st.graphs.insert(id, Graph::default());
-        Ok(handle(tag::GRAPH, id))
+        Ok(self.new_handle(tag::GRAPH, |st| &mut st.graphs, Graph::default()))
     }
 
     pub(super) fn add_node(&self, g: u64, n: Node) -> CuResult<u64> {
@@ -102,12 +98,9 @@ impl Sim {
 
     /// `cuGraphDestroy`.
     pub fn graph_destroy(&self, g: u64) -> CuResult<()> {
-        let id = unhandle(tag::GRAPH, g).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        self.st()
-            .graphs
-            .remove(&id)
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
+        self.drop_handle((tag::GRAPH, g, CUDA_ERROR_INVALID_VALUE), |st| {
+            &mut st.graphs
+        })
     }
 
     /// `cuStreamBeginCapture_v2` with `CUstreamCaptureMode` `mode` (0 global, 1 thread-local,
@@ -207,22 +200,14 @@ impl Sim {
 
     /// `cuGraphExecDestroy`.
     pub fn graph_exec_destroy(&self, e: u64) -> CuResult<()> {
-        let id = unhandle(tag::EXEC, e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        self.st()
-            .execs
-            .remove(&id)
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
+        self.drop_handle((tag::EXEC, e, CUDA_ERROR_INVALID_VALUE), |st| &mut st.execs)
     }
 
     /// `cuGraphLaunch`: memory nodes take their memory now (so an out-of-memory launch fails
     /// here); kernels run in node order on the stream.
     pub fn graph_launch(&'static self, e: u64, stream: u64, per_thread: bool) -> CuResult<()> {
         let id = unhandle(tag::EXEC, e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let (q, capturing) = self.stream_queue(stream, per_thread)?;
-        if capturing {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        }
+        let q = self.uncaptured_queue(stream, per_thread)?;
         let mut st = self.st();
         let nodes = st.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
         for n in &nodes {
@@ -274,10 +259,7 @@ impl Sim {
     /// first launch does not have to).
     pub fn graph_upload(&self, e: u64, stream: u64, per_thread: bool) -> CuResult<()> {
         let id = unhandle(tag::EXEC, e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let (_q, capturing) = self.stream_queue(stream, per_thread)?;
-        if capturing {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        }
+        let _q = self.uncaptured_queue(stream, per_thread)?;
         let mut st = self.st();
         let nodes = st.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
         for n in &nodes {

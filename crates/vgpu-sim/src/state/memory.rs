@@ -228,10 +228,7 @@ impl Sim {
         stream: u64,
         per_thread: bool,
     ) -> CuResult<()> {
-        let (q, capturing) = self.stream_queue(stream, per_thread)?;
-        if capturing {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        }
+        let q = self.uncaptured_queue(stream, per_thread)?;
         {
             let st = self.st();
             st.span(dst, n)?;
@@ -253,10 +250,7 @@ impl Sim {
         stream: u64,
         per_thread: bool,
     ) -> CuResult<()> {
-        let (q, capturing) = self.stream_queue(stream, per_thread)?;
-        if capturing {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        }
+        let q = self.uncaptured_queue(stream, per_thread)?;
         self.st()
             .check_range(dst, count.saturating_mul(elem as u64))?;
         q.submit(Box::new(move || {

@@ -52,6 +52,23 @@ pub fn unhandle(t: u64, h: u64) -> Option<u64> {
     (h != 0 && h & 0xf == t).then_some(h >> 4)
 }
 
+/// Adds `bytes` to the counter `used` unless that takes it past `cap`
+/// (`CUDA_ERROR_OUT_OF_MEMORY`): the device's and the host's memory are charged alike.
+fn reserve_under(used: &AtomicU64, cap: u64, bytes: u64) -> CuResult<()> {
+    used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+        u.checked_add(bytes).filter(|n| *n <= cap)
+    })
+    .map(|_| ())
+    .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// Takes `bytes` off the counter `used`, stopping at zero.
+fn release_from(used: &AtomicU64, bytes: u64) {
+    let _ = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+        Some(u.saturating_sub(bytes))
+    });
+}
+
 fn round_up(n: u64, to: u64) -> Option<u64> {
     n.checked_add(to - 1).map(|v| v / to * to)
 }
@@ -398,6 +415,42 @@ impl Sim {
 
     fn st(&self) -> MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores `object` in the table `pick` chooses under a fresh id and returns its handle
+    /// of kind `t`: every `cu*Create` ends this way.
+    fn new_handle<T>(
+        &self,
+        t: u64,
+        pick: impl FnOnce(&mut State) -> &mut HashMap<u64, T>,
+        object: T,
+    ) -> u64 {
+        let mut st = self.st();
+        let id = st.id();
+        pick(&mut st).insert(id, object);
+        handle(t, id)
+    }
+
+    /// Reads the object behind handle `h` of kind `t` with `read`; `err` when the handle
+    /// is of another kind or names nothing.
+    fn read_handle<T, R>(
+        &self,
+        (t, h, err): (u64, u64, u32),
+        pick: impl FnOnce(&State) -> &HashMap<u64, T>,
+        read: impl FnOnce(&T) -> R,
+    ) -> CuResult<R> {
+        let id = unhandle(t, h).ok_or(err)?;
+        pick(&self.st()).get(&id).map(read).ok_or(err)
+    }
+
+    /// Removes the object behind handle `h` of kind `t`; `err` as in [`Self::read_handle`].
+    fn drop_handle<T>(
+        &self,
+        (t, h, err): (u64, u64, u32),
+        pick: impl FnOnce(&mut State) -> &mut HashMap<u64, T>,
+    ) -> CuResult<()> {
+        let id = unhandle(t, h).ok_or(err)?;
+        pick(&mut self.st()).remove(&id).map(drop).ok_or(err)
     }
 }
 

@@ -100,10 +100,9 @@ impl Sim {
             self.cfg.module_overhead
         };
         self.devices[dev].reserve(acc)?;
-        let mut st = self.st();
-        let id = st.id();
-        st.modules.insert(
-            id,
+        Ok(self.new_handle(
+            tag::MODULE,
+            |st| &mut st.modules,
             Module {
                 ctx,
                 dev,
@@ -111,8 +110,7 @@ impl Sim {
                 accounted: acc,
                 loaded: !self.cfg.lazy_loading,
             },
-        );
-        Ok(handle(tag::MODULE, id))
+        ))
     }
 
     /// The kernel behind a function handle about to be launched (or put in a graph): under

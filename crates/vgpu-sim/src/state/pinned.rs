@@ -42,21 +42,11 @@ impl HostMemory {
     }
 
     pub(super) fn reserve(&self, bytes: u64) -> CuResult<()> {
-        let cap = self.limit.unwrap_or(u64::MAX);
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                u.checked_add(bytes).filter(|n| *n <= cap)
-            })
-            .map(|_| ())
-            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+        reserve_under(&self.used, self.limit.unwrap_or(u64::MAX), bytes)
     }
 
     pub(super) fn release(&self, bytes: u64) {
-        let _ = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                Some(u.saturating_sub(bytes))
-            });
+        release_from(&self.used, bytes)
     }
 }
 

@@ -6,18 +6,16 @@ impl Sim {
     /// `cuStreamCreate`.
     pub fn stream_create(&self, flags: u32) -> CuResult<u64> {
         let ctx = self.current()?;
-        let mut st = self.st();
-        let id = st.id();
-        st.streams.insert(
-            id,
+        Ok(self.new_handle(
+            tag::STREAM,
+            |st| &mut st.streams,
             Stream {
                 ctx,
                 flags,
                 q: StreamQueue::new(),
                 capture: None,
             },
-        );
-        Ok(handle(tag::STREAM, id))
+        ))
     }
 
     /// `cuStreamDestroy_v2` (pending work still runs).
@@ -30,6 +28,19 @@ impl Sim {
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         s.q.close();
         Ok(())
+    }
+
+    /// The queue of `stream` for work a capture cannot record
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while the stream is capturing).
+    pub(super) fn uncaptured_queue(
+        &self,
+        stream: u64,
+        per_thread: bool,
+    ) -> CuResult<Arc<StreamQueue>> {
+        match self.stream_queue(stream, per_thread)? {
+            (_, true) => Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+            (q, false) => Ok(q),
+        }
     }
 
     /// The queue behind a stream handle, and whether the stream is capturing.
@@ -96,44 +107,35 @@ impl Sim {
     /// `cuEventCreate`.
     pub fn event_create(&self, flags: u32) -> CuResult<u64> {
         self.current()?;
-        let mut st = self.st();
-        let id = st.id();
-        st.events.insert(
-            id,
+        Ok(self.new_handle(
+            tag::EVENT,
+            |st| &mut st.events,
             Arc::new(Event {
                 flags,
                 ..Event::default()
             }),
-        );
-        Ok(handle(tag::EVENT, id))
+        ))
     }
 
     pub(super) fn event(&self, h: u64) -> CuResult<Arc<Event>> {
-        let id = unhandle(tag::EVENT, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        self.st()
-            .events
-            .get(&id)
-            .cloned()
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+        self.read_handle(
+            (tag::EVENT, h, CUDA_ERROR_INVALID_HANDLE),
+            |st| &st.events,
+            Arc::clone,
+        )
     }
 
     /// `cuEventDestroy_v2`.
     pub fn event_destroy(&self, h: u64) -> CuResult<()> {
-        let id = unhandle(tag::EVENT, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        self.st()
-            .events
-            .remove(&id)
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+        self.drop_handle((tag::EVENT, h, CUDA_ERROR_INVALID_HANDLE), |st| {
+            &mut st.events
+        })
     }
 
     /// `cuEventRecord`.
     pub fn event_record(&self, h: u64, stream: u64, per_thread: bool) -> CuResult<()> {
         let e = self.event(h)?;
-        let (q, capturing) = self.stream_queue(stream, per_thread)?;
-        if capturing {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        }
+        let q = self.uncaptured_queue(stream, per_thread)?;
         e.record(&q);
         Ok(())
     }

@@ -32,10 +32,9 @@ impl Sim {
             self.give_physical(dev, size);
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
-        let mut st = self.st();
-        let id = st.id();
-        st.phys.insert(
-            id,
+        Ok(self.new_handle(
+            tag::VMM,
+            |st| &mut st.phys,
             Phys {
                 size,
                 dev,
@@ -44,8 +43,7 @@ impl Sim {
                 refs: 1,
                 maps: 0,
             },
-        );
-        Ok(handle(tag::VMM, id))
+        ))
     }
 
     pub(super) fn phys_maybe_free(&self, st: &mut State, id: u64) {
@@ -62,11 +60,7 @@ impl Sim {
     pub fn mem_release(&self, h: u64) -> CuResult<()> {
         let id = unhandle(tag::VMM, h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let mut st = self.st();
-        let ph = st
-            .phys
-            .get_mut(&id)
-            .filter(|p| p.refs > 0)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let ph = st.live_phys(id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         ph.refs -= 1;
         self.phys_maybe_free(&mut st, id);
         Ok(())
@@ -106,11 +100,7 @@ impl Sim {
     pub fn mem_map(&self, p: u64, size: u64, offset: u64, h: u64) -> CuResult<()> {
         let id = unhandle(tag::VMM, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let mut st = self.st();
-        let ph = st
-            .phys
-            .get(&id)
-            .filter(|p| p.refs > 0)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let ph = st.live_phys(id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         if size == 0 || offset.checked_add(size).is_none_or(|e| e > ph.size) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -172,12 +162,11 @@ impl Sim {
 
     /// `cuMemGetAllocationPropertiesFromHandle`.
     pub fn handle_props(&self, h: u64) -> CuResult<[u8; 32]> {
-        let id = unhandle(tag::VMM, h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        self.st()
-            .phys
-            .get(&id)
-            .map(|p| p.prop)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
+        self.read_handle(
+            (tag::VMM, h, CUDA_ERROR_INVALID_VALUE),
+            |st| &st.phys,
+            |p| p.prop,
+        )
     }
 
     /// `cuMemRetainAllocationHandle`.
@@ -189,5 +178,13 @@ impl Sim {
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         st.phys.get_mut(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.refs += 1;
         Ok(handle(tag::VMM, id))
+    }
+}
+
+impl State {
+    /// The physical memory behind id `id` while a handle to it is still held
+    /// (mappings alone keep the memory, not the handle).
+    fn live_phys(&mut self, id: u64) -> Option<&mut Phys> {
+        self.phys.get_mut(&id).filter(|p| p.refs > 0)
     }
 }
