@@ -57,6 +57,9 @@ pub struct DeviceStatus {
     /// Whether `CUDA_OVERSUBSCRIBE` is on: host memory stands in for device memory the limit
     /// allows but the GPU has no room for (device + host within limit + spill).
     pub oversubscribe: bool,
+    /// Reservations on this device the limit refused (the hook answered out of memory),
+    /// all processes, since the file was created; 0 in files of libraries before the count.
+    pub oom_refusals: u64,
     /// SM limit in percent; `null` = unlimited.
     pub sm_limit_percent: Option<u64>,
     /// Sum of the processes' last reported SM utilization, percent.
@@ -248,6 +251,13 @@ impl StatusReport {
                     d.index,
                     format_bytes(d.host_backed_bytes),
                     how.join(", ")
+                );
+            }
+            for d in self.devices.iter().filter(|d| d.oom_refusals > 0) {
+                let _ = writeln!(
+                    out,
+                    "device {}: {} allocations refused by the limit (out of memory)",
+                    d.index, d.oom_refusals
                 );
             }
             for d in self.devices.iter().filter(|d| !d.turns.is_empty()) {
@@ -561,6 +571,7 @@ pub(crate) mod tests {
                 host_backed_bytes: 0,
                 host_spill_bytes: 0,
                 oversubscribe: false,
+                oom_refusals: 0,
                 sm_limit_percent: Some(50),
                 sm_utilization_percent: 12,
                 turns: Vec::new(),

@@ -43,6 +43,7 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
             host_backed_bytes: d.host,
             host_spill_bytes: d.host_policy.spill,
             oversubscribe: d.host_policy.oversubscribe,
+            oom_refusals: d.oom_refusals,
             sm_limit_percent: d.sm_limit,
             sm_utilization_percent: snap
                 .processes

@@ -140,9 +140,17 @@ fn sm_pair(util: u64, limit: Option<u64>) -> String {
     )
 }
 
+/// Refusals on device `index` since `previous` (the last sample read): none on the first.
+fn refusals_since(previous: Option<&StatusReport>, index: u32, now: u64) -> u64 {
+    previous
+        .and_then(|r| r.devices.iter().find(|d| d.index == index))
+        .map_or(0, |d| now.saturating_sub(d.oom_refusals))
+}
+
 /// The frame body: devices and processes in at most 80 columns (the UUID on a line of its
-/// own), usage near the limit, full devices and dead processes highlighted.
-fn render_body(r: &StatusReport, p: Palette) -> String {
+/// own), usage near the limit, full devices, refusals since `previous` (the last sample)
+/// and dead processes highlighted.
+fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) -> String {
     let mut out = String::new();
     if r.devices.is_empty() {
         let _ = writeln!(
@@ -186,6 +194,13 @@ fn render_body(r: &StatusReport, p: Palette) -> String {
             };
             if let Some(u) = &d.uuid {
                 let _ = writeln!(out, "     {}", paint(p.dim, u));
+            }
+            if d.oom_refusals > 0 {
+                let line = format!("     {} OOM refusals by the limit", d.oom_refusals);
+                let _ = match refusals_since(previous, d.index, d.oom_refusals) {
+                    0 => writeln!(out, "{line}"),
+                    new => writeln!(out, "{}", paint(p.full, &format!("{line} (+{new} new)"))),
+                };
             }
             if !d.turns.is_empty() {
                 let list: Vec<String> = d
@@ -280,6 +295,7 @@ pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
     signals::install_stop_handler();
     let mut out = std::io::stdout();
     let mut frame = 0u64;
+    let mut previous: Option<StatusReport> = None;
     loop {
         frame += 1;
         let (secs, ms) = now();
@@ -301,7 +317,7 @@ pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
             format!("{line}\n")
         } else {
             let body = match &read {
-                Ok(report) => render_body(report, palette),
+                Ok(report) => render_body(report, previous.as_ref(), palette),
                 // A file that disappears or is not created yet is worth watching for, not fatal.
                 Err(e) => format!("{e}\n"),
             };
@@ -318,6 +334,7 @@ pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
                 format!("{header}{body}\n")
             }
         };
+        previous = read.ok();
         // A closed pipe ends the watch quietly.
         if out
             .write_all(text.as_bytes())
@@ -363,7 +380,7 @@ mod tests {
                 borrowed_ms: 99_999_000,
             }),
         }];
-        let text = render_body(&r, Palette::new(false));
+        let text = render_body(&r, None, Palette::new(false));
         for line in text.lines() {
             assert!(line.chars().count() <= 80, "{} columns: {line}", line.len());
         }
@@ -401,11 +418,56 @@ mod tests {
                 }],
                 ..sample()
             },
+            None,
             Palette::new(true),
         );
         assert!(
             coloured.contains("\x1b[") && coloured.contains("FULL"),
             "{coloured}"
         );
+    }
+
+    #[test]
+    fn refusals_are_shown_and_marked_when_they_grew_since_the_last_sample() {
+        let red_bold = "\x1b[1m\x1b[31m";
+        let with = |n| {
+            let mut r = sample();
+            r.devices[0].oom_refusals = n;
+            r
+        };
+        // None counted: no line.
+        let text = render_body(&with(0), None, Palette::new(true));
+        assert!(!text.contains("OOM refusals"), "{text}");
+        // The first sample shows the count, unmarked: nothing to compare with.
+        let text = render_body(&with(3), None, Palette::new(true));
+        let line = text
+            .lines()
+            .find(|l| l.contains("3 OOM refusals by the limit"))
+            .unwrap();
+        assert!(!line.contains('\x1b'), "{line:?}");
+        // Grown since the previous sample: marked, with how many are new.
+        let text = render_body(&with(5), Some(&with(3)), Palette::new(true));
+        let line = text
+            .lines()
+            .find(|l| l.contains("5 OOM refusals by the limit"))
+            .unwrap();
+        assert!(
+            line.contains(red_bold) && line.contains("(+2 new)"),
+            "{line:?}"
+        );
+        assert!(line.chars().count() <= 80 + 2 * red_bold.len(), "{line:?}");
+        // Unchanged: shown, not marked.
+        let text = render_body(&with(5), Some(&with(5)), Palette::new(true));
+        let line = text
+            .lines()
+            .find(|l| l.contains("5 OOM refusals by the limit"))
+            .unwrap();
+        assert!(!line.contains('\x1b'), "{line:?}");
+        // Not on a colour terminal: the note, never an escape code.
+        let text = render_body(&with(u64::MAX), Some(&with(0)), Palette::new(false));
+        assert!(text.contains("new)") && !text.contains('\x1b'));
+        for line in text.lines() {
+            assert!(line.chars().count() <= 80, "{line}");
+        }
     }
 }

@@ -368,6 +368,52 @@ fn missing_and_foreign_files_are_clear_errors() {
     assert_fails(&run(cmd), 1, &["nope.cache"]);
 }
 
+/// The hook counts the limit's refusals in the file (`UsageTable::count_refusal`, tested on
+/// the simulated driver in vgpu-hook); every reader shows the count.
+#[test]
+fn refusals_in_the_file_are_shown_by_status_watch_and_their_json() {
+    let dir = TempDir::new("vgpu-refusals").unwrap();
+    let path = make_table(&dir);
+    let t = UsageTable::open_existing(&path).unwrap();
+    t.count_refusal(DeviceIndex(1));
+    t.count_refusal(DeviceIndex(1));
+    drop(t);
+    let v = status_json(&path);
+    assert_eq!(v["devices"][0]["oom_refusals"], 0, "{v:#}");
+    assert_eq!(v["devices"][1]["oom_refusals"], 2, "{v:#}");
+    let mut cmd = vgpu();
+    cmd.args(["status", "--cache", path.to_str().unwrap()]);
+    let out = run(cmd);
+    assert!(
+        out.stdout
+            .contains("device 1: 2 allocations refused by the limit"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stdout.contains("device 0: 0 allocations"),
+        "{}",
+        out.stdout
+    );
+    let mut cmd = vgpu();
+    cmd.args(["watch", "--cache", path.to_str().unwrap()]);
+    let out = run_bounded(cmd, Duration::from_secs(10));
+    assert!(
+        out.stdout.contains("2 OOM refusals by the limit"),
+        "{}",
+        out.stdout
+    );
+    let mut cmd = vgpu();
+    cmd.args(["watch", "--json", "--cache", path.to_str().unwrap()]);
+    let out = run_bounded(cmd, Duration::from_secs(10));
+    let sample: serde_json::Value =
+        serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout));
+    assert_eq!(
+        sample["status"]["devices"][1]["oom_refusals"], 2,
+        "{sample:#}"
+    );
+}
+
 #[test]
 fn watch_refreshes_and_stops_after_count() {
     let dir = TempDir::new("vgpu-watch").unwrap();
@@ -456,6 +502,9 @@ fn exporter_reports_a_live_file() {
     let second_dir = dir.path().join("c2");
     std::fs::create_dir(&second_dir).unwrap();
     let h = Helper::start(&path, &format!("0:data:{};0:sm:40", 300 * MIB));
+    UsageTable::open_existing(&path)
+        .unwrap()
+        .count_refusal(DeviceIndex(0));
     let mut cmd = vgpu();
     cmd.args([
         "exporter",
@@ -488,6 +537,7 @@ fn exporter_reports_a_live_file() {
         format!("vgpu_device_sm_limit_percent{{{dev}}} 50"),
         format!("vgpu_device_sm_utilization_percent{{{dev}}} 40"),
         format!("vgpu_device_processes{{{dev}}} 1"),
+        format!("vgpu_device_oom_refusals_total{{{dev}}} 1"),
         format!(
             "vgpu_process_memory_used_bytes{{{c},pid=\"{}\",host_pid=\"\",device=\"0\"}} {}",
             h.pid(),
@@ -616,6 +666,7 @@ fn a_file_written_by_hami_core_is_shown_read_only() {
             data: 700 * MIB,
             host: 0,
             host_policy: Default::default(),
+            oom_refusals: 0,
         }],
         processes: vec![ProcessSnapshot {
             slot: 0,

@@ -333,6 +333,15 @@ impl HookLedger {
         }
     }
 
+    /// Count a refusal by the limit of ordinal `device` in the file (cold: the refusal path).
+    pub(crate) fn count_refusal(&self, device: DeviceIndex) {
+        if let Self::Shared(s) = self {
+            if let Some(d) = s.file_device(device) {
+                s.slot.table().count_refusal(d);
+            }
+        }
+    }
+
     /// Host-backed bytes of all processes at ordinal `device`'s addresses.
     pub(crate) fn host_used(&self, device: DeviceIndex) -> u64 {
         match self {

@@ -107,6 +107,20 @@ fn past_the_limit_is_out_of_memory_with_one_log_line() {
     assert!(!o.stderr.contains("314572800"), "{}", o.stderr);
 }
 
+#[test]
+fn a_refusal_by_the_limit_is_counted_in_the_file_and_a_success_is_not() {
+    let run = Run::hooked("256m");
+    let refusals = || file_without_sweep(&run.cache()).devices[0].oom_refusals;
+    assert_eq!(run.run(&["try", "268435456"]).get("alloc"), "0");
+    assert_eq!(refusals(), 0, "a successful allocation counts nothing");
+    assert_eq!(run.run(&["try", "314572800"]).get("alloc"), "2");
+    assert_eq!(refusals(), 1);
+    assert_eq!(run.run(&["try", "268435456"]).get("alloc"), "0");
+    assert_eq!(refusals(), 1, "a successful allocation counts nothing");
+    assert_eq!(run.run(&["try", "314572800"]).get("alloc"), "2");
+    assert_eq!(refusals(), 2);
+}
+
 /// Takes 48 MiB by `path` under a 64 MiB limit: a 32 MiB cuMemAlloc must be refused while it
 /// is held and succeed once it is given back, and usage returns to where it started.
 fn check_path(path: &str, via: &str) {

@@ -51,6 +51,7 @@ impl TableSnapshot {
                     data: 0,
                     host: 0,
                     host_policy: Default::default(),
+                    oom_refusals: 0,
                 }
             })
             .collect();

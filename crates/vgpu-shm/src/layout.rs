@@ -85,7 +85,8 @@ pub const EXT_VERSION: u32 = 1;
 /// - 1: [`PublishTimes`] after the slots.
 /// - 2: [`HostHeld`] after the publish times, and the host words of [`DeviceRecord`] (zero
 ///   padding before: an older file has host backing off and holds no host bytes).
-pub const EXT_MINOR: u32 = 2;
+/// - 3: [`DeviceRecord::oom_refusals`] (zero padding before: an older file counted none).
+pub const EXT_MINOR: u32 = 3;
 
 /// [`DeviceRecord::host_flags`] bit: host-backed bytes count against the device limit
 /// (`CUDA_OVERSUBSCRIBE`): device-resident plus host-backed stays within limit + spill.
@@ -236,8 +237,11 @@ pub struct DeviceRecord {
     pub host_spill: AtomicU64,
     /// [`HOST_FLAG_OVERSUBSCRIBE`] or 0.
     pub host_flags: AtomicU64,
+    /// Reservations on this device the limit refused, by every process (minor version 3):
+    /// a count only, for people watching; nothing decides on it. Wraps at `u64::MAX`.
+    pub oom_refusals: AtomicU64,
     /// Padding to a cache line.
-    pub pad: [AtomicU64; 3],
+    pub pad: [AtomicU64; 2],
 }
 
 /// Per-process slot: vgpu's truth about one process.
@@ -366,6 +370,9 @@ const _: () = {
     assert!(HOST_OFFSET % 64 == 0);
     assert!(offset_of!(DeviceRecord, host_total) == 16);
     assert!(FILE_LEN == MINOR1_FILE_LEN + 1024 * 16 * 8);
+    // Minor version 3 uses padding of DeviceRecord only: the file keeps its length.
+    assert!(offset_of!(DeviceRecord, oom_refusals) == 40);
+    assert!(size_of::<DeviceRecord>() == 64);
 };
 
 /// Byte offsets of fields other code (tests, the monitor emulation, validation) needs by number.
@@ -451,4 +458,9 @@ pub mod offsets {
     pub const EXT_MAX_DEVICES: usize = EXT_OFFSET + offset_of!(ExtHeader, max_devices);
     /// Extension minor version field.
     pub const EXT_MINOR_VERSION: usize = EXT_OFFSET + offset_of!(ExtHeader, minor_version);
+    /// Device `d`'s refusal count is at `DEVICE_OOM_REFUSALS + d * DEVICE_STRIDE`.
+    pub const DEVICE_OOM_REFUSALS: usize =
+        EXT_OFFSET + offset_of!(Extension, devices) + offset_of!(DeviceRecord, oom_refusals);
+    /// Size of one device record.
+    pub const DEVICE_STRIDE: usize = size_of::<DeviceRecord>();
 }

@@ -1125,7 +1125,7 @@ fn a_minor_1_file_gains_the_host_class_in_place() {
     let again = UsageTable::open_existing(&p.0).unwrap();
     assert_eq!(std::fs::metadata(&p.0).unwrap().len(), FILE_LEN as u64);
     let b = std::fs::read(&p.0).unwrap();
-    assert_eq!(validate_image(&b).unwrap().minor_version, 2);
+    assert_eq!(validate_image(&b).unwrap().minor_version, layout::EXT_MINOR);
     assert_eq!(read_u64(&b, layout::HOST_OFFSET), 0);
     assert_eq!(read_u64(&b, host_total), 0);
     let snap = again.snapshot();
@@ -1143,4 +1143,69 @@ fn a_minor_1_file_gains_the_host_class_in_place() {
         validate_image(&b),
         Err(ImageError::Truncated { .. })
     ));
+}
+
+#[test]
+fn refusals_are_counted_per_device_and_shown_in_the_snapshot() {
+    let p = TempPath::new("refusals");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    t.count_refusal(D1);
+    t.count_refusal(D1);
+    t.count_refusal(DeviceIndex(99)); // out of range: ignored, no panic
+    let snap = t.snapshot();
+    assert_eq!(
+        (snap.devices[0].oom_refusals, snap.devices[1].oom_refusals),
+        (0, 2)
+    );
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(
+        read_u64(&b, offsets::DEVICE_OOM_REFUSALS + offsets::DEVICE_STRIDE),
+        2
+    );
+    // The node side (a private copy, never mapped) sees the same count.
+    let node = crate::NodeReader::default().table(&p.0).unwrap();
+    assert_eq!(node.devices[1].oom_refusals, 2);
+}
+
+#[test]
+fn a_minor_2_file_gains_the_refusal_counts_in_place() {
+    let p = TempPath::new("minor2");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    t.set_host_policy(
+        D0,
+        crate::HostPolicy {
+            spill: 500,
+            oversubscribe: false,
+        },
+    )
+    .unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 300).unwrap();
+    me.try_reserve_host(D0, 200).unwrap();
+    drop(t);
+    poke(&p, offsets::EXT_MINOR_VERSION, &2u32.to_le_bytes());
+    // Garbage where the count will be: a reader must not take it for refusals.
+    poke(&p, offsets::DEVICE_OOM_REFUSALS, &77u64.to_le_bytes());
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    assert_eq!(ro.snapshot().devices[0].oom_refusals, 0);
+    ro.count_refusal(D0); // a minor-2 view counts nothing
+    let again = UsageTable::open_existing(&p.0).unwrap();
+    assert_eq!(std::fs::metadata(&p.0).unwrap().len(), FILE_LEN as u64);
+    let b = std::fs::read(&p.0).unwrap();
+    assert_eq!(validate_image(&b).unwrap().minor_version, 3);
+    assert_eq!(read_u64(&b, offsets::DEVICE_OOM_REFUSALS), 0);
+    let snap = again.snapshot();
+    // The minor-2 parts survive the upgrade: the host class and its policy were live.
+    assert_eq!(
+        (
+            snap.devices[0].used,
+            snap.devices[0].host,
+            snap.devices[0].oom_refusals
+        ),
+        (300, 200, 0)
+    );
+    assert_eq!(snap.devices[0].host_policy.spill, 500);
+    again.count_refusal(D0);
+    assert_eq!(again.snapshot().devices[0].oom_refusals, 1);
+    drop((again, ro, me));
 }

@@ -113,6 +113,13 @@ const FAMILIES: &[(Set, &str, &str, &str)] = &[
     ),
     (
         Set::Vgpu,
+        "vgpu_device_oom_refusals_total",
+        "counter",
+        "Allocations on the device the memory limit refused (out of memory), all processes, \
+         since the usage file was created.",
+    ),
+    (
+        Set::Vgpu,
         "vgpu_device_memory_dead_bytes",
         "gauge",
         "Device memory still counted for processes that no longer exist, bytes.",
@@ -426,6 +433,7 @@ fn vgpu_samples(s: &mut Samples, opts: Options, base: &[(&str, &str)], report: &
         }
         s.add("vgpu_device_host_backed_bytes", &l, d.host_backed_bytes);
         s.add("vgpu_device_host_spill_bytes", &l, d.host_spill_bytes);
+        s.add("vgpu_device_oom_refusals_total", &l, d.oom_refusals);
         let on_device = |alive: bool| {
             report
                 .processes

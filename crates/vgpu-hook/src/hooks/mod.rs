@@ -96,6 +96,13 @@ fn log_oom(oom: &OutOfMemory) -> CUresult {
         }
         return CUresult::OUT_OF_MEMORY;
     }
+    // The limit's refusals (not the hook's own, which carry no limit) are counted in the
+    // file for `vgpu status`, `watch` and the exporter.
+    if oom.limit != 0 {
+        if let Some(st) = ready_state() {
+            st.alloc.ledger().count_refusal(oom.device);
+        }
+    }
     vlog!(MSG, "{oom}");
     CUresult::OUT_OF_MEMORY
 }

@@ -121,6 +121,19 @@ impl UsageTable {
             .load(Ordering::Relaxed)
     }
 
+    /// Count one reservation on `device` that the limit refused (the caller answered out of
+    /// memory). One relaxed add: a count for people watching, ordered with nothing. A file
+    /// written by an older library gets its count at its in-place upgrade; a read-only view
+    /// of one has none, and counts nothing.
+    pub fn count_refusal(&self, device: DeviceIndex) {
+        let Some(d) = self.ext().devices.get(device.as_usize()) else {
+            return;
+        };
+        if self.ext().header.minor_version.load(Ordering::Relaxed) >= 3 {
+            d.oom_refusals.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// `device`'s host policy as stored now.
     pub fn host_policy(&self, device: DeviceIndex) -> HostPolicy {
         if device.as_usize() >= MAX_DEVICES {

@@ -211,7 +211,8 @@ impl UsageTable {
     }
 
     /// Append the parts a valid file of an older minor version lacks (the publish-time table
-    /// after minor 0, the host-backed class after minor 1; caller holds the init flock).
+    /// after minor 0, the host-backed class after minor 1, the refusal counts after minor 2;
+    /// caller holds the init flock).
     /// Everything before them stays as it is, so processes of older libraries that map only
     /// what they know keep working; they never read the new parts.
     fn upgrade(file: &File, len: u64, minor: u32) -> io::Result<Mapping> {
@@ -234,16 +235,22 @@ impl UsageTable {
                 }
             }
         }
-        for words in host.slots.iter().flatten() {
-            words.store(0, Ordering::Relaxed);
-        }
-        // Padding before minor 2: zero in files vgpu wrote, but say so rather than assume.
-        // No host byte is held yet, and no process of this file can reserve one before the
-        // minor version below is published.
-        for d in &ext.devices {
-            for w in [&d.host_total, &d.host_spill, &d.host_flags] {
-                w.store(0, Ordering::Relaxed);
+        if minor < 2 {
+            for words in host.slots.iter().flatten() {
+                words.store(0, Ordering::Relaxed);
             }
+            // Padding before minor 2: zero in files vgpu wrote, but say so rather than
+            // assume. No host byte is held yet, and no process of this file can reserve one
+            // before the minor version below is published.
+            for d in &ext.devices {
+                for w in [&d.host_total, &d.host_spill, &d.host_flags] {
+                    w.store(0, Ordering::Relaxed);
+                }
+            }
+        }
+        // Padding before minor 3: older libraries counted no refusal.
+        for d in &ext.devices {
+            d.oom_refusals.store(0, Ordering::Relaxed);
         }
         ext.header
             .minor_version

@@ -37,6 +37,9 @@ pub struct DeviceSnapshot {
     /// The device's host policy: host-backed bytes allowed beyond the limit
     /// (`VGPU_HOST_SPILL`) and whether oversubscription (`CUDA_OVERSUBSCRIBE`) is on.
     pub host_policy: HostPolicy,
+    /// Reservations on this device the limit refused since the file was created (or
+    /// upgraded to count them), by every process; 0 in a file of an older library.
+    pub oom_refusals: u64,
 }
 
 /// One process's usage of one device.
@@ -124,6 +127,8 @@ impl UsageTable {
 pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSnapshot {
     let r = st.region;
     let device_num = read::device_num(r) as usize;
+    // The count is there from minor version 3 on; before, the word is padding.
+    let counts_refusals = st.ext.header.minor_version.load(Ordering::Acquire) >= 3;
     let mut devices: Vec<DeviceSnapshot> = (0..device_num)
         .map(|d| DeviceSnapshot {
             index: d as u32,
@@ -136,6 +141,11 @@ pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSna
             data: 0,
             host: st.host_total(d).load(Ordering::Relaxed),
             host_policy: st.host_policy(d),
+            oom_refusals: if counts_refusals {
+                st.ext.devices[d].oom_refusals.load(Ordering::Relaxed)
+            } else {
+                0
+            },
         })
         .collect();
     let mut processes = Vec::new();
