@@ -372,7 +372,10 @@ fn add<S: Store, C: Crash>(
     crash.at()?;
     let limit = s.limit(device);
     let device_used = s.total(device).load(Ordering::Relaxed);
-    let host_used = s.host_total(device).load(Ordering::Relaxed);
+    // Read only where it bounds something (the host class, or oversubscription): a device
+    // reservation with spill off stays as cheap as before the host class existed. Every
+    // write of it happens under this lock, so reading it later reads the same value.
+    let host_used = || s.host_total(device).load(Ordering::Relaxed);
     // `cap` bounds this class's total; a refusal reports it as the limit.
     let cap = match bound {
         Bound::Unchecked => u64::MAX,
@@ -383,7 +386,7 @@ fn add<S: Store, C: Crash>(
             let own = limit_or_max(limit);
             if policy.oversubscribe && limit != 0 {
                 // Device plus host stays within limit + spill: host bytes take device room.
-                own.min(policy.host_cap(limit, host_used))
+                own.min(policy.host_cap(limit, host_used()))
             } else {
                 own
             }
@@ -391,7 +394,7 @@ fn add<S: Store, C: Crash>(
     };
     let total = total_of(s, device, class);
     let t = if class == HOST {
-        host_used
+        host_used()
     } else {
         device_used
     };
