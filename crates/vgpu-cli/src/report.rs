@@ -556,6 +556,20 @@ pub(crate) mod tests {
         );
     }
 
+    /// A share-mode container's status, as the status and exporter tests show it.
+    pub(crate) fn sample_share() -> ShareStatus {
+        ShareStatus {
+            share_percent: 30,
+            ceiling_percent: 80,
+            priority: 0,
+            utilization_percent: 29,
+            part_percent: 30,
+            busy: true,
+            lent_ms: 1200,
+            borrowed_ms: 3400,
+        }
+    }
+
     pub(crate) fn sample() -> StatusReport {
         StatusReport {
             schema: SCHEMA,
@@ -629,22 +643,7 @@ pub(crate) mod tests {
             age_ms: 10,
             share,
         };
-        r.devices[0].turns = vec![
-            turn(
-                true,
-                Some(ShareStatus {
-                    share_percent: 30,
-                    ceiling_percent: 80,
-                    priority: 0,
-                    utilization_percent: 29,
-                    part_percent: 30,
-                    busy: true,
-                    lent_ms: 1200,
-                    borrowed_ms: 3400,
-                }),
-            ),
-            turn(false, None),
-        ];
+        r.devices[0].turns = vec![turn(true, Some(sample_share())), turn(false, None)];
         let text = r.render_text();
         assert!(
             text.contains(

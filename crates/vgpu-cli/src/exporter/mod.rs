@@ -171,16 +171,7 @@ mod tests {
             2
         ];
         // This container in share mode.
-        with_turns.devices[0].turns[0].share = Some(crate::report::ShareStatus {
-            share_percent: 30,
-            ceiling_percent: 80,
-            priority: 0,
-            utilization_percent: 29,
-            part_percent: 30,
-            busy: true,
-            lent_ms: 1200,
-            borrowed_ms: 3400,
-        });
+        with_turns.devices[0].turns[0].share = Some(crate::report::tests::sample_share());
         let results = vec![
             scraped("/tmp/x.cache", Ok(with_turns)),
             scraped("/tmp/bad\"name", Err("not a usage file".to_owned())),
