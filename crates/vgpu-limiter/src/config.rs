@@ -121,7 +121,7 @@ impl Default for LimiterConfig {
             ceiling_pct: 100,
             priority: 1,
             demand_poll: 500 * MICROS,
-            idle_grace: 2 * MILLIS,
+            idle_grace: 500 * MICROS,
             idle_grace_in_turns: 5 * MILLIS,
             outranked_queue: 500 * MICROS,
             gap_fill_queue: 125 * MICROS,

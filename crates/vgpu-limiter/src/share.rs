@@ -113,6 +113,9 @@ pub struct Allotment {
     /// ([`ShareRules::sparse_within`]) and their published utilization sums to at most
     /// [`GAP_FILL_BELOW`]. Launch with the outranked queue.
     pub gap_fill: bool,
+    /// Without a part: when the first busy container with a part may have run out of work
+    /// (just after its `busy_until`), so the layout may change; 0 with a part.
+    pub hold_until: Nanos,
 }
 
 /// A container held by priority fills the gaps of busy containers whose published
@@ -245,6 +248,16 @@ pub fn allot(
             .all(|i| busy[i].busy_until <= now.saturating_add(rules.sparse_within));
         used <= GAP_FILL_BELOW && sparse
     };
+    let hold_until = if part[mine_at] <= 1e-6 {
+        (0..busy.len())
+            .filter(|&i| i != mine_at && part[i] > 1e-6)
+            // The first instant its claim no longer counts.
+            .map(|i| busy[i].busy_until.saturating_add(1))
+            .min()
+            .unwrap_or(now)
+    } else {
+        0
+    };
     Allotment {
         fraction: part[mine_at],
         guarantee: guarantee[mine_at],
@@ -252,6 +265,7 @@ pub fn allot(
         outranked,
         others_borrow,
         gap_fill,
+        hold_until,
     }
 }
 
@@ -400,6 +414,10 @@ impl Sharing {
             t.rules,
             t.min_cycle,
         );
+        if a.hold_until > now {
+            // Held: look again as soon as the holder's claim may have run out.
+            self.next_demand = self.next_demand.min(a.hold_until);
+        }
         self.allot = Some(a);
         a
     }
@@ -482,8 +500,13 @@ mod tests {
         let low = claim(0, 100, 1);
         let held = of(2, low, &[tenant(1, high, true)]);
         assert!(near(held.fraction, 0.0) && held.outranked && held.turn.is_none());
+        assert_eq!(
+            held.hold_until,
+            NOW + MS + 1,
+            "held until the service's claim runs out"
+        );
         let gap = of(2, low, &[tenant(1, high, false)]);
-        assert!(near(gap.fraction, 1.0) && gap.outranked);
+        assert!(near(gap.fraction, 1.0) && gap.outranked && gap.hold_until == 0);
         assert!(near(of(1, high, &[tenant(2, low, true)]).fraction, 1.0));
         // A low-priority guarantee stays: 10% for the trainer, 90% for the service.
         let guaranteed = of(2, claim(10, 100, 1), &[tenant(1, high, true)]);

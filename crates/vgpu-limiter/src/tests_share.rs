@@ -495,3 +495,85 @@ fn four_tenants_on_a_slow_host_keep_the_gpu_busy() {
         assert!(device >= 0.95, "phase {phase}: device busy {device:.3}");
     }
 }
+
+#[test]
+fn a_held_container_asks_again_when_the_holders_claim_runs_out() {
+    // Held by a busy service of higher priority whose claim runs out in 300 us: a
+    // best-effort container waits that long, not a whole demand poll (0.5 ms), so it is
+    // back on the GPU as soon as the service's request is over.
+    let clock = SimClock::default();
+    let now = 10 * S;
+    clock.set(now);
+    let gpu = SimGpu::new(GpuMode::Serial);
+    let board = SimShares::default();
+    board.put(ShareTenant {
+        key: 0x1,
+        claim: ShareClaim {
+            share_pct: 0,
+            ceiling_pct: 100,
+            priority: 0,
+        },
+        launch_ns: 50 * US,
+        busy_until: now + 300 * US,
+        heartbeat: now,
+        util_pct: 100,
+    });
+    let timer = SimTimer {
+        gpu,
+        clock: clock.clone(),
+    };
+    let view = SimTable::new(0).view_sharing(&board, 0x2);
+    let mut l = crate::Limiter::new(share_cfg(100, 1), clock.clone(), timer, view);
+    assert_eq!(l.admit(1), crate::Admission::Wait(300 * US + 1));
+    // The claim ran out: the container goes.
+    clock.set(now + 300 * US + 1);
+    assert!(matches!(l.admit(1), crate::Admission::Go(_)));
+}
+
+#[test]
+fn launch_lengths_that_wander_around_a_cycle_boundary_do_not_flip_the_turns() {
+    // Four tenants whose kernels take 225-275 us: the cycle their windows need (16 launches
+    // in the 10% window) is 40 ms just below 250 us and 80 ms above. Each container lays the
+    // turns out from the launch lengths on the board, so lengths republished at every
+    // wander flipped the layout several times a second on the H200 (60-80 changes in 20 s,
+    // the device 93% busy); each flip costs the windows in flight.
+    let shares = [10u32, 20, 30, 40];
+    let mut w = World::new(GpuMode::Preempting);
+    let board = SimShares::default();
+    let ids: Vec<usize> = shares
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let mut x = 0x2545_F491_4F6C_DD1Du64 ^ (i as u64 + 1);
+            w.add(
+                share_cfg(100, 1),
+                SimTable::new(s).view_sharing(&board, 0x10 + i as u64),
+                Box::new(move |_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    Step::Launch(225 * US + x % (50 * US))
+                }),
+            )
+        })
+        .collect();
+    w.run_until(2 * S);
+    let before: Vec<u64> = ids
+        .iter()
+        .map(|&id| w.apps[id].limiter.stats().turn_changes)
+        .collect();
+    w.run_until(6 * S);
+    let mut device = 0.0;
+    for (i, &id) in ids.iter().enumerate() {
+        let changes = w.apps[id].limiter.stats().turn_changes - before[i];
+        assert!(changes <= 4, "tenant {i}: {changes} turn changes in 4 s");
+        let u = w.gpu.busy_fraction(id, 2 * S, 6 * S);
+        assert!(
+            u >= f64::from(shares[i]) / 100.0 - 0.015,
+            "tenant {i} ({}%) got {u:.3}",
+            shares[i]
+        );
+        device += u;
+    }
+    assert!(device >= 0.95, "device busy {device:.3}");
+}

@@ -1,4 +1,7 @@
 //! The limiter: measured segments plus a virtual-time pacer.
+//!
+//! This file holds the admission (the pacer, turns, share mode's part); `segments.rs` the
+//! measurement (the GPU timer's markers around launches, settled into measured GPU time).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -8,6 +11,11 @@ use crate::policy::Policy;
 use crate::power::{PowerShare, PowerState};
 use crate::share::{Allotment, ShareClaim, ShareReport, ShareTiming, Sharing, SmMode};
 use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage, Turn};
+
+mod segments;
+
+/// How far (a fraction) the learned launch cost moves before it is published again.
+const LAUNCH_REPUBLISH: f64 = 0.25;
 
 /// The answer to [`Limiter::admit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +60,16 @@ pub struct LimiterStats {
     pub waits: u64,
     /// Timer operations that failed.
     pub timer_errors: u64,
+    /// Times the pacer started throttling (the virtual clock ran a period ahead).
+    pub throttles: u64,
+    /// Waits for this container's turn window.
+    pub window_waits: u64,
+    /// Share mode: waits held with no part (a higher priority had work, nothing to borrow).
+    pub held_waits: u64,
+    /// Share mode: waits for the queue to shrink while outranked.
+    pub queue_waits: u64,
+    /// Times this container's turn (cycle, offset or width) changed.
+    pub turn_changes: u64,
 }
 
 struct Segment<S, M> {
@@ -108,6 +126,13 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     turn: Option<Turn>,
     /// When the work queued so far is estimated to end (ns; only used with a turn).
     horizon: f64,
+    /// The typical launch length for turns (the layout, what fits a window, when queued
+    /// work ends): the cost, learned without single outliers ([`Limiter::learn_launch`]).
+    turn_cost: Option<f64>,
+    /// The last measured segment was over twice `turn_cost` (the next one decides).
+    turn_jump: bool,
+    /// The launch length last published for the turn layout (0: none yet).
+    published_launch: u64,
     /// The share of the GPU's power budget (`None`: time only).
     power: Option<PowerShare>,
     /// Whether the view's power baseline was asked for.
@@ -164,6 +189,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             device_util: None,
             turn: None,
             horizon: 0.0,
+            published_launch: 0,
+            turn_cost: None,
+            turn_jump: false,
             power: (cfg.power_exponent > 0.0).then(|| {
                 PowerShare::new(cfg.power_exponent, cfg.power_window, cfg.power_idle_span)
             }),
@@ -257,7 +285,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.maybe_correct(now);
         let share = self.share_step(now, pct);
         // Held by priority, filling gaps: paced only by the outranked queue below.
-        let gap_fill = share.is_some_and(|a| a.gap_fill);
+        let gap_fill = share.is_some_and(|a| a.gap_fill) && self.cfg.gap_fill_queue > 0;
         self.limit = match share {
             Some(_) if gap_fill => self.effective(1.0),
             Some(a) => self.effective(a.fraction),
@@ -268,10 +296,13 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         };
         if share.is_some_and(|a| a.fraction <= 0.0) && !gap_fill {
             // Share mode, nothing to borrow and no guarantee: hold new launches while
-            // others' work runs; ask the board again soon.
+            // others' work runs; ask the board again when the first of them may have run
+            // out of work (their `busy_until`), at the latest after a demand poll.
             self.close_open(now);
             self.poll(now);
-            return self.wait(self.cfg.demand_poll);
+            self.stats.held_waits += 1;
+            let until = share.map_or(0, |a| a.hold_until).saturating_sub(now);
+            return self.wait(until.clamp(self.cfg.poll_interval, self.cfg.demand_poll));
         }
         let floor = now as f64 - self.cfg.burst as f64;
         if self.vt < floor {
@@ -307,7 +338,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 }
             }
         }
-        if self.throttled {
+        if share.is_some() && self.turn.is_some() {
+            // Share mode in turns: the window is the part (it follows the guarantee and what
+            // is lent), so the pacer does not hold launches inside it. Measurements that
+            // span a window's edges would otherwise throttle a tenant below its guarantee.
+            self.throttled = false;
+        } else if self.throttled {
             if self.vt <= now_f {
                 self.throttled = false;
             } else {
@@ -319,8 +355,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             Some(t) => self.cfg.period.max(t.cycle),
             None => self.cfg.period,
         };
-        if self.vt > now_f + lead as f64 {
+        if self.vt > now_f + lead as f64 && !(share.is_some() && self.turn.is_some()) {
             self.throttled = true;
+            self.stats.throttles += 1;
             self.close_open(now);
             return self.wait_until_vt(now_f);
         }
@@ -330,14 +367,20 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             // work may wait behind the urgent one's, and still be ahead of its next).
             // Filling the gaps of an urgent container's work, keep less: what we queue
             // lands in its bursts.
-            self.poll(now);
-            let queued = self.queued_estimate();
             let cap = if gap_fill {
                 self.cfg.gap_fill_queue
             } else {
                 self.cfg.outranked_queue
             } as f64;
+            // The estimate only shrinks as segments settle: settle them (one event query
+            // each) only when it is over the cap.
+            let mut queued = self.queued_estimate();
             if queued > cap {
+                self.poll(now);
+                queued = self.queued_estimate();
+            }
+            if queued > cap {
+                self.stats.queue_waits += 1;
                 self.close_open(now);
                 return self.wait(
                     ((queued - cap) as Nanos).clamp(self.cfg.poll_interval, self.cfg.max_wait),
@@ -345,9 +388,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             }
         }
         if let Some(turn) = self.turn {
-            let est = self.cost.unwrap_or(0.0);
+            let est = self.turn_cost.or(self.cost).unwrap_or(0.0);
             if let Err(ns) = turn.admits(now, self.horizon.max(now_f), est, self.cfg.turn_lead_in) {
                 // Outside our window: let what is queued be measured, wait for the next.
+                self.stats.window_waits += 1;
                 self.close_open(now);
                 return self.wait(ns.min(self.cfg.max_wait));
             }
@@ -366,7 +410,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.stats.launches += 1;
         let est = self.cost.unwrap_or(0.0);
         self.vt += est / self.limit;
-        self.horizon = self.horizon.max(now as f64) + est;
+        // In turns, what fits the window follows the turn's launch length.
+        let ahead = match self.turn {
+            Some(_) => self.turn_cost.unwrap_or(est),
+            None => est,
+        };
+        self.horizon = self.horizon.max(now as f64) + ahead;
         let Some(open) = self.open.as_mut().filter(|o| o.stream == stream) else {
             return;
         };
@@ -420,189 +469,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         usage
     }
 
-    /// Estimated GPU time of our launches not yet known complete.
-    fn queued_estimate(&self) -> f64 {
-        self.closed
-            .iter()
-            .chain(self.open.iter())
-            .map(|s| s.est)
-            .sum()
-    }
-
-    /// Makes sure an open segment on `stream` brackets the coming launch.
-    fn prepare(&mut self, now: Nanos, stream: T::Stream) {
-        if let Some(open) = &self.open {
-            if open.stream != stream || now.saturating_sub(open.last_launch) >= self.cfg.idle_gap {
-                self.close_open(now);
-            }
-        }
-        if self.open.is_some() {
-            return;
-        }
-        // Chain onto the previous segment's end marker when the GPU has not reached it
-        // yet: the new work queues right behind, so no idle time falls in between.
-        let mut start = None;
-        if let Some(prev) = self.closed.back_mut() {
-            if prev.stream == stream && prev.end_owned {
-                if let Some(end) = prev.end {
-                    if let Ok(false) = self.timer.is_complete(end) {
-                        prev.end_owned = false;
-                        start = Some((end, true));
-                    }
-                }
-            }
-        }
-        let chained = start.is_some();
-        let (start, start_owned) = match start {
-            Some(s) => s,
-            None => match self.timer.record(stream) {
-                Ok(m) => {
-                    self.stats.markers += 1;
-                    (m, true)
-                }
-                Err(_) => {
-                    // Unmeasured: the launch is charged its estimate only.
-                    self.stats.timer_errors += 1;
-                    return;
-                }
-            },
-        };
-        self.open = Some(Segment {
-            stream,
-            start,
-            start_owned,
-            chained,
-            end: None,
-            end_owned: true,
-            launches: 0,
-            est: 0.0,
-            last_launch: now,
-            ended_idle: false,
-        });
-    }
-
-    fn close_open(&mut self, now: Nanos) {
-        let Some(mut seg) = self.open.take() else {
-            return;
-        };
-        if seg.launches == 0 {
-            self.drop_start(&seg);
-            return;
-        }
-        match self.timer.record(seg.stream) {
-            Ok(end) => {
-                self.stats.markers += 1;
-                seg.end = Some(end);
-                if now.saturating_sub(seg.last_launch) >= self.cfg.idle_gap {
-                    seg.ended_idle = matches!(self.timer.is_complete(end), Ok(true));
-                }
-                self.closed.push_back(seg);
-            }
-            Err(_) => {
-                self.stats.timer_errors += 1;
-                self.drop_start(&seg);
-            }
-        }
-    }
-
-    /// Lets go of the start marker of a segment that was dropped unmeasured.
-    fn drop_start(&mut self, seg: &Segment<T::Stream, T::Marker>) {
-        if !seg.start_owned {
-            return;
-        }
-        if seg.chained {
-            // The previous segment still waits on this marker as its end: hand it back.
-            if let Some(prev) = self
-                .closed
-                .iter_mut()
-                .rev()
-                .find(|p| !p.end_owned && p.end == Some(seg.start))
-            {
-                prev.end_owned = true;
-                return;
-            }
-        }
-        self.timer.release(seg.start);
-    }
-
-    /// Settles every closed segment whose end marker the GPU has reached.
-    fn poll(&mut self, now: Nanos) {
-        self.last_poll = now;
-        let mut i = 0;
-        while i < self.closed.len() {
-            let end = self.closed[i]
-                .end
-                .expect("closed segments have an end marker");
-            match self.timer.is_complete(end) {
-                Ok(false) => i += 1,
-                Ok(true) => {
-                    let seg = self.closed.remove(i).expect("index in range");
-                    self.settle(seg, true);
-                }
-                Err(_) => {
-                    self.stats.timer_errors += 1;
-                    let seg = self.closed.remove(i).expect("index in range");
-                    self.settle(seg, false);
-                }
-            }
-        }
-        if self.closed.is_empty() && self.open.is_none() {
-            // Everything submitted is done: the estimate of when queued work ends (which
-            // only grows between measurements) starts again from now.
-            self.horizon = self.horizon.min(now as f64);
-        }
-    }
-
-    fn settle(&mut self, seg: Segment<T::Stream, T::Marker>, complete: bool) {
-        let end = seg.end.expect("closed segments have an end marker");
-        let span = if complete {
-            match self.timer.elapsed(seg.start, end) {
-                Ok(ns) => Some(ns as f64),
-                Err(_) => {
-                    self.stats.timer_errors += 1;
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        // A measurement replaces the estimate; without one the estimate stands.
-        let measured = match span {
-            None => seg.est,
-            Some(span) if seg.ended_idle => {
-                // The span runs to when the marker was recorded, after an idle gap; the
-                // work itself cannot have taken longer than the learned cost says.
-                match self.cost {
-                    Some(c) => span.min(c * f64::from(seg.launches)),
-                    None => span,
-                }
-            }
-            Some(span) => {
-                let per = span / f64::from(seg.launches);
-                self.cost = Some(match self.cost {
-                    Some(c) if per <= 2.0 * c => 0.75 * c + 0.25 * per,
-                    _ => per,
-                });
-                span
-            }
-        };
-        self.raw_busy += measured;
-        self.own_busy += measured;
-        let measured = measured * self.correction;
-        self.vt += (measured - seg.est) / self.limit;
-        self.bin_busy += measured;
-        self.stats.busy_ns += measured;
-        self.stats.segments += 1;
-        // Settled segments are complete, so a chained predecessor was settled before: the
-        // start marker is this segment's alone.
-        if seg.start_owned {
-            self.timer.release(seg.start);
-        }
-        if seg.end_owned {
-            self.timer.release(end);
-        }
-    }
-
     /// Share mode: reads the board's demand (at most every `demand_poll`) and returns this
     /// container's part; `None` in cap mode. Sets the turn.
     fn share_step(&mut self, now: Nanos, pct: u32) -> Option<Allotment> {
@@ -620,7 +486,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             .sharing
             .as_mut()?
             .step(&mut self.view, now, claim, launch_ns, horizon, timing);
-        self.turn = a.turn;
+        if self.turn != a.turn {
+            self.stats.turn_changes += 1;
+            self.turn = a.turn;
+        }
         Some(a)
     }
 
@@ -654,7 +523,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             self.peers = self.fresh_peers(now);
         }
         self.sample_power(now);
-        let launch_ns = self.cost.unwrap_or(0.0).max(0.0) as u64;
+        let launch_ns = self.launch_to_publish();
         if self.sharing.is_some() {
             let report = ShareReport {
                 claim: self.claim(pct),
@@ -673,12 +542,31 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 s.publish(&mut self.view, now, report, bin_busy, elapsed, rules);
             }
         } else {
-            self.turn = self
+            let turn = self
                 .view
                 .turn_tenants(now, launch_ns)
                 .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
+            if turn != self.turn {
+                self.stats.turn_changes += 1;
+                self.turn = turn;
+            }
         }
         self.next_publish = now + self.cfg.publish_period;
+    }
+
+    /// The typical launch length others read on the board: the learned cost, republished
+    /// only once it moved by more than [`LAUNCH_REPUBLISH`] from what was published. Every
+    /// container lays the turns out from these values (the cycle doubles with them), so a
+    /// cost that wanders around a cycle's boundary would flip the layout, and each flip
+    /// leaves the GPU idle while the containers find their new windows (H200: 60-80 turn
+    /// changes in 20 s, the device 93% busy).
+    fn launch_to_publish(&mut self) -> u64 {
+        let cost = self.turn_cost.unwrap_or(0.0).max(0.0);
+        let old = self.published_launch as f64;
+        if old <= 0.0 || (cost - old).abs() > LAUNCH_REPUBLISH * old {
+            self.published_launch = cost as u64;
+        }
+        self.published_launch
     }
 
     /// Feeds the power share a sample of the device's power (once per publish period).
