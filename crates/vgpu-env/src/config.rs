@@ -349,6 +349,36 @@ impl Config {
                 }
             }
         }
+        // Share-mode and wake-up tuning: unset keeps the limiter's own default.
+        for (name, slot, (min, max)) in [
+            (
+                ENV_SHARE_GRACE_US,
+                &mut cfg.sm_tuning.share_grace_us,
+                (50u64, 20_000u64),
+            ),
+            (
+                ENV_SHARE_OUTRANKED_QUEUE_US,
+                &mut cfg.sm_tuning.share_outranked_queue_us,
+                (10, 10_000),
+            ),
+            (
+                ENV_SHARE_GAP_FILL_US,
+                &mut cfg.sm_tuning.share_gap_fill_us,
+                (0, 10_000),
+            ),
+            (
+                ENV_WAKE_SLACK_US,
+                &mut cfg.sm_tuning.wake_slack_us,
+                (0, 1_000),
+            ),
+        ] {
+            if let Some(v) = lookup(name) {
+                match strict_int::<u64>(v.trim()).filter(|n| (min..=max).contains(n)) {
+                    Some(n) => *slot = Some(n),
+                    None => warn(name, &v, format!("expected an integer in {min}..={max}")),
+                }
+            }
+        }
         if let Some(v) = lookup(ENV_SM_POWER_EXPONENT) {
             match SmTuning::power_exponent_of(&v) {
                 Some(pct) => cfg.sm_tuning.power_exponent_pct = pct,
@@ -771,6 +801,56 @@ mod tests {
                 "VGPU_SM_CONTENTION",
                 "VGPU_TURN_CYCLE_MS",
                 "VGPU_TURN_LEAD_US"
+            ]
+        );
+    }
+
+    #[test]
+    fn share_tuning_parses_and_keeps_the_limiters_defaults_on_typos() {
+        let t = lenient(&[]).unwrap().sm_tuning;
+        assert_eq!(
+            (
+                t.share_grace_us,
+                t.share_outranked_queue_us,
+                t.share_gap_fill_us,
+                t.wake_slack_us
+            ),
+            (None, None, None, None)
+        );
+        let cfg = lenient(&[
+            ("VGPU_SHARE_GRACE_US", "500"),
+            ("VGPU_SHARE_OUTRANKED_QUEUE_US", " 250 "),
+            ("VGPU_SHARE_GAP_FILL_US", "0"),
+            ("VGPU_WAKE_SLACK_US", "0"),
+        ])
+        .unwrap();
+        let t = cfg.sm_tuning;
+        assert_eq!(
+            (
+                t.share_grace_us,
+                t.share_outranked_queue_us,
+                t.share_gap_fill_us,
+                t.wake_slack_us
+            ),
+            (Some(500), Some(250), Some(0), Some(0))
+        );
+        assert!(cfg.warnings.is_empty());
+        let bad = lenient(&[
+            ("VGPU_SHARE_GRACE_US", "10"),
+            ("VGPU_SHARE_OUTRANKED_QUEUE_US", "0.5ms"),
+            ("VGPU_SHARE_GAP_FILL_US", "-1"),
+            ("VGPU_WAKE_SLACK_US", "5000"),
+        ])
+        .unwrap();
+        assert_eq!(bad.sm_tuning, SmTuning::default(), "defaults kept");
+        let named: Vec<&str> = bad.warnings.iter().map(|w| w.variable.as_str()).collect();
+        assert_eq!(
+            named,
+            [
+                "VGPU_SHARE_GRACE_US",
+                "VGPU_SHARE_OUTRANKED_QUEUE_US",
+                "VGPU_SHARE_GAP_FILL_US",
+                "VGPU_WAKE_SLACK_US"
             ]
         );
     }

@@ -45,6 +45,23 @@ pub const DEFAULT_TURN_DIR: &str = "/tmp/vgpulock";
 pub const ENV_TURN_CYCLE_MS: &str = "VGPU_TURN_CYCLE_MS";
 /// How long before its window a container may start queueing, microseconds.
 pub const ENV_TURN_LEAD_US: &str = "VGPU_TURN_LEAD_US";
+/// Share mode: how long after its queued work ends a container that takes no turns still
+/// counts as busy (its `busy_until` grace), microseconds. Lower-priority containers are held
+/// that long after the last launch of a higher one: host gaps shorter than this inside a
+/// request do not let them in.
+pub const ENV_SHARE_GRACE_US: &str = "VGPU_SHARE_GRACE_US";
+/// Share mode: the most work (microseconds of GPU time) a container keeps queued while a
+/// container of higher priority is on the board: the urgent one's next kernel waits at most
+/// about this long behind ours.
+pub const ENV_SHARE_OUTRANKED_QUEUE_US: &str = "VGPU_SHARE_OUTRANKED_QUEUE_US";
+/// Share mode: a held lower-priority container may fill the gaps of a sparse higher one with
+/// at most this much queued, microseconds; 0 (the default) = no gap filling: held while the
+/// higher one is busy.
+pub const ENV_SHARE_GAP_FILL_US: &str = "VGPU_SHARE_GAP_FILL_US";
+/// Timer slack (microseconds) of the hook's waits before a launch; 0 = as tight as the
+/// kernel allows. Unset: the thread's own (Linux: 50 us), which makes a container wake late
+/// for its turn.
+pub const ENV_WAKE_SLACK_US: &str = "VGPU_WAKE_SLACK_US";
 /// How strongly the SM limit also bounds a tenant's share of the GPU's power budget: an
 /// exponent from 0 (time only) to 1 (the power share fully), default 0.5; `off` = 0.
 pub const ENV_SM_POWER_EXPONENT: &str = "VGPU_SM_POWER_EXPONENT";

@@ -13,6 +13,19 @@ pub struct SmTuning {
     pub turn_cycle_ms: u64,
     /// Lead-in in microseconds ([`ENV_TURN_LEAD_US`](crate::ENV_TURN_LEAD_US), 0..=10000, default 0).
     pub turn_lead_us: u64,
+    /// Share mode's idle grace, us ([`ENV_SHARE_GRACE_US`](crate::ENV_SHARE_GRACE_US),
+    /// 50..=20000; `None`: the limiter's default).
+    pub share_grace_us: Option<u64>,
+    /// Share mode's queue while outranked, us
+    /// ([`ENV_SHARE_OUTRANKED_QUEUE_US`](crate::ENV_SHARE_OUTRANKED_QUEUE_US), 10..=10000;
+    /// `None`: the limiter's default).
+    pub share_outranked_queue_us: Option<u64>,
+    /// Share mode's gap-filling queue, us ([`ENV_SHARE_GAP_FILL_US`](crate::ENV_SHARE_GAP_FILL_US),
+    /// 0..=10000, 0 = none; `None`: the limiter's default).
+    pub share_gap_fill_us: Option<u64>,
+    /// Timer slack of the launch path's waits, us ([`ENV_WAKE_SLACK_US`](crate::ENV_WAKE_SLACK_US),
+    /// 0..=1000; `None`: the hook's default).
+    pub wake_slack_us: Option<u64>,
     /// The power-share exponent in hundredths ([`ENV_SM_POWER_EXPONENT`](crate::ENV_SM_POWER_EXPONENT), 0..=100,
     /// default 50; 0 = limit time only).
     pub power_exponent_pct: u32,
@@ -62,6 +75,10 @@ impl Default for SmTuning {
             turn_dir: Some(DEFAULT_TURN_DIR.to_owned()),
             turn_cycle_ms: 20,
             turn_lead_us: 0,
+            share_grace_us: None,
+            share_outranked_queue_us: None,
+            share_gap_fill_us: None,
+            wake_slack_us: None,
             power_exponent_pct: 50,
         }
     }

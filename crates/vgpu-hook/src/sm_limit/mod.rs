@@ -67,7 +67,7 @@ use crate::log::{INFO, vlog};
 use crate::power::PowerReader;
 use crate::published::Published;
 use power_share::Baselines;
-use timer::{EventFns, EventTimer, Events, MonoClock, StreamKey};
+use timer::{EventFns, EventTimer, Events, MonoClock, StreamKey, WakeSlack};
 use view::FileView;
 
 /// Which launch entry point is calling.
@@ -113,6 +113,8 @@ pub(crate) struct SmLimiter {
     baselines: Baselines,
     /// The power reader thread's readings.
     power: PowerReader,
+    /// The exit line with each limiter's counters was written.
+    said_stats: AtomicBool,
 }
 
 type DeviceLimiter = Mutex<Limiter<MonoClock, EventTimer, FileView>>;
@@ -141,6 +143,7 @@ impl SmLimiter {
             events: Events::new(),
             baselines: Baselines::new(),
             power: PowerReader::new(),
+            said_stats: AtomicBool::new(false),
         }
     }
 
@@ -207,9 +210,48 @@ impl SmLimiter {
         self.power.reset_in_child();
     }
 
-    /// At exit: the power reader makes no further NVML call (NVML may be torn down next).
+    /// At exit: the power reader makes no further NVML call (NVML may be torn down next);
+    /// each device's limiter says what it did (at `LIBCUDA_LOG_LEVEL` 3), if no thread holds
+    /// it (an exit never waits for a launch).
     pub(crate) fn stop_at_exit(&self) {
         self.power.stop();
+        // Both exit paths call this (NVML's atexit and the loader's fini): say it once.
+        if self.said_stats.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        for (d, cell) in self.devices.iter().enumerate() {
+            let Some(m) = cell.get() else { continue };
+            let Ok(l) = m.try_lock() else { continue };
+            let s = l.stats();
+            let util = l.utilization().map_or(-1.0, |u| u * 100.0);
+            let turn = l.turn().map_or_else(
+                || "none".to_owned(),
+                |t| {
+                    format!(
+                        "{}+{} of {} us",
+                        t.offset / 1_000,
+                        t.width / 1_000,
+                        t.cycle / 1_000
+                    )
+                },
+            );
+            vlog!(
+                INFO,
+                "device {d}: limiter stats: {} launches, {} segments, busy {:.1} ms, util {util:.0}%, \
+                 waits {} (throttles {}, window {}, held {}, queue {}), turn {turn} ({} changes), \
+                 timer errors {}",
+                s.launches,
+                s.segments,
+                s.busy_ns / 1e6,
+                s.waits,
+                s.throttles,
+                s.window_waits,
+                s.held_waits,
+                s.queue_waits,
+                s.turn_changes,
+                s.timer_errors
+            );
+        }
     }
 
     fn policy(&self) -> Policy {
@@ -286,6 +328,7 @@ impl SmLimiter {
             .device_limiter(d, fns)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let mut slack = WakeSlack::new(self.tuning().wake_slack_us);
         loop {
             match guard.admit(key) {
                 Admission::Go(ticket) => {
@@ -294,7 +337,10 @@ impl SmLimiter {
                     }
                     return Ok(());
                 }
-                Admission::Wait(ns) => std::thread::sleep(Duration::from_nanos(ns)),
+                Admission::Wait(ns) => {
+                    slack.tighten();
+                    std::thread::sleep(Duration::from_nanos(ns));
+                }
             }
         }
     }
@@ -317,6 +363,15 @@ impl SmLimiter {
         }
         cfg.turn_cycle = t.turn_cycle_ms * 1_000_000;
         cfg.turn_lead_in = t.turn_lead_us * 1_000;
+        if let Some(us) = t.share_grace_us {
+            cfg.idle_grace = us * 1_000;
+        }
+        if let Some(us) = t.share_outranked_queue_us {
+            cfg.outranked_queue = us * 1_000;
+        }
+        if let Some(us) = t.share_gap_fill_us {
+            cfg.gap_fill_queue = us * 1_000;
+        }
         cfg.power_exponent = f64::from(t.power_exponent_pct) / 100.0;
         if self.share.load(Ordering::Relaxed) {
             cfg.mode = SmMode::Share;
