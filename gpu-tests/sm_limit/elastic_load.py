@@ -9,7 +9,8 @@ and lasts <seconds>; during each --idle A:B (seconds from the start) the tenant 
 nothing. Prints one JSON line: "RESULT {...}" with the rate (per second), the per-bin rates
 (launch times on the host, bins of --bin seconds: under the hook a launch returns when it
 is admitted, so the host's rate follows the GPU's within one turn cycle), and for infer the
-latencies (ms).
+latencies (ms); with --stamps also every step's start time and latency, so that phases of
+one run can be compared (a request's latency is charged to the phase it started in).
 """
 import argparse
 import json
@@ -26,6 +27,7 @@ def parse():
     p.add_argument("--idle", action="append", default=[])
     p.add_argument("--bin", type=float, default=0.05)
     p.add_argument("--think", type=float, default=0.010)
+    p.add_argument("--stamps", action="store_true", help="also print each step's start (s) and latency (ms)")
     return p.parse_args()
 
 
@@ -117,6 +119,9 @@ def main():
         "bin_s": args.bin,
         "bins": [n / args.bin for n in bins],
     }
+    if args.stamps:
+        out["stamps"] = [round(x, 4) for x in stamps]
+        out["lat"] = [round(x, 3) for x in latencies]
     if latencies:
         lat = sorted(latencies)
         out["p50_ms"] = lat[len(lat) // 2]

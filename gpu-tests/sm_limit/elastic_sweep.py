@@ -1,0 +1,187 @@
+"""Share mode's tuning on a real GPU: the priority pair and four busy tenants under
+variants of the share-mode knobs, in one run, with each tenant's limiter stats.
+
+usage: python3 gpu-tests/sm_limit/elastic_sweep.py <dir-with-libvgpu.so> [--out DIR] [--only priority|four]
+
+What elastic.py asks (the issue's tables) needs defaults; this finds them. Each variant is
+a set of environment variables (VGPU_SHARE_GRACE_US, VGPU_SHARE_OUTRANKED_QUEUE_US,
+VGPU_SHARE_GAP_FILL_US, VGPU_WAKE_SLACK_US, VGPU_TURN_LEAD_US, VGPU_TURN_CYCLE_MS) added
+to every hooked tenant. Writes DIR/sweep.md (tables) and DIR/sweep.log (each hooked
+tenant's exit line "limiter stats: ...", LIBCUDA_LOG_LEVEL=3). About 5 minutes.
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import elastic  # noqa: E402  (the tenants and their environments)
+
+START = 7.0  # torch import and CUDA start-up of up to four tenants
+
+PRIORITY = [
+    ("plain", None),
+    ("defaults", {}),
+    ("no gap fill", {"VGPU_SHARE_GAP_FILL_US": "0"}),
+    ("no gap, grace 500", {"VGPU_SHARE_GAP_FILL_US": "0", "VGPU_SHARE_GRACE_US": "500"}),
+    ("no gap, grace 500, queue 250",
+     {"VGPU_SHARE_GAP_FILL_US": "0", "VGPU_SHARE_GRACE_US": "500", "VGPU_SHARE_OUTRANKED_QUEUE_US": "250"}),
+    ("no gap, grace 500, queue 250, slack 0",
+     {"VGPU_SHARE_GAP_FILL_US": "0", "VGPU_SHARE_GRACE_US": "500", "VGPU_SHARE_OUTRANKED_QUEUE_US": "250",
+      "VGPU_WAKE_SLACK_US": "0"}),
+    ("no gap, grace 300, queue 250, slack 0",
+     {"VGPU_SHARE_GAP_FILL_US": "0", "VGPU_SHARE_GRACE_US": "300", "VGPU_SHARE_OUTRANKED_QUEUE_US": "250",
+      "VGPU_WAKE_SLACK_US": "0"}),
+    ("gap 125, grace 500, slack 0",
+     {"VGPU_SHARE_GAP_FILL_US": "125", "VGPU_SHARE_GRACE_US": "500", "VGPU_WAKE_SLACK_US": "0"}),
+]
+
+FOUR = [
+    ("plain", "plain", (10, 20, 30, 40), {}),
+    ("share defaults", "share", (10, 20, 30, 40), {}),
+    ("share, slack 0", "share", (10, 20, 30, 40), {"VGPU_WAKE_SLACK_US": "0"}),
+    ("share, lead 200", "share", (10, 20, 30, 40), {"VGPU_TURN_LEAD_US": "200"}),
+    ("share, slack 0, lead 200", "share", (10, 20, 30, 40), {"VGPU_WAKE_SLACK_US": "0", "VGPU_TURN_LEAD_US": "200"}),
+    ("share, slack 0, lead 200, cycle 40", "share", (10, 20, 30, 40),
+     {"VGPU_WAKE_SLACK_US": "0", "VGPU_TURN_LEAD_US": "200", "VGPU_TURN_CYCLE_MS": "40"}),
+    ("cap defaults", "cap", (10, 20, 30, 40), {}),
+    ("three share defaults", "share", (20, 30, 40), {}),
+    ("three share, slack 0, lead 200", "share", (20, 30, 40), {"VGPU_WAKE_SLACK_US": "0", "VGPU_TURN_LEAD_US": "200"}),
+]
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("libdir")
+    p.add_argument("--out", default=os.environ.get("OUT", "out"))
+    p.add_argument("--only", choices=["priority", "four"])
+    return p.parse_args()
+
+
+class Sweep(elastic.Bench):
+    """elastic.Bench that keeps every hooked tenant's limiter stats line."""
+
+    def __init__(self, lib, work, log):
+        super().__init__(lib, work)
+        self.log = log
+
+    def env(self, mode, sm=None, priority=None, turns=None, extra=None):
+        e = super().env(mode, sm=sm, priority=priority, turns=turns)
+        if mode != "plain":
+            e["LIBCUDA_LOG_LEVEL"] = "3"
+            e.update(extra or {})
+        return e
+
+    def run(self, label, tenants, timeout=120):
+        import subprocess
+
+        procs = [subprocess.Popen(a, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for e, a in tenants]
+        out = []
+        for i, p in enumerate(procs):
+            try:
+                so, se = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                so, se = p.communicate()
+            stats = [l for l in se.splitlines() if "limiter stats" in l]
+            self.log.write(f"[{label}] tenant {i}: " + (" | ".join(stats) or "(no stats)") + "\n")
+            line = next((l for l in so.splitlines() if l.startswith("RESULT {")), None)
+            if line is None:
+                self.log.write(f"[{label}] tenant {i} failed rc {p.returncode}: {se[-600:]}\n")
+                out.append(None)
+            else:
+                out.append(elastic.json.loads(line[len("RESULT "):]))
+        self.log.flush()
+        return out
+
+
+def main():
+    args = parse()
+    lib = os.path.join(os.path.abspath(args.libdir), "libvgpu.so")
+    if not os.path.isfile(lib):
+        sys.exit(f"no {lib}")
+    os.makedirs(args.out, exist_ok=True)
+    log = open(os.path.join(args.out, "sweep.log"), "w")
+    b = Sweep(lib, tempfile.mkdtemp(prefix="vgpu-sweep-"), log)
+    lines = []
+
+    def say(s=""):
+        print(s, flush=True)
+        lines.append(s)
+
+    def save():
+        with open(os.path.join(args.out, "sweep.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    t0 = time.time()
+    say(f"# Share-mode sweep, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if args.only != "four":
+        say("\n## Priority: batch-1 inference (p0) beside training (p1), 6 s each\n")
+        s = time.time() + START
+        (inf,) = b.run("infer alone", [(b.env("plain"), b.load("infer", 6, s))])
+        s = time.time() + START
+        (tr,) = b.run("train alone", [(b.env("plain"), b.load("train", 6, s))])
+        say(f"alone: p50 {inf['p50_ms']:.2f} ms, p99 {inf['p99_ms']:.2f} ms; training {tr['rate']:.2f} steps/s\n")
+        s = time.time() + START
+        (hi,) = b.run("infer alone hooked", [(b.env("share", priority=0, turns=b.turns()), b.load("infer", 6, s))])
+        s = time.time() + START
+        (ht,) = b.run("train alone hooked", [(b.env("share", priority=1, turns=b.turns()), b.load("train", 6, s))])
+        t = b.turns()
+        s = time.time() + START
+        idle_p0, ho = b.run("train beside an idle p0", [
+            (b.env("share", priority=0, turns=t), b.load("infer", 6, s, "--think", "1.0")),
+            (b.env("share", priority=1, turns=t), b.load("train", 6, s)),
+        ])
+        say("| hooked alone | p50 / alone | p99 / alone | training % |")
+        say("|---|---|---|---|")
+        if hi:
+            say(f"| infer, share p0 | {hi['p50_ms'] / inf['p50_ms']:.2f} | {hi['p99_ms'] / inf['p99_ms']:.2f} | |")
+        if ht:
+            say(f"| train, share p1 | | | {100 * ht['rate'] / tr['rate']:.1f} |")
+        if ho:
+            say(f"| train, share p1, an idle p0 on the board | | | {100 * ho['rate'] / tr['rate']:.1f} |")
+        say("\n| variant | p50 / alone | p99 / alone | training % of alone |")
+        say("|---|---|---|---|")
+        save()
+        for name, extra in PRIORITY:
+            t = b.turns()
+            s = time.time() + START
+            mode = "plain" if extra is None else "share"
+            ri, rt = b.run(f"priority {name}", [
+                (b.env(mode, priority=0, turns=t, extra=extra), b.load("infer", 6, s)),
+                (b.env(mode, priority=1, turns=t, extra=extra), b.load("train", 6, s)),
+            ])
+            if ri and rt:
+                say(f"| {name} | {ri['p50_ms'] / inf['p50_ms']:.2f} | {ri['p99_ms'] / inf['p99_ms']:.2f} | "
+                    f"{100 * rt['rate'] / tr['rate']:.1f} |")
+            else:
+                say(f"| {name} | failed | | |")
+            save()
+    if args.only != "priority":
+        s = time.time() + START
+        (mm,) = b.run("matmul alone", [(b.env("plain"), b.load("matmul", 3, s))])
+        say("\n## Four (or three) busy matmul tenants, 4 s, % of one alone (phase 0.5-4 s)\n")
+        say("| variant | shares | each | sum |")
+        say("|---|---|---|---|")
+        for name, mode, shares, extra in FOUR:
+            t = b.turns()
+            s = time.time() + START
+            rs = b.run(f"four {name}", [
+                (b.env(mode, sm=sh, turns=t, extra=extra), b.load("matmul", 4, s)) for sh in shares
+            ])
+            if all(rs) and mm:
+                bin_s = rs[0]["bin_s"]
+                got = [100 * statistics.mean(r["bins"][int(0.5 / bin_s):]) / mm["rate"] for r in rs]
+                say(f"| {name} | {'/'.join(map(str, shares))} | {' / '.join(f'{g:.1f}' for g in got)} | {sum(got):.1f} |")
+            else:
+                say(f"| {name} | failed | | |")
+            save()
+    say(f"\nruntime {time.time() - t0:.0f} s")
+    save()
+
+
+if __name__ == "__main__":
+    main()
