@@ -91,8 +91,17 @@ pub(crate) trait Store {
     fn held(&self, slot: usize, device: usize, class: usize) -> &Self::A;
     /// Host-backed bytes of all slots on `device` (the host class's `total`).
     fn host_total(&self, device: usize) -> &Self::A;
-    /// The device's host policy, read fresh on every reservation.
-    fn host_policy(&self, device: usize) -> HostPolicy;
+    /// The device's host policy, read fresh on every reservation that it bounds.
+    fn host_policy(&self, device: usize) -> HostPolicy {
+        HostPolicy {
+            spill: self.host_spill(device),
+            oversubscribe: self.oversubscribed(device),
+        }
+    }
+    /// [`HostPolicy::spill`] alone.
+    fn host_spill(&self, device: usize) -> u64;
+    /// [`HostPolicy::oversubscribe`] alone (one load: what a device reservation asks first).
+    fn oversubscribed(&self, device: usize) -> bool;
     fn ident(&self, slot: usize) -> &Self::A;
     /// The current administrative epoch.
     fn admin_epoch(&self) -> u64;
@@ -358,6 +367,7 @@ pub(crate) fn charge_over_limit<S: Store, C: Crash>(
 }
 
 #[allow(clippy::too_many_arguments)]
+#[inline]
 fn add<S: Store, C: Crash>(
     s: &S,
     slot: usize,
@@ -373,24 +383,23 @@ fn add<S: Store, C: Crash>(
     let limit = s.limit(device);
     let device_used = s.total(device).load(Ordering::Relaxed);
     // Read only where it bounds something (the host class, or oversubscription): a device
-    // reservation with spill off stays as cheap as before the host class existed. Every
-    // write of it happens under this lock, so reading it later reads the same value.
+    // reservation with oversubscription off reads one flag more than before the host class
+    // existed. Every write of it happens under this lock, so reading it later reads the same
+    // value.
     let host_used = || s.host_total(device).load(Ordering::Relaxed);
     // `cap` bounds this class's total; a refusal reports it as the limit.
     let cap = match bound {
         Bound::Unchecked => u64::MAX,
         _ if class == HOST => s.host_policy(device).host_cap(limit, device_used),
-        Bound::DeviceOnly => limit_or_max(limit),
-        Bound::Full => {
-            let policy = s.host_policy(device);
-            let own = limit_or_max(limit);
-            if policy.oversubscribe && limit != 0 {
-                // Device plus host stays within limit + spill: host bytes take device room.
-                own.min(policy.host_cap(limit, host_used()))
-            } else {
-                own
-            }
+        Bound::Full if limit != 0 && s.oversubscribed(device) => {
+            // Device plus host stays within limit + spill: host bytes take device room.
+            let policy = HostPolicy {
+                spill: s.host_spill(device),
+                oversubscribe: true,
+            };
+            limit.min(policy.host_cap(limit, host_used()))
         }
+        Bound::Full | Bound::DeviceOnly => limit_or_max(limit),
     };
     let total = total_of(s, device, class);
     let t = if class == HOST {
@@ -436,6 +445,7 @@ fn limit_or_max(limit: u64) -> u64 {
 
 /// Release up to `bytes` of `class` on `device` held by `slot`; returns the bytes released
 /// (less than asked only if the caller releases more than it holds).
+#[inline]
 pub(crate) fn release<S: Store, C: Crash>(
     s: &S,
     slot: usize,
@@ -769,11 +779,11 @@ pub(crate) mod model {
         fn host_total(&self, device: usize) -> &AtomicU64 {
             &self.host_totals[device]
         }
-        fn host_policy(&self, device: usize) -> HostPolicy {
-            HostPolicy {
-                spill: self.host_spill[device].load(Ordering::Relaxed),
-                oversubscribe: self.oversubscribe[device].load(Ordering::Relaxed) != 0,
-            }
+        fn host_spill(&self, device: usize) -> u64 {
+            self.host_spill[device].load(Ordering::Relaxed)
+        }
+        fn oversubscribed(&self, device: usize) -> bool {
+            self.oversubscribe[device].load(Ordering::Relaxed) != 0
         }
         fn ident(&self, slot: usize) -> &AtomicU64 {
             &self.idents[slot]

@@ -414,6 +414,7 @@ impl ProcessSlot {
 }
 
 impl UsageLedger for ProcessSlot {
+    #[inline]
     fn try_reserve(
         &self,
         device: DeviceIndex,
@@ -423,6 +424,7 @@ impl UsageLedger for ProcessSlot {
         self.reserve_class(device, class_index(class), bytes, protocol::Bound::Full)
     }
 
+    #[inline]
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
         self.release_class(device, class_index(class), bytes);
     }
