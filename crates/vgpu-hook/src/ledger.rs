@@ -347,8 +347,10 @@ fn sweep_for_view(table: &UsageTable) {
 /// The host-backed class (`crate::host_backing`), by ordinal like the other classes. A
 /// process-local ledger holds none: it refuses.
 impl HookLedger {
-    /// `f` on this process's slot with ordinal `device`'s file index, checked like
-    /// [`UsageLedger::try_reserve`].
+    /// `f` (a reservation) on this process's slot with ordinal `device`'s file index, if the
+    /// file lists that GPU and is still at its path; a refusal is by ordinal and checks the
+    /// link now (what every reservation of the ledger goes through).
+    #[inline]
     fn reserve_on_file(
         &self,
         device: DeviceIndex,
@@ -358,10 +360,13 @@ impl HookLedger {
         let Self::Shared(s) = self else {
             return Err(refusal(device, bytes));
         };
-        let Some(d) = s.file_device(device).filter(|_| s.attached(false)) else {
-            return Err(refusal(device, bytes));
-        };
-        f(&s.slot, d).map_err(|oom| OutOfMemory { device, ..oom })
+        match s.file_device(device) {
+            Some(d) if s.attached(false) => match f(&s.slot, d) {
+                Ok(()) => Ok(()),
+                Err(oom) => Err(s.refused(device, oom)),
+            },
+            _ => Err(refusal(device, bytes)),
+        }
     }
 
     /// Reserve `bytes` of host-backed memory at ordinal `device`'s addresses.
@@ -419,13 +424,9 @@ impl UsageLedger for HookLedger {
     ) -> Result<(), OutOfMemory> {
         match self {
             Self::Local(l) => l.try_reserve(device, class, bytes),
-            Self::Shared(s) => match s.file_device(device) {
-                Some(d) if s.attached(false) => match s.slot.try_reserve(d, class, bytes) {
-                    Ok(()) => Ok(()),
-                    Err(oom) => Err(s.refused(device, oom)),
-                },
-                _ => Err(refusal(device, bytes)),
-            },
+            Self::Shared(_) => {
+                self.reserve_on_file(device, bytes, |s, d| s.try_reserve(d, class, bytes))
+            }
         }
     }
 

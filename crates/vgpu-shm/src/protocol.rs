@@ -331,44 +331,16 @@ pub(crate) fn reserve<S: Store, C: Crash>(
     bytes: u64,
     crash: &C,
 ) -> Result<Done<Result<u64, Refusal>>, Died> {
-    add(s, slot, me, device, class, bytes, Bound::Full, crash)
+    reserve_within(s, slot, me, device, class, bytes, Bound::Full, crash)
 }
 
-/// [`reserve`] with the bounds `bound` names ([`Bound::DeviceOnly`] for a move onto the
-/// device).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn reserve_within<S: Store, C: Crash>(
-    s: &S,
-    slot: usize,
-    me: u64,
-    device: usize,
-    class: usize,
-    bytes: u64,
-    bound: Bound,
-    crash: &C,
-) -> Result<Done<Result<u64, Refusal>>, Died> {
-    add(s, slot, me, device, class, bytes, bound, crash)
-}
-
-/// Add `bytes` that are already taken (measured after the fact) to `class` on `device` held
-/// by `slot`, whatever the limit: the total may end up above it. Same steps and crash points
-/// as [`reserve`]; only the limit check is skipped (an overflow still refuses).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn charge_over_limit<S: Store, C: Crash>(
-    s: &S,
-    slot: usize,
-    me: u64,
-    device: usize,
-    class: usize,
-    bytes: u64,
-    crash: &C,
-) -> Result<Done<Result<u64, Refusal>>, Died> {
-    add(s, slot, me, device, class, bytes, Bound::Unchecked, crash)
-}
-
+/// [`reserve`] with the bounds `bound` names: [`Bound::DeviceOnly`] for a move onto the
+/// device, [`Bound::Unchecked`] to add bytes that are already taken (measured after the fact),
+/// whatever the limit: the total may then end up above it, with the same steps and crash points
+/// (an overflow still refuses).
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn add<S: Store, C: Crash>(
+pub(crate) fn reserve_within<S: Store, C: Crash>(
     s: &S,
     slot: usize,
     me: u64,
@@ -1205,7 +1177,7 @@ mod tests {
         let a = s.register(0);
         assert_eq!(reserve(&s, 0, a, 0, 2, 80, &NoCrash).unwrap().value, Ok(80));
         assert_eq!(
-            charge_over_limit(&s, 0, a, 0, 1, 50, &NoCrash)
+            reserve_within(&s, 0, a, 0, 1, 50, Bound::Unchecked, &NoCrash)
                 .unwrap()
                 .value,
             Ok(130),
@@ -1216,7 +1188,7 @@ mod tests {
         assert_eq!(release(&s, 0, a, 0, 1, 50, &NoCrash).unwrap().value, 50);
         assert_eq!(s.totals[0].load(Ordering::SeqCst), 80);
         assert!(
-            charge_over_limit(&s, 0, a, 0, 1, u64::MAX, &NoCrash)
+            reserve_within(&s, 0, a, 0, 1, u64::MAX, Bound::Unchecked, &NoCrash)
                 .unwrap()
                 .value
                 .is_err(),

@@ -435,15 +435,8 @@ impl UsageLedger for ProcessSlot {
 
     fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
         self.adjust(device, bytes, |st, slot, owner, d| {
-            let _ = protocol::charge_over_limit(
-                st,
-                slot,
-                owner,
-                d,
-                class_index(class),
-                bytes,
-                &NoCrash,
-            );
+            let (c, unchecked) = (class_index(class), protocol::Bound::Unchecked);
+            let _ = protocol::reserve_within(st, slot, owner, d, c, bytes, unchecked, &NoCrash);
         });
     }
 }
