@@ -13,9 +13,9 @@
 //! - **The slot is in the file at the path**: a file unlinked or replaced under its name
 //!   splits the container in two ledgers. [`UsageTable::link_state`] is asked on the first
 //!   reservation of each second of the coarse monotonic clock (so at most one second after
-//!   the previous check, and at most once a second) and on every refused one; once the path
-//!   no longer names our file, new reservations are refused (one line says why and what to
-//!   do) and frees still go to the file they were charged in.
+//!   the previous check, and at most once per second of that clock) and on every refused one;
+//!   once the path no longer names our file, new reservations are refused (one line says why
+//!   and what to do) and frees still go to the file they were charged in.
 //!
 //! Views and sub-allocations cost nothing more: the map is one load once built, the link
 //! check one coarse clock read and one compare when not due.
@@ -209,9 +209,10 @@ impl DeviceMap {
         if !self.built.load(Ordering::Acquire) {
             return None;
         }
+        let word = device.0.checked_add(1)?;
         self.words
             .iter()
-            .position(|w| w.load(Ordering::Relaxed) == device.0 + 1)
+            .position(|w| w.load(Ordering::Relaxed) == word)
             .map(|o| DeviceIndex(o as u32))
     }
 }
@@ -562,6 +563,74 @@ mod tests {
             !ledger.has_device(DeviceIndex(1)),
             "an ordinal past the local ledger's devices is not accounted for"
         );
+    }
+
+    #[test]
+    fn the_device_map_answers_by_ordinal_once_built() {
+        let map = DeviceMap::new();
+        assert!(matches!(map.get(DeviceIndex(0)), Entry::Unbuilt));
+        assert_eq!(
+            map.ordinal_of(DeviceIndex(0)),
+            None,
+            "not built: views ask nothing"
+        );
+        let mut built = [None; MAX_DEVICES];
+        built[0] = Some(DeviceIndex(1));
+        built[1] = Some(DeviceIndex(0));
+        map.publish(&built);
+        assert!(matches!(
+            map.get(DeviceIndex(0)),
+            Entry::Listed(DeviceIndex(1))
+        ));
+        assert!(matches!(
+            map.get(DeviceIndex(1)),
+            Entry::Listed(DeviceIndex(0))
+        ));
+        assert!(matches!(map.get(DeviceIndex(2)), Entry::Unlisted));
+        assert!(matches!(
+            map.get(DeviceIndex(MAX_DEVICES as u32)),
+            Entry::OutOfRange
+        ));
+        assert_eq!(map.ordinal_of(DeviceIndex(0)), Some(DeviceIndex(1)));
+        assert_eq!(map.ordinal_of(DeviceIndex(5)), None);
+        assert_eq!(map.ordinal_of(DeviceIndex(u32::MAX)), None);
+    }
+
+    #[test]
+    fn the_link_watch_refuses_once_the_path_names_another_file() {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-link-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let table = UsageTable::open_or_create(&path, &Default::default()).expect("open");
+        let watch = LinkWatch::new();
+        assert!(
+            watch.attached(&table, false),
+            "the first reservation checks: linked"
+        );
+        std::fs::remove_file(&path).expect("unlink");
+        std::fs::write(&path, b"").expect("another file at the path");
+        // Not due within the second of the first check (unless the coarse second just turned),
+        // but a refusal's forced check sees it, and from then on every reservation is refused.
+        assert!(
+            !watch.attached(&table, true),
+            "the forced check sees the replacement"
+        );
+        assert!(!watch.attached(&table, false));
+        assert!(!watch.attached(&table, false), "stays detached");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn the_link_watch_checks_again_once_the_coarse_second_turns() {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-link2-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let table = UsageTable::open_or_create(&path, &Default::default()).expect("open");
+        let watch = LinkWatch::new();
+        assert!(watch.attached(&table, false));
+        std::fs::remove_file(&path).expect("unlink");
+        // The bound the docs state: a reservation more than a second after the last check
+        // checks (the coarse clock lags by at most a tick, a few milliseconds).
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(!watch.attached(&table, false), "due again: sees the unlink");
     }
 
     #[test]
