@@ -36,11 +36,13 @@ incl() {
 }
 
 # sum of the inclusive Ir of every exported driver entry point of libvgpusim.so in profile $1
-# (the simulated driver's own work, wherever it was called from)
+# (the simulated driver's own work, wherever it was called from). An entry point's name
+# follows the file's single colon: the simulator's inner methods (`Sim>::cur_dev`,
+# `::current`) also begin with "cu" but follow "::", and are inside the entry points.
 simsum() {
     (cd /tmp && callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
-        awk '/libvgpusim\.so\]/ && match($0, /:(cu|nvml)[A-Za-z0-9_]+ \[/) {
-            name = substr($0, RSTART + 1, RLENGTH - 3); v = $1; gsub(",", "", v)
+        awk '/libvgpusim\.so\]/ && match($0, /[^:]:(cu|nvml)[A-Za-z0-9_]+ \[/) {
+            name = substr($0, RSTART + 2, RLENGTH - 4); v = $1; gsub(",", "", v)
             if (v + 0 > max[name]) max[name] = v + 0
         } END { for (n in max) t += max[n]; print t + 0 }')
 }

@@ -119,7 +119,9 @@ impl fmt::Debug for Reservation<'_> {
 }
 
 impl<'a> Reservation<'a> {
-    /// Reserve `bytes` on `device` in `ledger`.
+    /// Reserve `bytes` on `device` in `ledger`. Inlined so that a caller holding the concrete
+    /// ledger calls it directly (every allocation's path).
+    #[inline]
     pub fn new(
         ledger: &'a dyn UsageLedger,
         device: DeviceIndex,

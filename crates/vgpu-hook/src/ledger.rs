@@ -11,15 +11,15 @@
 //!   file that names no GPU maps o to o. An ordinal whose GPU the file does not list is
 //!   refused, with one line naming the GPU.
 //! - **The slot is in the file at the path**: a file unlinked or replaced under its name
-//!   splits the container in two ledgers. [`UsageTable::link_state`] is asked at most once a
-//!   second on reservations and on every refused one; once the path no longer names our
-//!   file, new reservations are refused (one line says why and what to do) and frees still
-//!   go to the file they were charged in.
+//!   splits the container in two ledgers. [`UsageTable::link_state`] is asked on the first
+//!   reservation of each second of the coarse monotonic clock (so at most one second after
+//!   the previous check, and at most once per second of that clock) and on every refused one;
+//!   once the path no longer names our file, new reservations are refused (one line says why
+//!   and what to do) and frees still go to the file they were charged in.
 //!
 //! Views and sub-allocations cost nothing more: the map is one load once built, the link
-//! check one clock read when not due.
+//! check one coarse clock read and one compare when not due.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use vgpu_alloc_core::{
@@ -44,8 +44,7 @@ pub(crate) enum HookLedger {
 #[derive(Debug)]
 pub(crate) struct SharedLedger {
     slot: ProcessSlot,
-    /// File index per CUDA ordinal (`None`: the file does not list that GPU).
-    devices: OnceLock<[Option<DeviceIndex>; MAX_DEVICES]>,
+    devices: DeviceMap,
     /// Ordinals whose "not in the file" line was written (one bit each).
     unlisted_said: AtomicU32,
     link: LinkWatch,
@@ -55,7 +54,7 @@ impl SharedLedger {
     pub(crate) fn new(slot: ProcessSlot) -> Self {
         Self {
             slot,
-            devices: OnceLock::new(),
+            devices: DeviceMap::new(),
             unlisted_said: AtomicU32::new(0),
             link: LinkWatch::new(),
         }
@@ -70,39 +69,30 @@ impl SharedLedger {
     /// it is one load and one array index (every reservation and release asks it).
     #[inline]
     pub(crate) fn file_device(&self, ordinal: DeviceIndex) -> Option<DeviceIndex> {
-        match self.devices.get() {
-            Some(map) => match map.get(ordinal.as_usize()) {
-                Some(Some(d)) => Some(*d),
-                Some(None) => {
-                    self.say_unlisted(ordinal);
-                    None
-                }
-                None => None,
-            },
-            None => self.file_device_first(ordinal),
+        match self.devices.get(ordinal) {
+            Entry::Listed(d) => Some(d),
+            Entry::Unlisted => {
+                self.say_unlisted(ordinal);
+                None
+            }
+            Entry::Unbuilt => self.file_device_first(ordinal),
+            Entry::OutOfRange => None,
         }
     }
 
-    /// [`Self::file_device`] before the map is built: builds it (not cached while the driver
+    /// [`Self::file_device`] before the map is built: builds it (not kept while the driver
     /// cannot answer: CUDA not initialized yet).
     #[cold]
     #[inline(never)]
     fn file_device_first(&self, ordinal: DeviceIndex) -> Option<DeviceIndex> {
-        let built = build_map(self.slot.table())?;
-        let found = *self.devices.get_or_init(|| built).get(ordinal.as_usize())?;
-        if found.is_none() {
-            self.say_unlisted(ordinal);
-        }
-        found
+        self.devices.publish(&build_map(self.slot.table())?);
+        self.file_device(ordinal)
     }
 
     /// The ordinal whose GPU is file index `device`, if the map was built (for views from
     /// NVML; never builds it: an NVML-only process must not touch CUDA).
     pub(crate) fn ordinal_of(&self, device: DeviceIndex) -> Option<DeviceIndex> {
-        let map = self.devices.get()?;
-        map.iter()
-            .position(|d| *d == Some(device))
-            .map(|o| DeviceIndex(o as u32))
+        self.devices.ordinal_of(device)
     }
 
     /// The file index of the GPU with NVML UUID `uuid`.
@@ -150,10 +140,80 @@ impl SharedLedger {
         );
     }
 
+    /// The slot refused a reservation for ordinal `device`: the refusal by ordinal, after
+    /// checking the link now (a refusal may come from a ledger split: say so if it is one).
+    #[cold]
+    #[inline(never)]
+    fn refused(&self, device: DeviceIndex, oom: OutOfMemory) -> OutOfMemory {
+        self.attached(true);
+        OutOfMemory { device, ..oom }
+    }
+
     /// Whether new reservations may go to this file (see the module's second invariant).
     #[inline]
     fn attached(&self, force: bool) -> bool {
         self.link.attached(self.slot.table(), force)
+    }
+}
+
+/// The ordinal → file index map: one word per ordinal, so that the lookup every reservation
+/// and release makes is one load and one compare. Built once, all ordinals at once (racing
+/// builders write the same words: the driver answers them alike).
+#[derive(Debug)]
+struct DeviceMap {
+    /// [`UNBUILT`], [`UNLISTED`] or the file index + 1.
+    words: [AtomicU32; MAX_DEVICES],
+    /// Every word is written (views read the whole map only then).
+    built: AtomicBool,
+}
+
+const UNBUILT: u32 = 0;
+const UNLISTED: u32 = u32::MAX;
+
+/// One ordinal's word of the [`DeviceMap`].
+enum Entry {
+    Listed(DeviceIndex),
+    Unlisted,
+    Unbuilt,
+    OutOfRange,
+}
+
+impl DeviceMap {
+    fn new() -> Self {
+        Self {
+            words: std::array::from_fn(|_| AtomicU32::new(UNBUILT)),
+            built: AtomicBool::new(false),
+        }
+    }
+
+    #[inline]
+    fn get(&self, ordinal: DeviceIndex) -> Entry {
+        let Some(word) = self.words.get(ordinal.as_usize()) else {
+            return Entry::OutOfRange;
+        };
+        match word.load(Ordering::Relaxed) {
+            UNBUILT => Entry::Unbuilt,
+            UNLISTED => Entry::Unlisted,
+            w => Entry::Listed(DeviceIndex(w - 1)),
+        }
+    }
+
+    fn publish(&self, map: &[Option<DeviceIndex>; MAX_DEVICES]) {
+        for (word, d) in self.words.iter().zip(map) {
+            word.store(d.map_or(UNLISTED, |d| d.0 + 1), Ordering::Relaxed);
+        }
+        self.built.store(true, Ordering::Release);
+    }
+
+    fn ordinal_of(&self, device: DeviceIndex) -> Option<DeviceIndex> {
+        if !self.built.load(Ordering::Acquire) {
+            return None;
+        }
+        let word = device.0.checked_add(1)?;
+        self.words
+            .iter()
+            .position(|w| w.load(Ordering::Relaxed) == word)
+            .map(|o| DeviceIndex(o as u32))
     }
 }
 
@@ -189,45 +249,43 @@ fn build_map(table: &UsageTable) -> Option<[Option<DeviceIndex>; MAX_DEVICES]> {
 /// Watches that the table's path still names the file this process charges.
 #[derive(Debug)]
 struct LinkWatch {
-    /// `CLOCK_MONOTONIC` nanoseconds ([`vgpu_shm::monotonic_ns`]) of the last check; 0 =
-    /// never.
-    last_ns: AtomicU64,
+    /// The coarse monotonic second ([`vgpu_shm::monotonic_coarse_secs`]) from which the next
+    /// check is due: 0 at first and once detached (always due: the due path answers).
+    due_from: AtomicU64,
     detached: AtomicBool,
 }
-
-/// At most one check a second (about a microsecond each).
-const LINK_CHECK_NS: u64 = 1_000_000_000;
 
 impl LinkWatch {
     fn new() -> Self {
         Self {
-            last_ns: AtomicU64::new(0),
+            due_from: AtomicU64::new(0),
             detached: AtomicBool::new(false),
         }
     }
 
     /// False once the path names another file or none (said once). Checked when due, or now
-    /// with `force`. Not due: one flag load, one clock read and one compare.
+    /// with `force`. Not due: one coarse clock read, one load and one compare.
     #[inline]
     fn attached(&self, table: &UsageTable, force: bool) -> bool {
-        if self.detached.load(Ordering::Relaxed) {
-            return false;
-        }
-        let now = vgpu_shm::monotonic_ns();
-        let last = self.last_ns.load(Ordering::Relaxed);
-        if !force && last != 0 && now.saturating_sub(last) < LINK_CHECK_NS {
+        let now = vgpu_shm::monotonic_coarse_secs();
+        let due_from = self.due_from.load(Ordering::Relaxed);
+        if !force && now < due_from {
             return true;
         }
-        self.check(table, now, last)
+        self.check(table, now, due_from)
     }
 
     /// The due check of [`Self::attached`]: one racing thread claims it and asks the file.
     #[cold]
     #[inline(never)]
-    fn check(&self, table: &UsageTable, now: u64, last: u64) -> bool {
+    fn check(&self, table: &UsageTable, now: u64, due_from: u64) -> bool {
+        if self.detached.load(Ordering::Relaxed) {
+            self.due_from.store(0, Ordering::Relaxed);
+            return false;
+        }
         if self
-            .last_ns
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .due_from
+            .compare_exchange(due_from, now + 1, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
             return true;
@@ -245,13 +303,15 @@ impl LinkWatch {
                 return true;
             }
         };
+        // Every later reservation takes the due path, which answers from the flag.
+        self.due_from.store(0, Ordering::Relaxed);
         if !self.detached.swap(true, Ordering::Relaxed) {
             vlog!(
                 ERROR,
                 "the shared file {} {what} while this process used it: processes started since \
                  count in another file, so this one no longer sees the container's usage. New \
-                 allocations are refused (frees still work); restart the process to join the file \
-                 now at that path",
+                 allocations are refused (frees still work); restart the process to join the \
+                 file now at that path",
                 table.path().display()
             );
         }
@@ -288,8 +348,10 @@ fn sweep_for_view(table: &UsageTable) {
 /// The host-backed class (`crate::host_backing`), by ordinal like the other classes. A
 /// process-local ledger holds none: it refuses.
 impl HookLedger {
-    /// `f` on this process's slot with ordinal `device`'s file index, checked like
-    /// [`UsageLedger::try_reserve`].
+    /// `f` (a reservation) on this process's slot with ordinal `device`'s file index, if the
+    /// file lists that GPU and is still at its path; a refusal is by ordinal and checks the
+    /// link now (what every reservation of the ledger goes through).
+    #[inline]
     fn reserve_on_file(
         &self,
         device: DeviceIndex,
@@ -299,10 +361,13 @@ impl HookLedger {
         let Self::Shared(s) = self else {
             return Err(refusal(device, bytes));
         };
-        let Some(d) = s.file_device(device).filter(|_| s.attached(false)) else {
-            return Err(refusal(device, bytes));
-        };
-        f(&s.slot, d).map_err(|oom| OutOfMemory { device, ..oom })
+        match s.file_device(device) {
+            Some(d) if s.attached(false) => match f(&s.slot, d) {
+                Ok(()) => Ok(()),
+                Err(oom) => Err(s.refused(device, oom)),
+            },
+            _ => Err(refusal(device, bytes)),
+        }
     }
 
     /// Reserve `bytes` of host-backed memory at ordinal `device`'s addresses.
@@ -360,18 +425,8 @@ impl UsageLedger for HookLedger {
     ) -> Result<(), OutOfMemory> {
         match self {
             Self::Local(l) => l.try_reserve(device, class, bytes),
-            Self::Shared(s) => {
-                let Some(d) = s.file_device(device) else {
-                    return Err(refusal(device, bytes));
-                };
-                if !s.attached(false) {
-                    return Err(refusal(device, bytes));
-                }
-                s.slot.try_reserve(d, class, bytes).map_err(|oom| {
-                    // A refusal may come from a ledger split: say so if it is one.
-                    s.attached(true);
-                    OutOfMemory { device, ..oom }
-                })
+            Self::Shared(_) => {
+                self.reserve_on_file(device, bytes, |s, d| s.try_reserve(d, class, bytes))
             }
         }
     }
@@ -404,11 +459,9 @@ impl UsageLedger for HookLedger {
     fn has_device(&self, device: DeviceIndex) -> bool {
         match self {
             Self::Local(l) => l.has_device(device),
-            Self::Shared(s) => match s.file_device(device) {
-                Some(d) => s.slot.has_device(d),
-                // Left to try_reserve, which refuses it with the line naming the GPU.
-                None => true,
-            },
+            // The slot accounts every device of the file; an ordinal the file does not list
+            // is left to try_reserve, which refuses it with the line naming the GPU.
+            Self::Shared(_) => true,
         }
     }
 
@@ -510,6 +563,74 @@ mod tests {
             !ledger.has_device(DeviceIndex(1)),
             "an ordinal past the local ledger's devices is not accounted for"
         );
+    }
+
+    #[test]
+    fn the_device_map_answers_by_ordinal_once_built() {
+        let map = DeviceMap::new();
+        assert!(matches!(map.get(DeviceIndex(0)), Entry::Unbuilt));
+        assert_eq!(
+            map.ordinal_of(DeviceIndex(0)),
+            None,
+            "not built: views ask nothing"
+        );
+        let mut built = [None; MAX_DEVICES];
+        built[0] = Some(DeviceIndex(1));
+        built[1] = Some(DeviceIndex(0));
+        map.publish(&built);
+        assert!(matches!(
+            map.get(DeviceIndex(0)),
+            Entry::Listed(DeviceIndex(1))
+        ));
+        assert!(matches!(
+            map.get(DeviceIndex(1)),
+            Entry::Listed(DeviceIndex(0))
+        ));
+        assert!(matches!(map.get(DeviceIndex(2)), Entry::Unlisted));
+        assert!(matches!(
+            map.get(DeviceIndex(MAX_DEVICES as u32)),
+            Entry::OutOfRange
+        ));
+        assert_eq!(map.ordinal_of(DeviceIndex(0)), Some(DeviceIndex(1)));
+        assert_eq!(map.ordinal_of(DeviceIndex(5)), None);
+        assert_eq!(map.ordinal_of(DeviceIndex(u32::MAX)), None);
+    }
+
+    #[test]
+    fn the_link_watch_refuses_once_the_path_names_another_file() {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-link-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let table = UsageTable::open_or_create(&path, &Default::default()).expect("open");
+        let watch = LinkWatch::new();
+        assert!(
+            watch.attached(&table, false),
+            "the first reservation checks: linked"
+        );
+        std::fs::remove_file(&path).expect("unlink");
+        std::fs::write(&path, b"").expect("another file at the path");
+        // Not due within the second of the first check (unless the coarse second just turned),
+        // but a refusal's forced check sees it, and from then on every reservation is refused.
+        assert!(
+            !watch.attached(&table, true),
+            "the forced check sees the replacement"
+        );
+        assert!(!watch.attached(&table, false));
+        assert!(!watch.attached(&table, false), "stays detached");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn the_link_watch_checks_again_once_the_coarse_second_turns() {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-link2-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let table = UsageTable::open_or_create(&path, &Default::default()).expect("open");
+        let watch = LinkWatch::new();
+        assert!(watch.attached(&table, false));
+        std::fs::remove_file(&path).expect("unlink");
+        // The bound the docs state: a reservation more than a second after the last check
+        // checks (the coarse clock lags by at most a tick, a few milliseconds).
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(!watch.attached(&table, false), "due again: sees the unlink");
     }
 
     #[test]

@@ -518,20 +518,26 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_process_own_holdings_and_nvml_pid_come_from_its_slot() {
-        let path = std::env::temp_dir().join(format!("vgpu-hook-held-{}", std::process::id()));
+    /// Two processes' state on one fresh shared file `vgpu-hook-{tag}-{pid}` under `limit`, and
+    /// the file's path.
+    fn two_on_one_file(limit: &str, tag: &str) -> (Enforcement, Enforcement, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let pairs = [
-            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", limit),
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", path.to_str().unwrap()),
         ];
-        let a = make(Config::from_pairs(pairs), |c| {
-            open_table(c, vec!["GPU-test".into()])
-        });
-        let other = make(Config::from_pairs(pairs), |c| {
-            open_table(c, vec!["GPU-test".into()])
-        });
+        let one = || {
+            make(Config::from_pairs(pairs), |c| {
+                open_table(c, vec!["GPU-test".into()])
+            })
+        };
+        (one(), one(), path)
+    }
+
+    #[test]
+    fn the_process_own_holdings_and_nvml_pid_come_from_its_slot() {
+        let (a, other, path) = two_on_one_file("1g", "held");
         let (a, other) = (ready(&a), ready(&other));
         let d = DeviceIndex(0);
         a.ledger().try_reserve(d, UsageClass::Context, 5).unwrap();
@@ -560,19 +566,7 @@ mod tests {
 
     #[test]
     fn shared_table_ledger_enforces_across_handles() {
-        let dir = std::env::temp_dir().join(format!("vgpu-hook-state-{}", std::process::id()));
-        let _ = std::fs::remove_file(&dir);
-        let path = dir.to_str().unwrap().to_owned();
-        let pairs = [
-            ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
-            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", path.as_str()),
-        ];
-        let a = make(Config::from_pairs(pairs), |c| {
-            open_table(c, vec!["GPU-test".into()])
-        });
-        let b = make(Config::from_pairs(pairs), |c| {
-            open_table(c, vec!["GPU-test".into()])
-        });
+        let (a, b, dir) = two_on_one_file("64m", "state");
         let (a, b) = (ready(&a), ready(&b));
         let d = DeviceIndex(0);
         a.ledger()

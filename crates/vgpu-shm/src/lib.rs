@@ -48,7 +48,7 @@ mod validate;
 pub use error::{ImageError, ShmError};
 pub use node_read::NodeReader;
 pub use protocol::HostPolicy;
-pub use sys::monotonic_ns;
+pub use sys::{monotonic_coarse_secs, monotonic_ns};
 pub use table::{
     DeviceAudit, DeviceSnapshot, FileLink, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot,
     RECENT_KERNEL_ACTIVE, TableInit, TableSnapshot, UsageTable,

@@ -91,8 +91,17 @@ pub(crate) trait Store {
     fn held(&self, slot: usize, device: usize, class: usize) -> &Self::A;
     /// Host-backed bytes of all slots on `device` (the host class's `total`).
     fn host_total(&self, device: usize) -> &Self::A;
-    /// The device's host policy, read fresh on every reservation.
-    fn host_policy(&self, device: usize) -> HostPolicy;
+    /// The device's host policy, read fresh on every reservation that it bounds.
+    fn host_policy(&self, device: usize) -> HostPolicy {
+        HostPolicy {
+            spill: self.host_spill(device),
+            oversubscribe: self.oversubscribed(device),
+        }
+    }
+    /// [`HostPolicy::spill`] alone.
+    fn host_spill(&self, device: usize) -> u64;
+    /// [`HostPolicy::oversubscribe`] alone (one load: what a device reservation asks first).
+    fn oversubscribed(&self, device: usize) -> bool;
     fn ident(&self, slot: usize) -> &Self::A;
     /// The current administrative epoch.
     fn admin_epoch(&self) -> u64;
@@ -322,43 +331,16 @@ pub(crate) fn reserve<S: Store, C: Crash>(
     bytes: u64,
     crash: &C,
 ) -> Result<Done<Result<u64, Refusal>>, Died> {
-    add(s, slot, me, device, class, bytes, Bound::Full, crash)
+    reserve_within(s, slot, me, device, class, bytes, Bound::Full, crash)
 }
 
-/// [`reserve`] with the bounds `bound` names ([`Bound::DeviceOnly`] for a move onto the
-/// device).
+/// [`reserve`] with the bounds `bound` names: [`Bound::DeviceOnly`] for a move onto the
+/// device, [`Bound::Unchecked`] to add bytes that are already taken (measured after the fact),
+/// whatever the limit: the total may then end up above it, with the same steps and crash points
+/// (an overflow still refuses).
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(crate) fn reserve_within<S: Store, C: Crash>(
-    s: &S,
-    slot: usize,
-    me: u64,
-    device: usize,
-    class: usize,
-    bytes: u64,
-    bound: Bound,
-    crash: &C,
-) -> Result<Done<Result<u64, Refusal>>, Died> {
-    add(s, slot, me, device, class, bytes, bound, crash)
-}
-
-/// Add `bytes` that are already taken (measured after the fact) to `class` on `device` held
-/// by `slot`, whatever the limit: the total may end up above it. Same steps and crash points
-/// as [`reserve`]; only the limit check is skipped (an overflow still refuses).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn charge_over_limit<S: Store, C: Crash>(
-    s: &S,
-    slot: usize,
-    me: u64,
-    device: usize,
-    class: usize,
-    bytes: u64,
-    crash: &C,
-) -> Result<Done<Result<u64, Refusal>>, Died> {
-    add(s, slot, me, device, class, bytes, Bound::Unchecked, crash)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn add<S: Store, C: Crash>(
     s: &S,
     slot: usize,
     me: u64,
@@ -373,24 +355,23 @@ fn add<S: Store, C: Crash>(
     let limit = s.limit(device);
     let device_used = s.total(device).load(Ordering::Relaxed);
     // Read only where it bounds something (the host class, or oversubscription): a device
-    // reservation with spill off stays as cheap as before the host class existed. Every
-    // write of it happens under this lock, so reading it later reads the same value.
+    // reservation with oversubscription off reads one flag more than before the host class
+    // existed. Every write of it happens under this lock, so reading it later reads the same
+    // value.
     let host_used = || s.host_total(device).load(Ordering::Relaxed);
     // `cap` bounds this class's total; a refusal reports it as the limit.
     let cap = match bound {
         Bound::Unchecked => u64::MAX,
         _ if class == HOST => s.host_policy(device).host_cap(limit, device_used),
-        Bound::DeviceOnly => limit_or_max(limit),
-        Bound::Full => {
-            let policy = s.host_policy(device);
-            let own = limit_or_max(limit);
-            if policy.oversubscribe && limit != 0 {
-                // Device plus host stays within limit + spill: host bytes take device room.
-                own.min(policy.host_cap(limit, host_used()))
-            } else {
-                own
-            }
+        Bound::Full if limit != 0 && s.oversubscribed(device) => {
+            // Device plus host stays within limit + spill: host bytes take device room.
+            let policy = HostPolicy {
+                spill: s.host_spill(device),
+                oversubscribe: true,
+            };
+            limit.min(policy.host_cap(limit, host_used()))
         }
+        Bound::Full | Bound::DeviceOnly => limit_or_max(limit),
     };
     let total = total_of(s, device, class);
     let t = if class == HOST {
@@ -436,6 +417,7 @@ fn limit_or_max(limit: u64) -> u64 {
 
 /// Release up to `bytes` of `class` on `device` held by `slot`; returns the bytes released
 /// (less than asked only if the caller releases more than it holds).
+#[inline]
 pub(crate) fn release<S: Store, C: Crash>(
     s: &S,
     slot: usize,
@@ -769,11 +751,11 @@ pub(crate) mod model {
         fn host_total(&self, device: usize) -> &AtomicU64 {
             &self.host_totals[device]
         }
-        fn host_policy(&self, device: usize) -> HostPolicy {
-            HostPolicy {
-                spill: self.host_spill[device].load(Ordering::Relaxed),
-                oversubscribe: self.oversubscribe[device].load(Ordering::Relaxed) != 0,
-            }
+        fn host_spill(&self, device: usize) -> u64 {
+            self.host_spill[device].load(Ordering::Relaxed)
+        }
+        fn oversubscribed(&self, device: usize) -> bool {
+            self.oversubscribe[device].load(Ordering::Relaxed) != 0
         }
         fn ident(&self, slot: usize) -> &AtomicU64 {
             &self.idents[slot]
@@ -1195,7 +1177,7 @@ mod tests {
         let a = s.register(0);
         assert_eq!(reserve(&s, 0, a, 0, 2, 80, &NoCrash).unwrap().value, Ok(80));
         assert_eq!(
-            charge_over_limit(&s, 0, a, 0, 1, 50, &NoCrash)
+            reserve_within(&s, 0, a, 0, 1, 50, Bound::Unchecked, &NoCrash)
                 .unwrap()
                 .value,
             Ok(130),
@@ -1206,7 +1188,7 @@ mod tests {
         assert_eq!(release(&s, 0, a, 0, 1, 50, &NoCrash).unwrap().value, 50);
         assert_eq!(s.totals[0].load(Ordering::SeqCst), 80);
         assert!(
-            charge_over_limit(&s, 0, a, 0, 1, u64::MAX, &NoCrash)
+            reserve_within(&s, 0, a, 0, 1, u64::MAX, Bound::Unchecked, &NoCrash)
                 .unwrap()
                 .value
                 .is_err(),

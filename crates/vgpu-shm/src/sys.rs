@@ -11,7 +11,7 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use crate::layout::{
-    EXT_OFFSET, Extension, HOST_OFFSET, HamiRegion, HostHeld, PublishTimes, REGION_SIZE,
+    EXT_OFFSET, Extension, FILE_LEN, HOST_OFFSET, HamiRegion, HostHeld, PublishTimes, REGION_SIZE,
     TIMES_OFFSET,
 };
 
@@ -111,6 +111,16 @@ impl Mapping {
         // base, which meets HostHeld's alignment; the bounds were checked above; all fields
         // are atomics (see `region`).
         Some(unsafe { &*self.ptr.as_ptr().add(HOST_OFFSET).cast::<HostHeld>() })
+    }
+
+    /// HAMi's region, vgpu's extension and the host-backed table together, if the mapping
+    /// holds the whole current layout: one length check for the three (the hot path's view).
+    #[inline]
+    pub(crate) fn parts(&self) -> Option<(&HamiRegion, &Extension, &HostHeld)> {
+        if self.len < FILE_LEN {
+            return None;
+        }
+        Some((self.region()?, self.extension()?, self.host_held()?))
     }
 
     /// Atomic load of the little-endian u32 at `offset` (must be 4-aligned).
@@ -222,6 +232,8 @@ pub(crate) fn effective_uid() -> u32 {
 /// process of a host, containers included, shares this time line (the monotonic clock is not
 /// namespaced unless a time namespace is set up, which container runtimes do not do), so the
 /// shared file's publish times and the turn board's heartbeats compare across processes.
+/// Inlined: rate limits on the allocation path read it.
+#[inline]
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -233,6 +245,21 @@ pub fn monotonic_ns() -> u64 {
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Whole seconds of `CLOCK_MONOTONIC_COARSE` (the time line of [`monotonic_ns`] at the
+/// kernel tick's resolution): for checks due once a second on a hot path, which need neither
+/// the exact clock nor a conversion to nanoseconds (the coarse clock is a plain vDSO load).
+#[inline]
+pub fn monotonic_coarse_secs() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes the timespec we own; CLOCK_MONOTONIC_COARSE exists on
+    // every Linux since 2.6.32, so it cannot fail with valid arguments.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64
 }
 
 /// `flock(LOCK_EX | LOCK_NB)`: `Ok(false)` if someone else holds it.

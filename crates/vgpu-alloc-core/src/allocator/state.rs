@@ -6,6 +6,7 @@ use crate::region::{Region, chunks_for};
 use crate::table::{Allocation, AllocationKind, AllocationTable, IdHashMap, Placement};
 
 /// A sub-allocation described as a table entry (it has none: its region holds it).
+#[inline]
 pub(super) fn sub_entry(
     rid: usize,
     slot: &RegionSlot,

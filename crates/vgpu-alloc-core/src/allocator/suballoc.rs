@@ -152,8 +152,9 @@ impl<B: DeviceBackend, L: UsageLedger> Allocator<B, L> {
 
     /// Free the sub-allocation whose base is `ptr` (`NotTracked` for any other address in
     /// a region: free space, an interior pointer, a double free). Gives the region back
-    /// when it was the last run and another empty region is kept warm.
-    #[inline]
+    /// when it was the last run and another empty region is kept warm. Always inlined:
+    /// the call's frame cost a fifth of a sub-allocated free.
+    #[inline(always)]
     pub(super) fn free_suballocation(
         &self,
         mut st: MutexGuard<'_, State>,

@@ -144,11 +144,18 @@ impl Store for Mapped<'_> {
         if self.host.is_none() {
             return HostPolicy::default();
         }
-        let d = &self.ext.devices[device];
         HostPolicy {
-            spill: d.host_spill.load(Ordering::Relaxed),
-            oversubscribe: d.host_flags.load(Ordering::Relaxed) & HOST_FLAG_OVERSUBSCRIBE != 0,
+            spill: self.host_spill(device),
+            oversubscribe: self.oversubscribed(device),
         }
+    }
+    fn host_spill(&self, device: usize) -> u64 {
+        self.ext.devices[device].host_spill.load(Ordering::Relaxed)
+    }
+    fn oversubscribed(&self, device: usize) -> bool {
+        // The flag shares the device lock's cache line; a file without the host class has
+        // none set (a read-only view of an older file: never reserved through).
+        self.ext.devices[device].host_flags.load(Ordering::Relaxed) & HOST_FLAG_OVERSUBSCRIBE != 0
     }
     fn ident(&self, slot: usize) -> &Self::A {
         &self.ext.slots[slot].ident

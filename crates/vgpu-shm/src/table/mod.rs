@@ -63,6 +63,9 @@ pub(super) struct Inner {
     identity: (u64, u64),
     /// Seconds since the epoch of this handle's last periodic sweep.
     last_periodic_sweep: std::sync::atomic::AtomicU64,
+    /// The file had the host-backed class when attached (minor version ≥ 2, mapped whole):
+    /// it keeps it (versions only grow), so [`UsageTable::store`] need not ask again.
+    host_at_attach: bool,
 }
 
 impl Drop for Inner {
@@ -180,6 +183,11 @@ impl UsageTable {
     }
 
     pub(crate) fn store(&self) -> Mapped<'_> {
+        if self.inner.host_at_attach
+            && let Some((region, ext, host)) = self.inner.map.parts()
+        {
+            return Mapped::new(region, ext, Some(host), &self.inner.probe_file);
+        }
         Mapped::new(
             self.region(),
             self.ext(),

@@ -190,6 +190,9 @@ impl UsageTable {
             sys::register_fork_fd(f.as_raw_fd());
         }
         drop(file); // the mapping keeps what it needs
+        let host_at_attach = map
+            .parts()
+            .is_some_and(|(_, ext, _)| ext.header.minor_version.load(Ordering::Acquire) >= 2);
         let table = Self {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
@@ -201,6 +204,7 @@ impl UsageTable {
                 created,
                 identity: (meta.dev(), meta.ino()),
                 last_periodic_sweep: std::sync::atomic::AtomicU64::new(now_secs()),
+                host_at_attach,
             }),
         };
         if writable {

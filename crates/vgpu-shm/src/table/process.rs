@@ -414,6 +414,7 @@ impl ProcessSlot {
 }
 
 impl UsageLedger for ProcessSlot {
+    #[inline]
     fn try_reserve(
         &self,
         device: DeviceIndex,
@@ -423,6 +424,7 @@ impl UsageLedger for ProcessSlot {
         self.reserve_class(device, class_index(class), bytes, protocol::Bound::Full)
     }
 
+    #[inline]
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
         self.release_class(device, class_index(class), bytes);
     }
@@ -433,15 +435,8 @@ impl UsageLedger for ProcessSlot {
 
     fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
         self.adjust(device, bytes, |st, slot, owner, d| {
-            let _ = protocol::charge_over_limit(
-                st,
-                slot,
-                owner,
-                d,
-                class_index(class),
-                bytes,
-                &NoCrash,
-            );
+            let (c, unchecked) = (class_index(class), protocol::Bound::Unchecked);
+            let _ = protocol::reserve_within(st, slot, owner, d, c, bytes, unchecked, &NoCrash);
         });
     }
 }
