@@ -6,10 +6,7 @@
 //! last argument is 1. The difference between the runs with 1 and 0, divided by `frees`,
 //! is the cost of one free. `docs/benchmarks.md` shows the script.
 
-use vgpu_alloc_core::{
-    Allocator, AllocatorConfig, ContextId, DeviceIndex, DevicePtr, InMemoryLedger, MAX_DEVICES,
-    MockBackend,
-};
+use vgpu_alloc_core::{Allocator, ContextId, DeviceIndex, DevicePtr};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -20,14 +17,7 @@ fn main() {
     let live: usize = live.parse().expect("live");
     let frees: usize = frees.parse().expect("frees");
     let size = if kind == "sub" { 1024 } else { 2 << 20 };
-    let mut limits = [None; MAX_DEVICES];
-    limits[0] = Some(1 << 50);
-    let a = Allocator::new(
-        AllocatorConfig::default(),
-        MockBackend::new(),
-        InMemoryLedger::new(limits),
-    )
-    .expect("valid sizes");
+    let a = Allocator::over_mock(Some(1 << 50));
     let mut ptrs: Vec<DevicePtr> = (0..live + frees)
         .map(|_| {
             a.allocate(DeviceIndex(0), ContextId(1), size)

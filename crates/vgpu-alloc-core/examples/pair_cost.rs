@@ -5,9 +5,7 @@
 //! every free empties the region (the keep-one-warm check runs each time). (run with N − run with 0) / N is the
 //! cost of one pair, setup cancelled out. `docs/benchmarks.md` shows the script.
 
-use vgpu_alloc_core::{
-    Allocator, AllocatorConfig, ContextId, DeviceIndex, InMemoryLedger, MAX_DEVICES, MockBackend,
-};
+use vgpu_alloc_core::{Allocator, ContextId, DeviceIndex};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -22,14 +20,7 @@ fn main() {
     let live: usize = live.parse().expect("live");
     let pairs: usize = pairs.parse().expect("pairs");
     let bytes: u64 = bytes.parse().expect("bytes");
-    let mut limits = [None; MAX_DEVICES];
-    limits[0] = Some(1 << 50);
-    let a = Allocator::new(
-        AllocatorConfig::default(),
-        MockBackend::new(),
-        InMemoryLedger::new(limits),
-    )
-    .expect("valid sizes");
+    let a = Allocator::over_mock(Some(1 << 50));
     let (dev, ctx) = (DeviceIndex(0), ContextId(1));
     let live: Vec<_> = (0..live)
         .map(|_| a.allocate(dev, ctx, 1024).expect("allocate").ptr)

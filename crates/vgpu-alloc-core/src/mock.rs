@@ -7,8 +7,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::allocator::Allocator;
 use crate::backend::{BackendError, ContextId, DeviceBackend, DevicePtr, MemoryInfo};
-use crate::ledger::DeviceIndex;
+use crate::ledger::{DeviceIndex, InMemoryLedger, MAX_DEVICES};
+use crate::tuning::AllocatorConfig;
 
 /// Devices of [`MockBackend::new`].
 const MOCK_DEVICES: usize = 16;
@@ -131,6 +133,22 @@ impl MockBackend {
             self.allocate_calls.load(Ordering::Relaxed),
             self.free_calls.load(Ordering::Relaxed),
         )
+    }
+}
+
+impl Allocator<MockBackend, InMemoryLedger> {
+    /// An allocator of the default configuration over a fresh [`MockBackend`], charging an
+    /// [`InMemoryLedger`] that limits device 0 to `limit` bytes (`None`: no limit) and leaves
+    /// the other devices unlimited: what the examples measure and the tests check.
+    pub fn over_mock(limit: Option<u64>) -> Self {
+        let mut limits = [None; MAX_DEVICES];
+        limits[0] = limit;
+        Self::new(
+            AllocatorConfig::default(),
+            MockBackend::new(),
+            InMemoryLedger::new(limits),
+        )
+        .expect("the default configuration is valid")
     }
 }
 

@@ -16,12 +16,7 @@ fn limits(d0: Option<u64>) -> [Option<u64>; MAX_DEVICES] {
 }
 
 fn allocator(limit: Option<u64>) -> Allocator<MockBackend, InMemoryLedger> {
-    Allocator::new(
-        AllocatorConfig::default(),
-        MockBackend::new(),
-        InMemoryLedger::new(limits(limit)),
-    )
-    .unwrap()
+    Allocator::over_mock(limit)
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! allocator against simple models.
 
 use proptest::prelude::*;
-use vgpu_alloc_core::fuzzing::{self, HarnessConfig, Op};
+use vgpu_alloc_core::fuzzing::{self, HarnessConfig, Op, RecordOp};
 use vgpu_alloc_core::region::{Region, RegionError};
 use vgpu_alloc_core::*;
 
@@ -208,10 +208,10 @@ fn op_strategy(cfg: HarnessConfig) -> impl Strategy<Value = Op> {
         5 => any::<u32>().prop_map(|pick| Op::Free { pick }),
         1 => any::<u64>().prop_map(|addr| Op::FreeUnknown { addr }),
         2 => (any::<u8>(), 0u8..4, 0u8..3, size.clone(), 0..cfg.allocator.region_size, any::<bool>())
-            .prop_map(move |(kind, device, context, requested, accounted, driver_ok)| Op::Record {
+            .prop_map(move |(kind, device, context, requested, accounted, driver_ok)| Op::Record(RecordOp {
                 kind, device, context, requested: requested % (4 * cfg.allocator.region_size),
                 accounted, driver_ok,
-            }),
+            })),
         1 => any::<u32>().prop_map(|pick| Op::ReleaseRecord { pick }),
         2 => (any::<u32>(), any::<u64>()).prop_map(|(pick, offset)| Op::Containing { pick, offset }),
         1 => (0u8..3).prop_map(|context| Op::DestroyContext { context }),

@@ -48,6 +48,11 @@ fn assert_audit(slot: &ProcessSlot, device: DeviceIndex, bytes: u64) {
     );
 }
 
+/// `N` processes registered in `t` (this process, registered `N` times: one per slot).
+fn registered<const N: usize>(t: &UsageTable) -> [ProcessSlot; N] {
+    std::array::from_fn(|_| t.register_self().unwrap())
+}
+
 fn init(limit0: u64, limit1: u64) -> TableInit {
     TableInit {
         uuids: vec!["GPU-aaaa".into(), "GPU-bbbb".into()],
@@ -71,6 +76,37 @@ fn poke(path: &TempPath, off: usize, bytes: &[u8]) {
         .open(&path.0)
         .unwrap();
     f.write_all_at(bytes, off as u64).unwrap();
+}
+
+/// Cuts the file at `path` to `len` bytes (what an older library wrote, or a torn file).
+fn cut_to(path: &TempPath, len: usize) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path.0)
+        .unwrap()
+        .set_len(len as u64)
+        .unwrap();
+}
+
+/// Asserts that the image at `path` is refused as cut short, not read past its end.
+#[track_caller]
+fn assert_cut_short(path: &TempPath) {
+    let b = std::fs::read(&path.0).unwrap();
+    assert!(matches!(
+        validate_image(&b),
+        Err(ImageError::Truncated { .. })
+    ));
+}
+
+/// The first writable open of an older file: asserts that it grew the file in place to the
+/// current length and to extension minor version `minor`; the table and the file's bytes.
+#[track_caller]
+fn upgraded(path: &TempPath, minor: u32) -> (UsageTable, Vec<u8>) {
+    let t = UsageTable::open_existing(&path.0).unwrap();
+    assert_eq!(std::fs::metadata(&path.0).unwrap().len(), FILE_LEN as u64);
+    let b = std::fs::read(&path.0).unwrap();
+    assert_eq!(validate_image(&b).unwrap().minor_version, minor);
+    (t, b)
 }
 
 #[test]
@@ -163,8 +199,7 @@ fn refused_reservation_changes_nothing() {
 #[test]
 fn dead_process_usage_returns_when_a_reservation_would_fail() {
     let (_p, t) = table("dead", 100, 100);
-    let victim = t.register_self().unwrap();
-    let other = t.register_self().unwrap();
+    let [victim, other] = registered(&t);
     victim.try_reserve(D0, UsageClass::Data, 80).unwrap();
     other.try_reserve(D0, UsageClass::Data, 10).unwrap();
     victim.simulate_death();
@@ -181,8 +216,7 @@ fn dead_process_usage_returns_when_a_reservation_would_fail() {
 #[test]
 fn periodic_sm_util_report_sweeps_dead_processes() {
     let (_p, t) = table("periodic", 100, 100);
-    let victim = t.register_self().unwrap();
-    let other = t.register_self().unwrap();
+    let [victim, other] = registered(&t);
     victim.try_reserve(D0, UsageClass::Data, 40).unwrap();
     victim.simulate_death();
     other.set_sm_util(D0, 5);
@@ -211,9 +245,7 @@ fn reused_pid_does_not_keep_a_dead_slot_alive() {
 #[test]
 fn compaction_keeps_live_slots_dense_and_writers_follow_their_slot() {
     let (p, t) = table("compact", 1000, 1000);
-    let a = t.register_self().unwrap();
-    let b = t.register_self().unwrap();
-    let c = t.register_self().unwrap();
+    let [a, b, c] = registered(&t);
     a.try_reserve(D0, UsageClass::Data, 1).unwrap();
     b.try_reserve(D0, UsageClass::Data, 2).unwrap();
     c.try_reserve(D0, UsageClass::Data, 4).unwrap();
@@ -359,8 +391,7 @@ fn snapshot_reports_devices_and_processes() {
 fn crash_inside_a_device_lock_recovers_within_100ms() {
     use crate::protocol::Store;
     let (_p, t) = table("lockcrash", 100, 100);
-    let victim = t.register_self().unwrap();
-    let other = t.register_self().unwrap();
+    let [victim, other] = registered(&t);
     victim.try_reserve(D0, UsageClass::Data, 30).unwrap();
     // The victim dies inside reserve, after `total += 50` and before `held += 50`.
     {
@@ -384,8 +415,7 @@ fn crash_inside_a_device_lock_recovers_within_100ms() {
 fn administrator_killed_mid_repair_is_finished_by_the_next_reservation() {
     use crate::protocol::{Store, admin_owner_word};
     let (_p, t) = table("admincrash", 100, 100);
-    let a = t.register_self().unwrap();
-    let b = t.register_self().unwrap();
+    let [a, b] = registered(&t);
     a.try_reserve(D0, UsageClass::Data, 30).unwrap();
     b.try_reserve(D1, UsageClass::Data, 20).unwrap();
     // An administrator (a CLI, no slot of its own) died while rebuilding HAMi's view: device
@@ -845,12 +875,7 @@ fn a_minor_0_file_is_upgraded_in_place() {
     // Make it what an older library writes: minor 0, base length, garbage after the base
     // would be cut off anyway.
     poke(&p, offsets::EXT_MINOR_VERSION, &0u32.to_le_bytes());
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&p.0)
-        .unwrap()
-        .set_len(layout::BASE_FILE_LEN as u64)
-        .unwrap();
+    cut_to(&p, layout::BASE_FILE_LEN);
     let b = std::fs::read(&p.0).unwrap();
     assert_eq!(validate_image(&b).unwrap().minor_version, 0);
     let ro = UsageTable::open_read_only(&p.0).unwrap();
@@ -863,10 +888,7 @@ fn a_minor_0_file_is_upgraded_in_place() {
         layout::BASE_FILE_LEN as u64
     );
     // A writable open appends the table.
-    let again = UsageTable::open_existing(&p.0).unwrap();
-    assert_eq!(std::fs::metadata(&p.0).unwrap().len(), FILE_LEN as u64);
-    let b = std::fs::read(&p.0).unwrap();
-    assert_eq!(validate_image(&b).unwrap().minor_version, layout::EXT_MINOR);
+    let (again, _) = upgraded(&p, layout::EXT_MINOR);
     assert_eq!(again.memory_limit(D1), Some(2000));
     let other = again.register_self().unwrap();
     other.publish_sm_util(D0, 20, 777);
@@ -889,17 +911,8 @@ fn a_minor_0_file_is_upgraded_in_place() {
         (12, None)
     );
     // A minor-1 file cut short is refused, not read past its end.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&p.0)
-        .unwrap()
-        .set_len(FILE_LEN as u64 - 64)
-        .unwrap();
-    let b = std::fs::read(&p.0).unwrap();
-    assert!(matches!(
-        validate_image(&b),
-        Err(ImageError::Truncated { .. })
-    ));
+    cut_to(&p, FILE_LEN - 64);
+    assert_cut_short(&p);
 }
 
 // --- files a vgpu table may be written into (issue 12, defect 4) and its link (defect 8) ---
@@ -1112,37 +1125,20 @@ fn a_minor_1_file_gains_the_host_class_in_place() {
     poke(&p, layout::HOST_OFFSET, &77u64.to_le_bytes());
     let host_total = layout::EXT_OFFSET + 64 + 16;
     poke(&p, host_total, &55u64.to_le_bytes());
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&p.0)
-        .unwrap()
-        .set_len(layout::MINOR1_FILE_LEN as u64)
-        .unwrap();
+    cut_to(&p, layout::MINOR1_FILE_LEN);
     let ro = UsageTable::open_read_only(&p.0).unwrap();
     let snap = ro.snapshot();
     assert_eq!((snap.devices[0].used, snap.devices[0].host), (300, 0));
     assert_eq!(snap.devices[0].host_policy, crate::HostPolicy::default());
-    let again = UsageTable::open_existing(&p.0).unwrap();
-    assert_eq!(std::fs::metadata(&p.0).unwrap().len(), FILE_LEN as u64);
-    let b = std::fs::read(&p.0).unwrap();
-    assert_eq!(validate_image(&b).unwrap().minor_version, layout::EXT_MINOR);
+    let (again, b) = upgraded(&p, layout::EXT_MINOR);
     assert_eq!(read_u64(&b, layout::HOST_OFFSET), 0);
     assert_eq!(read_u64(&b, host_total), 0);
     let snap = again.snapshot();
     assert_eq!((snap.devices[0].used, snap.devices[0].host), (300, 0));
     // A minor-2 file cut before the host class is refused.
     drop((again, ro, me));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&p.0)
-        .unwrap()
-        .set_len(layout::MINOR1_FILE_LEN as u64)
-        .unwrap();
-    let b = std::fs::read(&p.0).unwrap();
-    assert!(matches!(
-        validate_image(&b),
-        Err(ImageError::Truncated { .. })
-    ));
+    cut_to(&p, layout::MINOR1_FILE_LEN);
+    assert_cut_short(&p);
 }
 
 #[test]
@@ -1189,10 +1185,7 @@ fn a_minor_2_file_gains_the_refusal_counts_in_place() {
     let ro = UsageTable::open_read_only(&p.0).unwrap();
     assert_eq!(ro.snapshot().devices[0].oom_refusals, 0);
     ro.count_refusal(D0); // a minor-2 view counts nothing
-    let again = UsageTable::open_existing(&p.0).unwrap();
-    assert_eq!(std::fs::metadata(&p.0).unwrap().len(), FILE_LEN as u64);
-    let b = std::fs::read(&p.0).unwrap();
-    assert_eq!(validate_image(&b).unwrap().minor_version, 3);
+    let (again, b) = upgraded(&p, 3);
     assert_eq!(read_u64(&b, offsets::DEVICE_OOM_REFUSALS), 0);
     let snap = again.snapshot();
     // The minor-2 parts survive the upgrade: the host class and its policy were live.

@@ -17,22 +17,19 @@ fn init() -> TableInit {
 
 #[test]
 fn forked_child_neither_keeps_nor_uses_the_parents_slot() {
-    let path = TempPath::new("forkchild");
+    let path = table_file("forkchild", &init());
     // [0]: grandchild pid, [1]: grandchild verdict (1 ok), [2]: release grandchild.
     let ctl = Control::new(4);
-    drop(UsageTable::open_or_create(&path.0, &init()).unwrap());
 
     let parent = fork_child(|| {
-        let t = UsageTable::open_or_create(&path.0, &init()).unwrap();
-        let me = t.register_self().unwrap();
+        let (t, me) = join(&path, &init());
         me.try_reserve(D0, UsageClass::Data, 600).unwrap();
         let grandchild = fork_child(|| {
             // The inherited handle refuses to act for the parent.
             let refused = me.try_reserve(D0, UsageClass::Data, 1).is_err();
             let forked = matches!(t.register_self(), Err(ShmError::Forked));
             // A fresh handle works.
-            let fresh = UsageTable::open_or_create(&path.0, &init()).unwrap();
-            let mine = fresh.register_self().unwrap();
+            let (_fresh, mine) = join(&path, &init());
             let ok = refused && forked && mine.try_reserve(D0, UsageClass::Data, 100).is_ok();
             ctl.word(1).store(if ok { 1 } else { 2 }, Ordering::SeqCst);
             // Bounded, so a failing test never leaves an orphan behind.

@@ -51,8 +51,7 @@ fn host_policies(t: &UsageTable) {
 type Held = (DeviceIndex, Option<UsageClass>, u64);
 
 fn storm(path: &TempPath, ctl: &Control, child: usize) -> i32 {
-    let t = UsageTable::open_or_create(&path.0, &init()).unwrap();
-    let me = t.register_self().unwrap();
+    let (_t, me) = join(path, &init());
     let mut rng =
         XorShift(0xdead_beef_cafe_f00d ^ (child as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let classes = [UsageClass::Context, UsageClass::Module, UsageClass::Data];

@@ -29,13 +29,11 @@ fn init() -> TableInit {
 
 #[test]
 fn sixteen_processes_never_exceed_the_limit_and_end_at_zero() {
-    let path = TempPath::new("storm");
+    let path = table_file("storm", &init());
     let ctl = Control::new(8);
-    drop(UsageTable::open_or_create(&path.0, &init()).unwrap());
 
     let observer = fork_child(|| {
-        let t = UsageTable::open_or_create(&path.0, &init()).unwrap();
-        let me = t.register_self().unwrap();
+        let (t, me) = join(&path, &init());
         let mut n = 0u64;
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while ctl.word(STOP).load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
@@ -63,8 +61,7 @@ fn sixteen_processes_never_exceed_the_limit_and_end_at_zero() {
             let ctl = &ctl;
             let path = &path;
             fork_child(move || {
-                let t = UsageTable::open_or_create(&path.0, &init()).unwrap();
-                let me = t.register_self().unwrap();
+                let (_t, me) = join(path, &init());
                 let mut rng =
                     XorShift(0x1234_5678_9abc_def1 ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9));
                 let classes = [UsageClass::Context, UsageClass::Module, UsageClass::Data];

@@ -20,8 +20,7 @@ fn init() -> TableInit {
 #[test]
 fn truncating_the_file_kills_a_mapped_reader_but_never_a_node_reader() {
     let path = TempPath::new("nodereader");
-    let table = UsageTable::open_or_create(&path.0, &init()).unwrap();
-    let me = table.register_self().unwrap();
+    let (_table, me) = join(&path, &init());
     me.try_reserve(DeviceIndex(0), UsageClass::Data, 4096)
         .unwrap();
     let image = std::fs::read(&path.0).unwrap();

@@ -16,6 +16,22 @@
 
 #![deny(unsafe_code)]
 
+/// Writes `$v` through the out-parameter `$p` the C caller passed, or returns `Err($null)`
+/// when it is null: the one body of the driver's `out!` and NVML's `put!`, which differ in
+/// the code a null pointer gets. It expands in `driver` and `nvml`, where unsafe is allowed.
+macro_rules! write_out {
+    ($p:expr, $v:expr, $null:expr) => {{
+        let p = $p;
+        if p.is_null() {
+            return Err($null);
+        }
+        let v = $v;
+        // SAFETY: a non-null out-parameter the caller passed; the driver and NVML APIs require
+        // it to be valid for one write of its type.
+        unsafe { p.write(v) };
+    }};
+}
+
 pub mod codes;
 pub mod config;
 #[allow(unsafe_code)]

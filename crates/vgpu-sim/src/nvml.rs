@@ -80,16 +80,11 @@ fn run(f: impl FnOnce(&'static Sim) -> NResult<()>) -> nvmlReturn_t {
     })
 }
 
+/// Writes an out-parameter, rejecting null with `NVML_ERROR_INVALID_ARGUMENT`.
 macro_rules! put {
-    ($p:expr, $v:expr) => {{
-        let p = $p;
-        if p.is_null() {
-            return Err(NVML_ERROR_INVALID_ARGUMENT);
-        }
-        let v = $v;
-        // SAFETY: a non-null out-parameter from the caller, valid for one write by the NVML API.
-        unsafe { p.write(v) };
-    }};
+    ($p:expr, $v:expr) => {
+        write_out!($p, $v, NVML_ERROR_INVALID_ARGUMENT)
+    };
 }
 
 const NVML_TAG: usize = 0xd;

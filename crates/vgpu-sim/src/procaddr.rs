@@ -23,15 +23,28 @@ pub struct Variant {
     pub per_thread: Option<(&'static str, usize)>,
 }
 
+/// `(name, address)` of the first function named: `function!($($f)? $base)` is `$f`'s where
+/// given, else `$base`'s.
+macro_rules! function {
+    ($f:ident $($otherwise:ident)?) => {
+        (stringify!($f), $f as *const () as usize)
+    };
+}
+
+/// A row is `base: variant, ...;` and a variant `min_version [=> function] [/ per-thread twin]`;
+/// without `=> function` the exported function is named like the base.
 macro_rules! table {
-    ($( $base:literal : $( $ver:literal => $f:ident $(/ $pt:ident)? ),+ ;)*) => {{
+    ($( $base:ident : $( $ver:literal $(=> $f:ident)? $(/ $pt:ident)? ),+ ;)*) => {{
         let mut m: HashMap<&'static str, Vec<Variant>> = HashMap::new();
-        $( $( m.entry($base).or_default().push(Variant {
-            name: stringify!($f),
-            min_version: $ver,
-            addr: $f as *const () as usize,
-            per_thread: None $( .or(Some((stringify!($pt), $pt as *const () as usize))) )?,
-        }); )+ )*
+        $( $( {
+            let (name, addr) = function!($($f)? $base);
+            m.entry(stringify!($base)).or_default().push(Variant {
+                name,
+                min_version: $ver,
+                addr,
+                per_thread: None $( .or(Some(function!($pt))) )?,
+            });
+        } )+ )*
         m
     }};
 }
@@ -41,161 +54,161 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Variant>> {
     static T: OnceLock<HashMap<&'static str, Vec<Variant>>> = OnceLock::new();
     T.get_or_init(|| {
         table! {
-            "cuInit": 2000 => cuInit;
-            "cuDriverGetVersion": 2020 => cuDriverGetVersion;
-            "cuGetErrorName": 6000 => cuGetErrorName;
-            "cuGetErrorString": 6000 => cuGetErrorString;
-            "cuGetProcAddress": 11030 => cuGetProcAddress, 12000 => cuGetProcAddress_v2;
-            "cuGetExportTable": 3000 => cuGetExportTable;
-            "cuDeviceGet": 2000 => cuDeviceGet;
-            "cuDeviceGetCount": 2000 => cuDeviceGetCount;
-            "cuDeviceGetName": 2000 => cuDeviceGetName;
-            "cuDeviceGetUuid": 9020 => cuDeviceGetUuid, 11040 => cuDeviceGetUuid_v2;
-            "cuDeviceTotalMem": 2000 => cuDeviceTotalMem, 3020 => cuDeviceTotalMem_v2;
-            "cuDeviceGetAttribute": 2000 => cuDeviceGetAttribute;
-            "cuDeviceComputeCapability": 2000 => cuDeviceComputeCapability;
-            "cuDeviceGetPCIBusId": 4010 => cuDeviceGetPCIBusId;
-            "cuDeviceGetByPCIBusId": 4010 => cuDeviceGetByPCIBusId;
-            "cuDeviceGetDefaultMemPool": 11020 => cuDeviceGetDefaultMemPool;
-            "cuDeviceGetMemPool": 11020 => cuDeviceGetMemPool;
-            "cuDeviceSetMemPool": 11020 => cuDeviceSetMemPool;
-            "cuDeviceGetGraphMemAttribute": 11040 => cuDeviceGetGraphMemAttribute;
-            "cuDeviceSetGraphMemAttribute": 11040 => cuDeviceSetGraphMemAttribute;
-            "cuDeviceGraphMemTrim": 11040 => cuDeviceGraphMemTrim;
-            "cuDevicePrimaryCtxRetain": 7000 => cuDevicePrimaryCtxRetain;
-            "cuDevicePrimaryCtxRelease": 7000 => cuDevicePrimaryCtxRelease, 11000 => cuDevicePrimaryCtxRelease_v2;
-            "cuDevicePrimaryCtxReset": 7000 => cuDevicePrimaryCtxReset, 11000 => cuDevicePrimaryCtxReset_v2;
-            "cuDevicePrimaryCtxSetFlags": 7000 => cuDevicePrimaryCtxSetFlags, 11000 => cuDevicePrimaryCtxSetFlags_v2;
-            "cuDevicePrimaryCtxGetState": 7000 => cuDevicePrimaryCtxGetState;
-            "cuCtxCreate": 3020 => cuCtxCreate_v2, 11040 => cuCtxCreate_v3, 12050 => cuCtxCreate_v4;
-            "cuCtxDestroy": 2000 => cuCtxDestroy, 4000 => cuCtxDestroy_v2;
-            "cuCtxGetCurrent": 4000 => cuCtxGetCurrent;
-            "cuCtxSetCurrent": 4000 => cuCtxSetCurrent;
-            "cuCtxPushCurrent": 4000 => cuCtxPushCurrent_v2;
-            "cuCtxPopCurrent": 4000 => cuCtxPopCurrent_v2;
-            "cuCtxGetDevice": 2000 => cuCtxGetDevice;
-            "cuCtxGetFlags": 7000 => cuCtxGetFlags;
-            "cuCtxGetId": 12000 => cuCtxGetId;
-            "cuCtxGetApiVersion": 3020 => cuCtxGetApiVersion;
-            "cuCtxSynchronize": 2000 => cuCtxSynchronize;
+            cuInit: 2000;
+            cuDriverGetVersion: 2020;
+            cuGetErrorName: 6000;
+            cuGetErrorString: 6000;
+            cuGetProcAddress: 11030, 12000 => cuGetProcAddress_v2;
+            cuGetExportTable: 3000;
+            cuDeviceGet: 2000;
+            cuDeviceGetCount: 2000;
+            cuDeviceGetName: 2000;
+            cuDeviceGetUuid: 9020, 11040 => cuDeviceGetUuid_v2;
+            cuDeviceTotalMem: 2000, 3020 => cuDeviceTotalMem_v2;
+            cuDeviceGetAttribute: 2000;
+            cuDeviceComputeCapability: 2000;
+            cuDeviceGetPCIBusId: 4010;
+            cuDeviceGetByPCIBusId: 4010;
+            cuDeviceGetDefaultMemPool: 11020;
+            cuDeviceGetMemPool: 11020;
+            cuDeviceSetMemPool: 11020;
+            cuDeviceGetGraphMemAttribute: 11040;
+            cuDeviceSetGraphMemAttribute: 11040;
+            cuDeviceGraphMemTrim: 11040;
+            cuDevicePrimaryCtxRetain: 7000;
+            cuDevicePrimaryCtxRelease: 7000, 11000 => cuDevicePrimaryCtxRelease_v2;
+            cuDevicePrimaryCtxReset: 7000, 11000 => cuDevicePrimaryCtxReset_v2;
+            cuDevicePrimaryCtxSetFlags: 7000, 11000 => cuDevicePrimaryCtxSetFlags_v2;
+            cuDevicePrimaryCtxGetState: 7000;
+            cuCtxCreate: 3020 => cuCtxCreate_v2, 11040 => cuCtxCreate_v3, 12050 => cuCtxCreate_v4;
+            cuCtxDestroy: 2000, 4000 => cuCtxDestroy_v2;
+            cuCtxGetCurrent: 4000;
+            cuCtxSetCurrent: 4000;
+            cuCtxPushCurrent: 4000 => cuCtxPushCurrent_v2;
+            cuCtxPopCurrent: 4000 => cuCtxPopCurrent_v2;
+            cuCtxGetDevice: 2000;
+            cuCtxGetFlags: 7000;
+            cuCtxGetId: 12000;
+            cuCtxGetApiVersion: 3020;
+            cuCtxSynchronize: 2000;
             // CUDA 13's context-argument variants are APIs of their own, not newer versions.
-            "cuCtxSynchronize_v2": 13000 => cuCtxSynchronize_v2;
-            "cuCtxGetDevice_v2": 13000 => cuCtxGetDevice_v2;
-            "cuCtxSetLimit": 3010 => cuCtxSetLimit;
-            "cuCtxGetLimit": 3010 => cuCtxGetLimit;
-            "cuCtxGetStreamPriorityRange": 5050 => cuCtxGetStreamPriorityRange;
-            "cuCtxGetCacheConfig": 3020 => cuCtxGetCacheConfig;
-            "cuCtxSetCacheConfig": 3020 => cuCtxSetCacheConfig;
-            "cuMemAlloc": 3020 => cuMemAlloc_v2;
-            "cuMemAllocPitch": 3020 => cuMemAllocPitch_v2;
-            "cuMemAllocManaged": 6000 => cuMemAllocManaged;
-            "cuMemFree": 3020 => cuMemFree_v2;
-            "cuMemGetInfo": 3020 => cuMemGetInfo_v2;
-            "cuMemGetAddressRange": 3020 => cuMemGetAddressRange_v2;
-            "cuPointerGetAttribute": 4000 => cuPointerGetAttribute;
-            "cuPointerGetAttributes": 7000 => cuPointerGetAttributes;
-            "cuMemAllocHost": 3020 => cuMemAllocHost_v2;
-            "cuMemHostAlloc": 2020 => cuMemHostAlloc;
-            "cuMemFreeHost": 2000 => cuMemFreeHost;
-            "cuMemHostGetDevicePointer": 3020 => cuMemHostGetDevicePointer_v2;
-            "cuMemHostGetFlags": 2030 => cuMemHostGetFlags;
-            "cuMemHostRegister": 6050 => cuMemHostRegister_v2;
-            "cuMemHostUnregister": 4000 => cuMemHostUnregister;
-            "cuIpcGetMemHandle": 4010 => cuIpcGetMemHandle;
-            "cuIpcOpenMemHandle": 11000 => cuIpcOpenMemHandle_v2;
-            "cuIpcCloseMemHandle": 4010 => cuIpcCloseMemHandle;
-            "cuMemcpy": 4000 => cuMemcpy / cuMemcpy_ptds;
-            "cuMemcpyHtoD": 3020 => cuMemcpyHtoD_v2 / cuMemcpyHtoD_v2_ptds;
-            "cuMemcpyDtoH": 3020 => cuMemcpyDtoH_v2 / cuMemcpyDtoH_v2_ptds;
-            "cuMemcpyDtoD": 3020 => cuMemcpyDtoD_v2 / cuMemcpyDtoD_v2_ptds;
-            "cuMemcpyAsync": 4000 => cuMemcpyAsync / cuMemcpyAsync_ptsz;
-            "cuMemcpyHtoDAsync": 3020 => cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz;
-            "cuMemcpyDtoHAsync": 3020 => cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz;
-            "cuMemcpyDtoDAsync": 3020 => cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz;
-            "cuMemsetD8": 3020 => cuMemsetD8_v2 / cuMemsetD8_v2_ptds;
-            "cuMemsetD16": 3020 => cuMemsetD16_v2 / cuMemsetD16_v2_ptds;
-            "cuMemsetD32": 3020 => cuMemsetD32_v2 / cuMemsetD32_v2_ptds;
-            "cuMemsetD8Async": 3020 => cuMemsetD8Async / cuMemsetD8Async_ptsz;
-            "cuMemsetD32Async": 3020 => cuMemsetD32Async / cuMemsetD32Async_ptsz;
-            "cuMemCreate": 10020 => cuMemCreate;
-            "cuMemRelease": 10020 => cuMemRelease;
-            "cuMemAddressReserve": 10020 => cuMemAddressReserve;
-            "cuMemAddressFree": 10020 => cuMemAddressFree;
-            "cuMemMap": 10020 => cuMemMap;
-            "cuMemUnmap": 10020 => cuMemUnmap;
-            "cuMemSetAccess": 10020 => cuMemSetAccess;
-            "cuMemGetAccess": 10020 => cuMemGetAccess;
-            "cuMemGetAllocationGranularity": 10020 => cuMemGetAllocationGranularity;
-            "cuMemGetAllocationPropertiesFromHandle": 10020 => cuMemGetAllocationPropertiesFromHandle;
-            "cuMemRetainAllocationHandle": 11000 => cuMemRetainAllocationHandle;
-            "cuMemExportToShareableHandle": 10020 => cuMemExportToShareableHandle;
-            "cuMemAllocAsync": 11020 => cuMemAllocAsync / cuMemAllocAsync_ptsz;
-            "cuMemAllocFromPoolAsync": 11020 => cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ptsz;
-            "cuMemFreeAsync": 11020 => cuMemFreeAsync / cuMemFreeAsync_ptsz;
-            "cuMemPoolCreate": 11020 => cuMemPoolCreate;
-            "cuMemPoolDestroy": 11020 => cuMemPoolDestroy;
-            "cuMemPoolTrimTo": 11020 => cuMemPoolTrimTo;
-            "cuMemPoolGetAttribute": 11020 => cuMemPoolGetAttribute;
-            "cuMemPoolSetAttribute": 11020 => cuMemPoolSetAttribute;
-            "cuMemPoolSetAccess": 11020 => cuMemPoolSetAccess;
-            "cuArrayCreate": 3020 => cuArrayCreate_v2;
-            "cuArray3DCreate": 3020 => cuArray3DCreate_v2;
-            "cuArrayDestroy": 2000 => cuArrayDestroy;
-            "cuArrayGetDescriptor": 3020 => cuArrayGetDescriptor_v2;
-            "cuArray3DGetDescriptor": 3020 => cuArray3DGetDescriptor_v2;
-            "cuMipmappedArrayCreate": 5000 => cuMipmappedArrayCreate;
-            "cuMipmappedArrayGetLevel": 5000 => cuMipmappedArrayGetLevel;
-            "cuMipmappedArrayDestroy": 5000 => cuMipmappedArrayDestroy;
-            "cuStreamCreate": 2000 => cuStreamCreate;
-            "cuStreamCreateWithPriority": 5050 => cuStreamCreateWithPriority;
-            "cuStreamDestroy": 2000 => cuStreamDestroy, 4000 => cuStreamDestroy_v2;
-            "cuStreamSynchronize": 2000 => cuStreamSynchronize / cuStreamSynchronize_ptsz;
-            "cuStreamQuery": 2000 => cuStreamQuery / cuStreamQuery_ptsz;
-            "cuStreamWaitEvent": 3020 => cuStreamWaitEvent / cuStreamWaitEvent_ptsz;
-            "cuStreamGetFlags": 5050 => cuStreamGetFlags / cuStreamGetFlags_ptsz;
-            "cuStreamGetPriority": 5050 => cuStreamGetPriority / cuStreamGetPriority_ptsz;
-            "cuStreamGetCtx": 9020 => cuStreamGetCtx / cuStreamGetCtx_ptsz;
-            "cuStreamBeginCapture": 10000 => cuStreamBeginCapture / cuStreamBeginCapture_ptsz,
+            cuCtxSynchronize_v2: 13000;
+            cuCtxGetDevice_v2: 13000;
+            cuCtxSetLimit: 3010;
+            cuCtxGetLimit: 3010;
+            cuCtxGetStreamPriorityRange: 5050;
+            cuCtxGetCacheConfig: 3020;
+            cuCtxSetCacheConfig: 3020;
+            cuMemAlloc: 3020 => cuMemAlloc_v2;
+            cuMemAllocPitch: 3020 => cuMemAllocPitch_v2;
+            cuMemAllocManaged: 6000;
+            cuMemFree: 3020 => cuMemFree_v2;
+            cuMemGetInfo: 3020 => cuMemGetInfo_v2;
+            cuMemGetAddressRange: 3020 => cuMemGetAddressRange_v2;
+            cuPointerGetAttribute: 4000;
+            cuPointerGetAttributes: 7000;
+            cuMemAllocHost: 3020 => cuMemAllocHost_v2;
+            cuMemHostAlloc: 2020;
+            cuMemFreeHost: 2000;
+            cuMemHostGetDevicePointer: 3020 => cuMemHostGetDevicePointer_v2;
+            cuMemHostGetFlags: 2030;
+            cuMemHostRegister: 6050 => cuMemHostRegister_v2;
+            cuMemHostUnregister: 4000;
+            cuIpcGetMemHandle: 4010;
+            cuIpcOpenMemHandle: 11000 => cuIpcOpenMemHandle_v2;
+            cuIpcCloseMemHandle: 4010;
+            cuMemcpy: 4000 / cuMemcpy_ptds;
+            cuMemcpyHtoD: 3020 => cuMemcpyHtoD_v2 / cuMemcpyHtoD_v2_ptds;
+            cuMemcpyDtoH: 3020 => cuMemcpyDtoH_v2 / cuMemcpyDtoH_v2_ptds;
+            cuMemcpyDtoD: 3020 => cuMemcpyDtoD_v2 / cuMemcpyDtoD_v2_ptds;
+            cuMemcpyAsync: 4000 / cuMemcpyAsync_ptsz;
+            cuMemcpyHtoDAsync: 3020 => cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz;
+            cuMemcpyDtoHAsync: 3020 => cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz;
+            cuMemcpyDtoDAsync: 3020 => cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz;
+            cuMemsetD8: 3020 => cuMemsetD8_v2 / cuMemsetD8_v2_ptds;
+            cuMemsetD16: 3020 => cuMemsetD16_v2 / cuMemsetD16_v2_ptds;
+            cuMemsetD32: 3020 => cuMemsetD32_v2 / cuMemsetD32_v2_ptds;
+            cuMemsetD8Async: 3020 / cuMemsetD8Async_ptsz;
+            cuMemsetD32Async: 3020 / cuMemsetD32Async_ptsz;
+            cuMemCreate: 10020;
+            cuMemRelease: 10020;
+            cuMemAddressReserve: 10020;
+            cuMemAddressFree: 10020;
+            cuMemMap: 10020;
+            cuMemUnmap: 10020;
+            cuMemSetAccess: 10020;
+            cuMemGetAccess: 10020;
+            cuMemGetAllocationGranularity: 10020;
+            cuMemGetAllocationPropertiesFromHandle: 10020;
+            cuMemRetainAllocationHandle: 11000;
+            cuMemExportToShareableHandle: 10020;
+            cuMemAllocAsync: 11020 / cuMemAllocAsync_ptsz;
+            cuMemAllocFromPoolAsync: 11020 / cuMemAllocFromPoolAsync_ptsz;
+            cuMemFreeAsync: 11020 / cuMemFreeAsync_ptsz;
+            cuMemPoolCreate: 11020;
+            cuMemPoolDestroy: 11020;
+            cuMemPoolTrimTo: 11020;
+            cuMemPoolGetAttribute: 11020;
+            cuMemPoolSetAttribute: 11020;
+            cuMemPoolSetAccess: 11020;
+            cuArrayCreate: 3020 => cuArrayCreate_v2;
+            cuArray3DCreate: 3020 => cuArray3DCreate_v2;
+            cuArrayDestroy: 2000;
+            cuArrayGetDescriptor: 3020 => cuArrayGetDescriptor_v2;
+            cuArray3DGetDescriptor: 3020 => cuArray3DGetDescriptor_v2;
+            cuMipmappedArrayCreate: 5000;
+            cuMipmappedArrayGetLevel: 5000;
+            cuMipmappedArrayDestroy: 5000;
+            cuStreamCreate: 2000;
+            cuStreamCreateWithPriority: 5050;
+            cuStreamDestroy: 2000, 4000 => cuStreamDestroy_v2;
+            cuStreamSynchronize: 2000 / cuStreamSynchronize_ptsz;
+            cuStreamQuery: 2000 / cuStreamQuery_ptsz;
+            cuStreamWaitEvent: 3020 / cuStreamWaitEvent_ptsz;
+            cuStreamGetFlags: 5050 / cuStreamGetFlags_ptsz;
+            cuStreamGetPriority: 5050 / cuStreamGetPriority_ptsz;
+            cuStreamGetCtx: 9020 / cuStreamGetCtx_ptsz;
+            cuStreamBeginCapture: 10000 / cuStreamBeginCapture_ptsz,
                 10010 => cuStreamBeginCapture_v2 / cuStreamBeginCapture_v2_ptsz;
-            "cuStreamEndCapture": 10000 => cuStreamEndCapture / cuStreamEndCapture_ptsz;
-            "cuStreamIsCapturing": 10000 => cuStreamIsCapturing / cuStreamIsCapturing_ptsz;
-            "cuStreamGetCaptureInfo": 11030 => cuStreamGetCaptureInfo_v2 / cuStreamGetCaptureInfo_v2_ptsz;
-            "cuEventCreate": 2000 => cuEventCreate;
-            "cuEventDestroy": 2000 => cuEventDestroy, 4000 => cuEventDestroy_v2;
-            "cuEventRecord": 2000 => cuEventRecord / cuEventRecord_ptsz;
-            "cuEventRecordWithFlags": 11010 => cuEventRecordWithFlags / cuEventRecordWithFlags_ptsz;
-            "cuEventSynchronize": 2000 => cuEventSynchronize;
-            "cuEventQuery": 2000 => cuEventQuery;
-            "cuEventElapsedTime": 2000 => cuEventElapsedTime, 12080 => cuEventElapsedTime_v2;
-            "cuModuleLoad": 2000 => cuModuleLoad;
-            "cuModuleLoadData": 2000 => cuModuleLoadData;
-            "cuModuleLoadDataEx": 2010 => cuModuleLoadDataEx;
-            "cuModuleLoadFatBinary": 2000 => cuModuleLoadFatBinary;
-            "cuModuleUnload": 2000 => cuModuleUnload;
-            "cuModuleGetFunction": 2000 => cuModuleGetFunction;
-            "cuLibraryLoadData": 12000 => cuLibraryLoadData;
-            "cuLibraryLoadFromFile": 12000 => cuLibraryLoadFromFile;
-            "cuLibraryUnload": 12000 => cuLibraryUnload;
-            "cuLibraryGetModule": 12000 => cuLibraryGetModule;
-            "cuFuncGetAttribute": 2020 => cuFuncGetAttribute;
-            "cuFuncSetAttribute": 9000 => cuFuncSetAttribute;
-            "cuFuncSetCacheConfig": 3000 => cuFuncSetCacheConfig;
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor": 6050 => cuOccupancyMaxActiveBlocksPerMultiprocessor;
-            "cuLaunchKernel": 4000 => cuLaunchKernel / cuLaunchKernel_ptsz;
-            "cuLaunchKernelEx": 11060 => cuLaunchKernelEx / cuLaunchKernelEx_ptsz;
-            "cuLaunchCooperativeKernel": 9000 => cuLaunchCooperativeKernel / cuLaunchCooperativeKernel_ptsz;
-            "cuGraphCreate": 10000 => cuGraphCreate;
-            "cuGraphDestroy": 10000 => cuGraphDestroy;
-            "cuGraphAddKernelNode": 10000 => cuGraphAddKernelNode, 12000 => cuGraphAddKernelNode_v2;
-            "cuGraphAddEmptyNode": 10000 => cuGraphAddEmptyNode;
-            "cuGraphAddMemAllocNode": 11040 => cuGraphAddMemAllocNode;
-            "cuGraphAddMemFreeNode": 11040 => cuGraphAddMemFreeNode;
-            "cuGraphGetNodes": 10000 => cuGraphGetNodes;
-            "cuGraphInstantiate": 11000 => cuGraphInstantiate_v2, 12000 => cuGraphInstantiateWithFlags;
-            "cuGraphInstantiateWithFlags": 11040 => cuGraphInstantiateWithFlags;
-            "cuGraphLaunch": 10000 => cuGraphLaunch / cuGraphLaunch_ptsz;
-            "cuGraphUpload": 11010 => cuGraphUpload / cuGraphUpload_ptsz;
-            "cuGraphExecDestroy": 10000 => cuGraphExecDestroy;
+            cuStreamEndCapture: 10000 / cuStreamEndCapture_ptsz;
+            cuStreamIsCapturing: 10000 / cuStreamIsCapturing_ptsz;
+            cuStreamGetCaptureInfo: 11030 => cuStreamGetCaptureInfo_v2 / cuStreamGetCaptureInfo_v2_ptsz;
+            cuEventCreate: 2000;
+            cuEventDestroy: 2000, 4000 => cuEventDestroy_v2;
+            cuEventRecord: 2000 / cuEventRecord_ptsz;
+            cuEventRecordWithFlags: 11010 / cuEventRecordWithFlags_ptsz;
+            cuEventSynchronize: 2000;
+            cuEventQuery: 2000;
+            cuEventElapsedTime: 2000, 12080 => cuEventElapsedTime_v2;
+            cuModuleLoad: 2000;
+            cuModuleLoadData: 2000;
+            cuModuleLoadDataEx: 2010;
+            cuModuleLoadFatBinary: 2000;
+            cuModuleUnload: 2000;
+            cuModuleGetFunction: 2000;
+            cuLibraryLoadData: 12000;
+            cuLibraryLoadFromFile: 12000;
+            cuLibraryUnload: 12000;
+            cuLibraryGetModule: 12000;
+            cuFuncGetAttribute: 2020;
+            cuFuncSetAttribute: 9000;
+            cuFuncSetCacheConfig: 3000;
+            cuOccupancyMaxActiveBlocksPerMultiprocessor: 6050;
+            cuLaunchKernel: 4000 / cuLaunchKernel_ptsz;
+            cuLaunchKernelEx: 11060 / cuLaunchKernelEx_ptsz;
+            cuLaunchCooperativeKernel: 9000 / cuLaunchCooperativeKernel_ptsz;
+            cuGraphCreate: 10000;
+            cuGraphDestroy: 10000;
+            cuGraphAddKernelNode: 10000, 12000 => cuGraphAddKernelNode_v2;
+            cuGraphAddEmptyNode: 10000;
+            cuGraphAddMemAllocNode: 11040;
+            cuGraphAddMemFreeNode: 11040;
+            cuGraphGetNodes: 10000;
+            cuGraphInstantiate: 11000 => cuGraphInstantiate_v2, 12000 => cuGraphInstantiateWithFlags;
+            cuGraphInstantiateWithFlags: 11040;
+            cuGraphLaunch: 10000 / cuGraphLaunch_ptsz;
+            cuGraphUpload: 11010 / cuGraphUpload_ptsz;
+            cuGraphExecDestroy: 10000;
         }
     })
 }

@@ -1,6 +1,6 @@
 //! Turning fuzzer bytes into a configuration and operations.
 
-use super::{HarnessConfig, Op};
+use super::{HarnessConfig, Op, RecordOp};
 
 /// Sizes worth trying for `cfg`: the edges around every threshold, then random ones.
 pub fn edge_sizes(cfg: &HarnessConfig) -> Vec<u64> {
@@ -101,14 +101,14 @@ pub fn decode(data: &[u8]) -> (HarnessConfig, Vec<Op>) {
                 let (kind, device, context) = (c.u8(), c.u8(), c.u8());
                 let requested = size(&mut c) % (4 * a.region_size);
                 let accounted = size(&mut c) % (a.region_size + 1);
-                Op::Record {
+                Op::Record(RecordOp {
                     kind,
                     device,
                     context,
                     requested,
                     accounted,
                     driver_ok: c.u8() % 4 != 0,
-                }
+                })
             }
             12 => Op::ReleaseRecord { pick: c.u32() },
             13 => Op::Containing {

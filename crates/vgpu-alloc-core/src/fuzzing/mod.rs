@@ -106,20 +106,7 @@ pub enum Op {
         addr: u64,
     },
     /// An allocation the hook makes itself: reserve, device call, commit.
-    Record {
-        /// Index into the recordable kinds.
-        kind: u8,
-        /// Device (mod [`DEVICES`]).
-        device: u8,
-        /// Context (mod [`CONTEXTS`]).
-        context: u8,
-        /// Bytes requested.
-        requested: u64,
-        /// Bytes to charge.
-        accounted: u64,
-        /// Whether the driver call succeeds.
-        driver_ok: bool,
-    },
+    Record(RecordOp),
     /// The hook frees the `pick`-th live allocation itself, then `release_record`.
     ReleaseRecord {
         /// Which live allocation.
@@ -141,6 +128,23 @@ pub enum Op {
     FailNextDeviceAllocation,
     /// `trim()`.
     Trim,
+}
+
+/// The fields of [`Op::Record`]: an allocation the hook makes itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordOp {
+    /// Index into the recordable kinds.
+    pub kind: u8,
+    /// Device (mod [`DEVICES`]).
+    pub device: u8,
+    /// Context (mod [`CONTEXTS`]).
+    pub context: u8,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Bytes to charge.
+    pub accounted: u64,
+    /// Whether the driver call succeeds.
+    pub driver_ok: bool,
 }
 
 /// A broken invariant: which step, which operation, what went wrong.

@@ -1,7 +1,7 @@
 //! The harness: an allocator under test, the model of what it should hold, and each
 //! operation applied to both.
 
-use super::{DEVICES, HarnessConfig, Op, RECORD_KINDS, Summary, ctx, dev};
+use super::{DEVICES, HarnessConfig, Op, RECORD_KINDS, RecordOp, Summary, ctx, dev};
 
 use crate::allocator::{AllocError, Allocator, FreeError};
 use crate::backend::{ContextId, DeviceBackend, DevicePtr};
@@ -64,24 +64,7 @@ impl Harness {
                 );
                 Ok(())
             }
-            Op::Record {
-                kind,
-                device,
-                context,
-                requested,
-                accounted,
-                driver_ok,
-            } => {
-                let kind = RECORD_KINDS[kind as usize % RECORD_KINDS.len()];
-                self.record(
-                    kind,
-                    dev(device),
-                    ctx(context),
-                    requested,
-                    accounted,
-                    driver_ok,
-                )
-            }
+            Op::Record(r) => self.record(&r),
             Op::ReleaseRecord { pick } => self.release_record(pick),
             Op::Containing { pick, offset } => self.containing(pick, offset),
             Op::DestroyContext { context } => self.destroy_context(ctx(context)),
@@ -327,15 +310,10 @@ impl Harness {
         Ok(())
     }
 
-    pub(super) fn record(
-        &mut self,
-        kind: AllocationKind,
-        d: DeviceIndex,
-        c: ContextId,
-        requested: u64,
-        accounted: u64,
-        driver_ok: bool,
-    ) -> Result<(), String> {
+    pub(super) fn record(&mut self, op: &RecordOp) -> Result<(), String> {
+        let kind = RECORD_KINDS[op.kind as usize % RECORD_KINDS.len()];
+        let (d, c) = (dev(op.device), ctx(op.context));
+        let (requested, accounted, driver_ok) = (op.requested, op.accounted, op.driver_ok);
         // Address kinds get a real device allocation of `requested` bytes from the mock.
         let requested = if kind.is_address() {
             requested.clamp(1, 1 << 40)

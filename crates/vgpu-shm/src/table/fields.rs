@@ -39,6 +39,17 @@ pub(super) mod read {
     }
 }
 
+/// `device`'s entry of a per-device array of the file, or the error a setter gives for a
+/// device out of range.
+fn per_device<T>(entries: &[T; MAX_DEVICES], device: DeviceIndex) -> Result<&T, ShmError> {
+    entries
+        .get(device.as_usize())
+        .ok_or(ShmError::InvalidDevice {
+            device: device.0,
+            max: MAX_DEVICES,
+        })
+}
+
 impl UsageTable {
     /// Number of devices in the file.
     pub fn device_num(&self) -> u32 {
@@ -68,14 +79,7 @@ impl UsageTable {
         limit: Option<u64>,
     ) -> Result<(), ShmError> {
         self.check_writable()?;
-        let slot = self
-            .region()
-            .limit
-            .get(device.as_usize())
-            .ok_or(ShmError::InvalidDevice {
-                device: device.0,
-                max: MAX_DEVICES,
-            })?;
+        let slot = per_device(&self.region().limit, device)?;
         if limit == Some(0) {
             return Err(ShmError::InvalidValue {
                 what: "memory limit",
@@ -92,14 +96,7 @@ impl UsageTable {
     /// the next reservation on; host bytes already held stay until freed.
     pub fn set_host_policy(&self, device: DeviceIndex, policy: HostPolicy) -> Result<(), ShmError> {
         self.check_writable()?;
-        let d = self
-            .ext()
-            .devices
-            .get(device.as_usize())
-            .ok_or(ShmError::InvalidDevice {
-                device: device.0,
-                max: MAX_DEVICES,
-            })?;
+        let d = per_device(&self.ext().devices, device)?;
         d.host_spill.store(policy.spill, Ordering::Release);
         let flags = if policy.oversubscribe {
             HOST_FLAG_OVERSUBSCRIBE
@@ -145,14 +142,7 @@ impl UsageTable {
     /// Change the SM limit (percent, 1..=100; `None` = unlimited) of `device` on the live file.
     pub fn set_sm_limit(&self, device: DeviceIndex, percent: Option<u64>) -> Result<(), ShmError> {
         self.check_writable()?;
-        let slot =
-            self.region()
-                .sm_limit
-                .get(device.as_usize())
-                .ok_or(ShmError::InvalidDevice {
-                    device: device.0,
-                    max: MAX_DEVICES,
-                })?;
+        let slot = per_device(&self.region().sm_limit, device)?;
         if let Some(p) = percent
             && !(1..=100).contains(&p)
         {

@@ -118,3 +118,22 @@ pub fn one_gpu(uuid: &str, limit: u64) -> vgpu_shm::TableInit {
         priority: 1,
     }
 }
+
+/// A table file created with `init` at a fresh path named after `tag`: made before any child
+/// is forked, so that they all open the one file.
+pub fn table_file(tag: &str, init: &vgpu_shm::TableInit) -> TempPath {
+    let path = TempPath::new(tag);
+    drop(vgpu_shm::UsageTable::open_or_create(&path.0, init).unwrap());
+    path
+}
+
+/// Opens the table at `path` (creating it with `init` if there is none) and registers this
+/// process in it.
+pub fn join(
+    path: &TempPath,
+    init: &vgpu_shm::TableInit,
+) -> (vgpu_shm::UsageTable, vgpu_shm::ProcessSlot) {
+    let t = vgpu_shm::UsageTable::open_or_create(&path.0, init).unwrap();
+    let me = t.register_self().unwrap();
+    (t, me)
+}

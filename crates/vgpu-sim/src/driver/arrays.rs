@@ -27,18 +27,12 @@ fn desc3(d: &CUDA_ARRAY3D_DESCRIPTOR) -> ArrayDesc {
 exports! {
     cuArrayCreate_v2(h: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) true |s| {
         let d: CUDA_ARRAY_DESCRIPTOR = inp!(desc);
-        if h.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        out!(h, hp(s.array_create(desc2(&d))?));
+        out_created!(h, hp(s.array_create(desc2(&d))?));
         Ok(())
     }
     cuArray3DCreate_v2(h: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) true |s| {
         let d: CUDA_ARRAY3D_DESCRIPTOR = inp!(desc);
-        if h.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        out!(h, hp(s.array_create(desc3(&d))?));
+        out_created!(h, hp(s.array_create(desc3(&d))?));
         Ok(())
     }
     cuArrayDestroy(h: CUarray) false |s| { s.array_destroy(hv(h)) }
@@ -66,10 +60,7 @@ exports! {
     }
     cuMipmappedArrayCreate(h: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) true |s| {
         let d: CUDA_ARRAY3D_DESCRIPTOR = inp!(desc);
-        if h.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        out!(h, hp(s.mipmap_create(desc3(&d), levels)?));
+        out_created!(h, hp(s.mipmap_create(desc3(&d), levels)?));
         Ok(())
     }
     cuMipmappedArrayGetLevel(level_array: *mut CUarray, h: CUmipmappedArray, level: c_uint) false |s| {

@@ -4,10 +4,7 @@ use super::*;
 
 exports! {
     cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) true |s| {
-        if pctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        out!(pctx, hp(handle(tag::CTX, s.primary_retain(dev.0)?)));
+        out_created!(pctx, hp(handle(tag::CTX, s.primary_retain(dev.0)?)));
         Ok(())
     }
     cuDevicePrimaryCtxRelease(dev: CUdevice) false |s| { s.primary_release(dev.0) }
@@ -23,24 +20,15 @@ exports! {
     cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) false |s| { s.primary_set_flags(dev.0, flags) }
     cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) false |s| { s.primary_set_flags(dev.0, flags) }
     cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) true |s| {
-        if pctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        out!(pctx, hp(handle(tag::CTX, s.ctx_create(flags, dev.0)?)));
+        out_created!(pctx, hp(handle(tag::CTX, s.ctx_create(flags, dev.0)?)));
         Ok(())
     }
     cuCtxCreate_v3(pctx: *mut CUcontext, _params: *mut c_void, _n: c_int, flags: c_uint, dev: CUdevice) true |s| {
-        if pctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        out!(pctx, hp(handle(tag::CTX, s.ctx_create(flags, dev.0)?)));
+        out_created!(pctx, hp(handle(tag::CTX, s.ctx_create(flags, dev.0)?)));
         Ok(())
     }
     cuCtxCreate_v4(pctx: *mut CUcontext, _params: *mut c_void, flags: c_uint, dev: CUdevice) true |s| {
-        if pctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        out!(pctx, hp(handle(tag::CTX, s.ctx_create(flags, dev.0)?)));
+        out_created!(pctx, hp(handle(tag::CTX, s.ctx_create(flags, dev.0)?)));
         Ok(())
     }
     cuCtxDestroy(ctx: CUcontext) false |s| { ctx_destroy(s, ctx) }

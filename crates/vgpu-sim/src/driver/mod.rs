@@ -27,15 +27,20 @@ use crate::state::{
 
 /// Writes an out-parameter, rejecting null with `CUDA_ERROR_INVALID_VALUE`.
 macro_rules! out {
-    ($p:expr, $v:expr) => {{
+    ($p:expr, $v:expr) => {
+        write_out!($p, $v, CUDA_ERROR_INVALID_VALUE)
+    };
+}
+
+/// Writes what `$make` creates to the out-parameter `$p`, which is checked first: a null one
+/// gets `CUDA_ERROR_INVALID_VALUE` before anything is created, so nothing is left behind.
+macro_rules! out_created {
+    ($p:expr, $make:expr) => {{
         let p = $p;
         if p.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let v = $v;
-        // SAFETY: a non-null out-parameter the caller passed; the driver API requires it to be
-        // valid for one write of its type.
-        unsafe { p.write(v) };
+        out!(p, $make);
     }};
 }
 
@@ -213,6 +218,26 @@ pub unsafe extern "C" fn cuGetErrorString(code: CUresult, p: *mut *const c_char)
     unsafe { describe_error("cuGetErrorString", code, p, |(_, text)| text) }
 }
 
+/// Both forms of `cuGetProcAddress`: looks `symbol` up and writes its address (null when
+/// there is none) to `pfn`. Returns the call's answer (`CUDA_ERROR_NOT_FOUND` without an
+/// address) and the lookup's status for `_v2`.
+fn proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CuResult<(CuResult<()>, u32)> {
+    let name = cstr!(symbol);
+    let (p, status) = crate::procaddr::lookup(name, cuda_version, flags);
+    out!(pfn, p as *mut c_void);
+    let found = if p == 0 {
+        Err(CUDA_ERROR_NOT_FOUND)
+    } else {
+        Ok(())
+    };
+    Ok((found, status))
+}
+
 /// The simulated driver's `cuGetProcAddress` (CUDA 11.3 form).
 ///
 /// # Safety
@@ -225,14 +250,8 @@ pub unsafe extern "C" fn cuGetProcAddress(
     flags: u64,
 ) -> CUresult {
     entry_pre("cuGetProcAddress", || {
-        let name = cstr!(symbol);
-        let (p, _) = crate::procaddr::lookup(name, cuda_version, flags);
-        out!(pfn, p as *mut c_void);
-        if p == 0 {
-            Err(CUDA_ERROR_NOT_FOUND)
-        } else {
-            Ok(())
-        }
+        let (found, _) = proc_address(symbol, pfn, cuda_version, flags)?;
+        found
     })
 }
 
@@ -249,17 +268,11 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
     entry_pre("cuGetProcAddress_v2", || {
-        let name = cstr!(symbol);
-        let (p, st) = crate::procaddr::lookup(name, cuda_version, flags);
-        out!(pfn, p as *mut c_void);
+        let (found, st) = proc_address(symbol, pfn, cuda_version, flags)?;
         if !status.is_null() {
             out!(status, CUdriverProcAddressQueryResult(st));
         }
-        if p == 0 {
-            Err(CUDA_ERROR_NOT_FOUND)
-        } else {
-            Ok(())
-        }
+        found
     })
 }
 

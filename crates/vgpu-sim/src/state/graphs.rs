@@ -206,39 +206,34 @@ impl Sim {
     /// `cuGraphLaunch`: memory nodes take their memory now (so an out-of-memory launch fails
     /// here); kernels run in node order on the stream.
     pub fn graph_launch(&'static self, e: u64, stream: u64, per_thread: bool) -> CuResult<()> {
-        let id = unhandle(tag::EXEC, e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let q = self.uncaptured_queue(stream, per_thread)?;
-        let mut st = self.st();
-        let nodes = st.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
-        for n in &nodes {
-            if let Node::MemAlloc { dev, dptr } = n {
-                if st
-                    .graph_allocs
-                    .get(dptr)
-                    .ok_or(CUDA_ERROR_INVALID_VALUE)?
-                    .live
-                {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                self.back_graph_alloc(&mut st, *dev, *dptr)?;
-                let ga = st.graph_allocs.get_mut(dptr).expect("present");
-                ga.live = true;
-                let (size, region) = (ga.size, ga.region.clone());
-                let gm = &mut st.graph_mem[*dev];
-                gm.used += size;
-                gm.used_high = gm.used_high.max(gm.used);
-                st.allocs.insert(
-                    *dptr,
-                    Alloc {
-                        size,
-                        accounted: 0,
-                        dev: *dev,
-                        ctx: None,
-                        kind: AllocKind::Graph,
-                        region,
-                    },
-                );
+        let (q, mut st, nodes) = self.exec_on_stream(e, stream, per_thread)?;
+        for (dev, dptr) in mem_alloc_nodes(&nodes) {
+            if st
+                .graph_allocs
+                .get(&dptr)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?
+                .live
+            {
+                return Err(CUDA_ERROR_INVALID_VALUE);
             }
+            self.back_graph_alloc(&mut st, dev, dptr)?;
+            let ga = st.graph_allocs.get_mut(&dptr).expect("present");
+            ga.live = true;
+            let (size, region) = (ga.size, ga.region.clone());
+            let gm = &mut st.graph_mem[dev];
+            gm.used += size;
+            gm.used_high = gm.used_high.max(gm.used);
+            st.allocs.insert(
+                dptr,
+                Alloc {
+                    size,
+                    accounted: 0,
+                    dev,
+                    ctx: None,
+                    kind: AllocKind::Graph,
+                    region,
+                },
+            );
         }
         drop(st);
         for n in nodes {
@@ -258,16 +253,26 @@ impl Sim {
     /// `cuGraphUpload`: the graph's memory nodes take their memory from the device now (so the
     /// first launch does not have to).
     pub fn graph_upload(&self, e: u64, stream: u64, per_thread: bool) -> CuResult<()> {
-        let id = unhandle(tag::EXEC, e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let _q = self.uncaptured_queue(stream, per_thread)?;
-        let mut st = self.st();
-        let nodes = st.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
-        for n in &nodes {
-            if let Node::MemAlloc { dev, dptr } = n {
-                self.back_graph_alloc(&mut st, *dev, *dptr)?;
-            }
+        let (_q, mut st, nodes) = self.exec_on_stream(e, stream, per_thread)?;
+        for (dev, dptr) in mem_alloc_nodes(&nodes) {
+            self.back_graph_alloc(&mut st, dev, dptr)?;
         }
         Ok(())
+    }
+
+    /// What launching or uploading exec `e` on `stream` starts from: the stream's queue (it
+    /// must not be capturing), the state locked, and a copy of the exec's nodes.
+    fn exec_on_stream(
+        &self,
+        e: u64,
+        stream: u64,
+        per_thread: bool,
+    ) -> CuResult<(Arc<StreamQueue>, MutexGuard<'_, State>, Vec<Node>)> {
+        let id = unhandle(tag::EXEC, e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let q = self.uncaptured_queue(stream, per_thread)?;
+        let st = self.st();
+        let nodes = st.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
+        Ok((q, st, nodes))
     }
 
     /// A graph memory node takes its memory from the device the first time its graph is
@@ -317,4 +322,12 @@ impl Sim {
         self.devices[p].release(freed);
         Ok(())
     }
+}
+
+/// `(device, address)` of each graph memory-allocation node, in node order.
+fn mem_alloc_nodes(nodes: &[Node]) -> impl Iterator<Item = (usize, u64)> + '_ {
+    nodes.iter().filter_map(|n| match *n {
+        Node::MemAlloc { dev, dptr } => Some((dev, dptr)),
+        _ => None,
+    })
 }

@@ -133,8 +133,9 @@ impl Sim {
             Some((*b, m.size, dev, 0, false, AllocKind::Device))
         } else {
             st.pinned_at(p).map(|r| {
-                let dev = st.ctxs.get(&r.ctx).map_or(0, |c| c.dev);
-                (r.base, r.size, dev, r.ctx, false, AllocKind::Device)
+                let (size, ctx) = (r.pinning.size, r.pinning.ctx);
+                let dev = st.ctxs.get(&ctx).map_or(0, |c| c.dev);
+                (r.base, size, dev, ctx, false, AllocKind::Device)
             })
         };
         let Some((base, size, dev, ctx, managed, kind)) = found else {
@@ -228,16 +229,15 @@ impl Sim {
         stream: u64,
         per_thread: bool,
     ) -> CuResult<()> {
-        let q = self.uncaptured_queue(stream, per_thread)?;
-        {
-            let st = self.st();
-            st.span(dst, n)?;
-            st.span(src, n)?;
-        }
-        q.submit(Box::new(move || {
-            let _ = self.copy_now(dst, src, n);
-        }));
-        Ok(())
+        self.stream_ordered(
+            stream,
+            per_thread,
+            |st| {
+                st.span(dst, n)?;
+                st.span(src, n).map(drop)
+            },
+            move |s| s.copy_now(dst, src, n),
+        )
     }
 
     /// Stream-ordered memset.
@@ -250,11 +250,28 @@ impl Sim {
         stream: u64,
         per_thread: bool,
     ) -> CuResult<()> {
+        self.stream_ordered(
+            stream,
+            per_thread,
+            |st| st.check_range(dst, count.saturating_mul(elem as u64)),
+            move |s| s.set_now(dst, value, elem, count),
+        )
+    }
+
+    /// A copy or memset in `stream`'s order (the stream must not be capturing): `check`ed
+    /// now, as the driver checks the call, and done when the stream gets to it.
+    fn stream_ordered(
+        &'static self,
+        stream: u64,
+        per_thread: bool,
+        check: impl FnOnce(&State) -> CuResult<()>,
+        op: impl FnOnce(&'static Sim) -> CuResult<()> + Send + 'static,
+    ) -> CuResult<()> {
         let q = self.uncaptured_queue(stream, per_thread)?;
-        self.st()
-            .check_range(dst, count.saturating_mul(elem as u64))?;
+        check(&self.st())?;
+        // A failure by then is the stream's, which the simulator does not report.
         q.submit(Box::new(move || {
-            let _ = self.set_now(dst, value, elem, count);
+            let _ = op(self);
         }));
         Ok(())
     }

@@ -92,9 +92,7 @@ pub use arrays::ArrayDesc;
 pub use devices::Device;
 pub use init::{global, inited};
 pub use modules::{Kernel, Launch};
-pub use pinned::{
-    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, HostMemory,
-};
+pub use pinned::HostMemory;
 
 /// How an allocation was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -453,8 +451,3 @@ impl Sim {
         pick(&mut self.st()).remove(&id).map(drop).ok_or(err)
     }
 }
-
-/// `CUDA_ERROR_ILLEGAL_STATE`.
-pub const CUDA_ERROR_ILLEGAL_STATE: u32 = 401;
-/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
-pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: u32 = 901;

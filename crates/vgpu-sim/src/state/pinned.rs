@@ -15,10 +15,6 @@ use super::*;
 const HOST_ALLOC_FLAGS: u32 = 0x7;
 /// `CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY`.
 const HOST_REGISTER_FLAGS: u32 = 0xf;
-/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`.
-pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
-/// `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED`.
-pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: u32 = 713;
 
 /// Host memory the process holds pinned or host-located, against the host's limit.
 #[derive(Debug)]
@@ -50,32 +46,35 @@ impl HostMemory {
     }
 }
 
+/// What a pinned allocation and a registration both are: bytes of host memory pinned with
+/// `flags` by context `ctx`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pinning {
+    pub(super) size: u64,
+    pub(super) flags: u32,
+    pub(super) ctx: u64,
+}
+
 /// A `cuMemAllocHost`/`cuMemHostAlloc` allocation.
 #[derive(Debug)]
 pub(super) struct PinnedAlloc {
     pub(super) region: Arc<HostRegion>,
-    pub(super) size: u64,
-    pub(super) flags: u32,
-    pub(super) ctx: u64,
+    pub(super) pinning: Pinning,
 }
 
 /// A `cuMemHostRegister` range of the program's own memory.
 #[derive(Debug)]
 pub(super) struct Registration {
     pub(super) ptr: HostPtr,
-    pub(super) size: u64,
     pub(super) accounted: u64,
-    pub(super) flags: u32,
-    pub(super) ctx: u64,
+    pub(super) pinning: Pinning,
 }
 
 /// What a pointer into pinned memory lies in.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PinnedRange {
     pub(super) base: u64,
-    pub(super) size: u64,
-    pub(super) flags: u32,
-    pub(super) ctx: u64,
+    pub(super) pinning: Pinning,
 }
 
 /// Pages spanned by `[p, p + size)`.
@@ -88,39 +87,30 @@ fn pages(p: u64, size: u64) -> Option<u64> {
 impl State {
     /// The pinned allocation or registration containing `p`.
     pub(super) fn pinned_at(&self, p: u64) -> Option<PinnedRange> {
-        let alloc = self
-            .pinned
-            .range(..=p)
-            .next_back()
-            .filter(|(b, a)| p < *b + a.size)
-            .map(|(b, a)| PinnedRange {
-                base: *b,
-                size: a.size,
-                flags: a.flags,
-                ctx: a.ctx,
-            });
-        alloc.or_else(|| {
-            self.registered
-                .range(..=p)
-                .next_back()
-                .filter(|(b, r)| p < *b + r.size)
-                .map(|(b, r)| PinnedRange {
-                    base: *b,
-                    size: r.size,
-                    flags: r.flags,
-                    ctx: r.ctx,
-                })
-        })
+        // The range starting at or below `p`, if it reaches `p`.
+        let holding = |base: u64, pin: &Pinning| {
+            (p < base + pin.size).then_some(PinnedRange {
+                base,
+                pinning: *pin,
+            })
+        };
+        let alloc = self.pinned.range(..=p).next_back();
+        alloc
+            .and_then(|(b, a)| holding(*b, &a.pinning))
+            .or_else(|| {
+                let reg = self.registered.range(..=p).next_back();
+                reg.and_then(|(b, r)| holding(*b, &r.pinning))
+            })
     }
 
     /// `[p, p + len)` inside one pinned allocation or registration.
     pub(super) fn pinned_span(&self, p: u64, len: u64) -> Option<Span<'_>> {
         let r = self.pinned_at(p)?;
         if let Some(a) = self.pinned.get(&r.base) {
-            return a.region.span(r.base, a.size)?.sub(p, len);
+            return a.region.span(r.base, a.pinning.size)?.sub(p, len);
         }
         let reg = self.registered.get(&r.base)?;
-        reg.ptr.span(reg.size)?.sub(p, len)
+        reg.ptr.span(reg.pinning.size)?.sub(p, len)
     }
 }
 
@@ -136,9 +126,7 @@ impl Sim {
         let a = r.addr();
         let pinned = PinnedAlloc {
             region: Arc::new(r),
-            size,
-            flags,
-            ctx,
+            pinning: Pinning { size, flags, ctx },
         };
         self.st().pinned.insert(a, pinned);
         Ok(a)
@@ -176,10 +164,8 @@ impl Sim {
             base,
             Registration {
                 ptr: p,
-                size,
                 accounted,
-                flags,
-                ctx,
+                pinning: Pinning { size, flags, ctx },
             },
         );
         Ok(())
@@ -212,7 +198,7 @@ impl Sim {
         self.current()?;
         self.st()
             .pinned_at(p)
-            .map(|r| r.flags)
+            .map(|r| r.pinning.flags)
             .ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 }

@@ -26,6 +26,20 @@ fn used(s: &Sim, p: usize) -> u64 {
     s.devices[p].used.load(Ordering::SeqCst)
 }
 
+/// A simulator configured by `pairs`, with a context created (and current) on device 0.
+fn in_context(pairs: &[(&str, &str)]) -> &'static Sim {
+    let s = sim(pairs);
+    s.ctx_create(0, 0).unwrap();
+    s
+}
+
+/// A new stream of the current context, capturing in `mode`.
+fn capturing(s: &Sim, mode: u32) -> u64 {
+    let st = s.stream_create(0).unwrap();
+    s.begin_capture(st, mode).unwrap();
+    st
+}
+
 #[test]
 fn allocations_are_counted_limited_and_freed() {
     let s = sim(&[
@@ -108,8 +122,7 @@ fn vmm_counts_on_create_and_frees_after_release_and_unmap() {
 
 #[test]
 fn pools_reserve_blocks_and_release_at_sync() {
-    let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
-    s.ctx_create(0, 0).unwrap();
+    let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
     let pool = s.default_pool(0).unwrap();
     let a = s.alloc_async(1000, 0, 0, false).unwrap();
     assert_eq!(s.pool_get_attr(pool, 5).unwrap(), GRANULARITY);
@@ -133,11 +146,10 @@ fn pools_reserve_blocks_and_release_at_sync() {
 
 #[test]
 fn a_pool_block_costs_its_overhead_outside_what_the_pool_reports() {
-    let s = sim(&[
+    let s = in_context(&[
         ("VGPU_SIM_CTX_OVERHEAD", "0"),
         ("VGPU_SIM_POOL_BLOCK_OVERHEAD", "2m"),
     ]);
-    s.ctx_create(0, 0).unwrap();
     let pool = s.default_pool(0).unwrap();
     let a = s.alloc_async(3 << 20, 0, 0, false).unwrap();
     let b = s.alloc_async(1 << 20, 0, 0, false).unwrap();
@@ -211,8 +223,7 @@ fn module_code_takes_memory_at_load_when_eager_and_at_first_launch_when_lazy() {
 
 #[test]
 fn kernels_run_on_streams_and_events_time_them() {
-    let s = sim(&[]);
-    s.ctx_create(0, 0).unwrap();
+    let s = in_context(&[]);
     let m = s.module_load(b"vgpusim-module: spin fill").unwrap();
     let f = s.get_function(m, "spin").unwrap();
     assert_eq!(s.get_function(m, "nope"), Err(CUDA_ERROR_NOT_FOUND));
@@ -245,10 +256,8 @@ fn ptx_images_name_their_entries() {
 
 #[test]
 fn capture_and_graph_memory() {
-    let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
-    s.ctx_create(0, 0).unwrap();
-    let st = s.stream_create(0).unwrap();
-    s.begin_capture(st, 0).unwrap();
+    let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
+    let st = capturing(s, 0);
     let l = Launch {
         kernel: Kernel::Noop,
         dev: 0,
@@ -276,10 +285,8 @@ fn capture_and_graph_memory() {
 
 #[test]
 fn stream_ordered_allocation_in_a_capture_becomes_graph_memory() {
-    let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
-    s.ctx_create(0, 0).unwrap();
-    let st = s.stream_create(0).unwrap();
-    s.begin_capture(st, 0).unwrap();
+    let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
+    let st = capturing(s, 0);
     let p = s.alloc_async(3 << 20, 0, st, false).unwrap();
     assert_eq!(used(s, 0), 0, "nothing is taken while capturing");
     let g = s.end_capture(st).unwrap();
@@ -299,11 +306,9 @@ fn stream_ordered_allocation_in_a_capture_becomes_graph_memory() {
 
 #[test]
 fn pool_queries_invalidate_a_global_capture_but_not_a_relaxed_one() {
-    let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
-    s.ctx_create(0, 0).unwrap();
+    let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
     let pool = s.default_pool(0).unwrap();
-    let st = s.stream_create(0).unwrap();
-    s.begin_capture(st, 0).unwrap();
+    let st = capturing(s, 0);
     assert_eq!(
         s.pool_get_attr(pool, 5),
         Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
@@ -348,11 +353,10 @@ fn read_back(s: &Sim, p: u64, n: u64) -> Vec<u8> {
 
 #[test]
 fn a_small_device_is_full_at_its_size_and_host_memory_does_not_count() {
-    let s = sim(&[
+    let s = in_context(&[
         ("VGPU_SIM_TOTAL_MEM", "64m"),
         ("VGPU_SIM_CTX_OVERHEAD", "0"),
     ]);
-    s.ctx_create(0, 0).unwrap();
     assert_eq!(s.mem_info().unwrap(), (64 << 20, 64 << 20));
     let a = s.mem_alloc(48 << 20).unwrap();
     assert_eq!(s.mem_alloc(32 << 20), Err(CUDA_ERROR_OUT_OF_MEMORY));
@@ -433,8 +437,7 @@ fn pinned_host_memory_is_reachable_at_its_device_pointer() {
 
 #[test]
 fn registered_host_memory_is_reachable_and_registered_once() {
-    let s = sim(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
-    s.ctx_create(0, 0).unwrap();
+    let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
     let mut buf = vec![0u8; 3 * 4096];
     let p = buf.as_mut_ptr() as u64;
     #[allow(unsafe_code)]
@@ -467,11 +470,10 @@ fn registered_host_memory_is_reachable_and_registered_once() {
 #[test]
 fn a_vmm_allocation_moves_between_host_and_device_at_one_address() {
     const SZ: u64 = 8 << 20;
-    let s = sim(&[
+    let s = in_context(&[
         ("VGPU_SIM_TOTAL_MEM", "16m"),
         ("VGPU_SIM_CTX_OVERHEAD", "0"),
     ]);
-    s.ctx_create(0, 0).unwrap();
     let data = pattern(SZ, 0x5a);
     // Start on the host, mapped at `va`.
     let on_host = s.mem_create(SZ, None, [0; 32]).unwrap();
@@ -522,11 +524,10 @@ fn a_vmm_allocation_moves_between_host_and_device_at_one_address() {
 
 #[test]
 fn the_host_limit_refuses_pinned_and_host_located_memory_with_out_of_memory() {
-    let s = sim(&[
+    let s = in_context(&[
         ("VGPU_SIM_CTX_OVERHEAD", "0"),
         ("VGPU_SIM_HOST_PINNED_LIMIT", "8m"),
     ]);
-    s.ctx_create(0, 0).unwrap();
     let h = s.mem_create(6 << 20, None, [0; 32]).unwrap();
     assert_eq!(
         s.mem_create(4 << 20, None, [0; 32]),
