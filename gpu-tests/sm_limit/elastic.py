@@ -169,6 +169,9 @@ def main():
     def say(s=""):
         print(s, flush=True)
         lines.append(s)
+        # Written as it goes: a run cut short keeps its tables so far.
+        with open(os.path.join(args.out, "elastic.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
 
     t_begin = time.time()
     spin = os.path.join(work, "spin")
