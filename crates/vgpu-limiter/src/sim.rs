@@ -302,6 +302,9 @@ impl SimGpu {
     }
 }
 
+/// How long after its record a marker on an idle stream completes.
+pub const MARKER_LATENCY: Nanos = 5 * US;
+
 pub struct SimTimer {
     pub gpu: SimGpu,
     pub clock: SimClock,
@@ -320,7 +323,10 @@ impl GpuTimer for SimTimer {
         }
         let serial = g.serial;
         let dev = g.device_busy_until;
-        let mut done = now.max(*g.tail(stream));
+        // A marker recorded on an idle stream is not complete at once: the H200 answered
+        // "not ready" to a query right after the record (2026-12-01), so the limiter cannot
+        // tell an idle GPU from a busy one by asking then.
+        let mut done = (now + MARKER_LATENCY).max(*g.tail(stream));
         if serial {
             done = done.max(dev);
         }
@@ -332,6 +338,8 @@ impl GpuTimer for SimTimer {
             }
         };
         g.markers[id] = Some(done);
+        // Stream order: work queued after the marker starts once it is reached.
+        *g.tail(stream) = done;
         if g.marker_stream.len() <= id {
             g.marker_stream.resize(id + 1, 0);
         }

@@ -413,10 +413,12 @@ fn failed_launch_on_a_chained_segment_keeps_the_shared_marker() {
         lim.launched(ticket, stream, ok);
     };
     go(&mut lim, 1, 0, true); // calibration launch, measured alone
-    w.clock.set(MS);
-    go(&mut lim, 1, MS, true); // cost known: a 1 ms segment, closed at once
-    go(&mut lim, 1, MS + 10 * US, false); // chains onto its end marker, then fails
-    go(&mut lim, 2, MS + 20 * US, true); // another stream closes the empty segment
+    // Its end marker is reached a marker's latency after the kernel ends.
+    let t1 = MS + 2 * MARKER_LATENCY;
+    w.clock.set(t1);
+    go(&mut lim, 1, t1, true); // cost known: a 1 ms segment, closed at once
+    go(&mut lim, 1, t1 + 10 * US, false); // chains onto its end marker, then fails
+    go(&mut lim, 2, t1 + 20 * US, true); // another stream closes the empty segment
     // The first stream's segment still completes and is measured.
     w.clock.set(3 * MS);
     go(&mut lim, 2, 3 * MS, true);
@@ -847,4 +849,35 @@ fn two_containers_on_a_power_capped_gpu_still_split_30_70() {
         assert!(w.apps[id].limiter.turn().is_some());
         assert_near(&format!("{want} container ({st:?})"), got, want, 5.0);
     }
+}
+
+#[test]
+fn a_pause_is_not_charged_as_gpu_time_when_work_resumes() {
+    // A 30% process runs 100 us kernels, synchronizes and pauses 3 s (the segment that
+    // bracketed its last launches stays open: nothing closes it before the next launch),
+    // then resumes. The end marker recorded at resume spans the pause; on the H200 the
+    // marker is "not ready" right after its record, so the pause was charged as GPU time
+    // and the process waited 10 s (a training loop made one step in 15 s beside idle
+    // inference, 2026-12-01).
+    let mut w = World::new(GpuMode::Serial);
+    let (mut i, pause) = (0u64, (S, 4 * S));
+    w.add(
+        cfg(),
+        SimTable::new(30).view(),
+        Box::new(move |t| {
+            i += 1;
+            if (pause.0..pause.1).contains(&t) {
+                Step::Pause(pause.1 - t)
+            } else if i % 50 == 0 {
+                Step::Sync
+            } else {
+                Step::Launch(100 * US)
+            }
+        }),
+    );
+    w.run_until(5 * S);
+    let before = w.gpu.busy_fraction(0, S / 2, S);
+    let after = w.gpu.busy_fraction(0, 4 * S + 100 * MS, 5 * S);
+    assert_near("before the pause", before, 0.30, 2.0);
+    assert_near("after the pause", after, 0.30, 2.0);
 }

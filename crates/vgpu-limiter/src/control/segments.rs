@@ -79,9 +79,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             Ok(end) => {
                 self.stats.markers += 1;
                 seg.end = Some(end);
-                if now.saturating_sub(seg.last_launch) >= self.cfg.idle_gap {
-                    seg.ended_idle = matches!(self.timer.is_complete(end), Ok(true));
-                }
+                // Recorded after the host was idle for a gap: the span to this marker
+                // includes the idle spell. Whether the GPU still had work cannot be told by
+                // asking the marker now (on the H200 a marker recorded on an idle stream is
+                // "not ready" at first), so the span is bounded by the learned cost when
+                // settled: counting a 3 s pause as GPU time held a 30% tenant for 10 s.
+                seg.ended_idle = now.saturating_sub(seg.last_launch) >= self.cfg.idle_gap;
                 self.closed.push_back(seg);
             }
             Err(_) => {
@@ -157,7 +160,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             None => seg.est,
             Some(span) if seg.ended_idle => {
                 // The span runs to when the marker was recorded, after an idle gap; the
-                // work itself cannot have taken longer than the learned cost says.
+                // work itself is taken to have lasted what the learned cost says at most.
                 match self.cost {
                     Some(c) => span.min(c * f64::from(seg.launches)),
                     None => span,
