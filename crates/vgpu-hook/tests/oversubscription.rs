@@ -146,7 +146,7 @@ struct Running {
 impl Running {
     /// Starts the program on a fresh usage file named after `tag`.
     fn start(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
-        let _ = std::fs::remove_file(program().dir.join(format!("{tag}.cache")));
+        program().fresh_cache(&format!("{tag}.cache"));
         Self::join(tag, limit, vars, args)
     }
 

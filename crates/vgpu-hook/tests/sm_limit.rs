@@ -170,13 +170,6 @@ fn measured(child: std::process::Child) -> Measured {
     parse(&child.wait_with_output().unwrap())
 }
 
-/// The path of usage file `name` in the test directory, removed so a run starts a fresh one.
-fn fresh_cache(name: &str) -> std::path::PathBuf {
-    let cache = env().dir.join(name);
-    let _ = std::fs::remove_file(&cache);
-    cache
-}
-
 /// The usage file `cache` as it is now.
 fn snapshot(cache: &std::path::Path) -> vgpu_shm::TableSnapshot {
     vgpu_shm::UsageTable::open_read_only(cache)
@@ -296,7 +289,7 @@ fn two_seconds_limited(cache: &std::path::Path, limit: &str) -> std::process::Co
 #[test]
 fn two_processes_share_one_container_limit() {
     let _one = serial();
-    let cache = fresh_cache("shared50.cache");
+    let cache = env().fresh_cache("shared50.cache");
     let spawn_one = || two_seconds_limited(&cache, "50").spawn().expect("spawn");
     let (a, b) = (spawn_one(), spawn_one());
     let (a, b) = (measured(a), measured(b));
@@ -329,9 +322,9 @@ fn two_containers_announce_themselves_and_take_turns() {
     // so this checks the plumbing and that turns cost no accuracy; the contention they
     // remove is modelled in vgpu-limiter's tests and measured on the H200.)
     let _one = serial();
-    let turns = fresh_dir("turns");
+    let turns = env().fresh_dir("turns");
     let spawn_one = |name: &str, pct: &str| {
-        two_seconds_limited(&fresh_cache(name), pct)
+        two_seconds_limited(&env().fresh_cache(name), pct)
             .env("VGPU_TURN_DIR", &turns)
             .spawn()
             .expect("spawn")
@@ -371,7 +364,7 @@ fn limited_launches_mark_recent_kernel_for_the_monitor() {
         .as_secs();
     // With a limit, launching marks the task active (HAMi-core's `recent_kernel = 2`) and
     // records the launch time.
-    let cache = fresh_cache("rk-limited.cache");
+    let cache = env().fresh_cache("rk-limited.cache");
     run(Some(50), "rk-limited.cache", 0.3, 1_000, 'k');
     let limited = snapshot(&cache);
     assert_eq!(limited.recent_kernel, vgpu_shm::RECENT_KERNEL_ACTIVE);
@@ -381,7 +374,7 @@ fn limited_launches_mark_recent_kernel_for_the_monitor() {
         limited.last_kernel_time
     );
     // Without one the launch path writes nothing to the file.
-    let cache = fresh_cache("rk-unlimited.cache");
+    let cache = env().fresh_cache("rk-unlimited.cache");
     run(None, "rk-unlimited.cache", 0.3, 1_000, 'k');
     let unlimited = snapshot(&cache);
     assert_eq!(
@@ -393,7 +386,7 @@ fn limited_launches_mark_recent_kernel_for_the_monitor() {
 #[test]
 fn a_peer_that_stopped_launching_no_longer_holds_back_the_other() {
     let _one = serial();
-    let cache = fresh_cache("stale-peer.cache");
+    let cache = env().fresh_cache("stale-peer.cache");
     let command = |args: &[&str]| {
         let mut cmd = env().hooked(args, &cache);
         cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
@@ -448,7 +441,7 @@ fn a_process_seeing_one_gpu_of_two_is_limited_and_reported_on_that_gpu() {
     // second has a 30% limit; a rank that sees only GPU 1 (its device 0) must be held to GPU
     // 1's limit and publish its utilization on GPU 1's index, where HAMi's monitor reads it.
     let _one = serial();
-    let cache = fresh_cache("narrowed.cache");
+    let cache = env().fresh_cache("narrowed.cache");
     let command = |args: &[&str]| two_gpu_container(&cache, args);
     // The container's first process sees both GPUs and makes the file.
     parse(&command(&["0.1", "1000000", "k"]).output().unwrap());
@@ -506,7 +499,7 @@ fn ranks_seeing_one_gpu_under_different_ordinals_share_its_limit() {
     // GPU 1 of the container, one seeing it as its device 0 (`CUDA_VISIBLE_DEVICES=1`), one
     // as its device 1 (both GPUs): together they are held to GPU 1's 30%.
     let _one = serial();
-    let cache = fresh_cache("narrowed-peers.cache");
+    let cache = env().fresh_cache("narrowed-peers.cache");
     parse(
         &two_gpu_container(&cache, &["0.1", "1000000", "k"])
             .output()
@@ -545,7 +538,7 @@ fn spawn_sharing(
     seconds: f64,
     vars: &[(&str, &str)],
 ) -> std::process::Child {
-    let cache = fresh_cache(cache);
+    let cache = env().fresh_cache(cache);
     let mut cmd = env().hooked(&[&seconds.to_string(), "500000", "k", "0.3"], &cache);
     cmd.env("VGPU_TURN_DIR", turns)
         .env("VGPU_SM_MODE", "share")
@@ -560,19 +553,12 @@ fn spawn_sharing(
     cmd.spawn().expect("spawn")
 }
 
-fn fresh_dir(name: &str) -> std::path::PathBuf {
-    let d = env().dir.join(name);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
 fn share_mode_alone_borrows_up_to_its_ceiling_and_publishes_its_record() {
     // A 30% guarantee with a 60% ceiling, alone on the GPU: it borrows up to 60%, and its
     // record on the board says so (what `vgpu status` reads).
     let _one = serial();
-    let turns = fresh_dir("share-alone");
+    let turns = env().fresh_dir("share-alone");
     let child = spawn_sharing(
         "share-alone.cache",
         &turns,
@@ -618,7 +604,7 @@ fn a_best_effort_container_holds_while_a_more_urgent_one_has_work() {
     // grace) lets a first launch through and the rest of its run is held (it then hardly
     // runs). (Each simulated process has its own simulated GPU: this shows the holding.)
     let _one = serial();
-    let turns = fresh_dir("share-priority");
+    let turns = env().fresh_dir("share-priority");
     let t0 = std::time::Instant::now();
     let high = spawn_sharing(
         "share-high.cache",

@@ -132,8 +132,7 @@ struct Measured {
 /// Runs the program at a 50% SM limit in a fresh shared file.
 fn run(s: Scenario, name: &str) -> Measured {
     let e = env();
-    let cache = e.dir.join(format!("{name}.cache"));
-    let _ = std::fs::remove_file(&cache);
+    let cache = e.fresh_cache(&format!("{name}.cache"));
     let mut cmd = e.hooked(&[IDLE_S, BUSY_S, KERNEL_NS, &s.context.to_string()], &cache);
     cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
         .env("VGPU_SIM_UTIL_WINDOW_MS", MEASURED_MS)
