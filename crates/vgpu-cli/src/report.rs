@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 use crate::Failure;
-use crate::cli::{CacheArg, ShareArg, StatusArgs};
+use crate::cli::{StatusArgs, UsageFileArgs};
 use crate::units::{format_bytes, format_limit};
 
 /// The JSON schema identifier; bumped on any incompatible change (docs/cli.md).
@@ -145,23 +145,22 @@ pub struct ProcessStatus {
     pub devices: Vec<ProcessDevice>,
 }
 
-/// The usage file a command uses: `--cache`, else `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, else
-/// HAMi's default `/tmp/cudevshr.cache`.
-pub fn cache_path(arg: &CacheArg) -> PathBuf {
-    if let Some(p) = &arg.cache {
-        return p.clone();
-    }
+/// The usage file when none is named: `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, else HAMi's default
+/// `/tmp/cudevshr.cache`.
+pub fn default_cache_path() -> PathBuf {
     match std::env::var_os(vgpu_env::ENV_SHARED_CACHE) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => PathBuf::from(vgpu_env::DEFAULT_SHARED_CACHE),
     }
 }
 
-/// The usage file of a command that also takes `--share NAME` (that group's table).
-pub fn table_path(cache: &CacheArg, share: &ShareArg) -> PathBuf {
-    match &share.share {
-        Some(name) => crate::usage_file::share_path(name),
-        None => cache_path(cache),
+/// The usage file a command reads: `--share NAME`'s group table, else `--cache`, else
+/// [`default_cache_path`].
+pub fn table_path(file: &UsageFileArgs) -> PathBuf {
+    match (&file.share, &file.cache) {
+        (Some(name), _) => crate::usage_file::share_path(name),
+        (None, Some(p)) => p.clone(),
+        (None, None) => default_cache_path(),
     }
 }
 
@@ -349,7 +348,7 @@ impl StatusReport {
 
 /// `vgpu status`.
 pub fn status(args: &StatusArgs) -> Result<ExitCode, Failure> {
-    let path = table_path(&args.cache, &args.share);
+    let path = table_path(&args.file);
     let report = read(&path)?;
     if args.json {
         println!("{}", report.render_json());

@@ -287,7 +287,7 @@ fn now() -> (i64, u64) {
 /// `vgpu watch`: until Ctrl-C on a terminal; `--count` refreshes (1 by default when stdout is
 /// not a terminal, so a pipe or a test never runs forever by accident).
 pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
-    let path = table_path(&args.cache, &args.share);
+    let path = table_path(&args.file);
     let tty = std::io::stdout().is_terminal();
     let colour = tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let palette = Palette::new(colour);
