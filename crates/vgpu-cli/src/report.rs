@@ -180,6 +180,71 @@ pub fn read_if_exists(path: &Path) -> Result<Option<StatusReport>, String> {
     read(path).map(Some)
 }
 
+impl ShareStatus {
+    /// [`Self::lent_ms`] and [`Self::borrowed_ms`] in seconds, as the tables show them.
+    pub(crate) fn lent_borrowed_s(&self) -> (f64, f64) {
+        (self.lent_ms as f64 / 1e3, self.borrowed_ms as f64 / 1e3)
+    }
+}
+
+impl DeviceStatus {
+    /// The SM limits of the containers taking turns, this file's container marked `me`:
+    /// `["30%", "70%*"]`.
+    pub(crate) fn turn_limits(&self, me: &str) -> Vec<String> {
+        self.turns
+            .iter()
+            .map(|t| format!("{}%{}", t.sm_limit_percent, mark(t, me)))
+            .collect()
+    }
+
+    /// The share-mode records among them, each with `me` for this file's container, else "".
+    pub(crate) fn shares<'a>(
+        &'a self,
+        me: &'a str,
+    ) -> impl Iterator<Item = (&'a ShareStatus, &'a str)> {
+        self.turns
+            .iter()
+            .filter_map(move |t| Some((t.share.as_ref()?, mark(t, me))))
+    }
+}
+
+/// `me` for this file's container, else "".
+fn mark<'a>(t: &TurnTenantStatus, me: &'a str) -> &'a str {
+    if t.this_container { me } else { "" }
+}
+
+/// What `status` and `watch` say of a file no process has used a GPU under yet.
+pub(crate) const NO_DEVICES: &str =
+    "No devices recorded yet (no process has used a GPU under this file).";
+
+/// The process table `status` and `watch` end with, after a blank line: "No processes.", or
+/// `header` and then
+/// per process one row per device it uses (a process using none still gets one, its device
+/// `None`). `row` writes a row, given the process, its host PID ("-" when unknown) and the
+/// device.
+pub(crate) fn write_process_rows(
+    out: &mut String,
+    processes: &[ProcessStatus],
+    header: &str,
+    mut row: impl FnMut(&mut String, &ProcessStatus, &str, Option<&ProcessDevice>),
+) {
+    let _ = writeln!(out);
+    if processes.is_empty() {
+        let _ = writeln!(out, "No processes.");
+        return;
+    }
+    let _ = writeln!(out, "{header}");
+    for p in processes {
+        let host = p.host_pid.map_or_else(|| "-".to_owned(), |h| h.to_string());
+        if p.devices.is_empty() {
+            row(out, p, &host, None);
+        }
+        for d in &p.devices {
+            row(out, p, &host, Some(d));
+        }
+    }
+}
+
 fn pct(used: u64, limit: u64) -> String {
     if limit == 0 {
         return String::new();
@@ -198,10 +263,7 @@ impl StatusReport {
         let _ = writeln!(out, "vgpu status: {}", self.cache);
         let _ = writeln!(out);
         if self.devices.is_empty() {
-            let _ = writeln!(
-                out,
-                "No devices recorded yet (no process has used a GPU under this file)."
-            );
+            let _ = writeln!(out, "{NO_DEVICES}");
         } else {
             let _ = writeln!(
                 out,
@@ -260,14 +322,7 @@ impl StatusReport {
                 );
             }
             for d in self.devices.iter().filter(|d| !d.turns.is_empty()) {
-                let list: Vec<String> = d
-                    .turns
-                    .iter()
-                    .map(|t| {
-                        let me = if t.this_container { " (this one)" } else { "" };
-                        format!("{}%{me}", t.sm_limit_percent)
-                    })
-                    .collect();
+                let list = d.turn_limits(" (this one)");
                 let _ = writeln!(
                     out,
                     "device {}: {} limited containers take turns: {}",
@@ -275,13 +330,12 @@ impl StatusReport {
                     d.turns.len(),
                     list.join(", ")
                 );
-                for t in &d.turns {
-                    let Some(sh) = &t.share else { continue };
-                    let me = if t.this_container { " (this one)" } else { "" };
+                for (sh, me) in d.shares(" (this one)") {
+                    let (lent, borrowed) = sh.lent_borrowed_s();
                     let _ = writeln!(
                         out,
                         "device {}: share mode{me}: {}% share, ceiling {}%, priority {}, {}: \
-                         using {}%, part {}%, lent {:.1} s, borrowed {:.1} s",
+                         using {}%, part {}%, lent {lent:.1} s, borrowed {borrowed:.1} s",
                         d.index,
                         sh.share_percent,
                         sh.ceiling_percent,
@@ -289,54 +343,44 @@ impl StatusReport {
                         if sh.busy { "busy" } else { "idle" },
                         sh.utilization_percent,
                         sh.part_percent,
-                        sh.lent_ms as f64 / 1e3,
-                        sh.borrowed_ms as f64 / 1e3
                     );
                 }
             }
         }
-        let _ = writeln!(out);
-        if self.processes.is_empty() {
-            let _ = writeln!(out, "No processes.");
-            return out;
-        }
-        let _ = writeln!(
-            out,
+        let header = format!(
             "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}",
             "PID", "HOST PID", "STATE", "DEV", "MEMORY", "SM UTIL"
         );
-        for p in &self.processes {
-            let host = p.host_pid.map_or_else(|| "-".to_owned(), |h| h.to_string());
+        write_process_rows(&mut out, &self.processes, &header, |out, p, host, d| {
             let note = if p.alive {
                 ""
             } else {
                 "  <- dead, usage still counted until swept"
             };
-            if p.devices.is_empty() {
+            let Some(d) = d else {
                 let _ = writeln!(
                     out,
                     "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}{note}",
                     p.pid, host, p.state, "-", "0 B", "-"
                 );
-            }
-            for d in &p.devices {
-                let backed = if d.host_backed_bytes > 0 {
-                    format!("  + {} host-backed", format_bytes(d.host_backed_bytes))
-                } else {
-                    String::new()
-                };
-                let _ = writeln!(
-                    out,
-                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{backed}{note}",
-                    p.pid,
-                    host,
-                    p.state,
-                    d.index,
-                    format_bytes(d.memory_used_bytes),
-                    d.sm_utilization_percent
-                );
-            }
-        }
+                return;
+            };
+            let backed = if d.host_backed_bytes > 0 {
+                format!("  + {} host-backed", format_bytes(d.host_backed_bytes))
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{backed}{note}",
+                p.pid,
+                host,
+                p.state,
+                d.index,
+                format_bytes(d.memory_used_bytes),
+                d.sm_utilization_percent
+            );
+        });
         out
     }
 
