@@ -124,6 +124,36 @@ fn built(tag: &str) -> (TempDir, [PathBuf; 3]) {
     (dir, [v1, v2, victim])
 }
 
+/// Runs `deploy/common/vgpu-install-lib.sh` with `args`, under `VGPU_SOURCE_DIR=source` where
+/// given; it must succeed.
+fn install_lib_sh(args: &[&Path], source: Option<&Path>) {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/common/vgpu-install-lib.sh");
+    let mut cmd = Command::new("sh");
+    cmd.arg(script).args(args);
+    if let Some(source) = source {
+        cmd.env("VGPU_SOURCE_DIR", source);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `cp from to`, as HAMi's vgpu-init.sh and Volcano roll a library out: in place.
+fn cp_in_place(from: &Path, to: &Path) {
+    assert!(
+        Command::new("cp")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
 fn inode(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().ino()
 }
@@ -140,19 +170,7 @@ fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
     let lib = host.join("libvgpu.so");
     let install = |version: &Path| {
         std::fs::copy(version, image.join("libvgpu.so")).unwrap();
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/common/vgpu-install-lib.sh");
-        let out = Command::new("sh")
-            .arg(script)
-            .arg(&host)
-            .env("VGPU_SOURCE_DIR", &image)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        install_lib_sh(&[&host], Some(&image));
     };
 
     install(&v1);
@@ -182,8 +200,7 @@ fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
 
     // Roll back the way HAMi's vgpu-init.sh does (plain cp over the mapped file): same inode,
     // and the process that maps it dies of a signal.
-    let status = Command::new("cp").arg(&v1).arg(&lib).status().unwrap();
-    assert!(status.success());
+    cp_in_place(&v1, &lib);
     assert_eq!(inode(&lib), same, "cp rewrote the file in place");
     let died = wait_bounded(&mut new.child, Duration::from_secs(10));
     let signal = died.signal();
@@ -207,30 +224,11 @@ fn detaching_first_makes_an_in_place_rollback_harmless() {
     let mut running = Victim::start(&victim, &lib);
     assert_eq!(running.line(), "version 2");
     // The documented rollback: detach on the node, then the stock plugin's in-place cp.
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/common/vgpu-install-lib.sh");
     let before = inode(&lib);
-    let out = Command::new("sh")
-        .arg(script)
-        .arg("--detach")
-        .arg(&host)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    install_lib_sh(&[Path::new("--detach"), &host], None);
     assert_ne!(inode(&lib), before, "a fresh inode");
     assert_eq!(std::fs::read(&lib).unwrap(), std::fs::read(&v2).unwrap());
-    assert!(
-        Command::new("cp")
-            .arg(&v1)
-            .arg(&lib)
-            .status()
-            .unwrap()
-            .success()
-    );
+    cp_in_place(&v1, &lib);
     assert!(
         running.keeps_running(),
         "the rollback's cp wrote into a file nobody maps"
