@@ -21,10 +21,9 @@
 mod common;
 use common::*;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use vgpu_cli::http;
@@ -77,7 +76,7 @@ int main(int argc, char **argv) {
 
 /// One HAMi-style container: its pod, its limits, its process.
 struct Container {
-    unshare: Child,
+    unshare: Reaped,
     lines: Receiver<String>,
     dir: PathBuf,
 }
@@ -99,15 +98,7 @@ impl Container {
     /// Kill the container: SIGKILL to `unshare` takes its namespace's init with it
     /// (`--kill-child`), and with the init every process of the PID namespace.
     fn kill(&mut self) {
-        self.unshare.kill().unwrap();
-        self.unshare.wait().unwrap();
-    }
-}
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = self.unshare.kill();
-        let _ = self.unshare.wait();
+        self.unshare.kill();
     }
 }
 
@@ -122,14 +113,13 @@ struct Node {
 impl Node {
     fn new() -> Self {
         let hook = built_library("libvgpu.so");
-        let sim = built_library("libvgpusim.so");
         let root = TempDir::new("vgpu-node").unwrap();
         let r = root.path();
         for d in ["containers", "pods", "vgpulock", "driver"] {
             std::fs::create_dir_all(r.join(d)).unwrap();
         }
         // The "driver" the NVIDIA runtime would mount: the simulator under the driver's names.
-        vgpu_cli::demo::make_sim_link_dir(&sim, &r.join("driver")).unwrap();
+        sim_driver_dir(&r.join("driver"));
         let src = r.join("program.c");
         std::fs::write(&src, PROGRAM).unwrap();
         let program = r.join("program");
@@ -239,17 +229,9 @@ exec '{program}' {alloc} {over}
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut unshare = cmd.spawn().expect("unshare (util-linux)");
-        let (tx, lines) = channel();
-        let out = BufReader::new(unshare.stdout.take().unwrap());
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    return;
-                }
-            }
-        });
+        let lines = stdout_lines(&mut unshare);
         Container {
-            unshare,
+            unshare: Reaped(unshare),
             lines,
             dir,
         }

@@ -10,7 +10,6 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vgpu_cli::demo::make_sim_link_dir;
 use vgpu_cli::workload::WorkloadProcess;
 
 const MIB: u64 = 1 << 20;
@@ -24,9 +23,8 @@ struct Sim {
 impl Sim {
     fn new() -> Self {
         let hook = built_library("libvgpu.so");
-        let sim = built_library("libvgpusim.so");
         let dir = TempDir::new("vgpu-live").unwrap();
-        make_sim_link_dir(&sim, &dir.path().join("driver")).unwrap();
+        sim_driver_dir(&dir.path().join("driver"));
         Sim { dir, hook }
     }
 

@@ -6,7 +6,7 @@ use common::*;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
@@ -51,7 +51,7 @@ fn helper_process_entry_point() {
 
 /// A helper process holding usage in the table.
 struct Helper {
-    child: Child,
+    child: Reaped,
 }
 
 impl Helper {
@@ -88,23 +88,17 @@ impl Helper {
             .recv_timeout(Duration::from_secs(20))
             .expect("helper ready");
         assert!(got.contains("ready "), "helper failed: {got:?}");
-        Helper { child }
+        Helper {
+            child: Reaped(child),
+        }
     }
 
     fn pid(&self) -> i32 {
-        self.child.id() as i32
+        self.child.0.id() as i32
     }
 
     fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 }
 

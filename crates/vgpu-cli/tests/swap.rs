@@ -6,12 +6,11 @@
 mod common;
 use common::*;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 /// Version 1: a small library. Version 2: the same entry points behind 64 KiB of other code,
@@ -64,7 +63,7 @@ fn cc(dir: &Path, name: &str, source: &str, args: &[&str]) -> PathBuf {
 
 /// A victim process and the lines it prints.
 struct Victim {
-    child: Child,
+    child: Reaped,
     lines: Receiver<String>,
 }
 
@@ -76,16 +75,11 @@ impl Victim {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let (tx, lines) = channel();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    return;
-                }
-            }
-        });
-        Victim { child, lines }
+        let lines = stdout_lines(&mut child);
+        Victim {
+            child: Reaped(child),
+            lines,
+        }
     }
 
     fn line(&self) -> String {
@@ -99,18 +93,11 @@ impl Victim {
         // Drain what it printed so far, then see a fresh line.
         while self.lines.try_recv().is_ok() {}
         std::thread::sleep(Duration::from_millis(200));
-        self.child.try_wait().unwrap().is_none()
+        self.child.0.try_wait().unwrap().is_none()
             && self
                 .lines
                 .recv_timeout(Duration::from_secs(5))
                 .is_ok_and(|l| l.starts_with("alive "))
-    }
-}
-
-impl Drop for Victim {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -202,7 +189,7 @@ fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
     // and the process that maps it dies of a signal.
     cp_in_place(&v1, &lib);
     assert_eq!(inode(&lib), same, "cp rewrote the file in place");
-    let died = wait_bounded(&mut new.child, Duration::from_secs(10));
+    let died = wait_bounded(&mut new.child.0, Duration::from_secs(10));
     let signal = died.signal();
     assert!(
         matches!(signal, Some(libc::SIGBUS | libc::SIGSEGV | libc::SIGILL)),

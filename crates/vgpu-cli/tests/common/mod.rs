@@ -5,7 +5,48 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
+
+/// A child process killed and reaped when dropped, so that a failing test leaves none
+/// running.
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    /// Kills it now (it must still be there to kill) and reaps it.
+    pub fn kill(&mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The lines `child` prints on its (piped) stdout, read on a thread of their own so that a
+/// test can wait for one with a timeout.
+pub fn stdout_lines(child: &mut Child) -> Receiver<String> {
+    let (tx, lines) = channel();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    lines
+}
+
+/// A directory `dir` holding the built simulator under the driver's names (what the NVIDIA
+/// container runtime would mount from the host).
+pub fn sim_driver_dir(dir: &Path) {
+    vgpu_cli::demo::make_sim_link_dir(&built_library("libvgpusim.so"), dir).unwrap();
+}
 
 /// A private temporary directory (tempfile's, mode 0700) removed on drop, named after its test.
 #[derive(Debug)]
