@@ -396,7 +396,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
         let mut cmd = vgpu();
         cmd.args(["status", "--json", "--cache", cache.to_str().unwrap()]);
         let out = run(cmd);
-        assert_eq!(out.code(), Some(0), "{}", out.stderr);
+        out.assert_success();
         let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
         assert_eq!(v["devices"][0]["memory_limit_bytes"], limit);
         assert_eq!(v["devices"][0]["uuid"], GPU);

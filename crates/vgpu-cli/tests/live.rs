@@ -211,7 +211,7 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     let mut cmd = sim.vgpu();
     cache_args(&mut cmd, &["doctor"], &cache);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
+    out.assert_success();
     out.assert_stdout_has(&[
         "[ ok ] libvgpu.so",
         "[warn] preload",
@@ -227,7 +227,7 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
         .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
         .arg("doctor");
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
+    out.assert_success();
     out.assert_stdout_has(&[
         "[ ok ] preload",
         "[ ok ] probe (here)",

@@ -96,10 +96,16 @@ impl Output {
         self.status.code()
     }
 
-    /// Assert the command exited 0 (showing its stderr otherwise).
+    /// Assert the command exited 0 (showing what it printed otherwise).
     #[track_caller]
     pub fn assert_success(&self) {
-        assert_eq!(self.code(), Some(0), "{}", self.stderr);
+        assert_eq!(
+            self.code(),
+            Some(0),
+            "stdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
     }
 
     /// Assert stdout contains each of `needles`.
