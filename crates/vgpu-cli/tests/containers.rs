@@ -313,22 +313,21 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
 
     // The node side reads the host layout only.
     let mut cmd = vgpu();
-    cmd.env("VGPU_TURN_DIR", node.path("vgpulock")).args([
-        "exporter",
-        "--listen",
-        "127.0.0.1:0",
-        "--per-process",
-        "--pod-logs",
-        node.path("pods").to_str().unwrap(),
-        "--cache",
-        &format!("{}/containers/*/*.cache", node.root.path().display()),
-    ]);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut exporter = cmd.spawn().unwrap();
-    let addr = exporter_address(&mut exporter);
+    cmd.env("VGPU_TURN_DIR", node.path("vgpulock"));
+    let exporter = Exporter::start(
+        cmd,
+        &[
+            "--per-process",
+            "--pod-logs",
+            node.path("pods").to_str().unwrap(),
+            "--cache",
+            &format!("{}/containers/*/*.cache", node.root.path().display()),
+        ],
+    );
+    let addr = exporter.addr.as_str();
     let scrape = || {
         parse(
-            &http::get(&addr, "/metrics", Duration::from_secs(5))
+            &http::get(addr, "/metrics", Duration::from_secs(5))
                 .unwrap()
                 .1,
         )
@@ -427,6 +426,4 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     assert_eq!(value(&s, "vgpu_process_alive", &dead), Some(0.0));
     assert_eq!(used(&s, &pod_b), Some((CTX + 300 * MIB) as f64));
     assert_eq!(value(&s, "vgpu_device_turn_containers", &pod_b), Some(1.0));
-    let _ = exporter.kill();
-    let _ = exporter.wait();
 }

@@ -3,28 +3,13 @@
 mod common;
 use common::*;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use vgpu_cli::http;
 
 const T: Duration = Duration::from_secs(5);
-
-/// A running exporter, killed on drop.
-#[derive(Debug)]
-pub struct Exporter {
-    child: Child,
-    pub addr: String,
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Start `vgpu exporter --listen 127.0.0.1:0 --cache PATTERN` and read the address it prints.
 pub fn start(pattern: &str) -> Exporter {
@@ -33,27 +18,7 @@ pub fn start(pattern: &str) -> Exporter {
 
 /// [`start`] with more arguments.
 pub fn start_with(pattern: &str, extra: &[&str]) -> Exporter {
-    let mut cmd = vgpu();
-    cmd.args(["exporter", "--listen", "127.0.0.1:0", "--cache", pattern])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = cmd.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx.recv_timeout(T).expect("exporter printed its address");
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
-    Exporter { child, addr }
+    Exporter::start(vgpu(), &[&["--cache", pattern], extra].concat())
 }
 
 #[test]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 /// A child process killed and reaped when dropped, so that a failing test leaves none
 /// running.
+#[derive(Debug)]
 pub struct Reaped(pub Child);
 
 impl Reaped {
@@ -169,20 +170,41 @@ pub fn cache_args(cmd: &mut Command, args: &[&str], cache: &Path) {
     cmd.args(args).arg("--cache").arg(cache);
 }
 
-/// The `host:port` a just-spawned `vgpu exporter` (stdout piped) listens on, from the first
-/// line it prints.
-pub fn exporter_address(exporter: &mut Child) -> String {
-    let mut line = String::new();
-    BufReader::new(exporter.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    line.split("http://")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned()
+/// A running `vgpu exporter`, killed on drop.
+#[derive(Debug)]
+pub struct Exporter {
+    _child: Reaped,
+    /// The `host:port` it listens on.
+    pub addr: String,
+    /// The first line it printed (the address and the files it serves).
+    pub banner: String,
+}
+
+impl Exporter {
+    /// `vgpu exporter --listen 127.0.0.1:0` with `args` (a `--cache` among them, or the
+    /// environment's file) and the environment of `cmd`, a `vgpu()` command; waits for the
+    /// line with its address.
+    pub fn start(mut cmd: Command, args: &[&str]) -> Exporter {
+        cmd.args(["exporter", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().unwrap();
+        let banner = stdout_lines(&mut child)
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the exporter printed its address");
+        let addr = banner
+            .split("http://")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .unwrap_or_else(|| panic!("no address in {banner:?}"))
+            .to_owned();
+        Exporter {
+            _child: Reaped(child),
+            addr,
+            banner,
+        }
+    }
 }
 
 /// Run with a 30 s bound.
