@@ -111,15 +111,21 @@ impl Output {
 
     /// Assert stdout contains each of `needles`.
     #[track_caller]
-    #[allow(dead_code)] // not every test binary uses it
     pub fn assert_stdout_has(&self, needles: &[&str]) {
-        for n in needles {
-            assert!(
-                self.stdout.contains(n),
-                "stdout lacks {n:?}:\n{}",
-                self.stdout
-            );
-        }
+        assert_has("stdout", &self.stdout, needles);
+    }
+
+    /// Assert stderr contains each of `needles`.
+    #[track_caller]
+    pub fn assert_stderr_has(&self, needles: &[&str]) {
+        assert_has("stderr", &self.stderr, needles);
+    }
+}
+
+#[track_caller]
+fn assert_has(which: &str, text: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(text.contains(n), "{which} lacks {n:?}:\n{text}");
     }
 }
 
