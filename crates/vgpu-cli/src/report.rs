@@ -412,6 +412,14 @@ pub(crate) mod tests {
 
     use vgpu_shm::{TableInit, UsageTable};
 
+    /// A private directory (prefix `tag`) holding file `name`, a one-GPU table: 1 GiB, 50%.
+    fn table_in(tag: &str, name: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = crate::private_tempdir(tag).unwrap();
+        let path = dir.path().join(name);
+        table_at(&path);
+        (dir, path)
+    }
+
     fn table_at(path: &Path) {
         let init = TableInit {
             uuids: vec!["GPU-read".into()],
@@ -467,9 +475,7 @@ pub(crate) mod tests {
     /// kill the reader (a mapped reader dies of SIGBUS).
     #[test]
     fn read_survives_a_file_truncated_and_restored_meanwhile() {
-        let dir = crate::private_tempdir("vgpu-read-trunc").unwrap();
-        let path = dir.path().join("c.cache");
-        table_at(&path);
+        let (_dir, path) = table_in("vgpu-read-trunc", "c.cache");
         let image = std::fs::read(&path).unwrap();
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
@@ -512,9 +518,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_fifo_in_the_turn_directory_is_skipped_not_a_hang() {
-        let dir = crate::private_tempdir("vgpu-read-turnfifo").unwrap();
-        let cache = dir.path().join("c.cache");
-        table_at(&cache);
+        let (dir, cache) = table_in("vgpu-read-turnfifo", "c.cache");
         mkfifo(&dir.path().join(vgpu_shm::board_file_name("GPU-read")));
         let d = dir.path().to_path_buf();
         let got = within(Duration::from_secs(5), move || {
@@ -525,9 +529,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_symlink_at_the_cache_path_is_refused() {
-        let dir = crate::private_tempdir("vgpu-read-link").unwrap();
-        let real = dir.path().join("real.cache");
-        table_at(&real);
+        let (dir, real) = table_in("vgpu-read-link", "real.cache");
         let link = dir.path().join("c.cache");
         std::os::unix::fs::symlink(&real, &link).unwrap();
         assert!(read(&real).is_ok());
@@ -540,9 +542,7 @@ pub(crate) mod tests {
     #[test]
     fn host_backed_bytes_are_shown_apart_from_device_memory() {
         use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
-        let dir = crate::private_tempdir("vgpu-read-host").unwrap();
-        let path = dir.path().join("t.cache");
-        table_at(&path);
+        let (_dir, path) = table_in("vgpu-read-host", "t.cache");
         let t = UsageTable::open_existing(&path).unwrap();
         let d0 = DeviceIndex(0);
         t.set_host_policy(
