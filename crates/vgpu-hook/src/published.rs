@@ -285,17 +285,30 @@ mod loom_tests {
         }
     }
 
+    /// A shared cell, the drop counter of its values, and a thread that publishes
+    /// `Built::new(id)` into the cell and returns the id of the value it got back.
+    fn cell_and_publisher(
+        id: u64,
+    ) -> (
+        Arc<Cell<Built>>,
+        Arc<AtomicUsize>,
+        loom::thread::JoinHandle<u64>,
+    ) {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let c = Arc::new(cell::<Built>());
+        let publisher = {
+            let (c, drops) = (c.clone(), drops.clone());
+            loom::thread::spawn(move || {
+                c.publish(Built::new(id, &drops)).id.load(Ordering::Relaxed)
+            })
+        };
+        (c, drops, publisher)
+    }
+
     #[test]
     fn loom_racing_publishers_agree_and_exactly_the_loser_is_dropped() {
         loom::model(|| {
-            let drops = Arc::new(AtomicUsize::new(0));
-            let c = Arc::new(cell::<Built>());
-            let other = {
-                let (c, drops) = (c.clone(), drops.clone());
-                loom::thread::spawn(move || {
-                    c.publish(Built::new(2, &drops)).id.load(Ordering::Relaxed)
-                })
-            };
+            let (c, drops, other) = cell_and_publisher(2);
             let mine = c.publish(Built::new(1, &drops)).id.load(Ordering::Relaxed);
             let theirs = other.join().unwrap();
             assert_eq!(
@@ -312,14 +325,7 @@ mod loom_tests {
     #[test]
     fn loom_a_reader_sees_only_a_fully_built_value() {
         loom::model(|| {
-            let drops = Arc::new(AtomicUsize::new(0));
-            let c = Arc::new(cell::<Built>());
-            let publisher = {
-                let (c, drops) = (c.clone(), drops.clone());
-                loom::thread::spawn(move || {
-                    c.publish(Built::new(7, &drops));
-                })
-            };
+            let (c, _drops, publisher) = cell_and_publisher(7);
             if let Some(v) = c.get() {
                 assert_eq!(v.id.load(Ordering::Relaxed), 7, "read before it was built");
             }
