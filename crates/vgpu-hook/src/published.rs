@@ -34,26 +34,34 @@ pub(crate) trait PtrCell<T> {
     ) -> Result<*mut T, *mut T>;
 }
 
-impl<T> PtrCell<T> for AtomicPtr<T> {
-    #[inline(always)]
-    fn load(&self, order: Ordering) -> *mut T {
-        AtomicPtr::load(self, order)
-    }
-    #[inline]
-    fn store(&self, p: *mut T, order: Ordering) {
-        AtomicPtr::store(self, p, order)
-    }
-    #[inline]
-    fn compare_exchange(
-        &self,
-        current: *mut T,
-        new: *mut T,
-        success: Ordering,
-        failure: Ordering,
-    ) -> Result<*mut T, *mut T> {
-        AtomicPtr::compare_exchange(self, current, new, success, failure)
-    }
+/// Implements [`PtrCell`] for an `AtomicPtr` type (named by an identifier) by forwarding to
+/// its own methods: `std`'s here, loom's in the model.
+macro_rules! forward_ptr_cell {
+    ($atomic_ptr:ident) => {
+        impl<T> PtrCell<T> for $atomic_ptr<T> {
+            #[inline(always)]
+            fn load(&self, order: Ordering) -> *mut T {
+                $atomic_ptr::load(self, order)
+            }
+            #[inline]
+            fn store(&self, p: *mut T, order: Ordering) {
+                $atomic_ptr::store(self, p, order)
+            }
+            #[inline]
+            fn compare_exchange(
+                &self,
+                current: *mut T,
+                new: *mut T,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<*mut T, *mut T> {
+                $atomic_ptr::compare_exchange(self, current, new, success, failure)
+            }
+        }
+    };
 }
+
+forward_ptr_cell!(AtomicPtr);
 
 /// A value published at most once per cell (see the module's invariant **P**).
 pub(crate) struct Published<T, C: PtrCell<T> = AtomicPtr<T>> {
@@ -236,28 +244,14 @@ mod loom_tests {
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicU64, AtomicUsize};
 
-    impl<T> PtrCell<T> for loom::sync::atomic::AtomicPtr<T> {
-        fn load(&self, order: Ordering) -> *mut T {
-            loom::sync::atomic::AtomicPtr::load(self, order)
-        }
-        fn store(&self, p: *mut T, order: Ordering) {
-            loom::sync::atomic::AtomicPtr::store(self, p, order)
-        }
-        fn compare_exchange(
-            &self,
-            current: *mut T,
-            new: *mut T,
-            success: Ordering,
-            failure: Ordering,
-        ) -> Result<*mut T, *mut T> {
-            loom::sync::atomic::AtomicPtr::compare_exchange(self, current, new, success, failure)
-        }
-    }
+    use loom::sync::atomic::AtomicPtr as LoomAtomicPtr;
 
-    type Cell<T> = Published<T, loom::sync::atomic::AtomicPtr<T>>;
+    forward_ptr_cell!(LoomAtomicPtr);
+
+    type Cell<T> = Published<T, LoomAtomicPtr<T>>;
 
     fn cell<T>() -> Cell<T> {
-        Published::over(loom::sync::atomic::AtomicPtr::new(ptr::null_mut()))
+        Published::over(LoomAtomicPtr::new(ptr::null_mut()))
     }
 
     /// A value whose content is written after it is created, as a table's fields are
