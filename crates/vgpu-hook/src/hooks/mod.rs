@@ -50,6 +50,12 @@ fn dev_index(dev: CUdevice) -> Option<DeviceIndex> {
         .then_some(DeviceIndex(dev.0 as u32))
 }
 
+/// Locks one of the process state's maps, poisoned or not: each critical section leaves its
+/// map consistent, and a hook must keep enforcing after a panic elsewhere was caught.
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn ctx_id(ctx: CUcontext) -> ContextId {
     ContextId(ctx as u64)
 }
