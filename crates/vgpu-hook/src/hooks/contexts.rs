@@ -66,9 +66,7 @@ fn charge_context(
         .begin_record(AllocationKind::Context, idx, ctx_id(ctx), bytes, bytes)
     {
         Ok(p) => {
-            if let Err(e) = p.commit(ctx as u64) {
-                commit_err(e, "a context");
-            }
+            commit(p, ctx as u64, "a context");
             st.residual.context_created(ctx as usize, idx);
             Ok(true)
         }

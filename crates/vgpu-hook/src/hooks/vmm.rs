@@ -63,9 +63,7 @@ pub(crate) unsafe fn cuMemCreate(
         return unsafe { host_handle_or(st, cuda, idx, handle, size as u64, &p, full) };
     }
     // SAFETY: the driver filled the non-null out-pointer.
-    if let Err(e) = pending.commit(unsafe { *handle }.0) {
-        commit_err(e, charge.what);
-    }
+    commit(pending, unsafe { *handle }.0, charge.what);
     reconcile_if_due(st, cuda, idx);
     Ok(())
 }
