@@ -120,23 +120,12 @@ impl Node {
         }
         // The "driver" the NVIDIA runtime would mount: the simulator under the driver's names.
         sim_driver_dir(&r.join("driver"));
-        let src = r.join("program.c");
-        std::fs::write(&src, PROGRAM).unwrap();
-        let program = r.join("program");
         let includes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vgpu-hook/tests/programs");
-        let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-O2", "-o"])
-            .arg(&program)
-            .arg(&src)
-            .arg("-I")
-            .arg(includes)
-            .arg("-ldl")
-            .output()
-            .expect("a C compiler (cc) is needed for this test");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let program = cc(
+            r,
+            "program",
+            PROGRAM,
+            &["-O2", &format!("-I{}", includes.display())],
         );
         let driver = r.join("driver");
         Node {

@@ -45,22 +45,6 @@ int main(int argc, char **argv) {
 }
 "#;
 
-fn cc(dir: &Path, name: &str, source: &str, args: &[&str]) -> PathBuf {
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).unwrap();
-    let out = dir.join(name);
-    let status = Command::new("cc")
-        .args(args)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .arg("-ldl")
-        .status()
-        .expect("a C compiler (cc) is needed for this test");
-    assert!(status.success(), "cc {name}");
-    out
-}
-
 /// A victim process and the lines it prints.
 struct Victim {
     child: Reaped,

@@ -43,6 +43,28 @@ pub fn stdout_lines(child: &mut Child) -> Receiver<String> {
     lines
 }
 
+/// Compiles C `source` into `dir/name` with `args` (and `-ldl`), by `$CC` or `cc`; the test
+/// fails with the compiler's complaint.
+pub fn cc(dir: &Path, name: &str, source: &str, args: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(name);
+    let compiled = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
+        .args(args)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("a C compiler (cc) is needed for this test");
+    assert!(
+        compiled.status.success(),
+        "cc {name}:\n{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    out
+}
+
 /// A directory `dir` holding the built simulator under the driver's names (what the NVIDIA
 /// container runtime would mount from the host).
 pub fn sim_driver_dir(dir: &Path) {
