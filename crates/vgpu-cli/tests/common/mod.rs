@@ -161,12 +161,27 @@ fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Strin
     })
 }
 
+/// Spawns `cmd`. A program a test has just copied can be "busy" for an instant: another test
+/// thread forking meanwhile holds the copy's write descriptor until its child execs
+/// (ETXTBSY), so that is tried again.
+fn spawn(cmd: &mut Command) -> Child {
+    for _ in 0..100 {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            spawned => return spawned.expect("spawn vgpu"),
+        }
+    }
+    cmd.spawn().expect("spawn vgpu")
+}
+
 /// Run to completion, killing it after `limit`.
 pub fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn vgpu");
+    let mut child = spawn(&mut cmd);
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
     let status = wait_bounded(&mut child, limit);
