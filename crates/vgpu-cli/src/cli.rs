@@ -102,17 +102,12 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// Where the usage file is, for the commands that read one.
+/// Which usage file a command reads: `--cache PATH` or `--share NAME` (the group's table).
 #[derive(Debug, Args, Clone)]
-pub struct CacheArg {
+pub struct UsageFileArgs {
     /// Usage file (default: $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache).
     #[arg(long, value_name = "PATH")]
     pub cache: Option<PathBuf>,
-}
-
-/// `--share NAME` for the commands that read a usage file: the group's table.
-#[derive(Debug, Args, Clone)]
-pub struct ShareArg {
     /// The usage table of the group NAME that `vgpu run --share NAME` jobs use.
     #[arg(long, value_name = "NAME", conflicts_with = "cache", value_parser = crate::usage_file::parse_share_name)]
     pub share: Option<String>,
@@ -122,9 +117,7 @@ pub struct ShareArg {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub cache: CacheArg,
-    #[command(flatten)]
-    pub share: ShareArg,
+    pub file: UsageFileArgs,
     /// Print JSON (schema `vgpu.status.v1`, see docs/cli.md).
     #[arg(long)]
     pub json: bool,
@@ -134,9 +127,7 @@ pub struct StatusArgs {
 #[derive(Debug, Args)]
 pub struct WatchArgs {
     #[command(flatten)]
-    pub cache: CacheArg,
-    #[command(flatten)]
-    pub share: ShareArg,
+    pub file: UsageFileArgs,
     /// Time between refreshes: 1s, 500ms, 2m, or seconds.
     #[arg(long, short = 'n', default_value = "1s", value_name = "DURATION", value_parser = parse_interval)]
     pub interval: std::time::Duration,
@@ -172,9 +163,7 @@ pub struct SetLimitArgs {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub priority: Option<i32>,
     #[command(flatten)]
-    pub cache: CacheArg,
-    #[command(flatten)]
-    pub share: ShareArg,
+    pub file: UsageFileArgs,
     /// Print the changes as JSON (schema `vgpu.set-limit.v1`).
     #[arg(long)]
     pub json: bool,
@@ -220,9 +209,7 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "PATH")]
     pub lib: Option<PathBuf>,
     #[command(flatten)]
-    pub cache: CacheArg,
-    #[command(flatten)]
-    pub share: ShareArg,
+    pub file: UsageFileArgs,
     /// Skip the probe program (only inspect files and the environment).
     #[arg(long)]
     pub no_probe: bool,

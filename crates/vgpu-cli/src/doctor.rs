@@ -629,7 +629,7 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
     if let Some(c) = check_oversubscribe() {
         emit(c, &mut checks);
     }
-    let cache = report::table_path(&args.cache, &args.share);
+    let cache = report::table_path(&args.file);
     let (c, file) = check_cache(&cache);
     emit(c, &mut checks);
     if args.no_probe {

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 use crate::Failure;
-use crate::cli::{CacheArg, ShareArg, StatusArgs};
+use crate::cli::{StatusArgs, UsageFileArgs};
 use crate::units::{format_bytes, format_limit};
 
 /// The JSON schema identifier; bumped on any incompatible change (docs/cli.md).
@@ -145,23 +145,22 @@ pub struct ProcessStatus {
     pub devices: Vec<ProcessDevice>,
 }
 
-/// The usage file a command uses: `--cache`, else `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, else
-/// HAMi's default `/tmp/cudevshr.cache`.
-pub fn cache_path(arg: &CacheArg) -> PathBuf {
-    if let Some(p) = &arg.cache {
-        return p.clone();
-    }
+/// The usage file when none is named: `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, else HAMi's default
+/// `/tmp/cudevshr.cache`.
+pub fn default_cache_path() -> PathBuf {
     match std::env::var_os(vgpu_env::ENV_SHARED_CACHE) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => PathBuf::from(vgpu_env::DEFAULT_SHARED_CACHE),
     }
 }
 
-/// The usage file of a command that also takes `--share NAME` (that group's table).
-pub fn table_path(cache: &CacheArg, share: &ShareArg) -> PathBuf {
-    match &share.share {
-        Some(name) => crate::usage_file::share_path(name),
-        None => cache_path(cache),
+/// The usage file a command reads: `--share NAME`'s group table, else `--cache`, else
+/// [`default_cache_path`].
+pub fn table_path(file: &UsageFileArgs) -> PathBuf {
+    match (&file.share, &file.cache) {
+        (Some(name), _) => crate::usage_file::share_path(name),
+        (None, Some(p)) => p.clone(),
+        (None, None) => default_cache_path(),
     }
 }
 
@@ -179,6 +178,71 @@ pub fn read_if_exists(path: &Path) -> Result<Option<StatusReport>, String> {
         return Ok(None);
     }
     read(path).map(Some)
+}
+
+impl ShareStatus {
+    /// [`Self::lent_ms`] and [`Self::borrowed_ms`] in seconds, as the tables show them.
+    pub(crate) fn lent_borrowed_s(&self) -> (f64, f64) {
+        (self.lent_ms as f64 / 1e3, self.borrowed_ms as f64 / 1e3)
+    }
+}
+
+impl DeviceStatus {
+    /// The SM limits of the containers taking turns, this file's container marked `me`:
+    /// `["30%", "70%*"]`.
+    pub(crate) fn turn_limits(&self, me: &str) -> Vec<String> {
+        self.turns
+            .iter()
+            .map(|t| format!("{}%{}", t.sm_limit_percent, mark(t, me)))
+            .collect()
+    }
+
+    /// The share-mode records among them, each with `me` for this file's container, else "".
+    pub(crate) fn shares<'a>(
+        &'a self,
+        me: &'a str,
+    ) -> impl Iterator<Item = (&'a ShareStatus, &'a str)> {
+        self.turns
+            .iter()
+            .filter_map(move |t| Some((t.share.as_ref()?, mark(t, me))))
+    }
+}
+
+/// `me` for this file's container, else "".
+fn mark<'a>(t: &TurnTenantStatus, me: &'a str) -> &'a str {
+    if t.this_container { me } else { "" }
+}
+
+/// What `status` and `watch` say of a file no process has used a GPU under yet.
+pub(crate) const NO_DEVICES: &str =
+    "No devices recorded yet (no process has used a GPU under this file).";
+
+/// The process table `status` and `watch` end with, after a blank line: "No processes.", or
+/// `header` and then
+/// per process one row per device it uses (a process using none still gets one, its device
+/// `None`). `row` writes a row, given the process, its host PID ("-" when unknown) and the
+/// device.
+pub(crate) fn write_process_rows(
+    out: &mut String,
+    processes: &[ProcessStatus],
+    header: &str,
+    mut row: impl FnMut(&mut String, &ProcessStatus, &str, Option<&ProcessDevice>),
+) {
+    let _ = writeln!(out);
+    if processes.is_empty() {
+        let _ = writeln!(out, "No processes.");
+        return;
+    }
+    let _ = writeln!(out, "{header}");
+    for p in processes {
+        let host = p.host_pid.map_or_else(|| "-".to_owned(), |h| h.to_string());
+        if p.devices.is_empty() {
+            row(out, p, &host, None);
+        }
+        for d in &p.devices {
+            row(out, p, &host, Some(d));
+        }
+    }
 }
 
 fn pct(used: u64, limit: u64) -> String {
@@ -199,10 +263,7 @@ impl StatusReport {
         let _ = writeln!(out, "vgpu status: {}", self.cache);
         let _ = writeln!(out);
         if self.devices.is_empty() {
-            let _ = writeln!(
-                out,
-                "No devices recorded yet (no process has used a GPU under this file)."
-            );
+            let _ = writeln!(out, "{NO_DEVICES}");
         } else {
             let _ = writeln!(
                 out,
@@ -261,14 +322,7 @@ impl StatusReport {
                 );
             }
             for d in self.devices.iter().filter(|d| !d.turns.is_empty()) {
-                let list: Vec<String> = d
-                    .turns
-                    .iter()
-                    .map(|t| {
-                        let me = if t.this_container { " (this one)" } else { "" };
-                        format!("{}%{me}", t.sm_limit_percent)
-                    })
-                    .collect();
+                let list = d.turn_limits(" (this one)");
                 let _ = writeln!(
                     out,
                     "device {}: {} limited containers take turns: {}",
@@ -276,13 +330,12 @@ impl StatusReport {
                     d.turns.len(),
                     list.join(", ")
                 );
-                for t in &d.turns {
-                    let Some(sh) = &t.share else { continue };
-                    let me = if t.this_container { " (this one)" } else { "" };
+                for (sh, me) in d.shares(" (this one)") {
+                    let (lent, borrowed) = sh.lent_borrowed_s();
                     let _ = writeln!(
                         out,
                         "device {}: share mode{me}: {}% share, ceiling {}%, priority {}, {}: \
-                         using {}%, part {}%, lent {:.1} s, borrowed {:.1} s",
+                         using {}%, part {}%, lent {lent:.1} s, borrowed {borrowed:.1} s",
                         d.index,
                         sh.share_percent,
                         sh.ceiling_percent,
@@ -290,54 +343,44 @@ impl StatusReport {
                         if sh.busy { "busy" } else { "idle" },
                         sh.utilization_percent,
                         sh.part_percent,
-                        sh.lent_ms as f64 / 1e3,
-                        sh.borrowed_ms as f64 / 1e3
                     );
                 }
             }
         }
-        let _ = writeln!(out);
-        if self.processes.is_empty() {
-            let _ = writeln!(out, "No processes.");
-            return out;
-        }
-        let _ = writeln!(
-            out,
+        let header = format!(
             "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}",
             "PID", "HOST PID", "STATE", "DEV", "MEMORY", "SM UTIL"
         );
-        for p in &self.processes {
-            let host = p.host_pid.map_or_else(|| "-".to_owned(), |h| h.to_string());
+        write_process_rows(&mut out, &self.processes, &header, |out, p, host, d| {
             let note = if p.alive {
                 ""
             } else {
                 "  <- dead, usage still counted until swept"
             };
-            if p.devices.is_empty() {
+            let Some(d) = d else {
                 let _ = writeln!(
                     out,
                     "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}{note}",
                     p.pid, host, p.state, "-", "0 B", "-"
                 );
-            }
-            for d in &p.devices {
-                let backed = if d.host_backed_bytes > 0 {
-                    format!("  + {} host-backed", format_bytes(d.host_backed_bytes))
-                } else {
-                    String::new()
-                };
-                let _ = writeln!(
-                    out,
-                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{backed}{note}",
-                    p.pid,
-                    host,
-                    p.state,
-                    d.index,
-                    format_bytes(d.memory_used_bytes),
-                    d.sm_utilization_percent
-                );
-            }
-        }
+                return;
+            };
+            let backed = if d.host_backed_bytes > 0 {
+                format!("  + {} host-backed", format_bytes(d.host_backed_bytes))
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{backed}{note}",
+                p.pid,
+                host,
+                p.state,
+                d.index,
+                format_bytes(d.memory_used_bytes),
+                d.sm_utilization_percent
+            );
+        });
         out
     }
 
@@ -349,7 +392,7 @@ impl StatusReport {
 
 /// `vgpu status`.
 pub fn status(args: &StatusArgs) -> Result<ExitCode, Failure> {
-    let path = table_path(&args.cache, &args.share);
+    let path = table_path(&args.file);
     let report = read(&path)?;
     if args.json {
         println!("{}", report.render_json());
@@ -368,6 +411,14 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     use vgpu_shm::{TableInit, UsageTable};
+
+    /// A private directory (prefix `tag`) holding file `name`, a one-GPU table: 1 GiB, 50%.
+    fn table_in(tag: &str, name: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = crate::private_tempdir(tag).unwrap();
+        let path = dir.path().join(name);
+        table_at(&path);
+        (dir, path)
+    }
 
     fn table_at(path: &Path) {
         let init = TableInit {
@@ -424,9 +475,7 @@ pub(crate) mod tests {
     /// kill the reader (a mapped reader dies of SIGBUS).
     #[test]
     fn read_survives_a_file_truncated_and_restored_meanwhile() {
-        let dir = crate::private_tempdir("vgpu-read-trunc").unwrap();
-        let path = dir.path().join("c.cache");
-        table_at(&path);
+        let (_dir, path) = table_in("vgpu-read-trunc", "c.cache");
         let image = std::fs::read(&path).unwrap();
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
@@ -469,9 +518,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_fifo_in_the_turn_directory_is_skipped_not_a_hang() {
-        let dir = crate::private_tempdir("vgpu-read-turnfifo").unwrap();
-        let cache = dir.path().join("c.cache");
-        table_at(&cache);
+        let (dir, cache) = table_in("vgpu-read-turnfifo", "c.cache");
         mkfifo(&dir.path().join(vgpu_shm::board_file_name("GPU-read")));
         let d = dir.path().to_path_buf();
         let got = within(Duration::from_secs(5), move || {
@@ -482,9 +529,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_symlink_at_the_cache_path_is_refused() {
-        let dir = crate::private_tempdir("vgpu-read-link").unwrap();
-        let real = dir.path().join("real.cache");
-        table_at(&real);
+        let (dir, real) = table_in("vgpu-read-link", "real.cache");
         let link = dir.path().join("c.cache");
         std::os::unix::fs::symlink(&real, &link).unwrap();
         assert!(read(&real).is_ok());
@@ -497,9 +542,7 @@ pub(crate) mod tests {
     #[test]
     fn host_backed_bytes_are_shown_apart_from_device_memory() {
         use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
-        let dir = crate::private_tempdir("vgpu-read-host").unwrap();
-        let path = dir.path().join("t.cache");
-        table_at(&path);
+        let (_dir, path) = table_in("vgpu-read-host", "t.cache");
         let t = UsageTable::open_existing(&path).unwrap();
         let d0 = DeviceIndex(0);
         t.set_host_policy(

@@ -60,7 +60,7 @@ pub struct LimitChange {
 
 /// `vgpu set-limit`.
 pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
-    let path = table_path(&args.cache, &args.share);
+    let path = table_path(&args.file);
     let table = open_writable(&path)?;
     let device_num = table.device_num();
     let per_device = args.memory.is_some() || args.sm.is_some();

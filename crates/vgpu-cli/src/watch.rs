@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::Failure;
 use crate::cli::WatchArgs;
-use crate::report::{StatusReport, read, table_path};
+use crate::report::{NO_DEVICES, StatusReport, read, table_path, write_process_rows};
 use crate::signals;
 use crate::units::{format_local_time, rfc3339_local};
 
@@ -153,10 +153,7 @@ fn refusals_since(previous: Option<&StatusReport>, index: u32, now: u64) -> u64 
 fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) -> String {
     let mut out = String::new();
     if r.devices.is_empty() {
-        let _ = writeln!(
-            out,
-            "No devices recorded yet (no process has used a GPU under this file)."
-        );
+        let _ = writeln!(out, "{NO_DEVICES}");
     } else {
         let _ = writeln!(
             out,
@@ -203,74 +200,47 @@ fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) ->
                 };
             }
             if !d.turns.is_empty() {
-                let list: Vec<String> = d
-                    .turns
-                    .iter()
-                    .map(|t| {
-                        let me = if t.this_container { "*" } else { "" };
-                        format!("{}%{me}", t.sm_limit_percent)
-                    })
-                    .collect();
+                let list = d.turn_limits("*");
                 let _ = writeln!(out, "     taking turns: {} (* = this file)", list.join(" "));
-                for t in &d.turns {
-                    let Some(sh) = &t.share else { continue };
-                    // Guarantee-ceiling, then what it gets; whole seconds keep 80 columns.
-                    let me = if t.this_container { "*" } else { "" };
+                // Guarantee-ceiling, then what it gets; whole seconds keep 80 columns.
+                for (sh, me) in d.shares("*") {
+                    let (lent, borrowed) = sh.lent_borrowed_s();
                     let _ = writeln!(
                         out,
-                        "     share{me} {}-{}% prio {}: using {}% part {}% lent {:.0}s borrowed {:.0}s",
+                        "     share{me} {}-{}% prio {}: using {}% part {}% lent {lent:.0}s borrowed {borrowed:.0}s",
                         sh.share_percent,
                         sh.ceiling_percent,
                         sh.priority,
                         sh.utilization_percent,
                         sh.part_percent,
-                        sh.lent_ms as f64 / 1e3,
-                        sh.borrowed_ms as f64 / 1e3
                     );
                 }
             }
         }
     }
-    let _ = writeln!(out);
-    if r.processes.is_empty() {
-        let _ = writeln!(out, "No processes.");
-        return out;
-    }
-    let _ = writeln!(
-        out,
+    let header = format!(
         "{:>8}  {:>8}  {:<9}  {:>3}  {:>10}  {:>6}",
         "PID", "HOST PID", "STATE", "DEV", "MEMORY", "SM USE"
     );
-    for proc in &r.processes {
-        let host = proc
-            .host_pid
-            .map_or_else(|| "-".to_owned(), |h| h.to_string());
-        let mut rows: Vec<(String, String, String)> = proc
-            .devices
-            .iter()
-            .map(|d| {
-                (
-                    d.index.to_string(),
-                    short_bytes(d.memory_used_bytes),
-                    format!("{}%", d.sm_utilization_percent),
-                )
-            })
-            .collect();
-        if rows.is_empty() {
-            rows.push(("-".into(), "0 B".into(), "-".into()));
-        }
-        for (dev, mem, sm) in rows {
-            let line = format!(
-                "{:>8}  {:>8}  {:<9}  {dev:>3}  {mem:>10}  {sm:>6}",
-                proc.pid, host, proc.state
-            );
-            let _ = if proc.alive {
-                writeln!(out, "{line}")
-            } else {
-                writeln!(out, "{}", paint(p.dead, &format!("{line}  still counted")))
-            };
-        }
-    }
+    write_process_rows(&mut out, &r.processes, &header, |out, proc, host, d| {
+        let (dev, mem, sm) = match d {
+            Some(d) => (
+                d.index.to_string(),
+                short_bytes(d.memory_used_bytes),
+                format!("{}%", d.sm_utilization_percent),
+            ),
+            None => ("-".into(), "0 B".into(), "-".into()),
+        };
+        let line = format!(
+            "{:>8}  {:>8}  {:<9}  {dev:>3}  {mem:>10}  {sm:>6}",
+            proc.pid, host, proc.state
+        );
+        let _ = if proc.alive {
+            writeln!(out, "{line}")
+        } else {
+            writeln!(out, "{}", paint(p.dead, &format!("{line}  still counted")))
+        };
+    });
     out
 }
 
@@ -287,7 +257,7 @@ fn now() -> (i64, u64) {
 /// `vgpu watch`: until Ctrl-C on a terminal; `--count` refreshes (1 by default when stdout is
 /// not a terminal, so a pipe or a test never runs forever by accident).
 pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
-    let path = table_path(&args.cache, &args.share);
+    let path = table_path(&args.file);
     let tty = std::io::stdout().is_terminal();
     let colour = tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let palette = Palette::new(colour);

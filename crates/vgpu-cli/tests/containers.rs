@@ -21,10 +21,9 @@
 mod common;
 use common::*;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use vgpu_cli::http;
@@ -77,7 +76,7 @@ int main(int argc, char **argv) {
 
 /// One HAMi-style container: its pod, its limits, its process.
 struct Container {
-    unshare: Child,
+    unshare: Reaped,
     lines: Receiver<String>,
     dir: PathBuf,
 }
@@ -99,15 +98,7 @@ impl Container {
     /// Kill the container: SIGKILL to `unshare` takes its namespace's init with it
     /// (`--kill-child`), and with the init every process of the PID namespace.
     fn kill(&mut self) {
-        self.unshare.kill().unwrap();
-        self.unshare.wait().unwrap();
-    }
-}
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = self.unshare.kill();
-        let _ = self.unshare.wait();
+        self.unshare.kill();
     }
 }
 
@@ -122,31 +113,19 @@ struct Node {
 impl Node {
     fn new() -> Self {
         let hook = built_library("libvgpu.so");
-        let sim = built_library("libvgpusim.so");
         let root = TempDir::new("vgpu-node").unwrap();
         let r = root.path();
         for d in ["containers", "pods", "vgpulock", "driver"] {
             std::fs::create_dir_all(r.join(d)).unwrap();
         }
         // The "driver" the NVIDIA runtime would mount: the simulator under the driver's names.
-        vgpu_cli::demo::make_sim_link_dir(&sim, &r.join("driver")).unwrap();
-        let src = r.join("program.c");
-        std::fs::write(&src, PROGRAM).unwrap();
-        let program = r.join("program");
+        sim_driver_dir(&r.join("driver"));
         let includes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vgpu-hook/tests/programs");
-        let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-O2", "-o"])
-            .arg(&program)
-            .arg(&src)
-            .arg("-I")
-            .arg(includes)
-            .arg("-ldl")
-            .output()
-            .expect("a C compiler (cc) is needed for this test");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let program = cc(
+            r,
+            "program",
+            PROGRAM,
+            &["-O2", &format!("-I{}", includes.display())],
         );
         let driver = r.join("driver");
         Node {
@@ -239,17 +218,9 @@ exec '{program}' {alloc} {over}
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut unshare = cmd.spawn().expect("unshare (util-linux)");
-        let (tx, lines) = channel();
-        let out = BufReader::new(unshare.stdout.take().unwrap());
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    return;
-                }
-            }
-        });
+        let lines = stdout_lines(&mut unshare);
         Container {
-            unshare,
+            unshare: Reaped(unshare),
             lines,
             dir,
         }
@@ -331,22 +302,21 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
 
     // The node side reads the host layout only.
     let mut cmd = vgpu();
-    cmd.env("VGPU_TURN_DIR", node.path("vgpulock")).args([
-        "exporter",
-        "--listen",
-        "127.0.0.1:0",
-        "--per-process",
-        "--pod-logs",
-        node.path("pods").to_str().unwrap(),
-        "--cache",
-        &format!("{}/containers/*/*.cache", node.root.path().display()),
-    ]);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut exporter = cmd.spawn().unwrap();
-    let addr = exporter_address(&mut exporter);
+    cmd.env("VGPU_TURN_DIR", node.path("vgpulock"));
+    let exporter = Exporter::start(
+        cmd,
+        &[
+            "--per-process",
+            "--pod-logs",
+            node.path("pods").to_str().unwrap(),
+            "--cache",
+            &format!("{}/containers/*/*.cache", node.root.path().display()),
+        ],
+    );
+    let addr = exporter.addr.as_str();
     let scrape = || {
         parse(
-            &http::get(&addr, "/metrics", Duration::from_secs(5))
+            &http::get(addr, "/metrics", Duration::from_secs(5))
                 .unwrap()
                 .1,
         )
@@ -414,7 +384,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
         let mut cmd = vgpu();
         cmd.args(["status", "--json", "--cache", cache.to_str().unwrap()]);
         let out = run(cmd);
-        assert_eq!(out.code(), Some(0), "{}", out.stderr);
+        out.assert_success();
         let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
         assert_eq!(v["devices"][0]["memory_limit_bytes"], limit);
         assert_eq!(v["devices"][0]["uuid"], GPU);
@@ -445,6 +415,4 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     assert_eq!(value(&s, "vgpu_process_alive", &dead), Some(0.0));
     assert_eq!(used(&s, &pod_b), Some((CTX + 300 * MIB) as f64));
     assert_eq!(value(&s, "vgpu_device_turn_containers", &pod_b), Some(1.0));
-    let _ = exporter.kill();
-    let _ = exporter.wait();
 }

@@ -3,28 +3,13 @@
 mod common;
 use common::*;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use vgpu_cli::http;
 
 const T: Duration = Duration::from_secs(5);
-
-/// A running exporter, killed on drop.
-#[derive(Debug)]
-pub struct Exporter {
-    child: Child,
-    pub addr: String,
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Start `vgpu exporter --listen 127.0.0.1:0 --cache PATTERN` and read the address it prints.
 pub fn start(pattern: &str) -> Exporter {
@@ -33,27 +18,7 @@ pub fn start(pattern: &str) -> Exporter {
 
 /// [`start`] with more arguments.
 pub fn start_with(pattern: &str, extra: &[&str]) -> Exporter {
-    let mut cmd = vgpu();
-    cmd.args(["exporter", "--listen", "127.0.0.1:0", "--cache", pattern])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = cmd.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx.recv_timeout(T).expect("exporter printed its address");
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
-    Exporter { child, addr }
+    Exporter::start(vgpu(), &[&["--cache", pattern], extra].concat())
 }
 
 #[test]
@@ -148,42 +113,36 @@ fn bad_listen_address_and_glob_are_clear_errors() {
 /// node panels (`hami_gpu_*`, `hami_host_gpu_*`) come from HAMi's scheduler and monitor, not
 /// from this exporter (docs/kubernetes.md).
 const DASHBOARD_QUERIES: &[DashboardQuery] = &[
-    DashboardQuery {
-        panel: "vGPU memory: used vs limit",
-        metric: "hami_vgpu_memory_used_bytes",
-        filter: "namespace",
-        legend: &["namespace", "pod", "container", "vdevice_index"],
-    },
-    DashboardQuery {
-        panel: "vGPU memory: used vs limit",
-        metric: "hami_vgpu_memory_limit_bytes",
-        filter: "namespace",
-        legend: &["namespace", "pod", "container", "vdevice_index"],
-    },
-    DashboardQuery {
-        panel: "Container device utilization",
-        metric: "hami_container_device_utilization_ratio",
-        filter: "namespace",
-        legend: &["namespace", "pod", "container", "vdevice_index"],
-    },
-    DashboardQuery {
-        panel: "vGPU memory used % of limit (numerator; the denominator is the limit above)",
-        metric: "hami_vgpu_memory_used_bytes",
-        filter: "namespace",
-        legend: &["namespace", "pod", "container", "vdevice_index"],
-    },
-    DashboardQuery {
-        panel: "Top 10 containers by vGPU memory",
-        metric: "hami_vgpu_memory_used_bytes",
-        filter: "namespace",
-        legend: &[],
-    },
-    DashboardQuery {
-        panel: "variable $namespace: label_values(hami_vgpu_memory_used_bytes, namespace)",
-        metric: "hami_vgpu_memory_used_bytes",
-        filter: "namespace",
-        legend: &["namespace"],
-    },
+    DashboardQuery::on_namespace(
+        "vGPU memory: used vs limit",
+        "hami_vgpu_memory_used_bytes",
+        CONTAINER_LEGEND,
+    ),
+    DashboardQuery::on_namespace(
+        "vGPU memory: used vs limit",
+        "hami_vgpu_memory_limit_bytes",
+        CONTAINER_LEGEND,
+    ),
+    DashboardQuery::on_namespace(
+        "Container device utilization",
+        "hami_container_device_utilization_ratio",
+        CONTAINER_LEGEND,
+    ),
+    DashboardQuery::on_namespace(
+        "vGPU memory used % of limit (numerator; the denominator is the limit above)",
+        "hami_vgpu_memory_used_bytes",
+        CONTAINER_LEGEND,
+    ),
+    DashboardQuery::on_namespace(
+        "Top 10 containers by vGPU memory",
+        "hami_vgpu_memory_used_bytes",
+        &[],
+    ),
+    DashboardQuery::on_namespace(
+        "variable $namespace: label_values(hami_vgpu_memory_used_bytes, namespace)",
+        "hami_vgpu_memory_used_bytes",
+        &["namespace"],
+    ),
 ];
 
 #[derive(Debug)]
@@ -194,6 +153,25 @@ struct DashboardQuery {
     filter: &'static str,
     /// Labels the legend prints; each must be present and non-empty.
     legend: &'static [&'static str],
+}
+
+/// What a per-container panel's legend prints.
+const CONTAINER_LEGEND: &[&str] = &["namespace", "pod", "container", "vdevice_index"];
+
+impl DashboardQuery {
+    /// A query filtered on the dashboard's `$namespace` variable, as every one is.
+    const fn on_namespace(
+        panel: &'static str,
+        metric: &'static str,
+        legend: &'static [&'static str],
+    ) -> Self {
+        DashboardQuery {
+            panel,
+            metric,
+            filter: "namespace",
+            legend,
+        }
+    }
 }
 
 /// The labels HAMi's monitor puts on every container series (`cmd/vGPUmonitor/metrics.go`),
@@ -241,6 +219,14 @@ impl Node {
         };
         drop(vgpu_shm::UsageTable::open_or_create(&path, &init).unwrap());
         path
+    }
+
+    /// Pod `team-a/train-0` (`UID_A`) whose container `main` has a 1 GiB limit, this process
+    /// holding 300 MiB and 40% in it.
+    fn training_pod(&self) -> vgpu_shm::ProcessSlot {
+        self.pod("team-a", "train-0", UID_A);
+        let a = self.container(UID_A, "main", Some(1 << 30));
+        hold(&a, 300 * MIB, 40)
     }
 
     fn start(&self, extra: &[&str]) -> Exporter {
@@ -306,9 +292,7 @@ fn find<'a>(
 #[test]
 fn every_hami_dashboard_query_finds_its_series() {
     let node = Node::new();
-    node.pod("team-a", "train-0", UID_A);
-    let a = node.container(UID_A, "main", Some(1 << 30));
-    let _held = hold(&a, 300 * MIB, 40);
+    let _held = node.training_pod();
     let e = node.start(&[]);
     let (status, body) = http::get(&e.addr, "/metrics", T).unwrap();
     assert_eq!(status, 200);
@@ -383,9 +367,7 @@ fn unlimited_gives_no_limit_series_and_an_unknown_pod_is_named_by_its_uid() {
 #[test]
 fn legacy_names_and_per_process_series_are_served_when_asked() {
     let node = Node::new();
-    node.pod("team-a", "train-0", UID_A);
-    let a = node.container(UID_A, "main", Some(1 << 30));
-    let _held = hold(&a, 300 * MIB, 40);
+    let _held = node.training_pod();
     let e = node.start(&["--legacy-metrics", "--per-process"]);
     let samples = parse(&http::get(&e.addr, "/metrics", T).unwrap().1);
     let l = [

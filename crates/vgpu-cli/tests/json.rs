@@ -26,7 +26,7 @@ impl Setup {
             .arg(vgpu_exe())
             .args(["workload", "--script", "init;alloc 100m"]);
         let out = run(cmd);
-        assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
+        out.assert_success();
         (s, cache)
     }
 
@@ -188,7 +188,7 @@ fn doctor_checks_the_simulated_driver_when_asked() {
     );
     let out = run(cmd);
     let v = parse(&out.stdout, "vgpu.doctor.v1");
-    assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
+    out.assert_success();
     assert_eq!(v["ok"], true);
     let verdict = |name: &str| {
         v["checks"]

@@ -10,7 +10,6 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vgpu_cli::demo::make_sim_link_dir;
 use vgpu_cli::workload::WorkloadProcess;
 
 const MIB: u64 = 1 << 20;
@@ -24,9 +23,8 @@ struct Sim {
 impl Sim {
     fn new() -> Self {
         let hook = built_library("libvgpu.so");
-        let sim = built_library("libvgpusim.so");
         let dir = TempDir::new("vgpu-live").unwrap();
-        make_sim_link_dir(&sim, &dir.path().join("driver")).unwrap();
+        sim_driver_dir(&dir.path().join("driver"));
         Sim { dir, hook }
     }
 
@@ -213,7 +211,7 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     let mut cmd = sim.vgpu();
     cache_args(&mut cmd, &["doctor"], &cache);
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
+    out.assert_success();
     out.assert_stdout_has(&[
         "[ ok ] libvgpu.so",
         "[warn] preload",
@@ -229,7 +227,7 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
         .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
         .arg("doctor");
     let out = run(cmd);
-    assert_eq!(out.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
+    out.assert_success();
     out.assert_stdout_has(&[
         "[ ok ] preload",
         "[ ok ] probe (here)",

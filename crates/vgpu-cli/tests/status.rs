@@ -6,7 +6,7 @@ use common::*;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use vgpu_alloc_core::{DeviceIndex, UsageClass, UsageLedger};
@@ -51,7 +51,7 @@ fn helper_process_entry_point() {
 
 /// A helper process holding usage in the table.
 struct Helper {
-    child: Child,
+    child: Reaped,
 }
 
 impl Helper {
@@ -88,26 +88,28 @@ impl Helper {
             .recv_timeout(Duration::from_secs(20))
             .expect("helper ready");
         assert!(got.contains("ready "), "helper failed: {got:?}");
-        Helper { child }
+        Helper {
+            child: Reaped(child),
+        }
     }
 
     fn pid(&self) -> i32 {
-        self.child.id() as i32
+        self.child.0.id() as i32
     }
 
     fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
+        self.child.kill();
     }
 }
 
-impl Drop for Helper {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A fresh directory named after `tag` holding [`make_table`]'s file.
+fn fresh_table(tag: &str) -> (TempDir, std::path::PathBuf) {
+    let dir = TempDir::new(tag).unwrap();
+    let path = make_table(&dir);
+    (dir, path)
 }
 
+/// Two devices, `usage.cache` in `dir`: the first limited to 1 GiB and 50%, the second not.
 fn make_table(dir: &TempDir) -> std::path::PathBuf {
     let path = dir.path().join("usage.cache");
     let init = TableInit {
@@ -133,8 +135,7 @@ fn status_json(path: &Path) -> serde_json::Value {
 
 #[test]
 fn status_lists_the_containers_taking_turns_on_each_gpu() {
-    let dir = TempDir::new("vgpu-status-turns").unwrap();
-    let path = make_table(&dir);
+    let (dir, path) = fresh_table("vgpu-status-turns");
     let turns = dir.path().join("turns");
     std::fs::create_dir_all(&turns).unwrap();
     let board_path = turns.join(vgpu_shm::board_file_name(
@@ -204,8 +205,7 @@ fn status_lists_the_containers_taking_turns_on_each_gpu() {
 
 #[test]
 fn status_json_reports_devices_processes_and_the_dead() {
-    let dir = TempDir::new("vgpu-status").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-status");
     let alive = Helper::start(
         &path,
         &format!("0:context:{};0:data:{};0:sm:30", 64 * MIB, 256 * MIB),
@@ -266,11 +266,7 @@ fn status_json_reports_devices_processes_and_the_dead() {
     assert_eq!(out.code(), Some(0));
     out.assert_stdout_has(&["320 MiB / 1 GiB (31%)"]);
     out.assert_stdout_has(&["128 MiB / unlimited"]);
-    assert!(
-        out.stdout.contains(&dead_pid.to_string()) && out.stdout.contains("dead"),
-        "{}",
-        out.stdout
-    );
+    out.assert_stdout_has(&[&dead_pid.to_string(), "dead"]);
     // Still there at a second look: reading changed nothing.
     assert_eq!(status_json(&path)["processes"].as_array().unwrap().len(), 2);
     drop(alive);
@@ -278,8 +274,7 @@ fn status_json_reports_devices_processes_and_the_dead() {
 
 #[test]
 fn set_limit_changes_the_live_file() {
-    let dir = TempDir::new("vgpu-setlimit").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-setlimit");
     let p = path.to_str().unwrap();
     let _holder = Helper::start(&path, &format!("0:data:{}", 512 * MIB));
     let set = |args: &[&str]| {
@@ -372,8 +367,7 @@ fn missing_and_foreign_files_are_clear_errors() {
 /// the simulated driver in vgpu-hook); every reader shows the count.
 #[test]
 fn refusals_in_the_file_are_shown_by_status_watch_and_their_json() {
-    let dir = TempDir::new("vgpu-refusals").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-refusals");
     let t = UsageTable::open_existing(&path).unwrap();
     t.count_refusal(DeviceIndex(1));
     t.count_refusal(DeviceIndex(1));
@@ -416,8 +410,7 @@ fn refusals_in_the_file_are_shown_by_status_watch_and_their_json() {
 
 #[test]
 fn watch_refreshes_and_stops_after_count() {
-    let dir = TempDir::new("vgpu-watch").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-watch");
     let _h = Helper::start(&path, &format!("0:data:{}", 100 * MIB));
     let mut cmd = vgpu();
     cache_args(
@@ -466,8 +459,7 @@ fn watch_refreshes_and_stops_after_count() {
 
 #[test]
 fn watch_stops_cleanly_on_ctrl_c() {
-    let dir = TempDir::new("vgpu-watch").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-watch");
     let mut cmd = vgpu();
     cmd.args([
         "watch",
@@ -497,31 +489,24 @@ fn watch_stops_cleanly_on_ctrl_c() {
 
 #[test]
 fn exporter_reports_a_live_file() {
-    let dir = TempDir::new("vgpu-exp-live").unwrap();
-    let path = make_table(&dir);
+    let (dir, path) = fresh_table("vgpu-exp-live");
     let second_dir = dir.path().join("c2");
     std::fs::create_dir(&second_dir).unwrap();
     let h = Helper::start(&path, &format!("0:data:{};0:sm:40", 300 * MIB));
     UsageTable::open_existing(&path)
         .unwrap()
         .count_refusal(DeviceIndex(0));
-    let mut cmd = vgpu();
-    cmd.args([
-        "exporter",
-        "--listen",
-        "127.0.0.1:0",
-        "--cache",
-        &format!("{}/*.cache", dir.path().display()),
-        "--per-process",
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null());
-    let mut child = cmd.spawn().unwrap();
-    let addr = exporter_address(&mut child);
-    let get = || vgpu_cli::http::get(&addr, "/metrics", Duration::from_secs(5)).unwrap();
-    let (status, body) = get();
-    let _ = child.kill();
-    let _ = child.wait();
+    let exporter = Exporter::start(
+        vgpu(),
+        &[
+            "--cache",
+            &format!("{}/*.cache", dir.path().display()),
+            "--per-process",
+        ],
+    );
+    let (status, body) =
+        vgpu_cli::http::get(&exporter.addr, "/metrics", Duration::from_secs(5)).unwrap();
+    drop(exporter);
     assert_eq!(status, 200);
     let c = format!("cache=\"{}\"", path.display());
     let dev = format!("{c},device=\"0\",uuid=\"GPU-aaaaaaaa-0000-0000-0000-000000000000\"");
@@ -563,8 +548,7 @@ fn exporter_reports_a_live_file() {
 /// nobody uses takes the job's limits, and says so (a live one refuses: tests/workstation.rs).
 #[test]
 fn run_notes_when_the_file_holds_another_limit() {
-    let dir = TempDir::new("vgpu-status").unwrap();
-    let path = make_table(&dir);
+    let (dir, path) = fresh_table("vgpu-status");
     let lib = dir.path().join("libvgpu.so");
     std::fs::write(&lib, b"").unwrap();
     let run_with = |memory: &str| {
@@ -594,33 +578,15 @@ fn run_notes_when_the_file_holds_another_limit() {
 
 #[test]
 fn exporter_defaults_to_the_hooks_usage_file() {
-    let dir = TempDir::new("vgpu-exp-default").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-exp-default");
     let mut cmd = vgpu();
-    cmd.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &path)
-        .args(["exporter", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.ends_with(&format!("for {}\n", path.display())),
-        "{line}"
-    );
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    let (status, body) = vgpu_cli::http::get(&addr, "/metrics", Duration::from_secs(5)).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    cmd.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &path);
+    let exporter = Exporter::start(cmd, &[]);
+    let line = &exporter.banner;
+    assert!(line.ends_with(&format!("for {}", path.display())), "{line}");
+    let (status, body) =
+        vgpu_cli::http::get(&exporter.addr, "/metrics", Duration::from_secs(5)).unwrap();
+    drop(exporter);
     assert_eq!(status, 200);
     assert!(
         body.contains(&format!("vgpu_up{{cache=\"{}\"}} 1\n", path.display())),
@@ -631,8 +597,7 @@ fn exporter_defaults_to_the_hooks_usage_file() {
 #[test]
 fn status_into_a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
-    let dir = TempDir::new("vgpu-status").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-status");
     let mut cmd = vgpu();
     cmd.args(["status", "--cache", path.to_str().unwrap()])
         .stdout(Stdio::piped())
@@ -706,8 +671,7 @@ fn a_file_written_by_hami_core_is_shown_read_only() {
 
 #[test]
 fn watch_on_a_terminal_clears_and_redraws() {
-    let dir = TempDir::new("vgpu-watch").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-watch");
     let text = watch_on_a_pty(&path, &["--interval", "10ms", "--count", "2"], &[]);
     assert_eq!(text.matches("\x1b[H\x1b[2J").count(), 2, "{text:?}");
     assert!(text.contains("refresh 2"), "{text:?}");
@@ -719,8 +683,7 @@ fn watch_on_a_terminal_clears_and_redraws() {
 /// timestamp and said "Ctrl-C" into a pipe.
 #[test]
 fn watch_fits_80_columns_with_local_time_and_no_terminal_hints_in_a_pipe() {
-    let dir = TempDir::new("vgpu-watch").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-watch");
     let _h = Helper::start(&path, &format!("0:data:{}", 1000 * MIB));
     let mut cmd = vgpu();
     cmd.env("TZ", "UTC")
@@ -793,8 +756,7 @@ fn watch_on_a_pty(path: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
 
 #[test]
 fn watch_highlights_a_device_near_its_limit_on_a_terminal_only() {
-    let dir = TempDir::new("vgpu-watch").unwrap();
-    let path = make_table(&dir);
+    let (_dir, path) = fresh_table("vgpu-watch");
     let _h = Helper::start(&path, &format!("0:data:{}", 1000 * MIB));
     let yellow_bold = "\x1b[1m\x1b[33m";
     let text = watch_on_a_pty(&path, &["--count", "1"], &[]);

@@ -6,12 +6,11 @@
 mod common;
 use common::*;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 /// Version 1: a small library. Version 2: the same entry points behind 64 KiB of other code,
@@ -46,25 +45,9 @@ int main(int argc, char **argv) {
 }
 "#;
 
-fn cc(dir: &Path, name: &str, source: &str, args: &[&str]) -> PathBuf {
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).unwrap();
-    let out = dir.join(name);
-    let status = Command::new("cc")
-        .args(args)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .arg("-ldl")
-        .status()
-        .expect("a C compiler (cc) is needed for this test");
-    assert!(status.success(), "cc {name}");
-    out
-}
-
 /// A victim process and the lines it prints.
 struct Victim {
-    child: Child,
+    child: Reaped,
     lines: Receiver<String>,
 }
 
@@ -76,16 +59,11 @@ impl Victim {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let (tx, lines) = channel();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    return;
-                }
-            }
-        });
-        Victim { child, lines }
+        let lines = stdout_lines(&mut child);
+        Victim {
+            child: Reaped(child),
+            lines,
+        }
     }
 
     fn line(&self) -> String {
@@ -99,18 +77,11 @@ impl Victim {
         // Drain what it printed so far, then see a fresh line.
         while self.lines.try_recv().is_ok() {}
         std::thread::sleep(Duration::from_millis(200));
-        self.child.try_wait().unwrap().is_none()
+        self.child.0.try_wait().unwrap().is_none()
             && self
                 .lines
                 .recv_timeout(Duration::from_secs(5))
                 .is_ok_and(|l| l.starts_with("alive "))
-    }
-}
-
-impl Drop for Victim {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -122,6 +93,36 @@ fn built(tag: &str) -> (TempDir, [PathBuf; 3]) {
     let v2 = cc(d, "libv2.so", LIB_V2, &["-shared", "-fPIC", "-O1"]);
     let victim = cc(d, "victim", VICTIM, &["-O1"]);
     (dir, [v1, v2, victim])
+}
+
+/// Runs `deploy/common/vgpu-install-lib.sh` with `args`, under `VGPU_SOURCE_DIR=source` where
+/// given; it must succeed.
+fn install_lib_sh(args: &[&Path], source: Option<&Path>) {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/common/vgpu-install-lib.sh");
+    let mut cmd = Command::new("sh");
+    cmd.arg(script).args(args);
+    if let Some(source) = source {
+        cmd.env("VGPU_SOURCE_DIR", source);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `cp from to`, as HAMi's vgpu-init.sh and Volcano roll a library out: in place.
+fn cp_in_place(from: &Path, to: &Path) {
+    assert!(
+        Command::new("cp")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap()
+            .success()
+    );
 }
 
 fn inode(p: &Path) -> u64 {
@@ -140,19 +141,7 @@ fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
     let lib = host.join("libvgpu.so");
     let install = |version: &Path| {
         std::fs::copy(version, image.join("libvgpu.so")).unwrap();
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/common/vgpu-install-lib.sh");
-        let out = Command::new("sh")
-            .arg(script)
-            .arg(&host)
-            .env("VGPU_SOURCE_DIR", &image)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        install_lib_sh(&[&host], Some(&image));
     };
 
     install(&v1);
@@ -182,10 +171,9 @@ fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
 
     // Roll back the way HAMi's vgpu-init.sh does (plain cp over the mapped file): same inode,
     // and the process that maps it dies of a signal.
-    let status = Command::new("cp").arg(&v1).arg(&lib).status().unwrap();
-    assert!(status.success());
+    cp_in_place(&v1, &lib);
     assert_eq!(inode(&lib), same, "cp rewrote the file in place");
-    let died = wait_bounded(&mut new.child, Duration::from_secs(10));
+    let died = wait_bounded(&mut new.child.0, Duration::from_secs(10));
     let signal = died.signal();
     assert!(
         matches!(signal, Some(libc::SIGBUS | libc::SIGSEGV | libc::SIGILL)),
@@ -207,30 +195,11 @@ fn detaching_first_makes_an_in_place_rollback_harmless() {
     let mut running = Victim::start(&victim, &lib);
     assert_eq!(running.line(), "version 2");
     // The documented rollback: detach on the node, then the stock plugin's in-place cp.
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/common/vgpu-install-lib.sh");
     let before = inode(&lib);
-    let out = Command::new("sh")
-        .arg(script)
-        .arg("--detach")
-        .arg(&host)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    install_lib_sh(&[Path::new("--detach"), &host], None);
     assert_ne!(inode(&lib), before, "a fresh inode");
     assert_eq!(std::fs::read(&lib).unwrap(), std::fs::read(&v2).unwrap());
-    assert!(
-        Command::new("cp")
-            .arg(&v1)
-            .arg(&lib)
-            .status()
-            .unwrap()
-            .success()
-    );
+    cp_in_place(&v1, &lib);
     assert!(
         running.keeps_running(),
         "the rollback's cp wrote into a file nobody maps"

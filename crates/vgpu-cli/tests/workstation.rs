@@ -246,17 +246,13 @@ fn run_on_the_simulated_driver_needs_no_gpu_and_cleans_up() {
         .args(["workload", "--script", "init;total;alloc 600m"]);
     let out = run(cmd);
     out.assert_success();
-    assert!(
-        out.stdout.contains("file=") && out.stdout.contains("libvgpusim.so"),
-        "{}",
-        out.stdout
-    );
-    out.assert_stdout_has(&[&format!("bytes={}", 512 * MIB)]);
-    assert!(
-        out.stdout.contains("err alloc") && out.stdout.contains("OUT_OF_MEMORY"),
-        "{}",
-        out.stdout
-    );
+    out.assert_stdout_has(&[
+        "file=",
+        "libvgpusim.so",
+        &format!("bytes={}", 512 * MIB),
+        "err alloc",
+        "OUT_OF_MEMORY",
+    ]);
     wait_until("the job directory is removed", || job_dirs(&b).is_empty());
     // A pipe reader sees EOF when the program ends: the cleanup watcher holds no pipe.
     let cmd = b.run_simulated(&["--", "sh", "-c", "echo hi"]);
@@ -279,11 +275,7 @@ fn the_turn_directory_is_created_sticky_for_sm_jobs() {
     cmd.env("VGPU_TURN_DIR", "/nonexistent/vgpulock");
     let out = run(cmd);
     out.assert_success();
-    assert!(
-        out.stderr.contains("warning") && out.stderr.contains("will not take turns"),
-        "{}",
-        out.stderr
-    );
+    out.assert_stderr_has(&["warning", "will not take turns"]);
 }
 
 #[test]

@@ -660,13 +660,9 @@ mod tests {
         assert_eq!(cfg.host_backing.spill, 8 << 30);
         assert_eq!(cfg.host_backing.device_reserve, 1 << 30);
         assert!(!cfg.host_backing.oversubscribe && cfg.host_backing.enabled());
-        let err = Config::from_vars_with_warnings(&Vars::from_pairs([
-            ("CUDA_OVERSUBSCRIBE", "yes"),
-            ("VGPU_HOST_SPILL", "lots"),
-        ]))
-        .unwrap_err();
-        let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
-        assert_eq!(names, ["CUDA_OVERSUBSCRIBE", "VGPU_HOST_SPILL"]);
+        let err =
+            lenient(&[("CUDA_OVERSUBSCRIBE", "yes"), ("VGPU_HOST_SPILL", "lots")]).unwrap_err();
+        assert_eq!(variables(&err.0), ["CUDA_OVERSUBSCRIBE", "VGPU_HOST_SPILL"]);
     }
 
     #[test]
@@ -685,7 +681,7 @@ mod tests {
             ("VGPU_ALLOC_ALIGN", "-1"),
         ])
         .unwrap_err();
-        let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
+        let names = variables(&err.0);
         assert_eq!(
             names,
             [
@@ -712,6 +708,11 @@ mod tests {
             text.contains("invalid CUDA_DEVICE_SM_LIMIT=\"50g\""),
             "{text}"
         );
+    }
+
+    /// The variables named by `errors` (errors or warnings), in order.
+    fn variables(errors: &[ConfigError]) -> Vec<&str> {
+        errors.iter().map(|e| e.variable.as_str()).collect()
     }
 
     fn lenient(pairs: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
@@ -742,8 +743,10 @@ mod tests {
         let cfg = lenient(&pairs).expect("a log level or priority typo must not disable the GPU");
         assert_eq!(cfg.memory_limit[0], Some(GIB), "the limit still applies");
         assert_eq!((cfg.log_level, cfg.task_priority), (2, 1), "defaults kept");
-        let names: Vec<&str> = cfg.warnings.iter().map(|w| w.variable.as_str()).collect();
-        assert_eq!(names, ["CUDA_TASK_PRIORITY", "LIBCUDA_LOG_LEVEL"]);
+        assert_eq!(
+            variables(&cfg.warnings),
+            ["CUDA_TASK_PRIORITY", "LIBCUDA_LOG_LEVEL"]
+        );
         assert_eq!(cfg.warnings[1].value, "verbose");
         assert!(
             lenient(&[("LIBCUDA_LOG_LEVEL", "4")])
@@ -759,8 +762,10 @@ mod tests {
             ("CUDA_DEVICE_MEMORY_LIMIT", "lots"),
         ])
         .unwrap_err();
-        let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
-        assert_eq!(names, ["CUDA_DEVICE_MEMORY_LIMIT", "LIBCUDA_LOG_LEVEL"]);
+        assert_eq!(
+            variables(&err.0),
+            ["CUDA_DEVICE_MEMORY_LIMIT", "LIBCUDA_LOG_LEVEL"]
+        );
     }
 
     #[test]
@@ -794,7 +799,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(bad.sm_tuning, SmTuning::default(), "defaults kept");
-        let named: Vec<&str> = bad.warnings.iter().map(|w| w.variable.as_str()).collect();
+        let named = variables(&bad.warnings);
         assert_eq!(
             named,
             [
@@ -971,7 +976,7 @@ mod tests {
             ("CUDA_DEVICE_MEMORY_LIMIT_15", "1g"),
         ])
         .unwrap_err();
-        let names: Vec<&str> = err.0.iter().map(|e| e.variable.as_str()).collect();
+        let names = variables(&err.0);
         assert_eq!(
             names,
             [

@@ -34,26 +34,34 @@ pub(crate) trait PtrCell<T> {
     ) -> Result<*mut T, *mut T>;
 }
 
-impl<T> PtrCell<T> for AtomicPtr<T> {
-    #[inline(always)]
-    fn load(&self, order: Ordering) -> *mut T {
-        AtomicPtr::load(self, order)
-    }
-    #[inline]
-    fn store(&self, p: *mut T, order: Ordering) {
-        AtomicPtr::store(self, p, order)
-    }
-    #[inline]
-    fn compare_exchange(
-        &self,
-        current: *mut T,
-        new: *mut T,
-        success: Ordering,
-        failure: Ordering,
-    ) -> Result<*mut T, *mut T> {
-        AtomicPtr::compare_exchange(self, current, new, success, failure)
-    }
+/// Implements [`PtrCell`] for an `AtomicPtr` type (named by an identifier) by forwarding to
+/// its own methods: `std`'s here, loom's in the model.
+macro_rules! forward_ptr_cell {
+    ($atomic_ptr:ident) => {
+        impl<T> PtrCell<T> for $atomic_ptr<T> {
+            #[inline(always)]
+            fn load(&self, order: Ordering) -> *mut T {
+                $atomic_ptr::load(self, order)
+            }
+            #[inline]
+            fn store(&self, p: *mut T, order: Ordering) {
+                $atomic_ptr::store(self, p, order)
+            }
+            #[inline]
+            fn compare_exchange(
+                &self,
+                current: *mut T,
+                new: *mut T,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<*mut T, *mut T> {
+                $atomic_ptr::compare_exchange(self, current, new, success, failure)
+            }
+        }
+    };
 }
+
+forward_ptr_cell!(AtomicPtr);
 
 /// A value published at most once per cell (see the module's invariant **P**).
 pub(crate) struct Published<T, C: PtrCell<T> = AtomicPtr<T>> {
@@ -236,28 +244,14 @@ mod loom_tests {
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicU64, AtomicUsize};
 
-    impl<T> PtrCell<T> for loom::sync::atomic::AtomicPtr<T> {
-        fn load(&self, order: Ordering) -> *mut T {
-            loom::sync::atomic::AtomicPtr::load(self, order)
-        }
-        fn store(&self, p: *mut T, order: Ordering) {
-            loom::sync::atomic::AtomicPtr::store(self, p, order)
-        }
-        fn compare_exchange(
-            &self,
-            current: *mut T,
-            new: *mut T,
-            success: Ordering,
-            failure: Ordering,
-        ) -> Result<*mut T, *mut T> {
-            loom::sync::atomic::AtomicPtr::compare_exchange(self, current, new, success, failure)
-        }
-    }
+    use loom::sync::atomic::AtomicPtr as LoomAtomicPtr;
 
-    type Cell<T> = Published<T, loom::sync::atomic::AtomicPtr<T>>;
+    forward_ptr_cell!(LoomAtomicPtr);
+
+    type Cell<T> = Published<T, LoomAtomicPtr<T>>;
 
     fn cell<T>() -> Cell<T> {
-        Published::over(loom::sync::atomic::AtomicPtr::new(ptr::null_mut()))
+        Published::over(LoomAtomicPtr::new(ptr::null_mut()))
     }
 
     /// A value whose content is written after it is created, as a table's fields are
@@ -285,17 +279,30 @@ mod loom_tests {
         }
     }
 
+    /// A shared cell, the drop counter of its values, and a thread that publishes
+    /// `Built::new(id)` into the cell and returns the id of the value it got back.
+    fn cell_and_publisher(
+        id: u64,
+    ) -> (
+        Arc<Cell<Built>>,
+        Arc<AtomicUsize>,
+        loom::thread::JoinHandle<u64>,
+    ) {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let c = Arc::new(cell::<Built>());
+        let publisher = {
+            let (c, drops) = (c.clone(), drops.clone());
+            loom::thread::spawn(move || {
+                c.publish(Built::new(id, &drops)).id.load(Ordering::Relaxed)
+            })
+        };
+        (c, drops, publisher)
+    }
+
     #[test]
     fn loom_racing_publishers_agree_and_exactly_the_loser_is_dropped() {
         loom::model(|| {
-            let drops = Arc::new(AtomicUsize::new(0));
-            let c = Arc::new(cell::<Built>());
-            let other = {
-                let (c, drops) = (c.clone(), drops.clone());
-                loom::thread::spawn(move || {
-                    c.publish(Built::new(2, &drops)).id.load(Ordering::Relaxed)
-                })
-            };
+            let (c, drops, other) = cell_and_publisher(2);
             let mine = c.publish(Built::new(1, &drops)).id.load(Ordering::Relaxed);
             let theirs = other.join().unwrap();
             assert_eq!(
@@ -312,14 +319,7 @@ mod loom_tests {
     #[test]
     fn loom_a_reader_sees_only_a_fully_built_value() {
         loom::model(|| {
-            let drops = Arc::new(AtomicUsize::new(0));
-            let c = Arc::new(cell::<Built>());
-            let publisher = {
-                let (c, drops) = (c.clone(), drops.clone());
-                loom::thread::spawn(move || {
-                    c.publish(Built::new(7, &drops));
-                })
-            };
+            let (c, _drops, publisher) = cell_and_publisher(7);
             if let Some(v) = c.get() {
                 assert_eq!(v.id.load(Ordering::Relaxed), 7, "read before it was built");
             }

@@ -80,8 +80,7 @@ macro_rules! fn_table {
             $(pub(crate) $name: Option<pfn::$name>,)*
         }
 
-        impl $table {
-            /// Resolves every entry in `lib` with the real dlsym.
+        impl FnTable for $table {
             fn resolve(dlsym: DlsymFn, lib: *mut c_void) -> Self {
                 Self {$(
                     // SAFETY: dlsym on a live handle with a NUL-terminated name; a non-null
@@ -96,20 +95,28 @@ macro_rules! fn_table {
                 )*}
             }
 
+            fn addresses(&self) -> Vec<usize> {
+                vec![$(self.$name.map_or(0, |f| f as usize),)*]
+            }
+        }
+
+        impl $table {
             /// A table with no functions (tests).
             #[cfg(test)]
             #[allow(dead_code)]
             fn none() -> Self {
                 Self {$($name: None,)*}
             }
-
-            /// `(symbol, real address)` for every entry, in declaration-list order.
-            #[allow(dead_code)]
-            fn addresses(&self) -> Vec<usize> {
-                vec![$(self.$name.map_or(0, |f| f as usize),)*]
-            }
         }
     };
+}
+
+/// A table of real entry points, as [`fn_table!`] generates one from the declaration list.
+pub(crate) trait FnTable {
+    /// Resolves every entry in `lib` with the real dlsym.
+    fn resolve(dlsym: DlsymFn, lib: *mut c_void) -> Self;
+    /// The real address of every entry (0 where absent), in declaration-list order.
+    fn addresses(&self) -> Vec<usize>;
 }
 
 macro_rules! cuda_hooked_table { ($($t:tt)*) => { fn_table!(CudaHooked; $($t)*); }; }
@@ -121,32 +128,28 @@ cuda_used_functions!(cuda_used_table);
 nvml_hooked_functions!(nvml_hooked_table);
 nvml_used_functions!(nvml_used_table);
 
-/// The real CUDA driver.
+/// A real library: the functions we hook (`H`, what our wrappers forward to) and the ones we
+/// call without hooking (`U`).
 #[derive(Debug)]
-pub(crate) struct Cuda {
-    /// Hooked functions (what our wrappers forward to).
-    pub(crate) h: CudaHooked,
+pub(crate) struct Library<H, U> {
+    /// Hooked functions.
+    pub(crate) h: H,
     /// Functions we call without hooking.
-    pub(crate) u: CudaUsed,
+    pub(crate) u: U,
     /// The `dlopen` handle.
     handle: usize,
-    /// Real address of each entry of `CUDA_HOOKED_SYMBOLS` (0 if absent).
+    /// Real address of each entry of the library's hooked symbols (`CUDA_HOOKED_SYMBOLS`,
+    /// `NVML_HOOKED_SYMBOLS`; 0 if absent).
     hooked_addrs: Vec<usize>,
 }
 
+/// The real CUDA driver.
+pub(crate) type Cuda = Library<CudaHooked, CudaUsed>;
 /// The real NVML library.
-#[derive(Debug)]
-pub(crate) struct Nvml {
-    /// Hooked functions.
-    pub(crate) h: NvmlHooked,
-    /// Functions we call without hooking.
-    pub(crate) u: NvmlUsed,
-    handle: usize,
-    hooked_addrs: Vec<usize>,
-}
+pub(crate) type Nvml = Library<NvmlHooked, NvmlUsed>;
 
-impl Cuda {
-    /// Index into `CUDA_HOOKED_SYMBOLS` of the hooked symbol whose real address is `addr`.
+impl<H, U> Library<H, U> {
+    /// Index into the hooked symbols of the one whose real address is `addr`.
     pub(crate) fn hooked_index_of(&self, addr: usize) -> Option<usize> {
         if addr == 0 {
             return None;
@@ -154,15 +157,32 @@ impl Cuda {
         self.hooked_addrs.iter().position(|&a| a == addr)
     }
 
-    /// Real address of `CUDA_HOOKED_SYMBOLS[index]` (0 if the driver lacks it).
+    /// Real address of hooked symbol `index` (0 if the library lacks it).
     pub(crate) fn hooked_addr(&self, index: usize) -> usize {
         self.hooked_addrs.get(index).copied().unwrap_or(0)
     }
 
-    /// Whether `handle` is the handle we hold for the driver.
+    /// Whether `handle` is the handle we hold for the library.
     #[allow(dead_code)]
     pub(crate) fn is_handle(&self, handle: *mut c_void) -> bool {
         handle as usize == self.handle
+    }
+}
+
+impl<H: FnTable, U: FnTable> Library<H, U> {
+    /// Opens `name` and resolves both tables in it; `Err` with `dlerror()`'s reason when it
+    /// does not open.
+    fn open(name: &CStr) -> Result<Self, String> {
+        let Some((dlsym, lib)) = open(name) else {
+            return Err(dlerror());
+        };
+        let h = H::resolve(dlsym, lib);
+        Ok(Self {
+            hooked_addrs: h.addresses(),
+            h,
+            u: U::resolve(dlsym, lib),
+            handle: lib as usize,
+        })
     }
 }
 
@@ -176,22 +196,6 @@ impl Cuda {
             handle: 0,
             hooked_addrs,
         }
-    }
-}
-
-impl Nvml {
-    /// Index into `NVML_HOOKED_SYMBOLS` of the hooked symbol whose real address is `addr`.
-    pub(crate) fn hooked_index_of(&self, addr: usize) -> Option<usize> {
-        if addr == 0 {
-            return None;
-        }
-        self.hooked_addrs.iter().position(|&a| a == addr)
-    }
-
-    /// Whether `handle` is the handle we hold for NVML.
-    #[allow(dead_code)]
-    pub(crate) fn is_handle(&self, handle: *mut c_void) -> bool {
-        handle as usize == self.handle
     }
 }
 
@@ -220,68 +224,45 @@ fn open(name: &CStr) -> Option<(DlsymFn, *mut c_void)> {
 pub(crate) fn cuda() -> Result<&'static Cuda, CUresult> {
     match CUDA.get() {
         Some(cuda) => Ok(cuda),
-        None => load_cuda(),
+        None => load(&CUDA, LIBCUDA, CUresult::NOT_INITIALIZED, |why| {
+            static LOGGED: AtomicUsize = AtomicUsize::new(0);
+            if LOGGED.swap(1, Ordering::Relaxed) == 0 {
+                let lib = LIBCUDA.to_string_lossy();
+                vlog!(ERROR, "cannot load the real driver {lib}: {why}");
+            }
+            CUresult::NOT_INITIALIZED
+        }),
     }
-}
-
-#[cold]
-fn load_cuda() -> Result<&'static Cuda, CUresult> {
-    let Some(_guard) = LoaderGuard::enter() else {
-        return Err(CUresult::NOT_INITIALIZED);
-    };
-    let Some((dlsym, lib)) = open(LIBCUDA) else {
-        static LOGGED: AtomicUsize = AtomicUsize::new(0);
-        if LOGGED.swap(1, Ordering::Relaxed) == 0 {
-            vlog!(
-                ERROR,
-                "cannot load the real driver {}: {}",
-                LIBCUDA.to_string_lossy(),
-                dlerror()
-            );
-        }
-        return Err(CUresult::NOT_INITIALIZED);
-    };
-    let h = CudaHooked::resolve(dlsym, lib);
-    let table = Cuda {
-        h,
-        u: CudaUsed::resolve(dlsym, lib),
-        handle: lib as usize,
-        hooked_addrs: h.addresses(),
-    };
-    // A losing thread's extra dlopen reference is harmless (the library stays loaded).
-    Ok(CUDA.publish(table))
 }
 
 /// Real NVML, loading it on first use.
 pub(crate) fn nvml() -> Result<&'static Nvml, nvmlReturn_t> {
     match NVML.get() {
         Some(nvml) => Ok(nvml),
-        None => load_nvml(),
+        None => load(&NVML, LIBNVML, nvmlReturn_t::UNINITIALIZED, |why| {
+            vlog!(ERROR, "cannot load {}: {why}", LIBNVML.to_string_lossy());
+            nvmlReturn_t::LIBRARY_NOT_FOUND
+        }),
     }
 }
 
+/// Loads library `name` into `cell` under the loader guard: `reentered` when this thread is
+/// already loading (a hook reached from inside `dlopen`), `failed(dlerror)` when it does not
+/// open. A losing thread's extra dlopen reference is harmless (the library stays loaded).
 #[cold]
-fn load_nvml() -> Result<&'static Nvml, nvmlReturn_t> {
+fn load<H: FnTable, U: FnTable, E>(
+    cell: &'static Published<Library<H, U>>,
+    name: &CStr,
+    reentered: E,
+    failed: impl FnOnce(String) -> E,
+) -> Result<&'static Library<H, U>, E> {
     let Some(_guard) = LoaderGuard::enter() else {
-        return Err(nvmlReturn_t::UNINITIALIZED);
+        return Err(reentered);
     };
-    let Some((dlsym, lib)) = open(LIBNVML) else {
-        vlog!(
-            ERROR,
-            "cannot load {}: {}",
-            LIBNVML.to_string_lossy(),
-            dlerror()
-        );
-        return Err(nvmlReturn_t::LIBRARY_NOT_FOUND);
-    };
-    let h = NvmlHooked::resolve(dlsym, lib);
-    let table = Nvml {
-        h,
-        u: NvmlUsed::resolve(dlsym, lib),
-        handle: lib as usize,
-        hooked_addrs: h.addresses(),
-    };
-    Ok(NVML.publish(table))
+    match Library::open(name) {
+        Ok(table) => Ok(cell.publish(table)),
+        Err(why) => Err(failed(why)),
+    }
 }
 
 fn dlerror() -> String {

@@ -30,7 +30,7 @@ fn a_child_forked_after_nvml_uses_cuda_whichever_way_the_driver_is_reached() {
     for run in runs {
         let via = run.via.clone();
         let o = fork_after(&run, "nvml");
-        let ctx = format!("via {via}:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+        let ctx = format!("via {via}:\n{o}");
         assert_eq!(o.get("parent_nvml_meminfo"), "0", "{ctx}");
         assert_eq!(
             o.u("parent_nvml_total"),
@@ -92,10 +92,7 @@ fn with_enforcement_off_nothing_takes_device_memory() {
                 .var("VGPU_SIM_CTX_OVERHEAD", "64m")
                 .via(via)
                 .run(&["takes"]);
-            let ctx = format!(
-                "via {via} under {:?}:\n{}\n{}",
-                run.vars, o.stdout, o.stderr
-            );
+            let ctx = format!("via {via} under {:?}:\n{o}", run.vars);
             for what in ["retain", "create", "alloc"] {
                 assert_eq!(o.get(what), "2", "{what} must be refused: {ctx}");
             }
@@ -109,7 +106,7 @@ fn with_enforcement_off_nothing_takes_device_memory() {
     // The same program with a working configuration takes all of it.
     let o = Run::hooked("256m").run(&["takes"]);
     for what in ["init", "retain", "create", "module", "library", "alloc"] {
-        assert_eq!(o.get(what), "0", "{what}: {}\n{}", o.stdout, o.stderr);
+        assert_eq!(o.get(what), "0", "{what}: {o}");
     }
 }
 
@@ -122,7 +119,7 @@ fn a_reset_primary_context_is_charged_again_when_retained() {
             .var("VGPU_SIM_CTX_OVERHEAD", "64m")
             .via(via)
             .run(&["reset", "234881024"]);
-        let ctx = format!("via {via}:\n{}\n{}", o.stdout, o.stderr);
+        let ctx = format!("via {via}:\n{o}");
         assert_eq!(o.u("used_first"), 64 * MIB, "{ctx}");
         assert_eq!(o.get("reset"), "0", "{ctx}");
         assert_eq!(
@@ -305,13 +302,7 @@ fn per_device_limits_follow_the_gpu_not_the_process_ordinal() {
     assert_eq!(run.run(&["try", "1048576"]).get("alloc"), "0");
     let one = run.clone().var("CUDA_VISIBLE_DEVICES", "1");
     let o = one.run(&["info"]);
-    assert_eq!(
-        o.u("dev0_total_mem"),
-        128 * MIB,
-        "{}\n{}",
-        o.stdout,
-        o.stderr
-    );
+    assert_eq!(o.u("dev0_total_mem"), 128 * MIB, "{o}");
     assert_eq!(one.run(&["try", "209715200"]).get("alloc"), "2");
     let zero = run.clone().var("CUDA_VISIBLE_DEVICES", "0");
     assert_eq!(zero.run(&["try", "209715200"]).get("alloc"), "0");
@@ -330,13 +321,7 @@ fn a_gpu_the_file_does_not_list_is_refused_with_a_clear_error() {
     let only0 = run.clone().var("CUDA_VISIBLE_DEVICES", "0");
     assert_eq!(only0.run(&["try", "1048576"]).get("alloc"), "0");
     let o = run.clone().var("CUDA_VISIBLE_DEVICES", "1").run(&["takes"]);
-    assert_eq!(
-        o.get("retain"),
-        "2",
-        "its context is refused:\n{}\n{}",
-        o.stdout,
-        o.stderr
-    );
+    assert_eq!(o.get("retain"), "2", "its context is refused:\n{o}");
     assert_eq!(o.get("create"), "2", "{}", o.stdout);
     assert!(
         o.stderr

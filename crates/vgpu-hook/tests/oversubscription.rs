@@ -135,6 +135,8 @@ fn program() -> &'static Standalone {
 
 /// The program running under the hook, driven line by line.
 struct Running {
+    /// The usage file's tag, naming the case in failure messages.
+    tag: String,
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -144,7 +146,7 @@ struct Running {
 impl Running {
     /// Starts the program on a fresh usage file named after `tag`.
     fn start(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
-        let _ = std::fs::remove_file(program().dir.join(format!("{tag}.cache")));
+        program().fresh_cache(&format!("{tag}.cache"));
         Self::join(tag, limit, vars, args)
     }
 
@@ -176,6 +178,7 @@ impl Running {
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let mut r = Running {
+            tag: tag.to_owned(),
             child,
             stdin,
             stdout,
@@ -202,6 +205,34 @@ impl Running {
         writeln!(self.stdin, "{line}").unwrap();
         self.stdin.flush().unwrap();
         self.until("done")
+    }
+
+    /// Frees allocations `ks`.
+    fn free(&mut self, ks: std::ops::Range<usize>) {
+        for k in ks {
+            self.cmd(&format!("free {k}"));
+        }
+    }
+
+    /// Synchronizes with `sync` (`cuCtxSynchronize`) or `sync2` (`cuCtxSynchronize_v2`),
+    /// then checks that `intact` live allocations kept their pattern and none lost it.
+    #[track_caller]
+    fn sync_expecting_intact(&mut self, sync: &str, intact: u64) {
+        let out = self.cmd(sync);
+        assert_eq!(
+            (value(&out, "intact"), value(&out, "bad")),
+            (intact, 0),
+            "{}: {out}",
+            self.tag
+        );
+    }
+
+    /// [`Self::sync_expecting_intact`], then checks where the memory is: (device-resident,
+    /// host-backed) bytes, `why` saying what that means.
+    #[track_caller]
+    fn sync_expecting(&mut self, sync: &str, intact: u64, device_host: (u64, u64), why: &str) {
+        self.sync_expecting_intact(sync, intact);
+        assert_eq!(usage(&self.table()), device_host, "{}: {why}", self.tag);
     }
 
     fn table(&self) -> TableSnapshot {
@@ -232,15 +263,22 @@ fn usage(t: &TableSnapshot) -> (u64, u64) {
 
 const OVERSUBSCRIBE: &[(&str, &str)] = &[("CUDA_OVERSUBSCRIBE", "true")];
 
-#[test]
-fn with_oversubscription_allocations_past_the_device_are_host_backed_and_come_back() {
+/// Twelve 16 MiB allocations by `cuMemAlloc`.
+const TWELVE_CHUNKS: &[&str] = &["alloc", "12", "16777216"];
+
+/// Twelve chunks under a 256 MiB limit with oversubscription on and the `extra` settings
+/// (with none: 7 fit on the device beside the context, 5 are host-backed).
+fn oversubscribed(tag: &str, extra: &[(&str, &str)]) -> (Running, String) {
+    let vars = [OVERSUBSCRIBE, extra].concat();
+    Running::start(tag, "256m", &vars, TWELVE_CHUNKS)
+}
+
+/// Twelve chunks oversubscribed, then freed in two steps with a synchronize by `sync` (`sync`:
+/// `cuCtxSynchronize`, `sync2`: `cuCtxSynchronize_v2`) between: host-backed chunks move back
+/// as room frees up, intact, and everything is given back at the end.
+fn host_backed_chunks_move_back_at(sync: &str) {
     // A 256 MiB limit on a 128 MiB device: 7 chunks fit beside the context, 5 are host-backed.
-    let (mut p, out) = Running::start(
-        "oversub",
-        "256m",
-        OVERSUBSCRIBE,
-        &["alloc", "12", "16777216"],
-    );
+    let (mut p, out) = oversubscribed(&format!("oversub-{sync}"), &[]);
     assert_eq!(value(&out, "allocated"), 12, "{out}");
     let (device, host) = usage(&p.table());
     assert_eq!(device, CONTEXT + 7 * CHUNK);
@@ -249,30 +287,29 @@ fn with_oversubscription_allocations_past_the_device_are_host_backed_and_come_ba
     // The view: a device as large as the limit, everything held counted.
     assert_eq!(value(&out, "total"), 256 * MIB);
     assert_eq!(value(&out, "free"), 256 * MIB - CONTEXT - 12 * CHUNK);
-    let out = p.cmd("sync");
-    assert_eq!(
-        (value(&out, "intact"), value(&out, "bad")),
-        (12, 0),
-        "{out}"
-    );
-    assert_eq!(
-        usage(&p.table()),
+    p.sync_expecting(
+        sync,
+        12,
         (CONTEXT + 7 * CHUNK, 5 * CHUNK),
-        "no room: nothing moved"
+        "no room: nothing moved",
     );
     // Three device chunks freed: three host-backed ones move back at the next sync, intact.
-    for k in 0..3 {
-        p.cmd(&format!("free {k}"));
-    }
-    let out = p.cmd("sync");
-    assert_eq!((value(&out, "intact"), value(&out, "bad")), (9, 0), "{out}");
-    assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 2 * CHUNK));
+    p.free(0..3);
+    p.sync_expecting(
+        sync,
+        9,
+        (CONTEXT + 7 * CHUNK, 2 * CHUNK),
+        "three host-backed chunks moved back",
+    );
     // Freed, host-backed or moved: everything given back.
-    for k in 3..12 {
-        p.cmd(&format!("free {k}"));
-    }
-    assert_eq!(usage(&p.table()), (CONTEXT, 0));
+    p.free(3..12);
+    assert_eq!(usage(&p.table()), (CONTEXT, 0), "{sync}");
     p.finish();
+}
+
+#[test]
+fn with_oversubscription_allocations_past_the_device_are_host_backed_and_come_back() {
+    host_backed_chunks_move_back_at("sync");
 }
 
 #[test]
@@ -280,34 +317,12 @@ fn cuda_13s_context_synchronize_moves_memory_back_too() {
     // CUDA 13's runtime may synchronize through cuCtxSynchronize_v2 (the H200 run of
     // 2026-12-01: a PyTorch loop's host-backed memory never came back at
     // torch.cuda.synchronize). It is the same sync point.
-    let (mut p, out) = Running::start(
-        "oversub-v2",
-        "256m",
-        OVERSUBSCRIBE,
-        &["alloc", "12", "16777216"],
-    );
-    assert_eq!(value(&out, "allocated"), 12, "{out}");
-    assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 5 * CHUNK));
-    for k in 0..3 {
-        p.cmd(&format!("free {k}"));
-    }
-    let out = p.cmd("sync2");
-    assert_eq!((value(&out, "intact"), value(&out, "bad")), (9, 0), "{out}");
-    assert_eq!(
-        usage(&p.table()),
-        (CONTEXT + 7 * CHUNK, 2 * CHUNK),
-        "three host-backed chunks moved back at cuCtxSynchronize_v2"
-    );
-    for k in 3..12 {
-        p.cmd(&format!("free {k}"));
-    }
-    assert_eq!(usage(&p.table()), (CONTEXT, 0));
-    p.finish();
+    host_backed_chunks_move_back_at("sync2");
 }
 
 #[test]
 fn without_host_backing_the_full_device_refuses() {
-    let (p, out) = Running::start("off", "256m", &[], &["alloc", "12", "16777216"]);
+    let (p, out) = Running::start("off", "256m", &[], TWELVE_CHUNKS);
     assert_eq!(value(&out, "allocated"), 7, "{out}");
     assert_eq!(value(&out, "last"), 2, "CUDA_ERROR_OUT_OF_MEMORY");
     assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 0));
@@ -327,12 +342,11 @@ fn host_spill_goes_past_the_limit_into_host_memory_only() {
     assert_eq!(value(&out, "total"), 64 * MIB);
     assert_eq!(value(&out, "free"), 0);
     p.cmd("free 0");
-    let out = p.cmd("sync");
-    assert_eq!((value(&out, "intact"), value(&out, "bad")), (6, 0), "{out}");
-    assert_eq!(
-        usage(&p.table()),
+    p.sync_expecting(
+        "sync",
+        6,
         (CONTEXT + 3 * CHUNK, 3 * CHUNK),
-        "one moved back"
+        "one moved back",
     );
     p.finish();
     let (p, out) = Running::start("nospill", "64m", &[], &["alloc", "10", "16777216"]);
@@ -355,19 +369,15 @@ fn pitched_and_vmm_allocations_are_host_backed_too() {
             device <= PHYSICAL && host >= 5 * CHUNK,
             "{how}: {device} {host}"
         );
-        let out = p.cmd("sync");
-        assert_eq!(
-            (value(&out, "intact"), value(&out, "bad")),
-            (12, 0),
-            "{how}: {out}"
-        );
+        // The tag (`pitch-o`, `vmm-o`) names the case.
+        p.sync_expecting_intact("sync", 12);
         p.finish();
     }
 }
 
 #[test]
 fn a_killed_process_gives_back_its_host_backed_memory() {
-    let (mut p, out) = Running::start("kill", "256m", OVERSUBSCRIBE, &["alloc", "12", "16777216"]);
+    let (mut p, out) = oversubscribed("kill", &[]);
     assert_eq!(value(&out, "allocated"), 12);
     assert_eq!(usage(&p.table()).1, 5 * CHUNK);
     p.child.kill().unwrap();
@@ -381,11 +391,7 @@ fn a_killed_process_gives_back_its_host_backed_memory() {
 fn when_the_host_refuses_to_pin_the_allocation_fails_cleanly() {
     // The host lets the process pin 32 MiB (RLIMIT_MEMLOCK or the cgroup, as the simulator
     // models it): two chunks are host-backed, the next allocation is a clean out-of-memory.
-    let vars = &[
-        ("CUDA_OVERSUBSCRIBE", "true"),
-        ("VGPU_SIM_HOST_PINNED_LIMIT", "32m"),
-    ];
-    let (mut p, out) = Running::start("pinlimit", "256m", vars, &["alloc", "12", "16777216"]);
+    let (mut p, out) = oversubscribed("pinlimit", &[("VGPU_SIM_HOST_PINNED_LIMIT", "32m")]);
     assert_eq!(value(&out, "allocated"), 9, "{out}");
     assert_eq!(value(&out, "last"), 2, "CUDA_ERROR_OUT_OF_MEMORY");
     assert_eq!(
@@ -393,8 +399,7 @@ fn when_the_host_refuses_to_pin_the_allocation_fails_cleanly() {
         (CONTEXT + 7 * CHUNK, 2 * CHUNK),
         "nothing charged for it"
     );
-    let out = p.cmd("sync");
-    assert_eq!((value(&out, "intact"), value(&out, "bad")), (9, 0), "{out}");
+    p.sync_expecting_intact("sync", 9);
     p.finish();
 }
 
@@ -410,12 +415,11 @@ fn the_device_reserve_stays_free() {
     assert_eq!(value(&out, "allocated"), 8, "{out}");
     assert_eq!(usage(&p.table()), (CONTEXT + 4 * CHUNK, 4 * CHUNK));
     p.cmd("free 0");
-    let out = p.cmd("sync");
-    assert_eq!((value(&out, "intact"), value(&out, "bad")), (7, 0), "{out}");
-    assert_eq!(
-        usage(&p.table()),
+    p.sync_expecting(
+        "sync",
+        7,
         (CONTEXT + 4 * CHUNK, 3 * CHUNK),
-        "one moved back"
+        "one moved back",
     );
     p.finish();
     // Without host backing the reserve means nothing: the device fills as before.
@@ -434,46 +438,22 @@ fn a_move_that_fails_leaves_the_allocation_in_host_memory_intact() {
     // The first device-to-device copy of a move fails (the simulator's fault injection): the
     // allocation stays host-backed with its data, the move's device charge is given back, and
     // the next synchronize moves it.
-    let vars = &[
-        ("CUDA_OVERSUBSCRIBE", "true"),
-        ("VGPU_SIM_FAULTS", "cuMemcpyDtoD_v2:1:2"),
-    ];
-    let (mut p, out) = Running::start("failmove", "256m", vars, &["alloc", "12", "16777216"]);
+    let (mut p, out) = oversubscribed("failmove", &[("VGPU_SIM_FAULTS", "cuMemcpyDtoD_v2:1:2")]);
     assert_eq!(value(&out, "allocated"), 12, "{out}");
     p.cmd("free 0");
-    let out = p.cmd("sync");
-    assert_eq!(
-        (value(&out, "intact"), value(&out, "bad")),
-        (11, 0),
-        "{out}"
-    );
-    assert_eq!(
-        usage(&p.table()),
+    p.sync_expecting(
+        "sync",
+        11,
         (CONTEXT + 6 * CHUNK, 5 * CHUNK),
-        "nothing moved, nothing left charged by the failed move"
+        "nothing moved, nothing left charged by the failed move",
     );
-    let out = p.cmd("sync");
-    assert_eq!(
-        (value(&out, "intact"), value(&out, "bad")),
-        (11, 0),
-        "{out}"
-    );
-    assert_eq!(
-        usage(&p.table()),
-        (CONTEXT + 7 * CHUNK, 4 * CHUNK),
-        "moved now"
-    );
+    p.sync_expecting("sync", 11, (CONTEXT + 7 * CHUNK, 4 * CHUNK), "moved now");
     p.finish();
 }
 
 #[test]
 fn destroying_the_context_frees_its_host_backed_allocations() {
-    let (mut p, out) = Running::start(
-        "destroy",
-        "256m",
-        OVERSUBSCRIBE,
-        &["alloc", "12", "16777216"],
-    );
+    let (mut p, out) = oversubscribed("destroy", &[]);
     assert_eq!(value(&out, "allocated"), 12, "{out}");
     assert_eq!(usage(&p.table()).1, 5 * CHUNK);
     p.cmd("destroy");
@@ -500,7 +480,7 @@ fn host_backed_bytes_are_charged_on_the_gpu_not_the_ordinal() {
         ("CUDA_OVERSUBSCRIBE", "true"),
         ("CUDA_VISIBLE_DEVICES", "1"),
     ];
-    let (second, out) = Running::join("gpus", "256m", second_only, &["alloc", "12", "16777216"]);
+    let (second, out) = Running::join("gpus", "256m", second_only, TWELVE_CHUNKS);
     assert_eq!(value(&out, "allocated"), 12, "{out}");
     let t = second.table();
     assert_eq!(t.devices[1].host, 5 * CHUNK, "on the second GPU");

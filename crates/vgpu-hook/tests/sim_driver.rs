@@ -129,7 +129,7 @@ fn check_path(path: &str, via: &str) {
 
 fn check_path_with(path: &str, via: &str, run: Run) {
     let o = run.via(via).run(&["counted", path, "50331648", "33554432"]);
-    let ctx = format!("path {path} via {via}:\n{}\n{}", o.stdout, o.stderr);
+    let ctx = format!("path {path} via {via}:\n{o}");
     assert_eq!(o.get("take"), "0", "{ctx}");
     assert_eq!(o.get("probe_held"), "2", "not counted: {ctx}");
     assert_eq!(o.get("give"), "0", "{ctx}");
@@ -202,7 +202,7 @@ fn contexts_are_measured_and_counted() {
             .var("VGPU_SIM_CTX_OVERHEAD", "24m")
             .via(via)
             .run(&["counted", "ctx", "0", "67108864"]);
-        let ctx = format!("via {via}:\n{}\n{}", o.stdout, o.stderr);
+        let ctx = format!("via {via}:\n{o}");
         assert_eq!(o.get("take"), "0", "{ctx}");
         assert_eq!(
             o.get("probe_held"),
@@ -247,9 +247,7 @@ fn processes_share_one_limit_and_a_killed_one_gives_its_memory_back() {
     assert_eq!(
         o.get("alloc"),
         "0",
-        "a dead process's usage still counted:\n{}\n{}",
-        o.stdout,
-        o.stderr
+        "a dead process's usage still counted:\n{o}"
     );
 }
 
@@ -498,7 +496,7 @@ fn kernels_launch_every_way_under_the_hook() {
         let run = Run::hooked("256m").via(via);
         assert_hooked(&run, 256 * MIB);
         let o = run.run(&["launch", "200"]);
-        let ctx = format!("via {via}:\n{}\n{}", o.stdout, o.stderr);
+        let ctx = format!("via {via}:\n{o}");
         assert_eq!(o.get("fill"), "0", "{ctx}");
         assert_eq!(o.get("fill_ok"), "1", "{ctx}");
         assert_eq!(o.get("launch_errors"), "0", "{ctx}");
@@ -723,7 +721,7 @@ fn code_past_the_limit_is_refused_when_loaded_and_charged_anyway_when_lazy() {
         .var("VGPU_SIM_MODULE_OVERHEAD", "32m")
         .var("CUDA_MODULE_LOADING", "EAGER");
     let o = run.run(&["code", "module", "4194304"]);
-    assert_eq!(o.get("load"), "2", "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.get("load"), "2", "{o}");
     assert_eq!(o.u("used_loaded"), 0, "{}", o.stdout);
     assert!(
         o.stderr.contains("out of memory on device 0"),
@@ -763,7 +761,7 @@ fn hot_paths_make_no_nvml_query_and_direct_allocations_are_rate_limited() {
         .var("VGPU_SIM_MODULE_OVERHEAD", "2m")
         .var("VGPU_RECONCILE_MS", "0")
         .run(&["hot", "2000"]);
-    let ctx = format!("{}\n{}", o.stdout, o.stderr);
+    let ctx = o.to_string();
     assert_eq!(o.get("hot_errors"), "0", "{ctx}");
     assert_eq!(o.num("nvml_hot"), 0, "a hot path queried NVML: {ctx}");
     assert!(
@@ -774,7 +772,7 @@ fn hot_paths_make_no_nvml_query_and_direct_allocations_are_rate_limited() {
     let o = Run::hooked("1g")
         .var("VGPU_SIM_MODULE_OVERHEAD", "2m")
         .run(&["hot", "2000"]);
-    let ctx = format!("{}\n{}", o.stdout, o.stderr);
+    let ctx = o.to_string();
     assert_eq!(o.num("nvml_hot"), 0, "{ctx}");
     let ms: f64 = o.get("direct_ms").parse().unwrap();
     assert!(
@@ -833,7 +831,7 @@ fn a_process_that_exits_normally_leaves_the_table_at_once() {
     for how in ["return", "thread", "pthread_exit"] {
         let run = Run::hooked("256m");
         let o = run.run(&["exit", how, "8388608"]);
-        let ctx = format!("exit by {how}:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+        let ctx = format!("exit by {how}:\n{o}");
         assert!(o.u("used") >= 8 * MIB, "{ctx}");
         if how == "thread" {
             // Another thread was allocating and freeing while exit() ran.

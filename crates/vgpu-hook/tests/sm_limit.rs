@@ -165,6 +165,30 @@ fn parse(out: &Output) -> Measured {
     }
 }
 
+/// Waits for a run of the program and reads what it measured.
+fn measured(child: std::process::Child) -> Measured {
+    parse(&child.wait_with_output().unwrap())
+}
+
+/// The usage file `cache` as it is now.
+fn snapshot(cache: &std::path::Path) -> vgpu_shm::TableSnapshot {
+    vgpu_shm::UsageTable::open_read_only(cache)
+        .expect("open the shared file")
+        .snapshot()
+}
+
+/// The throughput, in percent of an unlimited run's, that a GPU held busy `target`% should
+/// reach (the unlimited run kept it busy `unlimited.busy_pct`%).
+fn expected_ratio(target: f64, unlimited: Measured) -> f64 {
+    target * 100.0 / unlimited.busy_pct.max(1.0)
+}
+
+/// Whether `ratio` is within a factor `factor` of `expected` either way (throughput on a
+/// loaded test machine is noisy: only a coarse check).
+fn near(ratio: f64, expected: f64, factor: f64) -> bool {
+    ratio < expected * factor && ratio > expected / factor
+}
+
 /// The limit holds if the GPU was busy `target`% of the time (± `tol` points), and the
 /// program made progress at the matching rate compared with an unlimited run.
 fn check_held(
@@ -185,9 +209,8 @@ fn check_held(
             limited.busy_pct
         ));
     }
-    // Throughput on a loaded test machine is noisy: only a coarse check.
-    let expected = target * 100.0 / unlimited.busy_pct.max(1.0);
-    if !(ratio < expected * 1.6 && ratio > expected / 1.6) {
+    let expected = expected_ratio(target, unlimited);
+    if !near(ratio, expected, 1.6) {
         return Err(format!(
             "{what}: throughput {ratio:.1}% of unlimited, expected about {expected:.1}%"
         ));
@@ -198,8 +221,9 @@ fn check_held(
 /// Measures an unlimited and a limited run of `mode` and checks the limit held. The simulated
 /// GPU's kernels are CPU threads, so a burst of load from elsewhere on a 2-core machine can
 /// stretch one measurement: a failed check is measured once more, and both must fail for the
-/// test to fail (a real regression fails every time).
+/// test to fail (a real regression fails every time). Takes the [`serial`] lock.
 fn assert_held(what: &str, mode: char, kernel_us: u64, limit: u32, tol: f64) {
+    let _one = serial();
     let mut failures = Vec::new();
     for attempt in 0..2 {
         let base = baseline(mode, kernel_us);
@@ -238,13 +262,11 @@ fn baseline(mode: char, kernel_us: u64) -> Measured {
 
 #[test]
 fn kernel_launches_are_held_to_the_limit() {
-    let _one = serial();
     assert_held("cuLaunchKernel at 30%", 'k', 2_000, 30, 5.0);
 }
 
 #[test]
 fn cooperative_launches_are_held_to_the_limit() {
-    let _one = serial();
     assert_held("cuLaunchCooperativeKernel at 50%", 'c', 2_000, 50, 5.0);
 }
 
@@ -252,28 +274,25 @@ fn cooperative_launches_are_held_to_the_limit() {
 fn graph_launches_are_measured_and_held() {
     // Capturing goes through the hooked launch too: it must not be throttled or measured
     // (the simulator rejects events on a capturing stream), and the graph's launches are.
-    let _one = serial();
     assert_held("cuGraphLaunch at 25%", 'g', 1_000, 25, 5.0);
+}
+
+/// The program for 2 s of 2 ms kernels after a 1 s warm-up on file `cache` under
+/// `CUDA_DEVICE_SM_LIMIT=limit`, NVML's window the measured span: a run that contends.
+fn two_seconds_limited(cache: &std::path::Path, limit: &str) -> std::process::Command {
+    let mut cmd = env().hooked(&["2", "2000000", "k", "1.0"], cache);
+    cmd.env("CUDA_DEVICE_SM_LIMIT", limit)
+        .env("VGPU_SIM_UTIL_WINDOW_MS", "2000");
+    cmd
 }
 
 #[test]
 fn two_processes_share_one_container_limit() {
     let _one = serial();
-    let e = env();
-    let cache = e.dir.join("shared50.cache");
-    let _ = std::fs::remove_file(&cache);
-    let spawn_one = || {
-        e.hooked(&["2", "2000000", "k", "1.0"], &cache)
-            .env("CUDA_DEVICE_SM_LIMIT", "50")
-            .env("VGPU_SIM_UTIL_WINDOW_MS", "2000")
-            .spawn()
-            .expect("spawn")
-    };
+    let cache = env().fresh_cache("shared50.cache");
+    let spawn_one = || two_seconds_limited(&cache, "50").spawn().expect("spawn");
     let (a, b) = (spawn_one(), spawn_one());
-    let (a, b) = (
-        parse(&a.wait_with_output().unwrap()),
-        parse(&b.wait_with_output().unwrap()),
-    );
+    let (a, b) = (measured(a), measured(b));
     eprintln!(
         "two processes at one 50% limit: {}% + {}%",
         a.busy_pct, b.busy_pct
@@ -292,7 +311,6 @@ fn two_processes_share_one_container_limit() {
 
 #[test]
 fn per_thread_stream_launches_are_held() {
-    let _one = serial();
     assert_held("cuLaunchKernel_ptsz at 40%", 'p', 2_000, 40, 5.0);
 }
 
@@ -304,17 +322,10 @@ fn two_containers_announce_themselves_and_take_turns() {
     // so this checks the plumbing and that turns cost no accuracy; the contention they
     // remove is modelled in vgpu-limiter's tests and measured on the H200.)
     let _one = serial();
-    let e = env();
-    let turns = e.dir.join("turns");
-    let _ = std::fs::remove_dir_all(&turns);
-    std::fs::create_dir_all(&turns).unwrap();
+    let turns = env().fresh_dir("turns");
     let spawn_one = |name: &str, pct: &str| {
-        let cache = e.dir.join(name);
-        let _ = std::fs::remove_file(&cache);
-        e.hooked(&["2", "2000000", "k", "1.0"], &cache)
-            .env("CUDA_DEVICE_SM_LIMIT", pct)
+        two_seconds_limited(&env().fresh_cache(name), pct)
             .env("VGPU_TURN_DIR", &turns)
-            .env("VGPU_SIM_UTIL_WINDOW_MS", "2000")
             .spawn()
             .expect("spawn")
     };
@@ -322,10 +333,7 @@ fn two_containers_announce_themselves_and_take_turns() {
         spawn_one("turn30.cache", "30"),
         spawn_one("turn70.cache", "70"),
     );
-    let (a, b) = (
-        parse(&a.wait_with_output().unwrap()),
-        parse(&b.wait_with_output().unwrap()),
-    );
+    let (a, b) = (measured(a), measured(b));
     eprintln!(
         "containers at 30% and 70% taking turns: {}% and {}%",
         a.busy_pct, b.busy_pct
@@ -350,21 +358,15 @@ fn two_containers_announce_themselves_and_take_turns() {
 #[test]
 fn limited_launches_mark_recent_kernel_for_the_monitor() {
     let _one = serial();
-    let e = env();
-    let file = |cache: &str| {
-        vgpu_shm::UsageTable::open_read_only(e.dir.join(cache))
-            .expect("open the shared file")
-            .snapshot()
-    };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
     // With a limit, launching marks the task active (HAMi-core's `recent_kernel = 2`) and
     // records the launch time.
-    let _ = std::fs::remove_file(e.dir.join("rk-limited.cache"));
+    let cache = env().fresh_cache("rk-limited.cache");
     run(Some(50), "rk-limited.cache", 0.3, 1_000, 'k');
-    let limited = file("rk-limited.cache");
+    let limited = snapshot(&cache);
     assert_eq!(limited.recent_kernel, vgpu_shm::RECENT_KERNEL_ACTIVE);
     assert!(
         limited.last_kernel_time.abs_diff(now) <= 5,
@@ -372,9 +374,9 @@ fn limited_launches_mark_recent_kernel_for_the_monitor() {
         limited.last_kernel_time
     );
     // Without one the launch path writes nothing to the file.
-    let _ = std::fs::remove_file(e.dir.join("rk-unlimited.cache"));
+    let cache = env().fresh_cache("rk-unlimited.cache");
     run(None, "rk-unlimited.cache", 0.3, 1_000, 'k');
-    let unlimited = file("rk-unlimited.cache");
+    let unlimited = snapshot(&cache);
     assert_eq!(
         (unlimited.recent_kernel, unlimited.last_kernel_time),
         (0, 0)
@@ -384,11 +386,9 @@ fn limited_launches_mark_recent_kernel_for_the_monitor() {
 #[test]
 fn a_peer_that_stopped_launching_no_longer_holds_back_the_other() {
     let _one = serial();
-    let e = env();
-    let cache = e.dir.join("stale-peer.cache");
-    let _ = std::fs::remove_file(&cache);
+    let cache = env().fresh_cache("stale-peer.cache");
     let command = |args: &[&str]| {
-        let mut cmd = e.hooked(args, &cache);
+        let mut cmd = env().hooked(args, &cache);
         cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
             .env("VGPU_SIM_UTIL_WINDOW_MS", "1500");
         cmd
@@ -399,9 +399,7 @@ fn a_peer_that_stopped_launching_no_longer_holds_back_the_other() {
         .spawn()
         .expect("spawn");
     std::thread::sleep(std::time::Duration::from_millis(1000));
-    let snap = vgpu_shm::UsageTable::open_read_only(&cache)
-        .expect("open the shared file")
-        .snapshot();
+    let snap = snapshot(&cache);
     let published = snap.processes.iter().map(|p| p.devices[0].sm_util).max();
     assert!(
         published.is_some_and(|u| u >= 20),
@@ -443,9 +441,7 @@ fn a_process_seeing_one_gpu_of_two_is_limited_and_reported_on_that_gpu() {
     // second has a 30% limit; a rank that sees only GPU 1 (its device 0) must be held to GPU
     // 1's limit and publish its utilization on GPU 1's index, where HAMi's monitor reads it.
     let _one = serial();
-    let e = env();
-    let cache = e.dir.join("narrowed.cache");
-    let _ = std::fs::remove_file(&cache);
+    let cache = env().fresh_cache("narrowed.cache");
     let command = |args: &[&str]| two_gpu_container(&cache, args);
     // The container's first process sees both GPUs and makes the file.
     parse(&command(&["0.1", "1000000", "k"]).output().unwrap());
@@ -462,9 +458,7 @@ fn a_process_seeing_one_gpu_of_two_is_limited_and_reported_on_that_gpu() {
         let n = std::io::BufRead::read_line(&mut stdout, &mut result).unwrap();
         assert!(n > 0, "the rank ended without a result");
     }
-    let snap = vgpu_shm::UsageTable::open_read_only(&cache)
-        .expect("open the shared file")
-        .snapshot();
+    let snap = snapshot(&cache);
     let out = rank.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -492,9 +486,9 @@ fn a_process_seeing_one_gpu_of_two_is_limited_and_reported_on_that_gpu() {
     let ratio = 100.0 * kps / base.kernels_per_s;
     eprintln!("rank on GPU 1 under its 30% limit: {ratio:.1}% of unlimited throughput");
     // The busy figure is NVML index 0's (GPU 0): throughput tells the limit instead.
-    let expected = 30.0 * 100.0 / base.busy_pct.max(1.0);
+    let expected = expected_ratio(30.0, base);
     assert!(
-        ratio < expected * 1.6 && ratio > expected / 1.6,
+        near(ratio, expected, 1.6),
         "held to GPU 1's 30%: {ratio:.1}% of unlimited, expected about {expected:.1}%"
     );
 }
@@ -505,9 +499,7 @@ fn ranks_seeing_one_gpu_under_different_ordinals_share_its_limit() {
     // GPU 1 of the container, one seeing it as its device 0 (`CUDA_VISIBLE_DEVICES=1`), one
     // as its device 1 (both GPUs): together they are held to GPU 1's 30%.
     let _one = serial();
-    let e = env();
-    let cache = e.dir.join("narrowed-peers.cache");
-    let _ = std::fs::remove_file(&cache);
+    let cache = env().fresh_cache("narrowed-peers.cache");
     parse(
         &two_gpu_container(&cache, &["0.1", "1000000", "k"])
             .output()
@@ -530,10 +522,10 @@ fn ranks_seeing_one_gpu_under_different_ordinals_share_its_limit() {
     // Each simulated process has its own simulated GPU; the limit is the container's. The
     // busy figure is NVML index 0's (GPU 0): throughput tells the limit instead.
     let total = 100.0 * (a.kernels_per_s + b.kernels_per_s) / base.kernels_per_s;
-    let expected = 30.0 * 100.0 / base.busy_pct.max(1.0);
+    let expected = expected_ratio(30.0, base);
     eprintln!("two ranks on GPU 1 at its 30%: together {total:.1}% of unlimited throughput");
     assert!(
-        total < expected * 1.3 && total > expected / 1.3,
+        near(total, expected, 1.3),
         "together held to GPU 1's 30%: {total:.1}% of unlimited, expected about {expected:.1}%"
     );
 }
@@ -546,10 +538,8 @@ fn spawn_sharing(
     seconds: f64,
     vars: &[(&str, &str)],
 ) -> std::process::Child {
-    let e = env();
-    let cache = e.dir.join(cache);
-    let _ = std::fs::remove_file(&cache);
-    let mut cmd = e.hooked(&[&seconds.to_string(), "500000", "k", "0.3"], &cache);
+    let cache = env().fresh_cache(cache);
+    let mut cmd = env().hooked(&[&seconds.to_string(), "500000", "k", "0.3"], &cache);
     cmd.env("VGPU_TURN_DIR", turns)
         .env("VGPU_SM_MODE", "share")
         .env(
@@ -563,19 +553,12 @@ fn spawn_sharing(
     cmd.spawn().expect("spawn")
 }
 
-fn fresh_dir(name: &str) -> std::path::PathBuf {
-    let d = env().dir.join(name);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
 fn share_mode_alone_borrows_up_to_its_ceiling_and_publishes_its_record() {
     // A 30% guarantee with a 60% ceiling, alone on the GPU: it borrows up to 60%, and its
     // record on the board says so (what `vgpu status` reads).
     let _one = serial();
-    let turns = fresh_dir("share-alone");
+    let turns = env().fresh_dir("share-alone");
     let child = spawn_sharing(
         "share-alone.cache",
         &turns,
@@ -586,7 +569,7 @@ fn share_mode_alone_borrows_up_to_its_ceiling_and_publishes_its_record() {
             ("CUDA_TASK_PRIORITY", "0"),
         ],
     );
-    let m = parse(&child.wait_with_output().unwrap());
+    let m = measured(child);
     eprintln!(
         "share mode alone, 30% guarantee, 60% ceiling: busy {}%",
         m.busy_pct
@@ -621,7 +604,7 @@ fn a_best_effort_container_holds_while_a_more_urgent_one_has_work() {
     // grace) lets a first launch through and the rest of its run is held (it then hardly
     // runs). (Each simulated process has its own simulated GPU: this shows the holding.)
     let _one = serial();
-    let turns = fresh_dir("share-priority");
+    let turns = env().fresh_dir("share-priority");
     let t0 = std::time::Instant::now();
     let high = spawn_sharing(
         "share-high.cache",
@@ -649,7 +632,7 @@ fn a_best_effort_container_holds_while_a_more_urgent_one_has_work() {
         let out = low.wait_with_output().unwrap();
         (out, t0.elapsed())
     });
-    let h = parse(&high.wait_with_output().unwrap());
+    let h = measured(high);
     let high_done = t0.elapsed();
     let (out, low_done) = low.join().unwrap();
     let l = parse(&out);

@@ -105,6 +105,22 @@ struct Scenario {
     nvml_delay_ms: Option<&'static str>,
 }
 
+impl Scenario {
+    /// The power-capped GPU ([`CAPPED`]), the hook's default exponent, the primary context,
+    /// a prompt NVML: what the other scenarios change one thing of.
+    const POWER_CAPPED: Scenario = Scenario {
+        power: Some(CAPPED),
+        exponent: None,
+        context: 'p',
+        nvml_delay_ms: None,
+    };
+    /// [`Self::POWER_CAPPED`] on a GPU that never reaches its power limit.
+    const UNCAPPED: Scenario = Scenario {
+        power: None,
+        ..Scenario::POWER_CAPPED
+    };
+}
+
 /// What one run measured.
 #[derive(Debug)]
 struct Measured {
@@ -116,8 +132,7 @@ struct Measured {
 /// Runs the program at a 50% SM limit in a fresh shared file.
 fn run(s: Scenario, name: &str) -> Measured {
     let e = env();
-    let cache = e.dir.join(format!("{name}.cache"));
-    let _ = std::fs::remove_file(&cache);
+    let cache = e.fresh_cache(&format!("{name}.cache"));
     let mut cmd = e.hooked(&[IDLE_S, BUSY_S, KERNEL_NS, &s.context.to_string()], &cache);
     cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
         .env("VGPU_SIM_UTIL_WINDOW_MS", MEASURED_MS)
@@ -163,8 +178,9 @@ fn serial() -> MutexGuard<'static, ()> {
 /// Checks that the GPU was busy `target`% (± `tol`) of the measured span. The simulated
 /// GPU's kernels are CPU threads, so a burst of load elsewhere on a 2-core machine can
 /// stretch one measurement: a failed check is measured once more, and both must fail (a
-/// real regression fails every time). Returns the passing run.
+/// real regression fails every time). Takes the [`serial`] lock; returns the passing run.
 fn assert_busy(what: &str, s: Scenario, target: f64, tol: f64) -> Measured {
+    let _one = serial();
     let mut failures = Vec::new();
     for attempt in 0..2 {
         let got = run(s, &format!("{what}-{attempt}").replace(' ', "_"));
@@ -192,15 +208,9 @@ const TOL: f64 = 6.0;
 
 #[test]
 fn power_capped_work_also_gets_its_share_of_the_power_budget() {
-    let _one = serial();
     let got = assert_busy(
         "power-capped GPU, exponent 0.5",
-        Scenario {
-            power: Some(CAPPED),
-            exponent: None,
-            context: 'p',
-            nvml_delay_ms: None,
-        },
+        Scenario::POWER_CAPPED,
         CAPPED_AT_HALF_EXPONENT,
         TOL,
     );
@@ -228,14 +238,11 @@ fn logged_idle_watts(log: &str) -> Option<f64> {
 
 #[test]
 fn the_exponent_sets_how_strongly_power_bounds_the_limit() {
-    let _one = serial();
     assert_busy(
         "power-capped GPU, exponent 1",
         Scenario {
-            power: Some(CAPPED),
             exponent: Some("1"),
-            context: 'p',
-            nvml_delay_ms: None,
+            ..Scenario::POWER_CAPPED
         },
         CAPPED_AT_FULL_EXPONENT,
         TOL,
@@ -244,14 +251,11 @@ fn the_exponent_sets_how_strongly_power_bounds_the_limit() {
 
 #[test]
 fn a_context_from_cu_ctx_create_records_the_baseline_too() {
-    let _one = serial();
     assert_busy(
         "power-capped GPU, cuCtxCreate",
         Scenario {
-            power: Some(CAPPED),
-            exponent: None,
             context: 'c',
-            nvml_delay_ms: None,
+            ..Scenario::POWER_CAPPED
         },
         CAPPED_AT_HALF_EXPONENT,
         TOL,
@@ -260,14 +264,11 @@ fn a_context_from_cu_ctx_create_records_the_baseline_too() {
 
 #[test]
 fn with_the_power_share_off_only_time_is_limited() {
-    let _one = serial();
     let got = assert_busy(
         "power-capped GPU, power share off",
         Scenario {
-            power: Some(CAPPED),
             exponent: Some("off"),
-            context: 'p',
-            nvml_delay_ms: None,
+            ..Scenario::POWER_CAPPED
         },
         50.0,
         TOL,
@@ -281,18 +282,7 @@ fn with_the_power_share_off_only_time_is_limited() {
 
 #[test]
 fn a_gpu_that_stays_under_its_power_limit_is_limited_by_time_only() {
-    let _one = serial();
-    assert_busy(
-        "uncapped GPU",
-        Scenario {
-            power: None,
-            exponent: None,
-            context: 'p',
-            nvml_delay_ms: None,
-        },
-        50.0,
-        TOL,
-    );
+    assert_busy("uncapped GPU", Scenario::UNCAPPED, 50.0, TOL);
 }
 
 #[test]
@@ -301,14 +291,11 @@ fn a_slow_power_query_costs_the_launch_path_nothing() {
     // launch path once per 100 ms publish period, it would cost the limited loop ~30% of its
     // time (H200 run 13: a 75% loop lost 4 points to 3 ms readings); read by the hook's
     // power thread, nothing.
-    let _one = serial();
     assert_busy(
         "slow NVML energy query",
         Scenario {
-            power: None,
-            exponent: None,
-            context: 'p',
             nvml_delay_ms: Some("30"),
+            ..Scenario::UNCAPPED
         },
         50.0,
         TOL,

@@ -87,7 +87,7 @@ fn fill(limit: &str, held: u64, max: Option<u64>) -> support::Out {
         &String::from_utf8_lossy(&out.stderr),
         out.status.code(),
     );
-    assert_eq!(o.status, Some(0), "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.status, Some(0), "{o}");
     o
 }
 

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use crate::Failure;
-use crate::cli::{CacheArg, ExporterArgs};
+use crate::cli::ExporterArgs;
 use crate::glob;
 use crate::http::{self, Request, Response};
 use crate::report;
@@ -114,9 +114,7 @@ pub fn exporter(args: &ExporterArgs) -> Result<ExitCode, Failure> {
     let pattern = match &args.cache {
         Some(p) if p.trim().is_empty() => return Err(Failure::usage("--cache is empty")),
         Some(p) => p.clone(),
-        None => report::cache_path(&CacheArg { cache: None })
-            .display()
-            .to_string(),
+        None => report::default_cache_path().display().to_string(),
     };
     // Fail now on a glob that can never work rather than at every scrape.
     if let Err(e) = scrape_targets(&pattern) {

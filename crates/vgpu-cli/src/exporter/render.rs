@@ -285,6 +285,88 @@ const FAMILIES: &[(Set, &str, &str, &str)] = &[
 /// HAMi's monitor registers its collector with a constant `zone="vGPU"` label.
 const HAMI_ZONE: (&str, &str) = ("zone", "vGPU");
 
+/// HAMi's names for what both generations of its container families say: the labels
+/// (namespace, pod, container, device index, device UUID) and four families.
+struct HamiNames {
+    labels: [&'static str; 5],
+    memory_used: &'static str,
+    memory_limit: &'static str,
+    utilization: &'static str,
+    last_kernel: &'static str,
+}
+
+/// Today's names (the `hami_*` families).
+const HAMI_NAMES: HamiNames = HamiNames {
+    labels: [
+        "namespace",
+        "pod",
+        "container",
+        "vdevice_index",
+        "device_uuid",
+    ],
+    memory_used: "hami_vgpu_memory_used_bytes",
+    memory_limit: "hami_vgpu_memory_limit_bytes",
+    utilization: "hami_container_device_utilization_ratio",
+    last_kernel: "hami_container_last_kernel_elapsed_seconds",
+};
+
+/// The pre-2.6 names (`--legacy-metrics`).
+const LEGACY_NAMES: HamiNames = HamiNames {
+    labels: [
+        "podnamespace",
+        "podname",
+        "ctrname",
+        "vdeviceid",
+        "deviceuuid",
+    ],
+    memory_used: "vGPU_device_memory_usage_in_bytes",
+    memory_limit: "vGPU_device_memory_limit_in_bytes",
+    utilization: "Device_utilization_desc_of_container",
+    last_kernel: "Device_last_kernel_of_container",
+};
+
+/// One container on one device, as both generations of HAMi's families report it.
+struct ContainerDevice<'a> {
+    id: &'a Identity,
+    index: &'a str,
+    uuid: &'a str,
+    used: u64,
+    limit: Option<u64>,
+    utilization: u64,
+    /// Seconds since its last kernel, when one was recorded.
+    last_kernel: Option<u64>,
+}
+
+impl<'a> ContainerDevice<'a> {
+    /// Its labels under `names`, with [`HAMI_ZONE`].
+    fn labels(&self, names: &HamiNames) -> [(&'static str, &'a str); 6] {
+        let [ns, pod, ctr, idx, dev] = names.labels;
+        [
+            (ns, self.id.namespace.as_str()),
+            (pod, self.id.pod.as_str()),
+            (ctr, self.id.container.as_str()),
+            (idx, self.index),
+            (dev, self.uuid),
+            HAMI_ZONE,
+        ]
+    }
+
+    /// Adds the four families both generations have, under `names`; returns the labels, for
+    /// the families only one of them has.
+    fn add_common(&self, s: &mut Samples, names: &HamiNames) -> [(&'static str, &'a str); 6] {
+        let l = self.labels(names);
+        s.add(names.memory_used, &l, self.used);
+        if let Some(limit) = self.limit {
+            s.add(names.memory_limit, &l, limit);
+        }
+        s.add(names.utilization, &l, self.utilization);
+        if let Some(secs) = self.last_kernel {
+            s.add(names.last_kernel, &l, secs);
+        }
+        l
+    }
+}
+
 /// Escape a label value (backslash, quote, newline).
 fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -349,45 +431,24 @@ fn hami_samples(
         let last_kernel = report
             .last_kernel_unix_s
             .map(|t| now_unix.saturating_sub(t));
+        let c = ContainerDevice {
+            id,
+            index: &index,
+            uuid: &uuid,
+            used,
+            limit: d.memory_limit_bytes,
+            utilization: d.sm_utilization_percent,
+            last_kernel,
+        };
         if opts.hami {
-            let l = [
-                ("namespace", id.namespace.as_str()),
-                ("pod", id.pod.as_str()),
-                ("container", id.container.as_str()),
-                ("vdevice_index", index.as_str()),
-                ("device_uuid", uuid.as_str()),
-                HAMI_ZONE,
-            ];
-            s.add("hami_vgpu_memory_used_bytes", &l, used);
-            if let Some(limit) = d.memory_limit_bytes {
-                s.add("hami_vgpu_memory_limit_bytes", &l, limit);
-            }
+            let l = c.add_common(s, &HAMI_NAMES);
             s.add("hami_container_device_memory_bytes", &l, used);
-            s.add(
-                "hami_container_device_utilization_ratio",
-                &l,
-                d.sm_utilization_percent,
-            );
-            if let Some(secs) = last_kernel {
-                s.add("hami_container_last_kernel_elapsed_seconds", &l, secs);
-            }
             s.add("hami_vgpu_memory_context_bytes", &l, context);
             s.add("hami_vgpu_memory_module_bytes", &l, module);
             s.add("hami_vgpu_memory_buffer_bytes", &l, data);
         }
         if opts.legacy {
-            let l = [
-                ("podnamespace", id.namespace.as_str()),
-                ("podname", id.pod.as_str()),
-                ("ctrname", id.container.as_str()),
-                ("vdeviceid", index.as_str()),
-                ("deviceuuid", uuid.as_str()),
-                HAMI_ZONE,
-            ];
-            s.add("vGPU_device_memory_usage_in_bytes", &l, used);
-            if let Some(limit) = d.memory_limit_bytes {
-                s.add("vGPU_device_memory_limit_in_bytes", &l, limit);
-            }
+            let l = c.add_common(s, &LEGACY_NAMES);
             let offset = used.saturating_sub(context + module + data).to_string();
             let (c, m, b) = (context.to_string(), module.to_string(), data.to_string());
             let mut desc = l.to_vec();
@@ -398,14 +459,6 @@ fn hami_samples(
                 ("offset", offset.as_str()),
             ]);
             s.add("Device_memory_desc_of_container", &desc, used);
-            s.add(
-                "Device_utilization_desc_of_container",
-                &l,
-                d.sm_utilization_percent,
-            );
-            if let Some(secs) = last_kernel {
-                s.add("Device_last_kernel_of_container", &l, secs);
-            }
         }
     }
 }

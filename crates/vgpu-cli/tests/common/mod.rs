@@ -5,7 +5,71 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
+
+/// A child process killed and reaped when dropped, so that a failing test leaves none
+/// running.
+#[derive(Debug)]
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    /// Kills it now (it must still be there to kill) and reaps it.
+    pub fn kill(&mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The lines `child` prints on its (piped) stdout, read on a thread of their own so that a
+/// test can wait for one with a timeout.
+pub fn stdout_lines(child: &mut Child) -> Receiver<String> {
+    let (tx, lines) = channel();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    lines
+}
+
+/// Compiles C `source` into `dir/name` with `args` (and `-ldl`), by `$CC` or `cc`; the test
+/// fails with the compiler's complaint.
+pub fn cc(dir: &Path, name: &str, source: &str, args: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(name);
+    let compiled = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
+        .args(args)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("a C compiler (cc) is needed for this test");
+    assert!(
+        compiled.status.success(),
+        "cc {name}:\n{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    out
+}
+
+/// A directory `dir` holding the built simulator under the driver's names (what the NVIDIA
+/// container runtime would mount from the host).
+pub fn sim_driver_dir(dir: &Path) {
+    vgpu_cli::demo::make_sim_link_dir(&built_library("libvgpusim.so"), dir).unwrap();
+}
 
 /// A private temporary directory (tempfile's, mode 0700) removed on drop, named after its test.
 #[derive(Debug)]
@@ -55,23 +119,35 @@ impl Output {
         self.status.code()
     }
 
-    /// Assert the command exited 0 (showing its stderr otherwise).
+    /// Assert the command exited 0 (showing what it printed otherwise).
     #[track_caller]
     pub fn assert_success(&self) {
-        assert_eq!(self.code(), Some(0), "{}", self.stderr);
+        assert_eq!(
+            self.code(),
+            Some(0),
+            "stdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
     }
 
     /// Assert stdout contains each of `needles`.
     #[track_caller]
-    #[allow(dead_code)] // not every test binary uses it
     pub fn assert_stdout_has(&self, needles: &[&str]) {
-        for n in needles {
-            assert!(
-                self.stdout.contains(n),
-                "stdout lacks {n:?}:\n{}",
-                self.stdout
-            );
-        }
+        assert_has("stdout", &self.stdout, needles);
+    }
+
+    /// Assert stderr contains each of `needles`.
+    #[track_caller]
+    pub fn assert_stderr_has(&self, needles: &[&str]) {
+        assert_has("stderr", &self.stderr, needles);
+    }
+}
+
+#[track_caller]
+fn assert_has(which: &str, text: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(text.contains(n), "{which} lacks {n:?}:\n{text}");
     }
 }
 
@@ -85,12 +161,27 @@ fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Strin
     })
 }
 
+/// Spawns `cmd`. A program a test has just copied can be "busy" for an instant: another test
+/// thread forking meanwhile holds the copy's write descriptor until its child execs
+/// (ETXTBSY), so that is tried again.
+fn spawn(cmd: &mut Command) -> Child {
+    for _ in 0..100 {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            spawned => return spawned.expect("spawn vgpu"),
+        }
+    }
+    cmd.spawn().expect("spawn vgpu")
+}
+
 /// Run to completion, killing it after `limit`.
 pub fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn vgpu");
+    let mut child = spawn(&mut cmd);
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
     let status = wait_bounded(&mut child, limit);
@@ -122,20 +213,41 @@ pub fn cache_args(cmd: &mut Command, args: &[&str], cache: &Path) {
     cmd.args(args).arg("--cache").arg(cache);
 }
 
-/// The `host:port` a just-spawned `vgpu exporter` (stdout piped) listens on, from the first
-/// line it prints.
-pub fn exporter_address(exporter: &mut Child) -> String {
-    let mut line = String::new();
-    BufReader::new(exporter.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    line.split("http://")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned()
+/// A running `vgpu exporter`, killed on drop.
+#[derive(Debug)]
+pub struct Exporter {
+    _child: Reaped,
+    /// The `host:port` it listens on.
+    pub addr: String,
+    /// The first line it printed (the address and the files it serves).
+    pub banner: String,
+}
+
+impl Exporter {
+    /// `vgpu exporter --listen 127.0.0.1:0` with `args` (a `--cache` among them, or the
+    /// environment's file) and the environment of `cmd`, a `vgpu()` command; waits for the
+    /// line with its address.
+    pub fn start(mut cmd: Command, args: &[&str]) -> Exporter {
+        cmd.args(["exporter", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().unwrap();
+        let banner = stdout_lines(&mut child)
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the exporter printed its address");
+        let addr = banner
+            .split("http://")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .unwrap_or_else(|| panic!("no address in {banner:?}"))
+            .to_owned();
+        Exporter {
+            _child: Reaped(child),
+            addr,
+            banner,
+        }
+    }
 }
 
 /// Run with a 30 s bound.

@@ -66,9 +66,7 @@ fn charge_context(
         .begin_record(AllocationKind::Context, idx, ctx_id(ctx), bytes, bytes)
     {
         Ok(p) => {
-            if let Err(e) = p.commit(ctx as u64) {
-                commit_err(e, "a context");
-            }
+            commit(p, ctx as u64, "a context");
             st.residual.context_created(ctx as usize, idx);
             Ok(true)
         }
@@ -79,19 +77,25 @@ fn charge_context(
     }
 }
 
-/// Creates a context with `forward`, measuring what it took on the device (NVML, before and
-/// after; just before, the SM limiter records the device's power): the new context and its
-/// bytes (`None`: not measured), or `None` when the caller asked for no handle.
+/// Creates a context on `dev` with `forward`, measuring what it took on the device (NVML,
+/// before and after; just before, the SM limiter records the device's power): the device's
+/// index, the new context and its bytes (`None`: not measured); or `None`, nothing to charge,
+/// for a device past the limits' range (only forwarded) or when the caller asked for no
+/// handle.
 ///
 /// # Safety
 /// `pctx` as the driver API's contract requires.
 unsafe fn create_measured(
     st: &Ready,
     cuda: &Cuda,
-    (dev, idx): (CUdevice, DeviceIndex),
+    dev: CUdevice,
     forward: impl Forward,
     pctx: *mut CUcontext,
-) -> Result<Option<(CUcontext, Option<u64>)>, CUresult> {
+) -> Result<Option<(DeviceIndex, CUcontext, Option<u64>)>, CUresult> {
+    let Some(idx) = dev_index(dev) else {
+        forward(cuda)?;
+        return Ok(None);
+    };
     let before = sample_used(st, cuda, dev);
     sm_limit::context_creating(idx.0 as usize);
     forward(cuda)?;
@@ -102,9 +106,17 @@ unsafe fn create_measured(
     let ctx = unsafe { *pctx };
     // Measured before the caller takes any lock of ours (NVML calls may enter the loader).
     Ok(Some((
+        idx,
         ctx,
         context_growth(before, sample_used(st, cuda, dev)),
     )))
+}
+
+/// After a context was charged on `idx`: anything else the driver took for this process
+/// meanwhile.
+fn settle_after_context(st: &Ready, cuda: &Cuda, idx: DeviceIndex) {
+    st.residual.ran_now();
+    let _ = reconcile(st, cuda, idx, OverLimit::Charge);
 }
 
 pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
@@ -118,15 +130,12 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
     }
     // A new context takes device memory: refused while enforcement is off.
     let st = ready()?;
-    let Some(idx) = dev_index(dev) else {
-        return forward(cuda);
-    };
     // SAFETY: the caller's out-pointer, as the driver API's contract requires.
-    let Some((ctx, bytes)) = (unsafe { create_measured(st, cuda, (dev, idx), forward, pctx) })?
+    let Some((idx, ctx, bytes)) = (unsafe { create_measured(st, cuda, dev, forward, pctx) })?
     else {
         return Ok(());
     };
-    let mut primary = st.primary.lock().unwrap_or_else(|e| e.into_inner());
+    let mut primary = locked(&st.primary);
     if primary.contains_key(&dev.0) {
         return Ok(()); // another thread created and charged it
     }
@@ -145,9 +154,7 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
         },
     );
     drop(primary);
-    // Anything else the driver took for this process meanwhile.
-    st.residual.ran_now();
-    let _ = reconcile(st, cuda, idx, OverLimit::Charge);
+    settle_after_context(st, cuda, idx);
     Ok(())
 }
 
@@ -155,11 +162,7 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
 /// (the bytes released; `None` when none was charged).
 fn forget_primary(st: &Ready, dev: CUdevice) -> Option<u64> {
     driver::contexts_changed();
-    let ctx = st
-        .primary
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&dev.0)?;
+    let ctx = locked(&st.primary).remove(&dev.0)?;
     st.residual.context_gone(ctx.ctx);
     host_backed_context_gone(st, ctx.ctx);
     Some(st.alloc.release_context(ContextId(ctx.ctx as u64)).released)
@@ -200,18 +203,13 @@ pub(crate) fn primary_released(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresul
 /// creates and measures a new one.
 pub(crate) fn primary_reset(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresult> {
     if let Some(st) = ready_state() {
-        let charged = st
-            .primary
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&dev.0)
-            .copied();
+        let charged = locked(&st.primary).get(&dev.0).copied();
         forget_primary(st, dev);
         if let (Some(c), Some(idx)) = (charged, dev_index(dev))
             && driver::primary_ctx_active(cuda, dev).unwrap_or(false)
         {
             let ctx = c.ctx as CUcontext;
-            let mut primary = st.primary.lock().unwrap_or_else(|e| e.into_inner());
+            let mut primary = locked(&st.primary);
             match charge_context(st, idx, ctx, Some(c.bytes), || {}) {
                 Ok(_) => {
                     primary.insert(dev.0, c);
@@ -240,11 +238,8 @@ pub(crate) unsafe fn create_context(
     let cuda = real::cuda()?;
     // It takes device memory: refused while enforcement is off.
     let st = ready()?;
-    let Some(idx) = dev_index(dev) else {
-        return forward(cuda);
-    };
     // SAFETY: the caller's out-pointer, as the driver API's contract requires.
-    let Some((ctx, bytes)) = (unsafe { create_measured(st, cuda, (dev, idx), forward, pctx) })?
+    let Some((idx, ctx, bytes)) = (unsafe { create_measured(st, cuda, dev, forward, pctx) })?
     else {
         return Ok(());
     };
@@ -252,8 +247,7 @@ pub(crate) unsafe fn create_context(
         let _ = driver::ctx_destroy(cuda, ctx);
     })?;
     if charged {
-        st.residual.ran_now();
-        let _ = reconcile(st, cuda, idx, OverLimit::Charge);
+        settle_after_context(st, cuda, idx);
     }
     Ok(())
 }

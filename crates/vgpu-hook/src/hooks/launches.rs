@@ -52,12 +52,22 @@ fn per_thread(stream: CUstream) -> CUstream {
     }
 }
 
-pub(crate) fn cuLaunchKernel(
-    variant: StreamKind,
-    forward: impl Forward,
-    stream: CUstream,
-) -> Result<(), CUresult> {
-    launch(variant, || stream, LaunchKind::Kernel, forward)
+/// The launch hooks whose stream is an argument, each with the kind the limiter records.
+macro_rules! stream_argument_launches {
+    ($($name:ident => $kind:ident;)*) => {$(
+        pub(crate) fn $name(
+            variant: StreamKind,
+            forward: impl Forward,
+            stream: CUstream,
+        ) -> Result<(), CUresult> {
+            launch(variant, || stream, LaunchKind::$kind, forward)
+        }
+    )*};
+}
+
+stream_argument_launches! {
+    cuLaunchKernel => Kernel;
+    cuLaunchCooperativeKernel => Cooperative;
 }
 
 pub(crate) unsafe fn cuLaunchKernelEx(
@@ -69,12 +79,4 @@ pub(crate) unsafe fn cuLaunchKernelEx(
     // SAFETY: `config` is null or valid (driver contract).
     let stream = || unsafe { read_in(config) }.map_or(std::ptr::null_mut(), |c| c.hStream);
     launch(variant, stream, LaunchKind::KernelEx, forward)
-}
-
-pub(crate) fn cuLaunchCooperativeKernel(
-    variant: StreamKind,
-    forward: impl Forward,
-    stream: CUstream,
-) -> Result<(), CUresult> {
-    launch(variant, || stream, LaunchKind::Cooperative, forward)
 }

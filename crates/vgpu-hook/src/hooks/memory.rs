@@ -212,9 +212,7 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
         let _ = driver::mem_free(cuda, ptr);
         return Err(alloc_err(e));
     }
-    if let Err(e) = pending.commit(ptr.0) {
-        commit_err(e, "a pitched allocation");
-    }
+    commit(pending, ptr.0, "a pitched allocation");
     reconcile_if_due(st, cuda, idx);
     Ok(())
 }

@@ -50,6 +50,12 @@ fn dev_index(dev: CUdevice) -> Option<DeviceIndex> {
         .then_some(DeviceIndex(dev.0 as u32))
 }
 
+/// Locks one of the process state's maps, poisoned or not: each critical section leaves its
+/// map consistent, and a hook must keep enforcing after a panic elsewhere was caught.
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn ctx_id(ctx: CUcontext) -> ContextId {
     ContextId(ctx as u64)
 }
@@ -120,11 +126,20 @@ fn alloc_err(e: AllocError) -> CUresult {
     }
 }
 
-fn commit_err(e: AllocError, what: &str) {
-    vlog!(
-        ERROR,
-        "could not record {what}: {e}; its charge stays until the process exits"
-    );
+/// Tracks `pending` under `key`, the address or handle the driver returned. A record that
+/// cannot be kept is only logged (`what` names it): the allocation exists, and its charge
+/// stays until the process exits.
+fn commit<B: DeviceBackend, L: UsageLedger>(
+    pending: PendingRecord<'_, B, L>,
+    key: u64,
+    what: &str,
+) {
+    if let Err(e) = pending.commit(key) {
+        vlog!(
+            ERROR,
+            "could not record {what}: {e}; its charge stays until the process exits"
+        );
+    }
 }
 
 /// What [`charge_and_forward`] charges: `charge` bytes for `requested`, as `kind`, on
@@ -154,9 +169,7 @@ fn charge_and_forward(
     })
     .map_err(alloc_err)?;
     forward(cuda)?;
-    if let Err(e) = pending.commit(key()) {
-        commit_err(e, c.what);
-    }
+    commit(pending, key(), c.what);
     Ok(())
 }
 

@@ -4,12 +4,7 @@ use super::*;
 
 /// NVML's used memory of this process on `dev` (its NVML handle cached per ordinal).
 pub(super) fn process_used(st: &Ready, cuda: &Cuda, dev: CUdevice) -> ProcessUsage {
-    let cached = st
-        .nvml_handles
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&dev.0)
-        .copied();
+    let cached = locked(&st.nvml_handles).get(&dev.0).copied();
     let handle = match cached {
         Some(h) => h as nvmlDevice_t,
         None => {
@@ -17,10 +12,7 @@ pub(super) fn process_used(st: &Ready, cuda: &Cuda, dev: CUdevice) -> ProcessUsa
             let Some(h) = driver::nvml_device(cuda, dev) else {
                 return ProcessUsage::Unavailable;
             };
-            st.nvml_handles
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(dev.0, h as usize);
+            locked(&st.nvml_handles).insert(dev.0, h as usize);
             h
         }
     };

@@ -63,9 +63,7 @@ pub(crate) unsafe fn cuMemCreate(
         return unsafe { host_handle_or(st, cuda, idx, handle, size as u64, &p, full) };
     }
     // SAFETY: the driver filled the non-null out-pointer.
-    if let Err(e) = pending.commit(unsafe { *handle }.0) {
-        commit_err(e, charge.what);
-    }
+    commit(pending, unsafe { *handle }.0, charge.what);
     reconcile_if_due(st, cuda, idx);
     Ok(())
 }
@@ -115,7 +113,7 @@ pub(crate) fn vmm_released(
     if st.host_backed.handle_released(st.ledger(), handle) {
         return Ok(());
     }
-    let mut refs = st.vmm_extra_refs.lock().unwrap_or_else(|e| e.into_inner());
+    let mut refs = locked(&st.vmm_extra_refs);
     match refs.get_mut(&handle.0) {
         // A reference from cuMemRetainAllocationHandle: the allocation lives on.
         Some(n) if *n > 1 => *n -= 1,
@@ -145,11 +143,7 @@ pub(crate) unsafe fn vmm_retained(
     if let Some(h) = unsafe { read_back(handle) } {
         // The same handle value as cuMemCreate returned, one reference more.
         if st.alloc.lookup(AllocationKind::VmmHandle, h.0).is_some() {
-            *st.vmm_extra_refs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(h.0)
-                .or_insert(0) += 1;
+            *locked(&st.vmm_extra_refs).entry(h.0).or_insert(0) += 1;
         }
     }
     Ok(())

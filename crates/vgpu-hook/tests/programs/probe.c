@@ -261,6 +261,16 @@ typedef struct {
     CUgraphExec e;
 } held_t;
 
+/* Zeroes `props` and asks for pinned memory on device 0; `kind` is the member that names the
+ * allocation type (`type` in CUmemAllocationProp, `allocType` in CUmemPoolProps). */
+#define PINNED_ON_DEVICE0(props, kind)                       \
+    do {                                                     \
+        memset(&(props), 0, sizeof(props));                  \
+        (props).kind = CU_MEM_ALLOCATION_TYPE_PINNED;        \
+        (props).location.type = CU_MEM_LOCATION_TYPE_DEVICE; \
+        (props).location.id = 0;                             \
+    } while (0)
+
 static CUresult take(const char *path, size_t size, held_t *h) {
     memset(h, 0, sizeof *h);
     if (!strcmp(path, "alloc")) return A.cuMemAlloc_v2(&h->p, size);
@@ -272,10 +282,7 @@ static CUresult take(const char *path, size_t size, held_t *h) {
     if (!strcmp(path, "managed")) return A.cuMemAllocManaged(&h->p, size, CU_MEM_ATTACH_GLOBAL);
     if (!strcmp(path, "vmm")) {
         CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof prop);
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = 0;
+        PINNED_ON_DEVICE0(prop, type);
         size_t g = 0;
         must(A.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "granularity");
         size_t n = (size + g - 1) / g * g;
@@ -296,10 +303,7 @@ static CUresult take(const char *path, size_t size, held_t *h) {
     }
     if (!strcmp(path, "pool")) {
         CUmemPoolProps pp;
-        memset(&pp, 0, sizeof pp);
-        pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        pp.location.id = 0;
+        PINNED_ON_DEVICE0(pp, allocType);
         must(A.cuMemPoolCreate(&h->pool, &pp), "cuMemPoolCreate");
         must(A.cuStreamCreate(&h->s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         CUresult r = A.cuMemAllocFromPoolAsync(&h->p, size, h->pool, h->s);
@@ -341,9 +345,7 @@ static CUresult take(const char *path, size_t size, held_t *h) {
         CUDA_MEM_ALLOC_NODE_PARAMS p;
         CUgraphNode n;
         memset(&p, 0, sizeof p);
-        p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-        p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        p.poolProps.location.id = 0;
+        PINNED_ON_DEVICE0(p.poolProps, allocType);
         p.bytesize = size;
         must(A.cuStreamCreate(&h->s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         must(A.cuGraphCreate(&h->g, 0), "cuGraphCreate");
@@ -770,16 +772,18 @@ static int cmd_devices(size_t size) {
 static CUmodule g_mod;
 static CUfunction f_spin, f_fill;
 
-static void load_module(void) {
+/* Initialized, a context current on device 0, the test module's kernels loaded: ready to
+ * launch. */
+static void launch_ready(void) {
+    must(A.cuInit(0), "cuInit");
+    ctx_on(0);
     must(A.cuModuleLoadData(&g_mod, VGPU_TEST_PTX), "cuModuleLoadData");
     must(A.cuModuleGetFunction(&f_spin, g_mod, "spin"), "get spin");
     must(A.cuModuleGetFunction(&f_fill, g_mod, "fill"), "get fill");
 }
 
 static int cmd_launch(int n) {
-    must(A.cuInit(0), "cuInit");
-    ctx_on(0);
-    load_module();
+    launch_ready();
     CUstream s;
     must(A.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     CUdeviceptr buf;
@@ -952,9 +956,7 @@ static int cmd_code(const char *api, size_t size) {
 /* hot N: N sub-allocated alloc+free pairs and N launches make no NVML query; then N direct
  * (4 MiB) pairs, which may reconcile at most once per VGPU_RECONCILE_MS. */
 static int cmd_hot(int n) {
-    must(A.cuInit(0), "cuInit");
-    ctx_on(0);
-    load_module();
+    launch_ready();
     unsigned long long ns = 0;
     void *sargs[] = {&ns};
     must(A.cuLaunchKernel(f_spin, 1, 1, 1, 32, 1, 1, 0, NULL, sargs, NULL), "first launch");
@@ -1041,9 +1043,7 @@ static int cmd_bench_free_live(int live, int n, size_t size) {
 
 /* bench_launch N: N launches of an empty spin kernel; microseconds per launch (host side). */
 static int cmd_bench_launch(int n) {
-    must(A.cuInit(0), "cuInit");
-    ctx_on(0);
-    load_module();
+    launch_ready();
     CUstream s;
     must(A.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     unsigned long long ns = 0;

@@ -170,6 +170,22 @@ impl Standalone {
             .stderr(Stdio::piped());
         cmd
     }
+
+    /// The path of usage file `name` in [`Self::dir`], removed so that a run starts a fresh
+    /// one.
+    pub fn fresh_cache(&self, name: &str) -> PathBuf {
+        let cache = self.dir.join(name);
+        let _ = std::fs::remove_file(&cache);
+        cache
+    }
+
+    /// Directory `name` in [`Self::dir`], made empty.
+    pub fn fresh_dir(&self, name: &str) -> PathBuf {
+        let d = self.dir.join(name);
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
 }
 
 /// Scratch directories of earlier test runs whose process is gone (nothing runs at exit to
@@ -230,10 +246,7 @@ impl Out {
     pub fn get(&self, key: &str) -> &str {
         match self.map.get(key).and_then(|v| v.last()) {
             Some(v) => v,
-            None => panic!(
-                "no `{key}` in the output:\n{}\nstderr:\n{}",
-                self.stdout, self.stderr
-            ),
+            None => panic!("no `{key}` in the output:\n{self}"),
         }
     }
 
@@ -245,6 +258,13 @@ impl Out {
 
     pub fn u(&self, key: &str) -> u64 {
         self.num(key) as u64
+    }
+}
+
+/// What the program printed, for a failure message: stdout, then stderr.
+impl std::fmt::Display for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}\nstderr:\n{}", self.stdout, self.stderr)
     }
 }
 
