@@ -40,6 +40,8 @@ def parse():
     p.add_argument("libdir")
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     p.add_argument("--tables", default="1,2,3,4", help="which tables, e.g. 3,4")
+    p.add_argument("--no-plain-reference", dest="plain_reference", action="store_false",
+                   help="table 3 without the four under plain time-slicing")
     return p.parse_args()
 
 
@@ -174,30 +176,33 @@ def main():
             f.write("\n".join(lines) + "\n")
 
     t_begin = time.time()
-    spin = os.path.join(work, "spin")
-    subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-o", spin, os.path.join(HERE, "spin.cu")], check=True)
+    tables = {int(t) for t in args.tables.split(",")}
     gpu = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
         capture_output=True, text=True,
     ).stdout.strip()
     say(f"# Share mode and priority on {gpu}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
-    # Alone, no hook: the references.
-    bare = subprocess.run([spin, "50", "3", "plain"], capture_output=True, text=True).stdout
-    sres = dict(kv.split("=") for kv in bare.split("RESULT", 1)[1].split())
-    iters = sres["iters"]
-    spin_alone = float(sres["kernels_per_s"])
-    start = time.time() + START_DELAY
-    (mm_alone,) = b.together("matmul alone", [(b.env("plain"), b.load("matmul", 3, start))])
-    mm_alone = mm_alone and mm_alone["rate"]
+    # Alone, no hook: the references (table 3 has its own, in the run).
+    spin = iters = spin_alone = mm_alone = None
+    if 1 in tables:
+        spin = os.path.join(work, "spin")
+        subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-o", spin, os.path.join(HERE, "spin.cu")], check=True)
+        bare = subprocess.run([spin, "50", "3", "plain"], capture_output=True, text=True).stdout
+        sres = dict(kv.split("=") for kv in bare.split("RESULT", 1)[1].split())
+        iters = sres["iters"]
+        spin_alone = float(sres["kernels_per_s"])
+    if tables & {1, 2} or args.plain_reference:
+        start = time.time() + START_DELAY
+        (mm_alone,) = b.together("matmul alone", [(b.env("plain"), b.load("matmul", 3, start))])
+        mm_alone = mm_alone and mm_alone["rate"]
 
-    tables = {int(t) for t in args.tables.split(",")}
     if 1 in tables:
         table1(b, say, spin, iters, spin_alone, mm_alone)
     if 2 in tables:
         table2(b, say, mm_alone)
     if 3 in tables:
-        table3(b, say, mm_alone)
+        table3(b, say, mm_alone, args.plain_reference)
     if 4 in tables:
         table4(b, say)
     say(f"\nruntime {time.time() - t_begin:.0f} s")
@@ -269,7 +274,7 @@ def table2(b, say, mm_alone):
 
 
 
-def table3(b, say, mm_alone):
+def table3(b, say, mm_alone, plain_reference=True):
     # 3. Four tenants, one idle at a time, then the 40% one alone (the run's own reference:
     # the GPU's clock under sustained matmuls drifts by up to 10% between separate runs).
     say("\n## 3. Share mode 10/20/30/40, each idle 2 s in turn, then the 40% one alone (matmul)\n")
@@ -314,7 +319,12 @@ def table3(b, say, mm_alone):
             say(f"| {name} | " + " | ".join(cells) + f" | {sum(100 * g / alone for g in got):.1f} | "
                 f"{fmt(dev)} | {'PASS' if ok else 'FAIL'} |")
         say(f"| 40% alone (reference) | | | | 100 | | {fmt(busy_by_phase(10.25, 12))} | |")
+    say("\nEach tenant's limiter at exit (LIBCUDA_LOG_LEVEL=3):\n")
+    for line in (l for ls in b.raw["four (limiter stats)"] for l in ls):
+        say("    " + line.split("] ", 1)[-1])
     # The same four busy under plain time-slicing (no hook), with the same NVML reading.
+    if not plain_reference:
+        return
     start = time.time() + START_DELAY
     sampler = Busy(start, 4)
     plain = b.together("four plain", [(b.env("plain"), b.load("matmul", 4, start)) for _ in shares])
@@ -324,8 +334,6 @@ def table3(b, say, mm_alone):
         say(f"\nPlain time-slicing, the four busy: {' / '.join(f'{g:.1f}' for g in got)} % of one alone "
             f"(a separate run), sum {sum(got):.1f}; device busy (NVML) {fmt(dev)}.")
 
-    for line in (l for ls in b.raw["four (limiter stats)"] for l in ls):
-        say("    " + line.split("] ", 1)[-1])
 
 
 def table4(b, say):

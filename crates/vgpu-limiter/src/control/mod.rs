@@ -388,7 +388,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             }
         }
         if let Some(turn) = self.turn {
-            let est = self.turn_cost.or(self.cost).unwrap_or(0.0);
+            let est = self.turn_estimate();
             if let Err(ns) = turn.admits(now, self.horizon.max(now_f), est, self.cfg.turn_lead_in) {
                 // Outside our window: let what is queued be measured, wait for the next.
                 self.stats.window_waits += 1;
@@ -410,9 +410,8 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.stats.launches += 1;
         let est = self.cost.unwrap_or(0.0);
         self.vt += est / self.limit;
-        // In turns, what fits the window follows the turn's launch length.
         let ahead = match self.turn {
-            Some(_) => self.turn_cost.unwrap_or(est),
+            Some(_) => self.turn_estimate(),
             None => est,
         };
         self.horizon = self.horizon.max(now as f64) + ahead;
@@ -427,6 +426,20 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             || open.launches >= self.cfg.segment_launches
         {
             self.close_open(now);
+        }
+    }
+
+    /// What one launch is taken to cost when fitting work into a turn window: the pacer's
+    /// cost, which includes what the events count of waits behind other contexts (so the
+    /// window keeps room for them: fitted with the outlier-free cost, work overran into the
+    /// next window on the H200 and each tenant's events then counted the other's time),
+    /// but at most twice the outlier-free cost, so one inflated segment does not empty a
+    /// window.
+    fn turn_estimate(&self) -> f64 {
+        let cost = self.cost.unwrap_or(0.0);
+        match self.turn_cost {
+            Some(t) => cost.min(2.0 * t),
+            None => cost,
         }
     }
 
