@@ -664,21 +664,34 @@ pub struct World {
 
 impl World {
     pub fn new(mode: GpuMode) -> Self {
+        Self::on(SimGpu::new(mode))
+    }
+
+    /// A world whose GPU has a power controller modelled by `model`.
+    pub fn with_power(mode: GpuMode, model: PowerModel) -> Self {
+        Self::on(SimGpu::with_power(mode, model))
+    }
+
+    fn on(gpu: SimGpu) -> Self {
         Self {
             clock: SimClock::default(),
-            gpu: SimGpu::new(mode),
+            gpu,
             apps: Vec::new(),
+        }
+    }
+
+    /// A timer on this world's GPU and clock.
+    pub fn timer(&self) -> SimTimer {
+        SimTimer {
+            gpu: self.gpu.clone(),
+            clock: self.clock.clone(),
         }
     }
 
     /// Adds an application on its own stream; returns its id.
     pub fn add(&mut self, cfg: LimiterConfig, view: SimView, work: Workload) -> usize {
         let id = self.apps.len();
-        let timer = SimTimer {
-            gpu: self.gpu.clone(),
-            clock: self.clock.clone(),
-        };
-        let limiter = Limiter::new(cfg, self.clock.clone(), timer, view);
+        let limiter = Limiter::new(cfg, self.clock.clone(), self.timer(), view);
         self.apps.push(App {
             id,
             stream: id as u32 + 1,

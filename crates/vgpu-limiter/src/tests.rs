@@ -9,11 +9,18 @@ fn cfg() -> LimiterConfig {
     LimiterConfig::default()
 }
 
-/// Achieved share of one GPU-bound kernel loop under `limit`, measured over `[t0, t1)`.
-fn steady(limit: u32, dur: Nanos, t0: Nanos, t1: Nanos) -> (f64, World) {
+/// One process running `work` in a container limited to `limit`%, alone on a concurrent
+/// engine: the world, the container's file and the process's id.
+fn one_container(limit: u32, work: Workload) -> (World, SimTable, usize) {
     let mut w = World::new(GpuMode::Concurrent);
     let table = SimTable::new(limit);
-    let id = w.add(cfg(), table.view(), kernel_loop(dur));
+    let id = w.add(cfg(), table.view(), work);
+    (w, table, id)
+}
+
+/// Achieved share of one GPU-bound kernel loop under `limit`, measured over `[t0, t1)`.
+fn steady(limit: u32, dur: Nanos, t0: Nanos, t1: Nanos) -> (f64, World) {
+    let (mut w, _table, id) = one_container(limit, kernel_loop(dur));
     w.run_until(t1);
     (w.gpu.busy_fraction(id, t0, t1), w)
 }
@@ -61,9 +68,7 @@ fn events_are_batched_not_per_launch() {
 #[test]
 fn queued_work_stays_about_one_period_deep() {
     // Sample the queue depth of a 50% loop of 50 µs kernels many times.
-    let mut w = World::new(GpuMode::Concurrent);
-    let table = SimTable::new(50);
-    w.add(cfg(), table.view(), kernel_loop(50 * US));
+    let (mut w, _table, _) = one_container(50, kernel_loop(50 * US));
     let mut worst = 0;
     for k in 1..2_000u64 {
         let t = S + k * 997 * US;
@@ -77,12 +82,9 @@ fn queued_work_stays_about_one_period_deep() {
 
 #[test]
 fn kernel_mix_change_still_holds_the_average() {
-    let mut w = World::new(GpuMode::Concurrent);
-    let table = SimTable::new(25);
     let mut n = 0u64;
-    let id = w.add(
-        cfg(),
-        table.view(),
+    let (mut w, _table, id) = one_container(
+        25,
         Box::new(move |_| {
             n += 1;
             // Alternate phases of short and long kernels.
@@ -104,9 +106,7 @@ fn kernel_mix_change_still_holds_the_average() {
 
 #[test]
 fn dynamic_limit_change_is_followed() {
-    let mut w = World::new(GpuMode::Concurrent);
-    let table = SimTable::new(25);
-    let id = w.add(cfg(), table.view(), kernel_loop(200 * US));
+    let (mut w, table, id) = one_container(25, kernel_loop(200 * US));
     w.run_until(4 * S);
     table.0.borrow_mut().sm_limit = 75;
     w.run_until(8 * S);
@@ -118,9 +118,7 @@ fn dynamic_limit_change_is_followed() {
 fn bursty_load_below_the_limit_runs_at_full_speed() {
     // Bursts of 4 ms of GPU work, then sync and 16 ms of host work: 20% demand.
     let run = |limit: u32| {
-        let mut w = World::new(GpuMode::Concurrent);
-        let table = SimTable::new(limit);
-        let id = w.add(cfg(), table.view(), bursty(100 * US, 40, 16 * MS));
+        let (mut w, _table, id) = one_container(limit, bursty(100 * US, 40, 16 * MS));
         w.run_until(10 * S);
         (w.apps[id].syncs, w.gpu.busy_fraction(id, S, 10 * S))
     };
@@ -140,9 +138,7 @@ fn bursty_load_below_the_limit_runs_at_full_speed() {
 #[test]
 fn bursty_load_above_the_limit_is_held() {
     // Bursts of 20 ms of work, then 20 ms of host work: 50% demand, limit 25.
-    let mut w = World::new(GpuMode::Concurrent);
-    let table = SimTable::new(25);
-    let id = w.add(cfg(), table.view(), bursty(500 * US, 40, 20 * MS));
+    let (mut w, _table, id) = one_container(25, bursty(500 * US, 40, 20 * MS));
     w.run_until(12 * S);
     let got = w.gpu.busy_fraction(id, 2 * S, 12 * S);
     // Never above the limit. Below it by design: a pause earns at most `burst` (10 ms)
@@ -155,9 +151,7 @@ fn bursty_load_above_the_limit_is_held() {
 
 #[test]
 fn two_processes_share_one_container_limit() {
-    let mut w = World::new(GpuMode::Concurrent);
-    let table = SimTable::new(50);
-    let a = w.add(cfg(), table.view(), kernel_loop(50 * US));
+    let (mut w, table, a) = one_container(50, kernel_loop(50 * US));
     w.run_until(2 * S);
     // The second process starts later, with longer kernels.
     let b = w.add(cfg(), table.view(), kernel_loop(2 * MS));
@@ -180,9 +174,7 @@ fn two_processes_share_one_container_limit() {
 #[test]
 fn a_peer_that_stopped_launching_is_ignored_once_its_share_is_stale() {
     for untimed in [false, true] {
-        let mut w = World::new(GpuMode::Concurrent);
-        let table = SimTable::new(50);
-        let a = w.add(cfg(), table.view(), kernel_loop(100 * US));
+        let (mut w, table, a) = one_container(50, kernel_loop(100 * US));
         let b_view = table.view();
         table.0.borrow_mut().untimed[1] = untimed;
         // B launches for 3 s, then only does host work.
@@ -213,13 +205,26 @@ fn a_peer_that_stopped_launching_is_ignored_once_its_share_is_stale() {
 
 #[test]
 fn two_containers_at_30_and_70() {
-    let mut w = World::new(GpuMode::Concurrent);
-    let (t30, t70) = (SimTable::new(30), SimTable::new(70));
-    let a = w.add(cfg(), t30.view(), kernel_loop(50 * US));
-    let b = w.add(cfg(), t70.view(), kernel_loop(5 * MS));
+    let (mut w, a, b) = thirty_seventy(GpuMode::Concurrent, false, 50 * US, 5 * MS);
     w.run_until(8 * S);
     assert_near("30% container", w.gpu.busy_fraction(a, S, 8 * S), 0.30, 2.0);
     assert_near("70% container", w.gpu.busy_fraction(b, S, 8 * S), 0.70, 2.0);
+}
+
+/// Two containers (two files) limited to 30% and 70%, on the turn board when `turns`,
+/// running kernel loops of `dur_a` and `dur_b` on `mode`'s engine: the world and their ids.
+fn thirty_seventy(mode: GpuMode, turns: bool, dur_a: Nanos, dur_b: Nanos) -> (World, usize, usize) {
+    let mut w = World::new(mode);
+    let (t30, t70) = (SimTable::new(30), SimTable::new(70));
+    let node = SimNode::default();
+    let (va, vb) = if turns {
+        (t30.view_on_node(&node, 0xa), t70.view_on_node(&node, 0xb))
+    } else {
+        (t30.view(), t70.view())
+    };
+    let a = w.add(cfg(), va, kernel_loop(dur_a));
+    let b = w.add(cfg(), vb, kernel_loop(dur_b));
+    (w, a, b)
 }
 
 /// A configuration with the contention correction on.
@@ -304,9 +309,7 @@ fn policies() {
 
 #[test]
 fn recent_kernel_blocks_launches_while_negative() {
-    let mut w = World::new(GpuMode::Concurrent);
-    let table = SimTable::new(50);
-    let id = w.add(cfg(), table.view(), kernel_loop(100 * US));
+    let (mut w, table, id) = one_container(50, kernel_loop(100 * US));
     w.run_until(2 * S);
     assert!(table.0.borrow().activity > 0, "activity is signalled");
     assert_eq!(
@@ -334,9 +337,7 @@ fn recent_kernel_blocks_launches_while_negative() {
 #[test]
 fn no_limit_is_a_pure_fast_path() {
     for limit in [0, 100] {
-        let mut w = World::new(GpuMode::Concurrent);
-        let table = SimTable::new(limit);
-        let id = w.add(cfg(), table.view(), kernel_loop(50 * US));
+        let (mut w, table, id) = one_container(limit, kernel_loop(50 * US));
         w.run_until(S);
         assert_eq!(w.gpu.timer_ops(), 0, "timer used with limit {limit}");
         assert_eq!(
@@ -351,9 +352,7 @@ fn no_limit_is_a_pure_fast_path() {
 
 #[test]
 fn timer_failures_do_not_block_or_panic() {
-    let mut w = World::new(GpuMode::Concurrent);
-    let table = SimTable::new(50);
-    let id = w.add(cfg(), table.view(), kernel_loop(100 * US));
+    let (mut w, _table, id) = one_container(50, kernel_loop(100 * US));
     w.run_until(S);
     w.gpu.set_fail_records(true);
     w.run_until(2 * S);
@@ -380,9 +379,7 @@ fn timer_failures_do_not_block_or_panic() {
 fn failed_launches_are_not_charged_and_keep_markers_consistent() {
     // Every 7th launch fails; some fail right after a segment was chained onto the
     // previous one's end marker, which must then stay alive for that segment.
-    let mut w = World::new(GpuMode::Concurrent);
-    let table = SimTable::new(40);
-    let id = w.add(cfg(), table.view(), kernel_loop(100 * US));
+    let (mut w, _table, id) = one_container(40, kernel_loop(100 * US));
     w.apps[id].fail_every = Some(7);
     w.run_until(4 * S);
     assert_near(
@@ -397,11 +394,7 @@ fn failed_launches_are_not_charged_and_keep_markers_consistent() {
 fn failed_launch_on_a_chained_segment_keeps_the_shared_marker() {
     let w = World::new(GpuMode::Concurrent);
     let table = SimTable::new(50);
-    let timer = SimTimer {
-        gpu: w.gpu.clone(),
-        clock: w.clock.clone(),
-    };
-    let mut lim = Limiter::new(cfg(), w.clock.clone(), timer, table.view());
+    let mut lim = Limiter::new(cfg(), w.clock.clone(), w.timer(), table.view());
     let go = |lim: &mut Limiter<_, _, _>, stream: u32, t: Nanos, ok: bool| {
         w.clock.set(t);
         let Admission::Go(ticket) = lim.admit(stream) else {
@@ -432,11 +425,7 @@ fn failed_launch_on_a_chained_segment_keeps_the_shared_marker() {
 fn first_launch_calibrates_before_queueing_more() {
     let w = World::new(GpuMode::Concurrent);
     let table = SimTable::new(50);
-    let timer = SimTimer {
-        gpu: w.gpu.clone(),
-        clock: w.clock.clone(),
-    };
-    let mut lim = Limiter::new(cfg(), w.clock.clone(), timer, table.view());
+    let mut lim = Limiter::new(cfg(), w.clock.clone(), w.timer(), table.view());
     let Admission::Go(ticket) = lim.admit(1) else {
         panic!("first launch waits")
     };
@@ -460,10 +449,7 @@ fn two_containers_on_one_serial_engine() {
     // One engine runs both processes' work in submission order, so time a process's
     // work waits behind the other's is charged to it (events measure wall time on the
     // GPU). Queues stay short, so the error is small, and never above the limit.
-    let mut w = World::new(GpuMode::Serial);
-    let (t30, t70) = (SimTable::new(30), SimTable::new(70));
-    let a = w.add(cfg(), t30.view(), kernel_loop(50 * US));
-    let b = w.add(cfg(), t70.view(), kernel_loop(500 * US));
+    let (mut w, a, b) = thirty_seventy(GpuMode::Serial, false, 50 * US, 500 * US);
     w.run_until(6 * S);
     let (ua, ub) = (
         w.gpu.busy_fraction(a, S, 6 * S),
@@ -483,9 +469,7 @@ proptest! {
         dur_us in 20u64..=8_000,
         oversleep_us in 0u64..=300,
     ) {
-        let mut w = World::new(GpuMode::Concurrent);
-        let table = SimTable::new(limit);
-        let id = w.add(cfg(), table.view(), kernel_loop(dur_us * US));
+        let (mut w, _table, id) = one_container(limit, kernel_loop(dur_us * US));
         w.apps[id].max_oversleep = oversleep_us * US;
         w.run_until(5 * S);
         let got = w.gpu.busy_fraction(id, S, 5 * S) * 100.0;
@@ -501,16 +485,7 @@ proptest! {
 /// the device to arriving work at once (what the H200 showed), with or without the turn
 /// board; returns their achieved shares over [1 s, 6 s).
 fn two_containers_preempting(turns: bool, dur: Nanos) -> (f64, f64, World) {
-    let mut w = World::new(GpuMode::Preempting);
-    let (t30, t70) = (SimTable::new(30), SimTable::new(70));
-    let node = SimNode::default();
-    let (va, vb) = if turns {
-        (t30.view_on_node(&node, 0xa), t70.view_on_node(&node, 0xb))
-    } else {
-        (t30.view(), t70.view())
-    };
-    let a = w.add(cfg(), va, kernel_loop(dur));
-    let b = w.add(cfg(), vb, kernel_loop(dur));
+    let (mut w, a, b) = thirty_seventy(GpuMode::Preempting, turns, dur, dur);
     w.run_until(6 * S);
     (
         w.gpu.busy_fraction(a, S, 6 * S),
@@ -659,19 +634,29 @@ fn powered(
     lead_idle: Nanos,
     (t0, t1): (Nanos, Nanos),
 ) -> (usize, Option<crate::power::PowerState>) {
-    let mut w = World {
-        clock: SimClock::default(),
-        gpu: SimGpu::with_power(GpuMode::Concurrent, model),
-        apps: Vec::new(),
-    };
+    let mut w = World::with_power(GpuMode::Concurrent, model);
     let table = SimTable::new(limit);
     let view = table.view_with_power(&w);
+    let cfg = LimiterConfig {
+        power_exponent: k,
+        ..cfg()
+    };
+    let id = w.add(cfg, view, synced_loop_after(lead_idle, dur));
+    w.run_until(t1);
+    (
+        w.gpu.kernels_started(id, t0, t1),
+        w.apps[id].limiter.power_state(),
+    )
+}
+
+/// Host work for `lead_idle`, then a loop of `dur` kernels with a sync every 8 launches:
+/// that bounds the queue, as the driver's launch queue does (the simulated GPU fixes a
+/// kernel's clock when it is queued, so an unbounded queue would run at the clock of long
+/// ago).
+fn synced_loop_after(lead_idle: Nanos, dur: Nanos) -> Workload {
     let mut started = lead_idle == 0;
     let mut i = 0u32;
-    // A sync every 8 launches bounds the queue, as the driver's launch queue does: the
-    // simulated GPU fixes a kernel's clock when it is queued, so an unbounded queue would
-    // run at the clock of long ago.
-    let work: Workload = Box::new(move |_| {
+    Box::new(move |_| {
         if !started {
             started = true;
             return Step::Pause(lead_idle);
@@ -682,28 +667,34 @@ fn powered(
         } else {
             Step::Launch(dur)
         }
-    });
-    let cfg = LimiterConfig {
-        power_exponent: k,
-        ..cfg()
-    };
-    let id = w.add(cfg, view, work);
-    w.run_until(t1);
-    (
-        w.gpu.kernels_started(id, t0, t1),
-        w.apps[id].limiter.power_state(),
-    )
+    })
 }
 
 const SETTLED: (Nanos, Nanos) = (3 * S, 7 * S);
 
+/// For each of `limits`: the throughput of a loop of `dur` kernels under it, as a fraction
+/// of the unlimited loop's (both after 500 ms of host work, counted over [`SETTLED`]), with
+/// the limiter's last power state.
+fn of_unlimited(
+    model: PowerModel,
+    k: f64,
+    dur: Nanos,
+    limits: &[u32],
+) -> Vec<(u32, f64, Option<crate::power::PowerState>)> {
+    let (unlimited, _) = powered(model, 0, k, dur, 500 * MS, SETTLED);
+    limits
+        .iter()
+        .map(|&limit| {
+            let (n, st) = powered(model, limit, k, dur, 500 * MS, SETTLED);
+            (limit, n as f64 / unlimited as f64, st)
+        })
+        .collect()
+}
+
 #[test]
 fn power_capped_work_gets_its_limit_of_throughput_not_of_time() {
     for dur in [50 * US, 5 * MS] {
-        let (unlimited, _) = powered(H200_MATMUL, 0, 0.5, dur, 500 * MS, SETTLED);
-        for limit in [10, 25, 50, 75] {
-            let (n, st) = powered(H200_MATMUL, limit, 0.5, dur, 500 * MS, SETTLED);
-            let got = n as f64 / unlimited as f64;
+        for (limit, got, st) in of_unlimited(H200_MATMUL, 0.5, dur, &[10, 25, 50, 75]) {
             eprintln!(
                 "{dur} ns, limit {limit}: {:.1}% of unlimited, {st:?}",
                 got * 100.0
@@ -721,11 +712,8 @@ fn power_capped_work_gets_its_limit_of_throughput_not_of_time() {
 #[test]
 fn time_alone_overshoots_power_capped_work_as_on_the_h200() {
     // The failure the power share fixes (H200: +9.6 points at 50, +9.8 at 75).
-    let dur = 50 * US;
-    let (unlimited, _) = powered(H200_MATMUL, 0, 0.0, dur, 500 * MS, SETTLED);
-    for limit in [50, 75] {
-        let (n, st) = powered(H200_MATMUL, limit, 0.0, dur, 500 * MS, SETTLED);
-        let over = 100.0 * n as f64 / unlimited as f64 - f64::from(limit);
+    for (limit, got, st) in of_unlimited(H200_MATMUL, 0.0, 50 * US, &[50, 75]) {
+        let over = 100.0 * got - f64::from(limit);
         assert!(over > 5.0, "limit {limit}: only {over:+.1} points ({st:?})");
         assert_eq!(st, None, "exponent 0: no power share at all");
     }
@@ -733,9 +721,7 @@ fn time_alone_overshoots_power_capped_work_as_on_the_h200() {
 
 #[test]
 fn work_under_the_power_limit_keeps_the_time_share() {
-    for limit in [10, 50, 75] {
-        let (unlimited, _) = powered(COOL_LOOP, 0, 0.5, 50 * US, 500 * MS, SETTLED);
-        let (n, st) = powered(COOL_LOOP, limit, 0.5, 50 * US, 500 * MS, SETTLED);
+    for (limit, got, st) in of_unlimited(COOL_LOOP, 0.5, 50 * US, &[10, 50, 75]) {
         let st = st.expect("power samples");
         assert_eq!(st.scale, 1.0, "limit {limit}: {st:?}");
         assert!(
@@ -744,7 +730,7 @@ fn work_under_the_power_limit_keeps_the_time_share() {
         );
         assert_near(
             &format!("limit {limit}"),
-            n as f64 / unlimited as f64,
+            got,
             f64::from(limit) / 100.0,
             2.0,
         );
@@ -759,12 +745,10 @@ fn textbook_dvfs_is_held_closely() {
         beta: 1.0,
         ..H200_MATMUL
     };
-    let (unlimited, _) = powered(model, 0, 0.5, 50 * US, 500 * MS, SETTLED);
-    for limit in [25, 50, 75] {
-        let (n, st) = powered(model, limit, 0.5, 50 * US, 500 * MS, SETTLED);
+    for (limit, got, st) in of_unlimited(model, 0.5, 50 * US, &[25, 50, 75]) {
         assert_near(
             &format!("limit {limit} ({st:?})"),
-            n as f64 / unlimited as f64,
+            got,
             f64::from(limit) / 100.0,
             3.0,
         );
@@ -780,11 +764,7 @@ fn without_an_idle_span_only_time_is_limited_until_the_host_pauses() {
     assert_eq!((st.idle_watts, st.scale), (None, 1.0), "{st:?}");
 
     // A pause of the host mid-run measures it, and the share applies from then on.
-    let mut w = World {
-        clock: SimClock::default(),
-        gpu: SimGpu::with_power(GpuMode::Concurrent, H200_MATMUL),
-        apps: Vec::new(),
-    };
+    let mut w = World::with_power(GpuMode::Concurrent, H200_MATMUL);
     let table = SimTable::new(50);
     let view = table.view_with_power(&w);
     let mut i = 0u32;
@@ -817,30 +797,13 @@ fn two_containers_on_a_power_capped_gpu_still_split_30_70() {
     // is the time split of the capped throughput.
     let dur = 47 * US;
     let (unlimited, _) = powered(H200_MATMUL, 0, 0.5, dur, 500 * MS, SETTLED);
-    let mut w = World {
-        clock: SimClock::default(),
-        gpu: SimGpu::with_power(GpuMode::Preempting, H200_MATMUL),
-        apps: Vec::new(),
-    };
+    let mut w = World::with_power(GpuMode::Preempting, H200_MATMUL);
     let (t30, t70) = (SimTable::new(30), SimTable::new(70));
     let node = SimNode::default();
     let mut ids = Vec::new();
     for (table, key) in [(&t30, 0xa), (&t70, 0xb)] {
         let view = table.view_on_node(&node, key).powered(&w);
-        let (mut started, mut i) = (false, 0u32);
-        let work: Workload = Box::new(move |_| {
-            if !started {
-                started = true;
-                return Step::Pause(500 * MS);
-            }
-            i += 1;
-            if i % 9 == 0 {
-                Step::Sync
-            } else {
-                Step::Launch(dur)
-            }
-        });
-        ids.push(w.add(cfg(), view, work));
+        ids.push(w.add(cfg(), view, synced_loop_after(500 * MS, dur)));
     }
     w.run_until(SETTLED.1);
     for (id, want) in ids.into_iter().zip([0.30, 0.70]) {

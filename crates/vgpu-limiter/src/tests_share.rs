@@ -16,6 +16,58 @@ fn share_cfg(ceiling_pct: u32, priority: i32) -> LimiterConfig {
     }
 }
 
+/// A world whose containers all share one board.
+fn on_one_board(mode: GpuMode) -> (World, SimShares) {
+    (World::new(mode), SimShares::default())
+}
+
+/// Adds a container limited to `sm_pct` (its share), best effort at 100% ceiling, that
+/// publishes on `board` as `key`; returns its id.
+fn tenant(w: &mut World, board: &SimShares, sm_pct: u32, key: u64, work: Workload) -> usize {
+    w.add(
+        share_cfg(100, 1),
+        SimTable::new(sm_pct).view_sharing(board, key),
+        work,
+    )
+}
+
+/// The shares of the four-tenant cases (the H200's table 3).
+const FOUR_SHARES: [u32; 4] = [10, 20, 30, 40];
+
+/// Adds four tenants at [`FOUR_SHARES`] publishing as 0x10.., tenant `i` running `work(i)`.
+fn four_tenants(
+    w: &mut World,
+    board: &SimShares,
+    mut work: impl FnMut(usize) -> Workload,
+) -> Vec<usize> {
+    (0..FOUR_SHARES.len())
+        .map(|i| tenant(w, board, FOUR_SHARES[i], 0x10 + i as u64, work(i)))
+        .collect()
+}
+
+/// A record another container (dead, hostile or busy) left on the board: always busy at
+/// 50 µs launches, ceiling 100%.
+fn record(
+    key: u64,
+    share_pct: u32,
+    priority: i32,
+    busy_until: Nanos,
+    heartbeat: Nanos,
+) -> ShareTenant {
+    ShareTenant {
+        key,
+        claim: ShareClaim {
+            share_pct,
+            ceiling_pct: 100,
+            priority,
+        },
+        launch_ns: 50 * US,
+        busy_until,
+        heartbeat,
+        util_pct: 100,
+    }
+}
+
 /// A kernel loop that goes idle (no launches) during each `[from, to)`.
 fn loop_with_idle(dur: Nanos, idle: Vec<(Nanos, Nanos)>) -> Workload {
     Box::new(
@@ -26,9 +78,18 @@ fn loop_with_idle(dur: Nanos, idle: Vec<(Nanos, Nanos)>) -> Workload {
     )
 }
 
-/// Requests of `kernels` launches of `dur`, each waited for, `think` apart; each request's
-/// latency (first launch asked to completion) is pushed to `lat`.
-fn requests(kernels: u32, dur: Nanos, think: Nanos, lat: Rc<RefCell<Vec<Nanos>>>) -> Workload {
+/// Requests of `kernels` launches of `dur` (with `host` of host work after each launch,
+/// when given: a launch-bound request, batch-1 inference), each request waited for at its
+/// end, `think` apart; each request's latency (first launch asked to
+/// completion) is pushed to `lat`.
+fn requests(
+    kernels: u32,
+    dur: Nanos,
+    host: Option<Nanos>,
+    think: Nanos,
+    lat: Rc<RefCell<Vec<Nanos>>>,
+) -> Workload {
+    let steps = if host.is_some() { 2 * kernels } else { kernels };
     let (mut i, mut start) = (0u32, 0);
     Box::new(move |t| {
         i += 1;
@@ -37,8 +98,11 @@ fn requests(kernels: u32, dur: Nanos, think: Nanos, lat: Rc<RefCell<Vec<Nanos>>>
                 start = t;
                 Step::Launch(dur)
             }
-            n if n <= kernels => Step::Launch(dur),
-            n if n == kernels + 1 => Step::Sync,
+            n if n <= steps => match host {
+                Some(host) if n % 2 == 0 => Step::Pause(host),
+                _ => Step::Launch(dur),
+            },
+            n if n == steps + 1 => Step::Sync,
             _ => {
                 lat.borrow_mut().push(t - start);
                 i = 0;
@@ -67,17 +131,13 @@ fn idle_time_is_lent_and_taken_back_within_250_ms() {
     // 30/70 on an engine that time-slices like the H200; the 70% container is idle from
     // 3 s to 5 s. Unlimited, a kernel loop keeps the GPU busy all the time (1.0).
     for dur in [47 * US, 500 * US, 2 * MS] {
-        let mut w = World::new(GpuMode::Preempting);
-        let board = SimShares::default();
-        let (t30, t70) = (SimTable::new(30), SimTable::new(70));
-        let a = w.add(
-            share_cfg(100, 1),
-            t30.view_sharing(&board, 0xa),
-            kernel_loop(dur),
-        );
-        let b = w.add(
-            share_cfg(100, 1),
-            t70.view_sharing(&board, 0xb),
+        let (mut w, board) = on_one_board(GpuMode::Preempting);
+        let a = tenant(&mut w, &board, 30, 0xa, kernel_loop(dur));
+        let b = tenant(
+            &mut w,
+            &board,
+            70,
+            0xb,
             loop_with_idle(dur, vec![(3 * S, 5 * S)]),
         );
         w.run_until(7 * S);
@@ -116,21 +176,11 @@ fn idle_time_is_lent_and_taken_back_within_250_ms() {
 
 #[test]
 fn four_tenants_with_one_idle_at_a_time_keep_their_shares_and_the_gpu_busy() {
-    let shares = [10u32, 20, 30, 40];
-    let mut w = World::new(GpuMode::Preempting);
-    let board = SimShares::default();
-    let ids: Vec<usize> = shares
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| {
-            let idle = vec![((i as u64 + 2) * S, (i as u64 + 3) * S)];
-            w.add(
-                share_cfg(100, 1),
-                SimTable::new(s).view_sharing(&board, 0x10 + i as u64),
-                loop_with_idle(200 * US, idle),
-            )
-        })
-        .collect();
+    let (mut w, board) = on_one_board(GpuMode::Preempting);
+    let ids = four_tenants(&mut w, &board, |i| {
+        let idle = vec![((i as u64 + 2) * S, (i as u64 + 3) * S)];
+        loop_with_idle(200 * US, idle)
+    });
     w.run_until(7 * S);
     // After a second of warm-up, phase 0: all busy; phase k: tenant k-1 idle. The first
     // 250 ms of each phase are not counted. Whole launches fit a window, so each busy
@@ -143,9 +193,9 @@ fn four_tenants_with_one_idle_at_a_time_keep_their_shares_and_the_gpu_busy() {
             device += u;
             if phase != i as u64 + 1 {
                 assert!(
-                    u >= f64::from(shares[i]) / 100.0 - 0.015,
+                    u >= f64::from(FOUR_SHARES[i]) / 100.0 - 0.015,
                     "phase {phase}: tenant {i} ({}%) got {u:.3}",
-                    shares[i]
+                    FOUR_SHARES[i]
                 );
             }
         }
@@ -157,8 +207,7 @@ fn four_tenants_with_one_idle_at_a_time_keep_their_shares_and_the_gpu_busy() {
 /// Latencies of requests of 50 × 100 µs every 10 ms, next to a best-effort kernel loop
 /// (200 µs kernels) or alone; returns them with the loop's busy fraction.
 fn service_beside_training(with_training: bool, share_mode: bool) -> (Vec<Nanos>, f64) {
-    let mut w = World::new(GpuMode::Serial);
-    let board = SimShares::default();
+    let (mut w, board) = on_one_board(GpuMode::Serial);
     let lat = Rc::new(RefCell::new(Vec::new()));
     let (cfg_hi, cfg_lo) = if share_mode {
         (share_cfg(100, 0), share_cfg(100, 1))
@@ -168,7 +217,7 @@ fn service_beside_training(with_training: bool, share_mode: bool) -> (Vec<Nanos>
     w.add(
         cfg_hi,
         SimTable::new(0).view_sharing(&board, 0x1),
-        requests(50, 100 * US, 10 * MS, lat.clone()),
+        requests(50, 100 * US, None, 10 * MS, lat.clone()),
     );
     let lo = with_training.then(|| {
         w.add(
@@ -227,25 +276,9 @@ fn without_share_mode_the_training_loop_delays_the_service() {
 #[test]
 fn a_dead_tenants_claim_expires_within_its_heartbeat_age() {
     // A high-priority tenant died (or a hostile one wrote once) claiming work forever.
-    let mut w = World::new(GpuMode::Concurrent);
-    let board = SimShares::default();
-    board.put(ShareTenant {
-        key: 0x99,
-        claim: ShareClaim {
-            share_pct: 100,
-            ceiling_pct: 100,
-            priority: 0,
-        },
-        launch_ns: 50 * US,
-        busy_until: Nanos::MAX,
-        heartbeat: 0,
-        util_pct: 100,
-    });
-    let id = w.add(
-        share_cfg(100, 1),
-        SimTable::new(0).view_sharing(&board, 0x1),
-        kernel_loop(100 * US),
-    );
+    let (mut w, board) = on_one_board(GpuMode::Concurrent);
+    board.put(record(0x99, 100, 0, Nanos::MAX, 0));
+    let id = tenant(&mut w, &board, 0, 0x1, kernel_loop(100 * US));
     w.run_until(2 * S);
     let held = w.gpu.busy_fraction(id, 0, 250 * MS);
     let after = w.gpu.busy_fraction(id, 400 * MS, 2 * S);
@@ -258,16 +291,13 @@ fn a_dead_tenants_claim_expires_within_its_heartbeat_age() {
 fn a_tenant_that_dies_in_its_turn_hands_it_back() {
     // Two busy containers take turns; the 70% one stops launching for good (its process
     // died) in the middle of its window: the 30% one gets the GPU within 250 ms.
-    let mut w = World::new(GpuMode::Preempting);
-    let board = SimShares::default();
-    let a = w.add(
-        share_cfg(100, 1),
-        SimTable::new(30).view_sharing(&board, 0xa),
-        kernel_loop(500 * US),
-    );
-    w.add(
-        share_cfg(100, 1),
-        SimTable::new(70).view_sharing(&board, 0xb),
+    let (mut w, board) = on_one_board(GpuMode::Preempting);
+    let a = tenant(&mut w, &board, 30, 0xa, kernel_loop(500 * US));
+    tenant(
+        &mut w,
+        &board,
+        70,
+        0xb,
         loop_with_idle(500 * US, vec![(2 * S + 13 * MS, Nanos::MAX)]),
     );
     w.run_until(4 * S);
@@ -278,27 +308,11 @@ fn a_tenant_that_dies_in_its_turn_hands_it_back() {
 #[test]
 fn hostile_records_cannot_take_the_guarantee() {
     // A record claiming the whole GPU at the highest priority, always busy, kept fresh.
-    let mut w = World::new(GpuMode::Concurrent);
-    let board = SimShares::default();
-    let id = w.add(
-        share_cfg(100, 1),
-        SimTable::new(30).view_sharing(&board, 0x1),
-        kernel_loop(100 * US),
-    );
+    let (mut w, board) = on_one_board(GpuMode::Concurrent);
+    let id = tenant(&mut w, &board, 30, 0x1, kernel_loop(100 * US));
     let mut t = 0;
     while t < 3 * S {
-        board.put(ShareTenant {
-            key: 0x66,
-            claim: ShareClaim {
-                share_pct: 100,
-                ceiling_pct: 100,
-                priority: i32::MIN,
-            },
-            launch_ns: 50 * US,
-            busy_until: Nanos::MAX,
-            heartbeat: t,
-            util_pct: 100,
-        });
+        board.put(record(0x66, 100, i32::MIN, Nanos::MAX, t));
         t += 100 * MS;
         w.run_until(t);
     }
@@ -311,8 +325,7 @@ fn hostile_records_cannot_take_the_guarantee() {
 
 #[test]
 fn alone_a_container_borrows_up_to_its_ceiling() {
-    let mut w = World::new(GpuMode::Concurrent);
-    let board = SimShares::default();
+    let (mut w, board) = on_one_board(GpuMode::Concurrent);
     let id = w.add(
         share_cfg(60, 1),
         SimTable::new(20).view_sharing(&board, 0x1),
@@ -337,8 +350,7 @@ fn alone_a_container_borrows_up_to_its_ceiling() {
 
 #[test]
 fn live_share_and_priority_changes_apply_within_a_second() {
-    let mut w = World::new(GpuMode::Preempting);
-    let board = SimShares::default();
+    let (mut w, board) = on_one_board(GpuMode::Preempting);
     let (ta, tb) = (SimTable::new(30), SimTable::new(70));
     let a = w.add(
         share_cfg(100, 1),
@@ -375,56 +387,20 @@ fn live_share_and_priority_changes_apply_within_a_second() {
     assert!(ua >= 0.95 && ub <= 0.02, "{ua} {ub}");
 }
 
-/// A launch-bound request (batch-1 inference): `kernels` launches of `dur` with `host` of
-/// host work after each, waited for at the end, `think` apart; latencies pushed to `lat`.
-fn gappy_requests(
-    kernels: u32,
-    dur: Nanos,
-    host: Nanos,
-    think: Nanos,
-    lat: Rc<RefCell<Vec<Nanos>>>,
-) -> Workload {
-    let (mut i, mut start) = (0u32, 0);
-    Box::new(move |t| {
-        i += 1;
-        match i {
-            1 => {
-                start = t;
-                Step::Launch(dur)
-            }
-            n if n <= 2 * kernels && n % 2 == 0 => Step::Pause(host),
-            n if n <= 2 * kernels => Step::Launch(dur),
-            n if n == 2 * kernels + 1 => Step::Sync,
-            _ => {
-                lat.borrow_mut().push(t - start);
-                i = 0;
-                Step::Pause(think)
-            }
-        }
-    })
-}
-
 /// The H200's table 4 shape: a request of 60 × 30 µs kernels with 70 µs of host work
 /// between them (6 ms, the GPU busy less than a third of it) every 10 ms, beside a
 /// best-effort training loop of 200 µs kernels. Returns the latencies and the loop's busy
 /// fraction.
 fn launch_bound_service_beside_training(with_training: bool) -> (Vec<Nanos>, f64) {
     // The engine that models two contexts time-slicing the H200.
-    let mut w = World::new(GpuMode::Preempting);
-    let board = SimShares::default();
+    let (mut w, board) = on_one_board(GpuMode::Preempting);
     let lat = Rc::new(RefCell::new(Vec::new()));
     w.add(
         share_cfg(100, 0),
         SimTable::new(0).view_sharing(&board, 0x1),
-        gappy_requests(60, 30 * US, 70 * US, 4 * MS, lat.clone()),
+        requests(60, 30 * US, Some(70 * US), 4 * MS, lat.clone()),
     );
-    let lo = with_training.then(|| {
-        w.add(
-            share_cfg(100, 1),
-            SimTable::new(0).view_sharing(&board, 0x2),
-            kernel_loop(200 * US),
-        )
-    });
+    let lo = with_training.then(|| tenant(&mut w, &board, 0, 0x2, kernel_loop(200 * US)));
     w.run_until(5 * S);
     let busy = lo.map_or(0.0, |id| w.gpu.busy_fraction(id, S, 5 * S));
     let lat: Vec<Nanos> = lat.borrow()[20..].to_vec();
@@ -453,23 +429,12 @@ fn best_effort_fills_the_gaps_of_a_launch_bound_service() {
 /// Table 3's shape with a real host: matmul-like 150 µs kernels, 20 µs of host per launch
 /// (PyTorch), wake-ups up to 250 µs late; tenant `i` idle during `idle(i)`.
 fn four_tenants_on_a_slow_host(idle: impl Fn(usize) -> Vec<(Nanos, Nanos)>) -> (World, Vec<usize>) {
-    let shares = [10u32, 20, 30, 40];
-    let mut w = World::new(GpuMode::Preempting);
-    let board = SimShares::default();
-    let ids: Vec<usize> = shares
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| {
-            let id = w.add(
-                share_cfg(100, 1),
-                SimTable::new(s).view_sharing(&board, 0x10 + i as u64),
-                loop_with_idle(150 * US, idle(i)),
-            );
-            w.apps[id].launch_cost = 20 * US;
-            w.apps[id].max_oversleep = 250 * US;
-            id
-        })
-        .collect();
+    let (mut w, board) = on_one_board(GpuMode::Preempting);
+    let ids = four_tenants(&mut w, &board, |i| loop_with_idle(150 * US, idle(i)));
+    for &id in &ids {
+        w.apps[id].launch_cost = 20 * US;
+        w.apps[id].max_oversleep = 250 * US;
+    }
     w.run_until(7 * S);
     (w, ids)
 }
@@ -487,7 +452,7 @@ fn four_tenants_on_a_slow_host_keep_the_gpu_busy() {
         eprintln!("phase {phase}: {got:.3?} device {device:.3}");
         for (i, &u) in got.iter().enumerate() {
             if phase != i as u64 + 1 {
-                let share = f64::from([10u32, 20, 30, 40][i]) / 100.0;
+                let share = f64::from(FOUR_SHARES[i]) / 100.0;
                 assert!(u >= share - 0.015, "phase {phase}: tenant {i} got {u:.3}");
             }
         }
@@ -506,18 +471,7 @@ fn a_held_container_asks_again_when_the_holders_claim_runs_out() {
     clock.set(now);
     let gpu = SimGpu::new(GpuMode::Serial);
     let board = SimShares::default();
-    board.put(ShareTenant {
-        key: 0x1,
-        claim: ShareClaim {
-            share_pct: 0,
-            ceiling_pct: 100,
-            priority: 0,
-        },
-        launch_ns: 50 * US,
-        busy_until: now + 300 * US,
-        heartbeat: now,
-        util_pct: 100,
-    });
+    board.put(record(0x1, 0, 0, now + 300 * US, now));
     let timer = SimTimer {
         gpu,
         clock: clock.clone(),
@@ -537,26 +491,16 @@ fn launch_lengths_that_wander_around_a_cycle_boundary_do_not_flip_the_turns() {
     // turns out from the launch lengths on the board, so lengths republished at every
     // wander flipped the layout several times a second on the H200 (60-80 changes in 20 s,
     // the device 93% busy); each flip costs the windows in flight.
-    let shares = [10u32, 20, 30, 40];
-    let mut w = World::new(GpuMode::Preempting);
-    let board = SimShares::default();
-    let ids: Vec<usize> = shares
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| {
-            let mut x = 0x2545_F491_4F6C_DD1Du64 ^ (i as u64 + 1);
-            w.add(
-                share_cfg(100, 1),
-                SimTable::new(s).view_sharing(&board, 0x10 + i as u64),
-                Box::new(move |_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    Step::Launch(225 * US + x % (50 * US))
-                }),
-            )
+    let (mut w, board) = on_one_board(GpuMode::Preempting);
+    let ids = four_tenants(&mut w, &board, |i| {
+        let mut x = 0x2545_F491_4F6C_DD1Du64 ^ (i as u64 + 1);
+        Box::new(move |_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            Step::Launch(225 * US + x % (50 * US))
         })
-        .collect();
+    });
     w.run_until(2 * S);
     let before: Vec<u64> = ids
         .iter()
@@ -569,9 +513,9 @@ fn launch_lengths_that_wander_around_a_cycle_boundary_do_not_flip_the_turns() {
         assert!(changes <= 4, "tenant {i}: {changes} turn changes in 4 s");
         let u = w.gpu.busy_fraction(id, 2 * S, 6 * S);
         assert!(
-            u >= f64::from(shares[i]) / 100.0 - 0.015,
+            u >= f64::from(FOUR_SHARES[i]) / 100.0 - 0.015,
             "tenant {i} ({}%) got {u:.3}",
-            shares[i]
+            FOUR_SHARES[i]
         );
         device += u;
     }
