@@ -482,44 +482,20 @@ pub(crate) fn release_dead<S: Store, C: Crash>(
     for device in 0..s.device_count() {
         lock_device(s, device, me, crash)?;
         for &slot in dead {
-            for class in 0..LEDGER_CLASSES {
-                let h = s.held(slot, device, class);
-                let bytes = h.load(Ordering::Relaxed);
-                if bytes != 0 {
-                    // Held first, then total: a crash in between leaves total too high, which
-                    // the next locker's takeover recompute corrects.
-                    h.store(0, Ordering::Relaxed);
-                    crash.at()?;
-                    let total = total_of(s, device, class);
-                    total.store(
-                        total.load(Ordering::Relaxed).saturating_sub(bytes),
-                        Ordering::Relaxed,
-                    );
-                    crash.at()?;
-                }
-            }
+            give_back(s, slot, device, crash)?;
         }
         unlock_device(s, device);
     }
-    for device in 0..s.device_count() {
-        lock_device(s, device, me, crash)?;
-    }
+    lock_every_device(s, me, crash)?;
     crash.at()?;
     let mut freed = 0;
     for &slot in dead {
-        let ident = s.ident(slot);
-        let (generation, state) = split_ident(ident.load(Ordering::Acquire));
-        if state != STATE_FREE {
-            ident.store(ident_word(generation, STATE_FREE), Ordering::Release);
+        if free_slot(s, slot) {
             freed += 1;
             crash.at()?;
         }
     }
-    s.rebuild_view();
-    crash.at()?;
-    for device in (0..s.device_count()).rev() {
-        unlock_device(s, device);
-    }
+    rebuild_and_unlock_every_device(s, crash)?;
     Ok(freed)
 }
 
@@ -553,32 +529,11 @@ pub(crate) fn depart<S: Store, C: Crash>(
     }
     crash.at()?;
     for device in 0..s.device_count() {
-        for class in 0..LEDGER_CLASSES {
-            let h = s.held(slot, device, class);
-            let bytes = h.load(Ordering::Relaxed);
-            if bytes != 0 {
-                h.store(0, Ordering::Relaxed);
-                crash.at()?;
-                let total = total_of(s, device, class);
-                total.store(
-                    total.load(Ordering::Relaxed).saturating_sub(bytes),
-                    Ordering::Relaxed,
-                );
-                crash.at()?;
-            }
-        }
+        give_back(s, slot, device, crash)?;
     }
-    let ident = s.ident(slot);
-    let (generation, state) = split_ident(ident.load(Ordering::Acquire));
-    if state != STATE_FREE {
-        ident.store(ident_word(generation, STATE_FREE), Ordering::Release);
-    }
+    free_slot(s, slot);
     crash.at()?;
-    s.rebuild_view();
-    crash.at()?;
-    for device in (0..s.device_count()).rev() {
-        unlock_device(s, device);
-    }
+    rebuild_and_unlock_every_device(s, crash)?;
     Ok(true)
 }
 
@@ -592,9 +547,7 @@ pub(crate) fn normalize<S: Store, C: Crash>(
     dead: &[usize],
     crash: &C,
 ) -> Result<usize, Died> {
-    for device in 0..s.device_count() {
-        lock_device(s, device, me, crash)?;
-    }
+    lock_every_device(s, me, crash)?;
     crash.at()?;
     let mut freed = 0;
     for slot in 0..s.slot_count() {
@@ -623,12 +576,59 @@ pub(crate) fn normalize<S: Store, C: Crash>(
         recompute_total(s, device);
     }
     crash.at()?;
+    rebuild_and_unlock_every_device(s, crash)?;
+    Ok(freed)
+}
+
+/// Give back everything `slot` holds on `device` (caller holds its lock). Held first, then
+/// total: a crash in between leaves total too high, which the next locker's takeover
+/// recompute corrects.
+fn give_back<S: Store, C: Crash>(s: &S, slot: usize, device: usize, crash: &C) -> Result<(), Died> {
+    for class in 0..LEDGER_CLASSES {
+        let h = s.held(slot, device, class);
+        let bytes = h.load(Ordering::Relaxed);
+        if bytes != 0 {
+            h.store(0, Ordering::Relaxed);
+            crash.at()?;
+            let total = total_of(s, device, class);
+            total.store(
+                total.load(Ordering::Relaxed).saturating_sub(bytes),
+                Ordering::Relaxed,
+            );
+            crash.at()?;
+        }
+    }
+    Ok(())
+}
+
+/// Mark `slot` free (caller holds every device lock); whether it was not free already.
+fn free_slot<S: Store>(s: &S, slot: usize) -> bool {
+    let ident = s.ident(slot);
+    let (generation, state) = split_ident(ident.load(Ordering::Acquire));
+    if state == STATE_FREE {
+        return false;
+    }
+    ident.store(ident_word(generation, STATE_FREE), Ordering::Release);
+    true
+}
+
+/// Take every device lock, in device order (the one order every multi-lock holder uses).
+fn lock_every_device<S: Store, C: Crash>(s: &S, me: u64, crash: &C) -> Result<(), Died> {
+    for device in 0..s.device_count() {
+        lock_device(s, device, me, crash)?;
+    }
+    Ok(())
+}
+
+/// The end of a change to the slot table (caller holds every device lock): rebuild the view,
+/// then unlock in reverse order.
+fn rebuild_and_unlock_every_device<S: Store, C: Crash>(s: &S, crash: &C) -> Result<(), Died> {
     s.rebuild_view();
     crash.at()?;
     for device in (0..s.device_count()).rev() {
         unlock_device(s, device);
     }
-    Ok(freed)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -726,6 +726,38 @@ pub(crate) mod model {
         pub(crate) fn host_held_by(&self, slot: usize, device: usize) -> u64 {
             self.held(slot, device, HOST).load(Ordering::SeqCst)
         }
+
+        /// A store with processes live in slots 0 and 1; returns it and their owner words.
+        pub(crate) fn with_two_processes(
+            devices: usize,
+            slots: usize,
+            limit: u64,
+        ) -> (Self, u64, u64) {
+            let s = Self::new(devices, slots, limit);
+            let (a, b) = (s.register(0), s.register(1));
+            (s, a, b)
+        }
+
+        /// A reservation that must be granted (the models' setup); returns the new total.
+        pub(crate) fn hold(
+            &self,
+            slot: usize,
+            me: u64,
+            device: usize,
+            class: usize,
+            bytes: u64,
+        ) -> u64 {
+            reserve(self, slot, me, device, class, bytes, &NoCrash)
+                .unwrap()
+                .value
+                .unwrap()
+        }
+
+        /// The administrator of `epoch` finds the dead and runs the full repair.
+        pub(crate) fn repair(&self, epoch: u64) -> Result<usize, Died> {
+            let dead = find_dead(self);
+            normalize(self, admin_owner_word(epoch), &dead, &NoCrash)
+        }
     }
 
     impl Store for ModelStore {
@@ -783,14 +815,9 @@ mod tests {
     fn crash_at_every_step_of_reserve_and_release_recovers_exactly() {
         for op in 0..2 {
             for point in 0..16 {
-                let s = ModelStore::new(1, 3, 100);
-                let victim = s.register(0);
-                let survivor = s.register(1);
+                let (s, victim, survivor) = ModelStore::with_two_processes(1, 3, 100);
                 // The victim holds 30 before the storm.
-                reserve(&s, 0, victim, 0, 2, 30, &NoCrash)
-                    .unwrap()
-                    .value
-                    .unwrap();
+                s.hold(0, victim, 0, 2, 30);
                 let died = if op == 0 {
                     reserve(&s, 0, victim, 0, 2, 50, &CrashAfter::new(Some(point))).is_err()
                 } else {
@@ -798,10 +825,7 @@ mod tests {
                 };
                 s.kill(0);
                 // The survivor must not hang on a lock the victim may hold.
-                let got = reserve(&s, 1, survivor, 0, 0, 10, &NoCrash)
-                    .unwrap()
-                    .value
-                    .unwrap();
+                let got = s.hold(1, survivor, 0, 0, 10);
                 assert!(got <= 100);
                 assert!(s.totals[0].load(Ordering::SeqCst) <= 100);
                 let dead = find_dead(&s);
@@ -900,9 +924,8 @@ mod tests {
                 policy(&s, 0, 0, true);
                 let victim = s.register(0);
                 let survivor = s.register(1);
-                let ok = |r: Result<Done<Result<u64, Refusal>>, Died>| r.unwrap().value.unwrap();
-                ok(reserve(&s, 0, victim, 0, HOST, 30, &NoCrash));
-                ok(reserve(&s, 1, survivor, 0, HOST, 5, &NoCrash));
+                s.hold(0, victim, 0, HOST, 30);
+                s.hold(1, survivor, 0, HOST, 5);
                 let crash = CrashAfter::new(Some(point));
                 let died = match op {
                     0 => reserve(&s, 0, victim, 0, HOST, 20, &crash).is_err(),
@@ -913,12 +936,11 @@ mod tests {
                     }
                 };
                 s.kill(0);
-                ok(reserve(&s, 1, survivor, 0, 2, 10, &NoCrash));
+                s.hold(1, survivor, 0, 2, 10);
                 let combined =
                     s.totals[0].load(Ordering::SeqCst) + s.host_totals[0].load(Ordering::SeqCst);
                 assert!(combined <= 100, "op {op} point {point}: {combined}");
-                let dead = find_dead(&s);
-                assert_eq!(normalize(&s, admin_owner_word(1), &dead, &NoCrash), Ok(1));
+                assert_eq!(s.repair(1), Ok(1));
                 assert_eq!(
                     s.totals[0].load(Ordering::SeqCst),
                     10,
@@ -945,14 +967,8 @@ mod tests {
         policy(&s, 1, 40, false);
         let a = s.register(0);
         let b = s.register(1);
-        reserve(&s, 0, a, 1, HOST, 25, &NoCrash)
-            .unwrap()
-            .value
-            .unwrap();
-        reserve(&s, 1, b, 1, HOST, 15, &NoCrash)
-            .unwrap()
-            .value
-            .unwrap();
+        s.hold(0, a, 1, HOST, 25);
+        s.hold(1, b, 1, HOST, 15);
         s.kill(0);
         let dead = find_dead(&s);
         assert_eq!(
@@ -963,6 +979,27 @@ mod tests {
         assert_eq!(s.host_held_by(0, 1), 0);
     }
 
+    /// Two devices, three slots: process `a` holds `a_on_0` (class 2) on device 0 and 5
+    /// (class 0) on device 1, process `b` holds 7 (class 1) on device 0.
+    fn a_on_both_devices_b_on_one(a_on_0: u64) -> (ModelStore, u64, u64) {
+        let (s, a, b) = ModelStore::with_two_processes(2, 3, 100);
+        s.hold(0, a, 0, 2, a_on_0);
+        s.hold(0, a, 1, 0, 5);
+        s.hold(1, b, 0, 1, 7);
+        (s, a, b)
+    }
+
+    /// After `a`'s administrator work was cut at crash `point`: `b` reserves 3 on device 1
+    /// (taking over any lock left behind), the next administrator repairs, and the totals are
+    /// exactly `b`'s.
+    fn b_reserves_and_the_next_repair_is_exact(s: &ModelStore, b: u64, point: u32) {
+        s.hold(1, b, 1, 2, 3);
+        s.admin_epoch.store(2, Ordering::SeqCst);
+        s.repair(2).unwrap();
+        assert_eq!(s.totals[0].load(Ordering::SeqCst), 7, "point {point}");
+        assert_eq!(s.totals[1].load(Ordering::SeqCst), 3, "point {point}");
+    }
+
     /// An administrator killed at any step of its repair: the next one finishes the job, and
     /// a reserving process is never stuck meanwhile.
     #[test]
@@ -971,15 +1008,7 @@ mod tests {
             .map(|p| (true, p))
             .chain((0..64).map(|p| (false, p)))
         {
-            let s = ModelStore::new(2, 3, 100);
-            let a = s.register(0);
-            let b = s.register(1);
-            reserve(&s, 0, a, 0, 2, 40, &NoCrash)
-                .unwrap()
-                .value
-                .unwrap();
-            reserve(&s, 0, a, 1, 0, 5, &NoCrash).unwrap().value.unwrap();
-            reserve(&s, 1, b, 0, 1, 7, &NoCrash).unwrap().value.unwrap();
+            let (s, a, b) = a_on_both_devices_b_on_one(40);
             s.kill(0);
             s.admin_alive.store(1, Ordering::SeqCst);
             let dead = find_dead(&s);
@@ -990,14 +1019,9 @@ mod tests {
                 release_dead(&s, admin_owner_word(1), &dead, &crash)
             };
             s.admin_alive.store(0, Ordering::SeqCst);
-            // A reserving process takes over any lock the dead administrator left.
-            reserve(&s, 1, b, 1, 2, 3, &NoCrash).unwrap().value.unwrap();
-            s.admin_epoch.store(2, Ordering::SeqCst);
-            // The next administrator finds the dirty flag and runs the full repair.
-            let dead = find_dead(&s);
-            normalize(&s, admin_owner_word(2), &dead, &NoCrash).unwrap();
-            assert_eq!(s.totals[0].load(Ordering::SeqCst), 7, "point {point}");
-            assert_eq!(s.totals[1].load(Ordering::SeqCst), 3, "point {point}");
+            // A reserving process takes over any lock the dead administrator left; the next
+            // administrator finds the dirty flag and runs the full repair.
+            b_reserves_and_the_next_repair_is_exact(&s, b, point);
             assert_eq!(
                 split_ident(s.idents[0].load(Ordering::SeqCst)).1,
                 STATE_FREE
@@ -1037,15 +1061,7 @@ mod tests {
     /// free, and a thread of it that still uses the old owner word afterwards changes nothing.
     #[test]
     fn depart_gives_back_at_once_and_late_threads_change_nothing() {
-        let s = ModelStore::new(2, 3, 100);
-        let a = s.register(0);
-        let b = s.register(1);
-        reserve(&s, 0, a, 0, 2, 30, &NoCrash)
-            .unwrap()
-            .value
-            .unwrap();
-        reserve(&s, 0, a, 1, 0, 5, &NoCrash).unwrap().value.unwrap();
-        reserve(&s, 1, b, 0, 1, 7, &NoCrash).unwrap().value.unwrap();
+        let (s, a, b) = a_on_both_devices_b_on_one(30);
         assert_eq!(
             depart(&s, admin_owner_word(1), 0, &NoCrash, || false),
             Ok(true)
@@ -1070,10 +1086,7 @@ mod tests {
         assert_eq!(s.totals[0].load(Ordering::SeqCst), 7);
         assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
         // The survivor is unaffected, and the departed slot can be registered again.
-        reserve(&s, 1, b, 0, 1, 93, &NoCrash)
-            .unwrap()
-            .value
-            .unwrap();
+        s.hold(1, b, 0, 1, 93);
         let again = s.register(0);
         assert_ne!(again, a);
         assert!(
@@ -1090,9 +1103,7 @@ mod tests {
     /// process took over meanwhile.
     #[test]
     fn a_stale_owner_never_unlocks_someone_elses_lock() {
-        let s = ModelStore::new(1, 2, 100);
-        let a = s.register(0);
-        let b = s.register(1);
+        let (s, a, b) = ModelStore::with_two_processes(1, 2, 100);
         depart(&s, admin_owner_word(1), 0, &NoCrash, || false).unwrap();
         s.locks[0].store(b, Ordering::SeqCst);
         unlock_if_held(&s, 0, a);
@@ -1109,10 +1120,7 @@ mod tests {
     fn depart_gives_up_on_a_lock_held_by_a_live_owner() {
         let s = ModelStore::new(3, 2, 100);
         let a = s.register(0);
-        reserve(&s, 0, a, 0, 2, 30, &NoCrash)
-            .unwrap()
-            .value
-            .unwrap();
+        s.hold(0, a, 0, 2, 30);
         s.locks[1].store(a, Ordering::SeqCst); // a thread of `a` is inside device 1's lock
         let mut asked = 0;
         let r = depart(&s, admin_owner_word(1), 0, &NoCrash, || {
@@ -1139,15 +1147,7 @@ mod tests {
     #[test]
     fn crash_at_every_step_of_depart_recovers() {
         for point in 0..32 {
-            let s = ModelStore::new(2, 3, 100);
-            let a = s.register(0);
-            let b = s.register(1);
-            reserve(&s, 0, a, 0, 2, 40, &NoCrash)
-                .unwrap()
-                .value
-                .unwrap();
-            reserve(&s, 0, a, 1, 0, 5, &NoCrash).unwrap().value.unwrap();
-            reserve(&s, 1, b, 0, 1, 7, &NoCrash).unwrap().value.unwrap();
+            let (s, a, b) = a_on_both_devices_b_on_one(40);
             s.admin_alive.store(1, Ordering::SeqCst);
             let r = depart(
                 &s,
@@ -1158,12 +1158,7 @@ mod tests {
             );
             s.admin_alive.store(0, Ordering::SeqCst);
             s.kill(0);
-            reserve(&s, 1, b, 1, 2, 3, &NoCrash).unwrap().value.unwrap();
-            s.admin_epoch.store(2, Ordering::SeqCst);
-            let dead = find_dead(&s);
-            normalize(&s, admin_owner_word(2), &dead, &NoCrash).unwrap();
-            assert_eq!(s.totals[0].load(Ordering::SeqCst), 7, "point {point}");
-            assert_eq!(s.totals[1].load(Ordering::SeqCst), 3, "point {point}");
+            b_reserves_and_the_next_repair_is_exact(&s, b, point);
             assert_eq!(s.held_by(0, 0) + s.held_by(0, 1), 0, "point {point}");
             if r.is_ok() {
                 break; // past the last crash point
@@ -1245,9 +1240,8 @@ mod loom_tests {
     #[test]
     fn loom_concurrent_reserves_never_exceed_limit() {
         let n = explore(|| {
-            let s = Arc::new(ModelStore::new(1, 2, 10));
-            let a = s.register(0);
-            let b = s.register(1);
+            let (s, a, b) = ModelStore::with_two_processes(1, 2, 10);
+            let s = Arc::new(s);
             let reserver = |slot: usize, me: u64, s: Arc<ModelStore>| {
                 move || reserve(&*s, slot, me, 0, 2, 7, &NoCrash).unwrap().value
             };
@@ -1276,13 +1270,9 @@ mod loom_tests {
     #[test]
     fn loom_reserve_racing_release_is_exact() {
         let n = explore(|| {
-            let s = Arc::new(ModelStore::new(1, 2, 10));
-            let a = s.register(0);
-            let b = s.register(1);
-            reserve(&*s, 1, b, 0, 1, 10, &NoCrash)
-                .unwrap()
-                .value
-                .unwrap();
+            let (s, a, b) = ModelStore::with_two_processes(1, 2, 10);
+            let s = Arc::new(s);
+            s.hold(1, b, 0, 1, 10);
             let sa = s.clone();
             let t1 = thread::spawn(move || reserve(&*sa, 0, a, 0, 2, 5, &NoCrash).unwrap().value);
             let sb = s.clone();
@@ -1309,13 +1299,9 @@ mod loom_tests {
         for op in 0..2u32 {
             for point in 0..5u32 {
                 let n = explore(move || {
-                    let s = Arc::new(ModelStore::new(1, 2, 10));
-                    let victim = s.register(0);
-                    let survivor = s.register(1);
-                    reserve(&*s, 0, victim, 0, 2, 4, &NoCrash)
-                        .unwrap()
-                        .value
-                        .unwrap();
+                    let (s, victim, survivor) = ModelStore::with_two_processes(1, 2, 10);
+                    let s = Arc::new(s);
+                    s.hold(0, victim, 0, 2, 4);
                     let sv = s.clone();
                     let v = thread::spawn(move || {
                         let crash = CrashAfter::new(Some(point));
@@ -1337,17 +1323,13 @@ mod loom_tests {
                     let survivor_holds = if w.join().unwrap() { 4 } else { 0 };
                     // Any lock the victim died in is taken over by the next user, and that
                     // restores invariant I before any repair.
-                    reserve(&*s, 1, survivor, 0, 2, 0, &NoCrash)
-                        .unwrap()
-                        .value
-                        .unwrap();
+                    s.hold(1, survivor, 0, 2, 0);
                     assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
                     assert_eq!(
                         s.totals[0].load(Ordering::SeqCst),
                         s.held_by(0, 0) + s.held_by(1, 0)
                     );
-                    let dead = find_dead(&*s);
-                    normalize(&*s, admin_owner_word(1), &dead, &NoCrash).unwrap();
+                    s.repair(1).unwrap();
                     assert_eq!(s.totals[0].load(Ordering::SeqCst), survivor_holds);
                     assert_eq!(s.held_by(1, 0), survivor_holds);
                 });
@@ -1388,8 +1370,7 @@ mod loom_tests {
                 assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
                 let total = s.totals[0].load(Ordering::SeqCst);
                 assert_eq!(total, s.held_by(0, 0) + held);
-                let dead = find_dead(&*s);
-                normalize(&*s, admin_owner_word(1), &dead, &NoCrash).unwrap();
+                s.repair(1).unwrap();
                 assert_eq!(s.totals[0].load(Ordering::SeqCst), held);
             });
             assert!(count.load(std::sync::atomic::Ordering::Relaxed) > 1);
@@ -1402,13 +1383,9 @@ mod loom_tests {
     #[test]
     fn loom_leaving_while_a_sibling_thread_reserves() {
         let n = explore(|| {
-            let s = Arc::new(ModelStore::new(1, 2, 10));
-            let a = s.register(0);
-            let b = s.register(1);
-            reserve(&*s, 1, b, 0, 1, 3, &NoCrash)
-                .unwrap()
-                .value
-                .unwrap();
+            let (s, a, b) = ModelStore::with_two_processes(1, 2, 10);
+            let s = Arc::new(s);
+            s.hold(1, b, 0, 1, 3);
             // The leaving thread is the administrator: it holds the administrative lock
             // (set before the sibling starts, as the kernel's lock is taken before any device lock).
             s.admin_alive.store(1, Ordering::SeqCst);
@@ -1443,13 +1420,9 @@ mod loom_tests {
             .chain((0..6u32).map(|p| (false, p)))
         {
             let n = explore(move || {
-                let s = Arc::new(ModelStore::new(1, 2, 10));
-                let victim = s.register(0);
-                let survivor = s.register(1);
-                reserve(&*s, 0, victim, 0, 2, 6, &NoCrash)
-                    .unwrap()
-                    .value
-                    .unwrap();
+                let (s, victim, survivor) = ModelStore::with_two_processes(1, 2, 10);
+                let s = Arc::new(s);
+                s.hold(0, victim, 0, 2, 6);
                 s.kill(0);
                 s.admin_alive.store(1, Ordering::SeqCst);
                 let sa = s.clone();
@@ -1473,8 +1446,7 @@ mod loom_tests {
                 admin.join().unwrap();
                 let holds = if w.join().unwrap() { 4 } else { 0 };
                 s.admin_epoch.store(2, Ordering::SeqCst);
-                let dead = find_dead(&*s);
-                normalize(&*s, admin_owner_word(2), &dead, &NoCrash).unwrap();
+                s.repair(2).unwrap();
                 assert_eq!(s.totals[0].load(Ordering::SeqCst), holds);
             });
             assert!(n > 1, "the model must explore interleavings");
