@@ -217,15 +217,30 @@ fn mark<'a>(t: &TurnTenantStatus, me: &'a str) -> &'a str {
 pub(crate) const NO_DEVICES: &str =
     "No devices recorded yet (no process has used a GPU under this file).";
 
+/// The widths of the process table's last two columns (memory, then SM) and the SM column's
+/// title: `status` and `watch` share the columns, each at its own widths.
+pub(crate) struct ProcessColumns {
+    pub memory: usize,
+    pub sm: usize,
+    pub sm_title: &'static str,
+}
+
+/// `status`'s process table: full byte counts.
+const STATUS_COLUMNS: ProcessColumns = ProcessColumns {
+    memory: 12,
+    sm: 7,
+    sm_title: "SM UTIL",
+};
+
 /// The process table `status` and `watch` end with, after a blank line: "No processes.", or
-/// `header` and then
+/// the header of `columns` and then
 /// per process one row per device it uses (a process using none still gets one, its device
 /// `None`). `row` writes a row, given the process, its host PID ("-" when unknown) and the
 /// device.
 pub(crate) fn write_process_rows(
     out: &mut String,
     processes: &[ProcessStatus],
-    header: &str,
+    columns: &ProcessColumns,
     mut row: impl FnMut(&mut String, &ProcessStatus, &str, Option<&ProcessDevice>),
 ) {
     let _ = writeln!(out);
@@ -233,7 +248,18 @@ pub(crate) fn write_process_rows(
         let _ = writeln!(out, "No processes.");
         return;
     }
-    let _ = writeln!(out, "{header}");
+    let _ = writeln!(
+        out,
+        "{:>8}  {:>8}  {:<9}  {:>3}  {:>memory$}  {:>sm$}",
+        "PID",
+        "HOST PID",
+        "STATE",
+        "DEV",
+        "MEMORY",
+        columns.sm_title,
+        memory = columns.memory,
+        sm = columns.sm,
+    );
     for p in processes {
         let host = p.host_pid.map_or_else(|| "-".to_owned(), |h| h.to_string());
         if p.devices.is_empty() {
@@ -347,40 +373,41 @@ impl StatusReport {
                 }
             }
         }
-        let header = format!(
-            "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}",
-            "PID", "HOST PID", "STATE", "DEV", "MEMORY", "SM UTIL"
-        );
-        write_process_rows(&mut out, &self.processes, &header, |out, p, host, d| {
-            let note = if p.alive {
-                ""
-            } else {
-                "  <- dead, usage still counted until swept"
-            };
-            let Some(d) = d else {
+        write_process_rows(
+            &mut out,
+            &self.processes,
+            &STATUS_COLUMNS,
+            |out, p, host, d| {
+                let note = if p.alive {
+                    ""
+                } else {
+                    "  <- dead, usage still counted until swept"
+                };
+                let Some(d) = d else {
+                    let _ = writeln!(
+                        out,
+                        "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}{note}",
+                        p.pid, host, p.state, "-", "0 B", "-"
+                    );
+                    return;
+                };
+                let backed = if d.host_backed_bytes > 0 {
+                    format!("  + {} host-backed", format_bytes(d.host_backed_bytes))
+                } else {
+                    String::new()
+                };
                 let _ = writeln!(
                     out,
-                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}{note}",
-                    p.pid, host, p.state, "-", "0 B", "-"
+                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{backed}{note}",
+                    p.pid,
+                    host,
+                    p.state,
+                    d.index,
+                    format_bytes(d.memory_used_bytes),
+                    d.sm_utilization_percent
                 );
-                return;
-            };
-            let backed = if d.host_backed_bytes > 0 {
-                format!("  + {} host-backed", format_bytes(d.host_backed_bytes))
-            } else {
-                String::new()
-            };
-            let _ = writeln!(
-                out,
-                "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{backed}{note}",
-                p.pid,
-                host,
-                p.state,
-                d.index,
-                format_bytes(d.memory_used_bytes),
-                d.sm_utilization_percent
-            );
-        });
+            },
+        );
         out
     }
 

@@ -14,7 +14,9 @@ use serde::Serialize;
 
 use crate::Failure;
 use crate::cli::WatchArgs;
-use crate::report::{NO_DEVICES, StatusReport, read, table_path, write_process_rows};
+use crate::report::{
+    NO_DEVICES, ProcessColumns, StatusReport, read, table_path, write_process_rows,
+};
 use crate::signals;
 use crate::units::{format_local_time, rfc3339_local};
 
@@ -218,31 +220,39 @@ fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) ->
             }
         }
     }
-    let header = format!(
-        "{:>8}  {:>8}  {:<9}  {:>3}  {:>10}  {:>6}",
-        "PID", "HOST PID", "STATE", "DEV", "MEMORY", "SM USE"
+    write_process_rows(
+        &mut out,
+        &r.processes,
+        &WATCH_COLUMNS,
+        |out, proc, host, d| {
+            let (dev, mem, sm) = match d {
+                Some(d) => (
+                    d.index.to_string(),
+                    short_bytes(d.memory_used_bytes),
+                    format!("{}%", d.sm_utilization_percent),
+                ),
+                None => ("-".into(), "0 B".into(), "-".into()),
+            };
+            let line = format!(
+                "{:>8}  {:>8}  {:<9}  {dev:>3}  {mem:>10}  {sm:>6}",
+                proc.pid, host, proc.state
+            );
+            let _ = if proc.alive {
+                writeln!(out, "{line}")
+            } else {
+                writeln!(out, "{}", paint(p.dead, &format!("{line}  still counted")))
+            };
+        },
     );
-    write_process_rows(&mut out, &r.processes, &header, |out, proc, host, d| {
-        let (dev, mem, sm) = match d {
-            Some(d) => (
-                d.index.to_string(),
-                short_bytes(d.memory_used_bytes),
-                format!("{}%", d.sm_utilization_percent),
-            ),
-            None => ("-".into(), "0 B".into(), "-".into()),
-        };
-        let line = format!(
-            "{:>8}  {:>8}  {:<9}  {dev:>3}  {mem:>10}  {sm:>6}",
-            proc.pid, host, proc.state
-        );
-        let _ = if proc.alive {
-            writeln!(out, "{line}")
-        } else {
-            writeln!(out, "{}", paint(p.dead, &format!("{line}  still counted")))
-        };
-    });
     out
 }
+
+/// `watch`'s process table: short byte counts, to keep 80 columns.
+const WATCH_COLUMNS: ProcessColumns = ProcessColumns {
+    memory: 10,
+    sm: 6,
+    sm_title: "SM USE",
+};
 
 fn now() -> (i64, u64) {
     let d = SystemTime::now()
