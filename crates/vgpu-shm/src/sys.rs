@@ -235,13 +235,7 @@ pub(crate) fn effective_uid() -> u32 {
 /// Inlined: rate limits on the allocation path read it.
 #[inline]
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime(2) writes the timespec we own; CLOCK_MONOTONIC always exists on
-    // Linux, so it cannot fail with valid arguments.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let ts = clock_now(libc::CLOCK_MONOTONIC);
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
@@ -252,14 +246,21 @@ pub fn monotonic_ns() -> u64 {
 /// the exact clock nor a conversion to nanoseconds (the coarse clock is a plain vDSO load).
 #[inline]
 pub fn monotonic_coarse_secs() -> u64 {
+    clock_now(libc::CLOCK_MONOTONIC_COARSE).tv_sec as u64
+}
+
+/// The time of `clock`, one of the two above (inlined into both: they are on hot paths).
+#[inline(always)]
+fn clock_now(clock: libc::clockid_t) -> libc::timespec {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: clock_gettime(2) writes the timespec we own; CLOCK_MONOTONIC_COARSE exists on
-    // every Linux since 2.6.32, so it cannot fail with valid arguments.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64
+    // SAFETY: clock_gettime(2) writes the timespec we own; CLOCK_MONOTONIC always exists on
+    // Linux and CLOCK_MONOTONIC_COARSE on every Linux since 2.6.32, so it cannot fail with
+    // valid arguments.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts
 }
 
 /// `flock(LOCK_EX | LOCK_NB)`: `Ok(false)` if someone else holds it.
