@@ -10,44 +10,46 @@
 
 use vgpu_cuda_abi::*;
 
-use crate::exports::{CUDA_EXPORTS, NVML_EXPORTS};
+use crate::exports::{CUDA_EXPORTS, ExportAddrs, NVML_EXPORTS};
 use crate::log::{DEBUG, vlog};
 use crate::real;
 
 /// Our wrapper for `found`, the real `dlsym` result for `name`, or `found` itself.
 pub(crate) fn substitute_dlsym(name: &[u8], found: *mut c_void) -> *mut c_void {
     if name.starts_with(b"cu") {
-        let Some(index) = CUDA_HOOKED_SYMBOLS
-            .iter()
-            .position(|s| s.name.as_bytes() == name)
-        else {
-            return found;
-        };
-        if CUDA_EXPORTS.index_of(found).is_some() {
-            return found; // already ours (RTLD_DEFAULT finds the preloaded export first)
-        }
         // The handle may be libcuda itself, opened by the program: loading our table
         // from it is then only a reference-count bump.
-        let Ok(cuda) = real::cuda() else { return found };
-        if cuda.hooked_addr(index) == found as usize {
-            vlog!(DEBUG, "dlsym({}) -> hook", String::from_utf8_lossy(name));
-            return CUDA_EXPORTS.get(index);
-        }
+        substitute_hooked(name, found, CUDA_HOOKED_SYMBOLS, &CUDA_EXPORTS, |index| {
+            real::cuda().is_ok_and(|cuda| cuda.hooked_addr(index) == found as usize)
+        })
     } else if name.starts_with(b"nvml") {
-        let Some(index) = NVML_HOOKED_SYMBOLS
-            .iter()
-            .position(|s| s.name.as_bytes() == name)
-        else {
-            return found;
-        };
-        if NVML_EXPORTS.index_of(found).is_some() {
-            return found;
-        }
-        let Ok(nvml) = real::nvml() else { return found };
-        if nvml.hooked_index_of(found as usize) == Some(index) {
-            vlog!(DEBUG, "dlsym({}) -> hook", String::from_utf8_lossy(name));
-            return NVML_EXPORTS.get(index);
-        }
+        substitute_hooked(name, found, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, |index| {
+            real::nvml().is_ok_and(|nvml| nvml.hooked_index_of(found as usize) == Some(index))
+        })
+    } else {
+        found
+    }
+}
+
+/// [`substitute_dlsym`] for one library: our export of `name` when it is among `symbols`
+/// and `is_real(index)` says `found` is the real library's implementation of it; else
+/// `found`.
+fn substitute_hooked(
+    name: &[u8],
+    found: *mut c_void,
+    symbols: &[SymbolInfo],
+    exports: &ExportAddrs,
+    is_real: impl FnOnce(usize) -> bool,
+) -> *mut c_void {
+    let Some(index) = symbols.iter().position(|s| s.name.as_bytes() == name) else {
+        return found;
+    };
+    if exports.index_of(found).is_some() {
+        return found; // already ours (RTLD_DEFAULT finds the preloaded export first)
+    }
+    if is_real(index) {
+        vlog!(DEBUG, "dlsym({}) -> hook", String::from_utf8_lossy(name));
+        return exports.get(index);
     }
     found
 }
