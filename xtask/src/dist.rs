@@ -49,7 +49,7 @@ const HOST_TOOLS: &[(&str, &str)] = &[
 /// One file of the release: where it lies in the tree, and where it comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
-    /// A build output of this name (in target/<triple>/release/).
+    /// A build output of this name (in `target/<triple>/release/`).
     Built(&'static str),
     /// A file of the repository, relative to its root.
     Repo(&'static str),

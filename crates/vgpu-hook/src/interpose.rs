@@ -17,29 +17,30 @@ use crate::real;
 /// Our wrapper for `found`, the real `dlsym` result for `name`, or `found` itself.
 pub(crate) fn substitute_dlsym(name: &[u8], found: *mut c_void) -> *mut c_void {
     if name.starts_with(b"cu") {
-        // The handle may be libcuda itself, opened by the program: loading our table
-        // from it is then only a reference-count bump.
-        substitute_hooked(name, found, CUDA_HOOKED_SYMBOLS, &CUDA_EXPORTS, |index| {
-            real::cuda().is_ok_and(|cuda| cuda.hooked_addr(index) == found as usize)
+        // The handle may be libcuda itself, opened by the program: loading our table from
+        // it is then only a reference-count bump.
+        substitute(name, found, CUDA_HOOKED_SYMBOLS, &CUDA_EXPORTS, || {
+            real::cuda().ok().map(|c| |i| c.hooked_addr(i))
         })
     } else if name.starts_with(b"nvml") {
-        substitute_hooked(name, found, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, |index| {
-            real::nvml().is_ok_and(|nvml| nvml.hooked_index_of(found as usize) == Some(index))
+        substitute(name, found, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, || {
+            real::nvml().ok().map(|n| |i| n.hooked_addr(i))
         })
     } else {
         found
     }
 }
 
-/// [`substitute_dlsym`] for one library: our export of `name` when it is among `symbols`
-/// and `is_real(index)` says `found` is the real library's implementation of it; else
-/// `found`.
-fn substitute_hooked(
+/// The dlsym rule for one library: `found` is replaced by our wrapper of `name` when it is
+/// the real library's implementation of that very symbol. Asked by the symbol's own index,
+/// not by looking the address up: two hooked symbols the library implements at one address
+/// (aliases) then each get their own wrapper, where a lookup would find only the first.
+fn substitute<A: Fn(usize) -> usize>(
     name: &[u8],
     found: *mut c_void,
     symbols: &[SymbolInfo],
     exports: &ExportAddrs,
-    is_real: impl FnOnce(usize) -> bool,
+    real_addr: impl FnOnce() -> Option<A>,
 ) -> *mut c_void {
     let Some(index) = symbols.iter().position(|s| s.name.as_bytes() == name) else {
         return found;
@@ -47,11 +48,13 @@ fn substitute_hooked(
     if exports.index_of(found).is_some() {
         return found; // already ours (RTLD_DEFAULT finds the preloaded export first)
     }
-    if is_real(index) {
-        vlog!(DEBUG, "dlsym({}) -> hook", String::from_utf8_lossy(name));
-        return exports.get(index);
+    match real_addr() {
+        Some(addr) if found as usize != 0 && addr(index) == found as usize => {
+            vlog!(DEBUG, "dlsym({}) -> hook", String::from_utf8_lossy(name));
+            exports.get(index)
+        }
+        _ => found,
     }
-    found
 }
 
 /// Our wrapper for `found`, what the real `cuGetProcAddress(name, cuda_version, flags)`
@@ -96,6 +99,60 @@ mod tests {
     use vgpu_cuda_abi::proc_address_flags::{DEFAULT, PER_THREAD_DEFAULT_STREAM};
 
     const BASE: usize = 0x7000_0000;
+
+    #[test]
+    fn dlsym_of_aliased_symbols_gives_each_its_own_wrapper() {
+        // A library that implements two hooked symbols at one address: each name's dlsym
+        // must still reach its own wrapper (a lookup by address found only the first, and
+        // the second passed through to the library unhooked).
+        let at = |name: &str| {
+            NVML_HOOKED_SYMBOLS
+                .iter()
+                .position(|s| s.name == name)
+                .unwrap()
+        };
+        let (first, second) = (
+            at("nvmlDeviceGetMemoryInfo"),
+            at("nvmlDeviceGetMemoryInfo_v2"),
+        );
+        let alias = BASE as *mut c_void;
+        let addr = |i: usize| if i == first || i == second { BASE } else { 0 };
+        for (name, index) in [
+            ("nvmlDeviceGetMemoryInfo", first),
+            ("nvmlDeviceGetMemoryInfo_v2", second),
+        ] {
+            let got = substitute(
+                name.as_bytes(),
+                alias,
+                NVML_HOOKED_SYMBOLS,
+                &NVML_EXPORTS,
+                || Some(addr),
+            );
+            assert_eq!(got, NVML_EXPORTS.get(index), "{name}");
+        }
+        // Not the library's implementation of that symbol, a null result, or no library:
+        // passed through.
+        let other = (BASE + 16) as *mut c_void;
+        let name = b"nvmlDeviceGetMemoryInfo";
+        assert_eq!(
+            substitute(name, other, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, || Some(
+                addr
+            )),
+            other
+        );
+        let null = std::ptr::null_mut();
+        assert_eq!(
+            substitute(name, null, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, || Some(
+                addr
+            )),
+            null
+        );
+        let none: Option<fn(usize) -> usize> = None;
+        assert_eq!(
+            substitute(name, alias, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, || none),
+            alias
+        );
+    }
 
     /// A fake driver exporting every hooked symbol at BASE + 16 * index.
     fn driver() -> real::Cuda {
