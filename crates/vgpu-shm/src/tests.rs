@@ -53,6 +53,15 @@ fn registered<const N: usize>(t: &UsageTable) -> [ProcessSlot; N] {
     std::array::from_fn(|_| t.register_self().unwrap())
 }
 
+/// A table limited to 100 bytes per device with two registered processes, the first of
+/// which holds `bytes` of data on device 0 (the victim of the dead-process cases).
+fn first_of_two_holding(tag: &str, bytes: u64) -> (TempPath, UsageTable, [ProcessSlot; 2]) {
+    let (p, t) = table(tag, 100, 100);
+    let slots: [ProcessSlot; 2] = registered(&t);
+    slots[0].try_reserve(D0, UsageClass::Data, bytes).unwrap();
+    (p, t, slots)
+}
+
 fn init(limit0: u64, limit1: u64) -> TableInit {
     TableInit {
         uuids: vec!["GPU-aaaa".into(), "GPU-bbbb".into()],
@@ -198,9 +207,7 @@ fn refused_reservation_changes_nothing() {
 
 #[test]
 fn dead_process_usage_returns_when_a_reservation_would_fail() {
-    let (_p, t) = table("dead", 100, 100);
-    let [victim, other] = registered(&t);
-    victim.try_reserve(D0, UsageClass::Data, 80).unwrap();
+    let (_p, t, [victim, other]) = first_of_two_holding("dead", 80);
     other.try_reserve(D0, UsageClass::Data, 10).unwrap();
     victim.simulate_death();
     assert_eq!(t.usage(D0).used, 90); // still counted until someone needs it
@@ -215,9 +222,7 @@ fn dead_process_usage_returns_when_a_reservation_would_fail() {
 
 #[test]
 fn periodic_sm_util_report_sweeps_dead_processes() {
-    let (_p, t) = table("periodic", 100, 100);
-    let [victim, other] = registered(&t);
-    victim.try_reserve(D0, UsageClass::Data, 40).unwrap();
+    let (_p, t, [victim, other]) = first_of_two_holding("periodic", 40);
     victim.simulate_death();
     other.set_sm_util(D0, 5);
     // Nobody reserved or inspected; the SM-limit thread's next report (a second later) sweeps.
@@ -390,9 +395,7 @@ fn snapshot_reports_devices_and_processes() {
 #[test]
 fn crash_inside_a_device_lock_recovers_within_100ms() {
     use crate::protocol::Store;
-    let (_p, t) = table("lockcrash", 100, 100);
-    let [victim, other] = registered(&t);
-    victim.try_reserve(D0, UsageClass::Data, 30).unwrap();
+    let (_p, t, [victim, other]) = first_of_two_holding("lockcrash", 30);
     // The victim dies inside reserve, after `total += 50` and before `held += 50`.
     {
         let st = t.store();
@@ -414,9 +417,7 @@ fn crash_inside_a_device_lock_recovers_within_100ms() {
 #[test]
 fn administrator_killed_mid_repair_is_finished_by_the_next_reservation() {
     use crate::protocol::{Store, admin_owner_word};
-    let (_p, t) = table("admincrash", 100, 100);
-    let [a, b] = registered(&t);
-    a.try_reserve(D0, UsageClass::Data, 30).unwrap();
+    let (_p, t, [a, b]) = first_of_two_holding("admincrash", 30);
     b.try_reserve(D1, UsageClass::Data, 20).unwrap();
     // An administrator (a CLI, no slot of its own) died while rebuilding HAMi's view: device
     // lock 0 still names it, the view is half written, the dirty flag is set.
