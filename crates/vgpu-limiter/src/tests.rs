@@ -18,9 +18,10 @@ fn one_container(limit: u32, work: Workload) -> (World, SimTable, usize) {
     (w, table, id)
 }
 
-/// Achieved share of one GPU-bound kernel loop under `limit`, measured over `[t0, t1)`.
-fn steady(limit: u32, dur: Nanos, t0: Nanos, t1: Nanos) -> (f64, World) {
-    let (mut w, _table, id) = one_container(limit, kernel_loop(dur));
+/// Achieved share of one GPU-bound process running `work` under `limit`, measured over
+/// `[t0, t1)`.
+fn steady(limit: u32, work: Workload, t0: Nanos, t1: Nanos) -> (f64, World) {
+    let (mut w, _table, id) = one_container(limit, work);
     w.run_until(t1);
     (w.gpu.busy_fraction(id, t0, t1), w)
 }
@@ -37,7 +38,7 @@ fn assert_near(what: &str, got: f64, target: f64, tol_points: f64) {
 fn steady_state_within_two_points_short_and_long_kernels() {
     for dur in [50 * US, 5 * MS] {
         for limit in [10, 25, 50, 75] {
-            let (got, w) = steady(limit, dur, S, 6 * S);
+            let (got, w) = steady(limit, kernel_loop(dur), S, 6 * S);
             assert_near(
                 &format!("limit {limit}, kernels of {dur} ns"),
                 got,
@@ -52,7 +53,7 @@ fn steady_state_within_two_points_short_and_long_kernels() {
 
 #[test]
 fn events_are_batched_not_per_launch() {
-    let (_, w) = steady(50, 50 * US, S, 3 * S);
+    let (_, w) = steady(50, kernel_loop(50 * US), S, 3 * S);
     let stats = w.apps[0].limiter.stats();
     eprintln!("{} launches, {} markers", stats.launches, stats.markers);
     assert!(stats.launches > 10_000, "{stats:?}");
@@ -83,25 +84,17 @@ fn queued_work_stays_about_one_period_deep() {
 #[test]
 fn kernel_mix_change_still_holds_the_average() {
     let mut n = 0u64;
-    let (mut w, _table, id) = one_container(
-        25,
-        Box::new(move |_| {
-            n += 1;
-            // Alternate phases of short and long kernels.
-            if (n / 2_000) % 2 == 0 {
-                Step::Launch(50 * US)
-            } else {
-                Step::Launch(5 * MS)
-            }
-        }),
-    );
-    w.run_until(20 * S);
-    assert_near(
-        "mixed kernels",
-        w.gpu.busy_fraction(id, S, 20 * S),
-        0.25,
-        2.0,
-    );
+    let mixed: Workload = Box::new(move |_| {
+        n += 1;
+        // Alternate phases of short and long kernels.
+        if (n / 2_000) % 2 == 0 {
+            Step::Launch(50 * US)
+        } else {
+            Step::Launch(5 * MS)
+        }
+    });
+    let (got, _) = steady(25, mixed, S, 20 * S);
+    assert_near("mixed kernels", got, 0.25, 2.0);
 }
 
 #[test]
