@@ -1008,7 +1008,7 @@ mod tests {
             .map(|p| (true, p))
             .chain((0..64).map(|p| (false, p)))
         {
-            let (s, a, b) = a_on_both_devices_b_on_one(40);
+            let (s, _, b) = a_on_both_devices_b_on_one(40);
             s.kill(0);
             s.admin_alive.store(1, Ordering::SeqCst);
             let dead = find_dead(&s);
@@ -1147,7 +1147,7 @@ mod tests {
     #[test]
     fn crash_at_every_step_of_depart_recovers() {
         for point in 0..32 {
-            let (s, a, b) = a_on_both_devices_b_on_one(40);
+            let (s, _, b) = a_on_both_devices_b_on_one(40);
             s.admin_alive.store(1, Ordering::SeqCst);
             let r = depart(
                 &s,
