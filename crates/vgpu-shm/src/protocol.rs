@@ -723,6 +723,9 @@ pub(crate) mod model {
                 .sum()
         }
 
+        /// Host-backed bytes `slot` holds on `device` (the unit tests'; the loom models
+        /// do not look at the host class).
+        #[cfg_attr(loom, allow(dead_code))]
         pub(crate) fn host_held_by(&self, slot: usize, device: usize) -> u64 {
             self.held(slot, device, HOST).load(Ordering::SeqCst)
         }
