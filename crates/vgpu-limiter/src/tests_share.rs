@@ -407,11 +407,11 @@ fn launch_bound_service_beside_training(with_training: bool) -> (Vec<Nanos>, f64
     (lat, busy)
 }
 
-/// Holding the loop for the service's whole request plus its grace gave it 0.13 here: a
-/// priority-0 container's `busy_until` covers its host gaps (shorter than the 2 ms grace
-/// and the 0.5 ms board poll). Gap filling (a held container launches, with a 125 µs queue,
-/// while the urgent one has little queued and publishes a utilization that leaves room)
-/// gives it about 0.66 with p99 1.15x.
+/// Holding the loop for the service's whole request plus its grace gave it 0.13 here (with
+/// the 2 ms grace of the time): a priority-0 container's `busy_until` covers its host gaps.
+/// Gap filling (a held container launches, with a 125 µs queue, while the urgent one has
+/// little queued and publishes a utilization that leaves room) gives it about 0.61 with p99
+/// 1.19x.
 #[test]
 fn best_effort_fills_the_gaps_of_a_launch_bound_service() {
     // Holding the loop whenever the service has work left the GPU idle in the service's
