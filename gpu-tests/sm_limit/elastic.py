@@ -112,7 +112,7 @@ class Busy:
     every 100 ms by nvidia-smi from now until stop(); stop() returns f(t0, t1) -> mean
     percent over [t0, t1) seconds after `t0_wall` (None without samples)."""
 
-    def __init__(self, t0_wall, seconds):
+    def __init__(self, t0_wall):
         self.t0 = t0_wall
         self.p = subprocess.Popen(
             ["nvidia-smi", "--query-gpu=timestamp,utilization.gpu", "--format=csv,noheader,nounits",
@@ -285,7 +285,7 @@ def table3(b, say, mm_alone, plain_reference=True):
     shares = (10, 20, 30, 40)
     turns = b.turns()
     start = time.time() + START_DELAY
-    sampler = Busy(start, 12)
+    sampler = Busy(start)
     rs = b.together(
         "four",
         [
@@ -326,7 +326,7 @@ def table3(b, say, mm_alone, plain_reference=True):
     if not plain_reference:
         return
     start = time.time() + START_DELAY
-    sampler = Busy(start, 4)
+    sampler = Busy(start)
     plain = b.together("four plain", [(b.env("plain"), b.load("matmul", 4, start)) for _ in shares])
     dev = sampler.stop()(0.25, 4)
     if all(plain) and mm_alone:

@@ -61,7 +61,8 @@ def parse():
 
 
 class Sweep(elastic.Bench):
-    """elastic.Bench that keeps every hooked tenant's limiter stats line."""
+    """elastic.Bench with the variant's knobs on every hooked tenant, and a log of each
+    tenant's limiter counters (elastic.Bench keeps them; LIBCUDA_LOG_LEVEL=3)."""
 
     def __init__(self, lib, work, log):
         super().__init__(lib, work)
@@ -70,30 +71,13 @@ class Sweep(elastic.Bench):
     def env(self, mode, sm=None, priority=None, turns=None, extra=None):
         e = super().env(mode, sm=sm, priority=priority, turns=turns)
         if mode != "plain":
-            e["LIBCUDA_LOG_LEVEL"] = "3"
             e.update(extra or {})
         return e
 
-    def run(self, label, tenants, timeout=120):
-        import subprocess
-
-        procs = [subprocess.Popen(a, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for e, a in tenants]
-        out = []
-        for i, p in enumerate(procs):
-            try:
-                so, se = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                so, se = p.communicate()
-            stats = [l for l in se.splitlines() if "limiter stats" in l]
+    def run(self, label, tenants):
+        out = self.together(label, tenants)
+        for i, stats in enumerate(self.raw[label + " (limiter stats)"]):
             self.log.write(f"[{label}] tenant {i}: " + (" | ".join(stats) or "(no stats)") + "\n")
-            line = next((l for l in so.splitlines() if l.startswith("RESULT {")), None)
-            if line is None:
-                self.log.write(f"[{label}] tenant {i} failed rc {p.returncode}: {se[-600:]}\n")
-                out.append(None)
-            else:
-                out.append(elastic.json.loads(line[len("RESULT "):]))
         self.log.flush()
         return out
 

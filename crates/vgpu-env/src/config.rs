@@ -337,48 +337,27 @@ impl Config {
         }
         cfg.sm_tuning.turn_dir = SmTuning::turn_dir_of(lookup(ENV_TURN_DIR).as_deref());
 
-        for (name, slot, max) in [
-            (ENV_TURN_CYCLE_MS, &mut cfg.sm_tuning.turn_cycle_ms, 1000u64),
-            (ENV_TURN_LEAD_US, &mut cfg.sm_tuning.turn_lead_us, 10_000),
-        ] {
-            if let Some(v) = lookup(name) {
-                let min = u64::from(name == ENV_TURN_CYCLE_MS);
-                match strict_int::<u64>(v.trim()).filter(|n| (min..=max).contains(n)) {
-                    Some(n) => *slot = n,
-                    None => warn(name, &v, format!("expected an integer in {min}..={max}")),
-                }
+        // Integer tuning: a value out of range warns and keeps the default (`None` here).
+        let tuning_int = |name: &str, min: u64, max: u64| -> Option<u64> {
+            let v = lookup(name)?;
+            let n = strict_int::<u64>(v.trim()).filter(|n| (min..=max).contains(n));
+            if n.is_none() {
+                warn(name, &v, format!("expected an integer in {min}..={max}"));
             }
+            n
+        };
+        let t = &mut cfg.sm_tuning;
+        if let Some(ms) = tuning_int(ENV_TURN_CYCLE_MS, 1, 1000) {
+            t.turn_cycle_ms = ms;
         }
-        // Share-mode and wake-up tuning: unset keeps the limiter's own default.
-        for (name, slot, (min, max)) in [
-            (
-                ENV_SHARE_GRACE_US,
-                &mut cfg.sm_tuning.share_grace_us,
-                (50u64, 20_000u64),
-            ),
-            (
-                ENV_SHARE_OUTRANKED_QUEUE_US,
-                &mut cfg.sm_tuning.share_outranked_queue_us,
-                (10, 10_000),
-            ),
-            (
-                ENV_SHARE_GAP_FILL_US,
-                &mut cfg.sm_tuning.share_gap_fill_us,
-                (0, 10_000),
-            ),
-            (
-                ENV_WAKE_SLACK_US,
-                &mut cfg.sm_tuning.wake_slack_us,
-                (0, 1_000),
-            ),
-        ] {
-            if let Some(v) = lookup(name) {
-                match strict_int::<u64>(v.trim()).filter(|n| (min..=max).contains(n)) {
-                    Some(n) => *slot = Some(n),
-                    None => warn(name, &v, format!("expected an integer in {min}..={max}")),
-                }
-            }
+        if let Some(us) = tuning_int(ENV_TURN_LEAD_US, 0, 10_000) {
+            t.turn_lead_us = us;
         }
+        // Share-mode and wake-up tuning: unset keeps the limiter's (or the hook's) default.
+        t.share_grace_us = tuning_int(ENV_SHARE_GRACE_US, 50, 20_000);
+        t.share_outranked_queue_us = tuning_int(ENV_SHARE_OUTRANKED_QUEUE_US, 10, 10_000);
+        t.share_gap_fill_us = tuning_int(ENV_SHARE_GAP_FILL_US, 0, 10_000);
+        t.wake_slack_us = tuning_int(ENV_WAKE_SLACK_US, 0, 1_000);
         if let Some(v) = lookup(ENV_SM_POWER_EXPONENT) {
             match SmTuning::power_exponent_of(&v) {
                 Some(pct) => cfg.sm_tuning.power_exponent_pct = pct,

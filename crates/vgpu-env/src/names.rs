@@ -55,12 +55,12 @@ pub const ENV_SHARE_GRACE_US: &str = "VGPU_SHARE_GRACE_US";
 /// about this long behind ours.
 pub const ENV_SHARE_OUTRANKED_QUEUE_US: &str = "VGPU_SHARE_OUTRANKED_QUEUE_US";
 /// Share mode: a held lower-priority container may fill the gaps of a sparse higher one with
-/// at most this much queued, microseconds; 0 (the default) = no gap filling: held while the
+/// at most this much queued, microseconds (default 125); 0 = no gap filling: held while the
 /// higher one is busy.
 pub const ENV_SHARE_GAP_FILL_US: &str = "VGPU_SHARE_GAP_FILL_US";
-/// Timer slack (microseconds) of the hook's waits before a launch; 0 = as tight as the
-/// kernel allows. Unset: the thread's own (Linux: 50 us), which makes a container wake late
-/// for its turn.
+/// Timer slack (microseconds) of the hook's waits before a launch; 0 (also when unset) = as
+/// tight as the kernel allows. Linux's own default (50 us) lets a held container sleep past
+/// the moment it may launch again.
 pub const ENV_WAKE_SLACK_US: &str = "VGPU_WAKE_SLACK_US";
 /// How strongly the SM limit also bounds a tenant's share of the GPU's power budget: an
 /// exponent from 0 (time only) to 1 (the power share fully), default 0.5; `off` = 0.

@@ -86,7 +86,8 @@ pub struct LimiterConfig {
     /// so that its next work waits at most this (plus one kernel) behind ours.
     pub outranked_queue: Nanos,
     /// Share mode: most work queued while filling the gaps of a busy container of higher
-    /// priority ([`crate::Allotment::gap_fill`]): what is queued lands in its bursts.
+    /// priority ([`crate::Allotment::gap_fill`]): what is queued lands in its bursts. 0: no
+    /// gap filling (held while the higher one is busy).
     pub gap_fill_queue: Nanos,
     /// Share mode: which records are believed.
     pub share_rules: ShareRules,

@@ -323,9 +323,10 @@ impl GpuTimer for SimTimer {
         }
         let serial = g.serial;
         let dev = g.device_busy_until;
-        // A marker recorded on an idle stream is not complete at once: the H200 answered
-        // "not ready" to a query right after the record (2026-12-01), so the limiter cannot
-        // tell an idle GPU from a busy one by asking then.
+        // A marker recorded on an idle stream is not complete at once (on the H200 the limiter
+        // took the span of a 3 s pause for GPU time, so its query right after the record did
+        // not answer "complete"; 2026-12-01): asking then cannot tell an idle GPU from a busy
+        // one.
         let mut done = (now + MARKER_LATENCY).max(*g.tail(stream));
         if serial {
             done = done.max(dev);

@@ -811,10 +811,10 @@ fn two_containers_on_a_power_capped_gpu_still_split_30_70() {
 fn a_pause_is_not_charged_as_gpu_time_when_work_resumes() {
     // A 30% process runs 100 us kernels, synchronizes and pauses 3 s (the segment that
     // bracketed its last launches stays open: nothing closes it before the next launch),
-    // then resumes. The end marker recorded at resume spans the pause; on the H200 the
-    // marker is "not ready" right after its record, so the pause was charged as GPU time
-    // and the process waited 10 s (a training loop made one step in 15 s beside idle
-    // inference, 2026-12-01).
+    // then resumes. The end marker recorded at resume spans the pause, and it is not
+    // complete right after its record, so the pause was charged as GPU time (the H200,
+    // 2026-12-01: a 30% training loop paused 3 s was charged 3.2 s and made one step in
+    // 15 s beside idle inference).
     let mut w = World::new(GpuMode::Serial);
     let (mut i, pause) = (0u64, (S, 4 * S));
     w.add(

@@ -490,7 +490,7 @@ fn launch_lengths_that_wander_around_a_cycle_boundary_do_not_flip_the_turns() {
     // in the 10% window) is 40 ms just below 250 us and 80 ms above. Each container lays the
     // turns out from the launch lengths on the board, so lengths republished at every
     // wander flipped the layout several times a second on the H200 (60-80 changes in 20 s,
-    // the device 93% busy); each flip costs the windows in flight.
+    // the device 91-99% busy with one of four idle); each flip costs the windows in flight.
     let (mut w, board) = on_one_board(GpuMode::Preempting);
     let ids = four_tenants(&mut w, &board, |i| {
         let mut x = 0x2545_F491_4F6C_DD1Du64 ^ (i as u64 + 1);

@@ -328,7 +328,8 @@ impl SmLimiter {
             .device_limiter(d, fns)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let mut slack = WakeSlack::new(self.tuning().wake_slack_us);
+        // Built at the first wait only: a launch that goes at once never reads the tuning.
+        let mut slack: Option<WakeSlack> = None;
         loop {
             match guard.admit(key) {
                 Admission::Go(ticket) => {
@@ -338,7 +339,9 @@ impl SmLimiter {
                     return Ok(());
                 }
                 Admission::Wait(ns) => {
-                    slack.tighten();
+                    slack
+                        .get_or_insert_with(|| WakeSlack::new(self.tuning().wake_slack_us))
+                        .tighten();
                     std::thread::sleep(Duration::from_nanos(ns));
                 }
             }

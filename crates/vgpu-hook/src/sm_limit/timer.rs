@@ -47,8 +47,9 @@ impl WakeSlack {
     }
 
     /// As tight as the kernel allows: the waits are short (at most `max_wait`, 2 ms) and
-    /// only a throttled launch waits (H200, 2026-12-01: a held best-effort container with
-    /// 50 us of slack kept 24% of its throughput beside batch-1 inference, 53% with none).
+    /// only a throttled launch waits (H200 sweep, 2026-12-01: a held best-effort trainer with
+    /// a 250 us outranked queue kept 24% of its throughput beside batch-1 inference with
+    /// Linux's 50 us of slack, 53% with none).
     pub(super) const DEFAULT_US: u64 = 0;
 
     /// Before a wait: sets the wanted slack (once; nothing if it already is the thread's).

@@ -86,7 +86,8 @@ struct Segment<S, M> {
     /// Estimates charged for the launches, nanoseconds of GPU time.
     est: f64,
     last_launch: Nanos,
-    /// The end marker was already complete when recorded: the GPU idled before it.
+    /// Closed after the host was idle for `idle_gap`: its span includes the idle spell, so
+    /// it is bounded by the learned cost when settled.
     ended_idle: bool,
 }
 
@@ -338,10 +339,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 }
             }
         }
-        if share.is_some() && self.turn.is_some() {
-            // Share mode in turns: the window is the part (it follows the guarantee and what
-            // is lent), so the pacer does not hold launches inside it. Measurements that
-            // span a window's edges would otherwise throttle a tenant below its guarantee.
+        // Share mode in turns: the window is the part (it follows the guarantee and what is
+        // lent), so the pacer does not hold launches inside it. Measurements that span a
+        // window's edges would otherwise throttle a tenant below its guarantee.
+        let paced = !(share.is_some() && self.turn.is_some());
+        if !paced {
             self.throttled = false;
         } else if self.throttled {
             if self.vt <= now_f {
@@ -355,7 +357,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             Some(t) => self.cfg.period.max(t.cycle),
             None => self.cfg.period,
         };
-        if self.vt > now_f + lead as f64 && !(share.is_some() && self.turn.is_some()) {
+        if paced && self.vt > now_f + lead as f64 {
             self.throttled = true;
             self.stats.throttles += 1;
             self.close_open(now);
@@ -572,7 +574,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     /// container lays the turns out from these values (the cycle doubles with them), so a
     /// cost that wanders around a cycle's boundary would flip the layout, and each flip
     /// leaves the GPU idle while the containers find their new windows (H200: 60-80 turn
-    /// changes in 20 s, the device 93% busy).
+    /// changes in 20 s, the device 91-99% busy with one of four tenants idle).
     fn launch_to_publish(&mut self) -> u64 {
         let cost = self.turn_cost.unwrap_or(0.0).max(0.0);
         let old = self.published_launch as f64;

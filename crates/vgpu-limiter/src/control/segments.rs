@@ -81,9 +81,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 seg.end = Some(end);
                 // Recorded after the host was idle for a gap: the span to this marker
                 // includes the idle spell. Whether the GPU still had work cannot be told by
-                // asking the marker now (on the H200 a marker recorded on an idle stream is
-                // "not ready" at first), so the span is bounded by the learned cost when
-                // settled: counting a 3 s pause as GPU time held a 30% tenant for 10 s.
+                // asking the marker now (a marker recorded on an idle stream need not be
+                // complete at once), so the span is bounded by the learned cost when settled:
+                // on the H200 a 30% tenant's 3 s pause was charged as 3.2 s of GPU time.
                 seg.ended_idle = now.saturating_sub(seg.last_launch) >= self.cfg.idle_gap;
                 self.closed.push_back(seg);
             }
