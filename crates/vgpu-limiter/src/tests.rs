@@ -518,9 +518,9 @@ fn two_containers_taking_turns_split_30_70() {
 #[test]
 fn turn_layout_is_shared_and_proportional() {
     use crate::{Turn, TurnTenant};
-    let t = |key, limit_pct, launch_ns| TurnTenant {
+    let t = |key, pct: u32, launch_ns| TurnTenant {
         key,
-        limit_pct,
+        part_bp: pct * 100,
         launch_ns,
     };
     let all = [t(9, 70, 47 * US), t(4, 30, 47 * US)];
