@@ -8,7 +8,8 @@ plain (no hook: the GPU time-slices), cap (today's CUDA_DEVICE_SM_LIMIT, turns),
 (VGPU_SM_MODE=share; priority pairs add CUDA_TASK_PRIORITY, 0 = high).
 Tables (written to DIR/elastic.md, raw results to DIR/elastic.json):
  1. 30/70 both busy, compute loop (spin.cu, 50 us kernels) and bf16 matmul: % of alone
-    (target: within 3 points of 30/70 in share mode).
+    (target: within 3 points of 30/70 in share mode); the matmul rows also against the 70%
+    tenant alone for the last 1.5 s of the same run (plain and share mode).
  2. share mode, matmul: the 70% tenant idle from 3 s to 6 s: time series in 50 ms bins;
     the 30% tenant must reach >= 90% of alone within 250 ms, the 70% >= 65% within 250 ms of
     resuming (a 100 ms moving average, so one bin's jitter does not decide).
