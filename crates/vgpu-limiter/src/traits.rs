@@ -155,7 +155,8 @@ impl Turn {
     }
 
     /// The same in share mode, where the window is the part (not a cap the pacer holds):
-    /// every window also gets the [edge allowance](EDGE_ALLOWANCE_PER_CYCLE).
+    /// every window also gets an edge allowance, an 80th of the cycle
+    /// (`EDGE_ALLOWANCE_PER_CYCLE`).
     pub fn layout_shared(me: u64, tenants: &[TurnTenant], min_cycle: Nanos) -> Option<Turn> {
         Self::lay_out(me, tenants, min_cycle, true)
     }
