@@ -39,5 +39,5 @@ pub use policy::Policy;
 pub use share::{Allotment, ShareClaim, ShareReport, ShareRules, ShareTenant, SmMode};
 pub use traits::{
     Clock, ContainerView, DeviceSample, GpuTimer, Nanos, PeerShare, PeerUsage, PowerSample,
-    TimerError, Turn, TurnTenant,
+    TimerError, Turn, TurnTenant, WHOLE_BP,
 };

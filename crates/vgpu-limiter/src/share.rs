@@ -14,7 +14,7 @@
 //! [`crate::ContainerView::share_board`] and [`crate::ContainerView::share_demand`], and
 //! lays the busy containers' allotments out as turns ([`crate::Turn::layout`]).
 
-use crate::traits::{ContainerView, Nanos, Turn, TurnTenant};
+use crate::traits::{ContainerView, Nanos, Turn, TurnTenant, WHOLE_BP};
 
 /// How the SM limit is read (`VGPU_SM_MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -224,18 +224,18 @@ pub fn allot(
         .position(|t| t.key == me)
         .expect("me is in the list");
     let others_borrow = (0..busy.len()).any(|i| i != mine_at && part[i] > guarantee[i] + 1e-6);
-    // Turns among the busy containers that have a part (whole percent, so that everyone
-    // rounds alike; at least 1 for a part that rounds to nothing).
+    // Turns among the busy containers that have a part (rounded to a basis point, so that
+    // everyone rounds alike; at least 1 for a part that rounds to nothing).
     let tenants: Vec<TurnTenant> = (0..busy.len())
         .filter(|&i| part[i] > 1e-6)
         .map(|i| TurnTenant {
             key: busy[i].key,
-            limit_pct: ((part[i] * 100.0).round() as u32).max(1),
+            part_bp: ((part[i] * WHOLE_BP as f64).round() as u32).max(1),
             launch_ns: busy[i].launch_ns,
         })
         .collect();
     let turn = if part[mine_at] > 1e-6 {
-        Turn::layout(me, &tenants, min_cycle)
+        Turn::layout_shared(me, &tenants, min_cycle)
     } else {
         None
     };

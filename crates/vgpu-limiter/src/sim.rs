@@ -560,7 +560,7 @@ impl ContainerView for SimView {
         let mut board = node.0.borrow_mut();
         let me = TurnTenant {
             key: *key,
-            limit_pct: pct,
+            part_bp: pct * 100,
             launch_ns,
         };
         match board.iter_mut().find(|e| e.0.key == *key) {

@@ -518,9 +518,9 @@ fn two_containers_taking_turns_split_30_70() {
 #[test]
 fn turn_layout_is_shared_and_proportional() {
     use crate::{Turn, TurnTenant};
-    let t = |key, limit_pct, launch_ns| TurnTenant {
+    let t = |key, pct: u32, launch_ns| TurnTenant {
         key,
-        limit_pct,
+        part_bp: pct * 100,
         launch_ns,
     };
     let all = [t(9, 70, 47 * US), t(4, 30, 47 * US)];
@@ -553,6 +553,27 @@ fn turn_layout_is_shared_and_proportional() {
     // At most 8 × the minimum (160 ms for the default 20 ms).
     let capped = [t(4, 30, 5 * MS), t(9, 70, 0)];
     assert_eq!(Turn::layout(4, &capped, 20 * MS).unwrap().cycle, 160 * MS);
+    // Share mode: every window an 80th of the cycle on top of its part (cycle 40 ms for
+    // 16 launches of 200 us in the 10% window: 0.5 ms each), the windows still tiling it.
+    let four: Vec<TurnTenant> = (1..=4).map(|k| t(k, 10 * k as u32, 200 * US)).collect();
+    let shared: Vec<_> = (1..=4)
+        .map(|k| Turn::layout_shared(k, &four, 20 * MS).unwrap())
+        .collect();
+    let widths: Vec<Nanos> = shared.iter().map(|t| t.width).collect();
+    assert_eq!(widths, [4_300 * US, 8_100 * US, 11_900 * US, 15_700 * US]);
+    assert!(
+        shared
+            .windows(2)
+            .all(|p| p[1].offset == p[0].offset + p[0].width)
+    );
+    assert_eq!(shared[3].offset + shared[3].width, 40 * MS);
+    // Open from its offset for its width in every cycle, from the lead-in before (at most
+    // an eighth of the window: 875 us here).
+    assert!(b.is_open(20 * MS + 3 * MS, 0) && b.is_open(20 * MS + 10 * MS - 1, 0));
+    assert!(!b.is_open(20 * MS + 10 * MS, 0) && !b.is_open(20 * MS + 3 * MS - 1, 0));
+    assert!(b.is_open(20 * MS + 3 * MS - 800 * US, MS));
+    assert!(!b.is_open(20 * MS + 3 * MS - 900 * US, MS));
+    assert!(a.is_open(30 * MS, 0) && !a.is_open(33 * MS, 0));
     // Admission: inside the window while queued work ends in it; else the next window.
     assert_eq!(
         b.admits(20 * MS + 4 * MS, (24 * MS) as f64, 100.0 * US as f64, 0),

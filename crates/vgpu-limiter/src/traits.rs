@@ -105,14 +105,27 @@ const LAUNCHES_PER_WINDOW: u64 = 16;
 /// Longest turn cycle, as a multiple of the shortest, whatever the launches' length (160 ms
 /// by default: a 30% window then holds nine 5 ms launches).
 const MAX_CYCLE_FACTOR: u64 = 8;
+/// In share mode every window gets this part of the cycle on top of its share (taken from
+/// all in proportion): each window loses about that much at its edges whatever its width
+/// (whole launches fit it, so its end is left short, and its first launch starts after a
+/// wake-up and a context switch), so without it a small share loses more of itself than a
+/// large one. An 80th of the cycle is 250 µs at the shortest cycle, two launches where long
+/// launches stretched it; a part of the cycle, not of the launches, so that a republished
+/// launch length does not move every window (the model's four tenants at 10/20/30/40, 200 µs
+/// kernels: 0.7 points under and 0.8 over their parts without it, within 0.5 with it).
+const EDGE_ALLOWANCE_PER_CYCLE: u64 = 80;
+/// The whole GPU in [`TurnTenant::part_bp`]'s unit.
+pub const WHOLE_BP: u64 = 10_000;
 
 /// One limited container announced on a GPU's turn board.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TurnTenant {
     /// Its key (the same for every process of the container).
     pub key: u64,
-    /// Its SM limit, percent.
-    pub limit_pct: u32,
+    /// Its part of the GPU, basis points ([`WHOLE_BP`] = the whole GPU): its SM limit in
+    /// cap mode, its allotment in share mode (finer than a percent, so that a lent part is
+    /// not rounded away).
+    pub part_bp: u32,
     /// The GPU time of its typical launch, nanoseconds (0 if unknown).
     pub launch_ns: u64,
 }
@@ -133,22 +146,29 @@ pub struct Turn {
 }
 
 impl Turn {
-    /// The turn of tenant `me` among `tenants` (key, SM limit %; every limited container
-    /// on the GPU, `me` included), all computing the same layout: windows in key order,
-    /// each as long as its limit's share of the cycle (scaled down if the limits add up
-    /// to more than 100). `None` when `me` is alone or absent: nothing to coordinate.
+    /// The turn of tenant `me` among `tenants` (every limited container on the GPU, `me`
+    /// included) in cap mode, all computing the same layout: windows in key order, each as
+    /// long as its part of the cycle (scaled down if the parts add up to more than the
+    /// whole GPU). `None` when `me` is alone or absent: nothing to coordinate.
     pub fn layout(me: u64, tenants: &[TurnTenant], min_cycle: Nanos) -> Option<Turn> {
+        Self::lay_out(me, tenants, min_cycle, false)
+    }
+
+    /// The same in share mode, where the window is the part (not a cap the pacer holds):
+    /// every window also gets the [edge allowance](EDGE_ALLOWANCE_PER_CYCLE).
+    pub fn layout_shared(me: u64, tenants: &[TurnTenant], min_cycle: Nanos) -> Option<Turn> {
+        Self::lay_out(me, tenants, min_cycle, true)
+    }
+
+    fn lay_out(me: u64, tenants: &[TurnTenant], min_cycle: Nanos, edges: bool) -> Option<Turn> {
         if tenants.len() < 2 || min_cycle == 0 {
             return None;
         }
         let mut sorted: Vec<TurnTenant> = tenants.to_vec();
         sorted.sort_unstable_by_key(|t| t.key);
         sorted.dedup_by_key(|t| t.key);
-        let total: u64 = sorted
-            .iter()
-            .map(|t| u64::from(t.limit_pct))
-            .sum::<u64>()
-            .max(100);
+        let parts: u64 = sorted.iter().map(|t| u64::from(t.part_bp)).sum();
+        let total = parts.max(WHOLE_BP);
         // Long enough that every window holds several of its tenant's launches (whole
         // launches fit a window, so a window of few launches loses a large fraction to
         // rounding), bounded so that turns stay short against human time scales. Rounded
@@ -157,9 +177,13 @@ impl Turn {
         // the same cycle (different cycles would misalign the windows).
         let needed = sorted
             .iter()
-            .filter(|t| t.limit_pct > 0)
+            .filter(|t| t.part_bp > 0)
             .map(|t| {
-                t.launch_ns.saturating_mul(LAUNCHES_PER_WINDOW) * total / u64::from(t.limit_pct)
+                // Hostile launch lengths saturate (and hit the cap below).
+                t.launch_ns
+                    .saturating_mul(LAUNCHES_PER_WINDOW)
+                    .saturating_mul(total)
+                    / u64::from(t.part_bp)
             })
             .max()
             .unwrap_or(0);
@@ -167,9 +191,20 @@ impl Turn {
         while cycle < needed && cycle < min_cycle.saturating_mul(MAX_CYCLE_FACTOR) {
             cycle = cycle.saturating_mul(2);
         }
+        // What the parts are given of the cycle; the allowances come out of it first.
+        let assigned = (u128::from(cycle) * u128::from(parts) / u128::from(total)) as u64;
+        let with_part = sorted.iter().filter(|t| t.part_bp > 0).count() as u64;
+        let extra = match edges {
+            true => (cycle / EDGE_ALLOWANCE_PER_CYCLE).min(assigned / 4 / with_part.max(1)),
+            false => 0,
+        };
+        let proportional = assigned - extra * with_part;
         let mut offset = 0;
         for t in &sorted {
-            let width = cycle * u64::from(t.limit_pct) / total;
+            let extra = if t.part_bp > 0 { extra } else { 0 };
+            let width = extra
+                + (u128::from(proportional) * u128::from(t.part_bp) / u128::from(parts.max(1)))
+                    as u64;
             if t.key == me {
                 return (sorted.len() >= 2 && width > 0).then_some(Turn {
                     cycle,
@@ -180,6 +215,14 @@ impl Turn {
             offset += width;
         }
         None
+    }
+
+    /// Whether `now` is in one of this turn's windows (from `lead_in` before it opens, as in
+    /// [`Turn::admits`]).
+    pub fn is_open(&self, now: Nanos, lead_in: Nanos) -> bool {
+        let lead = lead_in.min(self.width / 8);
+        let into = (now + self.cycle - self.offset % self.cycle + lead) % self.cycle;
+        into < self.width + lead
     }
 
     /// Whether work estimated at `est` ns may be queued at `now` behind work that ends at

@@ -238,8 +238,8 @@ impl SmLimiter {
             vlog!(
                 INFO,
                 "device {d}: limiter stats: {} launches, {} segments, busy {:.1} ms, util {util:.0}%, \
-                 waits {} (throttles {}, window {}, held {}, queue {}), turn {turn} ({} changes), \
-                 timer errors {}",
+                 waits {} (throttles {}, window {}, held {}, queue {}), turn {turn} ({} changes, \
+                 {} of the cycle), launch {} us ({} changes), fitted {:.0} us, timer errors {}",
                 s.launches,
                 s.segments,
                 s.busy_ns / 1e6,
@@ -249,6 +249,10 @@ impl SmLimiter {
                 s.held_waits,
                 s.queue_waits,
                 s.turn_changes,
+                s.cycle_changes,
+                s.published_launch_ns / 1_000,
+                s.launch_publishes,
+                s.fit_ns / 1e3,
                 s.timer_errors
             );
         }

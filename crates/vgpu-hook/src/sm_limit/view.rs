@@ -118,7 +118,7 @@ impl ContainerView for FileView {
             .into_iter()
             .map(|t| TurnTenant {
                 key: t.key,
-                limit_pct: t.limit_pct,
+                part_bp: t.limit_pct.min(100) * 100,
                 launch_ns: t.launch_ns,
             })
             .collect();

@@ -15,6 +15,16 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             .sum()
     }
 
+    /// GPU time still queued, at `fit` ns a launch: the launches of the segments not yet
+    /// complete (a segment partly run counts whole).
+    pub(super) fn queued_fit(&self, fit: f64) -> f64 {
+        self.closed
+            .iter()
+            .chain(self.open.iter())
+            .map(|s| f64::from(s.launches) * fit)
+            .sum()
+    }
+
     /// Makes sure an open segment on `stream` brackets the coming launch.
     pub(super) fn prepare(&mut self, now: Nanos, stream: T::Stream) {
         if let Some(open) = &self.open {
