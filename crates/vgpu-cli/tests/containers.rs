@@ -102,24 +102,20 @@ impl Container {
     }
 }
 
-/// The node: host directories, the built program, the hook and the simulated driver.
+/// The node: host directories and the built program on a [`SimNode`] (the hook and the
+/// simulated driver, which the NVIDIA runtime would mount as the driver).
 struct Node {
-    root: TempDir,
+    sim: SimNode,
     program: PathBuf,
-    hook: PathBuf,
-    driver: PathBuf,
 }
 
 impl Node {
     fn new() -> Self {
-        let hook = built_library("libvgpu.so");
-        let root = TempDir::new("vgpu-node").unwrap();
-        let r = root.path();
-        for d in ["containers", "pods", "vgpulock", "driver"] {
+        let sim = SimNode::new("vgpu-node");
+        let r = sim.dir.path();
+        for d in ["containers", "pods", "vgpulock"] {
             std::fs::create_dir_all(r.join(d)).unwrap();
         }
-        // The "driver" the NVIDIA runtime would mount: the simulator under the driver's names.
-        sim_driver_dir(&r.join("driver"));
         let includes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vgpu-hook/tests/programs");
         let program = cc(
             r,
@@ -127,17 +123,11 @@ impl Node {
             PROGRAM,
             &["-O2", &format!("-I{}", includes.display())],
         );
-        let driver = r.join("driver");
-        Node {
-            root,
-            program,
-            hook,
-            driver,
-        }
+        Node { sim, program }
     }
 
     fn path(&self, p: &str) -> PathBuf {
-        self.root.path().join(p)
+        self.sim.path(p)
     }
 
     /// Start a container of pod `ns/pod` (UID `uid`), container `ctr`, with the plugin's
@@ -183,7 +173,7 @@ mount -o remount,bind,ro /etc/ld.so.preload
 exec '{program}' {alloc} {over}
 "#,
             dir = dir.display(),
-            hook = self.hook.display(),
+            hook = self.sim.hook.display(),
             lock = self.path("vgpulock").display(),
             preload = preload_file.display(),
             etc = self.path(&format!("etc-{uid}")).display(),
@@ -204,7 +194,7 @@ exec '{program}' {alloc} {over}
         ]);
         cmd.env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("LD_LIBRARY_PATH", &self.driver)
+            .env("LD_LIBRARY_PATH", self.sim.driver())
             .env("CUDA_DEVICE_MEMORY_LIMIT_0", format!("{memory_mib}m"))
             .env("CUDA_DEVICE_SM_LIMIT", sm.to_string())
             .env(
@@ -310,7 +300,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
             "--pod-logs",
             node.path("pods").to_str().unwrap(),
             "--cache",
-            &format!("{}/containers/*/*.cache", node.root.path().display()),
+            &format!("{}/containers/*/*.cache", node.sim.dir.path().display()),
         ],
     );
     let addr = exporter.addr.as_str();

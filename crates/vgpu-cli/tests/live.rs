@@ -14,30 +14,27 @@ use vgpu_cli::workload::WorkloadProcess;
 
 const MIB: u64 = 1 << 20;
 
-/// The simulated driver served through a symlink directory, plus the hook, in a temp dir.
+/// The simulated machine (one device of 4 GiB; a context costs 32 MiB) on a [`SimNode`].
 struct Sim {
-    dir: TempDir,
-    hook: PathBuf,
+    node: SimNode,
 }
 
 impl Sim {
     fn new() -> Self {
-        let hook = built_library("libvgpu.so");
-        let dir = TempDir::new("vgpu-live").unwrap();
-        sim_driver_dir(&dir.path().join("driver"));
-        Sim { dir, hook }
+        Sim {
+            node: SimNode::new("vgpu-live"),
+        }
     }
 
     fn cache(&self) -> PathBuf {
-        self.dir.path().join("usage.cache")
+        self.node.path("usage.cache")
     }
 
-    /// The simulated machine: one device of 4 GiB; a context costs 32 MiB.
     fn configure(&self, cmd: &mut Command) {
-        cmd.env("LD_LIBRARY_PATH", self.dir.path().join("driver"))
+        cmd.env("LD_LIBRARY_PATH", self.node.driver())
             .env("VGPU_SIM_TOTAL_MEM", (4u64 << 30).to_string())
             .env("VGPU_SIM_CTX_OVERHEAD", (32 * MIB).to_string())
-            .env("VGPU_LIB", &self.hook);
+            .env("VGPU_LIB", &self.node.hook);
     }
 
     fn vgpu(&self) -> Command {
@@ -222,7 +219,7 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
 
     // Preloaded here with a limit: the probe in this very environment sees it.
     let mut cmd = sim.vgpu();
-    cmd.env("LD_PRELOAD", &sim.hook)
+    cmd.env("LD_PRELOAD", &sim.node.hook)
         .env("CUDA_DEVICE_MEMORY_LIMIT", "768m")
         .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
         .arg("doctor");
@@ -245,7 +242,7 @@ fn doctor_passes_with_the_hook_and_names_what_is_missing() {
     let out = run(cmd);
     assert_eq!(out.code(), Some(1), "{}", out.stdout);
     out.assert_stdout_has(&["[FAIL] preload", "does not exist"]);
-    let bogus = sim.dir.path().join("libvgpu.so");
+    let bogus = sim.node.path("libvgpu.so");
     std::fs::write(&bogus, b"not an ELF file").unwrap();
     let mut cmd = sim.vgpu();
     cache_args(

@@ -9,16 +9,29 @@
 use core::ffi::{c_char, c_int, c_uint, c_ushort, c_void};
 use core::fmt;
 
-/// Declares a `#[repr(transparent)]` integer newtype with named constants.
+/// Declares a `#[repr(transparent)]` integer newtype with named constants, one line a value:
+/// `NAME = value,` documents the constant as the C constant `prefix` + `NAME`, and
+/// `NAME = value as C_NAME,` names the C constant where it does not follow the prefix (the
+/// bindgen/ZLUDA table of a C enum, without restating each C name). Doc lines above a value
+/// follow its C name.
 macro_rules! c_enum {
-    ($(#[$m:meta])* $name:ident($int:ty) { $($(#[$cm:meta])* $c:ident = $v:expr,)* }) => {
+    (
+        $(#[$m:meta])* $name:ident($int:ty), $prefix:literal {
+            $($(#[$cm:meta])* $c:ident = $v:literal $(as $c_name:ident)?,)*
+        }
+    ) => {
         $(#[$m])*
         #[repr(transparent)]
         #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
         pub struct $name(pub $int);
 
         impl $name {
-            $($(#[$cm])* pub const $c: Self = Self($v);)*
+            $(
+                #[doc = c_name!($prefix, $c $(, $c_name)?)]
+                #[doc = ""]
+                $(#[$cm])*
+                pub const $c: Self = Self($v);
+            )*
 
             /// The constant's name, if this value has one here.
             pub fn name(self) -> Option<&'static str> {
@@ -40,48 +53,38 @@ macro_rules! c_enum {
     };
 }
 
+/// The C name a [`c_enum!`] constant documents: `prefix` + its name, or the one given.
+macro_rules! c_name {
+    ($prefix:literal, $c:ident) => {
+        concat!("`", $prefix, stringify!($c), "`")
+    };
+    ($prefix:literal, $c:ident, $c_name:ident) => {
+        concat!("`", stringify!($c_name), "`")
+    };
+}
+
 c_enum! {
     /// `CUresult`: any status code, including ones a newer driver invents.
-    CUresult(u32) {
-        /// `CUDA_SUCCESS`
-        SUCCESS = 0,
-        /// `CUDA_ERROR_INVALID_VALUE`
+    CUresult(u32), "CUDA_ERROR_" {
+        SUCCESS = 0 as CUDA_SUCCESS,
         INVALID_VALUE = 1,
-        /// `CUDA_ERROR_OUT_OF_MEMORY`
         OUT_OF_MEMORY = 2,
-        /// `CUDA_ERROR_NOT_INITIALIZED`
         NOT_INITIALIZED = 3,
-        /// `CUDA_ERROR_DEINITIALIZED`
         DEINITIALIZED = 4,
-        /// `CUDA_ERROR_STUB_LIBRARY`
         STUB_LIBRARY = 34,
-        /// `CUDA_ERROR_NO_DEVICE`
         NO_DEVICE = 100,
-        /// `CUDA_ERROR_INVALID_DEVICE`
         INVALID_DEVICE = 101,
-        /// `CUDA_ERROR_INVALID_CONTEXT`
         INVALID_CONTEXT = 201,
-        /// `CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND`
         SHARED_OBJECT_SYMBOL_NOT_FOUND = 302,
-        /// `CUDA_ERROR_SHARED_OBJECT_INIT_FAILED`
         SHARED_OBJECT_INIT_FAILED = 303,
-        /// `CUDA_ERROR_OPERATING_SYSTEM`
         OPERATING_SYSTEM = 304,
-        /// `CUDA_ERROR_INVALID_HANDLE`
         INVALID_HANDLE = 400,
-        /// `CUDA_ERROR_ILLEGAL_STATE`
         ILLEGAL_STATE = 401,
-        /// `CUDA_ERROR_NOT_FOUND`
         NOT_FOUND = 500,
-        /// `CUDA_ERROR_NOT_READY`
         NOT_READY = 600,
-        /// `CUDA_ERROR_NOT_PERMITTED`
         NOT_PERMITTED = 800,
-        /// `CUDA_ERROR_NOT_SUPPORTED`
         NOT_SUPPORTED = 801,
-        /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`
         STREAM_CAPTURE_UNSUPPORTED = 900,
-        /// `CUDA_ERROR_UNKNOWN`
         UNKNOWN = 999,
     }
 }
@@ -168,194 +171,134 @@ opaque_handles! {
 
 c_enum! {
     /// `CUpointer_attribute`
-    CUpointer_attribute(c_uint) {
-        /// `CU_POINTER_ATTRIBUTE_CONTEXT`
+    CUpointer_attribute(c_uint), "CU_POINTER_ATTRIBUTE_" {
         CONTEXT = 1,
-        /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`
         MEMORY_TYPE = 2,
-        /// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`
         DEVICE_POINTER = 3,
-        /// `CU_POINTER_ATTRIBUTE_HOST_POINTER`
         HOST_POINTER = 4,
-        /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`
         BUFFER_ID = 7,
-        /// `CU_POINTER_ATTRIBUTE_IS_MANAGED`
         IS_MANAGED = 8,
-        /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`
         DEVICE_ORDINAL = 9,
-        /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`
         RANGE_START_ADDR = 11,
-        /// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`
         RANGE_SIZE = 12,
-        /// `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`
         MEMPOOL_HANDLE = 17,
     }
 }
 
 c_enum! {
     /// `CUmemorytype`
-    CUmemorytype(c_uint) {
-        /// `CU_MEMORYTYPE_HOST`
+    CUmemorytype(c_uint), "CU_MEMORYTYPE_" {
         HOST = 1,
-        /// `CU_MEMORYTYPE_DEVICE`
         DEVICE = 2,
-        /// `CU_MEMORYTYPE_ARRAY`
         ARRAY = 3,
-        /// `CU_MEMORYTYPE_UNIFIED`
         UNIFIED = 4,
     }
 }
 
 c_enum! {
-    /// `CUmemPool_attribute`
-    CUmemPool_attribute(c_uint) {
-        /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (cuuint64_t)
+    /// `CUmemPool_attribute`; every value's type is `cuuint64_t`.
+    CUmemPool_attribute(c_uint), "CU_MEMPOOL_ATTR_" {
         RELEASE_THRESHOLD = 4,
-        /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (cuuint64_t): what the pool holds from the device.
+        /// What the pool holds from the device.
         RESERVED_MEM_CURRENT = 5,
-        /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH` (cuuint64_t)
         RESERVED_MEM_HIGH = 6,
-        /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` (cuuint64_t): what is handed out to the program.
+        /// What is handed out to the program.
         USED_MEM_CURRENT = 7,
-        /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH` (cuuint64_t)
         USED_MEM_HIGH = 8,
     }
 }
 
 c_enum! {
-    /// `CUgraphMem_attribute` (`cuDeviceGetGraphMemAttribute`)
-    CUgraphMem_attribute(c_uint) {
-        /// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT` (cuuint64_t)
+    /// `CUgraphMem_attribute` (`cuDeviceGetGraphMemAttribute`); every value's type is
+    /// `cuuint64_t`.
+    CUgraphMem_attribute(c_uint), "CU_GRAPH_MEM_ATTR_" {
         USED_MEM_CURRENT = 0,
-        /// `CU_GRAPH_MEM_ATTR_USED_MEM_HIGH` (cuuint64_t)
         USED_MEM_HIGH = 1,
-        /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` (cuuint64_t): graph memory held from the device.
+        /// Graph memory held from the device.
         RESERVED_MEM_CURRENT = 2,
-        /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH` (cuuint64_t)
         RESERVED_MEM_HIGH = 3,
     }
 }
 
 c_enum! {
     /// `CUstreamCaptureStatus`
-    CUstreamCaptureStatus(c_uint) {
-        /// `CU_STREAM_CAPTURE_STATUS_NONE`
+    CUstreamCaptureStatus(c_uint), "CU_STREAM_CAPTURE_STATUS_" {
         NONE = 0,
-        /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`
         ACTIVE = 1,
-        /// `CU_STREAM_CAPTURE_STATUS_INVALIDATED`
         INVALIDATED = 2,
     }
 }
 
 c_enum! {
     /// `CUmemLocationType`
-    CUmemLocationType(c_uint) {
-        /// `CU_MEM_LOCATION_TYPE_INVALID`
+    CUmemLocationType(c_uint), "CU_MEM_LOCATION_TYPE_" {
         INVALID = 0,
-        /// `CU_MEM_LOCATION_TYPE_DEVICE`: `id` is a device ordinal.
+        /// [`CUmemLocation::id`] is a device ordinal.
         DEVICE = 1,
-        /// `CU_MEM_LOCATION_TYPE_HOST`
         HOST = 2,
-        /// `CU_MEM_LOCATION_TYPE_HOST_NUMA`
         HOST_NUMA = 3,
-        /// `CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT`
         HOST_NUMA_CURRENT = 4,
     }
 }
 
 c_enum! {
     /// `CUmemAllocationType`
-    CUmemAllocationType(c_uint) {
-        /// `CU_MEM_ALLOCATION_TYPE_INVALID`
+    CUmemAllocationType(c_uint), "CU_MEM_ALLOCATION_TYPE_" {
         INVALID = 0,
-        /// `CU_MEM_ALLOCATION_TYPE_PINNED`
         PINNED = 1,
     }
 }
 
 c_enum! {
     /// `CUmemAllocationGranularity_flags`
-    CUmemAllocationGranularity_flags(c_uint) {
-        /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`
+    CUmemAllocationGranularity_flags(c_uint), "CU_MEM_ALLOC_GRANULARITY_" {
         MINIMUM = 0,
-        /// `CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`
         RECOMMENDED = 1,
     }
 }
 
 c_enum! {
     /// `CUarray_format`
-    CUarray_format(c_uint) {
-        /// `CU_AD_FORMAT_UNSIGNED_INT8`
+    CUarray_format(c_uint), "CU_AD_FORMAT_" {
         UNSIGNED_INT8 = 0x01,
-        /// `CU_AD_FORMAT_UNSIGNED_INT16`
         UNSIGNED_INT16 = 0x02,
-        /// `CU_AD_FORMAT_UNSIGNED_INT32`
         UNSIGNED_INT32 = 0x03,
-        /// `CU_AD_FORMAT_SIGNED_INT8`
         SIGNED_INT8 = 0x08,
-        /// `CU_AD_FORMAT_SIGNED_INT16`
         SIGNED_INT16 = 0x09,
-        /// `CU_AD_FORMAT_SIGNED_INT32`
         SIGNED_INT32 = 0x0a,
-        /// `CU_AD_FORMAT_HALF`
         HALF = 0x10,
-        /// `CU_AD_FORMAT_FLOAT`
         FLOAT = 0x20,
-        /// `CU_AD_FORMAT_BC1_UNORM` (8 bytes per 4×4 block)
+        /// 8 bytes per 4×4 block.
         BC1_UNORM = 0x91,
-        /// `CU_AD_FORMAT_BC1_UNORM_SRGB`
         BC1_UNORM_SRGB = 0x92,
-        /// `CU_AD_FORMAT_BC2_UNORM` (16 bytes per 4×4 block)
+        /// 16 bytes per 4×4 block.
         BC2_UNORM = 0x93,
-        /// `CU_AD_FORMAT_BC2_UNORM_SRGB`
         BC2_UNORM_SRGB = 0x94,
-        /// `CU_AD_FORMAT_BC3_UNORM`
         BC3_UNORM = 0x95,
-        /// `CU_AD_FORMAT_BC3_UNORM_SRGB`
         BC3_UNORM_SRGB = 0x96,
-        /// `CU_AD_FORMAT_BC4_UNORM` (8 bytes per block)
+        /// 8 bytes per block.
         BC4_UNORM = 0x97,
-        /// `CU_AD_FORMAT_BC4_SNORM`
         BC4_SNORM = 0x98,
-        /// `CU_AD_FORMAT_BC5_UNORM` (16 bytes per block)
+        /// 16 bytes per block.
         BC5_UNORM = 0x99,
-        /// `CU_AD_FORMAT_BC5_SNORM`
         BC5_SNORM = 0x9a,
-        /// `CU_AD_FORMAT_BC6H_UF16`
         BC6H_UF16 = 0x9b,
-        /// `CU_AD_FORMAT_BC6H_SF16`
         BC6H_SF16 = 0x9c,
-        /// `CU_AD_FORMAT_BC7_UNORM`
         BC7_UNORM = 0x9d,
-        /// `CU_AD_FORMAT_BC7_UNORM_SRGB`
         BC7_UNORM_SRGB = 0x9e,
-        /// `CU_AD_FORMAT_NV12` (4:2:0, 1.5 bytes per pixel)
+        /// 4:2:0, 1.5 bytes per pixel.
         NV12 = 0xb0,
-        /// `CU_AD_FORMAT_UNORM_INT8X1`
         UNORM_INT8X1 = 0xc0,
-        /// `CU_AD_FORMAT_UNORM_INT8X2`
         UNORM_INT8X2 = 0xc1,
-        /// `CU_AD_FORMAT_UNORM_INT8X4`
         UNORM_INT8X4 = 0xc2,
-        /// `CU_AD_FORMAT_UNORM_INT16X1`
         UNORM_INT16X1 = 0xc3,
-        /// `CU_AD_FORMAT_UNORM_INT16X2`
         UNORM_INT16X2 = 0xc4,
-        /// `CU_AD_FORMAT_UNORM_INT16X4`
         UNORM_INT16X4 = 0xc5,
-        /// `CU_AD_FORMAT_SNORM_INT8X1`
         SNORM_INT8X1 = 0xc6,
-        /// `CU_AD_FORMAT_SNORM_INT8X2`
         SNORM_INT8X2 = 0xc7,
-        /// `CU_AD_FORMAT_SNORM_INT8X4`
         SNORM_INT8X4 = 0xc8,
-        /// `CU_AD_FORMAT_SNORM_INT16X1`
         SNORM_INT16X1 = 0xc9,
-        /// `CU_AD_FORMAT_SNORM_INT16X2`
         SNORM_INT16X2 = 0xca,
-        /// `CU_AD_FORMAT_SNORM_INT16X4`
         SNORM_INT16X4 = 0xcb,
     }
 }
@@ -392,12 +335,9 @@ pub mod proc_address_flags {
 
 c_enum! {
     /// `CUdriverProcAddressQueryResult` (`cuGetProcAddress_v2`'s `symbolStatus`).
-    CUdriverProcAddressQueryResult(c_uint) {
-        /// `CU_GET_PROC_ADDRESS_SUCCESS`
+    CUdriverProcAddressQueryResult(c_uint), "CU_GET_PROC_ADDRESS_" {
         SUCCESS = 0,
-        /// `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND`
         SYMBOL_NOT_FOUND = 1,
-        /// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`
         VERSION_NOT_SUFFICIENT = 2,
     }
 }
@@ -576,30 +516,18 @@ pub struct CUlaunchConfig {
 
 c_enum! {
     /// `nvmlReturn_t`: any NVML status code.
-    nvmlReturn_t(u32) {
-        /// `NVML_SUCCESS`
-        SUCCESS = 0,
-        /// `NVML_ERROR_UNINITIALIZED`
+    nvmlReturn_t(u32), "NVML_ERROR_" {
+        SUCCESS = 0 as NVML_SUCCESS,
         UNINITIALIZED = 1,
-        /// `NVML_ERROR_INVALID_ARGUMENT`
         INVALID_ARGUMENT = 2,
-        /// `NVML_ERROR_NOT_SUPPORTED`
         NOT_SUPPORTED = 3,
-        /// `NVML_ERROR_NO_PERMISSION`
         NO_PERMISSION = 4,
-        /// `NVML_ERROR_NOT_FOUND`
         NOT_FOUND = 6,
-        /// `NVML_ERROR_INSUFFICIENT_SIZE`
         INSUFFICIENT_SIZE = 7,
-        /// `NVML_ERROR_DRIVER_NOT_LOADED`
         DRIVER_NOT_LOADED = 9,
-        /// `NVML_ERROR_LIBRARY_NOT_FOUND`
         LIBRARY_NOT_FOUND = 12,
-        /// `NVML_ERROR_FUNCTION_NOT_FOUND`
         FUNCTION_NOT_FOUND = 13,
-        /// `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`
         ARGUMENT_VERSION_MISMATCH = 25,
-        /// `NVML_ERROR_UNKNOWN`
         UNKNOWN = 999,
     }
 }

@@ -65,10 +65,33 @@ pub fn cc(dir: &Path, name: &str, source: &str, args: &[&str]) -> PathBuf {
     out
 }
 
-/// A directory `dir` holding the built simulator under the driver's names (what the NVIDIA
-/// container runtime would mount from the host).
-pub fn sim_driver_dir(dir: &Path) {
-    vgpu_cli::demo::make_sim_link_dir(&built_library("libvgpusim.so"), dir).unwrap();
+/// The start of every end-to-end run on the simulator: a private scratch directory whose
+/// `driver/` holds the built simulator under the driver's names (what the NVIDIA container
+/// runtime would mount from the host), and the built hook.
+pub struct SimNode {
+    pub dir: TempDir,
+    /// `libvgpu.so`.
+    pub hook: PathBuf,
+}
+
+impl SimNode {
+    pub fn new(prefix: &str) -> Self {
+        let hook = built_library("libvgpu.so");
+        let dir = TempDir::new(prefix).unwrap();
+        let sim = built_library("libvgpusim.so");
+        vgpu_cli::demo::make_sim_link_dir(&sim, &dir.path().join("driver")).unwrap();
+        SimNode { dir, hook }
+    }
+
+    /// `p` inside the scratch directory.
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    /// The simulated driver's directory (for `LD_LIBRARY_PATH`).
+    pub fn driver(&self) -> PathBuf {
+        self.path("driver")
+    }
 }
 
 /// A private temporary directory (tempfile's, mode 0700) removed on drop, named after its test.

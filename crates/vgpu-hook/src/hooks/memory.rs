@@ -82,8 +82,8 @@ pub(super) fn free_err(e: FreeError, ptr: CUdeviceptr) -> CUresult {
     }
 }
 
-/// A device allocation the device could not take (`refused`): backed by host memory when
-/// host backing is on and allows it, else `refused` as the program's answer (logged).
+/// A device allocation the device could not take (`refused`), in host memory if it may be
+/// ([`host_backed_instead`]).
 #[cold]
 #[inline(never)]
 fn host_backed_or(
@@ -94,17 +94,9 @@ fn host_backed_or(
     bytes: u64,
     refused: AllocError,
 ) -> Result<CUdeviceptr, CUresult> {
-    let device_full = match &refused {
-        AllocError::OutOfMemory(_) => true,
-        AllocError::Backend(b) => CUresult(b.code) == CUresult::OUT_OF_MEMORY,
-        _ => false,
-    };
-    if device_full && st.config.host_backing.enabled() {
-        if let Ok(ptr) = st.host_backed.allocate(cuda, st.ledger(), idx, at, bytes) {
-            return Ok(ptr);
-        }
-    }
-    Err(alloc_err(refused))
+    host_backed_instead(st, refused, || {
+        st.host_backed.allocate(cuda, st.ledger(), idx, at, bytes)
+    })
 }
 
 pub(crate) fn cuMemFree_v2(forward: impl Forward, dptr: CUdeviceptr) -> Result<(), CUresult> {
@@ -157,62 +149,38 @@ pub(crate) unsafe fn cuMemAllocPitch_v2(
         return forward(cuda);
     };
     let align = st.config.allocator.align;
-    let charge = |bytes: Option<u64>| bytes.and_then(|b| align_up(b, align));
+    let aligned = |bytes: Option<u64>| bytes.and_then(|b| align_up(b, align));
     let requested = (width_in_bytes as u64).saturating_mul(height as u64);
     // Rows are padded to the pitch alignment (512 bytes on current GPUs); charge that
     // estimate up front and correct it with the real pitch.
     let estimate =
-        charge(align_up(width_in_bytes as u64, 512).and_then(|w| w.checked_mul(height as u64)))
+        aligned(align_up(width_in_bytes as u64, 512).and_then(|w| w.checked_mul(height as u64)))
             .ok_or(CUresult::OUT_OF_MEMORY)?;
-    let begun = with_pool_retry(st, cuda, || {
-        st.alloc.begin_record(
-            AllocationKind::Pitched,
-            idx,
-            ctx_id(ctx),
-            requested,
-            estimate,
-        )
-    });
-    let mut pending = match begun {
-        Ok(p) => p,
-        Err(e) => {
-            // SAFETY: both out-pointers non-null (checked above).
-            return unsafe {
-                let at = (dev, ctx);
-                pitched_host_backed(st, cuda, idx, at, dptr, pitch, width_in_bytes, height, e)
-            };
-        }
+    let charge = Charge {
+        kind: AllocationKind::Pitched,
+        device: idx,
+        context: ctx_id(ctx),
+        requested,
+        charge: estimate,
+        what: "a pitched allocation",
     };
-    if let Err(code) = forward(cuda) {
-        drop(pending);
-        if code != CUresult::OUT_OF_MEMORY {
-            return Err(code);
-        }
-        let full = AllocError::Backend(vgpu_alloc_core::BackendError { code: code.0 });
-        // SAFETY: both out-pointers non-null (checked above).
-        return unsafe {
-            pitched_host_backed(
-                st,
-                cuda,
-                idx,
-                (dev, ctx),
-                dptr,
-                pitch,
-                width_in_bytes,
-                height,
-                full,
-            )
-        };
-    }
+    let at = (dev, ctx);
+    // SAFETY: both out-pointers non-null (checked above).
+    let host = |e| unsafe {
+        pitched_host_backed(st, cuda, idx, at, dptr, pitch, width_in_bytes, height, e)
+    };
+    let Some(mut pending) = charge_then_forward(st, cuda, forward, &charge, host)? else {
+        return Ok(());
+    };
     // SAFETY: the driver filled both out-pointers (checked non-null above).
     let (ptr, real_pitch) = unsafe { (*dptr, *pitch) };
-    let actual = charge((real_pitch as u64).checked_mul(height as u64)).unwrap_or(u64::MAX);
+    let actual = aligned((real_pitch as u64).checked_mul(height as u64)).unwrap_or(u64::MAX);
     if let Err(e) = correct_charge(&mut pending, actual) {
         drop(pending);
         let _ = driver::mem_free(cuda, ptr);
         return Err(alloc_err(e));
     }
-    commit(pending, ptr.0, "a pitched allocation");
+    commit(pending, ptr.0, charge.what);
     reconcile_if_due(st, cuda, idx);
     Ok(())
 }

@@ -142,7 +142,7 @@ fn commit<B: DeviceBackend, L: UsageLedger>(
     }
 }
 
-/// What [`charge_and_forward`] charges: `charge` bytes for `requested`, as `kind`, on
+/// What [`charge_then_forward`] charges: `charge` bytes for `requested`, as `kind`, on
 /// `device` in `context`; `what` names it in the log.
 struct Charge<'a> {
     kind: AllocationKind,
@@ -163,14 +163,67 @@ fn charge_and_forward(
     c: Charge<'_>,
     key: impl FnOnce() -> u64,
 ) -> Result<(), CUresult> {
-    let pending = with_pool_retry(st, cuda, || {
+    if let Some(pending) = charge_then_forward(st, cuda, forward, &c, |e| Err(alloc_err(e)))? {
+        commit(pending, key(), c.what);
+    }
+    Ok(())
+}
+
+/// A charge begun and not yet recorded.
+type Pending<'s> = PendingRecord<'s, driver::RealBackend, crate::ledger::HookLedger>;
+
+/// Charges `c` before the driver sees the call (the pools re-measured once if the limit
+/// refuses) and forwards the call: the pending charge once the driver succeeded, for the
+/// caller to correct and record. When the limit refuses, or the driver is out of memory,
+/// nothing stays charged and `full` answers with the reason: a host-backed stand-in
+/// (`None` once made) or the refusal's code. Any other driver error is the answer.
+fn charge_then_forward<'s>(
+    st: &'s Ready,
+    cuda: &Cuda,
+    forward: impl Forward,
+    c: &Charge<'_>,
+    full: impl FnOnce(AllocError) -> Result<(), CUresult>,
+) -> Result<Option<Pending<'s>>, CUresult> {
+    let begun = with_pool_retry(st, cuda, || {
         st.alloc
             .begin_record(c.kind, c.device, c.context, c.requested, c.charge)
-    })
-    .map_err(alloc_err)?;
-    forward(cuda)?;
-    commit(pending, key(), c.what);
-    Ok(())
+    });
+    let pending = match begun {
+        Ok(pending) => pending,
+        Err(e) => return full(e).map(|()| None),
+    };
+    if let Err(code) = forward(cuda) {
+        drop(pending);
+        if code != CUresult::OUT_OF_MEMORY {
+            return Err(code);
+        }
+        let driver_full = AllocError::Backend(vgpu_alloc_core::BackendError { code: code.0 });
+        return full(driver_full).map(|()| None);
+    }
+    Ok(Some(pending))
+}
+
+/// An allocation the device could not take (`refused`): `make` stands it in host memory when
+/// host backing is on and the refusal was for room (the limit's, or the driver's out of
+/// memory), else `refused` is the program's answer (logged).
+#[cold]
+#[inline(never)]
+fn host_backed_instead<T, E>(
+    st: &Ready,
+    refused: AllocError,
+    make: impl FnOnce() -> Result<T, E>,
+) -> Result<T, CUresult> {
+    let device_full = match &refused {
+        AllocError::OutOfMemory(_) => true,
+        AllocError::Backend(b) => CUresult(b.code) == CUresult::OUT_OF_MEMORY,
+        _ => false,
+    };
+    if device_full && st.config.host_backing.enabled() {
+        if let Ok(made) = make() {
+            return Ok(made);
+        }
+    }
+    Err(alloc_err(refused))
 }
 
 /// Runs `f`; if the limit refused and pools may hold releasable memory, re-measure the pools

@@ -38,39 +38,19 @@ pub(crate) unsafe fn cuMemCreate(
         charge,
         what: "a cuMemCreate handle",
     };
-    let pending = match with_pool_retry(st, cuda, || {
-        st.alloc.begin_record(
-            charge.kind,
-            charge.device,
-            charge.context,
-            charge.requested,
-            charge.charge,
-        )
-    }) {
-        Ok(pending) => pending,
-        Err(e) => {
-            // SAFETY: non-null out-pointer (checked above).
-            return unsafe { host_handle_or(st, cuda, idx, handle, size as u64, &p, e) };
-        }
+    // SAFETY: non-null out-pointer (checked above).
+    let host = |e| unsafe { host_handle_or(st, cuda, idx, handle, size as u64, &p, e) };
+    let Some(pending) = charge_then_forward(st, cuda, forward, &charge, host)? else {
+        return Ok(());
     };
-    if let Err(code) = forward(cuda) {
-        drop(pending);
-        if code != CUresult::OUT_OF_MEMORY {
-            return Err(code);
-        }
-        let full = AllocError::Backend(vgpu_alloc_core::BackendError { code: code.0 });
-        // SAFETY: as above.
-        return unsafe { host_handle_or(st, cuda, idx, handle, size as u64, &p, full) };
-    }
     // SAFETY: the driver filled the non-null out-pointer.
     commit(pending, unsafe { *handle }.0, charge.what);
     reconcile_if_due(st, cuda, idx);
     Ok(())
 }
 
-/// A device-located `cuMemCreate` the device could not take: made in host memory when host
-/// backing is on and allows it (the program maps and accesses it as it would the device
-/// handle), else `refused` as the answer.
+/// A device-located `cuMemCreate` the device could not take, made in host memory if it may be
+/// ([`host_backed_instead`]): the program maps and accesses it as it would the device handle.
 ///
 /// # Safety
 /// `handle` is the caller's non-null out-pointer.
@@ -85,21 +65,12 @@ unsafe fn host_handle_or(
     prop: &CUmemAllocationProp,
     refused: AllocError,
 ) -> Result<(), CUresult> {
-    let device_full = match &refused {
-        AllocError::OutOfMemory(_) => true,
-        AllocError::Backend(b) => CUresult(b.code) == CUresult::OUT_OF_MEMORY,
-        _ => false,
-    };
-    if device_full && st.config.host_backing.enabled() {
-        if let Ok(h) = st
-            .host_backed
+    let h = host_backed_instead(st, refused, || {
+        st.host_backed
             .create_handle(cuda, st.ledger(), idx, size, prop)
-        {
-            // SAFETY: non-null out-pointer (the caller's contract).
-            return unsafe { write_out(handle, h) };
-        }
-    }
-    Err(alloc_err(refused))
+    })?;
+    // SAFETY: non-null out-pointer (the caller's contract).
+    unsafe { write_out(handle, h) }
 }
 
 /// `cuMemRelease` succeeded: one reference fewer; the last one releases the charge.

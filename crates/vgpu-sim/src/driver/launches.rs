@@ -89,11 +89,10 @@ fn launch(
     f: CUfunction,
     grid: [c_uint; 3],
     block: [c_uint; 3],
-    stream: CUstream,
+    stream: StreamArg,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
     cooperative: bool,
-    pt: bool,
 ) -> CuResult<()> {
     let (kernel, dev) = s.function_to_launch(hv(f))?;
     s.check_dims(grid, block, cooperative)?;
@@ -106,8 +105,7 @@ fn launch(
             block,
             args,
         },
-        hv(stream),
-        pt,
+        stream,
     )
 }
 
@@ -188,10 +186,10 @@ exports! {
 
 exports_pt! {
     cuLaunchKernel / cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, st: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) false |s, pt| {
-        launch(s, f, [gx, gy, gz], [bx, by, bz], st, params, extra, false, pt)
+        launch(s, f, [gx, gy, gz], [bx, by, bz], stream(st, pt), params, extra, false)
     }
     cuLaunchCooperativeKernel / cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _smem: c_uint, st: CUstream, params: *mut *mut c_void) false |s, pt| {
-        launch(s, f, [gx, gy, gz], [bx, by, bz], st, params, std::ptr::null_mut(), true, pt)
+        launch(s, f, [gx, gy, gz], [bx, by, bz], stream(st, pt), params, std::ptr::null_mut(), true)
     }
     cuLaunchKernelEx / cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) false |s, pt| {
         let c: CUlaunchConfig = inp!(config);
@@ -200,17 +198,16 @@ exports_pt! {
             f,
             [c.gridDimX, c.gridDimY, c.gridDimZ],
             [c.blockDimX, c.blockDimY, c.blockDimZ],
-            c.hStream,
+            stream(c.hStream, pt),
             params,
             extra,
             false,
-            pt,
         )
     }
     cuGraphLaunch / cuGraphLaunch_ptsz(exec: CUgraphExec, st: CUstream) false |s, pt| {
-        s.graph_launch(hv(exec), hv(st), pt)
+        s.graph_launch(hv(exec), stream(st, pt))
     }
     cuGraphUpload / cuGraphUpload_ptsz(exec: CUgraphExec, st: CUstream) true |s, pt| {
-        s.graph_upload(hv(exec), hv(st), pt)
+        s.graph_upload(hv(exec), stream(st, pt))
     }
 }

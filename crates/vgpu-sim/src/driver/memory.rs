@@ -160,21 +160,21 @@ exports_pt! {
         s.memset(dst.0, v, 4, n as u64)
     }
     cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, st: CUstream) false |s, pt| {
-        s.memcpy_async(Addr::Device(dst.0), host(hv(src.cast_mut())), n as u64, hv(st), pt)
+        s.memcpy_async(Addr::Device(dst.0), host(hv(src.cast_mut())), n as u64, stream(st, pt))
     }
     cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, st: CUstream) false |s, pt| {
-        s.memcpy_async(host(hv(dst)), Addr::Device(src.0), n as u64, hv(st), pt)
+        s.memcpy_async(host(hv(dst)), Addr::Device(src.0), n as u64, stream(st, pt))
     }
     cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream) false |s, pt| {
-        s.memcpy_async(Addr::Device(dst.0), Addr::Device(src.0), n as u64, hv(st), pt)
+        s.memcpy_async(Addr::Device(dst.0), Addr::Device(src.0), n as u64, stream(st, pt))
     }
     cuMemcpyAsync / cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream) false |s, pt| {
-        s.memcpy_async(unified(s, dst.0), unified(s, src.0), n as u64, hv(st), pt)
+        s.memcpy_async(unified(s, dst.0), unified(s, src.0), n as u64, stream(st, pt))
     }
     cuMemsetD8Async / cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, st: CUstream) false |s, pt| {
-        s.memset_async(dst.0, v as u32, 1, n as u64, hv(st), pt)
+        s.memset_async(dst.0, v as u32, 1, n as u64, stream(st, pt))
     }
     cuMemsetD32Async / cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: c_uint, n: usize, st: CUstream) false |s, pt| {
-        s.memset_async(dst.0, v, 4, n as u64, hv(st), pt)
+        s.memset_async(dst.0, v, 4, n as u64, stream(st, pt))
     }
 }

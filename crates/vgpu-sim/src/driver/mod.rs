@@ -22,7 +22,7 @@ use vgpu_cuda_abi::{
 use crate::codes::*;
 use crate::hostmem::HostPtr;
 use crate::state::{
-    Addr, ArrayDesc, CuResult, Kernel, Launch, PtrAttr, Sim, global, handle, inited, tag,
+    Addr, ArrayDesc, CuResult, Kernel, Launch, PtrAttr, Sim, StreamArg, global, handle, inited, tag,
 };
 
 /// Writes an out-parameter, rejecting null with `CUDA_ERROR_INVALID_VALUE`.
@@ -109,6 +109,14 @@ fn entry_pre(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> CUresult {
 
 fn hv<T>(p: *mut T) -> u64 {
     p as usize as u64
+}
+
+/// The stream `st` as a call names it, from a `_ptsz` export when `per_thread`.
+fn stream(st: CUstream, per_thread: bool) -> StreamArg {
+    StreamArg {
+        handle: hv(st),
+        per_thread,
+    }
 }
 
 fn hp<T>(v: u64) -> *mut T {

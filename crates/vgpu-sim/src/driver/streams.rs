@@ -32,10 +32,10 @@ exports! {
 }
 
 exports_pt! {
-    cuStreamSynchronize / cuStreamSynchronize_ptsz(st: CUstream) false |s, pt| { s.stream_sync(hv(st), pt) }
-    cuStreamQuery / cuStreamQuery_ptsz(st: CUstream) false |s, pt| { s.stream_query(hv(st), pt) }
+    cuStreamSynchronize / cuStreamSynchronize_ptsz(st: CUstream) false |s, pt| { s.stream_sync(stream(st, pt)) }
+    cuStreamQuery / cuStreamQuery_ptsz(st: CUstream) false |s, pt| { s.stream_query(stream(st, pt)) }
     cuStreamWaitEvent / cuStreamWaitEvent_ptsz(st: CUstream, ev: CUevent, _flags: c_uint) false |s, pt| {
-        s.stream_wait_event(hv(st), hv(ev), pt)
+        s.stream_wait_event(stream(st, pt), hv(ev))
     }
     cuStreamGetFlags / cuStreamGetFlags_ptsz(st: CUstream, flags: *mut c_uint) false |s, _pt| {
         out!(flags, s.stream_flags(hv(st))?);
@@ -57,9 +57,9 @@ exports_pt! {
         out!(pctx, hp(handle(tag::CTX, ctx)));
         Ok(())
     }
-    cuEventRecord / cuEventRecord_ptsz(ev: CUevent, st: CUstream) false |s, pt| { s.event_record(hv(ev), hv(st), pt) }
+    cuEventRecord / cuEventRecord_ptsz(ev: CUevent, st: CUstream) false |s, pt| { s.event_record(hv(ev), stream(st, pt)) }
     cuEventRecordWithFlags / cuEventRecordWithFlags_ptsz(ev: CUevent, st: CUstream, _flags: c_uint) false |s, pt| {
-        s.event_record(hv(ev), hv(st), pt)
+        s.event_record(hv(ev), stream(st, pt))
     }
     cuStreamBeginCapture_v2 / cuStreamBeginCapture_v2_ptsz(st: CUstream, mode: c_uint) false |s, _pt| {
         s.begin_capture(hv(st), mode)

@@ -114,18 +114,18 @@ exports_pt! {
         if dptr.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        out!(dptr, CUdeviceptr(s.alloc_async(size as u64, 0, hv(st), pt)?));
+        out!(dptr, CUdeviceptr(s.alloc_async(size as u64, 0, stream(st, pt))?));
         Ok(())
     }
     cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, st: CUstream) true |s, pt| {
         if dptr.is_null() || pool.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        out!(dptr, CUdeviceptr(s.alloc_async(size as u64, hv(pool), hv(st), pt)?));
+        out!(dptr, CUdeviceptr(s.alloc_async(size as u64, hv(pool), stream(st, pt))?));
         Ok(())
     }
     cuMemFreeAsync / cuMemFreeAsync_ptsz(dptr: CUdeviceptr, st: CUstream) false |s, pt| {
-        s.free_async(dptr.0, hv(st), pt)
+        s.free_async(dptr.0, stream(st, pt))
     }
 }
 

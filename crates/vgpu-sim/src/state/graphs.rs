@@ -205,8 +205,8 @@ impl Sim {
 
     /// `cuGraphLaunch`: memory nodes take their memory now (so an out-of-memory launch fails
     /// here); kernels run in node order on the stream.
-    pub fn graph_launch(&'static self, e: u64, stream: u64, per_thread: bool) -> CuResult<()> {
-        let (q, mut st, nodes) = self.exec_on_stream(e, stream, per_thread)?;
+    pub fn graph_launch(&'static self, e: u64, stream: StreamArg) -> CuResult<()> {
+        let (q, mut st, nodes) = self.exec_on_stream(e, stream)?;
         for (dev, dptr) in mem_alloc_nodes(&nodes) {
             if st
                 .graph_allocs
@@ -252,8 +252,8 @@ impl Sim {
 
     /// `cuGraphUpload`: the graph's memory nodes take their memory from the device now (so the
     /// first launch does not have to).
-    pub fn graph_upload(&self, e: u64, stream: u64, per_thread: bool) -> CuResult<()> {
-        let (_q, mut st, nodes) = self.exec_on_stream(e, stream, per_thread)?;
+    pub fn graph_upload(&self, e: u64, stream: StreamArg) -> CuResult<()> {
+        let (_q, mut st, nodes) = self.exec_on_stream(e, stream)?;
         for (dev, dptr) in mem_alloc_nodes(&nodes) {
             self.back_graph_alloc(&mut st, dev, dptr)?;
         }
@@ -265,11 +265,10 @@ impl Sim {
     fn exec_on_stream(
         &self,
         e: u64,
-        stream: u64,
-        per_thread: bool,
+        stream: StreamArg,
     ) -> CuResult<(Arc<StreamQueue>, MutexGuard<'_, State>, Vec<Node>)> {
         let id = unhandle(tag::EXEC, e).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let q = self.uncaptured_queue(stream, per_thread)?;
+        let q = self.uncaptured_queue(stream)?;
         let st = self.st();
         let nodes = st.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.clone();
         Ok((q, st, nodes))

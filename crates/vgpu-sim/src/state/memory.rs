@@ -226,12 +226,10 @@ impl Sim {
         dst: Addr,
         src: Addr,
         n: u64,
-        stream: u64,
-        per_thread: bool,
+        stream: StreamArg,
     ) -> CuResult<()> {
         self.stream_ordered(
             stream,
-            per_thread,
             |st| {
                 st.span(dst, n)?;
                 st.span(src, n).map(drop)
@@ -247,12 +245,10 @@ impl Sim {
         value: u32,
         elem: usize,
         count: u64,
-        stream: u64,
-        per_thread: bool,
+        stream: StreamArg,
     ) -> CuResult<()> {
         self.stream_ordered(
             stream,
-            per_thread,
             |st| st.check_range(dst, count.saturating_mul(elem as u64)),
             move |s| s.set_now(dst, value, elem, count),
         )
@@ -262,12 +258,11 @@ impl Sim {
     /// now, as the driver checks the call, and done when the stream gets to it.
     fn stream_ordered(
         &'static self,
-        stream: u64,
-        per_thread: bool,
+        stream: StreamArg,
         check: impl FnOnce(&State) -> CuResult<()>,
         op: impl FnOnce(&'static Sim) -> CuResult<()> + Send + 'static,
     ) -> CuResult<()> {
-        let q = self.uncaptured_queue(stream, per_thread)?;
+        let q = self.uncaptured_queue(stream)?;
         check(&self.st())?;
         // A failure by then is the stream's, which the simulator does not report.
         q.submit(Box::new(move || {

@@ -93,6 +93,7 @@ pub use devices::Device;
 pub use init::{global, inited};
 pub use modules::{Kernel, Launch};
 pub use pinned::HostMemory;
+pub use streams::StreamArg;
 
 /// How an allocation was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

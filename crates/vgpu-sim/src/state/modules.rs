@@ -206,10 +206,10 @@ impl Sim {
     }
 
     /// Queues a launch on `stream` (or records it into the graph the stream is capturing).
-    pub fn launch(&'static self, l: Launch, stream: u64, per_thread: bool) -> CuResult<()> {
-        let (q, capturing) = self.stream_queue(stream, per_thread)?;
+    pub fn launch(&'static self, l: Launch, stream: StreamArg) -> CuResult<()> {
+        let (q, capturing) = self.stream_queue(stream)?;
         if capturing {
-            let id = unhandle(tag::STREAM, stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            let id = unhandle(tag::STREAM, stream.handle).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             let mut st = self.st();
             let g = st
                 .streams

@@ -172,21 +172,15 @@ impl Sim {
     }
 
     /// `cuMemAllocAsync` (`pool` 0 = the device's current pool) and `cuMemAllocFromPoolAsync`.
-    pub fn alloc_async(
-        &self,
-        size: u64,
-        pool: u64,
-        stream: u64,
-        per_thread: bool,
-    ) -> CuResult<u64> {
+    pub fn alloc_async(&self, size: u64, pool: u64, stream: StreamArg) -> CuResult<u64> {
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let (_q, capturing) = self.stream_queue(stream, per_thread)?;
+        let (_q, capturing) = self.stream_queue(stream)?;
         let (ctx, dev) = self.cur_dev()?;
         if capturing {
             // Captured, it becomes a memory node of the graph being built, as with the driver.
-            let g = self.capture_graph(stream)?;
+            let g = self.capture_graph(stream.handle)?;
             let ord = self.ordinal_of(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
             return Ok(self
                 .graph_add_mem_alloc(handle(tag::GRAPH, g), ord, size)?
@@ -254,14 +248,14 @@ impl Sim {
     }
 
     /// `cuMemFreeAsync`: the memory returns to its pool (or device) when the stream gets there.
-    pub fn free_async(&'static self, p: u64, stream: u64, per_thread: bool) -> CuResult<()> {
-        let (q, capturing) = self.stream_queue(stream, per_thread)?;
+    pub fn free_async(&'static self, p: u64, stream: StreamArg) -> CuResult<()> {
+        let (q, capturing) = self.stream_queue(stream)?;
         if capturing {
             // Only graph memory can be freed inside a capture (a memory-free node).
             if !self.st().graph_allocs.contains_key(&p) {
                 return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
             }
-            let g = self.capture_graph(stream)?;
+            let g = self.capture_graph(stream.handle)?;
             self.graph_add_mem_free(handle(tag::GRAPH, g), p)?;
             return Ok(());
         }

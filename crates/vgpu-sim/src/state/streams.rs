@@ -2,6 +2,25 @@
 
 use super::*;
 
+/// A stream as a call names it: its handle (0 the default stream, 1 `CU_STREAM_LEGACY`, 2
+/// `CU_STREAM_PER_THREAD`, else a created stream) and whether the call came through a `_ptsz`
+/// export, for which the default stream is the calling thread's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamArg {
+    pub handle: u64,
+    pub per_thread: bool,
+}
+
+impl StreamArg {
+    /// `handle` as a legacy-default-stream export names it.
+    pub const fn legacy(handle: u64) -> Self {
+        Self {
+            handle,
+            per_thread: false,
+        }
+    }
+}
+
 impl Sim {
     /// `cuStreamCreate`.
     pub fn stream_create(&self, flags: u32) -> CuResult<u64> {
@@ -32,20 +51,17 @@ impl Sim {
 
     /// The queue of `stream` for work a capture cannot record
     /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while the stream is capturing).
-    pub(super) fn uncaptured_queue(
-        &self,
-        stream: u64,
-        per_thread: bool,
-    ) -> CuResult<Arc<StreamQueue>> {
-        match self.stream_queue(stream, per_thread)? {
+    pub(super) fn uncaptured_queue(&self, stream: StreamArg) -> CuResult<Arc<StreamQueue>> {
+        match self.stream_queue(stream)? {
             (_, true) => Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
             (q, false) => Ok(q),
         }
     }
 
-    /// The queue behind a stream handle, and whether the stream is capturing.
-    pub fn stream_queue(&self, h: u64, per_thread: bool) -> CuResult<(Arc<StreamQueue>, bool)> {
-        if h == 2 || (h == 0 && per_thread) {
+    /// The queue behind `stream`, and whether the stream is capturing.
+    pub fn stream_queue(&self, stream: StreamArg) -> CuResult<(Arc<StreamQueue>, bool)> {
+        let h = stream.handle;
+        if h == 2 || (h == 0 && stream.per_thread) {
             let ctx = self.current()?;
             let q = PER_THREAD_STREAMS.with(|m| {
                 m.borrow_mut()
@@ -87,16 +103,16 @@ impl Sim {
     }
 
     /// `cuStreamSynchronize`.
-    pub fn stream_sync(&self, h: u64, per_thread: bool) -> CuResult<()> {
-        let (q, _) = self.stream_queue(h, per_thread)?;
+    pub fn stream_sync(&self, stream: StreamArg) -> CuResult<()> {
+        let (q, _) = self.stream_queue(stream)?;
         q.drain();
         self.trim_pools_at_sync();
         Ok(())
     }
 
     /// `cuStreamQuery`.
-    pub fn stream_query(&self, h: u64, per_thread: bool) -> CuResult<()> {
-        let (q, _) = self.stream_queue(h, per_thread)?;
+    pub fn stream_query(&self, stream: StreamArg) -> CuResult<()> {
+        let (q, _) = self.stream_queue(stream)?;
         if q.done(q.last_ticket()) {
             Ok(())
         } else {
@@ -133,9 +149,9 @@ impl Sim {
     }
 
     /// `cuEventRecord`.
-    pub fn event_record(&self, h: u64, stream: u64, per_thread: bool) -> CuResult<()> {
+    pub fn event_record(&self, h: u64, stream: StreamArg) -> CuResult<()> {
         let e = self.event(h)?;
-        let q = self.uncaptured_queue(stream, per_thread)?;
+        let q = self.uncaptured_queue(stream)?;
         e.record(&q);
         Ok(())
     }
@@ -174,9 +190,9 @@ impl Sim {
     }
 
     /// `cuStreamWaitEvent`: later work on the stream waits for the event.
-    pub fn stream_wait_event(&self, stream: u64, ev: u64, per_thread: bool) -> CuResult<()> {
+    pub fn stream_wait_event(&self, stream: StreamArg, ev: u64) -> CuResult<()> {
         let e = self.event(ev)?;
-        let (q, _) = self.stream_queue(stream, per_thread)?;
+        let (q, _) = self.stream_queue(stream)?;
         q.submit(Box::new(move || e.wait()));
         Ok(())
     }

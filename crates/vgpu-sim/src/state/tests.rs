@@ -124,12 +124,12 @@ fn vmm_counts_on_create_and_frees_after_release_and_unmap() {
 fn pools_reserve_blocks_and_release_at_sync() {
     let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
     let pool = s.default_pool(0).unwrap();
-    let a = s.alloc_async(1000, 0, 0, false).unwrap();
+    let a = s.alloc_async(1000, 0, StreamArg::legacy(0)).unwrap();
     assert_eq!(s.pool_get_attr(pool, 5).unwrap(), GRANULARITY);
     assert_eq!(s.pool_get_attr(pool, 7).unwrap(), GRANULARITY);
     s.pool_set_attr(pool, 4, u64::MAX).unwrap();
-    s.free_async(a, 0, false).unwrap();
-    s.stream_sync(0, false).unwrap();
+    s.free_async(a, StreamArg::legacy(0)).unwrap();
+    s.stream_sync(StreamArg::legacy(0)).unwrap();
     assert_eq!(s.pool_get_attr(pool, 7).unwrap(), 0);
     assert_eq!(
         s.pool_get_attr(pool, 5).unwrap(),
@@ -137,7 +137,7 @@ fn pools_reserve_blocks_and_release_at_sync() {
         "kept below the threshold"
     );
     assert_eq!(used(s, 0), GRANULARITY);
-    let b = s.alloc_async(10, 0, 0, false).unwrap();
+    let b = s.alloc_async(10, 0, StreamArg::legacy(0)).unwrap();
     assert_eq!(b, a, "block reused");
     s.mem_free(b).unwrap();
     s.pool_trim(pool, 0).unwrap();
@@ -151,14 +151,14 @@ fn a_pool_block_costs_its_overhead_outside_what_the_pool_reports() {
         ("VGPU_SIM_POOL_BLOCK_OVERHEAD", "2m"),
     ]);
     let pool = s.default_pool(0).unwrap();
-    let a = s.alloc_async(3 << 20, 0, 0, false).unwrap();
-    let b = s.alloc_async(1 << 20, 0, 0, false).unwrap();
+    let a = s.alloc_async(3 << 20, 0, StreamArg::legacy(0)).unwrap();
+    let b = s.alloc_async(1 << 20, 0, StreamArg::legacy(0)).unwrap();
     let reserved = s.pool_get_attr(pool, 5).unwrap();
     assert_eq!(reserved, 6 << 20, "two blocks: 4 MiB and 2 MiB");
     assert_eq!(used(s, 0), reserved + (4 << 20), "2 MiB more per block");
-    s.free_async(a, 0, false).unwrap();
-    s.free_async(b, 0, false).unwrap();
-    s.stream_sync(0, false).unwrap();
+    s.free_async(a, StreamArg::legacy(0)).unwrap();
+    s.free_async(b, StreamArg::legacy(0)).unwrap();
+    s.stream_sync(StreamArg::legacy(0)).unwrap();
     s.pool_trim(pool, 0).unwrap();
     assert_eq!(used(s, 0), 0, "the overhead goes with its block");
 }
@@ -175,7 +175,7 @@ fn module_code_takes_memory_at_load_when_eager_and_at_first_launch_when_lazy() {
             block: [1; 3],
             args: vec![0; 20],
         };
-        s.launch(l, 0, false)
+        s.launch(l, StreamArg::legacy(0))
     };
     let eager = sim(&[
         ("CUDA_MODULE_LOADING", "EAGER"),
@@ -230,7 +230,7 @@ fn kernels_run_on_streams_and_events_time_them() {
     let (k, dev) = s.function(f).unwrap();
     let st = s.stream_create(0).unwrap();
     let (e1, e2) = (s.event_create(0).unwrap(), s.event_create(0).unwrap());
-    s.event_record(e1, st, false).unwrap();
+    s.event_record(e1, StreamArg::legacy(st)).unwrap();
     let l = Launch {
         kernel: k,
         dev,
@@ -238,8 +238,8 @@ fn kernels_run_on_streams_and_events_time_them() {
         block: [1; 3],
         args: 20_000_000u64.to_le_bytes().to_vec(),
     };
-    s.launch(l, st, false).unwrap();
-    s.event_record(e2, st, false).unwrap();
+    s.launch(l, StreamArg::legacy(st)).unwrap();
+    s.event_record(e2, StreamArg::legacy(st)).unwrap();
     assert_eq!(s.event_query(e2), Err(CUDA_ERROR_NOT_READY));
     s.event_sync(e2).unwrap();
     let ms = s.event_elapsed(e1, e2).unwrap();
@@ -265,18 +265,18 @@ fn capture_and_graph_memory() {
         block: [1; 3],
         args: vec![],
     };
-    s.launch(l, st, false).unwrap();
+    s.launch(l, StreamArg::legacy(st)).unwrap();
     let g = s.end_capture(st).unwrap();
     assert_eq!(s.graph_nodes(g).unwrap().len(), 1);
     let (_, p) = s.graph_add_mem_alloc(g, 0, 3 << 20).unwrap();
     s.graph_add_mem_free(g, p).unwrap();
     let e = s.graph_instantiate(g).unwrap();
-    s.graph_upload(e, st, false).unwrap();
+    s.graph_upload(e, StreamArg::legacy(st)).unwrap();
     assert_eq!(used(s, 0), 4 << 20, "uploading takes the graph's memory");
     assert_eq!(s.graph_mem_attr(0, 0).unwrap(), 0, "reserved, not in use");
-    s.graph_launch(e, st, false).unwrap();
+    s.graph_launch(e, StreamArg::legacy(st)).unwrap();
     assert_eq!(used(s, 0), 4 << 20);
-    s.stream_sync(st, false).unwrap();
+    s.stream_sync(StreamArg::legacy(st)).unwrap();
     assert_eq!(s.graph_mem_attr(0, 0).unwrap(), 0);
     assert_eq!(s.graph_mem_attr(0, 2).unwrap(), 4 << 20);
     s.graph_mem_trim(0).unwrap();
@@ -287,17 +287,17 @@ fn capture_and_graph_memory() {
 fn stream_ordered_allocation_in_a_capture_becomes_graph_memory() {
     let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
     let st = capturing(s, 0);
-    let p = s.alloc_async(3 << 20, 0, st, false).unwrap();
+    let p = s.alloc_async(3 << 20, 0, StreamArg::legacy(st)).unwrap();
     assert_eq!(used(s, 0), 0, "nothing is taken while capturing");
     let g = s.end_capture(st).unwrap();
     let e = s.graph_instantiate(g).unwrap();
-    s.graph_launch(e, st, false).unwrap();
-    s.stream_sync(st, false).unwrap();
+    s.graph_launch(e, StreamArg::legacy(st)).unwrap();
+    s.stream_sync(StreamArg::legacy(st)).unwrap();
     assert_eq!(used(s, 0), 4 << 20);
     s.memset(p, 1, 1, 3 << 20).unwrap();
     // Freed outside its graph, it stays reserved for graphs until trimmed.
-    s.free_async(p, st, false).unwrap();
-    s.stream_sync(st, false).unwrap();
+    s.free_async(p, StreamArg::legacy(st)).unwrap();
+    s.stream_sync(StreamArg::legacy(st)).unwrap();
     assert_eq!(s.graph_mem_attr(0, 0).unwrap(), 0);
     assert_eq!(used(s, 0), 4 << 20);
     s.graph_mem_trim(0).unwrap();
@@ -410,7 +410,7 @@ fn pinned_host_memory_is_reachable_at_its_device_pointer() {
             .chain(2u64.to_le_bytes())
             .collect(),
     };
-    s.launch(l, 0, false).unwrap();
+    s.launch(l, StreamArg::legacy(0)).unwrap();
     s.ctx_sync(0).unwrap();
     assert!(read_back(s, h + 4096, 4096).iter().all(|&b| b == 0x7e));
     assert_eq!(
