@@ -5,8 +5,7 @@ use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use vgpu_alloc_core::{
-    Allocator, AllocatorConfig, ContextId, DeviceIndex, DevicePtr, InMemoryLedger, MAX_DEVICES,
-    MockBackend, UsageClass,
+    Allocator, ContextId, DeviceIndex, DevicePtr, InMemoryLedger, MockBackend, UsageClass,
 };
 
 const MIB: u64 = 1 << 20;
@@ -14,14 +13,7 @@ const D0: DeviceIndex = DeviceIndex(0);
 const C1: ContextId = ContextId(1);
 
 fn allocator() -> Allocator<MockBackend, InMemoryLedger> {
-    let mut limits = [None; MAX_DEVICES];
-    limits[0] = Some(1 << 40);
-    Allocator::new(
-        AllocatorConfig::default(),
-        MockBackend::new(),
-        InMemoryLedger::new(limits),
-    )
-    .expect("default sizes are valid")
+    Allocator::over_mock(Some(1 << 40))
 }
 
 /// cuMemAlloc(1 KiB) + cuMemFree, served from a region (no device call).
