@@ -416,7 +416,8 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 fits = turn.admits(now, self.horizon.max(now_f), est, lead_in);
             }
             if let Err(ns) = fits {
-                // Outside our window: let what is queued be measured, wait for the next.
+                // Outside our window, or the rest of it is queued: let what is queued be
+                // measured, wait for the next.
                 self.stats.window_waits += 1;
                 self.close_open(now);
                 return self.wait(ns.min(self.cfg.max_wait));
