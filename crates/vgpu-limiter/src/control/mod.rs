@@ -408,7 +408,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             if fits.is_err() && turn.is_open(now, lead_in) {
                 // In the window, but the queue seems to reach its end: the horizon only
                 // grows by the fit, which can be twice the real work (H200: one of four
-                // tenants fitted 423 us launches of 203 us and left its window half empty).
+                // tenants fitted 423 us launches of 203 us: its window held half the work).
                 // What is still queued, at the outlier-free cost, before giving it up.
                 self.poll(now);
                 let queued = self.queued_fit(self.turn_cost.unwrap_or(est));
