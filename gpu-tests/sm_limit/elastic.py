@@ -159,22 +159,35 @@ def first_reach(bins, bin_s, t_from, target):
     return None
 
 
-def main():
-    args = parse()
-    lib = os.path.join(os.path.abspath(args.libdir), "libvgpu.so")
+def library(libdir):
+    """The libvgpu.so in `libdir` (exits if there is none)."""
+    lib = os.path.join(os.path.abspath(libdir), "libvgpu.so")
     if not os.path.isfile(lib):
         sys.exit(f"no {lib}")
-    os.makedirs(args.out, exist_ok=True)
+    return lib
+
+
+class Report:
+    """Markdown lines printed and written to `path` as they come: a run cut short keeps its
+    tables so far. Call it with a line."""
+
+    def __init__(self, path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.path, self.lines = path, []
+
+    def __call__(self, s=""):
+        print(s, flush=True)
+        self.lines.append(s)
+        with open(self.path, "w") as f:
+            f.write("\n".join(self.lines) + "\n")
+
+
+def main():
+    args = parse()
+    lib = library(args.libdir)
     work = tempfile.mkdtemp(prefix="vgpu-elastic-")
     b = Bench(lib, work)
-    lines = []
-
-    def say(s=""):
-        print(s, flush=True)
-        lines.append(s)
-        # Written as it goes: a run cut short keeps its tables so far.
-        with open(os.path.join(args.out, "elastic.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    say = Report(os.path.join(args.out, "elastic.md"))
 
     t_begin = time.time()
     tables = {int(t) for t in args.tables.split(",")}
@@ -207,8 +220,6 @@ def main():
     if 4 in tables:
         table4(b, say)
     say(f"\nruntime {time.time() - t_begin:.0f} s")
-    with open(os.path.join(args.out, "elastic.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out, "elastic.json"), "w") as f:
         json.dump(b.raw, f)
     shutil.rmtree(work, ignore_errors=True)
@@ -255,10 +266,15 @@ PAIR_S = 4.0
 PAIR_ALONE_S = 1.5
 
 
-def window_rate(r, t0, t1):
+def bins_mean(bins, bin_s, t0, t1=None):
+    """Mean of per-bin values over [t0, t1) seconds (t1 None: to the end)."""
+    end = None if t1 is None else int(round(t1 / bin_s))
+    return statistics.mean(bins[int(round(t0 / bin_s)):end])
+
+
+def window_rate(r, t0, t1=None):
     """Mean rate of a load's bins over [t0, t1) seconds."""
-    bin_s = r["bin_s"]
-    return statistics.mean(r["bins"][int(round(t0 / bin_s)):int(round(t1 / bin_s))])
+    return bins_mean(r["bins"], r["bin_s"], t0, t1)
 
 
 def in_run_split(r, mode):
@@ -291,7 +307,7 @@ def table2(b, say, mm_alone):
         ok = lambda t: "PASS" if t is not None and t <= 0.25 else "FAIL"
         say(f"- 30% tenant reaches 90% of alone {fmt(lend and lend * 1e3, '.0f')} ms after the 70% went idle: {ok(lend)}")
         say(f"- 70% tenant back at 65% {fmt(back and back * 1e3, '.0f')} ms after resuming: {ok(back)}")
-        mean = lambda f, t0, t1: 100 * statistics.mean(f[int(t0 / bin_s):int(t1 / bin_s)])
+        mean = lambda f, t0, t1: 100 * bins_mean(f, bin_s, t0, t1)
         say(f"- both busy (1-3 s): {mean(fa, 1, 3):.1f} / {mean(fb, 1, 3):.1f}; 70% idle (3.25-6 s): 30% at {mean(fa, 3.25, 6):.1f}; "
             f"after (6.25-9 s): {mean(fa, 6.25, 9):.1f} / {mean(fb, 6.25, 9):.1f}")
         say("- time series (% of alone, 100 ms means), t: 30% / 70%")
@@ -330,12 +346,10 @@ def table3(b, say, mm_alone, plain_reference=True):
         + " | sum % of alone | device busy (NVML) | verdict |")
     say("|---|" + "---|" * (len(shares) + 3))
     if all(rs):
-        bin_s = rs[0]["bin_s"]
-        rate = lambda r, t0, t1: statistics.mean(r["bins"][int(t0 / bin_s):int(t1 / bin_s)])
-        alone = rate(rs[3], 10.25, 12)
+        alone = window_rate(rs[3], 10.25, 12)
         for phase in range(5):
             t0, t1 = 2 * phase + 0.25, 2 * phase + 2
-            got = [rate(r, t0, t1) for r in rs]
+            got = [window_rate(r, t0, t1) for r in rs]
             busy = [i for i in range(4) if phase != i + 1]
             dev = busy_by_phase(t0, t1)
             part = [100 * g / sum(got) * (dev or 100) / 100 for g in got]

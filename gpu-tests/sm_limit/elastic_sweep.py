@@ -11,7 +11,6 @@ tenant's exit line "limiter stats: ...", LIBCUDA_LOG_LEVEL=3). About 5 minutes.
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -84,21 +83,10 @@ class Sweep(elastic.Bench):
 
 def main():
     args = parse()
-    lib = os.path.join(os.path.abspath(args.libdir), "libvgpu.so")
-    if not os.path.isfile(lib):
-        sys.exit(f"no {lib}")
-    os.makedirs(args.out, exist_ok=True)
+    lib = elastic.library(args.libdir)
+    say = elastic.Report(os.path.join(args.out, "sweep.md"))
     log = open(os.path.join(args.out, "sweep.log"), "w")
     b = Sweep(lib, tempfile.mkdtemp(prefix="vgpu-sweep-"), log)
-    lines = []
-
-    def say(s=""):
-        print(s, flush=True)
-        lines.append(s)
-
-    def save():
-        with open(os.path.join(args.out, "sweep.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
 
     t0 = time.time()
     say(f"# Share-mode sweep, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
@@ -129,7 +117,6 @@ def main():
             say(f"| train, share p1, an idle p0 on the board | | | {100 * ho['rate'] / tr['rate']:.1f} |")
         say("\n| variant | p50 / alone | p99 / alone | training % of alone |")
         say("|---|---|---|---|")
-        save()
         for name, extra in PRIORITY:
             t = b.turns()
             s = time.time() + START
@@ -143,7 +130,6 @@ def main():
                     f"{100 * rt['rate'] / tr['rate']:.1f} |")
             else:
                 say(f"| {name} | failed | | |")
-            save()
     if args.only != "priority":
         s = time.time() + START
         (mm,) = b.run("matmul alone", [(b.env("plain"), b.load("matmul", 3, s))])
@@ -157,14 +143,11 @@ def main():
                 (b.env(mode, sm=sh, turns=t, extra=extra), b.load("matmul", 4, s)) for sh in shares
             ])
             if all(rs) and mm:
-                bin_s = rs[0]["bin_s"]
-                got = [100 * statistics.mean(r["bins"][int(0.5 / bin_s):]) / mm["rate"] for r in rs]
+                got = [100 * elastic.window_rate(r, 0.5) / mm["rate"] for r in rs]
                 say(f"| {name} | {'/'.join(map(str, shares))} | {' / '.join(f'{g:.1f}' for g in got)} | {sum(got):.1f} |")
             else:
                 say(f"| {name} | failed | | |")
-            save()
     say(f"\nruntime {time.time() - t0:.0f} s")
-    save()
 
 
 if __name__ == "__main__":
