@@ -12,7 +12,7 @@
 //!
 //! This module is the pure arithmetic ([`allot`]); the limiter polls the board through
 //! [`crate::ContainerView::share_board`] and [`crate::ContainerView::share_demand`], and
-//! lays the busy containers' allotments out as turns ([`crate::Turn::layout`]).
+//! lays the busy containers' allotments out as turns ([`crate::Turn::layout_shared`]).
 
 use crate::traits::{ContainerView, Nanos, Turn, TurnTenant, WHOLE_BP};
 

@@ -560,7 +560,7 @@ fn a_kernel_mix_fills_its_window_though_its_fit_is_overestimated() {
     // pacer's cost (the mean) is above the outlier-free one, so the work it fits into a
     // window by that cost leaves the window partly empty (H200: a tenant fitted 423 us for
     // 203 us launches). Seeing what is really still queued when the window seems full
-    // gives it back its share (0.42-0.47 of the GPU before, 0.50 after).
+    // gives it back its share (0.42-0.48 of the GPU before, 0.50-0.51 after).
     for (every, long) in [(8u64, 1000 * US), (20, 400 * US), (4, 400 * US)] {
         let (mut w, board) = on_one_board(GpuMode::Preempting);
         let mut n = 0u64;

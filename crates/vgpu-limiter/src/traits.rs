@@ -112,7 +112,7 @@ const MAX_CYCLE_FACTOR: u64 = 8;
 /// large one. An 80th of the cycle is 250 µs at the shortest cycle, two launches where long
 /// launches stretched it; a part of the cycle, not of the launches, so that a republished
 /// launch length does not move every window (the model's four tenants at 10/20/30/40, 200 µs
-/// kernels: 0.7 points under and 0.8 over their parts without it, within 0.5 with it).
+/// kernels: 0.7 points under and 0.8 over their parts without it, within 0.6 with it).
 const EDGE_ALLOWANCE_PER_CYCLE: u64 = 80;
 /// The whole GPU in [`TurnTenant::part_bp`]'s unit.
 pub const WHOLE_BP: u64 = 10_000;
