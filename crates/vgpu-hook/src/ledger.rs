@@ -596,12 +596,17 @@ mod tests {
         assert_eq!(map.ordinal_of(DeviceIndex(u32::MAX)), None);
     }
 
-    #[test]
-    fn the_link_watch_refuses_once_the_path_names_another_file() {
-        let path = std::env::temp_dir().join(format!("vgpu-hook-link-{}", std::process::id()));
+    /// A fresh shared file at a scratch path named after `name`, and a watch on it.
+    fn watched_table(name: &str) -> (std::path::PathBuf, UsageTable, LinkWatch) {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-{name}-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let table = UsageTable::open_or_create(&path, &Default::default()).expect("open");
-        let watch = LinkWatch::new();
+        (path, table, LinkWatch::new())
+    }
+
+    #[test]
+    fn the_link_watch_refuses_once_the_path_names_another_file() {
+        let (path, table, watch) = watched_table("link");
         assert!(
             watch.attached(&table, false),
             "the first reservation checks: linked"
@@ -621,10 +626,7 @@ mod tests {
 
     #[test]
     fn the_link_watch_checks_again_once_the_coarse_second_turns() {
-        let path = std::env::temp_dir().join(format!("vgpu-hook-link2-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let table = UsageTable::open_or_create(&path, &Default::default()).expect("open");
-        let watch = LinkWatch::new();
+        let (path, table, watch) = watched_table("link2");
         assert!(watch.attached(&table, false));
         std::fs::remove_file(&path).expect("unlink");
         // The bound the docs state: a reservation more than a second after the last check
