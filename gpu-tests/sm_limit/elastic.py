@@ -475,7 +475,8 @@ def table5(b, say, vgpu):
     say("| change | before (1-3 s) | after (4.5-8 s) | expected after | settled | verdict |")
     say("|---|---|---|---|---|---|")
     cases = (
-        ("set-limit --sm: 30/70 to 70/30", (30, 30), (70, 70), [["--sm", "70"], ["--sm", "30"]], 0.70),
+        # (share %, CUDA_TASK_PRIORITY) of each tenant; None: not set.
+        ("set-limit --sm: 30/70 to 70/30", (30, None), (70, None), [["--sm", "70"], ["--sm", "30"]], 0.70),
         ("set-limit --priority 0 on the second of two at 10/10, priority 1", (10, 1), (10, 1),
          [None, ["--priority", "0"]], 0.10),
     )
