@@ -22,7 +22,7 @@ Tables (written to DIR/elastic.md, raw results to DIR/elastic.json):
  5. live changes, share mode, matmul: two busy tenants, one change 3 s in made with the
     `vgpu` CLI next to libvgpu.so: `set-limit --sm` swaps 30/70 to 70/30, and `set-limit
     --priority 0` lifts one of two 10/10 tenants above the other (it then borrows first: about
-    90/10). Each tenant's part of the pair's launches; the new split (over 200 ms, within 3
+    90/10). Each tenant's part of the pair's launches; the new split (over 400 ms, within 3
     points) must hold within 1 s of the change.
 Runs in about 5 minutes.
 """
@@ -445,11 +445,12 @@ def table4(b, say):
         say(f"| {mode} | {q(la, 0.5):.2f} / {q(lb, 0.5):.2f} | {q(la, 0.99):.2f} / {q(lb, 0.99):.2f} | "
             f"{r50:.2f} | {r99:.2f} | {fmt(bare, '.2f')} | {tr:.1f} | {'PASS' if ok else 'FAIL'} |")
 
-def settle_time(a, b, bin_s, at, expect, span=3.0, tol=0.03, window=0.2):
+def settle_time(a, b, bin_s, at, expect, span=3.0, tol=0.03, window=0.4):
     """Seconds after `at` until the first tenant's part of the pair (launch counts `a`, `b`
     per bin), over the last `window` s, is within `tol` of `expect` and stays so until
-    `at + span`; None if it never does. 200 ms windows hold whole turn cycles (20 or 40 ms),
-    so the windows' edges do not alias."""
+    `at + span`; None if it never does. The window holds ten 40 ms turn cycles: a 10%
+    tenant's turn holds about 20 launches, and a 50 ms bin of host stamps can gain or lose
+    one turn's worth, so over 200 ms its part wandered 7-11% around 10% (H200, 2026-12-01)."""
     k = max(1, int(round(window / bin_s)))
     part = []
     for i in range(len(a)):
@@ -470,8 +471,8 @@ def table5(b, say, vgpu):
         say(f"no `vgpu` CLI at {vgpu}: skipped")
         return
     say("Each tenant's part of the pair's launches; \"settled\": time after the change until "
-        "the part over the last 200 ms is within 3 points of the new split and stays so for the "
-        "3 s after the change (target: within 1 s).\n")
+        "the part over the last 400 ms is within 3 points of the new split and stays so for the "
+        "3 s after the change (target: within 1 s; the 400 ms window itself is counted).\n")
     say("| change | before (1-3 s) | after (4.5-8 s) | expected after | settled | verdict |")
     say("|---|---|---|---|---|---|")
     cases = (
