@@ -7,8 +7,9 @@
 #   bash gpu-tests/callgrind.sh        (builds release libvgpu.so and libvgpusim.so with cargo)
 #
 # The hooked entry point's inclusive count contains the simulated driver's work for the calls
-# the hook forwards or makes itself; that part (every libvgpusim.so entry point's inclusive
-# count, differenced the same way) is shown and subtracted to give the hook's own instructions.
+# the hook forwards or makes itself; that part (the driver entry points called from within the
+# measured hooked calls, differenced the same way) is shown and subtracted to give the hook's
+# own instructions.
 # Prints a markdown table (the one in docs/benchmarks.md).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,26 +26,42 @@ for n in libcuda.so libcuda.so.1 libnvidia-ml.so libnvidia-ml.so.1; do ln -s "$s
 progs="$root/crates/vgpu-hook/tests/programs"
 cc -O2 -o "$work/probe" "$progs/probe.c" -I "$progs" -L "$work/lib" -lcuda -ldl -lpthread
 
-# inclusive Ir of exported function $2 of object $3 (libvgpu.so / libvgpusim.so) in profile $1
-incl() {
-    # From a neutral directory: callgrind_annotate groups costs differently when it can open
-    # the sources through relative paths. The function's own line is its largest one.
-    (cd /tmp && callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
-        awk -v fn="$2" -v obj="$3" '{
-            if (index($0, ":" fn " [") && index($0, obj "]")) { gsub(",", "", $1); if ($1 + 0 > max) max = $1 + 0 }
-        } END { print max + 0 }')
-}
+# Profiles are taken with --separate-callers, so every function's cost is split by its call
+# chain: the simulated driver's work is counted only where it ran inside the measured hooked
+# calls. (Summing every driver entry point instead also counted the program's final
+# cuStreamSynchronize and the power reader thread's NVML polls, which vary with wall time: the
+# launch row read 34-75 on one build.) Chains are cut at CHAIN_DEPTH callers.
+chain_depth="${CHAIN_DEPTH:-40}"
 
-# sum of the inclusive Ir of every exported driver entry point of libvgpusim.so in profile $1
-# (the simulated driver's own work, wherever it was called from). An entry point's name
-# follows the file's single colon: the simulator's inner methods (`Sim>::cur_dev`,
-# `::current`) also begin with "cu" but follow "::", and are inside the entry points.
-simsum() {
+# inclusive Ir in profile $1 of: mode=bare|hook, the exported functions $2 (space list) of
+# libvgpusim.so / libvgpu.so as the program called them; mode=sim, the simulated driver's
+# entry points called by the hook from within those hooked functions.
+cost() {
+    # From a neutral directory: callgrind_annotate groups costs differently when it can open
+    # the sources through relative paths.
     (cd /tmp && callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
-        awk '/libvgpusim\.so\]/ && match($0, /[^:]:(cu|nvml)[A-Za-z0-9_]+ \[/) {
-            name = substr($0, RSTART + 2, RLENGTH - 4); v = $1; gsub(",", "", v)
-            if (v + 0 > max[name]) max[name] = v + 0
-        } END { for (n in max) t += max[n]; print t + 0 }')
+        awk -v mode="$3" -v fns="$2" '
+        BEGIN { k = split(fns, f, " "); for (i = 1; i <= k; i++) want[f[i]] = 1 }
+        {
+            if (!match($0, / \[[^]]*\]$/)) next
+            obj = substr($0, RSTART + 2, RLENGTH - 3)
+            c = $1; gsub(",", "", c)
+            line = substr($0, 1, RSTART - 1)
+            sub(/^ *[0-9,]+ \([ 0-9.]+%\) +/, "", line)
+            sub(/^[^:\x27]*:/, "", line)
+            # chain[1] is the function, chain[2] its caller, and so on.
+            n = split(line, chain, "\x27")
+            if (mode == "bare" || mode == "hook") {
+                lib = mode == "bare" ? "libvgpusim[.]so$" : "libvgpu[.]so$"
+                # Called by the program, not from inside a library.
+                if (obj ~ lib && chain[1] in want && !(n >= 2 && chain[2] ~ /^vgpu/)) t += c
+            } else if (obj ~ /libvgpusim[.]so$/ && chain[1] ~ /^(cu|nvml)[A-Za-z0-9_]*$/ &&
+                       n >= 2 && chain[2] !~ /^vgpusim/) {
+                # An entry point the hook called, below one of the measured hooked calls.
+                for (i = 2; i <= n; i++) if (chain[i] in want) { t += c; break }
+            }
+        }
+        END { print t + 0 }')
 }
 
 # run MODE(bare|hooked) N ARGS... -> profile path
@@ -55,21 +72,20 @@ run() {
     if [ "$mode" = hooked ]; then
         env+=(LD_PRELOAD="$hook" CUDA_DEVICE_MEMORY_LIMIT=100g CUDA_DEVICE_MEMORY_SHARED_CACHE="$out.cache")
     fi
-    env "${env[@]}" valgrind --tool=callgrind --callgrind-out-file="$out" "$work/probe" "$@" >/dev/null 2>"$out.log"
+    env "${env[@]}" valgrind --tool=callgrind --separate-callers="$chain_depth" --callgrind-out-file="$out" "$work/probe" "$@" >/dev/null 2>"$out.log"
     echo "$out"
 }
 
 # row LABEL "FN[+FN]" N1 N2 CMD ARGS-after-N...: per operation (one call of each FN)
 row() {
     local label="$1" fns="$2" n1="$3" n2="$4" cmd="$5"; shift 5
-    local pb1 pb2 ph1 ph2 b=0 h=0 s1 s2 f
+    local pb1 pb2 ph1 ph2 b h s1 s2
     pb1=$(run bare "$n1" "$cmd" "$n1" "$@"); pb2=$(run bare "$n2" "$cmd" "$n2" "$@")
     ph1=$(run hooked "$n1" "$cmd" "$n1" "$@"); ph2=$(run hooked "$n2" "$cmd" "$n2" "$@")
-    for f in ${fns//+/ }; do
-        b=$((b + $(incl "$pb2" "$f" libvgpusim.so) - $(incl "$pb1" "$f" libvgpusim.so)))
-        h=$((h + $(incl "$ph2" "$f" libvgpu.so) - $(incl "$ph1" "$f" libvgpu.so)))
-    done
-    s1=$(simsum "$ph1"); s2=$(simsum "$ph2")
+    fns="${fns//+/ }"
+    b=$(($(cost "$pb2" "$fns" bare) - $(cost "$pb1" "$fns" bare)))
+    h=$(($(cost "$ph2" "$fns" hook) - $(cost "$ph1" "$fns" hook)))
+    s1=$(cost "$ph1" "$fns" sim); s2=$(cost "$ph2" "$fns" sim)
     awk -v l="$label" -v b="$b" -v h="$h" -v s="$((s2 - s1))" -v n="$((n2 - n1))" 'BEGIN {
         printf "| %s | %.0f | %.0f | %.0f | %.0f |\n", l, b / n, h / n, s / n, (h - s) / n }'
 }
