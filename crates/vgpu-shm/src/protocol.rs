@@ -690,7 +690,8 @@ pub(crate) mod model {
     }
 
     impl Charge {
-        /// The same charge on `device`.
+        /// The same charge on `device` (the unit tests'; the loom models use device 0 only).
+        #[cfg_attr(loom, allow(dead_code))]
         pub(crate) fn on(self, device: usize) -> Self {
             Self { device, ..self }
         }
