@@ -214,8 +214,25 @@ fn mark<'a>(t: &TurnTenantStatus, me: &'a str) -> &'a str {
 }
 
 /// What `status` and `watch` say of a file no process has used a GPU under yet.
-pub(crate) const NO_DEVICES: &str =
-    "No devices recorded yet (no process has used a GPU under this file).";
+const NO_DEVICES: &str = "No devices recorded yet (no process has used a GPU under this file).";
+
+/// The device table `status` and `watch` begin with: [`NO_DEVICES`], or `header` and then
+/// what `row` writes for each device.
+pub(crate) fn write_device_rows(
+    out: &mut String,
+    devices: &[DeviceStatus],
+    header: std::fmt::Arguments<'_>,
+    mut row: impl FnMut(&mut String, &DeviceStatus),
+) {
+    if devices.is_empty() {
+        let _ = writeln!(out, "{NO_DEVICES}");
+        return;
+    }
+    let _ = writeln!(out, "{header}");
+    for d in devices {
+        row(out, d);
+    }
+}
 
 /// The widths of the process table's last two columns (memory, then SM) and the SM column's
 /// title: `status` and `watch` share the columns, each at its own widths.
@@ -288,15 +305,14 @@ impl StatusReport {
         let mut out = String::new();
         let _ = writeln!(out, "vgpu status: {}", self.cache);
         let _ = writeln!(out);
-        if self.devices.is_empty() {
-            let _ = writeln!(out, "{NO_DEVICES}");
-        } else {
-            let _ = writeln!(
-                out,
+        write_device_rows(
+            &mut out,
+            &self.devices,
+            format_args!(
                 "{:>3}  {:>28}  {:>10}  {:>10}  {:>10}  {:>9}  {:>7}  UUID",
                 "DEV", "MEMORY USED / LIMIT", "CONTEXT", "MODULE", "DATA", "SM LIMIT", "SM UTIL",
-            );
-            for d in &self.devices {
+            ),
+            |out, d| {
                 let mem = format!(
                     "{} / {}{}",
                     format_bytes(d.memory_used_bytes),
@@ -315,62 +331,62 @@ impl StatusReport {
                     d.sm_utilization_percent,
                     d.uuid.as_deref().unwrap_or("-"),
                 );
+            },
+        );
+        for d in self
+            .devices
+            .iter()
+            .filter(|d| d.host_backed_bytes > 0 || d.oversubscribe || d.host_spill_bytes > 0)
+            .collect::<Vec<_>>()
+        {
+            let mut how = Vec::new();
+            if d.oversubscribe {
+                how.push("oversubscribed (CUDA_OVERSUBSCRIBE)".to_owned());
             }
-            for d in self
-                .devices
-                .iter()
-                .filter(|d| d.host_backed_bytes > 0 || d.oversubscribe || d.host_spill_bytes > 0)
-                .collect::<Vec<_>>()
-            {
-                let mut how = Vec::new();
-                if d.oversubscribe {
-                    how.push("oversubscribed (CUDA_OVERSUBSCRIBE)".to_owned());
-                }
-                if d.host_spill_bytes > 0 {
-                    how.push(format!(
-                        "{} allowed past the limit (VGPU_HOST_SPILL)",
-                        format_bytes(d.host_spill_bytes)
-                    ));
-                }
+            if d.host_spill_bytes > 0 {
+                how.push(format!(
+                    "{} allowed past the limit (VGPU_HOST_SPILL)",
+                    format_bytes(d.host_spill_bytes)
+                ));
+            }
+            let _ = writeln!(
+                out,
+                "device {}: {} host-backed, not device memory: {}",
+                d.index,
+                format_bytes(d.host_backed_bytes),
+                how.join(", ")
+            );
+        }
+        for d in self.devices.iter().filter(|d| d.oom_refusals > 0) {
+            let _ = writeln!(
+                out,
+                "device {}: {} allocations refused by the limit (out of memory)",
+                d.index, d.oom_refusals
+            );
+        }
+        for d in self.devices.iter().filter(|d| !d.turns.is_empty()) {
+            let list = d.turn_limits(" (this one)");
+            let _ = writeln!(
+                out,
+                "device {}: {} limited containers take turns: {}",
+                d.index,
+                d.turns.len(),
+                list.join(", ")
+            );
+            for (sh, me) in d.shares(" (this one)") {
+                let (lent, borrowed) = sh.lent_borrowed_s();
                 let _ = writeln!(
                     out,
-                    "device {}: {} host-backed, not device memory: {}",
+                    "device {}: share mode{me}: {}% share, ceiling {}%, priority {}, {}: \
+                     using {}%, part {}%, lent {lent:.1} s, borrowed {borrowed:.1} s",
                     d.index,
-                    format_bytes(d.host_backed_bytes),
-                    how.join(", ")
+                    sh.share_percent,
+                    sh.ceiling_percent,
+                    sh.priority,
+                    if sh.busy { "busy" } else { "idle" },
+                    sh.utilization_percent,
+                    sh.part_percent,
                 );
-            }
-            for d in self.devices.iter().filter(|d| d.oom_refusals > 0) {
-                let _ = writeln!(
-                    out,
-                    "device {}: {} allocations refused by the limit (out of memory)",
-                    d.index, d.oom_refusals
-                );
-            }
-            for d in self.devices.iter().filter(|d| !d.turns.is_empty()) {
-                let list = d.turn_limits(" (this one)");
-                let _ = writeln!(
-                    out,
-                    "device {}: {} limited containers take turns: {}",
-                    d.index,
-                    d.turns.len(),
-                    list.join(", ")
-                );
-                for (sh, me) in d.shares(" (this one)") {
-                    let (lent, borrowed) = sh.lent_borrowed_s();
-                    let _ = writeln!(
-                        out,
-                        "device {}: share mode{me}: {}% share, ceiling {}%, priority {}, {}: \
-                         using {}%, part {}%, lent {lent:.1} s, borrowed {borrowed:.1} s",
-                        d.index,
-                        sh.share_percent,
-                        sh.ceiling_percent,
-                        sh.priority,
-                        if sh.busy { "busy" } else { "idle" },
-                        sh.utilization_percent,
-                        sh.part_percent,
-                    );
-                }
             }
         }
         write_process_rows(
@@ -699,6 +715,19 @@ pub(crate) mod tests {
         assert!(
             text.contains("dead") && text.contains("still counted"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_file_without_devices_says_so_instead_of_a_header() {
+        let mut r = sample();
+        r.devices.clear();
+        let text = r.render_text();
+        assert!(text.contains(NO_DEVICES), "{text}");
+        assert!(!text.contains("MEMORY USED / LIMIT"), "{text}");
+        assert!(
+            text.contains("4242"),
+            "the processes are still listed: {text}"
         );
     }
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::Failure;
 use crate::cli::WatchArgs;
 use crate::report::{
-    NO_DEVICES, ProcessColumns, StatusReport, read, table_path, write_process_rows,
+    ProcessColumns, StatusReport, read, table_path, write_device_rows, write_process_rows,
 };
 use crate::signals;
 use crate::units::{format_local_time, rfc3339_local};
@@ -154,15 +154,14 @@ fn refusals_since(previous: Option<&StatusReport>, index: u32, now: u64) -> u64 
 /// and dead processes highlighted.
 fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) -> String {
     let mut out = String::new();
-    if r.devices.is_empty() {
-        let _ = writeln!(out, "{NO_DEVICES}");
-    } else {
-        let _ = writeln!(
-            out,
+    write_device_rows(
+        &mut out,
+        &r.devices,
+        format_args!(
             "{:>3}  {:>20}  {:>4}  {:>8}  {:>8}  {:>8}  {:>10}",
             "DEV", "MEMORY USED / LIMIT", "USE", "CONTEXT", "MODULE", "DATA", "SM USE/LIM"
-        );
-        for d in &r.devices {
+        ),
+        |out, d| {
             let mem = format!(
                 "{} / {}",
                 short_bytes(d.memory_used_bytes),
@@ -218,8 +217,8 @@ fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) ->
                     );
                 }
             }
-        }
-    }
+        },
+    );
     write_process_rows(
         &mut out,
         &r.processes,
@@ -371,6 +370,15 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains('\x1b'), "{text}");
+    }
+
+    #[test]
+    fn a_frame_without_devices_says_so_instead_of_a_header() {
+        let mut r = sample();
+        r.devices.clear();
+        let text = render_body(&r, None, Palette::new(false));
+        assert!(text.contains("No devices recorded yet"), "{text}");
+        assert!(!text.contains("MEMORY USED / LIMIT"), "{text}");
     }
 
     #[test]

@@ -27,6 +27,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use vgpu_cli::http;
+use vgpu_testkit::compile_c;
 
 const MIB: u64 = 1 << 20;
 /// The one simulated GPU both containers are given (the simulator models one per process; the
@@ -117,11 +118,11 @@ impl Node {
             std::fs::create_dir_all(r.join(d)).unwrap();
         }
         let includes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vgpu-hook/tests/programs");
-        let program = cc(
+        let program = compile_c(
             r,
             "program",
             PROGRAM,
-            &["-O2", &format!("-I{}", includes.display())],
+            ["-O2", &format!("-I{}", includes.display())],
         );
         Node { sim, program }
     }

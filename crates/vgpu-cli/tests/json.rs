@@ -8,6 +8,8 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use vgpu_testkit::built_library;
+
 struct Setup {
     dir: TempDir,
 }

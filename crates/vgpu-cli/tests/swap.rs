@@ -13,6 +13,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
+use vgpu_testkit::compile_c;
+
 /// Version 1: a small library. Version 2: the same entry points behind 64 KiB of other code,
 /// so its `work` lies where version 1's file has already ended.
 const LIB_V1: &str = r#"
@@ -89,9 +91,9 @@ impl Victim {
 fn built(tag: &str) -> (TempDir, [PathBuf; 3]) {
     let dir = TempDir::new(tag).unwrap();
     let d = dir.path();
-    let v1 = cc(d, "libv1.so", LIB_V1, &["-shared", "-fPIC", "-O1"]);
-    let v2 = cc(d, "libv2.so", LIB_V2, &["-shared", "-fPIC", "-O1"]);
-    let victim = cc(d, "victim", VICTIM, &["-O1"]);
+    let v1 = compile_c(d, "libv1.so", LIB_V1, ["-shared", "-fPIC", "-O1"]);
+    let v2 = compile_c(d, "libv2.so", LIB_V2, ["-shared", "-fPIC", "-O1"]);
+    let victim = compile_c(d, "victim", VICTIM, ["-O1"]);
     (dir, [v1, v2, victim])
 }
 

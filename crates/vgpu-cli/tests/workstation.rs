@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use vgpu_testkit::built_library;
+
 const MIB: u64 = 1 << 20;
 
 struct Box_ {

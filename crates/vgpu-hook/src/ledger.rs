@@ -358,16 +358,22 @@ impl HookLedger {
         bytes: u64,
         f: impl FnOnce(&ProcessSlot, DeviceIndex) -> Result<(), OutOfMemory>,
     ) -> Result<(), OutOfMemory> {
-        let Self::Shared(s) = self else {
-            return Err(refusal(device, bytes));
-        };
-        match s.file_device(device) {
-            Some(d) if s.attached(false) => match f(&s.slot, d) {
-                Ok(()) => Ok(()),
-                Err(oom) => Err(s.refused(device, oom)),
-            },
+        match self.on_file(device) {
+            Some((s, d)) if s.attached(false) => {
+                f(&s.slot, d).map_err(|oom| s.refused(device, oom))
+            }
             _ => Err(refusal(device, bytes)),
         }
+    }
+
+    /// The shared ledger and ordinal `device`'s index in its file, if this ledger is shared
+    /// and the file lists that GPU.
+    #[inline]
+    fn on_file(&self, device: DeviceIndex) -> Option<(&SharedLedger, DeviceIndex)> {
+        let Self::Shared(s) = self else {
+            return None;
+        };
+        Some((s, s.file_device(device)?))
     }
 
     /// Reserve `bytes` of host-backed memory at ordinal `device`'s addresses.
@@ -391,28 +397,21 @@ impl HookLedger {
     /// Release host-backed bytes at ordinal `device`'s addresses (into the file they were
     /// charged in).
     pub(crate) fn release_host(&self, device: DeviceIndex, bytes: u64) {
-        if let Self::Shared(s) = self {
-            if let Some(d) = s.file_device(device) {
-                s.slot.release_host(d, bytes);
-            }
+        if let Some((s, d)) = self.on_file(device) {
+            s.slot.release_host(d, bytes);
         }
     }
 
     /// Count a refusal by the limit of ordinal `device` in the file (cold: the refusal path).
     pub(crate) fn count_refusal(&self, device: DeviceIndex) {
-        if let Self::Shared(s) = self {
-            if let Some(d) = s.file_device(device) {
-                s.slot.table().count_refusal(d);
-            }
+        if let Some((s, d)) = self.on_file(device) {
+            s.slot.table().count_refusal(d);
         }
     }
 
     /// Host-backed bytes of all processes at ordinal `device`'s addresses.
     pub(crate) fn host_used(&self, device: DeviceIndex) -> u64 {
-        match self {
-            Self::Shared(s) => s.file_device(device).map_or(0, |d| s.file_host_used(d)),
-            Self::Local(_) => 0,
-        }
+        self.on_file(device).map_or(0, |(s, d)| s.file_host_used(d))
     }
 }
 

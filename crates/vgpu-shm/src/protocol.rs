@@ -319,37 +319,47 @@ pub(crate) struct Done<T> {
     pub took_over: bool,
 }
 
-/// Reserve `bytes` for `class` on `device` for the slot whose owner word is `me`, within every
-/// bound ([`reserve_within`] with [`Bound::Full`]; the models' shorthand).
+/// What one reservation or release is about: `bytes` of `class` on `device`, charged to `slot`,
+/// whose process writes the owner word `me`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Charge {
+    pub slot: usize,
+    pub me: u64,
+    pub device: usize,
+    /// `< LEDGER_CLASSES`; [`HOST`] is the host-backed class.
+    pub class: usize,
+    pub bytes: u64,
+}
+
+/// Reserve `charge` within every bound ([`reserve_within`] with [`Bound::Full`]; the models'
+/// shorthand).
 #[cfg(test)]
 pub(crate) fn reserve<S: Store, C: Crash>(
     s: &S,
-    slot: usize,
-    me: u64,
-    device: usize,
-    class: usize,
-    bytes: u64,
+    charge: Charge,
     crash: &C,
 ) -> Result<Done<Result<u64, Refusal>>, Died> {
-    reserve_within(s, slot, me, device, class, bytes, Bound::Full, crash)
+    reserve_within(s, charge, Bound::Full, crash)
 }
 
 /// [`reserve`] with the bounds `bound` names: [`Bound::DeviceOnly`] for a move onto the
 /// device, [`Bound::Unchecked`] to add bytes that are already taken (measured after the fact),
 /// whatever the limit: the total may then end up above it, with the same steps and crash points
 /// (an overflow still refuses).
-#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn reserve_within<S: Store, C: Crash>(
     s: &S,
-    slot: usize,
-    me: u64,
-    device: usize,
-    class: usize,
-    bytes: u64,
+    charge: Charge,
     bound: Bound,
     crash: &C,
 ) -> Result<Done<Result<u64, Refusal>>, Died> {
+    let Charge {
+        slot,
+        me,
+        device,
+        class,
+        bytes,
+    } = charge;
     let took_over = lock_device(s, device, me, crash)? == Acquired::TakenOver;
     crash.at()?;
     let limit = s.limit(device);
@@ -415,18 +425,21 @@ fn limit_or_max(limit: u64) -> u64 {
     if limit == 0 { u64::MAX } else { limit }
 }
 
-/// Release up to `bytes` of `class` on `device` held by `slot`; returns the bytes released
-/// (less than asked only if the caller releases more than it holds).
+/// Release up to `charge.bytes` of what its slot holds of that class on that device; returns the
+/// bytes released (less than asked only if the caller releases more than it holds).
 #[inline]
 pub(crate) fn release<S: Store, C: Crash>(
     s: &S,
-    slot: usize,
-    me: u64,
-    device: usize,
-    class: usize,
-    bytes: u64,
+    charge: Charge,
     crash: &C,
 ) -> Result<Done<u64>, Died> {
+    let Charge {
+        slot,
+        me,
+        device,
+        class,
+        bytes,
+    } = charge;
     let took_over = lock_device(s, device, me, crash)? == Acquired::TakenOver;
     crash.at()?;
     if !still_owner(s, slot, me) {
@@ -664,6 +677,26 @@ pub(crate) mod model {
         }
     }
 
+    /// The models' [`Charge`]: `bytes` of `class` on device 0 (where every model reserves and
+    /// releases) to `slot`, whose owner word is `me`.
+    pub(crate) fn charge(slot: usize, me: u64, class: usize, bytes: u64) -> Charge {
+        Charge {
+            slot,
+            me,
+            device: 0,
+            class,
+            bytes,
+        }
+    }
+
+    impl Charge {
+        /// The same charge on `device` (the unit tests'; the loom models use device 0 only).
+        #[cfg_attr(loom, allow(dead_code))]
+        pub(crate) fn on(self, device: usize) -> Self {
+            Self { device, ..self }
+        }
+    }
+
     #[derive(Debug)]
     pub(crate) struct ModelStore {
         pub devices: usize,
@@ -742,18 +775,8 @@ pub(crate) mod model {
         }
 
         /// A reservation that must be granted (the models' setup); returns the new total.
-        pub(crate) fn hold(
-            &self,
-            slot: usize,
-            me: u64,
-            device: usize,
-            class: usize,
-            bytes: u64,
-        ) -> u64 {
-            reserve(self, slot, me, device, class, bytes, &NoCrash)
-                .unwrap()
-                .value
-                .unwrap()
+        pub(crate) fn hold(&self, charge: Charge) -> u64 {
+            reserve(self, charge, &NoCrash).unwrap().value.unwrap()
         }
 
         /// The administrator of `epoch` finds the dead and runs the full repair.
@@ -820,15 +843,15 @@ mod tests {
             for point in 0..16 {
                 let (s, victim, survivor) = ModelStore::with_two_processes(1, 3, 100);
                 // The victim holds 30 before the storm.
-                s.hold(0, victim, 0, 2, 30);
+                s.hold(charge(0, victim, 2, 30));
                 let died = if op == 0 {
-                    reserve(&s, 0, victim, 0, 2, 50, &CrashAfter::new(Some(point))).is_err()
+                    reserve(&s, charge(0, victim, 2, 50), &CrashAfter::new(Some(point))).is_err()
                 } else {
-                    release(&s, 0, victim, 0, 2, 20, &CrashAfter::new(Some(point))).is_err()
+                    release(&s, charge(0, victim, 2, 20), &CrashAfter::new(Some(point))).is_err()
                 };
                 s.kill(0);
                 // The survivor must not hang on a lock the victim may hold.
-                let got = s.hold(1, survivor, 0, 0, 10);
+                let got = s.hold(charge(1, survivor, 0, 10));
                 assert!(got <= 100);
                 assert!(s.totals[0].load(Ordering::SeqCst) <= 100);
                 let dead = find_dead(&s);
@@ -855,8 +878,9 @@ mod tests {
         s.oversubscribe[device].store(u64::from(oversubscribe), Ordering::SeqCst);
     }
 
+    /// Whether slot 0 (owner word `me`) is granted `bytes` of `class` on device 0 within `bound`.
     fn fits(s: &ModelStore, me: u64, class: usize, bytes: u64, bound: Bound) -> bool {
-        reserve_within(s, 0, me, 0, class, bytes, bound, &NoCrash)
+        reserve_within(s, charge(0, me, class, bytes), bound, &NoCrash)
             .unwrap()
             .value
             .is_ok()
@@ -896,7 +920,7 @@ mod tests {
         );
         // A move onto the device needs only device room: its bytes count already.
         assert!(fits(&s, me, 2, 40, Bound::DeviceOnly));
-        release(&s, 0, me, 0, HOST, 40, &NoCrash).unwrap();
+        release(&s, charge(0, me, HOST, 40), &NoCrash).unwrap();
         assert_eq!(s.totals[0].load(Ordering::SeqCst), 100);
         assert_eq!(s.host_totals[0].load(Ordering::SeqCst), 0);
         assert!(
@@ -927,19 +951,20 @@ mod tests {
                 policy(&s, 0, 0, true);
                 let victim = s.register(0);
                 let survivor = s.register(1);
-                s.hold(0, victim, 0, HOST, 30);
-                s.hold(1, survivor, 0, HOST, 5);
+                s.hold(charge(0, victim, HOST, 30));
+                s.hold(charge(1, survivor, HOST, 5));
                 let crash = CrashAfter::new(Some(point));
                 let died = match op {
-                    0 => reserve(&s, 0, victim, 0, HOST, 20, &crash).is_err(),
-                    1 => release(&s, 0, victim, 0, HOST, 10, &crash).is_err(),
+                    0 => reserve(&s, charge(0, victim, HOST, 20), &crash).is_err(),
+                    1 => release(&s, charge(0, victim, HOST, 10), &crash).is_err(),
                     _ => {
-                        reserve_within(&s, 0, victim, 0, 2, 30, Bound::DeviceOnly, &crash).is_err()
-                            || release(&s, 0, victim, 0, HOST, 30, &crash).is_err()
+                        reserve_within(&s, charge(0, victim, 2, 30), Bound::DeviceOnly, &crash)
+                            .is_err()
+                            || release(&s, charge(0, victim, HOST, 30), &crash).is_err()
                     }
                 };
                 s.kill(0);
-                s.hold(1, survivor, 0, 2, 10);
+                s.hold(charge(1, survivor, 2, 10));
                 let combined =
                     s.totals[0].load(Ordering::SeqCst) + s.host_totals[0].load(Ordering::SeqCst);
                 assert!(combined <= 100, "op {op} point {point}: {combined}");
@@ -970,8 +995,8 @@ mod tests {
         policy(&s, 1, 40, false);
         let a = s.register(0);
         let b = s.register(1);
-        s.hold(0, a, 1, HOST, 25);
-        s.hold(1, b, 1, HOST, 15);
+        s.hold(charge(0, a, HOST, 25).on(1));
+        s.hold(charge(1, b, HOST, 15).on(1));
         s.kill(0);
         let dead = find_dead(&s);
         assert_eq!(
@@ -986,9 +1011,9 @@ mod tests {
     /// (class 0) on device 1, process `b` holds 7 (class 1) on device 0.
     fn a_on_both_devices_b_on_one(a_on_0: u64) -> (ModelStore, u64, u64) {
         let (s, a, b) = ModelStore::with_two_processes(2, 3, 100);
-        s.hold(0, a, 0, 2, a_on_0);
-        s.hold(0, a, 1, 0, 5);
-        s.hold(1, b, 0, 1, 7);
+        s.hold(charge(0, a, 2, a_on_0));
+        s.hold(charge(0, a, 0, 5).on(1));
+        s.hold(charge(1, b, 1, 7));
         (s, a, b)
     }
 
@@ -996,7 +1021,7 @@ mod tests {
     /// (taking over any lock left behind), the next administrator repairs, and the totals are
     /// exactly `b`'s.
     fn b_reserves_and_the_next_repair_is_exact(s: &ModelStore, b: u64, point: u32) {
-        s.hold(1, b, 1, 2, 3);
+        s.hold(charge(1, b, 2, 3).on(1));
         s.admin_epoch.store(2, Ordering::SeqCst);
         s.repair(2).unwrap();
         assert_eq!(s.totals[0].load(Ordering::SeqCst), 7, "point {point}");
@@ -1039,9 +1064,12 @@ mod tests {
     fn refused_reservation_changes_nothing_and_limit_is_read_each_time() {
         let s = ModelStore::new(1, 2, 100);
         let a = s.register(0);
-        assert_eq!(reserve(&s, 0, a, 0, 2, 60, &NoCrash).unwrap().value, Ok(60));
         assert_eq!(
-            reserve(&s, 0, a, 0, 2, 41, &NoCrash).unwrap().value,
+            reserve(&s, charge(0, a, 2, 60), &NoCrash).unwrap().value,
+            Ok(60)
+        );
+        assert_eq!(
+            reserve(&s, charge(0, a, 2, 41), &NoCrash).unwrap().value,
             Err(Refusal {
                 in_use: 60,
                 limit: 100
@@ -1049,15 +1077,20 @@ mod tests {
         );
         assert_eq!(s.held_by(0, 0), 60);
         s.limits[0].store(50, Ordering::SeqCst); // the monitor shrinks the limit
-        assert!(reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap().value.is_err());
-        assert_eq!(release(&s, 0, a, 0, 2, 1000, &NoCrash).unwrap().value, 60);
+        assert!(!fits(&s, a, 2, 1, Bound::Full));
+        assert_eq!(
+            release(&s, charge(0, a, 2, 1000), &NoCrash).unwrap().value,
+            60
+        );
         assert_eq!(s.totals[0].load(Ordering::SeqCst), 0);
         s.limits[0].store(0, Ordering::SeqCst); // unlimited
         assert_eq!(
-            reserve(&s, 0, a, 0, 2, u64::MAX, &NoCrash).unwrap().value,
+            reserve(&s, charge(0, a, 2, u64::MAX), &NoCrash)
+                .unwrap()
+                .value,
             Ok(u64::MAX)
         );
-        assert!(reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap().value.is_err()); // overflow
+        assert!(!fits(&s, a, 2, 1, Bound::Full)); // overflow
     }
 
     /// A process leaves while holding memory: its usage is given back at once, the slot is
@@ -1078,27 +1111,17 @@ mod tests {
         );
         // A late reservation and release of the departed process (its liveness lock is still
         // held: the caller drops it after `depart`).
-        assert!(
-            reserve(&s, 0, a, 0, 2, 10, &NoCrash)
-                .unwrap()
-                .value
-                .is_err()
-        );
-        assert_eq!(release(&s, 0, a, 0, 2, 10, &NoCrash).unwrap().value, 0);
+        assert!(!fits(&s, a, 2, 10, Bound::Full));
+        assert_eq!(release(&s, charge(0, a, 2, 10), &NoCrash).unwrap().value, 0);
         assert_eq!(s.held_by(0, 0), 0);
         assert_eq!(s.totals[0].load(Ordering::SeqCst), 7);
         assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
         // The survivor is unaffected, and the departed slot can be registered again.
-        s.hold(1, b, 0, 1, 93);
+        s.hold(charge(1, b, 1, 93));
         let again = s.register(0);
         assert_ne!(again, a);
-        assert!(
-            reserve(&s, 0, again, 0, 2, 1, &NoCrash)
-                .unwrap()
-                .value
-                .is_err()
-        ); // full
-        assert!(reserve(&s, 0, a, 0, 2, 0, &NoCrash).unwrap().value.is_err());
+        assert!(!fits(&s, again, 2, 1, Bound::Full)); // full
+        assert!(!fits(&s, a, 2, 0, Bound::Full));
         assert_eq!(s.held_by(0, 0), 0);
     }
 
@@ -1123,7 +1146,7 @@ mod tests {
     fn depart_gives_up_on_a_lock_held_by_a_live_owner() {
         let s = ModelStore::new(3, 2, 100);
         let a = s.register(0);
-        s.hold(0, a, 0, 2, 30);
+        s.hold(charge(0, a, 2, 30));
         s.locks[1].store(a, Ordering::SeqCst); // a thread of `a` is inside device 1's lock
         let mut asked = 0;
         let r = depart(&s, admin_owner_word(1), 0, &NoCrash, || {
@@ -1173,20 +1196,26 @@ mod tests {
     fn a_charge_over_the_limit_is_held_and_released_like_a_reservation() {
         let s = ModelStore::new(1, 2, 100);
         let a = s.register(0);
-        assert_eq!(reserve(&s, 0, a, 0, 2, 80, &NoCrash).unwrap().value, Ok(80));
         assert_eq!(
-            reserve_within(&s, 0, a, 0, 1, 50, Bound::Unchecked, &NoCrash)
+            reserve(&s, charge(0, a, 2, 80), &NoCrash).unwrap().value,
+            Ok(80)
+        );
+        assert_eq!(
+            reserve_within(&s, charge(0, a, 1, 50), Bound::Unchecked, &NoCrash)
                 .unwrap()
                 .value,
             Ok(130),
             "already-taken memory is recorded above the limit"
         );
         assert_eq!(s.held_by(0, 0), 130);
-        assert!(reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap().value.is_err());
-        assert_eq!(release(&s, 0, a, 0, 1, 50, &NoCrash).unwrap().value, 50);
+        assert!(!fits(&s, a, 2, 1, Bound::Full));
+        assert_eq!(
+            release(&s, charge(0, a, 1, 50), &NoCrash).unwrap().value,
+            50
+        );
         assert_eq!(s.totals[0].load(Ordering::SeqCst), 80);
         assert!(
-            reserve_within(&s, 0, a, 0, 1, u64::MAX, Bound::Unchecked, &NoCrash)
+            reserve_within(&s, charge(0, a, 1, u64::MAX), Bound::Unchecked, &NoCrash)
                 .unwrap()
                 .value
                 .is_err(),
@@ -1201,9 +1230,9 @@ mod tests {
         let a = s.register(0);
         for garbage in [u64::MAX >> 1, 3 | (7 << 32), 0xffff_ffff, ADMIN_TAG | 99] {
             s.locks[0].store(garbage, Ordering::SeqCst);
-            let done = reserve(&s, 0, a, 0, 2, 1, &NoCrash).unwrap();
+            let done = reserve(&s, charge(0, a, 2, 1), &NoCrash).unwrap();
             assert!(done.took_over);
-            release(&s, 0, a, 0, 2, 1, &NoCrash).unwrap();
+            release(&s, charge(0, a, 2, 1), &NoCrash).unwrap();
         }
         assert_eq!(s.totals[0].load(Ordering::SeqCst), 0);
     }
@@ -1246,7 +1275,11 @@ mod loom_tests {
             let (s, a, b) = ModelStore::with_two_processes(1, 2, 10);
             let s = Arc::new(s);
             let reserver = |slot: usize, me: u64, s: Arc<ModelStore>| {
-                move || reserve(&*s, slot, me, 0, 2, 7, &NoCrash).unwrap().value
+                move || {
+                    reserve(&*s, charge(slot, me, 2, 7), &NoCrash)
+                        .unwrap()
+                        .value
+                }
             };
             let t1 = thread::spawn(reserver(0, a, s.clone()));
             let t2 = thread::spawn(reserver(1, b, s.clone()));
@@ -1275,11 +1308,13 @@ mod loom_tests {
         let n = explore(|| {
             let (s, a, b) = ModelStore::with_two_processes(1, 2, 10);
             let s = Arc::new(s);
-            s.hold(1, b, 0, 1, 10);
+            s.hold(charge(1, b, 1, 10));
             let sa = s.clone();
-            let t1 = thread::spawn(move || reserve(&*sa, 0, a, 0, 2, 5, &NoCrash).unwrap().value);
+            let t1 =
+                thread::spawn(move || reserve(&*sa, charge(0, a, 2, 5), &NoCrash).unwrap().value);
             let sb = s.clone();
-            let t2 = thread::spawn(move || release(&*sb, 1, b, 0, 1, 5, &NoCrash).unwrap().value);
+            let t2 =
+                thread::spawn(move || release(&*sb, charge(1, b, 1, 5), &NoCrash).unwrap().value);
             assert!(s.totals[0].load(Ordering::Relaxed) <= 10);
             let got = t1.join().unwrap();
             assert_eq!(t2.join().unwrap(), 5);
@@ -1304,20 +1339,22 @@ mod loom_tests {
                 let n = explore(move || {
                     let (s, victim, survivor) = ModelStore::with_two_processes(1, 2, 10);
                     let s = Arc::new(s);
-                    s.hold(0, victim, 0, 2, 4);
+                    s.hold(charge(0, victim, 2, 4));
                     let sv = s.clone();
                     let v = thread::spawn(move || {
                         let crash = CrashAfter::new(Some(point));
                         let _ = if op == 0 {
-                            reserve(&*sv, 0, victim, 0, 2, 3, &crash).map(|_| ())
+                            reserve(&*sv, charge(0, victim, 2, 3), &crash).map(|_| ())
                         } else {
-                            release(&*sv, 0, victim, 0, 2, 4, &crash).map(|_| ())
+                            release(&*sv, charge(0, victim, 2, 4), &crash).map(|_| ())
                         };
                         sv.kill(0);
                     });
                     let ss = s.clone();
                     let w = thread::spawn(move || {
-                        let got = reserve(&*ss, 1, survivor, 0, 2, 4, &NoCrash).unwrap().value;
+                        let got = reserve(&*ss, charge(1, survivor, 2, 4), &NoCrash)
+                            .unwrap()
+                            .value;
                         assert!(ss.totals[0].load(Ordering::Relaxed) <= 10);
                         got.is_ok()
                     });
@@ -1326,7 +1363,7 @@ mod loom_tests {
                     let survivor_holds = if w.join().unwrap() { 4 } else { 0 };
                     // Any lock the victim died in is taken over by the next user, and that
                     // restores invariant I before any repair.
-                    s.hold(1, survivor, 0, 2, 0);
+                    s.hold(charge(1, survivor, 2, 0));
                     assert_eq!(s.locks[0].load(Ordering::SeqCst), 0);
                     assert_eq!(
                         s.totals[0].load(Ordering::SeqCst),
@@ -1354,12 +1391,14 @@ mod loom_tests {
                 c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let s = Arc::new(ModelStore::new(1, 3, 12));
                 let victim = s.register(0);
-                let _ = reserve(&*s, 0, victim, 0, 2, 5, &CrashAfter::new(Some(point)));
+                let _ = reserve(&*s, charge(0, victim, 2, 5), &CrashAfter::new(Some(point)));
                 s.kill(0);
                 let spawn = |slot: usize, s: Arc<ModelStore>| {
                     let me = slot_owner_word(slot, 1);
                     thread::spawn(move || {
-                        let got = reserve(&*s, slot, me, 0, 2, 4, &NoCrash).unwrap().value;
+                        let got = reserve(&*s, charge(slot, me, 2, 4), &NoCrash)
+                            .unwrap()
+                            .value;
                         assert!(s.totals[0].load(Ordering::Relaxed) <= 12);
                         got.is_ok()
                     })
@@ -1388,15 +1427,15 @@ mod loom_tests {
         let n = explore(|| {
             let (s, a, b) = ModelStore::with_two_processes(1, 2, 10);
             let s = Arc::new(s);
-            s.hold(1, b, 0, 1, 3);
+            s.hold(charge(1, b, 1, 3));
             // The leaving thread is the administrator: it holds the administrative lock
             // (set before the sibling starts, as the kernel's lock is taken before any device lock).
             s.admin_alive.store(1, Ordering::SeqCst);
             let st = s.clone();
             let sibling = thread::spawn(move || {
-                let got = reserve(&*st, 0, a, 0, 2, 4, &NoCrash).unwrap().value;
-                release(&*st, 0, a, 0, 2, 4, &NoCrash).unwrap();
-                let _ = reserve(&*st, 0, a, 0, 2, 2, &NoCrash).unwrap().value;
+                let got = reserve(&*st, charge(0, a, 2, 4), &NoCrash).unwrap().value;
+                release(&*st, charge(0, a, 2, 4), &NoCrash).unwrap();
+                let _ = reserve(&*st, charge(0, a, 2, 2), &NoCrash).unwrap().value;
                 got.is_ok()
             });
             assert_eq!(
@@ -1425,7 +1464,7 @@ mod loom_tests {
             let n = explore(move || {
                 let (s, victim, survivor) = ModelStore::with_two_processes(1, 2, 10);
                 let s = Arc::new(s);
-                s.hold(0, victim, 0, 2, 6);
+                s.hold(charge(0, victim, 2, 6));
                 s.kill(0);
                 s.admin_alive.store(1, Ordering::SeqCst);
                 let sa = s.clone();
@@ -1441,7 +1480,7 @@ mod loom_tests {
                 });
                 let ss = s.clone();
                 let w = thread::spawn(move || {
-                    reserve(&*ss, 1, survivor, 0, 2, 4, &NoCrash)
+                    reserve(&*ss, charge(1, survivor, 2, 4), &NoCrash)
                         .unwrap()
                         .value
                         .is_ok()

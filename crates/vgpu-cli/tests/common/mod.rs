@@ -8,6 +8,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
+use vgpu_testkit::{built_library, clear_runner_settings};
+
 /// A child process killed and reaped when dropped, so that a failing test leaves none
 /// running.
 #[derive(Debug)]
@@ -41,28 +43,6 @@ pub fn stdout_lines(child: &mut Child) -> Receiver<String> {
         }
     });
     lines
-}
-
-/// Compiles C `source` into `dir/name` with `args` (and `-ldl`), by `$CC` or `cc`; the test
-/// fails with the compiler's complaint.
-pub fn cc(dir: &Path, name: &str, source: &str, args: &[&str]) -> PathBuf {
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).unwrap();
-    let out = dir.join(name);
-    let compiled = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
-        .args(args)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .expect("a C compiler (cc) is needed for this test");
-    assert!(
-        compiled.status.success(),
-        "cc {name}:\n{}",
-        String::from_utf8_lossy(&compiled.stderr)
-    );
-    out
 }
 
 /// The start of every end-to-end run on the simulator: a private scratch directory whose
@@ -117,15 +97,7 @@ pub fn vgpu_exe() -> PathBuf {
 /// environment must not leak into what is checked).
 pub fn vgpu() -> Command {
     let mut cmd = Command::new(vgpu_exe());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("CUDA_")
-            || k.starts_with("VGPU_")
-            || k == "LD_PRELOAD"
-            || k == "LIBCUDA_LOG_LEVEL"
-        {
-            cmd.env_remove(k);
-        }
-    }
+    clear_runner_settings(&mut cmd);
     cmd
 }
 
@@ -276,25 +248,6 @@ impl Exporter {
 /// Run with a 30 s bound.
 pub fn run(cmd: Command) -> Output {
     run_bounded(cmd, Duration::from_secs(30))
-}
-
-/// The directory holding the workspace's build outputs (target/<profile>/), from the test exe.
-pub fn build_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<test>-<hash>
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
-
-/// A library the workspace build produces next to the binaries, or a failure that says how to build it.
-pub fn built_library(name: &str) -> PathBuf {
-    let p = build_dir().join(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: these tests need the workspace's cdylibs; run `cargo xtask test` \
-         (or `cargo build --workspace` first)",
-        p.display()
-    );
-    p
 }
 
 /// Assert a command failed with `code` and said something containing each of `needles` on stderr.

@@ -11,6 +11,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use vgpu_testkit::{built_library, cc, clear_runner_settings, compile, compile_c};
+
 pub const MIB: u64 = 1 << 20;
 
 /// Where the built libraries and the compiled programs are.
@@ -27,45 +29,9 @@ pub struct Env {
     pub interposer: PathBuf,
 }
 
-fn target_profile_dir() -> PathBuf {
-    // The test executable lives in target/<profile>/deps/.
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>")
-        .to_path_buf()
-}
-
 /// `libvgpu.so` and `libvgpusim.so` as the workspace build left them.
 fn built_libraries() -> (PathBuf, PathBuf) {
-    let dir = target_profile_dir();
-    let (hook, sim) = (dir.join("libvgpu.so"), dir.join("libvgpusim.so"));
-    for lib in [&hook, &sim] {
-        assert!(
-            lib.exists(),
-            "{} is missing: `cargo test` does not build cdylibs; run `cargo xtask test` \
-             (or `cargo build --workspace` first)",
-            lib.display()
-        );
-    }
-    (hook, sim)
-}
-
-/// The C compiler: `$CC`, else `cc`.
-fn cc() -> Command {
-    Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-}
-
-/// Runs a [`cc`] command line, failing the test with the compiler's complaint.
-fn compile(cc: &mut Command) {
-    let out = cc
-        .output()
-        .expect("cannot run cc: a C compiler is needed for these tests");
-    assert!(
-        out.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    (built_library("libvgpu.so"), built_library("libvgpusim.so"))
 }
 
 fn programs_dir() -> PathBuf {
@@ -140,17 +106,8 @@ pub fn standalone(tag: &str, name: &str, source: &str) -> Standalone {
     for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
         std::os::unix::fs::symlink(&sim, dir.join(lib)).expect("symlink");
     }
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).expect("write the program");
-    let program = dir.join(name);
-    compile(
-        cc().args(["-O2", "-o"])
-            .arg(&program)
-            .arg(&src)
-            .arg("-I")
-            .arg(programs_dir())
-            .arg("-ldl"),
-    );
+    let includes = format!("-I{}", programs_dir().display());
+    let program = compile_c(&dir, name, source, ["-O2", &includes]);
     Standalone { dir, program, hook }
 }
 
@@ -329,15 +286,7 @@ impl Run {
         let e = env();
         let mut c = Command::new(&e.probe);
         c.args(args);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("CUDA_")
-                || k.starts_with("VGPU_")
-                || k == "LD_PRELOAD"
-                || k == "LIBCUDA_LOG_LEVEL"
-            {
-                c.env_remove(&k);
-            }
-        }
+        clear_runner_settings(&mut c);
         c.env("LD_LIBRARY_PATH", &e.simlib);
         c.env("VGPU_VIA", &self.via);
         if self.hooked {

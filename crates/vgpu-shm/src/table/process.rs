@@ -8,7 +8,7 @@ use vgpu_alloc_core::{DeviceIndex, DeviceUsage, OutOfMemory, UsageClass, UsageLe
 
 use crate::error::ShmError;
 use crate::layout::{CLASSES, MAX_DEVICES, MAX_SLOTS, SlotRecord};
-use crate::protocol::{self, NoCrash, STATE_LIVE, Store, split_ident};
+use crate::protocol::{self, Charge, NoCrash, STATE_LIVE, Store, split_ident};
 use crate::sys;
 
 use super::{
@@ -288,23 +288,33 @@ impl ProcessSlot {
 }
 
 impl ProcessSlot {
-    /// Runs `op` with the store, this slot, its owner word and the device index, unless the
-    /// process left the table, the device is out of range or there are no bytes to move
-    /// (what the releases and `charge_over_limit` share; none can be refused).
+    /// This slot's charge of `bytes` of class `class` on `device`, unless the process left the
+    /// table or the device is out of range.
+    fn charge(&self, device: DeviceIndex, class: usize, bytes: u64) -> Option<Charge> {
+        let d = device.as_usize();
+        let me = self.owner().filter(|_| d < MAX_DEVICES)?;
+        Some(Charge {
+            slot: self.index,
+            me,
+            device: d,
+            class,
+            bytes,
+        })
+    }
+
+    /// Runs `op` with the store and this slot's charge, unless [`Self::charge`] has none or
+    /// there are no bytes to move (what the releases and `charge_over_limit` share; none can be
+    /// refused).
     fn adjust(
         &self,
         device: DeviceIndex,
+        class: usize,
         bytes: u64,
-        op: impl FnOnce(&Mapped<'_>, usize, u64, usize),
+        op: impl FnOnce(&Mapped<'_>, Charge),
     ) {
-        let d = device.as_usize();
-        let Some(owner) = self.owner() else {
-            return;
-        };
-        if d >= MAX_DEVICES || bytes == 0 {
-            return;
+        if let Some(charge) = self.charge(device, class, bytes).filter(|_| bytes != 0) {
+            op(&self.table.store(), charge);
         }
-        op(&self.table.store(), self.index, owner, d);
     }
 }
 
@@ -359,14 +369,13 @@ impl ProcessSlot {
         bytes: u64,
         bound: protocol::Bound,
     ) -> Result<(), OutOfMemory> {
-        let d = device.as_usize();
         let refuse = |in_use, limit| OutOfMemory {
             device,
             requested: bytes,
             in_use,
             limit,
         };
-        let Some(owner) = self.owner().filter(|_| d < MAX_DEVICES) else {
+        let Some(charge) = self.charge(device, c, bytes) else {
             let usage = self.table.usage(device);
             return Err(refuse(usage.used, usage.limit.unwrap_or(0)));
         };
@@ -376,9 +385,7 @@ impl ProcessSlot {
         let mut swept = false;
         loop {
             let st = self.table.store();
-            let done = match protocol::reserve_within(
-                &st, self.index, owner, d, c, bytes, bound, &NoCrash,
-            ) {
+            let done = match protocol::reserve_within(&st, charge, bound, &NoCrash) {
                 Ok(done) => done,
                 Err(protocol::Died) => return Err(refuse(0, 0)), // NoCrash never dies
             };
@@ -407,8 +414,8 @@ impl ProcessSlot {
     }
 
     fn release_class(&self, device: DeviceIndex, class: usize, bytes: u64) {
-        self.adjust(device, bytes, |st, slot, owner, d| {
-            let _ = protocol::release(st, slot, owner, d, class, bytes, &NoCrash);
+        self.adjust(device, class, bytes, |st, charge| {
+            let _ = protocol::release(st, charge, &NoCrash);
         });
     }
 }
@@ -434,9 +441,8 @@ impl UsageLedger for ProcessSlot {
     }
 
     fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        self.adjust(device, bytes, |st, slot, owner, d| {
-            let (c, unchecked) = (class_index(class), protocol::Bound::Unchecked);
-            let _ = protocol::reserve_within(st, slot, owner, d, c, bytes, unchecked, &NoCrash);
+        self.adjust(device, class_index(class), bytes, |st, charge| {
+            let _ = protocol::reserve_within(st, charge, protocol::Bound::Unchecked, &NoCrash);
         });
     }
 }
