@@ -225,7 +225,7 @@ def main():
     if 1 in tables:
         table1(b, say, spin, iters, spin_alone, mm_alone)
     if 2 in tables:
-        table2(b, say, mm_alone)
+        table2(b, say, mm_alone, os.path.join(os.path.dirname(lib), "vgpu"))
     if 3 in tables:
         table3(b, say, mm_alone, args.plain_reference)
     if 4 in tables:
@@ -299,18 +299,37 @@ def in_run_split(r, mode):
     return f"{a:.1f} / {c:.1f}"
 
 
-def table2(b, say, mm_alone):
-    # 2. Lending and taking back (share mode, matmul).
+def table2(b, say, mm_alone, vgpu=None):
+    # 2. Lending and taking back (share mode, matmul); `vgpu status` read while the 70%
+    # tenant idles and after it resumed (what an operator sees: part, lent, borrowed).
     say("\n## 2. Share mode 30/70, the 70% tenant idle from 3 s to 6 s (matmul)\n")
     turns = b.turns()
     start = time.time() + START_DELAY
+    ea, eb = b.env("share", sm=30, turns=turns), b.env("share", sm=70, turns=turns)
+    seen = {}
+
+    def status(at=(5.0, 8.5)):
+        for t in at:
+            time.sleep(max(0.0, start + t - time.time()))
+            out = subprocess.run([vgpu, "status", "--json", "--cache", ea["CUDA_DEVICE_MEMORY_SHARED_CACHE"]],
+                                 capture_output=True, text=True, env=dict(os.environ, VGPU_TURN_DIR=turns))
+            seen[t] = out.stdout
+
+    watcher = vgpu and os.access(vgpu, os.X_OK) and threading.Thread(target=status)
+    if watcher:
+        watcher.start()
     ra, rb = b.together(
         "idle and resume",
         [
-            (b.env("share", sm=30, turns=turns), b.load("matmul", 9, start)),
-            (b.env("share", sm=70, turns=turns), b.load("matmul", 9, start, "--idle", "3:6")),
+            (ea, b.load("matmul", 9, start)),
+            (eb, b.load("matmul", 9, start, "--idle", "3:6")),
         ],
     )
+    if watcher:
+        watcher.join()
+        b.raw["idle and resume (vgpu status)"] = seen
+        for t, text in sorted(seen.items()):
+            say(f"- `vgpu status --json` at {t:.1f} s: {status_line(text)}")
     if ra and rb and mm_alone:
         bin_s = ra["bin_s"]
         fa = [x / mm_alone for x in ra["bins"]]
@@ -331,6 +350,25 @@ def table2(b, say, mm_alone):
         ]
         say("  " + ", ".join(series))
 
+
+
+def status_line(text):
+    """The turn board's share records of device 0 in `vgpu status --json` output, one phrase
+    each (this container first)."""
+    try:
+        turns = json.loads(text)["devices"][0]["turns"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return f"unreadable ({text[:200]!r})"
+    said = []
+    for t in sorted(turns, key=lambda t: not t.get("this_container")):
+        sh = t.get("share")
+        if not sh:
+            continue
+        said.append(f"{sh['share_percent']}% tenant{' (this file)' if t.get('this_container') else ''}: "
+                    f"part {sh['part_percent']}%, utilization {sh['utilization_percent']}%, "
+                    f"{'busy' if sh['busy'] else 'idle'}, lent {sh['lent_ms']} ms, borrowed {sh['borrowed_ms']} ms, "
+                    f"priority {sh['priority']}, ceiling {sh['ceiling_percent']}%")
+    return "; ".join(said) or "no share records"
 
 
 def table3(b, say, mm_alone, plain_reference=True):
