@@ -512,6 +512,8 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     /// Share mode: reads the board's demand (at most every `demand_poll`) and returns this
     /// container's part; `None` in cap mode. Sets the turn.
     fn share_step(&mut self, now: Nanos, pct: u32) -> Option<Allotment> {
+        // Cap mode first: the claim reads the file's priority, which only share mode needs.
+        self.sharing.as_ref()?;
         let claim = self.claim(pct);
         let launch_ns = self.cost.unwrap_or(0.0).max(0.0) as u64;
         let timing = ShareTiming {
