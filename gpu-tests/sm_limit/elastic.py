@@ -13,6 +13,8 @@ Tables (written to DIR/elastic.md, raw results to DIR/elastic.json):
  2. share mode, matmul: the 70% tenant idle from 3 s to 6 s: time series in 50 ms bins;
     the 30% tenant must reach >= 90% of alone within 250 ms, the 70% >= 65% within 250 ms of
     resuming (a 100 ms moving average, so one bin's jitter does not decide).
+    `vgpu status --json` (the CLI next to libvgpu.so) is read at 5 s and 8.5 s: each
+    tenant's part, utilization, lent and borrowed time as an operator sees them.
  3. share mode, matmul: four at 10/20/30/40, each idle 2 s in turn, then the 40% one alone
     (the run's own reference): each busy one at least its share of the device's busy time,
     the device busy (NVML) >= 95%; the four under plain time-slicing for comparison.
