@@ -19,9 +19,11 @@ Tables (written to DIR/elastic.md, raw results to DIR/elastic.json):
     (the run's own reference): each busy one at least its share of the device's busy time,
     the device busy (NVML) >= 95%; the four under plain time-slicing for comparison.
  4. priority: batch-1 inference of a small GPT-2 (from a config) beside a best-effort
-    training loop, each also alone in the same run: p50/p99 vs alone (target <= 1.25x) and
-    training vs alone (>= 50%), under plain, cap (70/30) and share+priority; then beside a
-    matmul loop that keeps the GPU full, plain and share+priority.
+    training loop, each also alone in the same run (one 24 s timeline per mode in 1.5 s
+    slots: service alone, both, best-effort alone, both, four times): p50/p99 vs alone
+    (target <= 1.25x) and training vs alone (>= 50%), under plain, cap (70/30) and
+    share+priority; then beside a matmul loop that keeps the GPU full, plain and
+    share+priority.
  5. live changes, share mode, matmul: two busy tenants, one change 3 s in made with the
     `vgpu` CLI next to libvgpu.so: `set-limit --sm` swaps 30/70 to 70/30, and `set-limit
     --priority 0` lifts one of two 10/10 tenants above the other (it then borrows first: about
@@ -434,14 +436,15 @@ def table3(b, say, mm_alone, plain_reference=True):
 
 
 def table4(b, say):
-    # 4. Priority: inference beside training. Both run through one timeline, so each is
-    # compared with itself alone in the same run: inference alone 0-3 s and 13-15 s,
-    # training alone 7-9.5 s, both 3-7 s and 9.5-13 s.
+    # 4. Priority: inference beside a best-effort loop. Both run through one timeline of
+    # alternating slots, so each is compared with itself alone in the same run.
+    seconds, counted, service_idle, other_idle = priority_schedule()
     say("\n## 4. Batch-1 inference (GPT-2 6x512, 128 tokens, a request every 10 ms) beside a training loop, then beside a matmul loop\n")
-    say("One timeline per mode: inference alone 0-3 s and 13-15 s, training alone 7-9.5 s, both "
-        "3-7 s and 9.5-13 s (each phase's first 0.5 s not counted). Ratios against the same "
-        "process alone in the same run; `bare` columns against inference alone without the hook "
-        "(a separate run, for the hook's own cost).\n")
+    say(f"One {seconds:g} s timeline per mode, in {PRIORITY_SLOT_S:g} s slots: the service alone, "
+        f"both, the best-effort loop alone, both, {len(PRIORITY_PATTERN) // 4} times over (each "
+        f"slot's first {PRIORITY_SETTLE_S:g} s not counted). Ratios against the same process "
+        "alone in the same run; `bare` columns against inference alone without the hook (a "
+        "separate run, for the hook's own cost).\n")
     start = time.time() + START_DELAY
     (inf_alone,) = b.together("infer alone", [(b.env("plain"), b.load("infer", 8, start))])
     say("| mode | p50 ms alone / both | p99 ms alone / both | p50 both / alone | p99 both / alone "
@@ -456,14 +459,41 @@ def table4(b, say):
             f"priority {mode}",
             [
                 (b.env(m, sm=si, priority=pi, turns=turns),
-                 b.load("infer", 15, start, "--idle", "7:9.5", "--stamps")),
+                 b.load("infer", seconds, start, *idle_args(service_idle), "--stamps")),
                 (b.env(m, sm=st, priority=pt, turns=turns),
-                 b.load(other, 15, start, "--idle", "0:3", "--idle", "13:15", "--stamps")),
+                 b.load(other, seconds, start, *idle_args(other_idle), "--stamps")),
             ],
         )
-        say(priority_line(mode, ri, rt, inf_alone, plain.get(other)))
+        say(priority_line(mode, ri, rt, inf_alone, plain.get(other), counted))
         if m == "plain" and ri and rt:
-            plain[other] = priority_figures(ri, rt)
+            plain[other] = priority_figures(ri, rt, counted)
+
+
+# Table 4's timeline: slots in the order of PRIORITY_PATTERN, "A" the service alone (the
+# best-effort tenant idle), "B" both, "C" the best-effort tenant alone (the service idle).
+# The service's latency wanders on a scale of seconds whatever the condition (in runs 10-18,
+# one 15 s timeline with two phases per condition, its two alone phases were up to 2.5 ms
+# apart), so each condition is sampled in many short slots spread over the run.
+PRIORITY_SLOT_S = 1.5
+PRIORITY_SETTLE_S = 0.5  # a slot's start is not counted: lending and holding switch over
+PRIORITY_PATTERN = "ABCB" * 4
+# The counted phases of runs 10-18's timeline (their saved elastic.json).
+PRIORITY_PHASES_UNTIL_RUN18 = {"A": [(0.5, 3), (13.5, 15)], "B": [(3.5, 7), (10, 13)], "C": [(7.5, 9.5)]}
+
+
+def priority_schedule(pattern=PRIORITY_PATTERN, slot=PRIORITY_SLOT_S, settle=PRIORITY_SETTLE_S):
+    """(seconds, the counted part of each condition's slots {"A"|"B"|"C": [(t0, t1)]}, the
+    service's idle ranges, the best-effort tenant's idle ranges)."""
+    slots = {"A": [], "B": [], "C": []}
+    for i, c in enumerate(pattern):
+        slots[c].append((i * slot, (i + 1) * slot))
+    counted = {c: [(a + settle, b_) for a, b_ in v] for c, v in slots.items()}
+    return len(pattern) * slot, counted, slots["C"], slots["A"]
+
+
+def idle_args(ranges):
+    """elastic_load.py's --idle arguments for `ranges` [(a, b)] seconds."""
+    return [x for a, b_ in ranges for x in ("--idle", f"{a:g}:{b_:g}")]
 
 
 # (label, SM limits, CUDA_TASK_PRIORITY of the service and of the best-effort tenant, what
@@ -477,33 +507,33 @@ PRIORITY_ROWS = (
     ("plain, beside matmuls", (None, None), (None, None), "matmul"),
     ("share, priority 0/1, beside matmuls", (None, None), (0, 1), "matmul"),
 )
-PRIORITY_ALONE = [(0.5, 3), (13.5, 15)]
-PRIORITY_BOTH = [(3.5, 7), (10, 13)]
 
 
-def priority_figures(ri, rt):
-    """Table 4's figures of one timeline: the service's sorted latencies alone and beside
-    the best-effort tenant (by request start), and the best-effort tenant's rate beside the
-    service as a fraction of its own alone (7.5-9.5 s), from its 50 ms bins."""
+def priority_figures(ri, rt, counted):
+    """Table 4's figures of one timeline (`counted`: its conditions' phases, as
+    [`priority_schedule`] gives them): the service's sorted latencies alone and beside the
+    best-effort tenant (by request start), and the best-effort tenant's rate beside the
+    service as a fraction of its own alone, from its 50 ms bins."""
     lat = lambda phases: sorted(l for t, l in zip(ri["stamps"], ri["lat"])
                                 if any(a <= t < b_ for a, b_ in phases))
     rate = lambda phases: sum(window_rate(rt, a, b_) * (b_ - a) for a, b_ in phases) / sum(
         b_ - a for a, b_ in phases)
-    alone = rate([(7.5, 9.5)])
-    return {"alone": lat(PRIORITY_ALONE), "both": lat(PRIORITY_BOTH),
-            "best_effort": rate(PRIORITY_BOTH) / alone if alone else None}
+    alone = rate(counted["C"])
+    return {"alone": lat(counted["A"]), "both": lat(counted["B"]),
+            "best_effort": rate(counted["B"]) / alone if alone else None}
 
 
 def quantile(v, p):
     return v[min(len(v) - 1, int(len(v) * p))]
 
 
-def priority_line(mode, ri, rt, inf_alone, plain=None):
-    """Table 4's row for one timeline; `plain` is the figures of the plain timeline beside
-    the same best-effort load, if any (the column against it)."""
+def priority_line(mode, ri, rt, inf_alone, plain=None, counted=None):
+    """Table 4's row for one timeline (`counted` as for [`priority_figures`]; by default
+    today's schedule); `plain` is the figures of the plain timeline beside the same
+    best-effort load, if any (the column against it)."""
     if not (ri and rt):
         return f"| {mode} | failed | | | | | | | |"
-    f = priority_figures(ri, rt)
+    f = priority_figures(ri, rt, counted or priority_schedule()[1])
     la, lb, be = f["alone"], f["both"], f["best_effort"]
     if not (la and lb and be is not None):
         return (f"| {mode} | no samples (requests alone {len(la)}, both {len(lb)}; best-effort "
