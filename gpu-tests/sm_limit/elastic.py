@@ -29,7 +29,7 @@ Tables (written to DIR/elastic.md, raw results to DIR/elastic.json):
     --priority 0` lifts one of two 10/10 tenants above the other (it then borrows first: about
     90/10). Each tenant's part of the pair's launches; the new split (over 400 ms, within 3
     points) must hold within 1 s of the change.
-Runs in about 5 minutes.
+Runs in about 7 minutes.
 """
 import argparse
 import json
