@@ -310,18 +310,9 @@ def table2(b, say, mm_alone, vgpu=None):
     turns = b.turns()
     start = time.time() + START_DELAY
     ea, eb = b.env("share", sm=30, turns=turns), b.env("share", sm=70, turns=turns)
-    seen = {}
-
-    def status(at=(5.0, 8.5)):
-        for t in at:
-            time.sleep(max(0.0, start + t - time.time()))
-            out = subprocess.run([vgpu, "status", "--json", "--cache", ea["CUDA_DEVICE_MEMORY_SHARED_CACHE"]],
-                                 capture_output=True, text=True, env=dict(os.environ, VGPU_TURN_DIR=turns))
-            seen[t] = out.stdout
-
-    watcher = vgpu and os.access(vgpu, os.X_OK) and threading.Thread(target=status)
-    if watcher:
-        watcher.start()
+    cache = ea["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    status = ["status", "--json", "--cache", cache]
+    cli = CliAt(vgpu, start, [(5.0, status), (8.5, status)], env={"VGPU_TURN_DIR": turns})
     ra, rb = b.together(
         "idle and resume",
         [
@@ -329,10 +320,10 @@ def table2(b, say, mm_alone, vgpu=None):
             (eb, b.load("matmul", 9, start, "--idle", "3:6")),
         ],
     )
-    if watcher:
-        watcher.join()
+    seen = cli.join()
+    if seen is not None:
         b.raw["idle and resume (vgpu status)"] = seen
-        for t, text in sorted(seen.items()):
+        for (t, _at, text) in seen:
             say(f"- `vgpu status --json` at {t:.1f} s: {status_line(text)}")
     if ra and rb and mm_alone:
         bin_s = ra["bin_s"]
@@ -354,6 +345,35 @@ def table2(b, say, mm_alone, vgpu=None):
         ]
         say("  " + ", ".join(series))
 
+
+
+class CliAt:
+    """Runs the `vgpu` CLI beside the tenants: each `(t, argv)` of `calls` at `t` seconds
+    after `start` (wall clock), in a thread, with `env` added. join() returns
+    [(t, seconds after start it ran, stdout)], or None without an executable `vgpu`."""
+
+    def __init__(self, vgpu, start, calls, env=None):
+        self.out = []
+        self.thread = None
+        if not (vgpu and os.access(vgpu, os.X_OK)):
+            return
+        env = dict(os.environ, **(env or {}))
+
+        def run():
+            for t, argv in calls:
+                time.sleep(max(0.0, start + t - time.time()))
+                at = time.time() - start
+                r = subprocess.run([vgpu, *argv], capture_output=True, text=True, env=env)
+                self.out.append((t, at, r.stdout.strip()))
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+
+    def join(self):
+        if self.thread is None:
+            return None
+        self.thread.join()
+        return self.out
 
 
 def status_line(text):
@@ -592,26 +612,15 @@ def table5(b, say, vgpu):
         eb = b.env("share", sm=sb, priority=pb, turns=turns)
         caches = [ea["CUDA_DEVICE_MEMORY_SHARED_CACHE"], eb["CUDA_DEVICE_MEMORY_SHARED_CACHE"]]
         tenants = [(e, b.load("matmul", 8, start)) for e in (ea, eb)]
-        done = {}
-
-        def change(caches=caches, changes=changes, start=start, done=done):
-            time.sleep(max(0.0, start + 3.0 - time.time()))
-            done["at"] = time.time() - start
-            done["out"] = [
-                subprocess.run([vgpu, "set-limit", *c, "--cache", path], capture_output=True,
-                               text=True).stdout.strip()
-                for path, c in zip(caches, changes) if c
-            ]
-
-        t = threading.Thread(target=change)
-        t.start()
+        cli = CliAt(vgpu, start, [(3.0, ["set-limit", *c, "--cache", path])
+                                  for path, c in zip(caches, changes) if c])
         ra, rb = b.together(f"live {label}", tenants)
-        t.join()
+        done = cli.join()
         b.raw[f"live {label} (cli)"] = done
-        if not (ra and rb and "at" in done):
+        if not (ra and rb and done):
             say(f"| {label} | failed | | | | |")
             continue
-        bin_s, at = ra["bin_s"], done["at"]
+        bin_s, at = ra["bin_s"], done[0][1]
         t_settle = settle_time(ra["bins"], rb["bins"], bin_s, at, expect)
         split = lambda t0, t1: window_rate(ra, t0, t1) / (window_rate(ra, t0, t1) + window_rate(rb, t0, t1))
         before, after = split(1, 3), split(4.5, 8)
