@@ -463,14 +463,13 @@ def table4(b, say):
     say(f"One {seconds:g} s timeline per mode, in {PRIORITY_SLOT_S:g} s slots: the service alone, "
         f"both, the best-effort loop alone, both, {len(PRIORITY_PATTERN) // 4} times over (each "
         f"slot's first {PRIORITY_SETTLE_S:g} s not counted). Ratios against the same process "
-        "alone in the same run; `bare` columns against inference alone without the hook (a "
-        "separate run, for the hook's own cost).\n")
-    start = time.time() + START_DELAY
-    (inf_alone,) = b.together("infer alone", [(b.env("plain"), b.load("infer", 8, start))])
+        "alone in the same run; `bare` columns against inference alone without the hook (the "
+        "bare slots of the run just before, for the hook's own cost).\n")
+    inf_alone = hook_cost(b, say)
     say("| mode | p50 ms alone / both | p99 ms alone / both | p50 both / alone | p99 both / alone "
         "| p50, p99 both / plain both | p50 both / bare | best-effort both, % of alone | verdict |")
     say("|---|---|---|---|---|---|---|---|---|")
-    plain = {}
+    plain, medians = {}, []
     for mode, (si, st), (pi, pt), other in PRIORITY_ROWS:
         m = mode.split()[0].rstrip(",")
         turns = b.turns()
@@ -487,6 +486,47 @@ def table4(b, say):
         say(priority_line(mode, ri, rt, inf_alone, plain.get(other), counted))
         if m == "plain" and ri and rt:
             plain[other] = priority_figures(ri, rt, counted)
+        if ri and "stamps" in ri:
+            medians.append((mode, slot_medians(ri, counted) + gpu_wait(ri, counted)))
+    say(f"\n{SLOT_MEDIANS_LEGEND}\n")
+    for mode, m in medians:
+        say(f"- {mode}: {m}")
+
+
+def hook_cost(b, say):
+    """The service bare and hooked (share mode, priority 0, alone on its board) taking turns
+    in 1.5 s slots over 12 s, each idle while the other runs: the hook's own cost to a
+    launch-bound service, against the same host at the same time (the host's speed wanders
+    on a scale of seconds). Returns the bare figures ({"p50_ms", "p99_ms"}) or None."""
+    slot, settle, n = PRIORITY_SLOT_S, PRIORITY_SETTLE_S, 8
+    mine = lambda k: [(i * slot, (i + 1) * slot) for i in range(n) if i % 2 == k]
+    counted = lambda k: [(a + settle, b_) for a, b_ in mine(k)]
+    start = time.time() + START_DELAY
+    bare, hooked = b.together("infer bare and hooked", [
+        (b.env("plain"), b.load("infer", n * slot, start, *idle_args(mine(1)), "--stamps")),
+        (b.env("share", priority=0, turns=b.turns()),
+         b.load("infer", n * slot, start, *idle_args(mine(0)), "--stamps")),
+    ])
+    if not (bare and hooked):
+        say("The service bare and hooked in turns: failed.\n")
+        return None
+    def figures(r, phases):
+        at = [i for i, t in enumerate(r["stamps"]) if any(a <= t < b_ for a, b_ in phases)]
+        lat = sorted(r["lat"][i] for i in at)
+        host = sorted(r["host_ms"][i] for i in at) if "host_ms" in r else None
+        return lat, host
+    (lb, hb), (lh, hh) = figures(bare, counted(0)), figures(hooked, counted(1))
+    if not (lb and lh):
+        say("The service bare and hooked in turns: no samples.\n")
+        return None
+    q = quantile
+    host = f", its host launch time p50 {q(hh, 0.5) / q(hb, 0.5):.2f}×" if hb and hh else ""
+    say(f"The service bare and hooked (share mode, priority 0, alone), taking turns in {slot:g} s "
+        f"slots over {n * slot:g} s: p50 {q(lb, 0.5):.2f} / {q(lh, 0.5):.2f} ms, p99 "
+        f"{q(lb, 0.99):.2f} / {q(lh, 0.99):.2f} ms; hooked / bare p50 {q(lh, 0.5) / q(lb, 0.5):.2f}×, "
+        f"p99 {q(lh, 0.99) / q(lb, 0.99):.2f}×{host}. The `bare` column below is against this "
+        "bare p50.\n")
+    return {"p50_ms": q(lb, 0.5), "p99_ms": q(lb, 0.99)}
 
 
 # Table 4's timeline: slots in the order of PRIORITY_PATTERN, "A" the service alone (the
@@ -541,6 +581,45 @@ def priority_figures(ri, rt, counted):
     alone = rate(counted["C"])
     return {"alone": lat(counted["A"]), "both": lat(counted["B"]),
             "best_effort": rate(counted["B"]) / alone if alone else None}
+
+
+SLOT_MEDIANS_LEGEND = ("The service's median latency in each counted slot, in timeline order "
+                       "(A alone, B beside the best-effort loop), ms, and after the slash the "
+                       "median time its host took to launch a request's kernels:")
+
+
+def slot_medians(ri, counted):
+    """The service's median latency (ms) in each counted slot of `counted` (as
+    [`priority_schedule`] gives it), in timeline order, marked with its condition, and the
+    median of its requests' host launch times there if recorded (`latency/host`)."""
+    slots = sorted((a, b_, c) for c in "AB" for a, b_ in counted[c])
+    host = ri.get("host_ms")
+    out = []
+    for a, b_, c in slots:
+        at = [i for i, t in enumerate(ri["stamps"]) if a <= t < b_]
+        if not at:
+            out.append(f"{c}-")
+            continue
+        med = lambda v: sorted(v)[len(v) // 2]
+        h = f"/{med([host[i] for i in at]):.1f}" if host else ""
+        out.append(f"{c}{med([ri['lat'][i] for i in at]):.1f}{h}")
+    return " ".join(out)
+
+
+def gpu_wait(ri, counted):
+    """The service's wait for the GPU (latency less its host launch time) in `counted`'s
+    alone and both slots: "p50 A / B ms, p99 A / B ms", or "" without host launch times.
+    Priority acts on this part; the rest is the host's (Python, the hook, the driver)."""
+    host = ri.get("host_ms")
+    if not host:
+        return ""
+    w = {c: sorted(l - h for t, l, h in zip(ri["stamps"], ri["lat"], host)
+                   if any(a <= t < b_ for a, b_ in counted[c])) for c in "AB"}
+    if not (w["A"] and w["B"]):
+        return ""
+    q = quantile
+    return (f"; GPU wait p50 {q(w['A'], 0.5):.2f} / {q(w['B'], 0.5):.2f} ms, p99 "
+            f"{q(w['A'], 0.99):.2f} / {q(w['B'], 0.99):.2f} ms (alone / both)")
 
 
 def quantile(v, p):

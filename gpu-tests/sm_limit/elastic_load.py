@@ -10,7 +10,9 @@ nothing. Prints one JSON line: "RESULT {...}" with the rate (per second), the pe
 (launch times on the host, bins of --bin seconds: under the hook a launch returns when it
 is admitted, so the host's rate follows the GPU's within one turn cycle), and for infer the
 latencies (ms); with --stamps also every step's start time and latency, so that phases of
-one run can be compared (a request's latency is charged to the phase it started in).
+one run can be compared (a request's latency is charged to the phase it started in), and
+for infer each request's launch time on the host (`host_ms`: its latency less the wait for
+the GPU).
 """
 import argparse
 import json
@@ -29,6 +31,9 @@ def parse():
     p.add_argument("--think", type=float, default=0.010)
     p.add_argument("--stamps", action="store_true", help="also print each step's start (s) and latency (ms)")
     return p.parse_args()
+
+
+HOST_MS = []  # infer: each request's launch time on the host, ms
 
 
 def gpt2(layers, width, heads, positions):
@@ -56,8 +61,12 @@ def setup(kind):
         ids = torch.randint(0, 8192, (1, 128), device="cuda")
 
         def request():
+            t = time.time()
             with torch.no_grad():
                 model(ids)
+            # How long the host took to launch the request's kernels: what the host side
+            # (Python, the hook, the driver) costs, apart from waiting for the GPU.
+            HOST_MS.append((time.time() - t) * 1e3)
             torch.cuda.synchronize()
 
         return request, True
@@ -122,6 +131,8 @@ def main():
     if args.stamps:
         out["stamps"] = [round(x, 4) for x in stamps]
         out["lat"] = [round(x, 3) for x in latencies]
+        if HOST_MS:
+            out["host_ms"] = [round(x, 3) for x in HOST_MS[-len(latencies):]]
     if latencies:
         lat = sorted(latencies)
         out["p50_ms"] = lat[len(lat) // 2]

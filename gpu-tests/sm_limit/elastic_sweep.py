@@ -7,7 +7,8 @@ What elastic.py asks (the issue's tables) needs defaults; this finds them. Each 
 a set of environment variables (VGPU_SHARE_GRACE_US, VGPU_SHARE_OUTRANKED_QUEUE_US,
 VGPU_SHARE_GAP_FILL_US, VGPU_WAKE_SLACK_US, VGPU_TURN_LEAD_US, VGPU_TURN_CYCLE_MS) added
 to every hooked tenant. Writes DIR/sweep.md (tables) and DIR/sweep.log (each hooked
-tenant's exit line "limiter stats: ...", LIBCUDA_LOG_LEVEL=3). About 5 minutes.
+tenant's exit line "limiter stats: ...", LIBCUDA_LOG_LEVEL=3). About 4 minutes for
+the priority pair (table 4's 24 s timeline per variant), 3 for the four.
 """
 import argparse
 import os
@@ -23,10 +24,9 @@ START = 7.0  # torch import and CUDA start-up of up to four tenants
 PRIORITY = [
     ("plain", None),
     ("defaults (gap fill 125, grace 500, queue 500)", {}),
+    ("defaults again", {}),
     ("no gap fill", {"VGPU_SHARE_GAP_FILL_US": "0"}),
     ("gap fill 60", {"VGPU_SHARE_GAP_FILL_US": "60"}),
-    ("gap fill 250", {"VGPU_SHARE_GAP_FILL_US": "250"}),
-    ("outranked queue 250", {"VGPU_SHARE_OUTRANKED_QUEUE_US": "250"}),
     ("outranked queue 2000", {"VGPU_SHARE_OUTRANKED_QUEUE_US": "2000"}),
     ("grace 250", {"VGPU_SHARE_GRACE_US": "250"}),
 ]
@@ -75,6 +75,38 @@ class Sweep(elastic.Bench):
         return out
 
 
+def priority_variants(b, say):
+    """Batch-1 inference (priority 0) beside training (priority 1) in table 4's timeline of
+    alternating slots, once per variant, each against itself alone in the same timeline."""
+    seconds, counted, service_idle, other_idle = elastic.priority_schedule()
+    say(f"\n## Priority: batch-1 inference (p0) beside training (p1), table 4's {seconds:g} s "
+        f"timeline per variant\n")
+    s = time.time() + START
+    (inf,) = b.run("infer alone", [(b.env("plain"), b.load("infer", 8, s))])
+    say("| variant | p50 ms alone / both | p99 ms alone / both | p50 both / alone | p99 both / alone "
+        "| p50, p99 both / plain both | p50 both / bare | training both, % of alone | verdict |")
+    say("|---|---|---|---|---|---|---|---|---|")
+    plain, medians = None, []
+    for name, extra in PRIORITY:
+        t = b.turns()
+        s = time.time() + START
+        mode = "plain" if extra is None else "share"
+        ri, rt = b.run(f"priority {name}", [
+            (b.env(mode, priority=0, turns=t, extra=extra),
+             b.load("infer", seconds, s, *elastic.idle_args(service_idle), "--stamps")),
+            (b.env(mode, priority=1, turns=t, extra=extra),
+             b.load("train", seconds, s, *elastic.idle_args(other_idle), "--stamps")),
+        ])
+        say(elastic.priority_line(name, ri, rt, inf, plain, counted))
+        if ri and rt:
+            medians.append((name, elastic.slot_medians(ri, counted) + elastic.gpu_wait(ri, counted)))
+            if mode == "plain":
+                plain = elastic.priority_figures(ri, rt, counted)
+    say(f"\n{elastic.SLOT_MEDIANS_LEGEND}\n")
+    for name, m in medians:
+        say(f"- {name}: {m}")
+
+
 def main():
     args = parse()
     lib = elastic.library(args.libdir)
@@ -85,45 +117,7 @@ def main():
     t0 = time.time()
     say(f"# Share-mode sweep, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     if args.only != "four":
-        say("\n## Priority: batch-1 inference (p0) beside training (p1), 6 s each\n")
-        s = time.time() + START
-        (inf,) = b.run("infer alone", [(b.env("plain"), b.load("infer", 6, s))])
-        s = time.time() + START
-        (tr,) = b.run("train alone", [(b.env("plain"), b.load("train", 6, s))])
-        say(f"alone: p50 {inf['p50_ms']:.2f} ms, p99 {inf['p99_ms']:.2f} ms; training {tr['rate']:.2f} steps/s\n")
-        s = time.time() + START
-        (hi,) = b.run("infer alone hooked", [(b.env("share", priority=0, turns=b.turns()), b.load("infer", 6, s))])
-        s = time.time() + START
-        (ht,) = b.run("train alone hooked", [(b.env("share", priority=1, turns=b.turns()), b.load("train", 6, s))])
-        t = b.turns()
-        s = time.time() + START
-        idle_p0, ho = b.run("train beside an idle p0", [
-            (b.env("share", priority=0, turns=t), b.load("infer", 6, s, "--think", "1.0")),
-            (b.env("share", priority=1, turns=t), b.load("train", 6, s)),
-        ])
-        say("| hooked alone | p50 / alone | p99 / alone | training % |")
-        say("|---|---|---|---|")
-        if hi:
-            say(f"| infer, share p0 | {hi['p50_ms'] / inf['p50_ms']:.2f} | {hi['p99_ms'] / inf['p99_ms']:.2f} | |")
-        if ht:
-            say(f"| train, share p1 | | | {100 * ht['rate'] / tr['rate']:.1f} |")
-        if ho:
-            say(f"| train, share p1, an idle p0 on the board | | | {100 * ho['rate'] / tr['rate']:.1f} |")
-        say("\n| variant | p50 / alone | p99 / alone | p50, p99 ms | training % of alone |")
-        say("|---|---|---|---|---|")
-        for name, extra in PRIORITY:
-            t = b.turns()
-            s = time.time() + START
-            mode = "plain" if extra is None else "share"
-            ri, rt = b.run(f"priority {name}", [
-                (b.env(mode, priority=0, turns=t, extra=extra), b.load("infer", 6, s)),
-                (b.env(mode, priority=1, turns=t, extra=extra), b.load("train", 6, s)),
-            ])
-            if ri and rt:
-                say(f"| {name} | {ri['p50_ms'] / inf['p50_ms']:.2f} | {ri['p99_ms'] / inf['p99_ms']:.2f} | "
-                    f"{ri['p50_ms']:.2f}, {ri['p99_ms']:.2f} | {100 * rt['rate'] / tr['rate']:.1f} |")
-            else:
-                say(f"| {name} | failed | | | |")
+        priority_variants(b, say)
     if args.only != "priority":
         s = time.time() + START
         (mm,) = b.run("matmul alone", [(b.env("plain"), b.load("matmul", 3, s))])

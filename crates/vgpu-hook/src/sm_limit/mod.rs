@@ -238,7 +238,8 @@ impl SmLimiter {
             vlog!(
                 INFO,
                 "device {d}: limiter stats: {} launches, {} segments, busy {:.1} ms, util {util:.0}%, \
-                 waits {} (throttles {}, window {}, held {}, queue {}), turn {turn} ({} changes, \
+                 waits {} (throttles {}, window {}, held {}, queue {}), gap fill {} launches \
+                 ({} changes), turn {turn} ({} changes, \
                  {} of the cycle), launch {} us ({} changes), fitted {:.0} us, timer errors {}",
                 s.launches,
                 s.segments,
@@ -248,6 +249,8 @@ impl SmLimiter {
                 s.window_waits,
                 s.held_waits,
                 s.queue_waits,
+                s.gap_fill_launches,
+                s.gap_fill_changes,
                 s.turn_changes,
                 s.cycle_changes,
                 s.published_launch_ns / 1_000,

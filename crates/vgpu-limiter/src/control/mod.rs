@@ -68,6 +68,12 @@ pub struct LimiterStats {
     pub held_waits: u64,
     /// Share mode: waits for the queue to shrink while outranked.
     pub queue_waits: u64,
+    /// Share mode: launches admitted while held by priority and filling the gaps of a
+    /// sparse higher-priority container ([`crate::Allotment::gap_fill`]).
+    pub gap_fill_launches: u64,
+    /// Share mode: times gap filling started or stopped (how often the judgement of the
+    /// higher container's work as sparse flipped).
+    pub gap_fill_changes: u64,
     /// Times this container's turn (cycle, offset or width) changed.
     pub turn_changes: u64,
     /// Of those, the times its cycle changed (or turns started or ended).
@@ -110,6 +116,8 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     /// Virtual time (ns): real time at which the GPU time charged so far is paid for.
     vt: f64,
     throttled: bool,
+    /// Whether the last admission was filling a higher container's gaps.
+    gap_filling: bool,
     /// Estimated GPU time of one launch, learned from measured segments.
     cost: Option<f64>,
     /// Effective limit as a fraction, after the peers' share.
@@ -181,6 +189,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             closed: VecDeque::new(),
             vt: now as f64 - cfg.burst as f64,
             throttled: false,
+            gap_filling: false,
             cost: None,
             limit: 1.0,
             peers: PeerUsage::default(),
@@ -299,6 +308,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         let share = self.share_step(now, pct);
         // Held by priority, filling gaps: paced only by the outranked queue below.
         let gap_fill = share.is_some_and(|a| a.gap_fill) && self.cfg.gap_fill_queue > 0;
+        if gap_fill != self.gap_filling {
+            self.gap_filling = gap_fill;
+            self.stats.gap_fill_changes += 1;
+        }
         self.limit = match share {
             Some(_) if gap_fill => self.effective(1.0),
             Some(a) => self.effective(a.fraction),
@@ -422,6 +435,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 self.close_open(now);
                 return self.wait(ns.min(self.cfg.max_wait));
             }
+        }
+        if gap_fill {
+            self.stats.gap_fill_launches += 1;
         }
         self.prepare(now, stream);
         Admission::Go(Ticket { counted: true })
