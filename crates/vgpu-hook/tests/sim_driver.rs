@@ -875,3 +875,35 @@ fn a_forked_child_exiting_normally_keeps_the_parents_usage() {
     assert!(snap.processes.is_empty(), "{:?}", snap.processes);
     assert_eq!(snap.devices[0].used, 0);
 }
+
+#[test]
+fn an_unindexed_sm_limit_is_logged_once_not_per_possible_device() {
+    let limit_lines = |o: &Out| {
+        o.stderr
+            .lines()
+            .filter(|l| l.contains("SM limit"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let o = Run::hooked("256m")
+        .var("CUDA_DEVICE_SM_LIMIT", "50")
+        .var("LIBCUDA_LOG_LEVEL", "3")
+        .run(&["info"]);
+    let lines = limit_lines(&o);
+    assert_eq!(lines.len(), 1, "{}", o.stderr);
+    assert!(
+        lines[0].contains("SM limit 50% on every device"),
+        "{}",
+        lines[0]
+    );
+    // Per-device limits stay one line each, naming the device.
+    let o = Run::hooked("256m")
+        .var("CUDA_DEVICE_SM_LIMIT_0", "50")
+        .var("CUDA_DEVICE_SM_LIMIT_1", "30")
+        .var("LIBCUDA_LOG_LEVEL", "3")
+        .run(&["info"]);
+    let lines = limit_lines(&o);
+    assert_eq!(lines.len(), 2, "{}", o.stderr);
+    assert!(lines[0].contains("device 0: SM limit 50%"), "{}", lines[0]);
+    assert!(lines[1].contains("device 1: SM limit 30%"), "{}", lines[1]);
+}

@@ -156,13 +156,25 @@ impl SmLimiter {
         self.tuning.publish(config.sm_tuning.clone());
         let policy = config.core_policy;
         self.policy.store(policy_code(policy), Ordering::Relaxed);
-        let mut armed = false;
-        for (d, l) in config.sm_limit.iter().enumerate() {
-            let pct = l.map_or(0, u32::from);
+        let pcts: Vec<u32> = config
+            .sm_limit
+            .iter()
+            .map(|l| l.map_or(0, u32::from))
+            .collect();
+        for (d, &pct) in pcts.iter().enumerate() {
             self.env_limit[d].store(pct, Ordering::Relaxed);
-            if pct > 0 {
-                armed = true;
-                vlog!(INFO, "device {d}: SM limit {pct}% (policy {policy:?})");
+        }
+        let armed = pcts.iter().any(|&p| p > 0);
+        // `CUDA_DEVICE_SM_LIMIT` without an index sets every device: one line, not one per
+        // possible device on a machine that may have one.
+        match pcts.first() {
+            Some(&p) if p > 0 && pcts.iter().all(|&q| q == p) => {
+                vlog!(INFO, "SM limit {p}% on every device (policy {policy:?})");
+            }
+            _ => {
+                for (d, &pct) in pcts.iter().enumerate().filter(|(_, p)| **p > 0) {
+                    vlog!(INFO, "device {d}: SM limit {pct}% (policy {policy:?})");
+                }
             }
         }
         self.slot.store(
