@@ -52,6 +52,8 @@ def parse():
     p.add_argument("libdir")
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     p.add_argument("--tables", default="1,2,3,4,5", help="which tables, e.g. 3,4")
+    p.add_argument("--hook-cost", action="store_true",
+                   help="only the service bare and under each hook mode, in turns (no tables)")
     p.add_argument("--no-plain-reference", dest="plain_reference", action="store_false",
                    help="table 3 without the four under plain time-slicing")
     return p.parse_args()
@@ -205,7 +207,7 @@ def main():
     say = Report(os.path.join(args.out, "elastic.md"))
 
     t_begin = time.time()
-    tables = {int(t) for t in args.tables.split(",")}
+    tables = set() if args.hook_cost else {int(t) for t in args.tables.split(",")}
     gpu = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
         capture_output=True, text=True,
@@ -221,7 +223,10 @@ def main():
         sres = dict(kv.split("=") for kv in bare.split("RESULT", 1)[1].split())
         iters = sres["iters"]
         spin_alone = float(sres["kernels_per_s"])
-    if tables & {1, 2} or args.plain_reference:
+    if args.hook_cost:
+        say("\n## The hook's own cost to batch-1 inference (GPT-2 6x512, a request every 10 ms)\n")
+        hook_cost(b, say, HOOK_COST_VARIANTS)
+    elif tables & {1, 2} or args.plain_reference:
         start = time.time() + START_DELAY
         (mm_alone,) = b.together("matmul alone", [(b.env("plain"), b.load("matmul", 3, start))])
         mm_alone = mm_alone and mm_alone["rate"]
@@ -493,39 +498,56 @@ def table4(b, say):
         say(f"- {mode}: {m}")
 
 
-def hook_cost(b, say):
-    """The service bare and hooked (share mode, priority 0, alone on its board) taking turns
-    in 1.5 s slots over 12 s, each idle while the other runs: the hook's own cost to a
-    launch-bound service, against the same host at the same time (the host's speed wanders
-    on a scale of seconds). Returns the bare figures ({"p50_ms", "p99_ms"}) or None."""
-    slot, settle, n = PRIORITY_SLOT_S, PRIORITY_SETTLE_S, 8
-    mine = lambda k: [(i * slot, (i + 1) * slot) for i in range(n) if i % 2 == k]
-    counted = lambda k: [(a + settle, b_) for a, b_ in mine(k)]
+# The hooked service of table 4's share rows: share mode, priority 0, alone on its board.
+HOOKED_SERVICE = (("share mode, priority 0, alone", "share", {"priority": 0}),)
+# `--hook-cost`: the same service under each way the hook can run it.
+HOOK_COST_VARIANTS = (
+    ("hooked, no SM limit", "cap", {}),
+    ("hooked, cap 90%", "cap", {"sm": 90}),
+    ("hooked, share mode, best effort", "share", {}),
+    *HOOKED_SERVICE,
+)
+
+
+def hook_cost(b, say, variants=HOOKED_SERVICE, rounds=4):
+    """The service bare and under each of `variants` [(label, mode, Bench.env keywords)],
+    taking turns in 1.5 s slots (`rounds` times each), each idle while another runs: the
+    hook's own cost to a launch-bound service, against the same host at the same time (the
+    host's speed wanders on a scale of seconds). Says one line per variant; returns the
+    bare figures ({"p50_ms", "p99_ms"}) or None."""
+    slot, settle = PRIORITY_SLOT_S, PRIORITY_SETTLE_S
+    k = len(variants) + 1
+    n = k * rounds
+    mine = lambda j: [(i * slot, (i + 1) * slot) for i in range(n) if i % k == j]
+    others = lambda j: [r for i in range(k) if i != j for r in mine(i)]
+    counted = lambda j: [(a + settle, b_) for a, b_ in mine(j)]
     start = time.time() + START_DELAY
-    bare, hooked = b.together("infer bare and hooked", [
-        (b.env("plain"), b.load("infer", n * slot, start, *idle_args(mine(1)), "--stamps")),
-        (b.env("share", priority=0, turns=b.turns()),
-         b.load("infer", n * slot, start, *idle_args(mine(0)), "--stamps")),
-    ])
-    if not (bare and hooked):
+    # Each hooked one on a board of its own: alone there, as a tenant alone on a GPU.
+    envs = [b.env("plain")] + [b.env(mode, turns=b.turns(), **kw) for _, mode, kw in variants]
+    runs = b.together("infer bare and hooked", [
+        (env, b.load("infer", n * slot, start, *idle_args(sorted(others(j))), "--stamps"))
+        for j, env in enumerate(envs)])
+    if not all(runs):
         say("The service bare and hooked in turns: failed.\n")
         return None
+
     def figures(r, phases):
         at = [i for i, t in enumerate(r["stamps"]) if any(a <= t < b_ for a, b_ in phases)]
-        lat = sorted(r["lat"][i] for i in at)
-        host = sorted(r["host_ms"][i] for i in at) if "host_ms" in r else None
-        return lat, host
-    (lb, hb), (lh, hh) = figures(bare, counted(0)), figures(hooked, counted(1))
-    if not (lb and lh):
+        return sorted(r["lat"][i] for i in at), sorted(r["host_ms"][i] for i in at)
+
+    figs = [figures(r, counted(j)) for j, r in enumerate(runs)]
+    (lb, hb) = figs[0]
+    if not all(f[0] for f in figs):
         say("The service bare and hooked in turns: no samples.\n")
         return None
     q = quantile
-    host = f", its host launch time p50 {q(hh, 0.5) / q(hb, 0.5):.2f}×" if hb and hh else ""
-    say(f"The service bare and hooked (share mode, priority 0, alone), taking turns in {slot:g} s "
-        f"slots over {n * slot:g} s: p50 {q(lb, 0.5):.2f} / {q(lh, 0.5):.2f} ms, p99 "
-        f"{q(lb, 0.99):.2f} / {q(lh, 0.99):.2f} ms; hooked / bare p50 {q(lh, 0.5) / q(lb, 0.5):.2f}×, "
-        f"p99 {q(lh, 0.99) / q(lb, 0.99):.2f}×{host}. The `bare` column below is against this "
-        "bare p50.\n")
+    say(f"The service bare and hooked, taking turns in {slot:g} s slots over {n * slot:g} s "
+        f"({rounds} slots each; bare p50 {q(lb, 0.5):.2f} ms, p99 {q(lb, 0.99):.2f} ms):\n")
+    for (label, _, _), (lh, hh) in zip(variants, figs[1:]):
+        say(f"- {label}: p50 {q(lh, 0.5):.2f} ms, p99 {q(lh, 0.99):.2f} ms; hooked / bare p50 "
+            f"{q(lh, 0.5) / q(lb, 0.5):.2f}×, p99 {q(lh, 0.99) / q(lb, 0.99):.2f}×, host launch "
+            f"time p50 {q(hh, 0.5) / q(hb, 0.5):.2f}×")
+    say("")
     return {"p50_ms": q(lb, 0.5), "p99_ms": q(lb, 0.99)}
 
 

@@ -249,12 +249,14 @@ impl SmLimiter {
             );
             vlog!(
                 INFO,
-                "device {d}: limiter stats: {} launches, {} segments, busy {:.1} ms, util {util:.0}%, \
+                "device {d}: limiter stats: {} launches, {} segments ({} markers, {} queries), busy {:.1} ms, util {util:.0}%, \
                  waits {} (throttles {}, window {}, held {}, queue {}), gap fill {} launches \
                  ({} changes), turn {turn} ({} changes, \
                  {} of the cycle), launch {} us ({} changes), fitted {:.0} us, timer errors {}",
                 s.launches,
                 s.segments,
+                s.markers,
+                s.queries,
                 s.busy_ns / 1e6,
                 s.waits,
                 s.throttles,

@@ -54,6 +54,9 @@ pub struct LimiterStats {
     pub segments: u64,
     /// Markers recorded.
     pub markers: u64,
+    /// Times a marker was asked whether the GPU has reached it (each a driver call on the
+    /// GPU: the launch path's main cost besides the markers).
+    pub queries: u64,
     /// GPU time charged from measurements, nanoseconds.
     pub busy_ns: f64,
     /// `Wait` answers given.

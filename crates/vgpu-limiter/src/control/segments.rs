@@ -41,6 +41,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         if let Some(prev) = self.closed.back_mut() {
             if prev.stream == stream && prev.end_owned {
                 if let Some(end) = prev.end {
+                    self.stats.queries += 1;
                     if let Ok(false) = self.timer.is_complete(end) {
                         prev.end_owned = false;
                         start = Some((end, true));
@@ -132,6 +133,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             let end = self.closed[i]
                 .end
                 .expect("closed segments have an end marker");
+            self.stats.queries += 1;
             match self.timer.is_complete(end) {
                 Ok(false) => i += 1,
                 Ok(true) => {
