@@ -66,25 +66,3 @@ pub trait DeviceBackend: Send + Sync {
     /// Physical free/total memory of `device` (`cuMemGetInfo`).
     fn memory_info(&self, device: DeviceIndex) -> Result<MemoryInfo, BackendError>;
 }
-
-impl<T: DeviceBackend + ?Sized> DeviceBackend for std::sync::Arc<T> {
-    fn allocate(
-        &self,
-        device: DeviceIndex,
-        context: ContextId,
-        bytes: u64,
-    ) -> Result<DevicePtr, BackendError> {
-        (**self).allocate(device, context, bytes)
-    }
-    fn free(
-        &self,
-        device: DeviceIndex,
-        context: ContextId,
-        ptr: DevicePtr,
-    ) -> Result<(), BackendError> {
-        (**self).free(device, context, ptr)
-    }
-    fn memory_info(&self, device: DeviceIndex) -> Result<MemoryInfo, BackendError> {
-        (**self).memory_info(device)
-    }
-}

@@ -514,6 +514,33 @@ pub struct CUlaunchConfig {
     pub numAttrs: c_uint,
 }
 
+/// `CUDA_KERNEL_NODE_PARAMS_v1` (`cuGraphAddKernelNode`); also the start of `_v2`
+/// (`cuGraphAddKernelNode_v2`), which appends `kern` and `ctx`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_KERNEL_NODE_PARAMS_v1 {
+    /// `func`
+    pub func: CUfunction,
+    /// `gridDimX`
+    pub gridDimX: c_uint,
+    /// `gridDimY`
+    pub gridDimY: c_uint,
+    /// `gridDimZ`
+    pub gridDimZ: c_uint,
+    /// `blockDimX`
+    pub blockDimX: c_uint,
+    /// `blockDimY`
+    pub blockDimY: c_uint,
+    /// `blockDimZ`
+    pub blockDimZ: c_uint,
+    /// `sharedMemBytes`
+    pub sharedMemBytes: c_uint,
+    /// `kernelParams`
+    pub kernelParams: *mut *mut c_void,
+    /// `extra`
+    pub extra: *mut *mut c_void,
+}
+
 c_enum! {
     /// `nvmlReturn_t`: any NVML status code.
     nvmlReturn_t(u32), "NVML_ERROR_" {
@@ -685,6 +712,8 @@ const _: () = {
     assert!(offset_of!(CUlaunchConfig, hStream) == 32);
     assert!(offset_of!(CUlaunchConfig, attrs) == 40);
     assert!(offset_of!(CUlaunchConfig, numAttrs) == 48);
+    assert!(size_of::<CUDA_KERNEL_NODE_PARAMS_v1>() == 56);
+    assert!(offset_of!(CUDA_KERNEL_NODE_PARAMS_v1, kernelParams) == 40);
     assert!(size_of::<nvmlReturn_t>() == 4);
     assert!(size_of::<nvmlMemory_t>() == 24);
     assert!(size_of::<nvmlProcessInfo_t>() == 24);

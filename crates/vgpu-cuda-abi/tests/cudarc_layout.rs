@@ -52,6 +52,10 @@ fn structs_match_the_cuda_headers() {
     same_layout!(v::CUlaunchConfig, c::CUlaunchConfig,
         gridDimX => gridDimX, blockDimZ => blockDimZ, sharedMemBytes => sharedMemBytes,
         hStream => hStream, attrs => attrs, numAttrs => numAttrs);
+    same_layout!(v::CUDA_KERNEL_NODE_PARAMS_v1, c::CUDA_KERNEL_NODE_PARAMS_v1,
+        func => func, gridDimX => gridDimX, gridDimZ => gridDimZ, blockDimX => blockDimX,
+        blockDimZ => blockDimZ, sharedMemBytes => sharedMemBytes, kernelParams => kernelParams,
+        extra => extra);
 }
 
 #[test]

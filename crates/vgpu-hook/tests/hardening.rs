@@ -9,8 +9,6 @@ mod support;
 
 use support::*;
 
-const VIAS: [&str; 4] = ["link", "dlsym", "procaddr", "ptsz"];
-
 /// Runs `probe fork_after <mode>`: the parent does `mode`, a forked child then uses CUDA.
 fn fork_after(run: &Run, mode: &str) -> Out {
     run.run(&["fork_after", mode, "67108864", "536870912"])

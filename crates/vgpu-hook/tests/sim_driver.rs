@@ -14,8 +14,6 @@ mod support;
 
 use support::*;
 
-const VIAS: [&str; 4] = ["link", "dlsym", "procaddr", "ptsz"];
-
 /// The hook is in effect in this environment: the device's total is the limit.
 fn assert_hooked(run: &Run, limit: u64) {
     let o = run.run(&["info"]);

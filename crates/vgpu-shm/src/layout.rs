@@ -310,48 +310,62 @@ pub struct Extension {
     pub slots: [SlotRecord; MAX_SLOTS],
 }
 
+/// Asserts at compile time that a `#[repr(C)]` type has HAMi's size and each named field sits
+/// at HAMi's offset. Written as the C header's table (type, size, then field: offset), so a
+/// struct's layout reads in one place and a wrong number names its type and field.
+macro_rules! assert_layout {
+    ($($ty:ident: $size:tt bytes { $($field:ident: $offset:expr),* $(,)? })*) => {$(
+        assert!(size_of::<$ty>() == $size);
+        $(assert!(offset_of!($ty, $field) == $offset);)*
+    )*};
+}
+
 // Compile-time proof of every offset in docs hami-compat.md (x86_64 / 64-bit little endian).
 const _: () = {
-    assert!(size_of::<HamiRegion>() == REGION_SIZE);
-    assert!(offset_of!(HamiRegion, initialized_flag) == 0);
-    assert!(offset_of!(HamiRegion, major_version) == 4);
-    assert!(offset_of!(HamiRegion, minor_version) == 8);
-    assert!(offset_of!(HamiRegion, sm_init_flag) == 12);
-    assert!(offset_of!(HamiRegion, owner_pid) == 16);
-    assert!(offset_of!(HamiRegion, sem) == 24);
-    assert!(offset_of!(HamiRegion, device_num) == 56);
-    assert!(offset_of!(HamiRegion, uuids) == 64);
+    assert_layout! {
+        HamiRegion: REGION_SIZE bytes {
+            initialized_flag: 0,
+            major_version: 4,
+            minor_version: 8,
+            sm_init_flag: 12,
+            owner_pid: 16,
+            sem: 24,
+            device_num: 56,
+            uuids: 64,
+            limit: 1600,
+            sm_limit: 1728,
+            procs: 1856,
+            proc_num: 2_008_896,
+            utilization_switch: 2_008_900,
+            recent_kernel: 2_008_904,
+            priority: 2_008_908,
+            last_kernel_time: 2_008_912,
+            sem_postinit: 2_008_920,
+        }
+        HamiProcSlot: 1960 bytes {
+            pid: 0,
+            hostpid: 4,
+            used: 8,
+            monitorused: 1032,
+            device_util: 1160,
+            status: 1928,
+            seqlock: 1936,
+            unused: 1944,
+        }
+        HamiDeviceMemory: 64 bytes {
+            context_size: 0,
+            module_size: 8,
+            data_size: 16,
+            offset: 24,
+            total: 32,
+        }
+        HamiDeviceUtil: 48 bytes {
+            dec_util: 0,
+            enc_util: 8,
+            sm_util: 16,
+        }
+    }
     assert!(size_of::<[[AtomicU8; UUID_LEN]; MAX_DEVICES]>() == 16 * 96);
-    assert!(offset_of!(HamiRegion, limit) == 1600);
-    assert!(offset_of!(HamiRegion, sm_limit) == 1728);
-    assert!(offset_of!(HamiRegion, procs) == 1856);
-    assert!(offset_of!(HamiRegion, proc_num) == 2_008_896);
-    assert!(offset_of!(HamiRegion, utilization_switch) == 2_008_900);
-    assert!(offset_of!(HamiRegion, recent_kernel) == 2_008_904);
-    assert!(offset_of!(HamiRegion, priority) == 2_008_908);
-    assert!(offset_of!(HamiRegion, last_kernel_time) == 2_008_912);
-    assert!(offset_of!(HamiRegion, sem_postinit) == 2_008_920);
-
-    assert!(size_of::<HamiProcSlot>() == 1960);
-    assert!(offset_of!(HamiProcSlot, pid) == 0);
-    assert!(offset_of!(HamiProcSlot, hostpid) == 4);
-    assert!(offset_of!(HamiProcSlot, used) == 8);
-    assert!(offset_of!(HamiProcSlot, monitorused) == 1032);
-    assert!(offset_of!(HamiProcSlot, device_util) == 1160);
-    assert!(offset_of!(HamiProcSlot, status) == 1928);
-    assert!(offset_of!(HamiProcSlot, seqlock) == 1936);
-    assert!(offset_of!(HamiProcSlot, unused) == 1944);
-
-    assert!(size_of::<HamiDeviceMemory>() == 64);
-    assert!(offset_of!(HamiDeviceMemory, context_size) == 0);
-    assert!(offset_of!(HamiDeviceMemory, module_size) == 8);
-    assert!(offset_of!(HamiDeviceMemory, data_size) == 16);
-    assert!(offset_of!(HamiDeviceMemory, offset) == 24);
-    assert!(offset_of!(HamiDeviceMemory, total) == 32);
-    assert!(size_of::<HamiDeviceUtil>() == 48);
-    assert!(offset_of!(HamiDeviceUtil, dec_util) == 0);
-    assert!(offset_of!(HamiDeviceUtil, enc_util) == 8);
-    assert!(offset_of!(HamiDeviceUtil, sm_util) == 16);
 
     assert!(EXT_OFFSET == 2_008_960);
     assert!(EXT_OFFSET % 64 == 0);

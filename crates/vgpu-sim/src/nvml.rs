@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use vgpu_cuda_abi::{
     NVML_MEMORY_V2_VERSION, c_char, c_int, c_uint, c_ulonglong, nvmlDevice_t, nvmlMemory_t,
-    nvmlMemory_v2_t, nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t,
+    nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
+    nvmlUtilization_t,
 };
 
 use crate::codes::*;
@@ -116,20 +117,6 @@ fn text_into(buf: *mut c_char, len: c_uint, text: &str) -> NResult<()> {
     Ok(())
 }
 
-/// `nvmlProcessInfo_t` of `_v2`/`_v3` (24 bytes).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ProcessInfo {
-    /// Process id.
-    pub pid: c_uint,
-    /// Bytes it uses on the device.
-    pub used_gpu_memory: u64,
-    /// MIG GPU instance (unused: 0xFFFFFFFF).
-    pub gpu_instance_id: c_uint,
-    /// MIG compute instance (unused: 0xFFFFFFFF).
-    pub compute_instance_id: c_uint,
-}
-
 /// `nvmlProcessInfo_v1_t` (16 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -140,10 +127,7 @@ pub struct ProcessInfoV1 {
     pub used_gpu_memory: u64,
 }
 
-const _: () = {
-    assert!(std::mem::size_of::<ProcessInfo>() == 24);
-    assert!(std::mem::size_of::<ProcessInfoV1>() == 16);
-};
+const _: () = assert!(std::mem::size_of::<ProcessInfoV1>() == 16);
 
 fn init() -> nvmlReturn_t {
     match global() {
@@ -358,13 +342,13 @@ nvml_exports! {
     nvmlDeviceGetComputeRunningProcesses(d: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfoV1) |s| {
         processes(s, d, count, infos, |pid, used| ProcessInfoV1 { pid, used_gpu_memory: used })
     }
-    nvmlDeviceGetComputeRunningProcesses_v2(d: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfo) |s| {
-        processes(s, d, count, infos, |pid, used| ProcessInfo { pid, used_gpu_memory: used, gpu_instance_id: u32::MAX, compute_instance_id: u32::MAX })
+    nvmlDeviceGetComputeRunningProcesses_v2(d: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) |s| {
+        processes(s, d, count, infos, |pid, used| nvmlProcessInfo_t { pid, usedGpuMemory: used, gpuInstanceId: u32::MAX, computeInstanceId: u32::MAX })
     }
-    nvmlDeviceGetComputeRunningProcesses_v3(d: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfo) |s| {
-        processes(s, d, count, infos, |pid, used| ProcessInfo { pid, used_gpu_memory: used, gpu_instance_id: u32::MAX, compute_instance_id: u32::MAX })
+    nvmlDeviceGetComputeRunningProcesses_v3(d: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) |s| {
+        processes(s, d, count, infos, |pid, used| nvmlProcessInfo_t { pid, usedGpuMemory: used, gpuInstanceId: u32::MAX, computeInstanceId: u32::MAX })
     }
-    nvmlDeviceGetGraphicsRunningProcesses_v3(d: nvmlDevice_t, count: *mut c_uint, _infos: *mut ProcessInfo) |s| {
+    nvmlDeviceGetGraphicsRunningProcesses_v3(d: nvmlDevice_t, count: *mut c_uint, _infos: *mut nvmlProcessInfo_t) |s| {
         dev_index(s, d)?;
         put!(count, 0);
         Ok(())

@@ -225,6 +225,11 @@ impl std::fmt::Display for Out {
     }
 }
 
+/// Every way the probe reaches the driver ([`Run::via`], `VGPU_VIA` in `probe.c`): linked
+/// symbols, `dlopen`+`dlsym`, `cuGetProcAddress`, and `cuGetProcAddress` with the
+/// per-thread-default-stream flag.
+pub const VIAS: [&str; 4] = ["link", "dlsym", "procaddr", "ptsz"];
+
 /// One run of the probe under the hook (or not), with the environment of a container.
 #[derive(Debug, Clone)]
 pub struct Run {

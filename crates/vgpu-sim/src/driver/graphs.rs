@@ -4,36 +4,18 @@ use super::launches::pack_args;
 use super::vmm::location;
 use super::*;
 
-/// `CUDA_KERNEL_NODE_PARAMS` (v1 and the shared prefix of v2).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct KernelNodeParams {
-    /// `func`
-    pub func: CUfunction,
-    /// `gridDimX`, `gridDimY`, `gridDimZ`
-    pub grid: [c_uint; 3],
-    /// `blockDimX`, `blockDimY`, `blockDimZ`
-    pub block: [c_uint; 3],
-    /// `sharedMemBytes`
-    pub shared_mem_bytes: c_uint,
-    /// `kernelParams`
-    pub kernel_params: *mut *mut c_void,
-    /// `extra`
-    pub extra: *mut *mut c_void,
-}
-
-const _: () = assert!(std::mem::size_of::<KernelNodeParams>() == 56);
-
 fn add_kernel_node(
     s: &Sim,
     node: *mut CUgraphNode,
     g: CUgraph,
-    p: *const KernelNodeParams,
+    p: *const CUDA_KERNEL_NODE_PARAMS_v1,
 ) -> CuResult<()> {
-    let p: KernelNodeParams = inp!(p);
+    let p: CUDA_KERNEL_NODE_PARAMS_v1 = inp!(p);
     let (kernel, dev) = s.function_to_launch(hv(p.func))?;
-    s.check_dims(p.grid, p.block, false)?;
-    let args = pack_args(kernel, p.kernel_params, p.extra)?;
+    let grid = [p.gridDimX, p.gridDimY, p.gridDimZ];
+    let block = [p.blockDimX, p.blockDimY, p.blockDimZ];
+    s.check_dims(grid, block, false)?;
+    let args = pack_args(kernel, p.kernelParams, p.extra)?;
     out!(
         node,
         hp(s.graph_add_kernel(
@@ -41,8 +23,8 @@ fn add_kernel_node(
             Launch {
                 kernel,
                 dev,
-                grid: p.grid,
-                block: p.block,
+                grid,
+                block,
                 args
             }
         )?)
@@ -56,10 +38,10 @@ exports! {
         Ok(())
     }
     cuGraphDestroy(g: CUgraph) false |s| { s.graph_destroy(hv(g)) }
-    cuGraphAddKernelNode(node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _n: usize, p: *const KernelNodeParams) false |s| {
+    cuGraphAddKernelNode(node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _n: usize, p: *const CUDA_KERNEL_NODE_PARAMS_v1) false |s| {
         add_kernel_node(s, node, g, p)
     }
-    cuGraphAddKernelNode_v2(node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _n: usize, p: *const KernelNodeParams) false |s| {
+    cuGraphAddKernelNode_v2(node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _n: usize, p: *const CUDA_KERNEL_NODE_PARAMS_v1) false |s| {
         add_kernel_node(s, node, g, p)
     }
     cuGraphAddEmptyNode(node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _n: usize) false |s| {

@@ -10,13 +10,13 @@ use std::ffi::CStr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use vgpu_cuda_abi::{
-    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_MEM_ALLOC_NODE_PARAMS, CUarray, CUcontext,
-    CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUfunction, CUgraph,
-    CUgraphExec, CUgraphMem_attribute, CUgraphNode, CUipcMemHandle, CUlaunchConfig,
-    CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool,
-    CUmipmappedArray, CUmodule, CUpointer_attribute, CUresult, CUstream, CUuuid, c_char, c_int,
-    c_uint, c_void,
+    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_KERNEL_NODE_PARAMS_v1,
+    CUDA_MEM_ALLOC_NODE_PARAMS, CUarray, CUcontext, CUdevice, CUdeviceptr,
+    CUdriverProcAddressQueryResult, CUevent, CUfunction, CUgraph, CUgraphExec,
+    CUgraphMem_attribute, CUgraphNode, CUipcMemHandle, CUlaunchConfig, CUmemAccessDesc,
+    CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemGenericAllocationHandle,
+    CUmemLocation, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUmodule,
+    CUpointer_attribute, CUresult, CUstream, CUuuid, c_char, c_int, c_uint, c_void,
 };
 
 use crate::codes::*;
