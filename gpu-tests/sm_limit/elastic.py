@@ -236,7 +236,7 @@ def main():
     if 2 in tables:
         table2(b, say, mm_alone, os.path.join(os.path.dirname(lib), "vgpu"))
     if 3 in tables:
-        table3(b, say, mm_alone, args.plain_reference)
+        table3(b, say, mm_alone, args.plain_reference, os.path.join(os.path.dirname(lib), "vgpu"))
     if 4 in tables:
         table4(b, say)
     if 5 in tables:
@@ -400,7 +400,23 @@ def status_line(text):
     return "; ".join(said) or "no share records"
 
 
-def table3(b, say, mm_alone, plain_reference=True):
+def window_order(seen, shares):
+    """The four tenants' windows in cycle order, from each tenant's `vgpu status --json`
+    through its own file (`seen` as [`CliAt.join`] gives it, tenant `i` the `i`th): every
+    tenant lays the windows out in ascending key order. Each with its part and launch length
+    as its record said."""
+    own = []
+    for (share, (_t, _at, text)) in zip(shares, seen):
+        try:
+            turns = json.loads(text)["devices"][0]["turns"]
+            me = next(t for t in turns if t.get("this_container"))
+            own.append((int(me["key"], 16), share, me.get("share", {}).get("part_percent"), me.get("launch_us")))
+        except (ValueError, KeyError, IndexError, TypeError, StopIteration):
+            return f"unreadable ({text[:120]!r})"
+    return " → ".join(f"{s}% (part {p}%, launch {l} µs)" for _k, s, p, l in sorted(own)) + " → (the first again)"
+
+
+def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
     # 3. Four tenants, one idle at a time, then the 40% one alone (the run's own reference:
     # the GPU's clock under sustained matmuls drifts by up to 10% between separate runs).
     say("\n## 3. Share mode 10/20/30/40, each idle 2 s in turn, then the 40% one alone (matmul)\n")
@@ -412,16 +428,24 @@ def table3(b, say, mm_alone, plain_reference=True):
     turns = b.turns()
     start = time.time() + START_DELAY
     sampler = Busy(start)
+    envs = [b.env("share", sm=s, turns=turns) for s in shares]
+    # Each tenant's own record, read through its file while all four are busy: the keys give
+    # the order of the windows in the cycle (every tenant lays them out by key).
+    cli = CliAt(vgpu, start, [(1.0, ["status", "--json", "--cache", e["CUDA_DEVICE_MEMORY_SHARED_CACHE"]])
+                              for e in envs], env={"VGPU_TURN_DIR": turns})
     rs = b.together(
         "four",
         [
-            (b.env("share", sm=s, turns=turns),
-             b.load("matmul", 12, start, "--idle", f"{2 * (i + 1)}:{2 * (i + 2)}",
-                    *(["--idle", "10:12"] if i < 3 else [])))
-            for i, s in enumerate(shares)
+            (env, b.load("matmul", 12, start, "--idle", f"{2 * (i + 1)}:{2 * (i + 2)}",
+                         *(["--idle", "10:12"] if i < 3 else [])))
+            for i, env in enumerate(envs)
         ],
     )
     busy_by_phase = sampler.stop()
+    seen = cli.join()
+    if seen is not None:
+        b.raw["four (vgpu status)"] = seen
+        say(f"Windows in the cycle while all four are busy (1 s in), in order: {window_order(seen, shares)}\n")
     say("| phase | " + " | ".join(f"{s}% (% of alone / part of busy)" for s in shares)
         + " | sum % of alone | device busy (NVML) | verdict |")
     say("|---|" + "---|" * (len(shares) + 3))
