@@ -416,6 +416,17 @@ def window_order(seen, shares):
     return " → ".join(f"{s}% (part {p}%, launch {l} µs)" for _k, s, p, l in sorted(own)) + " → (the first again)"
 
 
+def four_phase_ok(got, dev, busy, shares, margin=0.5):
+    """Table 3's verdict on one phase: the device at least 95% busy (NVML, percent; None:
+    unknown, a failure) and each busy tenant (indices `busy`) with at least its share of the
+    busy tenants' time (its guarantee plus what an idle one lends, in proportion to the
+    guarantees), less `margin` points. `got`: each tenant's rate."""
+    due = sum(shares[i] for i in busy)
+    total = sum(got)
+    return (dev is not None and dev >= 95 and total > 0
+            and all(100 * got[i] / total >= 100 * shares[i] / due - margin for i in busy))
+
+
 def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
     # 3. Four tenants, one idle at a time, then the 40% one alone (the run's own reference:
     # the GPU's clock under sustained matmuls drifts by up to 10% between separate runs).
@@ -457,11 +468,7 @@ def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
             busy = [i for i in range(4) if phase != i + 1]
             dev = busy_by_phase(t0, t1)
             part = [100 * g / sum(got) * (dev or 100) / 100 for g in got]
-            due = sum(shares[i] for i in busy)
-            # Each busy tenant at least its share of the busy time (its guarantee plus what
-            # the idle one lends, in proportion to the guarantees), the device >= 95% busy.
-            ok = dev is not None and dev >= 95 and all(
-                100 * got[i] / sum(got) >= 100 * shares[i] / due - 0.5 for i in busy)
+            ok = four_phase_ok(got, dev, busy, shares)
             name = "all busy" if phase == 0 else f"{shares[phase - 1]}% idle"
             cells = [f"{100 * g / alone:.1f} / {p:.1f}" for g, p in zip(got, part)]
             say(f"| {name} | " + " | ".join(cells) + f" | {sum(100 * g / alone for g in got):.1f} | "

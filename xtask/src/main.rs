@@ -91,7 +91,26 @@ fn test(extra: &[String]) -> Result<(), String> {
     cmd.args(["test", "--workspace", "--no-fail-fast"])
         .args(extra);
     run(cmd)?;
-    loom()
+    loom()?;
+    bench_helpers()
+}
+
+/// The GPU benches' own arithmetic (their timelines, figures and verdicts), which needs no GPU
+/// and no package beyond Python's standard library.
+fn bench_helpers() -> Result<(), String> {
+    let mut cmd = Command::new("python3");
+    cmd.current_dir(workspace_root())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .args([
+            "-m",
+            "unittest",
+            "discover",
+            "-s",
+            "gpu-tests/sm_limit",
+            "-p",
+            "test_*.py",
+        ]);
+    run(cmd)
 }
 
 /// The loom models of the atomic protocols (the shared table's; the hook's power-reading seqlock

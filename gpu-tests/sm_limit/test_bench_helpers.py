@@ -1,0 +1,234 @@
+"""The share-mode bench's own arithmetic, without a GPU: the timelines it runs, the figures
+and verdicts it prints from the tenants' stamps, and the tenants' environments. A wrong
+verdict here is a wrong claim in docs/benchmarks.md (run 16 gave a pair the wrong
+priorities; run 17 failed a live change that had worked, from too short a window).
+
+    python3 -m unittest discover -s gpu-tests/sm_limit -p 'test_*.py'   (cargo xtask test runs it)
+"""
+import json
+import os
+import random
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import elastic  # noqa: E402
+
+
+def stamps_every(period, seconds, idle=()):
+    """Request start times every `period` s over `seconds`, none inside an `idle` range."""
+    t, out = 0.0, []
+    while t < seconds:
+        if not any(a <= t < b for a, b in idle):
+            out.append(round(t, 4))
+        t += period
+    return out
+
+
+class PrioritySchedule(unittest.TestCase):
+    def test_slots_alternate_and_each_slots_start_is_not_counted(self):
+        seconds, counted, service_idle, other_idle = elastic.priority_schedule()
+        self.assertEqual(seconds, 24.0)
+        self.assertEqual(len(counted["A"]), 4)
+        self.assertEqual(len(counted["B"]), 8)
+        self.assertEqual(len(counted["C"]), 4)
+        for c, phases in counted.items():
+            for a, b in phases:
+                self.assertAlmostEqual(b - a, elastic.PRIORITY_SLOT_S - elastic.PRIORITY_SETTLE_S)
+        # The service idles in the best-effort tenant's alone slots and vice versa; both run
+        # in the "both" slots.
+        self.assertEqual(service_idle, [(a - 0.5, b) for a, b in counted["C"]])
+        self.assertEqual(other_idle, [(a - 0.5, b) for a, b in counted["A"]])
+        for a, b in counted["B"]:
+            self.assertFalse(any(x < b and a < y for x, y in service_idle + other_idle))
+
+    def test_idle_args_name_every_range(self):
+        self.assertEqual(elastic.idle_args([(0, 1.5), (6, 7.5)]),
+                         ["--idle", "0:1.5", "--idle", "6:7.5"])
+
+
+class PriorityFigures(unittest.TestCase):
+    def timeline(self, alone_ms, both_ms, trainer_alone, trainer_both):
+        """A service with `alone_ms` latencies alone and `both_ms` beside the best-effort
+        tenant, which runs `trainer_alone` steps/s alone and `trainer_both` beside it."""
+        seconds, counted, service_idle, other_idle = elastic.priority_schedule()
+        st = stamps_every(0.014, seconds, service_idle)
+        in_b = lambda t: any(a - 0.5 <= t < b for a, b in counted["B"])
+        ri = {"stamps": st, "lat": [both_ms if in_b(t) else alone_ms for t in st],
+              "host_ms": [alone_ms - 0.1 for _ in st]}
+        bin_s = 0.05
+        bins = []
+        for i in range(int(seconds / bin_s)):
+            t = i * bin_s
+            if any(a <= t < b for a, b in other_idle):
+                bins.append(0.0)
+            else:
+                bins.append(trainer_both if in_b(t) else trainer_alone)
+        rt = {"bins": bins, "bin_s": bin_s}
+        return ri, rt, counted
+
+    def test_ratios_against_the_same_process_alone_and_the_best_effort_rate(self):
+        ri, rt, counted = self.timeline(4.0, 4.8, 40.0, 24.0)
+        f = elastic.priority_figures(ri, rt, counted)
+        self.assertEqual(set(f["alone"]), {4.0})
+        self.assertEqual(set(f["both"]), {4.8})
+        self.assertAlmostEqual(f["best_effort"], 0.6)
+        line = elastic.priority_line("share", ri, rt, {"p50_ms": 4.0}, None, counted)
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        self.assertEqual(cells[3], "1.20")  # p50 both / alone
+        self.assertEqual(cells[7], "60.0")  # best-effort both, % of alone
+        self.assertEqual(cells[8], "PASS")
+
+    def test_the_verdict_fails_past_a_quarter_or_under_half_the_best_effort_rate(self):
+        ri, rt, counted = self.timeline(4.0, 5.2, 40.0, 30.0)
+        self.assertTrue(elastic.priority_line("x", ri, rt, None, None, counted).endswith("| FAIL |"))
+        ri, rt, counted = self.timeline(4.0, 4.4, 40.0, 19.0)
+        self.assertTrue(elastic.priority_line("x", ri, rt, None, None, counted).endswith("| FAIL |"))
+
+    def test_against_plain_in_the_same_run(self):
+        ri, rt, counted = self.timeline(4.0, 4.4, 40.0, 30.0)
+        plain = {"both": [5.5] * 100}
+        cells = elastic.priority_line("share", ri, rt, None, plain, counted).split("|")
+        self.assertEqual(cells[6].strip(), "0.80, 0.80")
+
+    def test_the_gpu_wait_is_latency_less_host_launch_time(self):
+        ri, rt, counted = self.timeline(4.0, 4.8, 40.0, 24.0)
+        self.assertIn("GPU wait p50 0.10 / 0.90 ms", elastic.gpu_wait(ri, counted))
+        medians = elastic.slot_medians(ri, counted).split()
+        self.assertEqual(medians[:3], ["A4.0/3.9", "B4.8/3.9", "B4.8/3.9"])
+        self.assertEqual(elastic.gpu_wait({"stamps": [], "lat": []}, counted), "")
+
+
+class SettleTime(unittest.TestCase):
+    def test_a_change_is_settled_once_the_window_holds_the_new_split(self):
+        bin_s, at = 0.05, 3.0
+        n = int(8 / bin_s)
+        # 30/70 before, 70/30 from 3.2 s.
+        a = [30 if i * bin_s < 3.2 else 70 for i in range(n)]
+        b = [70 if i * bin_s < 3.2 else 30 for i in range(n)]
+        t = elastic.settle_time(a, b, bin_s, at, 0.70)
+        # The 400 ms window first holds only the new split at 3.2 + 0.4 s.
+        self.assertAlmostEqual(t, 0.6, places=6)
+
+    def test_one_bins_swing_does_not_unsettle_a_400_ms_window(self):
+        # Run 17: a 10% tenant's 50 ms bins gain or lose one 4 ms turn's launches at their
+        # edges. Over 200 ms one such bin moves its part past 3 points; over 400 ms it does not.
+        bin_s, at = 0.05, 3.0
+        n = int(8 / bin_s)
+        a = [10] * n
+        b = [90] * n
+        a[100], b[100] = 24, 76  # at 5.0 s, 2 s after the change
+        self.assertGreater(elastic.settle_time(a, b, bin_s, at, 0.10, window=0.2), 2.0)
+        self.assertAlmostEqual(elastic.settle_time(a, b, bin_s, at, 0.10), 0.05)
+
+    def test_never_settled_is_none(self):
+        a, b = [50] * 160, [50] * 160
+        self.assertIsNone(elastic.settle_time(a, b, 0.05, 3.0, 0.10))
+
+
+class FourPhases(unittest.TestCase):
+    SHARES = (10, 20, 30, 40)
+
+    def test_all_busy_needs_each_share_within_half_a_point_and_a_busy_device(self):
+        busy = [0, 1, 2, 3]
+        self.assertTrue(elastic.four_phase_ok([10.2, 20.3, 29.9, 39.6], 99.5, busy, self.SHARES))
+        # Run 18's 40% tenant: 39.3 of 99.7 (39.45% of what the four got) is 0.55 under.
+        self.assertFalse(elastic.four_phase_ok([10.3, 20.3, 29.8, 39.3], 99.7, busy, self.SHARES))
+        self.assertFalse(elastic.four_phase_ok([10, 20, 30, 40], 94.9, busy, self.SHARES))
+        self.assertFalse(elastic.four_phase_ok([10, 20, 30, 40], None, busy, self.SHARES))
+
+    def test_an_idle_tenants_share_is_lent_in_proportion(self):
+        # 30% idle: the others are due 10/70, 20/70, 40/70 of the busy time.
+        busy = [0, 1, 3]
+        self.assertTrue(elastic.four_phase_ok([14.3, 28.6, 0, 57.1], 99, busy, self.SHARES))
+        # Run 21: the 40% tenant 56.0 of its 57.1.
+        self.assertFalse(elastic.four_phase_ok([14.7, 29.1, 0, 56.0], 99.8, busy, self.SHARES))
+
+    def test_the_window_order_comes_from_the_keys(self):
+        def status(key, part, launch):
+            return json.dumps({"devices": [{"turns": [
+                {"key": "%016x" % (key ^ 1), "this_container": False},
+                {"key": "%016x" % key, "this_container": True, "launch_us": launch,
+                 "share": {"part_percent": part}}]}]})
+        seen = [(1.0, 1.0, status(k, p, 200)) for k, p in
+                ((0xF000, 10), (0x1000, 20), (0xA000, 30), (0x0F00, 40))]
+        order = elastic.window_order(seen, self.SHARES)
+        self.assertEqual([w.split("%")[0] for w in order.split(" → ")[:4]], ["40", "20", "30", "10"])
+        self.assertTrue(elastic.window_order([(1, 1, "not json")] * 4, self.SHARES)
+                        .startswith("unreadable"))
+
+
+class FakeBench(elastic.Bench):
+    """elastic.Bench whose tenants are not started: each gets requests every 14 ms while it
+    is not idle, so the hook-cost rotation's arithmetic can be checked."""
+
+    def __init__(self, work, slow=()):
+        super().__init__("/nonexistent/libvgpu.so", work)
+        self.slow, self.started = slow, []
+
+    def together(self, label, tenants, timeout=120):
+        out = []
+        for j, (env, argv) in enumerate(tenants):
+            # What subprocess.Popen would refuse: every environment value a string.
+            bad = [k for k, v in env.items() if not isinstance(v, str)]
+            if bad:
+                raise TypeError(f"tenant {j}: {bad} not strings")
+            self.started.append((env, argv))
+            idle = [tuple(map(float, argv[i + 1].split(":"))) for i, x in enumerate(argv) if x == "--idle"]
+            st = stamps_every(0.014, float(argv[3]), idle)
+            lat = 5.0 * (1.3 if j in self.slow else 1.0)
+            out.append({"stamps": st, "lat": [lat] * len(st), "host_ms": [lat - 0.1] * len(st)})
+        self.raw[label] = out
+        return out
+
+
+class HookCost(unittest.TestCase):
+    def test_every_hook_mode_starts_and_takes_its_own_slots(self):
+        with tempfile.TemporaryDirectory() as work:
+            b = FakeBench(work, slow=(4,))
+            said = []
+            bare = elastic.hook_cost(b, said.append, elastic.HOOK_COST_VARIANTS)
+        self.assertAlmostEqual(bare["p50_ms"], 5.0)
+        k = len(elastic.HOOK_COST_VARIANTS) + 1
+        self.assertEqual(len(b.started), k)
+        # The slots of the processes never overlap and leave none empty.
+        active = []
+        for _env, argv in b.started:
+            idle = [tuple(map(float, argv[i + 1].split(":"))) for i, x in enumerate(argv) if x == "--idle"]
+            seconds = float(argv[3])
+            active.append([t / 10 for t in range(int(seconds * 10))
+                           if not any(a <= t / 10 < z for a, z in idle)])
+        every = sorted(t for a in active for t in a)
+        self.assertEqual(every, sorted(set(every)))
+        self.assertEqual(len(every), int(float(b.started[0][1][3]) * 10))
+        # Hooked ones preload the library; the share-mode ones have a board each.
+        self.assertNotIn("LD_PRELOAD", b.started[0][0])
+        for env, _ in b.started[1:]:
+            self.assertEqual(env["LD_PRELOAD"], "/nonexistent/libvgpu.so")
+            self.assertTrue(env["VGPU_TURN_DIR"])
+        lines = [s for s in said if s.startswith("- ")]
+        self.assertEqual(len(lines), k - 1)
+        self.assertIn("hooked / bare p50 1.30×", lines[-1])
+        self.assertIn("hooked / bare p50 1.00×", lines[0])
+
+
+class Environments(unittest.TestCase):
+    def test_modes_set_what_hamis_variables_and_ours_mean(self):
+        with tempfile.TemporaryDirectory() as work:
+            b = elastic.Bench("/lib/libvgpu.so", work)
+            plain = b.env("plain")
+            self.assertNotIn("LD_PRELOAD", plain)
+            share = b.env("share", sm=30, priority=0, turns=b.turns())
+            self.assertEqual(share["VGPU_SM_MODE"], "share")
+            self.assertEqual(share["CUDA_DEVICE_SM_LIMIT"], "30")
+            self.assertEqual(share["CUDA_TASK_PRIORITY"], "0")
+            cap = b.env("cap", sm=70, turns=b.turns())
+            self.assertNotIn("VGPU_SM_MODE", cap)
+            self.assertNotEqual(share["CUDA_DEVICE_MEMORY_SHARED_CACHE"],
+                                cap["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+
+
+if __name__ == "__main__":
+    random.seed(1)
+    unittest.main()
