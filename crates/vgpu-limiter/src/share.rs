@@ -82,6 +82,12 @@ pub struct ShareRules {
     /// `busy_until` is its queue's end plus the idle grace): one held by priority may fill
     /// its gaps. A dense burst queues further ahead and is not filled.
     pub sparse_within: Nanos,
+    /// How long a container stays outranked after it last saw a live container of higher
+    /// priority. A service whose requests come further apart than `max_age` is off the board
+    /// when each one arrives; without this memory the best-effort container's queue would
+    /// be as deep as its pacer allows (about 10 ms) by then, and the request would wait
+    /// behind it.
+    pub rank_memory: Nanos,
 }
 
 impl Default for ShareRules {
@@ -93,6 +99,7 @@ impl Default for ShareRules {
             // 0.5 ms grace it also counts a service with up to 2 ms queued as sparse. Kept:
             // the H200's table 4 passed with it (run 10, 2026-12-01).
             sparse_within: 2_500_000,
+            rank_memory: 10_000_000_000,
         }
     }
 }
@@ -299,6 +306,9 @@ pub(crate) struct Sharing {
     next_demand: Nanos,
     /// The `busy_until` last written (0: none).
     published_busy: Nanos,
+    /// Until when this container counts as outranked without a higher one on the board
+    /// ([`ShareRules::rank_memory`] after it last saw one).
+    outranked_until: Nanos,
     pub(crate) allot: Option<Allotment>,
     pub(crate) lent_ns: f64,
     pub(crate) borrowed_ns: f64,
@@ -407,7 +417,7 @@ impl Sharing {
             .iter()
             .find(|r| Some(r.key) == self.key)
             .map_or(launch_ns, |r| r.launch_ns);
-        let a = allot(
+        let mut a = allot(
             me,
             claim,
             launch_ns,
@@ -416,6 +426,12 @@ impl Sharing {
             t.rules,
             t.min_cycle,
         );
+        if a.outranked {
+            self.outranked_until = now.saturating_add(t.rules.rank_memory);
+        } else if now < self.outranked_until {
+            // A higher one was here lately: it may be between requests, not gone.
+            a.outranked = true;
+        }
         if a.hold_until > now {
             // Held: look again as soon as the holder's claim may have run out.
             self.next_demand = self.next_demand.min(a.hold_until);
