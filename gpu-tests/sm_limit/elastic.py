@@ -29,7 +29,12 @@ Tables (written to DIR/elastic.md, raw results to DIR/elastic.json):
     --priority 0` lifts one of two 10/10 tenants above the other (it then borrows first: about
     90/10). Each tenant's part of the pair's launches; the new split (over 400 ms, within 3
     points) must hold within 1 s of the change.
-Runs in about 7 minutes.
+ 6. (only with --tables 6) a sparse service, a request every 0.7 s, beside a matmul loop,
+    plain and share+priority, against the service alone: its requests come further apart
+    than a record counts as live, so the best-effort loop keeps its queue short from memory.
+--hook-cost instead: the service bare and under each hook mode, taking turns.
+Tables 1-5 run in about 7 minutes (table 6: 1). Tables 4 and 6 live in priority.py, what
+the tables share in bench_common.py.
 """
 import argparse
 import json
@@ -37,166 +42,24 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-LOAD = os.path.join(HERE, "elastic_load.py")
-START_DELAY = 10.0  # torch import and CUDA start-up of every tenant fit in this
-
+from bench_common import (HERE, START_DELAY, Bench, Busy, CliAt, Report, bins_mean, first_reach,
+                          fmt, library, pct, window_rate)
+from priority import HOOK_COST_VARIANTS, hook_cost, table4, table6
 
 def parse():
     p = argparse.ArgumentParser()
     p.add_argument("libdir")
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
-    p.add_argument("--tables", default="1,2,3,4,5", help="which tables, e.g. 3,4")
+    p.add_argument("--tables", default="1,2,3,4,5",
+                   help="which tables, e.g. 3,4 (6, the sparse service, only when named)")
     p.add_argument("--hook-cost", action="store_true",
                    help="only the service bare and under each hook mode, in turns (no tables)")
     p.add_argument("--no-plain-reference", dest="plain_reference", action="store_false",
                    help="table 3 without the four under plain time-slicing")
     return p.parse_args()
-
-
-class Bench:
-    def __init__(self, lib, work):
-        self.lib, self.work, self.n = lib, work, 0
-        self.raw = {}
-
-    def env(self, mode, sm=None, priority=None, turns=None):
-        """Environment of one tenant: `mode` plain (no hook), cap or share."""
-        env = dict(os.environ)
-        if mode == "plain":
-            return env
-        self.n += 1
-        env.update(
-            LD_PRELOAD=self.lib,
-            CUDA_DEVICE_MEMORY_SHARED_CACHE=self.cache(self.n),
-            VGPU_TURN_DIR=turns,
-            LIBCUDA_LOG_LEVEL="3",  # the limiter's counters at exit, kept in elastic.json
-        )
-        if sm is not None:
-            env["CUDA_DEVICE_SM_LIMIT"] = str(sm)
-        if mode == "share":
-            env["VGPU_SM_MODE"] = "share"
-        if priority is not None:
-            env["CUDA_TASK_PRIORITY"] = str(priority)
-        return env
-
-    def cache(self, n):
-        """The shared file of the `n`th hooked tenant (`vgpu set-limit --cache`)."""
-        return os.path.join(self.work, f"c{n}.cache")
-
-    def turns(self):
-        self.n += 1
-        d = os.path.join(self.work, f"turns{self.n}")
-        os.makedirs(d)
-        return d
-
-    def together(self, label, tenants, timeout=120):
-        """Runs `tenants` [(env, argv)] at once; returns their RESULT dicts (None = failed)."""
-        procs = []
-        for env, argv in tenants:
-            procs.append(
-                subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            )
-        out, stats = [], []
-        for p in procs:
-            try:
-                so, se = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                so, se = p.communicate()
-            stats.append([l for l in se.splitlines() if "limiter stats" in l])
-            line = next((l for l in so.splitlines() if l.startswith("RESULT")), None)
-            if line is None:
-                print(f"  [{label}] failed (rc {p.returncode}): {se[-800:]}", file=sys.stderr)
-                out.append(None)
-            elif line.startswith("RESULT {"):
-                out.append(json.loads(line[len("RESULT "):]))
-            else:  # spin: RESULT key=value ...
-                out.append({k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])})
-        self.raw[label] = out
-        self.raw[label + " (limiter stats)"] = stats
-        return out
-
-    def load(self, kind, seconds, start, *extra):
-        return [sys.executable, LOAD, kind, str(seconds), "--start-at", str(start), *extra]
-
-
-class Busy:
-    """The device's busy time from NVML (`utilization.gpu`, the time a kernel ran) sampled
-    every 100 ms by nvidia-smi from now until stop(); stop() returns f(t0, t1) -> mean
-    percent over [t0, t1) seconds after `t0_wall` (None without samples)."""
-
-    def __init__(self, t0_wall):
-        self.t0 = t0_wall
-        self.p = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=timestamp,utilization.gpu", "--format=csv,noheader,nounits",
-             "-lms", "100"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )
-
-    def stop(self):
-        self.p.terminate()
-        so, _ = self.p.communicate()
-        samples = []
-        for line in so.splitlines():
-            try:
-                ts, util = (x.strip() for x in line.split(","))
-                base, frac = ts.split(".") if "." in ts else (ts, "0")
-                wall = time.mktime(time.strptime(base, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
-                samples.append((wall - self.t0, float(util)))
-            except ValueError:
-                continue
-
-        def mean(t0, t1):
-            v = [u for t, u in samples if t0 <= t < t1]
-            return statistics.mean(v) if v else None
-
-        return mean
-
-
-def pct(x, base):
-    return None if x is None or not base else 100.0 * x / base
-
-
-def fmt(v, spec=".1f"):
-    return "-" if v is None else format(v, spec)
-
-
-def first_reach(bins, bin_s, t_from, target):
-    """Seconds after t_from at which the 100 ms moving average of bins first reaches target."""
-    k = max(1, int(round(0.1 / bin_s)))
-    i0 = int(round(t_from / bin_s))
-    for i in range(i0 + k, len(bins) + 1):
-        if sum(bins[i - k:i]) / k >= target:
-            return (i - i0) * bin_s
-    return None
-
-
-def library(libdir):
-    """The libvgpu.so in `libdir` (exits if there is none)."""
-    lib = os.path.join(os.path.abspath(libdir), "libvgpu.so")
-    if not os.path.isfile(lib):
-        sys.exit(f"no {lib}")
-    return lib
-
-
-class Report:
-    """Markdown lines printed and written to `path` as they come: a run cut short keeps its
-    tables so far. Call it with a line."""
-
-    def __init__(self, path):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self.path, self.lines = path, []
-
-    def __call__(self, s=""):
-        print(s, flush=True)
-        self.lines.append(s)
-        with open(self.path, "w") as f:
-            f.write("\n".join(self.lines) + "\n")
 
 
 def main():
@@ -241,6 +104,8 @@ def main():
         table4(b, say)
     if 5 in tables:
         table5(b, say, os.path.join(os.path.dirname(lib), "vgpu"))
+    if 6 in tables:
+        table6(b, say)
     say(f"\nruntime {time.time() - t_begin:.0f} s")
     with open(os.path.join(args.out, "elastic.json"), "w") as f:
         json.dump(b.raw, f)
@@ -286,17 +151,6 @@ def table1(b, say, spin, iters, spin_alone, mm_alone):
 
 PAIR_S = 4.0
 PAIR_ALONE_S = 1.5
-
-
-def bins_mean(bins, bin_s, t0, t1=None):
-    """Mean of per-bin values over [t0, t1) seconds (t1 None: to the end)."""
-    end = None if t1 is None else int(round(t1 / bin_s))
-    return statistics.mean(bins[int(round(t0 / bin_s)):end])
-
-
-def window_rate(r, t0, t1=None):
-    """Mean rate of a load's bins over [t0, t1) seconds."""
-    return bins_mean(r["bins"], r["bin_s"], t0, t1)
 
 
 def in_run_split(r, mode):
@@ -349,36 +203,6 @@ def table2(b, say, mm_alone, vgpu=None):
             for i in range(int(2.5 / bin_s), int(7 / bin_s), k)
         ]
         say("  " + ", ".join(series))
-
-
-
-class CliAt:
-    """Runs the `vgpu` CLI beside the tenants: each `(t, argv)` of `calls` at `t` seconds
-    after `start` (wall clock), in a thread, with `env` added. join() returns
-    [(t, seconds after start it ran, stdout)], or None without an executable `vgpu`."""
-
-    def __init__(self, vgpu, start, calls, env=None):
-        self.out = []
-        self.thread = None
-        if not (vgpu and os.access(vgpu, os.X_OK)):
-            return
-        env = dict(os.environ, **(env or {}))
-
-        def run():
-            for t, argv in calls:
-                time.sleep(max(0.0, start + t - time.time()))
-                at = time.time() - start
-                r = subprocess.run([vgpu, *argv], capture_output=True, text=True, env=env)
-                self.out.append((t, at, r.stdout.strip()))
-
-        self.thread = threading.Thread(target=run)
-        self.thread.start()
-
-    def join(self):
-        if self.thread is None:
-            return None
-        self.thread.join()
-        return self.out
 
 
 def status_line(text):
@@ -488,217 +312,6 @@ def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
         got = [pct(r["rate"], mm_alone) for r in plain]
         say(f"\nPlain time-slicing, the four busy: {' / '.join(f'{g:.1f}' for g in got)} % of one alone "
             f"(a separate run), sum {sum(got):.1f}; device busy (NVML) {fmt(dev)}.")
-
-
-
-def table4(b, say):
-    # 4. Priority: inference beside a best-effort loop. Both run through one timeline of
-    # alternating slots, so each is compared with itself alone in the same run.
-    seconds, counted, service_idle, other_idle = priority_schedule()
-    say("\n## 4. Batch-1 inference (GPT-2 6x512, 128 tokens, a request every 10 ms) beside a training loop, then beside a matmul loop\n")
-    say(f"One {seconds:g} s timeline per mode, in {PRIORITY_SLOT_S:g} s slots: the service alone, "
-        f"both, the best-effort loop alone, both, {len(PRIORITY_PATTERN) // 4} times over (each "
-        f"slot's first {PRIORITY_SETTLE_S:g} s not counted). Ratios against the same process "
-        "alone in the same run; `bare` columns against inference alone without the hook (the "
-        "bare slots of the run just before, for the hook's own cost).\n")
-    inf_alone = hook_cost(b, say)
-    say("| mode | p50 ms alone / both | p99 ms alone / both | p50 both / alone | p99 both / alone "
-        "| p50, p99 both / plain both | p50 both / bare | best-effort both, % of alone | verdict |")
-    say("|---|---|---|---|---|---|---|---|---|")
-    plain, medians = {}, []
-    for mode, (si, st), (pi, pt), other in PRIORITY_ROWS:
-        m = mode.split()[0].rstrip(",")
-        turns = b.turns()
-        start = time.time() + START_DELAY
-        ri, rt = b.together(
-            f"priority {mode}",
-            [
-                (b.env(m, sm=si, priority=pi, turns=turns),
-                 b.load("infer", seconds, start, *idle_args(service_idle), "--stamps")),
-                (b.env(m, sm=st, priority=pt, turns=turns),
-                 b.load(other, seconds, start, *idle_args(other_idle), "--stamps")),
-            ],
-        )
-        say(priority_line(mode, ri, rt, inf_alone, plain.get(other), counted))
-        if m == "plain" and ri and rt:
-            plain[other] = priority_figures(ri, rt, counted)
-        if ri and "stamps" in ri:
-            medians.append((mode, slot_medians(ri, counted) + gpu_wait(ri, counted)))
-    say(f"\n{SLOT_MEDIANS_LEGEND}\n")
-    for mode, m in medians:
-        say(f"- {mode}: {m}")
-
-
-# The hooked service of table 4's share rows: share mode, priority 0, alone on its board.
-HOOKED_SERVICE = (("share mode, priority 0, alone", "share", {"priority": 0}),)
-# `--hook-cost`: the same service under each way the hook can run it.
-HOOK_COST_VARIANTS = (
-    ("hooked, no SM limit", "cap", {}),
-    ("hooked, cap 90%", "cap", {"sm": 90}),
-    ("hooked, share mode, best effort", "share", {}),
-    *HOOKED_SERVICE,
-)
-
-
-def hook_cost(b, say, variants=HOOKED_SERVICE, rounds=4):
-    """The service bare and under each of `variants` [(label, mode, Bench.env keywords)],
-    taking turns in 1.5 s slots (`rounds` times each), each idle while another runs: the
-    hook's own cost to a launch-bound service, against the same host at the same time (the
-    host's speed wanders on a scale of seconds). Says one line per variant; returns the
-    bare figures ({"p50_ms", "p99_ms"}) or None."""
-    slot, settle = PRIORITY_SLOT_S, PRIORITY_SETTLE_S
-    k = len(variants) + 1
-    n = k * rounds
-    mine = lambda j: [(i * slot, (i + 1) * slot) for i in range(n) if i % k == j]
-    others = lambda j: [r for i in range(k) if i != j for r in mine(i)]
-    counted = lambda j: [(a + settle, b_) for a, b_ in mine(j)]
-    start = time.time() + START_DELAY
-    # Each hooked one on a board of its own: alone there, as a tenant alone on a GPU.
-    envs = [b.env("plain")] + [b.env(mode, turns=b.turns(), **kw) for _, mode, kw in variants]
-    runs = b.together("infer bare and hooked", [
-        (env, b.load("infer", n * slot, start, *idle_args(sorted(others(j))), "--stamps"))
-        for j, env in enumerate(envs)])
-    if not all(runs):
-        say("The service bare and hooked in turns: failed.\n")
-        return None
-
-    def figures(r, phases):
-        at = [i for i, t in enumerate(r["stamps"]) if any(a <= t < b_ for a, b_ in phases)]
-        return sorted(r["lat"][i] for i in at), sorted(r["host_ms"][i] for i in at)
-
-    figs = [figures(r, counted(j)) for j, r in enumerate(runs)]
-    (lb, hb) = figs[0]
-    if not all(f[0] for f in figs):
-        say("The service bare and hooked in turns: no samples.\n")
-        return None
-    q = quantile
-    say(f"The service bare and hooked, taking turns in {slot:g} s slots over {n * slot:g} s "
-        f"({rounds} slots each; bare p50 {q(lb, 0.5):.2f} ms, p99 {q(lb, 0.99):.2f} ms):\n")
-    for (label, _, _), (lh, hh) in zip(variants, figs[1:]):
-        say(f"- {label}: p50 {q(lh, 0.5):.2f} ms, p99 {q(lh, 0.99):.2f} ms; hooked / bare p50 "
-            f"{q(lh, 0.5) / q(lb, 0.5):.2f}×, p99 {q(lh, 0.99) / q(lb, 0.99):.2f}×, host launch "
-            f"time p50 {q(hh, 0.5) / q(hb, 0.5):.2f}×")
-    say("")
-    return {"p50_ms": q(lb, 0.5), "p99_ms": q(lb, 0.99)}
-
-
-# Table 4's timeline: slots in the order of PRIORITY_PATTERN, "A" the service alone (the
-# best-effort tenant idle), "B" both, "C" the best-effort tenant alone (the service idle).
-# The service's latency wanders on a scale of seconds whatever the condition (in runs 10-18,
-# one 15 s timeline with two phases per condition, its two alone phases were up to 2.5 ms
-# apart), so each condition is sampled in many short slots spread over the run.
-PRIORITY_SLOT_S = 1.5
-PRIORITY_SETTLE_S = 0.5  # a slot's start is not counted: lending and holding switch over
-PRIORITY_PATTERN = "ABCB" * 4
-# The counted phases of runs 10-18's timeline (their saved elastic.json).
-PRIORITY_PHASES_UNTIL_RUN18 = {"A": [(0.5, 3), (13.5, 15)], "B": [(3.5, 7), (10, 13)], "C": [(7.5, 9.5)]}
-
-
-def priority_schedule(pattern=PRIORITY_PATTERN, slot=PRIORITY_SLOT_S, settle=PRIORITY_SETTLE_S):
-    """(seconds, the counted part of each condition's slots {"A"|"B"|"C": [(t0, t1)]}, the
-    service's idle ranges, the best-effort tenant's idle ranges)."""
-    slots = {"A": [], "B": [], "C": []}
-    for i, c in enumerate(pattern):
-        slots[c].append((i * slot, (i + 1) * slot))
-    counted = {c: [(a + settle, b_) for a, b_ in v] for c, v in slots.items()}
-    return len(pattern) * slot, counted, slots["C"], slots["A"]
-
-
-def idle_args(ranges):
-    """elastic_load.py's --idle arguments for `ranges` [(a, b)] seconds."""
-    return [x for a, b_ in ranges for x in ("--idle", f"{a:g}:{b_:g}")]
-
-
-# (label, SM limits, CUDA_TASK_PRIORITY of the service and of the best-effort tenant, what
-# the best-effort tenant runs). The matmul loop (4096^3 bf16 back to back) keeps the GPU
-# full, where time-slicing makes the service wait behind its queue; the training loop
-# leaves it partly idle.
-PRIORITY_ROWS = (
-    ("plain", (None, None), (None, None), "train"),
-    ("cap 70/30", (70, 30), (None, None), "train"),
-    ("share, priority 0/1", (None, None), (0, 1), "train"),
-    ("plain, beside matmuls", (None, None), (None, None), "matmul"),
-    ("share, priority 0/1, beside matmuls", (None, None), (0, 1), "matmul"),
-)
-
-
-def priority_figures(ri, rt, counted):
-    """Table 4's figures of one timeline (`counted`: its conditions' phases, as
-    [`priority_schedule`] gives them): the service's sorted latencies alone and beside the
-    best-effort tenant (by request start), and the best-effort tenant's rate beside the
-    service as a fraction of its own alone, from its 50 ms bins."""
-    lat = lambda phases: sorted(l for t, l in zip(ri["stamps"], ri["lat"])
-                                if any(a <= t < b_ for a, b_ in phases))
-    rate = lambda phases: sum(window_rate(rt, a, b_) * (b_ - a) for a, b_ in phases) / sum(
-        b_ - a for a, b_ in phases)
-    alone = rate(counted["C"])
-    return {"alone": lat(counted["A"]), "both": lat(counted["B"]),
-            "best_effort": rate(counted["B"]) / alone if alone else None}
-
-
-SLOT_MEDIANS_LEGEND = ("The service's median latency in each counted slot, in timeline order "
-                       "(A alone, B beside the best-effort loop), ms, and after the slash the "
-                       "median time its host took to launch a request's kernels:")
-
-
-def slot_medians(ri, counted):
-    """The service's median latency (ms) in each counted slot of `counted` (as
-    [`priority_schedule`] gives it), in timeline order, marked with its condition, and the
-    median of its requests' host launch times there if recorded (`latency/host`)."""
-    slots = sorted((a, b_, c) for c in "AB" for a, b_ in counted[c])
-    host = ri.get("host_ms")
-    out = []
-    for a, b_, c in slots:
-        at = [i for i, t in enumerate(ri["stamps"]) if a <= t < b_]
-        if not at:
-            out.append(f"{c}-")
-            continue
-        med = lambda v: sorted(v)[len(v) // 2]
-        h = f"/{med([host[i] for i in at]):.1f}" if host else ""
-        out.append(f"{c}{med([ri['lat'][i] for i in at]):.1f}{h}")
-    return " ".join(out)
-
-
-def gpu_wait(ri, counted):
-    """The service's wait for the GPU (latency less its host launch time) in `counted`'s
-    alone and both slots: "p50 A / B ms, p99 A / B ms", or "" without host launch times.
-    Priority acts on this part; the rest is the host's (Python, the hook, the driver)."""
-    host = ri.get("host_ms")
-    if not host:
-        return ""
-    w = {c: sorted(l - h for t, l, h in zip(ri["stamps"], ri["lat"], host)
-                   if any(a <= t < b_ for a, b_ in counted[c])) for c in "AB"}
-    if not (w["A"] and w["B"]):
-        return ""
-    q = quantile
-    return (f"; GPU wait p50 {q(w['A'], 0.5):.2f} / {q(w['B'], 0.5):.2f} ms, p99 "
-            f"{q(w['A'], 0.99):.2f} / {q(w['B'], 0.99):.2f} ms (alone / both)")
-
-
-def quantile(v, p):
-    return v[min(len(v) - 1, int(len(v) * p))]
-
-
-def priority_line(mode, ri, rt, inf_alone, plain=None, counted=None):
-    """Table 4's row for one timeline (`counted` as for [`priority_figures`]; by default
-    today's schedule); `plain` is the figures of the plain timeline beside the same
-    best-effort load, if any (the column against it)."""
-    if not (ri and rt):
-        return f"| {mode} | failed | | | | | | | |"
-    f = priority_figures(ri, rt, counted or priority_schedule()[1])
-    la, lb, be = f["alone"], f["both"], f["best_effort"]
-    if not (la and lb and be is not None):
-        return (f"| {mode} | no samples (requests alone {len(la)}, both {len(lb)}; best-effort "
-                f"alone {'none' if be is None else 'seen'}) | | | | | | | |")
-    q = quantile
-    r50, r99 = q(lb, 0.5) / q(la, 0.5), q(lb, 0.99) / q(la, 0.99)
-    vs_plain = "" if not plain or mode.startswith("plain") or not plain["both"] else (
-        f"{q(lb, 0.5) / q(plain['both'], 0.5):.2f}, {q(lb, 0.99) / q(plain['both'], 0.99):.2f}")
-    bare = inf_alone and q(lb, 0.5) / inf_alone["p50_ms"]
-    tr = 100 * be
-    ok = r50 <= 1.25 and r99 <= 1.25 and tr >= 50
-    return (f"| {mode} | {q(la, 0.5):.2f} / {q(lb, 0.5):.2f} | {q(la, 0.99):.2f} / {q(lb, 0.99):.2f} | "
-            f"{r50:.2f} | {r99:.2f} | {vs_plain} | {fmt(bare, '.2f')} | {tr:.1f} | {'PASS' if ok else 'FAIL'} |")
 
 
 def settle_time(a, b, bin_s, at, expect, span=3.0, tol=0.03, window=0.4):

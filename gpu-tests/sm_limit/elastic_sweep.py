@@ -17,7 +17,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import elastic  # noqa: E402  (the tenants and their environments)
+import bench_common  # noqa: E402  (the tenants and their environments)
+import priority  # noqa: E402  (table 4's timeline and figures)
 
 START = 7.0  # torch import and CUDA start-up of up to four tenants
 
@@ -53,9 +54,9 @@ def parse():
     return p.parse_args()
 
 
-class Sweep(elastic.Bench):
-    """elastic.Bench with the variant's knobs on every hooked tenant, and a log of each
-    tenant's limiter counters (elastic.Bench keeps them; LIBCUDA_LOG_LEVEL=3)."""
+class Sweep(bench_common.Bench):
+    """bench_common.Bench with the variant's knobs on every hooked tenant, and a log of each
+    tenant's limiter counters (bench_common.Bench keeps them; LIBCUDA_LOG_LEVEL=3)."""
 
     def __init__(self, lib, work, log):
         super().__init__(lib, work)
@@ -78,7 +79,7 @@ class Sweep(elastic.Bench):
 def priority_variants(b, say):
     """Batch-1 inference (priority 0) beside training (priority 1) in table 4's timeline of
     alternating slots, once per variant, each against itself alone in the same timeline."""
-    seconds, counted, service_idle, other_idle = elastic.priority_schedule()
+    seconds, counted, service_idle, other_idle = priority.priority_schedule()
     say(f"\n## Priority: batch-1 inference (p0) beside training (p1), table 4's {seconds:g} s "
         f"timeline per variant\n")
     s = time.time() + START
@@ -93,24 +94,24 @@ def priority_variants(b, say):
         mode = "plain" if extra is None else "share"
         ri, rt = b.run(f"priority {name}", [
             (b.env(mode, priority=0, turns=t, extra=extra),
-             b.load("infer", seconds, s, *elastic.idle_args(service_idle), "--stamps")),
+             b.load("infer", seconds, s, *bench_common.idle_args(service_idle), "--stamps")),
             (b.env(mode, priority=1, turns=t, extra=extra),
-             b.load("train", seconds, s, *elastic.idle_args(other_idle), "--stamps")),
+             b.load("train", seconds, s, *bench_common.idle_args(other_idle), "--stamps")),
         ])
-        say(elastic.priority_line(name, ri, rt, inf, plain, counted))
+        say(priority.priority_line(name, ri, rt, inf, plain, counted))
         if ri and rt:
-            medians.append((name, elastic.slot_medians(ri, counted) + elastic.gpu_wait(ri, counted)))
+            medians.append((name, priority.slot_medians(ri, counted) + priority.gpu_wait(ri, counted)))
             if mode == "plain":
-                plain = elastic.priority_figures(ri, rt, counted)
-    say(f"\n{elastic.SLOT_MEDIANS_LEGEND}\n")
+                plain = priority.priority_figures(ri, rt, counted)
+    say(f"\n{priority.SLOT_MEDIANS_LEGEND}\n")
     for name, m in medians:
         say(f"- {name}: {m}")
 
 
 def main():
     args = parse()
-    lib = elastic.library(args.libdir)
-    say = elastic.Report(os.path.join(args.out, "sweep.md"))
+    lib = bench_common.library(args.libdir)
+    say = bench_common.Report(os.path.join(args.out, "sweep.md"))
     log = open(os.path.join(args.out, "sweep.log"), "w")
     b = Sweep(lib, tempfile.mkdtemp(prefix="vgpu-sweep-"), log)
 
@@ -131,7 +132,7 @@ def main():
                 (b.env(mode, sm=sh, turns=t, extra=extra), b.load("matmul", 4, s)) for sh in shares
             ])
             if all(rs) and mm:
-                got = [100 * elastic.window_rate(r, 0.5) / mm["rate"] for r in rs]
+                got = [100 * bench_common.window_rate(r, 0.5) / mm["rate"] for r in rs]
                 say(f"| {name} | {'/'.join(map(str, shares))} | {' / '.join(f'{g:.1f}' for g in got)} | {sum(got):.1f} |")
             else:
                 say(f"| {name} | failed | | |")

@@ -13,7 +13,9 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common  # noqa: E402
 import elastic  # noqa: E402
+import priority  # noqa: E402
 
 
 def stamps_every(period, seconds, idle=()):
@@ -28,14 +30,14 @@ def stamps_every(period, seconds, idle=()):
 
 class PrioritySchedule(unittest.TestCase):
     def test_slots_alternate_and_each_slots_start_is_not_counted(self):
-        seconds, counted, service_idle, other_idle = elastic.priority_schedule()
+        seconds, counted, service_idle, other_idle = priority.priority_schedule()
         self.assertEqual(seconds, 24.0)
         self.assertEqual(len(counted["A"]), 4)
         self.assertEqual(len(counted["B"]), 8)
         self.assertEqual(len(counted["C"]), 4)
         for c, phases in counted.items():
             for a, b in phases:
-                self.assertAlmostEqual(b - a, elastic.PRIORITY_SLOT_S - elastic.PRIORITY_SETTLE_S)
+                self.assertAlmostEqual(b - a, priority.PRIORITY_SLOT_S - priority.PRIORITY_SETTLE_S)
         # The service idles in the best-effort tenant's alone slots and vice versa; both run
         # in the "both" slots.
         self.assertEqual(service_idle, [(a - 0.5, b) for a, b in counted["C"]])
@@ -44,7 +46,7 @@ class PrioritySchedule(unittest.TestCase):
             self.assertFalse(any(x < b and a < y for x, y in service_idle + other_idle))
 
     def test_idle_args_name_every_range(self):
-        self.assertEqual(elastic.idle_args([(0, 1.5), (6, 7.5)]),
+        self.assertEqual(bench_common.idle_args([(0, 1.5), (6, 7.5)]),
                          ["--idle", "0:1.5", "--idle", "6:7.5"])
 
 
@@ -52,7 +54,7 @@ class PriorityFigures(unittest.TestCase):
     def timeline(self, alone_ms, both_ms, trainer_alone, trainer_both):
         """A service with `alone_ms` latencies alone and `both_ms` beside the best-effort
         tenant, which runs `trainer_alone` steps/s alone and `trainer_both` beside it."""
-        seconds, counted, service_idle, other_idle = elastic.priority_schedule()
+        seconds, counted, service_idle, other_idle = priority.priority_schedule()
         st = stamps_every(0.014, seconds, service_idle)
         in_b = lambda t: any(a - 0.5 <= t < b for a, b in counted["B"])
         ri = {"stamps": st, "lat": [both_ms if in_b(t) else alone_ms for t in st],
@@ -70,11 +72,11 @@ class PriorityFigures(unittest.TestCase):
 
     def test_ratios_against_the_same_process_alone_and_the_best_effort_rate(self):
         ri, rt, counted = self.timeline(4.0, 4.8, 40.0, 24.0)
-        f = elastic.priority_figures(ri, rt, counted)
+        f = priority.priority_figures(ri, rt, counted)
         self.assertEqual(set(f["alone"]), {4.0})
         self.assertEqual(set(f["both"]), {4.8})
         self.assertAlmostEqual(f["best_effort"], 0.6)
-        line = elastic.priority_line("share", ri, rt, {"p50_ms": 4.0}, None, counted)
+        line = priority.priority_line("share", ri, rt, {"p50_ms": 4.0}, None, counted)
         cells = [c.strip() for c in line.split("|")[1:-1]]
         self.assertEqual(cells[3], "1.20")  # p50 both / alone
         self.assertEqual(cells[7], "60.0")  # best-effort both, % of alone
@@ -82,22 +84,22 @@ class PriorityFigures(unittest.TestCase):
 
     def test_the_verdict_fails_past_a_quarter_or_under_half_the_best_effort_rate(self):
         ri, rt, counted = self.timeline(4.0, 5.2, 40.0, 30.0)
-        self.assertTrue(elastic.priority_line("x", ri, rt, None, None, counted).endswith("| FAIL |"))
+        self.assertTrue(priority.priority_line("x", ri, rt, None, None, counted).endswith("| FAIL |"))
         ri, rt, counted = self.timeline(4.0, 4.4, 40.0, 19.0)
-        self.assertTrue(elastic.priority_line("x", ri, rt, None, None, counted).endswith("| FAIL |"))
+        self.assertTrue(priority.priority_line("x", ri, rt, None, None, counted).endswith("| FAIL |"))
 
     def test_against_plain_in_the_same_run(self):
         ri, rt, counted = self.timeline(4.0, 4.4, 40.0, 30.0)
         plain = {"both": [5.5] * 100}
-        cells = elastic.priority_line("share", ri, rt, None, plain, counted).split("|")
+        cells = priority.priority_line("share", ri, rt, None, plain, counted).split("|")
         self.assertEqual(cells[6].strip(), "0.80, 0.80")
 
     def test_the_gpu_wait_is_latency_less_host_launch_time(self):
         ri, rt, counted = self.timeline(4.0, 4.8, 40.0, 24.0)
-        self.assertIn("GPU wait p50 0.10 / 0.90 ms", elastic.gpu_wait(ri, counted))
-        medians = elastic.slot_medians(ri, counted).split()
+        self.assertIn("GPU wait p50 0.10 / 0.90 ms", priority.gpu_wait(ri, counted))
+        medians = priority.slot_medians(ri, counted).split()
         self.assertEqual(medians[:3], ["A4.0/3.9", "B4.8/3.9", "B4.8/3.9"])
-        self.assertEqual(elastic.gpu_wait({"stamps": [], "lat": []}, counted), "")
+        self.assertEqual(priority.gpu_wait({"stamps": [], "lat": []}, counted), "")
 
 
 class SettleTime(unittest.TestCase):
@@ -159,8 +161,17 @@ class FourPhases(unittest.TestCase):
                         .startswith("unreadable"))
 
 
-class FakeBench(elastic.Bench):
-    """elastic.Bench whose tenants are not started: each gets requests every 14 ms while it
+class SparseService(unittest.TestCase):
+    def test_the_row_compares_with_the_service_alone_after_two_warm_up_requests(self):
+        alone = {"lat": [50.0, 9.0] + [4.0] * 15}
+        beside = {"lat": [60.0, 12.0] + [4.5] * 14 + [6.0]}
+        cells = [c.strip() for c in priority.sparse_line("share", beside, alone).split("|")[1:-1]]
+        self.assertEqual(cells, ["share", "15", "4.50 / 6.00", "1.12, 1.50", "+0.50"])
+        self.assertIn("failed", priority.sparse_line("share", None, alone))
+
+
+class FakeBench(bench_common.Bench):
+    """bench_common.Bench whose tenants are not started: each gets requests every 14 ms while it
     is not idle, so the hook-cost rotation's arithmetic can be checked."""
 
     def __init__(self, work, slow=()):
@@ -188,9 +199,9 @@ class HookCost(unittest.TestCase):
         with tempfile.TemporaryDirectory() as work:
             b = FakeBench(work, slow=(4,))
             said = []
-            bare = elastic.hook_cost(b, said.append, elastic.HOOK_COST_VARIANTS)
+            bare = priority.hook_cost(b, said.append, priority.HOOK_COST_VARIANTS)
         self.assertAlmostEqual(bare["p50_ms"], 5.0)
-        k = len(elastic.HOOK_COST_VARIANTS) + 1
+        k = len(priority.HOOK_COST_VARIANTS) + 1
         self.assertEqual(len(b.started), k)
         # The slots of the processes never overlap and leave none empty.
         active = []
@@ -213,10 +224,107 @@ class HookCost(unittest.TestCase):
         self.assertIn("hooked / bare p50 1.00×", lines[0])
 
 
+class FakeTenants(bench_common.Bench):
+    """elastic.Bench whose tenants are answered from their command lines, without starting
+    them: a matmul or training loop runs at a rate set by its SM limit (100 without one), a
+    service gets requests every 14 ms, a spin loop a fixed kernel rate; none while idle."""
+
+    def together(self, label, tenants, timeout=120):
+        out = []
+        for env, argv in tenants:
+            assert all(isinstance(v, str) for v in env.values()), env
+            if argv[0] != sys.executable:  # spin.cu's binary
+                out.append({"kernels_per_s": 1000.0 * int(env.get("CUDA_DEVICE_SM_LIMIT", "100")) / 100})
+                continue
+            kind, seconds = argv[2], float(argv[3])
+            idle = [tuple(map(float, argv[i + 1].split(":"))) for i, x in enumerate(argv) if x == "--idle"]
+            rate = 50.0 * int(env.get("CUDA_DEVICE_SM_LIMIT", "100")) / 100
+            bin_s = 0.05
+            bins = [0.0 if any(a <= i * bin_s < z for a, z in idle) else rate
+                    for i in range(int(seconds / bin_s))]
+            r = {"kind": kind, "rate": rate, "bin_s": bin_s, "bins": bins, "count": int(sum(bins) * bin_s)}
+            if kind == "infer":
+                think = float(argv[argv.index("--think") + 1]) if "--think" in argv else 0.010
+                st = stamps_every(0.004 + think, seconds, idle)
+                r.update(stamps=st, lat=[4.0] * len(st), host_ms=[3.9] * len(st), p50_ms=4.0, p99_ms=4.0)
+            out.append(r)
+        self.raw[label] = out
+        self.raw[label + " (limiter stats)"] = [["device 0: limiter stats: (fake)"] for _ in tenants]
+        return out
+
+
+class FakeBusy:
+    def __init__(self, t0_wall):
+        pass
+
+    def stop(self):
+        return lambda t0, t1: 99.0
+
+
+class FakeCli:
+    """CliAt without the wait or the CLI: each call answered at once, `vgpu status --json`
+    with one share record for the file asked about."""
+
+    def __init__(self, vgpu, start, calls, env=None):
+        self.out = []
+        for t, argv in calls:
+            text = ""
+            if argv[0] == "status":
+                key = abs(hash(argv[-1])) % (1 << 60)
+                text = json.dumps({"devices": [{"turns": [{
+                    "key": "%016x" % key, "this_container": True, "launch_us": 200,
+                    "share": {"share_percent": 30, "ceiling_percent": 100, "priority": 1,
+                              "utilization_percent": 30, "part_percent": 30, "busy": True,
+                              "lent_ms": 0, "borrowed_ms": 0}}]}]})
+            self.out.append((t, t, text))
+
+    def join(self):
+        return self.out
+
+
+class EveryTableOnFakes(unittest.TestCase):
+    """Each table of the bench runs to its last line on fake tenants: a name or key error
+    found here costs no device time."""
+
+    def setUp(self):
+        self.saved = (elastic.Busy, elastic.CliAt, elastic.START_DELAY, priority.START_DELAY)
+        elastic.Busy, elastic.CliAt = FakeBusy, FakeCli
+        elastic.START_DELAY = priority.START_DELAY = 0.0
+        self.work = tempfile.TemporaryDirectory()
+        self.b = FakeTenants("/nonexistent/libvgpu.so", self.work.name)
+        self.said = []
+
+    def tearDown(self):
+        elastic.Busy, elastic.CliAt, elastic.START_DELAY, priority.START_DELAY = self.saved
+        self.work.cleanup()
+
+    def test_tables_1_to_6_and_the_hook_cost(self):
+        say = self.said.append
+        elastic.table1(self.b, say, "/nonexistent/spin", "100", 1000.0, 50.0)
+        elastic.table2(self.b, say, 50.0, "/nonexistent/vgpu")
+        elastic.table3(self.b, say, 50.0, True, "/nonexistent/vgpu")
+        priority.table4(self.b, say)
+        vgpu = os.path.join(self.work.name, "vgpu")
+        with open(vgpu, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(vgpu, 0o755)
+        elastic.table5(self.b, say, vgpu)
+        priority.table6(self.b, say)
+        priority.hook_cost(self.b, say, priority.HOOK_COST_VARIANTS)
+        text = "\n".join(self.said)
+        for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6."):
+            self.assertIn(heading, text)
+        self.assertNotIn("failed", text)
+        self.assertIn("Windows in the cycle while all four are busy", text)
+        # Four alike at their limits: every share-mode phase of table 3 passes.
+        rows = [l for l in self.said if l.startswith("| all busy") or l.endswith("idle |")]
+        self.assertTrue(all(l.endswith("| PASS |") for l in self.said if l.startswith("| all busy")), rows)
+
+
 class Environments(unittest.TestCase):
     def test_modes_set_what_hamis_variables_and_ours_mean(self):
         with tempfile.TemporaryDirectory() as work:
-            b = elastic.Bench("/lib/libvgpu.so", work)
+            b = bench_common.Bench("/lib/libvgpu.so", work)
             plain = b.env("plain")
             self.assertNotIn("LD_PRELOAD", plain)
             share = b.env("share", sm=30, priority=0, turns=b.turns())
