@@ -5,7 +5,6 @@ environment (a fresh shared file each), and checks what they see and are allowed
 Skips cleanly when there is no GPU or no libvgpu.so.
 """
 import os
-import shutil
 import struct
 import subprocess
 import sys
