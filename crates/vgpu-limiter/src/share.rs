@@ -307,8 +307,10 @@ pub(crate) struct Sharing {
     /// The `busy_until` last written (0: none).
     published_busy: Nanos,
     /// Until when this container counts as outranked without a higher one on the board
-    /// ([`ShareRules::rank_memory`] after it last saw one).
+    /// ([`ShareRules::rank_memory`] after it last saw one), and its own priority then: a
+    /// container raised since (a live priority change) forgets.
     outranked_until: Nanos,
+    outranked_as: i32,
     pub(crate) allot: Option<Allotment>,
     pub(crate) lent_ns: f64,
     pub(crate) borrowed_ns: f64,
@@ -426,9 +428,11 @@ impl Sharing {
             t.rules,
             t.min_cycle,
         );
+        let mine = claim.priority;
         if a.outranked {
             self.outranked_until = now.saturating_add(t.rules.rank_memory);
-        } else if now < self.outranked_until {
+            self.outranked_as = mine;
+        } else if now < self.outranked_until && mine >= self.outranked_as {
             // A higher one was here lately: it may be between requests, not gone.
             a.outranked = true;
         }

@@ -627,3 +627,40 @@ fn a_sparse_service_keeps_its_rank_between_requests() {
         (worst - p50a) / 1_000
     );
 }
+
+#[test]
+fn a_container_raised_above_the_one_it_remembers_forgets_it() {
+    // A service (priority 0) runs for a second and leaves; the best-effort loop beside it
+    // keeps its queue short from memory after the service's record expires, until it is
+    // itself raised to priority 0 (`vgpu set-limit --priority 0`).
+    let (mut w, board) = on_one_board(GpuMode::Serial);
+    w.add(
+        share_cfg(100, 0),
+        SimTable::new(0).view_sharing(&board, 0x1),
+        loop_with_idle(100 * US, vec![(S, 100 * S)]),
+    );
+    let tt = SimTable::new(0);
+    let t = w.add(
+        share_cfg(100, 1),
+        tt.view_sharing(&board, 0x2),
+        kernel_loop(200 * US),
+    );
+    let queue_waits = |w: &World| w.apps[t].limiter.stats().queue_waits;
+    w.run_until(1500 * MS);
+    let at_1500 = queue_waits(&w);
+    w.run_until(2 * S);
+    let at_2000 = queue_waits(&w);
+    assert!(
+        at_2000 > at_1500,
+        "the service left 500 ms ago: still outranked from memory"
+    );
+    tt.0.borrow_mut().priority = Some(0);
+    w.run_until(2100 * MS);
+    let raised = queue_waits(&w);
+    w.run_until(4 * S);
+    assert_eq!(
+        queue_waits(&w),
+        raised,
+        "raised to the service's priority, nothing outranks it"
+    );
+}
