@@ -23,10 +23,12 @@ class Bench:
         self.raw = {}
 
     def env(self, mode, sm=None, priority=None, turns=None):
-        """Environment of one tenant: `mode` plain (no hook), cap or share."""
+        """Environment of one tenant: `mode` plain (no hook), cap or share; a hooked one
+        without `turns` gets a turn directory of its own (never the node's default)."""
         env = dict(os.environ)
         if mode == "plain":
             return env
+        turns = turns or self.turns()
         self.n += 1
         env.update(
             LD_PRELOAD=self.lib,

@@ -71,8 +71,9 @@ def hook_cost(b, say, variants=HOOKED_SERVICE, rounds=4):
     others = lambda j: [r for i in range(k) if i != j for r in mine(i)]
     counted = lambda j: [(a + settle, b_) for a, b_ in mine(j)]
     start = time.time() + START_DELAY
-    # Each hooked one on a board of its own: alone there, as a tenant alone on a GPU.
-    envs = [b.env("plain")] + [b.env(mode, turns=b.turns(), **kw) for _, mode, kw in variants]
+    # Each hooked one on a board of its own (Bench.env's default): alone there, as a tenant
+    # alone on a GPU.
+    envs = [b.env("plain")] + [b.env(mode, **kw) for _, mode, kw in variants]
     runs = b.together("infer bare and hooked", [
         (env, b.load("infer", n * slot, start, *idle_args(sorted(others(j))), "--stamps"))
         for j, env in enumerate(envs)])

@@ -18,6 +18,11 @@ import elastic  # noqa: E402
 import priority  # noqa: E402
 
 
+def idle_of(argv):
+    """The --idle ranges of a tenant's command line, [(from, to)] seconds."""
+    return [tuple(map(float, argv[i + 1].split(":"))) for i, x in enumerate(argv) if x == "--idle"]
+
+
 def stamps_every(period, seconds, idle=()):
     """Request start times every `period` s over `seconds`, none inside an `idle` range."""
     t, out = 0.0, []
@@ -170,43 +175,19 @@ class SparseService(unittest.TestCase):
         self.assertIn("failed", priority.sparse_line("share", None, alone))
 
 
-class FakeBench(bench_common.Bench):
-    """bench_common.Bench whose tenants are not started: each gets requests every 14 ms while it
-    is not idle, so the hook-cost rotation's arithmetic can be checked."""
-
-    def __init__(self, work, slow=()):
-        super().__init__("/nonexistent/libvgpu.so", work)
-        self.slow, self.started = slow, []
-
-    def together(self, label, tenants, timeout=120):
-        out = []
-        for j, (env, argv) in enumerate(tenants):
-            # What subprocess.Popen would refuse: every environment value a string.
-            bad = [k for k, v in env.items() if not isinstance(v, str)]
-            if bad:
-                raise TypeError(f"tenant {j}: {bad} not strings")
-            self.started.append((env, argv))
-            idle = [tuple(map(float, argv[i + 1].split(":"))) for i, x in enumerate(argv) if x == "--idle"]
-            st = stamps_every(0.014, float(argv[3]), idle)
-            lat = 5.0 * (1.3 if j in self.slow else 1.0)
-            out.append({"stamps": st, "lat": [lat] * len(st), "host_ms": [lat - 0.1] * len(st)})
-        self.raw[label] = out
-        return out
-
-
 class HookCost(unittest.TestCase):
     def test_every_hook_mode_starts_and_takes_its_own_slots(self):
         with tempfile.TemporaryDirectory() as work:
-            b = FakeBench(work, slow=(4,))
+            b = FakeTenants("/nonexistent/libvgpu.so", work, slow=(4,))
             said = []
             bare = priority.hook_cost(b, said.append, priority.HOOK_COST_VARIANTS)
-        self.assertAlmostEqual(bare["p50_ms"], 5.0)
+        self.assertAlmostEqual(bare["p50_ms"], 4.0)
         k = len(priority.HOOK_COST_VARIANTS) + 1
         self.assertEqual(len(b.started), k)
         # The slots of the processes never overlap and leave none empty.
         active = []
         for _env, argv in b.started:
-            idle = [tuple(map(float, argv[i + 1].split(":"))) for i, x in enumerate(argv) if x == "--idle"]
+            idle = idle_of(argv)
             seconds = float(argv[3])
             active.append([t / 10 for t in range(int(seconds * 10))
                            if not any(a <= t / 10 < z for a, z in idle)])
@@ -225,19 +206,28 @@ class HookCost(unittest.TestCase):
 
 
 class FakeTenants(bench_common.Bench):
-    """elastic.Bench whose tenants are answered from their command lines, without starting
-    them: a matmul or training loop runs at a rate set by its SM limit (100 without one), a
-    service gets requests every 14 ms, a spin loop a fixed kernel rate; none while idle."""
+    """bench_common.Bench whose tenants are answered from their command lines, without
+    starting them: a matmul or training loop runs at a rate set by its SM limit (100 without
+    one), a service gets requests every `think` + 4 ms (4 ms each, 30% longer for the
+    tenants numbered in `slow`), a spin loop a fixed kernel rate; none while idle. Each
+    tenant started is kept in `started`."""
+
+    def __init__(self, lib, work, slow=()):
+        super().__init__(lib, work)
+        self.slow, self.started = slow, []
 
     def together(self, label, tenants, timeout=120):
         out = []
-        for env, argv in tenants:
-            assert all(isinstance(v, str) for v in env.values()), env
+        for j, (env, argv) in enumerate(tenants):
+            # What subprocess.Popen would refuse: every environment value a string.
+            bad = [k for k, v in env.items() if not isinstance(v, str)]
+            if bad:
+                raise TypeError(f"tenant {j}: {bad} not strings")
+            self.started.append((env, argv))
             if argv[0] != sys.executable:  # spin.cu's binary
                 out.append({"kernels_per_s": 1000.0 * int(env.get("CUDA_DEVICE_SM_LIMIT", "100")) / 100})
                 continue
-            kind, seconds = argv[2], float(argv[3])
-            idle = [tuple(map(float, argv[i + 1].split(":"))) for i, x in enumerate(argv) if x == "--idle"]
+            kind, seconds, idle = argv[2], float(argv[3]), idle_of(argv)
             rate = 50.0 * int(env.get("CUDA_DEVICE_SM_LIMIT", "100")) / 100
             bin_s = 0.05
             bins = [0.0 if any(a <= i * bin_s < z for a, z in idle) else rate
@@ -245,8 +235,10 @@ class FakeTenants(bench_common.Bench):
             r = {"kind": kind, "rate": rate, "bin_s": bin_s, "bins": bins, "count": int(sum(bins) * bin_s)}
             if kind == "infer":
                 think = float(argv[argv.index("--think") + 1]) if "--think" in argv else 0.010
+                lat = 4.0 * (1.3 if j in self.slow else 1.0)
                 st = stamps_every(0.004 + think, seconds, idle)
-                r.update(stamps=st, lat=[4.0] * len(st), host_ms=[3.9] * len(st), p50_ms=4.0, p99_ms=4.0)
+                r.update(stamps=st, lat=[lat] * len(st), host_ms=[lat - 0.1] * len(st),
+                         p50_ms=lat, p99_ms=lat)
             out.append(r)
         self.raw[label] = out
         self.raw[label + " (limiter stats)"] = [["device 0: limiter stats: (fake)"] for _ in tenants]
