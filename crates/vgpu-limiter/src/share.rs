@@ -82,11 +82,11 @@ pub struct ShareRules {
     /// `busy_until` is its queue's end plus the idle grace): one held by priority may fill
     /// its gaps. A dense burst queues further ahead and is not filled.
     pub sparse_within: Nanos,
-    /// How long a container stays outranked after it last saw a live container of higher
-    /// priority. A service whose requests come further apart than `max_age` is off the board
-    /// when each one arrives; without this memory the best-effort container's queue would
-    /// be as deep as its pacer allows (about 10 ms) by then, and the request would wait
-    /// behind it.
+    /// How long a container stays outranked by a higher-priority one whose record went
+    /// quiet but was not withdrawn. A service whose requests come further apart than
+    /// `max_age` is no tenant when each one arrives; without this memory the best-effort
+    /// container's queue would be as deep as its pacer allows (about 10 ms in the model) by
+    /// then, and the request would wait behind it.
     pub rank_memory: Nanos,
 }
 
@@ -278,6 +278,26 @@ pub fn allot(
     }
 }
 
+/// Whether a container of higher priority than `mine` left a record within
+/// [`ShareRules::rank_memory`] of `now` that is still on the board: it went quiet (a service
+/// between sparse requests writes nothing), it did not leave (a leaving process withdraws its
+/// record). Derived from the records each time, so a live priority change applies at once.
+fn rank_remembered(
+    me: u64,
+    mine: ShareClaim,
+    records: &[ShareTenant],
+    now: Nanos,
+    rules: ShareRules,
+) -> bool {
+    records.iter().any(|t| {
+        t.key != 0
+            && t.key != me
+            && t.claim.priority < mine.priority
+            && t.heartbeat <= now.saturating_add(rules.max_ahead)
+            && now.saturating_sub(t.heartbeat) <= rules.rank_memory
+    })
+}
+
 /// What this container writes in its record once per publish period (its claim, demand
 /// and what `vgpu status` shows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -306,11 +326,6 @@ pub(crate) struct Sharing {
     next_demand: Nanos,
     /// The `busy_until` last written (0: none).
     published_busy: Nanos,
-    /// Until when this container counts as outranked without a higher one on the board
-    /// ([`ShareRules::rank_memory`] after it last saw one), and its own priority then: a
-    /// container raised since (a live priority change) forgets.
-    outranked_until: Nanos,
-    outranked_as: i32,
     pub(crate) allot: Option<Allotment>,
     pub(crate) lent_ns: f64,
     pub(crate) borrowed_ns: f64,
@@ -428,12 +443,8 @@ impl Sharing {
             t.rules,
             t.min_cycle,
         );
-        let mine = claim.priority;
-        if a.outranked {
-            self.outranked_until = now.saturating_add(t.rules.rank_memory);
-            self.outranked_as = mine;
-        } else if now < self.outranked_until && mine >= self.outranked_as {
-            // A higher one was here lately: it may be between requests, not gone.
+        if !a.outranked && rank_remembered(me, claim, &self.tenants, now, t.rules) {
+            // A higher one was here lately and did not leave: it may be between requests.
             a.outranked = true;
         }
         if a.hold_until > now {

@@ -253,11 +253,24 @@ impl TurnBoard {
         &self.path
     }
 
-    /// The key of every entry (0 = never written), read without the lock (opened as every
-    /// read of a board is: no link followed, no FIFO waited on); empty when the file cannot
-    /// be read. Share records count only under their entry's key.
+    /// The key of every entry (0 = free: never written, or withdrawn), read without the lock
+    /// (opened as every read of a board is: no link followed, no FIFO waited on); empty when
+    /// the file cannot be read. Share records count only under their entry's key, so a
+    /// withdrawn container's record, kept for `vgpu status` (`crate::NodeReader`), no longer
+    /// counts for its neighbours.
     pub fn entry_keys(&self) -> Vec<u64> {
-        read_board(&self.path).map_or_else(|_| Vec::new(), |image| entry_keys_of(&image))
+        read_board(&self.path).map_or_else(
+            |_| Vec::new(),
+            |image| {
+                (0..TURN_ENTRIES)
+                    .map(|e| {
+                        let base = HEADER_WORDS + e * ENTRY_WORDS;
+                        // `withdraw` zeroes the heartbeat (word 2).
+                        if image[base + 2] == 0 { 0 } else { image[base] }
+                    })
+                    .collect()
+            },
+        )
     }
 
     /// The board's file for reading and writing this container's share record (opened as
@@ -457,6 +470,25 @@ mod tests {
         assert_eq!(kp(&a.tenants(1400 * MS, AGE)), [(7, 30)]);
         a.withdraw(7).unwrap();
         assert!(a.tenants(1400 * MS, AGE).is_empty());
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_withdrawn_entry_is_free_to_share_readers() {
+        // Share records count under `entry_keys`: a container that withdrew (its process
+        // exited) has no key there, while its neighbour keeps its own.
+        let p = path("withdrawn-keys");
+        let mut a = TurnBoard::open_or_create(&p).unwrap();
+        let mut b = TurnBoard::open_or_create(&p).unwrap();
+        a.announce(7, 30, 0, 1000 * MS, STALE, AGE).unwrap();
+        b.announce(3, 70, 0, 1001 * MS, STALE, AGE).unwrap();
+        let live = |keys: Vec<u64>| keys.into_iter().filter(|&k| k != 0).collect::<Vec<_>>();
+        assert_eq!(live(b.entry_keys()), [7, 3]);
+        a.withdraw(7).unwrap();
+        assert_eq!(live(b.entry_keys()), [3]);
+        // Announced again (another process of the container), it counts again.
+        a.announce(7, 30, 0, 1100 * MS, STALE, AGE).unwrap();
+        assert_eq!(live(b.entry_keys()), [7, 3]);
         let _ = std::fs::remove_file(&p);
     }
 

@@ -223,8 +223,8 @@ impl SmLimiter {
     }
 
     /// At exit: the power reader makes no further NVML call (NVML may be torn down next);
-    /// each device's limiter says what it did (at `LIBCUDA_LOG_LEVEL` 3), if no thread holds
-    /// it (an exit never waits for a launch).
+    /// each device's limiter takes its share record off the turn board and says what it did
+    /// (at `LIBCUDA_LOG_LEVEL` 3), if no thread holds it (an exit never waits for a launch).
     pub(crate) fn stop_at_exit(&self) {
         self.power.stop();
         // Both exit paths call this (NVML's atexit and the loader's fini): say it once.
@@ -233,7 +233,9 @@ impl SmLimiter {
         }
         for (d, cell) in self.devices.iter().enumerate() {
             let Some(m) = cell.get() else { continue };
-            let Ok(l) = m.try_lock() else { continue };
+            let Ok(mut l) = m.try_lock() else { continue };
+            // Off the board now: lower priorities stop keeping their queues short for us.
+            l.view_mut().leave_board();
             let s = l.stats();
             let util = l.utilization().map_or(-1.0, |u| u * 100.0);
             let turn = l.turn().map_or_else(

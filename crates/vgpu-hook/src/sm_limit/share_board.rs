@@ -97,6 +97,12 @@ impl ShareProbe {
         self.read(device)
     }
 
+    /// Whether this container has a record on the board (it announced itself in share
+    /// mode).
+    pub(super) fn has_record(&self) -> bool {
+        self.records.is_some() && self.entry.is_some()
+    }
+
     /// The hot path: writes `busy_until` if given, returns every tenant.
     pub(super) fn demand(&mut self, device: usize, busy_until: Option<Nanos>) -> Vec<ShareTenant> {
         if let (Some(f), Some(e), Some(b)) = (&self.records, self.entry, busy_until) {

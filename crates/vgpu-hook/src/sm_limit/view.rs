@@ -38,6 +38,22 @@ impl FileView {
             power_log: PowerLog::default(),
         }
     }
+
+    /// At exit, in share mode: withdraws this container's turn entry, so that others stop
+    /// counting it at once: its record (kept, for `vgpu status`) no longer counts for them,
+    /// nor its rank, and the entry without a live record no longer reads as a busy cap-mode
+    /// tenant. Another process of the same container announces itself again within a
+    /// publish period. Cap mode's entries age out as before.
+    pub(super) fn leave_board(&mut self) {
+        if !self.share.has_record() {
+            return;
+        }
+        if let TurnProbe::Open { board, key } = &mut self.turns {
+            if let Err(e) = board.withdraw(*key) {
+                vlog!(DEBUG, "device {}: turn entry at exit: {e}", self.device);
+            }
+        }
+    }
 }
 
 /// Announcements older than this are not tenants (three publish periods).
