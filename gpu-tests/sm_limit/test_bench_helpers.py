@@ -15,6 +15,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common  # noqa: E402
 import elastic  # noqa: E402
+import elastic_sweep  # noqa: E402
 import priority  # noqa: E402
 
 
@@ -311,6 +312,30 @@ class EveryTableOnFakes(unittest.TestCase):
         # Four alike at their limits: every share-mode phase of table 3 passes.
         rows = [l for l in self.said if l.startswith("| all busy") or l.endswith("idle |")]
         self.assertTrue(all(l.endswith("| PASS |") for l in self.said if l.startswith("| all busy")), rows)
+
+
+class FakeSweep(FakeTenants, elastic_sweep.Sweep):
+    """The sweep's variants (its env and run) on FakeTenants' answers."""
+
+
+class SweepOnFakes(unittest.TestCase):
+    def test_the_four_variants_print_parts_and_the_windows_order(self):
+        saved = (bench_common.CliAt, elastic_sweep.START)
+        bench_common.CliAt, elastic_sweep.START = FakeCli, 0.0
+        try:
+            with tempfile.TemporaryDirectory() as work:
+                b = FakeSweep("/nonexistent/libvgpu.so", work)
+                said = []
+                elastic_sweep.four_variants(b, said.append, "/nonexistent/vgpu", {"rate": 50.0})
+        finally:
+            bench_common.CliAt, elastic_sweep.START = saved
+        rows = [l for l in said if l.startswith("| share")]
+        self.assertEqual(len(rows), sum(1 for v in elastic_sweep.FOUR if v[1] == "share"))
+        for row in rows:
+            # The fakes run at their limits: the parts are the shares, the order is known.
+            self.assertIn("10.00 / 20.00 / 30.00 / 40.00", row)
+            self.assertIn("→ (the first again)", row)
+        self.assertNotIn("failed", "\n".join(said))
 
 
 class Environments(unittest.TestCase):
