@@ -153,6 +153,17 @@ class FourPhases(unittest.TestCase):
         # Run 21: the 40% tenant 56.0 of its 57.1.
         self.assertFalse(elastic.four_phase_ok([14.7, 29.1, 0, 56.0], 99.8, busy, self.SHARES))
 
+    def test_a_guarantee_is_of_the_devices_time_and_an_idle_ones_share_is_on_top(self):
+        every = [0, 1, 2, 3]
+        # Run 27, all busy: the 40% tenant 39.4 of the device's 99.9%.
+        self.assertFalse(elastic.guarantees_held([10.0, 20.1, 30.4, 39.4], 99.9, every, self.SHARES))
+        self.assertTrue(elastic.guarantees_held([10.0, 20.1, 30.3, 39.5], 99.9, every, self.SHARES))
+        # Run 27, 20% idle: out of proportion (the 40% one 48.5 of its 50), each far above
+        # its guarantee.
+        self.assertTrue(elastic.guarantees_held([12.5, 0, 38.1, 48.5], 99.0, [0, 2, 3], self.SHARES))
+        self.assertFalse(elastic.guarantees_held([12.5, 0, 38.1, 48.5], 94.0, [0, 2, 3], self.SHARES))
+        self.assertFalse(elastic.guarantees_held([12.5, 0, 38.1, 48.5], None, [0, 2, 3], self.SHARES))
+
     def test_the_window_order_comes_from_the_keys(self):
         def status(key, part, launch):
             return json.dumps({"devices": [{"turns": [
@@ -310,8 +321,9 @@ class EveryTableOnFakes(unittest.TestCase):
         self.assertNotIn("failed", text)
         self.assertIn("Windows in the cycle while all four are busy", text)
         # Four alike at their limits: every share-mode phase of table 3 passes.
-        rows = [l for l in self.said if l.startswith("| all busy") or l.endswith("idle |")]
-        self.assertTrue(all(l.endswith("| PASS |") for l in self.said if l.startswith("| all busy")), rows)
+        rows = [l for l in self.said if l.startswith("| all busy") or " idle |" in l]
+        self.assertEqual(len(rows), 5)
+        self.assertTrue(all(l.endswith("| PASS | PASS |") for l in rows), rows)
 
 
 class FakeSweep(FakeTenants, elastic_sweep.Sweep):
