@@ -128,6 +128,10 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     peers: PeerUsage,
     last_poll: Nanos,
     next_publish: Nanos,
+    /// When the board was last written (by a launch's publish or an idle heartbeat).
+    last_published: Nanos,
+    /// When a launch last asked for admission (the idle heartbeat waits for a quiet spell).
+    last_admit: Nanos,
     next_activity: Nanos,
     bin_start: Nanos,
     bin_busy: f64,
@@ -198,6 +202,8 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             peers: PeerUsage::default(),
             last_poll: now,
             next_publish: now,
+            last_published: now,
+            last_admit: now,
             next_activity: now,
             bin_start: now,
             bin_busy: 0.0,
@@ -286,6 +292,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             return Admission::Go(Ticket::UNCOUNTED);
         }
         let now = self.clock.now();
+        self.last_admit = now;
         if self.view.recent_kernel() < 0 {
             // The monitor gives the device to a higher-priority task: submit nothing, and
             // let what was submitted be measured.
@@ -564,6 +571,58 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         if now < self.next_publish {
             return;
         }
+        let (bin_busy, elapsed) = self.close_bin(now, true);
+        if self.cfg.share_with_peers {
+            self.peers = self.fresh_peers(now);
+        }
+        self.sample_power(now);
+        let launch_ns = self.launch_to_publish();
+        if self.sharing.is_some() {
+            let busy_until = (self.horizon.max(now as f64) as Nanos)
+                .saturating_add(self.cfg.idle_grace_in_turns);
+            self.publish_share(now, pct, launch_ns, busy_until, (bin_busy, elapsed));
+        } else {
+            let turn = self
+                .view
+                .turn_tenants(now, launch_ns)
+                .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
+            self.set_turn(turn);
+        }
+        self.next_publish = now + self.cfg.publish_period;
+        self.last_published = now;
+    }
+
+    /// Share mode, off the launch path (the hook's heartbeat thread, every 50 ms): while no
+    /// launch comes, keeps this container's record and turn entry fresh, once per publish
+    /// period, so that a container alive but idle (a service between requests) stays on the
+    /// board: `vgpu status` lists it, and lower priorities stay outranked by it. Its demand
+    /// is left as last written, so once that ran out it is idle to the others (its part 0,
+    /// and its turn entry marked idle: no window is laid out for it). The next launch
+    /// publishes at once. Does nothing in cap mode (an idle capped container leaves the
+    /// turns), before the container first announced itself, or while launches come (each
+    /// admission publishes in time). Never touches the GPU timer, NVML or the usage file's
+    /// utilization (peers there count only values published by launches).
+    pub fn idle_heartbeat(&mut self) {
+        if !self.sharing.as_ref().is_some_and(Sharing::announced) {
+            return;
+        }
+        let now = self.clock.now();
+        let quiet = now.saturating_sub(self.last_admit) >= self.cfg.publish_period / 2;
+        if !quiet || now.saturating_sub(self.last_published) < self.cfg.publish_period {
+            return;
+        }
+        let pct = self.view.sm_limit_pct();
+        let bin = self.close_bin(now, false);
+        let busy_until = self.sharing.as_ref().map_or(0, Sharing::published_busy);
+        self.publish_share(now, pct, self.published_launch, busy_until, bin);
+        self.last_published = now;
+        // The first launch after the spell announces its part at once.
+        self.next_publish = now;
+    }
+
+    /// Ends the utilization bin: updates the achieved utilization (published in the usage
+    /// file when `to_file`) and returns the bin's GPU time and length.
+    fn close_bin(&mut self, now: Nanos, to_file: bool) -> (f64, Nanos) {
         let elapsed = now.saturating_sub(self.bin_start);
         let bin_busy = self.bin_busy;
         if elapsed > 0 && self.stats.launches > 0 {
@@ -573,40 +632,43 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 None => bin,
             };
             self.util = Some(util);
-            self.view.publish_util((util * 100.0).round() as u32, now);
+            if to_file {
+                self.view.publish_util((util * 100.0).round() as u32, now);
+            }
         }
         self.bin_start = now;
         self.bin_busy = 0.0;
-        if self.cfg.share_with_peers {
-            self.peers = self.fresh_peers(now);
+        (bin_busy, elapsed)
+    }
+
+    /// Share mode: writes the full record (demand `busy_until`) and reads the board; `bin`
+    /// is the utilization bin just ended (GPU time, length).
+    fn publish_share(
+        &mut self,
+        now: Nanos,
+        pct: u32,
+        launch_ns: u64,
+        busy_until: Nanos,
+        bin: (f64, Nanos),
+    ) {
+        // Idle (the demand ran out): no part now.
+        let allot_pct = match self.allotment() {
+            Some(a) if busy_until > now => (a.fraction * 100.0).round() as u32,
+            _ => 0,
+        };
+        let report = ShareReport {
+            claim: self.claim(pct),
+            launch_ns,
+            busy_until,
+            allot_pct,
+            util_pct: self.util.map_or(0, |u| (u * 100.0).round() as u32),
+            lent_ns: 0,
+            borrowed_ns: 0,
+        };
+        let rules = self.cfg.share_rules;
+        if let Some(s) = self.sharing.as_mut() {
+            s.publish(&mut self.view, now, report, bin.0, bin.1, rules);
         }
-        self.sample_power(now);
-        let launch_ns = self.launch_to_publish();
-        if self.sharing.is_some() {
-            let report = ShareReport {
-                claim: self.claim(pct),
-                launch_ns,
-                busy_until: (self.horizon.max(now as f64) as Nanos)
-                    .saturating_add(self.cfg.idle_grace_in_turns),
-                allot_pct: self
-                    .allotment()
-                    .map_or(0, |a| (a.fraction * 100.0).round() as u32),
-                util_pct: self.util.map_or(0, |u| (u * 100.0).round() as u32),
-                lent_ns: 0,
-                borrowed_ns: 0,
-            };
-            let rules = self.cfg.share_rules;
-            if let Some(s) = self.sharing.as_mut() {
-                s.publish(&mut self.view, now, report, bin_busy, elapsed, rules);
-            }
-        } else {
-            let turn = self
-                .view
-                .turn_tenants(now, launch_ns)
-                .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
-            self.set_turn(turn);
-        }
-        self.next_publish = now + self.cfg.publish_period;
     }
 
     fn set_turn(&mut self, turn: Option<Turn>) {
