@@ -344,7 +344,12 @@ pub(crate) struct ShareTiming {
 impl Sharing {
     /// Whether the container announced itself on a board (its last publish reached one).
     pub(crate) fn announced(&self) -> bool {
-        self.key.is_some()
+        self.key().is_some()
+    }
+
+    /// The key it announced itself with, if it did.
+    pub(crate) fn key(&self) -> Option<u64> {
+        self.key
     }
 
     /// The demand (`busy_until`) last written to the record.

@@ -766,3 +766,46 @@ fn a_heartbeat_does_nothing_while_launches_come_or_in_cap_mode() {
     );
     assert_eq!(board.0.borrow().len(), 1);
 }
+
+#[test]
+fn an_idle_process_does_not_mark_its_busy_container_idle() {
+    // Two processes of one container (one key, one record): one launches, the other has
+    // launched once and idles. The idle one's beats must not overwrite the busy one's
+    // demand and part, while the container still stays fresh once both idle.
+    let (mut w, board) = on_one_board(GpuMode::Preempting);
+    let table = SimTable::new(30);
+    w.add(
+        share_cfg(100, 1),
+        table.view_sharing(&board, 0xa),
+        loop_with_idle(100 * US, vec![(S, 100 * S)]),
+    );
+    w.add(
+        share_cfg(100, 1),
+        table.view_sharing(&board, 0xa),
+        loop_with_idle(100 * US, vec![(20 * MS, 100 * S)]),
+    );
+    let record = |board: &SimShares| board.0.borrow()[0].0;
+    let mut t = 0;
+    while t < 3 * S {
+        t += 50 * MS;
+        w.run_until(t);
+        for a in &mut w.apps {
+            a.limiter.idle_heartbeat();
+            let r = record(&board);
+            if t < S {
+                assert!(
+                    r.busy_until > t,
+                    "at {t}: the busy process's demand was kept: {r:?}"
+                );
+            } else {
+                assert!(
+                    t - r.heartbeat <= 150 * MS,
+                    "at {t}: both idle, still fresh: {r:?}"
+                );
+            }
+        }
+    }
+    let r = record(&board);
+    assert!(r.busy_until < S + 50 * MS, "idle since 1 s: {r:?}");
+    assert_eq!(board.0.borrow().len(), 1);
+}

@@ -611,6 +611,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         if !quiet || now.saturating_sub(self.last_published) < self.cfg.publish_period {
             return;
         }
+        if self.sibling_keeps_the_record(now) {
+            return;
+        }
         let pct = self.view.sm_limit_pct();
         let bin = self.close_bin(now, false);
         let busy_until = self.sharing.as_ref().map_or(0, Sharing::published_busy);
@@ -618,6 +621,27 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         self.last_published = now;
         // The first launch after the spell announces its part at once.
         self.next_publish = now;
+    }
+
+    /// Whether another process of this container (same key, so the same record) keeps the
+    /// record: it has work (a demand not ours that has not run out; its launch path rewrites
+    /// that word alone), or it rewrote the record since this process last did, lately. An
+    /// idle beat would overwrite its demand and part with this process's idle ones. One read
+    /// of the records.
+    fn sibling_keeps_the_record(&mut self, now: Nanos) -> bool {
+        let Some(s) = self.sharing.as_ref() else {
+            return false;
+        };
+        let (key, ours) = (s.key(), s.published_busy());
+        let fresh = self.cfg.publish_period + self.cfg.publish_period / 2;
+        let last = self.last_published;
+        self.view.share_demand(now, None).is_some_and(|records| {
+            records.iter().any(|r| {
+                Some(r.key) == key
+                    && ((r.busy_until > now && r.busy_until != ours)
+                        || (r.heartbeat > last && now.saturating_sub(r.heartbeat) < fresh))
+            })
+        })
     }
 
     /// Ends the utilization bin: updates the achieved utilization (published in the usage
