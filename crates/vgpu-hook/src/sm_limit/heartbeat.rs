@@ -3,8 +3,8 @@
 //! A share-mode container writes its record and turn entry from its launches. One that is
 //! alive but idle (a service between requests) would otherwise age out of the board after
 //! 300 ms: `vgpu status` would stop listing it, and lower priorities would stop being
-//! outranked by it. So a background thread (`vgpu-heartbeat`, in share-mode processes only)
-//! asks each device's limiter every [`PERIOD`] for its idle heartbeat
+//! outranked by it. So a background thread (`vgpu-heartbeat`, in share-mode processes only,
+//! started when the container first announces itself on a board) asks each device's limiter every [`PERIOD`] for its idle heartbeat
 //! (`vgpu_limiter::Limiter::idle_heartbeat`, which writes only after a quiet spell, once
 //! per publish period).
 //!
@@ -14,7 +14,7 @@
 //! for at most 1 ms). It stops at exit before the limiters leave the board (a beat after
 //! the withdrawal would put the container back for 300 ms), waiting at most [`STOP_WAIT`]
 //! for a beat in progress; a forked child, to which the thread was not copied, starts its
-//! own when its first share-mode limiter is built. Atomics only, so a fork at any instant
+//! own when it first announces itself. Atomics only, so a fork at any instant
 //! leaves nothing locked.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,8 +81,8 @@ impl Heartbeat {
         }
     }
 
-    /// In the child after `fork`: the thread was not copied; the child's first share-mode
-    /// limiter starts it again.
+    /// In the child after `fork`: the thread was not copied; the child's first announcement
+    /// in share mode starts it again.
     pub(crate) fn reset_in_child(&self) {
         self.running.store(false, Ordering::Relaxed);
         self.in_beat.store(false, Ordering::Relaxed);

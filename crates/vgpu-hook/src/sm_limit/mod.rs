@@ -380,6 +380,13 @@ impl SmLimiter {
         }
     }
 
+    /// Starts the share-mode heartbeat thread unless it runs (a container announced itself
+    /// on a board).
+    fn want_heartbeat(&'static self) {
+        self.heartbeat
+            .want(MAX_DEVICES, move |d| self.idle_heartbeat(d));
+    }
+
     /// The heartbeat thread's beat for CUDA ordinal `d`: its limiter's idle heartbeat, if
     /// it has one and no launch holds it (skipped then: that launch publishes itself).
     fn idle_heartbeat(&self, d: usize) {
@@ -426,8 +433,6 @@ impl SmLimiter {
             cfg.mode = SmMode::Share;
             cfg.ceiling_pct = self.ceiling.load(Ordering::Relaxed);
             cfg.priority = self.priority.load(Ordering::Relaxed);
-            self.heartbeat
-                .want(MAX_DEVICES, move |d| self.idle_heartbeat(d));
         }
         let view = FileView::new(d, self);
         Mutex::new(Limiter::new(cfg, MonoClock, EventTimer::new(fns), view))

@@ -151,6 +151,8 @@ impl ContainerView for FileView {
             return None;
         };
         let tenants = self.share.announce(self.device, board, *key, report, now);
+        // On a board now: keep it there while idle (a relaxed load once it runs).
+        self.sm.want_heartbeat();
         vlog!(
             DEBUG,
             "device {}: share mode: part {}%, {} containers on the board",
