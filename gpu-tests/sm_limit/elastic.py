@@ -252,6 +252,14 @@ def four_phase_ok(got, dev, busy, shares, margin=0.5):
             and all(100 * got[i] / total >= 100 * shares[i] / due - margin for i in busy))
 
 
+def guarantees_held(part, dev, busy, shares, margin=0.5):
+    """The issue's reading of a table 3 phase: the device at least 95% busy (NVML, percent;
+    None: a failure) and each busy tenant (indices `busy`) with at least its guarantee of the
+    device's time (`part`, percent), less `margin` points. With all four busy that is
+    [`four_phase_ok`]; with one idle, what it lends is on top."""
+    return dev is not None and dev >= 95 and all(part[i] >= shares[i] - margin for i in busy)
+
+
 def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
     # 3. Four tenants, one idle at a time, then the 40% one alone (the run's own reference:
     # the GPU's clock under sustained matmuls drifts by up to 10% between separate runs).
@@ -283,8 +291,8 @@ def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
         b.raw["four (vgpu status)"] = seen
         say(f"Windows in the cycle while all four are busy (1 s in), in order: {window_order(seen, shares)}\n")
     say("| phase | " + " | ".join(f"{s}% (% of alone / part of busy)" for s in shares)
-        + " | sum % of alone | device busy (NVML) | verdict |")
-    say("|---|" + "---|" * (len(shares) + 3))
+        + " | sum % of alone | device busy (NVML) | each its guarantee | lent in proportion (±0.5) |")
+    say("|---|" + "---|" * (len(shares) + 4))
     if all(rs):
         alone = window_rate(rs[3], 10.25, 12)
         for phase in range(5):
@@ -293,12 +301,13 @@ def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
             busy = [i for i in range(4) if phase != i + 1]
             dev = busy_by_phase(t0, t1)
             part = [100 * g / sum(got) * (dev or 100) / 100 for g in got]
+            held = guarantees_held(part, dev, busy, shares)
             ok = four_phase_ok(got, dev, busy, shares)
             name = "all busy" if phase == 0 else f"{shares[phase - 1]}% idle"
             cells = [f"{100 * g / alone:.1f} / {p:.1f}" for g, p in zip(got, part)]
             say(f"| {name} | " + " | ".join(cells) + f" | {sum(100 * g / alone for g in got):.1f} | "
-                f"{fmt(dev)} | {'PASS' if ok else 'FAIL'} |")
-        say(f"| 40% alone (reference) | | | | 100 | | {fmt(busy_by_phase(10.25, 12))} | |")
+                f"{fmt(dev)} | {'PASS' if held else 'FAIL'} | {'PASS' if ok else 'FAIL'} |")
+        say(f"| 40% alone (reference) | | | | 100 | | {fmt(busy_by_phase(10.25, 12))} | | |")
     say("\nEach tenant's limiter at exit (LIBCUDA_LOG_LEVEL=3):\n")
     for line in (l for ls in b.raw["four (limiter stats)"] for l in ls):
         say("    " + line.split("] ", 1)[-1])

@@ -6,11 +6,13 @@ usage: python3 gpu-tests/sm_limit/elastic_sweep.py <dir-with-libvgpu.so> [--out 
 What elastic.py asks (the issue's tables) needs defaults; this finds them. Each variant is
 a set of environment variables (VGPU_SHARE_GRACE_US, VGPU_SHARE_OUTRANKED_QUEUE_US,
 VGPU_SHARE_GAP_FILL_US, VGPU_WAKE_SLACK_US, VGPU_TURN_LEAD_US, VGPU_TURN_CYCLE_MS) added
-to every hooked tenant. Writes DIR/sweep.md (tables) and DIR/sweep.log (each hooked
+to every hooked tenant. Writes DIR/sweep.md (tables), DIR/sweep.json (raw) and DIR/sweep.log (each hooked
 tenant's exit line "limiter stats: ...", LIBCUDA_LOG_LEVEL=3). About 4 minutes for
-the priority pair (table 4's 24 s timeline per variant), 3 for the four.
+the priority pair (table 4's 24 s timeline per variant), 2 for the four.
 """
 import argparse
+import io
+import json
 import os
 import sys
 import tempfile
@@ -18,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common  # noqa: E402  (the tenants and their environments)
+import elastic  # noqa: E402  (table 3's window order)
 import priority  # noqa: E402  (table 4's timeline and figures)
 
 START = 7.0  # torch import and CUDA start-up of up to four tenants
@@ -34,15 +37,15 @@ PRIORITY = [
 
 FOUR = [
     ("plain", "plain", (10, 20, 30, 40), {}),
+    # Repeats: the windows' order (by key) differs from run to run, so that a loss that
+    # follows a window's place can be told from one that follows its size.
     ("share defaults", "share", (10, 20, 30, 40), {}),
-    ("share, slack 0", "share", (10, 20, 30, 40), {"VGPU_WAKE_SLACK_US": "0"}),
-    ("share, lead 200", "share", (10, 20, 30, 40), {"VGPU_TURN_LEAD_US": "200"}),
-    ("share, slack 0, lead 200", "share", (10, 20, 30, 40), {"VGPU_WAKE_SLACK_US": "0", "VGPU_TURN_LEAD_US": "200"}),
-    ("share, slack 0, lead 200, cycle 40", "share", (10, 20, 30, 40),
-     {"VGPU_WAKE_SLACK_US": "0", "VGPU_TURN_LEAD_US": "200", "VGPU_TURN_CYCLE_MS": "40"}),
-    ("cap defaults", "cap", (10, 20, 30, 40), {}),
-    ("three share defaults", "share", (20, 30, 40), {}),
-    ("three share, slack 0, lead 200", "share", (20, 30, 40), {"VGPU_WAKE_SLACK_US": "0", "VGPU_TURN_LEAD_US": "200"}),
+    ("share defaults, again", "share", (10, 20, 30, 40), {}),
+    ("share defaults, a third time", "share", (10, 20, 30, 40), {}),
+    ("share defaults, a fourth time", "share", (10, 20, 30, 40), {}),
+    ("share, cycle 80", "share", (10, 20, 30, 40), {"VGPU_TURN_CYCLE_MS": "80"}),
+    ("share, cycle 80, again", "share", (10, 20, 30, 40), {"VGPU_TURN_CYCLE_MS": "80"}),
+    ("share, cycle 160", "share", (10, 20, 30, 40), {"VGPU_TURN_CYCLE_MS": "160"}),
 ]
 
 
@@ -58,9 +61,9 @@ class Sweep(bench_common.Bench):
     """bench_common.Bench with the variant's knobs on every hooked tenant, and a log of each
     tenant's limiter counters (bench_common.Bench keeps them; LIBCUDA_LOG_LEVEL=3)."""
 
-    def __init__(self, lib, work, log):
+    def __init__(self, lib, work, log=None):
         super().__init__(lib, work)
-        self.log = log
+        self.log = log or io.StringIO()
 
     def env(self, mode, sm=None, priority=None, turns=None, extra=None):
         e = super().env(mode, sm=sm, priority=priority, turns=turns)
@@ -108,6 +111,36 @@ def priority_variants(b, say):
         say(f"- {name}: {m}")
 
 
+def four_variants(b, say, vgpu, mm):
+    """Four matmul tenants at 10/20/30/40, busy 6 s, once per variant of FOUR: each one's
+    rate against one alone (`mm`), its part of what the four got, and the windows' order."""
+    say("\n## Four busy matmul tenants, 6 s, from 0.5 s on: % of one alone; part of what "
+        "the four got (each one's rate over the sum); the windows in cycle order at 2 s\n")
+    say("| variant | shares | % of alone | sum | part of the four's | windows in order |")
+    say("|---|---|---|---|---|---|")
+    for name, mode, shares, extra in FOUR:
+        t = b.turns()
+        s = time.time() + START
+        envs = [b.env(mode, sm=sh, turns=t, extra=extra) for sh in shares]
+        cli = None
+        if mode != "plain":
+            cli = bench_common.CliAt(vgpu, s, [
+                (2.0, ["status", "--json", "--cache", e["CUDA_DEVICE_MEMORY_SHARED_CACHE"]])
+                for e in envs], env={"VGPU_TURN_DIR": t})
+        rs = b.run(f"four {name}", [(e, b.load("matmul", 6, s)) for e in envs])
+        seen = cli.join() if cli else None
+        order = elastic.window_order(seen, shares) if seen else ""
+        if seen:
+            b.raw[f"four {name} (vgpu status)"] = seen
+        if all(rs) and mm:
+            got = [100 * bench_common.window_rate(r, 0.5) / mm["rate"] for r in rs]
+            parts = [100 * g / sum(got) for g in got]
+            say(f"| {name} | {'/'.join(map(str, shares))} | {' / '.join(f'{g:.1f}' for g in got)} "
+                f"| {sum(got):.1f} | {' / '.join(f'{x:.2f}' for x in parts)} | {order} |")
+        else:
+            say(f"| {name} | failed | | | | |")
+
+
 def main():
     args = parse()
     lib = bench_common.library(args.libdir)
@@ -122,21 +155,10 @@ def main():
     if args.only != "priority":
         s = time.time() + START
         (mm,) = b.run("matmul alone", [(b.env("plain"), b.load("matmul", 3, s))])
-        say("\n## Four (or three) busy matmul tenants, 4 s, % of one alone (phase 0.5-4 s)\n")
-        say("| variant | shares | each | sum |")
-        say("|---|---|---|---|")
-        for name, mode, shares, extra in FOUR:
-            t = b.turns()
-            s = time.time() + START
-            rs = b.run(f"four {name}", [
-                (b.env(mode, sm=sh, turns=t, extra=extra), b.load("matmul", 4, s)) for sh in shares
-            ])
-            if all(rs) and mm:
-                got = [100 * bench_common.window_rate(r, 0.5) / mm["rate"] for r in rs]
-                say(f"| {name} | {'/'.join(map(str, shares))} | {' / '.join(f'{g:.1f}' for g in got)} | {sum(got):.1f} |")
-            else:
-                say(f"| {name} | failed | | |")
+        four_variants(b, say, os.path.join(os.path.dirname(lib), "vgpu"), mm)
     say(f"\nruntime {time.time() - t0:.0f} s")
+    with open(os.path.join(args.out, "sweep.json"), "w") as f:
+        json.dump(b.raw, f)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 // percentile host time to launch one request's kernels (the synchronize not included), so
 // that the hook's own cost on the launch path reads as the difference between a bare and a
 // hooked run. With --driver-costs it also times the driver calls the SM limiter makes
-// (cuEventRecord, cuEventQuery, cuEventElapsedTime) on this GPU.
+// (cuEventRecord, cuEventQuery, cuEventElapsedTime) and those it makes before admitting
+// each limited launch (cuStreamIsCapturing, the stream's context and device) on this GPU.
 //
 //   nvcc -O2 -o launch_bound launch_bound.cu -lcuda
 //   ./launch_bound SECONDS [--driver-costs]      (defaults: 130 kernels, 25 us host work)
@@ -69,9 +70,34 @@ static void driver_costs() {
     for (int i = 0; i < n; i++) tiny<<<1, 32>>>(d);
     double launch = (now_us() - t) / n;
     cudaDeviceSynchronize();
+    // What the hook asks the driver before admitting every limited launch: whether the
+    // stream is capturing, and the stream's device (the current context's, for the null
+    // stream; a created stream's context first).
+    CUstreamCaptureStatus cap;
+    t = now_us();
+    for (int i = 0; i < n; i++) cuStreamIsCapturing(s, &cap);
+    double capturing = (now_us() - t) / n;
+    CUcontext ctx;
+    CUdevice dev;
+    t = now_us();
+    for (int i = 0; i < n; i++) cuCtxGetCurrent(&ctx);
+    double cur = (now_us() - t) / n;
+    t = now_us();
+    for (int i = 0; i < n; i++) cuCtxGetDevice(&dev);
+    double getdev = (now_us() - t) / n;
+    CUstream made;
+    cuStreamCreate(&made, CU_STREAM_NON_BLOCKING);
+    t = now_us();
+    for (int i = 0; i < n; i++) cuStreamGetCtx(made, &ctx);
+    double sctx = (now_us() - t) / n;
+    t = now_us();
+    for (int i = 0; i < n; i++) cuStreamIsCapturing(made, &cap);
+    double capturing_made = (now_us() - t) / n;
+    cuStreamDestroy(made);
     printf("driver_costs_us record=%.3f query_done=%.3f query_pending=%.3f (%d of 2000 pending) "
-           "elapsed=%.3f launch=%.3f\n",
-           rec, q_done, q_pending, pending, el, launch);
+           "elapsed=%.3f launch=%.3f is_capturing=%.3f (created stream %.3f) ctx_get_current=%.3f "
+           "ctx_get_device=%.3f stream_get_ctx=%.3f\n",
+           rec, q_done, q_pending, pending, el, launch, capturing, capturing_made, cur, getdev, sctx);
     for (auto &e : ev) cuEventDestroy(e);
     cudaFree(d);
 }

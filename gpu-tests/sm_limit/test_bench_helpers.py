@@ -15,6 +15,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common  # noqa: E402
 import elastic  # noqa: E402
+import elastic_sweep  # noqa: E402
 import priority  # noqa: E402
 
 
@@ -151,6 +152,17 @@ class FourPhases(unittest.TestCase):
         self.assertTrue(elastic.four_phase_ok([14.3, 28.6, 0, 57.1], 99, busy, self.SHARES))
         # Run 21: the 40% tenant 56.0 of its 57.1.
         self.assertFalse(elastic.four_phase_ok([14.7, 29.1, 0, 56.0], 99.8, busy, self.SHARES))
+
+    def test_a_guarantee_is_of_the_devices_time_and_an_idle_ones_share_is_on_top(self):
+        every = [0, 1, 2, 3]
+        # Run 27, all busy: the 40% tenant 39.4 of the device's 99.9%.
+        self.assertFalse(elastic.guarantees_held([10.0, 20.1, 30.4, 39.4], 99.9, every, self.SHARES))
+        self.assertTrue(elastic.guarantees_held([10.0, 20.1, 30.3, 39.5], 99.9, every, self.SHARES))
+        # Run 27, 20% idle: out of proportion (the 40% one 48.5 of its 50), each far above
+        # its guarantee.
+        self.assertTrue(elastic.guarantees_held([12.5, 0, 38.1, 48.5], 99.0, [0, 2, 3], self.SHARES))
+        self.assertFalse(elastic.guarantees_held([12.5, 0, 38.1, 48.5], 94.0, [0, 2, 3], self.SHARES))
+        self.assertFalse(elastic.guarantees_held([12.5, 0, 38.1, 48.5], None, [0, 2, 3], self.SHARES))
 
     def test_the_window_order_comes_from_the_keys(self):
         def status(key, part, launch):
@@ -309,8 +321,33 @@ class EveryTableOnFakes(unittest.TestCase):
         self.assertNotIn("failed", text)
         self.assertIn("Windows in the cycle while all four are busy", text)
         # Four alike at their limits: every share-mode phase of table 3 passes.
-        rows = [l for l in self.said if l.startswith("| all busy") or l.endswith("idle |")]
-        self.assertTrue(all(l.endswith("| PASS |") for l in self.said if l.startswith("| all busy")), rows)
+        rows = [l for l in self.said if l.startswith("| all busy") or " idle |" in l]
+        self.assertEqual(len(rows), 5)
+        self.assertTrue(all(l.endswith("| PASS | PASS |") for l in rows), rows)
+
+
+class FakeSweep(FakeTenants, elastic_sweep.Sweep):
+    """The sweep's variants (its env and run) on FakeTenants' answers."""
+
+
+class SweepOnFakes(unittest.TestCase):
+    def test_the_four_variants_print_parts_and_the_windows_order(self):
+        saved = (bench_common.CliAt, elastic_sweep.START)
+        bench_common.CliAt, elastic_sweep.START = FakeCli, 0.0
+        try:
+            with tempfile.TemporaryDirectory() as work:
+                b = FakeSweep("/nonexistent/libvgpu.so", work)
+                said = []
+                elastic_sweep.four_variants(b, said.append, "/nonexistent/vgpu", {"rate": 50.0})
+        finally:
+            bench_common.CliAt, elastic_sweep.START = saved
+        rows = [l for l in said if l.startswith("| share")]
+        self.assertEqual(len(rows), sum(1 for v in elastic_sweep.FOUR if v[1] == "share"))
+        for row in rows:
+            # The fakes run at their limits: the parts are the shares, the order is known.
+            self.assertIn("10.00 / 20.00 / 30.00 / 40.00", row)
+            self.assertIn("→ (the first again)", row)
+        self.assertNotIn("failed", "\n".join(said))
 
 
 class Environments(unittest.TestCase):

@@ -553,20 +553,35 @@ fn turn_layout_is_shared_and_proportional() {
     // At most 8 × the minimum (160 ms for the default 20 ms).
     let capped = [t(4, 30, 5 * MS), t(9, 70, 0)];
     assert_eq!(Turn::layout(4, &capped, 20 * MS).unwrap().cycle, 160 * MS);
-    // Share mode: every window an 80th of the cycle on top of its part (cycle 40 ms for
-    // 16 launches of 200 us in the 10% window: 0.5 ms each), the windows still tiling it.
+    // Share mode: every window 250 us on top of its part (cycle 40 ms for 16 launches of
+    // 200 us in the 10% window), the windows still tiling it; a 160th of a longer cycle.
     let four: Vec<TurnTenant> = (1..=4).map(|k| t(k, 10 * k as u32, 200 * US)).collect();
     let shared: Vec<_> = (1..=4)
         .map(|k| Turn::layout_shared(k, &four, 20 * MS).unwrap())
         .collect();
     let widths: Vec<Nanos> = shared.iter().map(|t| t.width).collect();
-    assert_eq!(widths, [4_300 * US, 8_100 * US, 11_900 * US, 15_700 * US]);
+    assert_eq!(widths, [4_150 * US, 8_050 * US, 11_950 * US, 15_850 * US]);
     assert!(
         shared
             .windows(2)
             .all(|p| p[1].offset == p[0].offset + p[0].width)
     );
     assert_eq!(shared[3].offset + shared[3].width, 40 * MS);
+    // The allowance is time: 250 us also in the shortest cycle (20 ms, three at 20/30/50 of
+    // 50 us launches), and a 160th of a cycle long launches stretched (160 ms: 1 ms).
+    let widths = |tenants: &[TurnTenant], min| -> Vec<Nanos> {
+        tenants
+            .iter()
+            .map(|t| Turn::layout_shared(t.key, tenants, min).unwrap().width)
+            .collect()
+    };
+    let three = [t(1, 20, 50 * US), t(2, 30, 50 * US), t(3, 50, 50 * US)];
+    assert_eq!(
+        widths(&three, 20 * MS),
+        [4_100 * US, 6_025 * US, 9_875 * US]
+    );
+    let long = [t(1, 20, 5 * MS), t(2, 80, 5 * MS)];
+    assert_eq!(widths(&long, 20 * MS), [32_600 * US, 127_400 * US]);
     // Open from its offset for its width in every cycle, from the lead-in before (at most
     // an eighth of the window: 875 us here).
     assert!(b.is_open(20 * MS + 3 * MS, 0) && b.is_open(20 * MS + 10 * MS - 1, 0));

@@ -527,32 +527,44 @@ fn launch_lengths_that_wander_around_a_cycle_boundary_do_not_flip_the_turns() {
     // turns out from the launch lengths on the board, so lengths republished at every
     // wander flipped the layout several times a second on the H200 (60-80 changes in 20 s,
     // the device 91-99% busy with one of four idle); each flip costs the windows in flight.
-    let (mut w, board) = on_one_board(GpuMode::Preempting);
-    let ids = four_tenants(&mut w, &board, |i| {
-        let mut x = 0x2545_F491_4F6C_DD1Du64 ^ (i as u64 + 1);
-        Box::new(move |_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            Step::Launch(225 * US + x % (50 * US))
-        })
-    });
-    w.run_until(2 * S);
-    let before: Vec<u64> = ids
-        .iter()
-        .map(|&id| w.apps[id].limiter.stats().turn_changes)
-        .collect();
-    w.run_until(6 * S);
-    let mut got = Vec::new();
-    for (i, &id) in ids.iter().enumerate() {
-        let changes = w.apps[id].limiter.stats().turn_changes - before[i];
-        assert!(changes <= 4, "tenant {i}: {changes} turn changes in 4 s");
-        got.push(w.gpu.busy_fraction(id, 2 * S, 6 * S));
+    // The parts are averaged over five wanders: one wander's differ from another's by up to
+    // 0.7 point for the 40% tenant (a launch measured long stretches the cycle for a while).
+    let seeds = [1u64, 100, 200, 300, 400];
+    let mut mean = [0.0; 4];
+    for seed in seeds {
+        let (mut w, board) = on_one_board(GpuMode::Preempting);
+        let ids = four_tenants(&mut w, &board, |i| {
+            let mut x = 0x2545_F491_4F6C_DD1Du64 ^ (i as u64 + seed);
+            Box::new(move |_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                Step::Launch(225 * US + x % (50 * US))
+            })
+        });
+        w.run_until(2 * S);
+        let before: Vec<u64> = ids
+            .iter()
+            .map(|&id| w.apps[id].limiter.stats().turn_changes)
+            .collect();
+        w.run_until(6 * S);
+        let mut got = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            let changes = w.apps[id].limiter.stats().turn_changes - before[i];
+            assert!(
+                changes <= 4,
+                "seed {seed}, tenant {i}: {changes} turn changes in 4 s"
+            );
+            got.push(w.gpu.busy_fraction(id, 2 * S, 6 * S));
+        }
+        let device: f64 = got.iter().sum();
+        assert!(device >= 0.95, "seed {seed}: device busy {device:.3}");
+        for (m, g) in mean.iter_mut().zip(&got) {
+            *m += g / seeds.len() as f64;
+        }
     }
-    let device: f64 = got.iter().sum();
-    assert!(device >= 0.95, "device busy {device:.3}");
     // Each its part of what the device delivered (the edges' cost shared in proportion).
-    assert_parts_of_delivered("wandering launches", &got, None, 0.5);
+    assert_parts_of_delivered("wandering launches", &mean, None, 0.5);
 }
 
 #[test]

@@ -105,15 +105,24 @@ const LAUNCHES_PER_WINDOW: u64 = 16;
 /// Longest turn cycle, as a multiple of the shortest, whatever the launches' length (160 ms
 /// by default: a 30% window then holds nine 5 ms launches).
 const MAX_CYCLE_FACTOR: u64 = 8;
-/// In share mode every window gets this part of the cycle on top of its share (taken from
-/// all in proportion): each window loses about that much at its edges whatever its width
+/// In share mode every window gets an edge allowance on top of its share (taken from all in
+/// proportion): each window loses about the same time at its edges whatever its width
 /// (whole launches fit it, so its end is left short, and its first launch starts after a
 /// wake-up and a context switch), so without it a small share loses more of itself than a
-/// large one. An 80th of the cycle is 250 µs at the shortest cycle, two launches where long
-/// launches stretched it; a part of the cycle, not of the launches, so that a republished
-/// launch length does not move every window (the model's four tenants at 10/20/30/40, 200 µs
-/// kernels: 0.7 points under and 0.8 over their parts without it, within 0.6 with it).
-const EDGE_ALLOWANCE_PER_CYCLE: u64 = 80;
+/// large one; too large, and the largest window falls below its share. The allowance is
+/// [`EDGE_ALLOWANCE_MIN`], or a [`EDGE_ALLOWANCE_PER_CYCLE`]th of a cycle that long
+/// launches stretched (their whole-launch loss grows with them); not a part of the launch
+/// length itself, so that a republished launch length does not move every window.
+///
+/// Fitted on the H200 (runs 26 and 27, 2026-12-01: four matmul tenants at 10/20/30/40, 200 µs
+/// kernels, a 40 ms cycle, eight orders of the windows). With an 80th of the cycle (500 µs)
+/// the 10% tenant got 10.0–10.6 of what the four got and the 40% one 39.4–39.7 whatever its
+/// place, so the loss follows the size; with 250 µs, 9.96–10.27 and 39.6–39.97. At an 80 ms
+/// cycle (500 µs) the 10% tenant got 10.5: the loss is time, not a part of the cycle. The
+/// simulated GPU loses more at its edges (its 10% tenant 0.3 under with 250 µs).
+const EDGE_ALLOWANCE_MIN: Nanos = 250_000;
+/// See [`EDGE_ALLOWANCE_MIN`].
+const EDGE_ALLOWANCE_PER_CYCLE: u64 = 160;
 /// The whole GPU in [`TurnTenant::part_bp`]'s unit.
 pub const WHOLE_BP: u64 = 10_000;
 
@@ -155,8 +164,8 @@ impl Turn {
     }
 
     /// The same in share mode, where the window is the part (not a cap the pacer holds):
-    /// every window also gets an edge allowance, an 80th of the cycle
-    /// (`EDGE_ALLOWANCE_PER_CYCLE`).
+    /// every window also gets an edge allowance (250 µs, more in a cycle long launches
+    /// stretched: `EDGE_ALLOWANCE_MIN`).
     pub fn layout_shared(me: u64, tenants: &[TurnTenant], min_cycle: Nanos) -> Option<Turn> {
         Self::lay_out(me, tenants, min_cycle, true)
     }
@@ -196,7 +205,9 @@ impl Turn {
         let assigned = (u128::from(cycle) * u128::from(parts) / u128::from(total)) as u64;
         let with_part = sorted.iter().filter(|t| t.part_bp > 0).count() as u64;
         let extra = match edges {
-            true => (cycle / EDGE_ALLOWANCE_PER_CYCLE).min(assigned / 4 / with_part.max(1)),
+            true => (cycle / EDGE_ALLOWANCE_PER_CYCLE)
+                .max(EDGE_ALLOWANCE_MIN)
+                .min(assigned / 4 / with_part.max(1)),
             false => 0,
         };
         let proportional = assigned - extra * with_part;
