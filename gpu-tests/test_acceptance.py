@@ -388,6 +388,64 @@ def test_torch_two_processes_share_one_limit():
     assert int(d["allocated"]) <= 4 * GIB - 256 * MIB, f"B ignored A's 2 GiB: {d}"
 
 
+def _turn_board(directory):
+    """The one turn board in `directory`, decoded (crates/vgpu-shm/src/turns.rs, shares.rs):
+    ([(key, limit_pct, heartbeat_ns)], {key: (busy_until_ns, heartbeat_ns, part_pct)})."""
+    (name,) = os.listdir(directory)
+    with open(os.path.join(directory, name), "rb") as f:
+        data = f.read()
+    words = list(struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8]))
+    word = lambda i: words[i] if i < len(words) else 0  # noqa: E731
+    entries = [(word(2 + e * 4), word(3 + e * 4), word(4 + e * 4)) for e in range(64)]
+    records = {}
+    for e, (key, _, _) in enumerate(entries):
+        r = 2 + 64 * 4 + e * 8
+        if key and word(r) == key:
+            records[key] = (word(r + 3), word(r + 4), (word(r + 5) >> 8) & 0xFF)
+    return [t for t in entries if t[0] and t[2]], records
+
+
+IDLE_SERVICE = """
+import sys, torch
+x = torch.randn(2048, 2048, device="cuda")
+for _ in range(300):
+    y = x @ x
+torch.cuda.synchronize()
+print("idle=1", flush=True)
+sys.stdin.readline()
+"""
+
+
+@torch_only
+def test_idle_share_mode_service_stays_on_the_turn_board():
+    # A share-mode service that computed, then idles (alive, no launches): after 2 s its turn
+    # entry and record are still fresh (the hook's heartbeat thread), marked idle (limit 0) and
+    # not busy. Killed, it stops heartbeating: its claim ages out (docs/sm-limit.md).
+    turns = tempfile.mkdtemp(prefix="turns-", dir=SCRATCH)
+    c = Container(None, VGPU_SM_MODE="share", CUDA_DEVICE_SM_LIMIT="30", CUDA_TASK_PRIORITY="0",
+                  VGPU_TURN_DIR=turns)
+    p = c.spawn([sys.executable, "-c", IDLE_SERVICE])
+    try:
+        wait_line(p, "idle=")
+        time.sleep(2.0)
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        entries, records = _turn_board(turns)
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    killed = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    record("idle share-mode service on the board", f"now {now}: entries {entries}, records {records}")
+    assert len(entries) == 1, f"listed: {entries}"
+    key, pct, beat = entries[0]
+    assert now - beat <= 300_000_000, f"entry fresh: {entries} at {now}"
+    assert pct == 0, f"marked idle: {entries}"
+    busy_until, rbeat, part = records[key]
+    assert now - rbeat <= 300_000_000 and busy_until < now and part == 0, (records, now)
+    time.sleep(0.5)
+    _, records = _turn_board(turns)
+    assert records[key][1] < killed, f"a heartbeat after the kill: {records}"
+
+
 # ---------------------------------------------------------------- CuPy, JAX
 
 

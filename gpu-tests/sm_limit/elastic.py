@@ -31,7 +31,8 @@ Tables (written to DIR/elastic.md, raw results to DIR/elastic.json):
     points) must hold within 1 s of the change.
  6. (only with --tables 6) a sparse service, a request every 0.7 s, beside a matmul loop,
     plain and share+priority, against the service alone: its requests come further apart
-    than a record counts as live, so the best-effort loop keeps its queue short from memory.
+    than its launches refresh its record; its heartbeat keeps it on the board between them, so
+    the best-effort loop keeps its queue short.
 --hook-cost instead: the service bare and under each hook mode, taking turns.
 Tables 1-5 run in about 7 minutes (table 6: 1). Tables 4 and 6 live in priority.py, what
 the tables share in bench_common.py.

@@ -214,8 +214,9 @@ def priority_line(mode, ri, rt, inf_alone, plain=None, counted=None):
             f"{r50:.2f} | {r99:.2f} | {vs_plain} | {fmt(bare, '.2f')} | {tr:.1f} | {'PASS' if ok else 'FAIL'} |")
 
 
-# Table 6: a service whose requests come further apart than a record counts as live
-# (300 ms), so it is off the board when each arrives (`ShareRules::rank_memory`).
+# Table 6: a service whose requests come further apart than its launches refresh its
+# record (300 ms): its heartbeat thread keeps it on the board between them (and
+# `ShareRules::rank_memory` would for 10 s).
 SPARSE_THINK_S = 0.7
 SPARSE_S = 14.0
 
@@ -233,8 +234,9 @@ def sparse_line(mode, r, alone):
 
 def table6(b, say):
     say(f"\n## 6. A sparse service (batch-1 inference, a request every {SPARSE_THINK_S:g} s) beside a matmul loop\n")
-    say("Its requests come further apart than a record counts as live (300 ms): the best-effort "
-        "loop must keep its queue short from memory (`ShareRules::rank_memory`). Requests after "
+    say("Its requests come further apart than its launches refresh its record (300 ms): the "
+        "best-effort loop must keep its queue short (the service's heartbeat keeps it on the "
+        "board; `ShareRules::rank_memory` would for 10 s). Requests after "
         "the first two; against the same service alone (hooked, share mode, priority 0) run "
         "just before.\n")
     start = time.time() + START_DELAY

@@ -64,8 +64,8 @@ pub struct DeviceStatus {
     pub sm_limit_percent: Option<u64>,
     /// Sum of the processes' last reported SM utilization, percent.
     pub sm_utilization_percent: u64,
-    /// Limited containers taking turns on this GPU, from its turn board (empty when there
-    /// is no board, or nobody announced within the last second).
+    /// Limited containers on this GPU's turn board, idle share-mode ones included (empty when
+    /// there is no board, or nobody announced within the last second).
     pub turns: Vec<TurnTenantStatus>,
 }
 
@@ -76,7 +76,8 @@ pub struct TurnTenantStatus {
     pub key: String,
     /// Whether it is the container of this usage file.
     pub this_container: bool,
-    /// Its SM limit, percent.
+    /// Its SM limit, percent (share mode: its part now); 0: idle (a share-mode container
+    /// alive without work, for which no window is laid out).
     pub sm_limit_percent: u32,
     /// Its typical launch length, microseconds (0: not measured yet).
     pub launch_us: u64,
@@ -188,12 +189,15 @@ impl ShareStatus {
 }
 
 impl DeviceStatus {
-    /// The SM limits of the containers taking turns, this file's container marked `me`:
-    /// `["30%", "70%*"]`.
+    /// The SM limits of the containers taking turns, this file's container marked `me`, an
+    /// idle one (limit 0) as `idle`: `["30%", "70%*", "idle"]`.
     pub(crate) fn turn_limits(&self, me: &str) -> Vec<String> {
         self.turns
             .iter()
-            .map(|t| format!("{}%{}", t.sm_limit_percent, mark(t, me)))
+            .map(|t| match t.sm_limit_percent {
+                0 => format!("idle{}", mark(t, me)),
+                pct => format!("{pct}%{}", mark(t, me)),
+            })
             .collect()
     }
 
@@ -568,6 +572,47 @@ pub(crate) mod tests {
             crate::table::turn_tenants(&d, "GPU-read", &cache)
         });
         assert_eq!(got.expect("reading a FIFO board hung"), Vec::new());
+    }
+
+    #[test]
+    fn an_idle_share_mode_container_is_listed_not_busy() {
+        // A share-mode container alive without work refreshes its entry with limit 0 and
+        // its record with a demand that ran out: listed, idle, not busy. One whose
+        // heartbeat is over a second old (a dead writer) is not listed.
+        use vgpu_shm::shares::{ShareRecord, write_record};
+        let (dir, cache) = table_in("vgpu-read-idle", "c.cache");
+        let board = dir.path().join(vgpu_shm::board_file_name("GPU-read"));
+        let now = vgpu_shm::monotonic_ns();
+        let key = vgpu_shm::container_key(&cache).unwrap();
+        let mut b = vgpu_shm::TurnBoard::open_or_create(&board).unwrap();
+        b.announce(key, 0, 50_000, now, 1 << 40, 1 << 40).unwrap();
+        let record = ShareRecord {
+            key,
+            share_pct: 30,
+            ceiling_pct: 100,
+            priority: 0,
+            launch_ns: 50_000,
+            busy_until: now - 2_000_000_000,
+            heartbeat: now,
+            ..ShareRecord::default()
+        };
+        write_record(&b.open_records().unwrap(), b.entry().unwrap(), &record).unwrap();
+        let turns = crate::table::turn_tenants(dir.path(), "GPU-read", &cache);
+        assert_eq!(turns.len(), 1, "{turns:?}");
+        let (t, sh) = (&turns[0], turns[0].share.as_ref().unwrap());
+        assert_eq!(
+            (t.sm_limit_percent, sh.busy, sh.part_percent),
+            (0, false, 0)
+        );
+        let mut r = sample();
+        r.devices[0].turns = turns.clone();
+        let text = r.render_text();
+        assert!(text.contains("take turns: idle (this one)"), "{text}");
+        assert!(text.contains("priority 0, idle: using 0%"), "{text}");
+        // A second later without a heartbeat: gone.
+        b.announce(key, 0, 50_000, now - 1_100_000_000, 1 << 40, 1 << 40)
+            .unwrap();
+        assert!(crate::table::turn_tenants(dir.path(), "GPU-read", &cache).is_empty());
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!          └─ sm: SmLimiter                           started with the config and the slot
 //!                ├─ limits, policy, tuning, slot, per-device limiters (Published)
 //!                ├─ power baselines
-//!                └─ power: PowerReader                the `vgpu-power` thread's readings
+//!                ├─ power: PowerReader                the `vgpu-power` thread's readings
+//!                └─ heartbeat: Heartbeat              the `vgpu-heartbeat` thread (share mode)
 //! ```
 //!
 //! The enforcement state is published in a [`Published`] cell and never freed. Building it
@@ -19,11 +20,11 @@
 //! One fork handler ([`after_fork_in_child`], atomic stores only) resets, in this order:
 //! the enforcement state (forgotten: its locks may be held by threads that do not exist in
 //! the child; the child builds its own on its next call, which registers it in the shared
-//! table as a new process), then the SM limiter and its power reader
+//! table as a new process), then the SM limiter, its power reader and heartbeat
 //! ([`SmLimiter::reset_in_child`]).
 //!
-//! Exit: one handler ([`at_exit`], a `.fini_array` entry) stops the power reader, then
-//! leaves the shared table. The power reader must also stop before NVML's own `atexit`
+//! Exit: one handler ([`at_exit`], a `.fini_array` entry) stops the power reader and the
+//! heartbeat, takes share mode's entries off the turn board, then leaves the shared table. The power reader must also stop before NVML's own `atexit`
 //! handlers, which only an `atexit` registration made after NVML's initialization runs
 //! before: [`stop_before_nvml_exits`] registers that one, calling the same stop.
 //!

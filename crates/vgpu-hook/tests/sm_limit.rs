@@ -15,6 +15,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 const PROGRAM: &str = r#"
 #include "standalone.h"
+#include <sys/wait.h>
+#include <unistd.h>
 
 int main(int argc, char **argv) {
   if (argc < 4) return 1;
@@ -87,6 +89,16 @@ int main(int argc, char **argv) {
   CHECK(mode == 'p' ? cuStreamSynchronize((H)2) : cuStreamSynchronize(s));
   printf("RESULT kernels_per_s=%f busy_pct=%d\n", n * per_launch / wall, busy);
   fflush(stdout);
+  /* FORK_IDLE: fork a child that exits normally (its exit handlers run) at once, beside the
+     parent's threads; the parent reports how it ended, then lingers. */
+  if (getenv("FORK_IDLE")) {
+    pid_t c = fork();
+    if (c == 0) exit(0);
+    int st = 0;
+    waitpid(c, &st, 0);
+    printf("child_exit=%d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    fflush(stdout);
+  }
   /* Optionally stay alive without launching (a peer whose last published share goes stale). */
   if (argc > 5) {
     double linger = atof(argv[5]);
@@ -538,8 +550,20 @@ fn spawn_sharing(
     seconds: f64,
     vars: &[(&str, &str)],
 ) -> std::process::Child {
+    spawn_sharing_then_idle(cache, turns, seconds, 0.0, vars)
+}
+
+/// [`spawn_sharing`], the program then staying alive without launching for `linger` s.
+fn spawn_sharing_then_idle(
+    cache: &str,
+    turns: &std::path::Path,
+    seconds: f64,
+    linger: f64,
+    vars: &[(&str, &str)],
+) -> std::process::Child {
     let cache = env().fresh_cache(cache);
-    let mut cmd = env().hooked(&[&seconds.to_string(), "500000", "k", "0.3"], &cache);
+    let (run, idle) = (seconds.to_string(), linger.to_string());
+    let mut cmd = env().hooked(&[&run, "500000", "k", "0.3", &idle], &cache);
     cmd.env("VGPU_TURN_DIR", turns)
         .env("VGPU_SM_MODE", "share")
         .env(
@@ -648,5 +672,152 @@ fn a_best_effort_container_holds_while_a_more_urgent_one_has_work() {
     assert!(
         waited || held_during,
         "the best-effort one was not held: {l:?}"
+    );
+}
+
+/// The one turn board in `turns`.
+fn the_board(turns: &std::path::Path) -> std::path::PathBuf {
+    std::fs::read_dir(turns)
+        .unwrap()
+        .next()
+        .expect("a board")
+        .unwrap()
+        .path()
+}
+
+/// Reads the program's output until a line starting with `prefix`; returns that line.
+fn read_until(out: &mut impl std::io::BufRead, prefix: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the program ended before printing {prefix}"
+        );
+        if line.starts_with(prefix) {
+            return line.trim().to_owned();
+        }
+    }
+}
+
+/// How the board shows the container `turns` holds, `at` (monotonic ns): its turn entry (as
+/// `vgpu status` reads it: within the last second) and its share record.
+fn on_the_board(
+    board: &std::path::Path,
+    at: u64,
+) -> (Vec<vgpu_shm::Tenant>, Vec<vgpu_shm::shares::ShareRecord>) {
+    let reader = vgpu_shm::NodeReader::default();
+    (
+        reader.turn_tenants(board, at, 1_000_000_000).unwrap(),
+        reader.share_records(board).unwrap(),
+    )
+}
+
+/// What a share-mode reader counts as live (`ShareRules::max_age`, the hook's turn age).
+const MAX_AGE_NS: u64 = 300_000_000;
+
+#[test]
+fn an_idle_share_container_stays_on_the_board_until_killed() {
+    // A share-mode container launches for 0.5 s, then stays alive without launching (an
+    // inference service between requests). Two seconds into that, its turn entry and record
+    // are still fresh (its heartbeat thread), not busy and marked idle (limit 0: no window
+    // for cap-mode neighbours). Killed, it stops heartbeating: its claim expires within the
+    // usual age, and `vgpu status` (1 s) drops it.
+    let _one = serial();
+    let turns = env().fresh_dir("share-idle");
+    let mut child = spawn_sharing_then_idle(
+        "share-idle.cache",
+        &turns,
+        0.5,
+        30.0,
+        &[("CUDA_DEVICE_SM_LIMIT", "30"), ("CUDA_TASK_PRIORITY", "0")],
+    );
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    read_until(&mut out, "RESULT");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let board = the_board(&turns);
+    let now = vgpu_shm::monotonic_ns();
+    let (tenants, records) = on_the_board(&board, now);
+    eprintln!("idle for 2 s: entries {tenants:?}, records {records:?}");
+    let _ = child.kill();
+    let killed = vgpu_shm::monotonic_ns();
+    let _ = child.wait();
+    assert_eq!(tenants.len(), 1, "still listed: {tenants:?}");
+    let t = tenants[0];
+    assert!(
+        now - t.heartbeat_ns <= MAX_AGE_NS,
+        "entry fresh: {t:?} at {now}"
+    );
+    assert_eq!(t.limit_pct, 0, "marked idle: {t:?}");
+    assert_eq!(records.len(), 1, "{records:?}");
+    let r = records[0];
+    assert_eq!((r.key, r.share_pct, r.priority), (t.key, 30, 0));
+    assert!(
+        now - r.heartbeat <= MAX_AGE_NS,
+        "record fresh: {r:?} at {now}"
+    );
+    assert!(r.busy_until < now, "not busy: {r:?}");
+    assert_eq!(r.allot_pct, 0, "no part while idle: {r:?}");
+    // Killed: the heartbeat stops, the claim ages out.
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let later = vgpu_shm::monotonic_ns();
+    let (_, records) = on_the_board(&board, later);
+    assert!(
+        records
+            .iter()
+            .all(|r| later - r.heartbeat > MAX_AGE_NS && r.heartbeat < killed),
+        "no heartbeat after the kill: {records:?}"
+    );
+    let live = vgpu_shm::NodeReader::default()
+        .turn_tenants(&board, later, MAX_AGE_NS)
+        .unwrap();
+    assert!(live.is_empty(), "no tenant to its neighbours: {live:?}");
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let (tenants, _) = on_the_board(&board, vgpu_shm::monotonic_ns());
+    assert!(
+        tenants.is_empty(),
+        "vgpu status no longer lists it: {tenants:?}"
+    );
+}
+
+#[test]
+fn a_child_forked_beside_the_heartbeat_exits_and_the_parent_stays_then_leaves() {
+    // The parent's heartbeat thread runs (share mode, idle) when it forks a child that exits
+    // normally: the child's exit handlers do not hang on the thread, which it does not have,
+    // nor take the parent off the board; the parent keeps beating, and its own normal exit
+    // (heartbeat stopped first) withdraws its entry.
+    let _one = serial();
+    let turns = env().fresh_dir("share-fork");
+    let t0 = std::time::Instant::now();
+    let mut child = spawn_sharing_then_idle(
+        "share-fork.cache",
+        &turns,
+        0.3,
+        1.5,
+        &[("CUDA_DEVICE_SM_LIMIT", "30"), ("FORK_IDLE", "1")],
+    );
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    read_until(&mut out, "RESULT");
+    let forked = read_until(&mut out, "child_exit=");
+    assert_eq!(forked, "child_exit=0");
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let board = the_board(&turns);
+    let now = vgpu_shm::monotonic_ns();
+    let (tenants, records) = on_the_board(&board, now);
+    assert!(
+        tenants.len() == 1 && now - tenants[0].heartbeat_ns <= MAX_AGE_NS,
+        "the parent still beats after its child exited: {tenants:?}"
+    );
+    assert!(
+        records.len() == 1 && now - records[0].heartbeat <= MAX_AGE_NS,
+        "{records:?}"
+    );
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(20), "no hang");
+    let (tenants, _) = on_the_board(&board, vgpu_shm::monotonic_ns());
+    assert!(
+        tenants.is_empty(),
+        "withdrawn at exit, not put back by a beat: {tenants:?}"
     );
 }

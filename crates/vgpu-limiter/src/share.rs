@@ -342,6 +342,21 @@ pub(crate) struct ShareTiming {
 }
 
 impl Sharing {
+    /// Whether the container announced itself on a board (its last publish reached one).
+    pub(crate) fn announced(&self) -> bool {
+        self.key().is_some()
+    }
+
+    /// The key it announced itself with, if it did.
+    pub(crate) fn key(&self) -> Option<u64> {
+        self.key
+    }
+
+    /// The demand (`busy_until`) last written to the record.
+    pub(crate) fn published_busy(&self) -> Nanos {
+        self.published_busy
+    }
+
     /// Once per publish period: accounts the bin just ended (`busy` ns of GPU time in
     /// `elapsed` ns), then writes the full record and reads every record (under the
     /// board's lock).

@@ -1,6 +1,7 @@
 //! Share mode on the simulated clock and GPU: lending idle time, taking it back, priority,
 //! several tenants, dead and hostile records, live changes.
 
+use crate::traits::Clock;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -675,4 +676,148 @@ fn a_container_raised_above_the_one_it_remembers_forgets_it() {
         raised,
         "raised to the service's priority, nothing outranks it"
     );
+}
+
+/// Runs `w` until `until`, calling every limiter's idle heartbeat every 50 ms in between,
+/// as the hook's heartbeat thread does.
+fn run_with_heartbeats(w: &mut World, until: Nanos) {
+    let mut t = w.clock.now();
+    while t < until {
+        t = (t + 50 * MS).min(until);
+        w.run_until(t);
+        for a in &mut w.apps {
+            a.limiter.idle_heartbeat();
+        }
+    }
+}
+
+#[test]
+fn an_idle_container_stays_on_the_board_idle_and_keeps_its_rank() {
+    // A service (priority 0) launches for 0.3 s, stays alive without launching until 3 s,
+    // then resumes; a best-effort loop (priority 1) runs beside it. The rank memory is 1 s
+    // here, so only a live record can keep the loop outranked at 3 s. With the heartbeat the
+    // service's record stays fresh and says it is idle (demand run out, part 0); without it,
+    // the record ages out and the loop is no longer outranked.
+    let rules = crate::ShareRules {
+        rank_memory: S,
+        ..crate::ShareRules::default()
+    };
+    let cfg = |priority| LimiterConfig {
+        share_rules: rules,
+        ..share_cfg(100, priority)
+    };
+    for beat in [false, true] {
+        let (mut w, board) = on_one_board(GpuMode::Preempting);
+        w.add(
+            cfg(0),
+            SimTable::new(0).view_sharing(&board, 0xa),
+            loop_with_idle(100 * US, vec![(300 * MS, 3 * S)]),
+        );
+        let low = w.add(
+            cfg(1),
+            SimTable::new(0).view_sharing(&board, 0xb),
+            kernel_loop(200 * US),
+        );
+        let record =
+            |board: &SimShares| board.0.borrow().iter().find(|e| e.0.key == 0xa).unwrap().0;
+        if beat {
+            run_with_heartbeats(&mut w, 3 * S - MS);
+        } else {
+            w.run_until(3 * S - MS);
+        }
+        let now = w.clock.now();
+        let (r, report) = (record(&board), board.report(0xa).unwrap());
+        let outranked = w.apps[low].limiter.allotment().unwrap().outranked;
+        eprintln!("heartbeat {beat}: record {r:?}, report {report:?}, loop outranked {outranked}");
+        if !beat {
+            assert!(now - r.heartbeat > 2 * S, "no heartbeat: the record aged");
+            assert!(!outranked, "the rank memory (1 s) ran out");
+            continue;
+        }
+        assert!(now - r.heartbeat <= 150 * MS, "fresh: {r:?} at {now}");
+        assert!(r.busy_until < 400 * MS, "idle since 0.3 s: {r:?}");
+        assert_eq!(report.allot_pct, 0, "idle: no part");
+        assert!(report.util_pct <= 1, "its utilization decayed: {report:?}");
+        assert!(
+            outranked,
+            "a live service of higher priority outranks the loop"
+        );
+        // It resumes at 3 s: its first launch announces its demand and part at once.
+        w.run_until(3 * S + MS);
+        let (r, report) = (record(&board), board.report(0xa).unwrap());
+        assert!(r.heartbeat >= 3 * S && r.busy_until > 3 * S + MS, "{r:?}");
+        assert!(report.allot_pct > 0, "{report:?}");
+    }
+}
+
+#[test]
+fn a_heartbeat_does_nothing_while_launches_come_or_in_cap_mode() {
+    // A busy container publishes from its launches: the heartbeat writes nothing more. A
+    // cap-mode container never heartbeats (an idle capped one leaves the turns).
+    let (mut w, board) = on_one_board(GpuMode::Preempting);
+    let busy = w.add(
+        share_cfg(100, 1),
+        SimTable::new(30).view_sharing(&board, 0xa),
+        kernel_loop(100 * US),
+    );
+    let capped = w.add(
+        LimiterConfig::default(),
+        SimTable::new(30).view(),
+        loop_with_idle(100 * US, vec![(100 * MS, 100 * S)]),
+    );
+    w.run_until(S);
+    let before = board.0.borrow()[0].0;
+    for _ in 0..5 {
+        w.apps[busy].limiter.idle_heartbeat();
+        w.apps[capped].limiter.idle_heartbeat();
+    }
+    assert_eq!(
+        board.0.borrow()[0].0,
+        before,
+        "no write beside the launches'"
+    );
+    assert_eq!(board.0.borrow().len(), 1);
+}
+
+#[test]
+fn an_idle_process_does_not_mark_its_busy_container_idle() {
+    // Two processes of one container (one key, one record): one launches, the other has
+    // launched once and idles. The idle one's beats must not overwrite the busy one's
+    // demand and part, while the container still stays fresh once both idle.
+    let (mut w, board) = on_one_board(GpuMode::Preempting);
+    let table = SimTable::new(30);
+    w.add(
+        share_cfg(100, 1),
+        table.view_sharing(&board, 0xa),
+        loop_with_idle(100 * US, vec![(S, 100 * S)]),
+    );
+    w.add(
+        share_cfg(100, 1),
+        table.view_sharing(&board, 0xa),
+        loop_with_idle(100 * US, vec![(20 * MS, 100 * S)]),
+    );
+    let record = |board: &SimShares| board.0.borrow()[0].0;
+    let mut t = 0;
+    while t < 3 * S {
+        t += 50 * MS;
+        w.run_until(t);
+        for a in &mut w.apps {
+            a.limiter.idle_heartbeat();
+            let r = record(&board);
+            if t < S {
+                assert!(
+                    r.busy_until > t,
+                    "at {t}: the busy process's demand was kept: {r:?}"
+                );
+            } else {
+                assert!(
+                    t - r.heartbeat <= 150 * MS,
+                    "at {t}: both idle, still fresh: {r:?}"
+                );
+            }
+        }
+    }
+    let r = record(&board);
+    assert!(r.busy_until < S + 50 * MS, "idle since 1 s: {r:?}");
+    assert_eq!(board.0.borrow().len(), 1);
 }

@@ -59,7 +59,8 @@ impl NodeReader {
     }
 
     /// The tenants announced on the turn board at `path` whose heartbeat is at most `max_age`
-    /// old at `now` (`CLOCK_MONOTONIC` ns, see [`crate::monotonic_ns`]). Errors as for
+    /// old at `now` (`CLOCK_MONOTONIC` ns, see [`crate::monotonic_ns`]), idle ones (limit 0,
+    /// [`Tenant::takes_turns`]) included. Errors as for
     /// [`NodeReader::table`], in the board's terms; a timeout is [`TurnBoardError::Busy`].
     pub fn turn_tenants(
         &self,

@@ -8,7 +8,12 @@
 //! tenant key, SM limit in percent, heartbeat (CLOCK_MONOTONIC nanoseconds), and the GPU
 //! time of the tenant's typical launch in nanoseconds (which sets the common cycle).
 //! An entry whose heartbeat is older than the reader's `max_age` is not a tenant; a writer
-//! may take it over. Writers work under the file's `flock` (released by the kernel if the
+//! may take it over. The limit word says what the entry asks for: 1..=99, a window of that
+//! share in the turns every limited container lays out; 0, an *idle* tenant (a share-mode
+//! container alive but without work, which refreshes its entry off its launch path so that
+//! `vgpu status` and its neighbours still see it): it keeps its entry and its share record
+//! counts, but nobody lays out a window for it (every reader since version 1 skips limits
+//! outside 1..=99 in the layout). Anything else is not a tenant. Writers work under the file's `flock` (released by the kernel if the
 //! holder dies) with ordinary reads and writes, never a shared mapping: the directory is
 //! writable by every container of the node, and a mapped file that another container
 //! truncates would fault (SIGBUS) every process that maps it. Every open goes through
@@ -101,12 +106,20 @@ pub fn board_file_name(gpu_uuid: &str) -> String {
 pub struct Tenant {
     /// Its key (the same for every process of one container).
     pub key: u64,
-    /// Its SM limit, percent (1..=99).
+    /// Its SM limit, percent: 1..=99 takes turns, 0 is an idle tenant
+    /// ([`Tenant::takes_turns`]).
     pub limit_pct: u32,
     /// GPU time of its typical launch, nanoseconds (0: unknown).
     pub launch_ns: u64,
     /// When it last announced itself (`CLOCK_MONOTONIC` nanoseconds).
     pub heartbeat_ns: u64,
+}
+
+impl Tenant {
+    /// Whether a window is laid out for it: an entry with limit 0 is idle (alive, no work).
+    pub fn takes_turns(&self) -> bool {
+        (1..100).contains(&self.limit_pct)
+    }
 }
 
 /// A turn board: its path. Every operation opens the file, works under `flock` and closes
@@ -200,9 +213,10 @@ impl TurnBoard {
     }
 
     /// Announces tenant `key` (non-zero) with `limit_pct` and its typical launch length
-    /// at time `now`; an entry whose heartbeat is older than `stale` (or never written)
-    /// may be taken over. Returns every tenant whose heartbeat is at most `max_age` old,
-    /// as [`TurnBoard::tenants`] would, read under the same lock.
+    /// at time `now` (`limit_pct` 0: idle, see the module's doc); an entry whose heartbeat
+    /// is older than `stale` (or never written) may be taken over. Returns every tenant that
+    /// takes turns and whose heartbeat is at most `max_age` old, as [`TurnBoard::tenants`]
+    /// would, read under the same lock.
     #[allow(clippy::too_many_arguments)]
     pub fn announce(
         &mut self,
@@ -230,17 +244,18 @@ impl TurnBoard {
             let base = HEADER_WORDS + e * ENTRY_WORDS;
             image[base..base + ENTRY_WORDS].copy_from_slice(&words);
             write_words(file, base, &words)?;
-            Ok((Some(e), tenants_in(&image, now, max_age)))
+            Ok((Some(e), turn_takers_in(&image, now, max_age)))
         })?;
         self.mine = Some(entry.ok_or(TurnBoardError::Full)?);
         Ok(tenants)
     }
 
-    /// Tenants whose heartbeat is at most `max_age` old at `now`, sorted by key, one per
-    /// key. Read without the lock (entries are independent; a torn read of one is at most
-    /// one period stale or skipped); empty when the file cannot be read.
+    /// Tenants that take turns and whose heartbeat is at most `max_age` old at `now`, sorted
+    /// by key, one per key (idle ones left out: nobody lays out a window for them). Read
+    /// without the lock (entries are independent; a torn read of one is at most one period
+    /// stale or skipped); empty when the file cannot be read.
     pub fn tenants(&self, now: u64, max_age: u64) -> Vec<Tenant> {
-        read_tenants(&self.path, now, max_age).unwrap_or_default()
+        read_board(&self.path).map_or_else(|_| Vec::new(), |i| turn_takers_in(&i, now, max_age))
     }
 
     /// The entry this process announced itself in last (its share record's index).
@@ -303,9 +318,9 @@ fn io_err(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> TurnBoardE
     move |source| TurnBoardError::Io { path, op, source }
 }
 
-/// The tenants of the board at `path` whose heartbeat is at most `max_age` old at `now`, read
-/// without the lock (see [`TurnBoard::tenants`]); a missing, refused or foreign file is an
-/// error. Never blocks on a FIFO nor follows a link; node-side callers bound its time with
+/// The tenants of the board at `path` whose heartbeat is at most `max_age` old at `now`, idle
+/// ones included (inspection: `vgpu status` lists every live container), read without the
+/// lock (see [`TurnBoard::tenants`]); a missing, refused or foreign file is an error. Never blocks on a FIFO nor follows a link; node-side callers bound its time with
 /// [`crate::NodeReader`].
 pub(crate) fn read_tenants(
     path: &Path,
@@ -408,7 +423,14 @@ fn entry_for(image: &Image, hint: Option<usize>, key: u64, now: u64, stale: u64)
     })
 }
 
-/// The live tenants of an image.
+/// The tenants of an image that take turns (the layout's).
+fn turn_takers_in(image: &Image, now: u64, max_age: u64) -> Vec<Tenant> {
+    let mut all = tenants_in(image, now, max_age);
+    all.retain(Tenant::takes_turns);
+    all
+}
+
+/// The live tenants of an image, idle ones included.
 fn tenants_in(image: &Image, now: u64, max_age: u64) -> Vec<Tenant> {
     let mut out: Vec<Tenant> = Vec::new();
     for e in 0..TURN_ENTRIES {
@@ -419,7 +441,7 @@ fn tenants_in(image: &Image, now: u64, max_age: u64) -> Vec<Tenant> {
             image[base + 2],
             image[base + 3],
         ];
-        if k == 0 || b == 0 || now.saturating_sub(b) > max_age || !(1..100).contains(&p) {
+        if k == 0 || b == 0 || now.saturating_sub(b) > max_age || p >= 100 {
             continue;
         }
         if !out.iter().any(|t| t.key == k) {
@@ -489,6 +511,54 @@ mod tests {
         // Announced again (another process of the container), it counts again.
         a.announce(7, 30, 0, 1100 * MS, STALE, AGE).unwrap();
         assert_eq!(live(b.entry_keys()), [7, 3]);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn an_idle_entry_keeps_its_place_but_takes_no_turn() {
+        // A share-mode container without work announces limit 0: the layout's readers (cap
+        // mode, `tenants`, `announce`) skip it, its entry is not taken over while fresh and
+        // its key still holds its share record, and inspection lists it. Once its heartbeat
+        // ages (a killed process) it is gone for inspection too.
+        let p = path("idle");
+        let mut idle = TurnBoard::open_or_create(&p).unwrap();
+        let mut capped = TurnBoard::open_or_create(&p).unwrap();
+        idle.announce(7, 0, 50_000, 1000 * MS, STALE, AGE).unwrap();
+        let seen = capped.announce(3, 40, 0, 1001 * MS, STALE, AGE).unwrap();
+        assert_eq!(kp(&seen), [(3, 40)], "no window for the idle tenant");
+        assert_eq!(kp(&capped.tenants(1002 * MS, AGE)), [(3, 40)]);
+        assert!(capped.entry_keys().contains(&7), "its record still counts");
+        let listed = read_tenants(&p, 1002 * MS, AGE).unwrap();
+        assert_eq!(kp(&listed), [(3, 40), (7, 0)]);
+        assert!(!listed[1].takes_turns() && listed[0].takes_turns());
+        // Fresh, it keeps its entry against a newcomer on a full board.
+        let mut others: Vec<TurnBoard> = (0..TURN_ENTRIES - 2)
+            .map(|_| TurnBoard::open_or_create(&p).unwrap())
+            .collect();
+        for (i, b) in others.iter_mut().enumerate() {
+            b.announce(100 + i as u64, 10, 0, 1003 * MS, STALE, AGE)
+                .unwrap();
+        }
+        let mut late = TurnBoard::open_or_create(&p).unwrap();
+        assert!(matches!(
+            late.announce(1, 10, 0, 1004 * MS, STALE, AGE),
+            Err(TurnBoardError::Full)
+        ));
+        // It stops refreshing: aged out for every reader.
+        assert!(
+            read_tenants(&p, 1000 * MS + AGE + 1, AGE)
+                .unwrap()
+                .iter()
+                .all(|t| t.key != 7)
+        );
+        // A limit of 100 or more is no tenant at all.
+        idle.announce(7, 100, 0, 1005 * MS, STALE, AGE).unwrap();
+        assert!(
+            read_tenants(&p, 1005 * MS, AGE)
+                .unwrap()
+                .iter()
+                .all(|t| t.key != 7)
+        );
         let _ = std::fs::remove_file(&p);
     }
 

@@ -152,7 +152,7 @@ const FAMILIES: &[(Set, &str, &str, &str)] = &[
         Set::Vgpu,
         "vgpu_device_turn_containers",
         "gauge",
-        "Limited containers taking turns on the GPU (its turn board; 0 = no turns).",
+        "Limited containers on the GPU's turn board, idle share-mode ones included (0 = none).",
     ),
     (
         Set::Vgpu,

@@ -44,6 +44,7 @@
 //! its accounting are one step; a throttled launch sleeps holding it, which throttles the
 //! device's other launching threads too, as the limit is per device.
 
+mod heartbeat;
 mod power_share;
 mod probes;
 mod share_board;
@@ -53,7 +54,7 @@ mod view;
 use std::cell::RefCell;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::Duration;
 
 use vgpu_alloc_core::{DeviceIndex, MAX_DEVICES};
@@ -66,6 +67,7 @@ use crate::ledger::SharedLedger;
 use crate::log::{INFO, vlog};
 use crate::power::PowerReader;
 use crate::published::Published;
+use heartbeat::Heartbeat;
 use power_share::Baselines;
 use timer::{EventFns, EventTimer, Events, MonoClock, StreamKey, WakeSlack};
 use view::FileView;
@@ -113,6 +115,8 @@ pub(crate) struct SmLimiter {
     baselines: Baselines,
     /// The power reader thread's readings.
     power: PowerReader,
+    /// Share mode: the thread that keeps an idle container on the turn board.
+    heartbeat: Heartbeat,
     /// The exit line with each limiter's counters was written.
     said_stats: AtomicBool,
 }
@@ -143,6 +147,7 @@ impl SmLimiter {
             events: Events::new(),
             baselines: Baselines::new(),
             power: PowerReader::new(),
+            heartbeat: Heartbeat::new(),
             said_stats: AtomicBool::new(false),
         }
     }
@@ -211,7 +216,8 @@ impl SmLimiter {
     /// copied, their events belong to the parent's contexts) and its slot are forgotten,
     /// leaked rather than dropped; the power baselines are reset (the child creates its own
     /// context and records its own then); the power reader, whose thread was not copied,
-    /// is reset. The child's next call builds its process state, which starts this again.
+    /// is reset, and so is the share-mode heartbeat, whose thread was not copied either. The
+    /// child's next call builds its process state, which starts this again.
     pub(crate) fn reset_in_child(&self) {
         self.enabled.store(false, Ordering::Relaxed);
         for d in &self.devices {
@@ -220,13 +226,16 @@ impl SmLimiter {
         self.slot.store(ptr::null_mut(), Ordering::Relaxed);
         self.baselines.reset_in_child();
         self.power.reset_in_child();
+        self.heartbeat.reset_in_child();
     }
 
     /// At exit: the power reader makes no further NVML call (NVML may be torn down next);
-    /// each device's limiter takes its share record off the turn board and says what it did
-    /// (at `LIBCUDA_LOG_LEVEL` 3), if no thread holds it (an exit never waits for a launch).
+    /// the share-mode heartbeat stops (it would put the container back on the board); each
+    /// device's limiter takes its share record off the turn board and says what it did (at
+    /// `LIBCUDA_LOG_LEVEL` 3), if no thread holds it (an exit never waits for a launch).
     pub(crate) fn stop_at_exit(&self) {
         self.power.stop();
+        self.heartbeat.stop();
         // Both exit paths call this (NVML's atexit and the loader's fini): say it once.
         if self.said_stats.swap(true, Ordering::Relaxed) {
             return;
@@ -369,6 +378,27 @@ impl SmLimiter {
                 }
             }
         }
+    }
+
+    /// Starts the share-mode heartbeat thread unless it runs (a container announced itself
+    /// on a board).
+    fn want_heartbeat(&'static self) {
+        self.heartbeat
+            .want(MAX_DEVICES, move |d| self.idle_heartbeat(d));
+    }
+
+    /// The heartbeat thread's beat for CUDA ordinal `d`: its limiter's idle heartbeat, if
+    /// it has one and no launch holds it (skipped then: that launch publishes itself).
+    fn idle_heartbeat(&self, d: usize) {
+        let Some(m) = self.devices.get(d).and_then(Published::get) else {
+            return;
+        };
+        let mut l = match m.try_lock() {
+            Ok(l) => l,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        l.idle_heartbeat();
     }
 
     fn device_limiter(&'static self, d: usize, fns: &'static EventFns) -> &'static DeviceLimiter {

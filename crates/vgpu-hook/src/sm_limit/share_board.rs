@@ -45,8 +45,13 @@ impl ShareProbe {
         now: Nanos,
     ) -> Vec<ShareTenant> {
         // Cap-mode containers lay out their turns from the entries' limits: show them our
-        // part now (1..=99, the range an entry carries).
-        let pct = report.allot_pct.clamp(1, 99);
+        // part now (1..=99, the range an entry carries), or 0 while our demand ran out (an
+        // idle tenant, for which nobody lays out a window: vgpu-shm's `turns`).
+        let pct = if report.busy_until <= now {
+            0
+        } else {
+            report.allot_pct.clamp(1, 99)
+        };
         match board.announce(key, pct, report.launch_ns, now, TURN_STALE, TURN_MAX_AGE) {
             Ok(tenants) => {
                 self.entry = board.entry();
@@ -195,6 +200,51 @@ mod tests {
         let again = probe.demand(0, Some(now + 9 * MS));
         let me = again.iter().find(|t| t.key == 0x5).unwrap();
         assert_eq!(me.busy_until, now + 9 * MS);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_cap_mode_neighbour_lays_out_no_window_for_an_idle_share_container() {
+        use super::super::view::turn_tenant;
+        use vgpu_limiter::Turn;
+        let dir = std::env::temp_dir().join(format!("vgpu-share-idle-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vgpu-turns-GPU-x");
+        let now = 10_000 * MS;
+        let mut capped = TurnBoard::open_or_create(&path).unwrap();
+        capped
+            .announce(0xc, 40, 0, now, TURN_STALE, TURN_MAX_AGE)
+            .unwrap();
+        // The share-mode container's demand ran out before now (its heartbeat, idle).
+        let mut board = TurnBoard::open_or_create(&path).unwrap();
+        let mut probe = ShareProbe::default();
+        probe.announce(0, &mut board, 0x5, &report(30, now - MS), now);
+        let layout = |capped: &mut TurnBoard, at: u64| {
+            let seen = capped
+                .announce(0xc, 40, 0, at, TURN_STALE, TURN_MAX_AGE)
+                .unwrap();
+            let all: Vec<_> = seen.iter().map(turn_tenant).collect();
+            Turn::layout(0xc, &all, 20 * MS)
+        };
+        assert_eq!(
+            layout(&mut capped, now + MS),
+            None,
+            "alone: no window for the idle one"
+        );
+        // It is still on the board: listed for `vgpu status`, its record counts.
+        let listed = vgpu_shm::NodeReader::default()
+            .turn_tenants(&path, now + MS, TURN_MAX_AGE)
+            .unwrap();
+        assert!(
+            listed.iter().any(|t| t.key == 0x5 && t.limit_pct == 0),
+            "{listed:?}"
+        );
+        assert!(probe.read(0).iter().any(|t| t.key == 0x5));
+        // Busy again (its next launch): a window of its part.
+        probe.announce(0, &mut board, 0x5, &report(30, now + 9 * MS), now + 2 * MS);
+        let turn = layout(&mut capped, now + 3 * MS).expect("two tenants take turns");
+        assert!(turn.width > 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

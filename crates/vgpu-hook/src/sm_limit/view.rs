@@ -56,6 +56,16 @@ impl FileView {
     }
 }
 
+/// A cap-mode container's view of a tenant on the board (it lays out windows of their
+/// limits; the board hands it only tenants that take turns).
+pub(super) fn turn_tenant(t: &vgpu_shm::Tenant) -> TurnTenant {
+    TurnTenant {
+        key: t.key,
+        part_bp: t.limit_pct.min(100) * 100,
+        launch_ns: t.launch_ns,
+    }
+}
+
 /// Announcements older than this are not tenants (three publish periods).
 pub(super) const TURN_MAX_AGE: Nanos = 300_000_000;
 /// An entry this stale may be taken over.
@@ -130,15 +140,7 @@ impl ContainerView for FileView {
                 return None;
             }
         };
-        let tenants = tenants
-            .into_iter()
-            .map(|t| TurnTenant {
-                key: t.key,
-                part_bp: t.limit_pct.min(100) * 100,
-                launch_ns: t.launch_ns,
-            })
-            .collect();
-        Some((*key, tenants))
+        Some((*key, tenants.iter().map(turn_tenant).collect()))
     }
 
     fn share_board(&mut self, now: Nanos, report: &ShareReport) -> Option<(u64, Vec<ShareTenant>)> {
@@ -149,6 +151,8 @@ impl ContainerView for FileView {
             return None;
         };
         let tenants = self.share.announce(self.device, board, *key, report, now);
+        // On a board now: keep it there while idle (a relaxed load once it runs).
+        self.sm.want_heartbeat();
         vlog!(
             DEBUG,
             "device {}: share mode: part {}%, {} containers on the board",

@@ -1,7 +1,9 @@
 //! The limiter: measured segments plus a virtual-time pacer.
 //!
 //! This file holds the admission (the pacer, turns, share mode's part); `segments.rs` the
-//! measurement (the GPU timer's markers around launches, settled into measured GPU time).
+//! measurement (the GPU timer's markers around launches, settled into measured GPU time);
+//! `publish.rs` what goes to the usage file and the board once per publish period, and the
+//! idle heartbeat.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -9,13 +11,11 @@ use std::fmt;
 pub use crate::config::LimiterConfig;
 use crate::policy::Policy;
 use crate::power::{PowerShare, PowerState};
-use crate::share::{Allotment, ShareClaim, ShareReport, ShareTiming, Sharing, SmMode};
+use crate::share::{Allotment, ShareClaim, ShareTiming, Sharing, SmMode};
 use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage, Turn};
 
+mod publish;
 mod segments;
-
-/// How far (a fraction) the learned launch cost moves before it is published again.
-const LAUNCH_REPUBLISH: f64 = 0.25;
 
 /// The answer to [`Limiter::admit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +128,10 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView> {
     peers: PeerUsage,
     last_poll: Nanos,
     next_publish: Nanos,
+    /// When the board was last written (by a launch's publish or an idle heartbeat).
+    last_published: Nanos,
+    /// When a launch last asked for admission (the idle heartbeat waits for a quiet spell).
+    last_admit: Nanos,
     next_activity: Nanos,
     bin_start: Nanos,
     bin_busy: f64,
@@ -198,6 +202,8 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             peers: PeerUsage::default(),
             last_poll: now,
             next_publish: now,
+            last_published: now,
+            last_admit: now,
             next_activity: now,
             bin_start: now,
             bin_busy: 0.0,
@@ -286,6 +292,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             return Admission::Go(Ticket::UNCOUNTED);
         }
         let now = self.clock.now();
+        self.last_admit = now;
         if self.view.recent_kernel() < 0 {
             // The monitor gives the device to a higher-priority task: submit nothing, and
             // let what was submitted be measured.
@@ -560,55 +567,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         .sanitized()
     }
 
-    fn maybe_publish(&mut self, now: Nanos, pct: u32) {
-        if now < self.next_publish {
-            return;
-        }
-        let elapsed = now.saturating_sub(self.bin_start);
-        let bin_busy = self.bin_busy;
-        if elapsed > 0 && self.stats.launches > 0 {
-            let bin = (self.bin_busy / elapsed as f64).min(1.0);
-            let util = match self.util {
-                Some(u) => 0.5 * u + 0.5 * bin,
-                None => bin,
-            };
-            self.util = Some(util);
-            self.view.publish_util((util * 100.0).round() as u32, now);
-        }
-        self.bin_start = now;
-        self.bin_busy = 0.0;
-        if self.cfg.share_with_peers {
-            self.peers = self.fresh_peers(now);
-        }
-        self.sample_power(now);
-        let launch_ns = self.launch_to_publish();
-        if self.sharing.is_some() {
-            let report = ShareReport {
-                claim: self.claim(pct),
-                launch_ns,
-                busy_until: (self.horizon.max(now as f64) as Nanos)
-                    .saturating_add(self.cfg.idle_grace_in_turns),
-                allot_pct: self
-                    .allotment()
-                    .map_or(0, |a| (a.fraction * 100.0).round() as u32),
-                util_pct: self.util.map_or(0, |u| (u * 100.0).round() as u32),
-                lent_ns: 0,
-                borrowed_ns: 0,
-            };
-            let rules = self.cfg.share_rules;
-            if let Some(s) = self.sharing.as_mut() {
-                s.publish(&mut self.view, now, report, bin_busy, elapsed, rules);
-            }
-        } else {
-            let turn = self
-                .view
-                .turn_tenants(now, launch_ns)
-                .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
-            self.set_turn(turn);
-        }
-        self.next_publish = now + self.cfg.publish_period;
-    }
-
     fn set_turn(&mut self, turn: Option<Turn>) {
         if turn != self.turn {
             self.stats.turn_changes += 1;
@@ -617,24 +575,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             }
             self.turn = turn;
         }
-    }
-
-    /// The typical launch length others read on the board: the learned cost, republished
-    /// only once it moved by more than [`LAUNCH_REPUBLISH`] from what was published. Every
-    /// container lays the turns out from these values (the cycle doubles with them), so a
-    /// cost that wanders around a cycle's boundary would flip the layout, and each flip
-    /// leaves the GPU idle while the containers find their new windows (H200: 60-80 turn
-    /// changes in 20 s, the device 91-99% busy with one of four tenants idle).
-    fn launch_to_publish(&mut self) -> u64 {
-        let cost = self.turn_cost.unwrap_or(0.0).max(0.0);
-        let old = self.published_launch as f64;
-        if old <= 0.0 || (cost - old).abs() > LAUNCH_REPUBLISH * old {
-            if self.published_launch != cost as u64 {
-                self.stats.launch_publishes += 1;
-            }
-            self.published_launch = cost as u64;
-        }
-        self.published_launch
     }
 
     /// Feeds the power share a sample of the device's power (once per publish period).
