@@ -193,7 +193,10 @@ impl TurnBoard {
             }
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
-        // The lock goes with the descriptor when `file` is dropped.
+        // Released explicitly on every way out, not only by closing `file`: a `flock`
+        // belongs to the open file description, which a child forked meanwhile (from
+        // another thread) shares, and would hold until it exits.
+        let _unlock = Unlock(&file);
         let len = file.metadata().map_err(io_err(path, "fstat"))?.len();
         let image = read_image(&file).map_err(io_err(path, "read"))?;
         let fresh = needs_header(&image, len);
@@ -457,6 +460,15 @@ fn tenants_in(image: &Image, now: u64, max_age: u64) -> Vec<Tenant> {
     out
 }
 
+/// Drops the board's `flock` (see [`TurnBoard::locked`]).
+struct Unlock<'a>(&'a File);
+
+impl Drop for Unlock<'_> {
+    fn drop(&mut self) {
+        sys::unflock(self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -641,6 +653,42 @@ mod tests {
         assert!(t0.elapsed() < std::time::Duration::from_millis(500));
         sys::unflock(&holder);
         a.announce(7, 30, 0, 10 * MS, STALE, AGE).unwrap();
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    #[allow(unsafe_code)] // fork, kill and waitpid: the test's own child process
+    fn a_child_forked_under_the_lock_does_not_keep_the_board_busy() {
+        // A fork while another thread of the process works under the board's lock (the
+        // share-mode heartbeat thread does, beside the program's own threads) copies the
+        // descriptor, and a `flock` belongs to the open file description: closing the
+        // parent's copy alone would leave the child holding the lock until it exits.
+        let p = path("forked");
+        let board = TurnBoard::open_or_create(&p).unwrap();
+        let mut child = 0;
+        board
+            .locked(false, |_, _, _| {
+                // SAFETY: the child only sleeps and exits, both async-signal-safe.
+                child = unsafe { libc::fork() };
+                if child == 0 {
+                    // SAFETY: as above.
+                    unsafe {
+                        libc::sleep(30);
+                        libc::_exit(0);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(child > 0);
+        let other = File::open(&p).unwrap();
+        let free = sys::try_flock_exclusive(&other).unwrap();
+        // SAFETY: our own child; reaped below.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        assert!(free, "the board stays locked while the forked child lives");
         let _ = std::fs::remove_file(&p);
     }
 
