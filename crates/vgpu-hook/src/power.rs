@@ -226,6 +226,9 @@ impl PowerReader {
     pub(crate) fn reset_in_child(&self) {
         self.running.store(false, Ordering::Relaxed);
         self.wanted.store(0, Ordering::Relaxed);
+        // A fork during the thread's NVML call copied the flag set: the child's exit would
+        // wait its full STOP_WAIT for a call no thread of it makes.
+        self.in_call.store(false, Ordering::Relaxed);
         for p in &self.latest {
             // Not mid-write: the writer thread does not exist in the child. Old readings are
             // the parent's device's, still true, but start clean.
@@ -401,6 +404,19 @@ pub(crate) struct Reading {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_forked_during_a_reading_does_not_wait_for_it_at_exit() {
+        let r = PowerReader::new();
+        // The parent's thread was in an NVML call when the process forked.
+        r.in_call.store(true, Ordering::SeqCst);
+        r.reset_in_child();
+        assert!(
+            !r.in_call.load(Ordering::SeqCst),
+            "exit would wait for a call no thread makes"
+        );
+        r.stop();
+    }
 
     #[test]
     fn published_readings_round_trip_and_an_unwritten_slot_reads_none() {
