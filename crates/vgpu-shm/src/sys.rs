@@ -278,6 +278,35 @@ pub(crate) fn try_flock_exclusive(file: &File) -> io::Result<bool> {
     }
 }
 
+/// An exclusive `flock` on a file, released when dropped, however its holder leaves. The
+/// release is explicit, not left to closing the descriptor: a `flock` belongs to the open
+/// file description, which a child forked meanwhile (from another thread) shares and would
+/// hold until it exits.
+pub(crate) struct Flock<'a>(&'a File);
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        unflock(self.0);
+    }
+}
+
+/// Takes an exclusive `flock` on `file`, trying every `poll` for at most `wait`: `Ok(None)`
+/// if another holder kept it that long.
+pub(crate) fn flock_exclusive_within(
+    file: &File,
+    wait: std::time::Duration,
+    poll: std::time::Duration,
+) -> io::Result<Option<Flock<'_>>> {
+    let deadline = std::time::Instant::now() + wait;
+    while !try_flock_exclusive(file)? {
+        if std::time::Instant::now() > deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(poll);
+    }
+    Ok(Some(Flock(file)))
+}
+
 /// Release a `flock`.
 pub(crate) fn unflock(file: &File) {
     // SAFETY: flock on a descriptor we own; no memory is passed.

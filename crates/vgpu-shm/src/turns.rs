@@ -186,17 +186,11 @@ impl TurnBoard {
         let path = &self.path;
         let opened = file::open_writable(path, create).map_err(|e| open_error(path, e))?;
         let file = opened.file;
-        let deadline = std::time::Instant::now() + LOCK_WAIT;
-        while !sys::try_flock_exclusive(&file).map_err(io_err(path, "flock"))? {
-            if std::time::Instant::now() > deadline {
-                return Err(TurnBoardError::Busy);
-            }
-            std::thread::sleep(std::time::Duration::from_micros(100));
-        }
-        // Released explicitly on every way out, not only by closing `file`: a `flock`
-        // belongs to the open file description, which a child forked meanwhile (from
-        // another thread) shares, and would hold until it exits.
-        let _unlock = Unlock(&file);
+        // Released on every way out (`sys::Flock`), not only by closing `file`.
+        let _lock =
+            sys::flock_exclusive_within(&file, LOCK_WAIT, std::time::Duration::from_micros(100))
+                .map_err(io_err(path, "flock"))?
+                .ok_or(TurnBoardError::Busy)?;
         let len = file.metadata().map_err(io_err(path, "fstat"))?.len();
         let image = read_image(&file).map_err(io_err(path, "read"))?;
         let fresh = needs_header(&image, len);
@@ -458,15 +452,6 @@ fn tenants_in(image: &Image, now: u64, max_age: u64) -> Vec<Tenant> {
     }
     out.sort_by_key(|t| t.key);
     out
-}
-
-/// Drops the board's `flock` (see [`TurnBoard::locked`]).
-struct Unlock<'a>(&'a File);
-
-impl Drop for Unlock<'_> {
-    fn drop(&mut self) {
-        sys::unflock(self.0);
-    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::{ImageError, ShmError};
 use crate::file;
@@ -51,14 +51,6 @@ impl TableInit {
             return invalid("SM limit percent", p.to_string());
         }
         Ok(())
-    }
-}
-
-/// Releases the init `flock` however `open` leaves.
-struct FlockGuard<'a>(&'a File);
-impl Drop for FlockGuard<'_> {
-    fn drop(&mut self) {
-        sys::unflock(self.0);
     }
 }
 
@@ -107,16 +99,11 @@ impl UsageTable {
         let (file, meta) = (opened.file, opened.meta);
 
         // Initialization (and the check that it is finished) happen under flock.
-        let deadline = Instant::now() + INIT_LOCK_TIMEOUT;
-        while !sys::try_flock_exclusive(&file).map_err(io("flock"))? {
-            if Instant::now() > deadline {
-                return Err(ShmError::InitLockTimeout {
-                    path: path.to_path_buf(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let guard = FlockGuard(&file);
+        let guard = sys::flock_exclusive_within(&file, INIT_LOCK_TIMEOUT, Duration::from_millis(1))
+            .map_err(io("flock"))?
+            .ok_or_else(|| ShmError::InitLockTimeout {
+                path: path.to_path_buf(),
+            })?;
         let len = file.metadata().map_err(io("fstat"))?.len();
         let mut created = false;
         let map = match init {
