@@ -54,3 +54,4 @@ mod sm_limit;
 mod state;
 #[cfg(test)]
 mod testing;
+mod worker;

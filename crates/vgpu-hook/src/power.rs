@@ -13,7 +13,7 @@
 //! kernel ran on the device (utilization 0 all along), or at the first look before this
 //! process ran anything, is the idle power.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use vgpu_alloc_core::MAX_DEVICES;
@@ -21,6 +21,7 @@ use vgpu_cuda_abi::{CUdevice, c_int, nvmlDevice_t, nvmlReturn_t};
 use vgpu_limiter::{Nanos, PowerSample};
 
 use crate::log::{DEBUG, INFO, vlog};
+use crate::worker::Worker;
 
 /// How often the thread reads.
 const PERIOD: Duration = Duration::from_millis(100);
@@ -127,16 +128,12 @@ pub(crate) struct PowerReader {
     latest: [ReadingSeqlock<AtomicU64>; MAX_DEVICES],
     /// Devices whose limiter asked for readings (bit per device).
     wanted: AtomicU64,
-    /// Whether this process's thread runs (or is being started).
-    running: AtomicBool,
-    /// Set at exit: the thread makes no further NVML call.
-    stop: AtomicBool,
+    /// The thread's controls: a step is one device's NVML reading.
+    worker: Worker,
     /// Bumped by every [`PowerReader::latest`] (once per publish period of a launching
     /// limiter): while it stands still, nobody launches, and the thread reads once a second
     /// instead of ten times.
     asked: AtomicU64,
-    /// Set while the thread is inside NVML.
-    in_call: AtomicBool,
 }
 
 /// Reads per [`PERIOD`]s while nobody asks: one a second.
@@ -150,10 +147,8 @@ impl PowerReader {
         Self {
             latest: [const { ReadingSeqlock::new() }; MAX_DEVICES],
             wanted: AtomicU64::new(0),
-            running: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
+            worker: Worker::new(),
             asked: AtomicU64::new(0),
-            in_call: AtomicBool::new(false),
         }
     }
 
@@ -175,7 +170,7 @@ impl PowerReader {
         if self.wanted.load(Ordering::Relaxed) & bit == 0 {
             self.wanted.fetch_or(bit, Ordering::AcqRel);
         }
-        if !self.running.load(Ordering::Relaxed) && !self.running.swap(true, Ordering::AcqRel) {
+        if self.worker.claim() {
             self.start();
         }
     }
@@ -194,13 +189,8 @@ impl PowerReader {
             unsafe { init() };
         }
         crate::state::stop_before_nvml_exits();
-        let spawned = std::thread::Builder::new()
-            .name("vgpu-power".into())
-            .stack_size(256 * 1024)
-            .spawn(move || self.run());
-        if let Err(e) = spawned {
-            // Without readings the power share stays off: the limit bounds time only. Not
-            // retried (`running` stays set): a process that cannot start threads won't later.
+        if let Err(e) = self.worker.spawn("vgpu-power", move |_| self.run()) {
+            // Without readings the power share stays off: the limit bounds time only.
             vlog!(
                 INFO,
                 "cannot start the power reader thread ({e}): the SM limit bounds GPU time only"
@@ -212,23 +202,13 @@ impl PowerReader {
     /// and the one in progress, if any, has returned (waiting at most [`STOP_WAIT`]: exit
     /// never hangs on it).
     pub(crate) fn stop(&self) {
-        // SeqCst with the thread's `in_call` store then `stop` load: either the thread sees
-        // `stop` and makes no call, or this sees its call in progress and waits.
-        self.stop.store(true, Ordering::SeqCst);
-        let mut waited = Duration::ZERO;
-        while self.in_call.load(Ordering::SeqCst) && waited < STOP_WAIT {
-            std::thread::sleep(Duration::from_millis(1));
-            waited += Duration::from_millis(1);
-        }
+        self.worker.stop(STOP_WAIT);
     }
 
     /// In the child after `fork`: the thread was not copied; the child's limiters ask again.
     pub(crate) fn reset_in_child(&self) {
-        self.running.store(false, Ordering::Relaxed);
+        self.worker.reset_in_child();
         self.wanted.store(0, Ordering::Relaxed);
-        // A fork during the thread's NVML call copied the flag set: the child's exit would
-        // wait its full STOP_WAIT for a call no thread of it makes.
-        self.in_call.store(false, Ordering::Relaxed);
         for p in &self.latest {
             // Not mid-write: the writer thread does not exist in the child. Old readings are
             // the parent's device's, still true, but start clean.
@@ -240,7 +220,7 @@ impl PowerReader {
         let mut devices: Vec<DeviceReader> =
             (0..MAX_DEVICES).map(|_| DeviceReader::default()).collect();
         let (mut asked, mut quiet) = (u64::MAX, 0u32);
-        while !self.stop.load(Ordering::Acquire) {
+        while !self.worker.stopped() {
             let now_asked = self.asked.load(Ordering::Relaxed);
             if now_asked == asked {
                 // Nobody launched since the last round: a reading a second is enough (it
@@ -259,20 +239,11 @@ impl PowerReader {
                 if wanted & (1 << d) == 0 || state.unavailable {
                     continue;
                 }
-                self.in_call.store(true, Ordering::SeqCst);
-                if self.stop.load(Ordering::SeqCst) {
-                    self.in_call.store(false, Ordering::SeqCst);
+                // A panic in NVML's wrapper leaves the device unread this round.
+                let Ok(sample) = self.worker.step(|| read_device(d, state)) else {
                     return;
-                }
-                // A panic here would end the thread with `in_call` set (exit then waits its
-                // 100 ms); caught, the device just goes unread this round.
-                let sample = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    read_device(d, state)
-                }))
-                .ok()
-                .flatten();
-                self.in_call.store(false, Ordering::SeqCst);
-                if let Some(sample) = sample {
+                };
+                if let Some(sample) = sample.flatten() {
                     self.latest[d].store(&sample);
                 }
             }
@@ -409,13 +380,12 @@ mod tests {
     fn a_child_forked_during_a_reading_does_not_wait_for_it_at_exit() {
         let r = PowerReader::new();
         // The parent's thread was in an NVML call when the process forked.
-        r.in_call.store(true, Ordering::SeqCst);
+        r.worker.enter_step_for_test();
         r.reset_in_child();
         assert!(
-            !r.in_call.load(Ordering::SeqCst),
+            !r.worker.in_step(),
             "exit would wait for a call no thread makes"
         );
-        r.stop();
     }
 
     #[test]

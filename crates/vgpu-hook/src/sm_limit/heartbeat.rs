@@ -4,9 +4,9 @@
 //! alive but idle (a service between requests) would otherwise age out of the board after
 //! 300 ms: `vgpu status` would stop listing it, and lower priorities would stop being
 //! outranked by it. So a background thread (`vgpu-heartbeat`, in share-mode processes only,
-//! started when the container first announces itself on a board) asks each device's limiter every [`PERIOD`] for its idle heartbeat
-//! (`vgpu_limiter::Limiter::idle_heartbeat`, which writes only after a quiet spell, once
-//! per publish period).
+//! started when the container first announces itself on a board) asks each device's
+//! limiter every [`PERIOD`] for its idle heartbeat (`vgpu_limiter::Limiter::idle_heartbeat`,
+//! which writes only after a quiet spell, once per publish period).
 //!
 //! It never blocks the host program: it only `try_lock`s a limiter (a launch holds it, and a
 //! throttled launch sleeps holding it: then that launch publishes itself, and the beat is
@@ -14,13 +14,12 @@
 //! for at most 1 ms). It stops at exit before the limiters leave the board (a beat after
 //! the withdrawal would put the container back for 300 ms), waiting at most [`STOP_WAIT`]
 //! for a beat in progress; a forked child, to which the thread was not copied, starts its
-//! own when it first announces itself. Atomics only, so a fork at any instant
-//! leaves nothing locked.
+//! own when it first announces itself (the thread's controls: [`crate::worker`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::log::{INFO, vlog};
+use crate::worker::Worker;
 
 /// How often the thread asks the limiters: twice per publish period, so that an idle
 /// record is rewritten within 150 ms of being due (a reader drops it after 300 ms).
@@ -29,38 +28,30 @@ const PERIOD: Duration = Duration::from_millis(50);
 /// a board's lock is waited for at most 1 ms).
 const STOP_WAIT: Duration = Duration::from_millis(100);
 
-/// The heartbeat thread's controls (one, in the SM limiter's state).
+/// The heartbeat thread's controls (one, in the SM limiter's state): a step is one
+/// device's beat.
 pub(crate) struct Heartbeat {
-    /// Whether this process's thread runs (or is being started).
-    running: AtomicBool,
-    /// Set at exit: the thread beats no more.
-    stop: AtomicBool,
-    /// Set while the thread holds a limiter.
-    in_beat: AtomicBool,
+    worker: Worker,
 }
 
 impl Heartbeat {
     pub(crate) const fn new() -> Self {
         Self {
-            running: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            in_beat: AtomicBool::new(false),
+            worker: Worker::new(),
         }
     }
 
     /// Starts the thread unless it runs; every round it calls `beat(d)` for each device
     /// index `d` below `devices` (`beat` try-locks that device's limiter, if any).
     pub(crate) fn want(&'static self, devices: usize, beat: impl Fn(usize) + Send + 'static) {
-        if self.running.load(Ordering::Relaxed) || self.running.swap(true, Ordering::AcqRel) {
+        if !self.worker.claim() {
             return;
         }
-        let spawned = std::thread::Builder::new()
-            .name("vgpu-heartbeat".into())
-            .stack_size(256 * 1024)
-            .spawn(move || self.run(devices, beat));
-        if let Err(e) = spawned {
-            // Not retried (`running` stays set): a process that cannot start threads won't
-            // later. Its launches still publish; only an idle spell ages it out, as before.
+        if let Err(e) = self
+            .worker
+            .spawn("vgpu-heartbeat", move |w| run(w, devices, beat))
+        {
+            // Its launches still publish; only an idle spell ages it out, as before.
             vlog!(
                 INFO,
                 "cannot start the share-mode heartbeat thread ({e}): an idle container leaves the turn board after 300 ms"
@@ -71,36 +62,23 @@ impl Heartbeat {
     /// At exit: no beat after this returns, unless one in progress outlasted [`STOP_WAIT`]
     /// (exit never hangs on it).
     pub(crate) fn stop(&self) {
-        // SeqCst with the thread's `in_beat` store then `stop` load: either the thread sees
-        // `stop` and does not beat, or this sees its beat in progress and waits.
-        self.stop.store(true, Ordering::SeqCst);
-        let mut waited = Duration::ZERO;
-        while self.in_beat.load(Ordering::SeqCst) && waited < STOP_WAIT {
-            std::thread::sleep(Duration::from_millis(1));
-            waited += Duration::from_millis(1);
-        }
+        self.worker.stop(STOP_WAIT);
     }
 
     /// In the child after `fork`: the thread was not copied; the child's first announcement
     /// in share mode starts it again.
     pub(crate) fn reset_in_child(&self) {
-        self.running.store(false, Ordering::Relaxed);
-        self.in_beat.store(false, Ordering::Relaxed);
+        self.worker.reset_in_child();
     }
+}
 
-    fn run(&self, devices: usize, beat: impl Fn(usize)) {
-        loop {
-            std::thread::sleep(PERIOD);
-            for d in 0..devices {
-                self.in_beat.store(true, Ordering::SeqCst);
-                if self.stop.load(Ordering::SeqCst) {
-                    self.in_beat.store(false, Ordering::SeqCst);
-                    return;
-                }
-                // A panic would end the thread with `in_beat` set (exit would then wait its
-                // 100 ms); caught, this device just misses a beat.
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| beat(d)));
-                self.in_beat.store(false, Ordering::SeqCst);
+fn run(worker: &Worker, devices: usize, beat: impl Fn(usize)) {
+    loop {
+        std::thread::sleep(PERIOD);
+        for d in 0..devices {
+            // A panicking beat: this device just misses it.
+            if worker.step(|| beat(d)).is_err() {
+                return;
             }
         }
     }
@@ -109,7 +87,7 @@ impl Heartbeat {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     static BEATS: AtomicUsize = AtomicUsize::new(0);
     static PANICS: AtomicUsize = AtomicUsize::new(0);
@@ -149,6 +127,6 @@ mod tests {
         hb.want(1, panics);
         wait_for(&PANICS, 3);
         hb.stop();
-        assert!(!hb.in_beat.load(Ordering::SeqCst));
+        assert!(!hb.worker.in_step());
     }
 }

@@ -1,0 +1,170 @@
+//! The hook's background threads (the power reader, the share-mode heartbeat): the
+//! controls every one of them needs, in one place.
+//!
+//! **Invariant.** A worker's thread starts at most once per process ([`Worker::claim`] then
+//! [`Worker::spawn`]); once [`Worker::stop`] returns, the thread starts no step (its
+//! [`Worker::step`] answers [`Stopped`]), and a step in progress then has ended, unless it
+//! outlasted the bounded wait (an exit never hangs on it). In a forked child, to which the
+//! thread was not copied, [`Worker::reset_in_child`] forgets it, so the child's first need
+//! starts its own. Atomics only, so a fork at any instant leaves nothing locked; a panic in
+//! a step is caught (that step's work is lost, not the thread).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The thread was stopped (at exit): it must return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stopped;
+
+/// One background thread's controls (a `static` part of the process state).
+pub(crate) struct Worker {
+    /// Whether the thread runs (or is being started).
+    running: AtomicBool,
+    /// Set at exit: no step after it.
+    stop: AtomicBool,
+    /// Set while the thread is in a step.
+    in_step: AtomicBool,
+}
+
+impl Worker {
+    pub(crate) const fn new() -> Self {
+        Self {
+            running: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            in_step: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the caller is the one to start the thread: true once per process (until a
+    /// fork resets it), false while it runs or is being started. A spawn that fails is not
+    /// retried: a process that cannot start threads won't later.
+    pub(crate) fn claim(&self) -> bool {
+        !self.running.load(Ordering::Relaxed) && !self.running.swap(true, Ordering::AcqRel)
+    }
+
+    /// Starts `body` on a thread named `name` (after [`Worker::claim`] said so).
+    pub(crate) fn spawn(
+        &'static self,
+        name: &str,
+        body: impl FnOnce(&'static Worker) + Send + 'static,
+    ) -> std::io::Result<()> {
+        std::thread::Builder::new()
+            .name(name.into())
+            .stack_size(256 * 1024)
+            .spawn(move || body(self))
+            .map(drop)
+    }
+
+    /// Whether the worker was stopped (the thread's loop condition between steps).
+    pub(crate) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Runs one step `f` on the thread, unless the worker was stopped. `Ok(None)` if `f`
+    /// panicked.
+    pub(crate) fn step<R>(&self, f: impl FnOnce() -> R) -> Result<Option<R>, Stopped> {
+        // SeqCst with `stop`'s store then `in_step` load: either this sees `stop` and does
+        // not step, or `stop` sees this step in progress and waits for it.
+        self.in_step.store(true, Ordering::SeqCst);
+        if self.stop.load(Ordering::SeqCst) {
+            self.in_step.store(false, Ordering::SeqCst);
+            return Err(Stopped);
+        }
+        // A panic would end the thread with `in_step` set, and exit would wait its full
+        // bound for nothing.
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
+        self.in_step.store(false, Ordering::SeqCst);
+        Ok(out)
+    }
+
+    /// At exit: no step after this returns, and the one in progress has ended, or `wait`
+    /// has passed.
+    pub(crate) fn stop(&self, wait: Duration) {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut waited = Duration::ZERO;
+        while self.in_step.load(Ordering::SeqCst) && waited < wait {
+            std::thread::sleep(Duration::from_millis(1));
+            waited += Duration::from_millis(1);
+        }
+    }
+
+    /// In the child after `fork`: the thread was not copied, nor is it in a step (a fork
+    /// during one copied the flag set).
+    pub(crate) fn reset_in_child(&self) {
+        self.running.store(false, Ordering::Relaxed);
+        self.in_step.store(false, Ordering::Relaxed);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn in_step(&self) -> bool {
+        self.in_step.load(Ordering::SeqCst)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn enter_step_for_test(&self) {
+        self.in_step.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn leaked() -> &'static Worker {
+        Box::leak(Box::new(Worker::new()))
+    }
+
+    #[test]
+    fn one_claim_per_process_until_a_fork_resets_it() {
+        let w = leaked();
+        assert!(w.claim());
+        assert!(!w.claim(), "running: no second thread");
+        w.reset_in_child();
+        assert!(w.claim(), "the child starts its own");
+    }
+
+    #[test]
+    fn no_step_after_stop_and_a_panicking_step_is_caught() {
+        let w = leaked();
+        assert_eq!(w.step(|| 7), Ok(Some(7)));
+        assert_eq!(w.step(|| -> u8 { panic!("a step that panics") }), Ok(None));
+        assert!(!w.in_step(), "a panicking step leaves no step in progress");
+        w.stop(Duration::from_millis(100));
+        assert!(w.stopped());
+        let ran = AtomicUsize::new(0);
+        assert_eq!(w.step(|| ran.fetch_add(1, Ordering::SeqCst)), Err(Stopped));
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_child_forked_during_a_step_does_not_wait_for_it_at_exit() {
+        let w = leaked();
+        // The parent's thread was in a step when the process forked.
+        w.enter_step_for_test();
+        w.reset_in_child();
+        assert!(!w.in_step(), "exit would wait for a step no thread makes");
+    }
+
+    #[test]
+    fn a_spawned_body_steps_until_stopped() {
+        static STEPS: AtomicUsize = AtomicUsize::new(0);
+        let w = leaked();
+        assert!(w.claim());
+        w.spawn("vgpu-test-worker", |w| {
+            while w.step(|| STEPS.fetch_add(1, Ordering::SeqCst)).is_ok() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        while STEPS.load(Ordering::SeqCst) < 3 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "no steps");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        w.stop(Duration::from_millis(100));
+        let after = STEPS.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(STEPS.load(Ordering::SeqCst), after, "no step after stop");
+    }
+}
