@@ -168,38 +168,53 @@ mod tests {
         }
     }
 
-    #[test]
-    fn share_and_cap_mode_containers_see_each_other() {
-        let dir = std::env::temp_dir().join(format!("vgpu-share-board-{}", std::process::id()));
+    const NOW: u64 = 10_000 * MS;
+
+    /// A fresh board in a directory of its own (`name`) with a cap-mode container at 40%
+    /// (key 0xc: a turn entry, no share record) announced at [`NOW`], and a share-mode
+    /// container's handle and probe on it, not yet announced.
+    fn beside_a_capped_container(
+        name: &str,
+    ) -> (
+        std::path::PathBuf,
+        std::path::PathBuf,
+        TurnBoard,
+        TurnBoard,
+        ShareProbe,
+    ) {
+        let dir = std::env::temp_dir().join(format!("vgpu-share-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("vgpu-turns-GPU-x");
-        let now = 10_000 * MS;
-        // A cap-mode container at 40% (a turn entry, no share record).
         let mut capped = TurnBoard::open_or_create(&path).unwrap();
         capped
-            .announce(0xc, 40, 0, now, TURN_STALE, TURN_MAX_AGE)
+            .announce(0xc, 40, 0, NOW, TURN_STALE, TURN_MAX_AGE)
             .unwrap();
+        let board = TurnBoard::open_or_create(&path).unwrap();
+        (dir, path, capped, board, ShareProbe::default())
+    }
+
+    #[test]
+    fn share_and_cap_mode_containers_see_each_other() {
+        let (dir, _, capped, mut board, mut probe) = beside_a_capped_container("board");
         // A share-mode one: it sees the capped one as busy with 40% share and ceiling.
-        let mut board = TurnBoard::open_or_create(&path).unwrap();
-        let mut probe = ShareProbe::default();
-        let seen = probe.announce(0, &mut board, 0x5, &report(30, now + 2 * MS), now);
+        let seen = probe.announce(0, &mut board, 0x5, &report(30, NOW + 2 * MS), NOW);
         let c = seen
             .iter()
             .find(|t| t.key == 0xc)
             .expect("the capped container");
         assert_eq!((c.claim.share_pct, c.claim.ceiling_pct), (40, 40));
-        assert!(c.busy_until > now);
+        assert!(c.busy_until > NOW);
         let me = seen.iter().find(|t| t.key == 0x5).expect("our own record");
-        assert_eq!((me.claim.share_pct, me.busy_until), (30, now + 2 * MS));
+        assert_eq!((me.claim.share_pct, me.busy_until), (30, NOW + 2 * MS));
         // The cap-mode container reads our part now (60%) in our turn entry.
-        let tenants = capped.tenants(now + MS, TURN_MAX_AGE);
+        let tenants = capped.tenants(NOW + MS, TURN_MAX_AGE);
         let ours = tenants.iter().find(|t| t.key == 0x5).unwrap();
         assert_eq!(ours.limit_pct, 60);
         // The hot path rewrites only our demand.
-        let again = probe.demand(0, Some(now + 9 * MS));
+        let again = probe.demand(0, Some(NOW + 9 * MS));
         let me = again.iter().find(|t| t.key == 0x5).unwrap();
-        assert_eq!(me.busy_until, now + 9 * MS);
+        assert_eq!(me.busy_until, NOW + 9 * MS);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -207,18 +222,9 @@ mod tests {
     fn a_cap_mode_neighbour_lays_out_no_window_for_an_idle_share_container() {
         use super::super::view::turn_tenant;
         use vgpu_limiter::Turn;
-        let dir = std::env::temp_dir().join(format!("vgpu-share-idle-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("vgpu-turns-GPU-x");
-        let now = 10_000 * MS;
-        let mut capped = TurnBoard::open_or_create(&path).unwrap();
-        capped
-            .announce(0xc, 40, 0, now, TURN_STALE, TURN_MAX_AGE)
-            .unwrap();
+        let (dir, path, mut capped, mut board, mut probe) = beside_a_capped_container("idle");
+        let now = NOW;
         // The share-mode container's demand ran out before now (its heartbeat, idle).
-        let mut board = TurnBoard::open_or_create(&path).unwrap();
-        let mut probe = ShareProbe::default();
         probe.announce(0, &mut board, 0x5, &report(30, now - MS), now);
         let layout = |capped: &mut TurnBoard, at: u64| {
             let seen = capped
