@@ -113,9 +113,10 @@ fn bench_helpers() -> Result<(), String> {
     run(cmd)
 }
 
-/// The loom models of the atomic protocols (the shared table's; the hook's power-reading seqlock
-/// and its `Published` cells: every test whose name contains `loom`). They need `--cfg loom` for the whole
-/// build, so they get their own target directory (switching flags would rebuild everything).
+/// The loom models of the atomic protocols (the shared table's; the hook's power-reading seqlock,
+/// its `Published` cells and its background threads' stop handshake: every test whose name
+/// contains `loom`). They need `--cfg loom` for the whole build, so they get their own target
+/// directory (switching flags would rebuild everything).
 fn loom() -> Result<(), String> {
     let target = env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| workspace_root().join("target"), PathBuf::from)

@@ -16,14 +16,38 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stopped;
 
+/// The atomic flags a worker is made of: std's in the hook, loom's in its model.
+pub(crate) trait Flag {
+    fn load(&self, order: Ordering) -> bool;
+    fn store(&self, value: bool, order: Ordering);
+    fn swap(&self, value: bool, order: Ordering) -> bool;
+    /// A read as a read-modify-write: it reads the latest value in the flag's order.
+    fn fetch_or(&self, value: bool, order: Ordering) -> bool;
+}
+
+impl Flag for AtomicBool {
+    fn load(&self, order: Ordering) -> bool {
+        AtomicBool::load(self, order)
+    }
+    fn store(&self, value: bool, order: Ordering) {
+        AtomicBool::store(self, value, order)
+    }
+    fn swap(&self, value: bool, order: Ordering) -> bool {
+        AtomicBool::swap(self, value, order)
+    }
+    fn fetch_or(&self, value: bool, order: Ordering) -> bool {
+        AtomicBool::fetch_or(self, value, order)
+    }
+}
+
 /// One background thread's controls (a `static` part of the process state).
-pub(crate) struct Worker {
+pub(crate) struct Worker<F = AtomicBool> {
     /// Whether the thread runs (or is being started).
-    running: AtomicBool,
+    running: F,
     /// Set at exit: no step after it.
-    stop: AtomicBool,
+    stop: F,
     /// Set while the thread is in a step.
-    in_step: AtomicBool,
+    in_step: F,
 }
 
 impl Worker {
@@ -33,13 +57,6 @@ impl Worker {
             stop: AtomicBool::new(false),
             in_step: AtomicBool::new(false),
         }
-    }
-
-    /// Whether the caller is the one to start the thread: true once per process (until a
-    /// fork resets it), false while it runs or is being started. A spawn that fails is not
-    /// retried: a process that cannot start threads won't later.
-    pub(crate) fn claim(&self) -> bool {
-        !self.running.load(Ordering::Relaxed) && !self.running.swap(true, Ordering::AcqRel)
     }
 
     /// Starts `body` on a thread named `name` (after [`Worker::claim`] said so).
@@ -55,6 +72,26 @@ impl Worker {
             .map(drop)
     }
 
+    /// At exit: no step after this returns, and the one in progress has ended, or `wait`
+    /// has passed.
+    pub(crate) fn stop(&self, wait: Duration) {
+        self.request_stop();
+        let mut waited = Duration::ZERO;
+        while self.step_in_progress() && waited < wait {
+            std::thread::sleep(Duration::from_millis(1));
+            waited += Duration::from_millis(1);
+        }
+    }
+}
+
+impl<F: Flag> Worker<F> {
+    /// Whether the caller is the one to start the thread: true once per process (until a
+    /// fork resets it), false while it runs or is being started. A spawn that fails is not
+    /// retried: a process that cannot start threads won't later.
+    pub(crate) fn claim(&self) -> bool {
+        !self.running.load(Ordering::Relaxed) && !self.running.swap(true, Ordering::AcqRel)
+    }
+
     /// Whether the worker was stopped (the thread's loop condition between steps).
     pub(crate) fn stopped(&self) -> bool {
         self.stop.load(Ordering::Acquire)
@@ -63,29 +100,32 @@ impl Worker {
     /// Runs one step `f` on the thread, unless the worker was stopped. `Ok(None)` if `f`
     /// panicked.
     pub(crate) fn step<R>(&self, f: impl FnOnce() -> R) -> Result<Option<R>, Stopped> {
-        // SeqCst with `stop`'s store then `in_step` load: either this sees `stop` and does
-        // not step, or `stop` sees this step in progress and waits for it.
-        self.in_step.store(true, Ordering::SeqCst);
-        if self.stop.load(Ordering::SeqCst) {
-            self.in_step.store(false, Ordering::SeqCst);
+        // Either this sees `stop` and does not step, or the stopper sees this step in
+        // progress (a store-buffering handshake). Every access to the two flags here and in
+        // the stopper is a read-modify-write: an RMW reads the latest value in its flag's
+        // order, which makes the handshake hold with acquire/release alone (and lets loom,
+        // which does not model SeqCst's total order, check it).
+        self.in_step.swap(true, Ordering::AcqRel);
+        if self.stop.fetch_or(false, Ordering::AcqRel) {
+            self.in_step.store(false, Ordering::Release);
             return Err(Stopped);
         }
         // A panic would end the thread with `in_step` set, and exit would wait its full
         // bound for nothing.
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
-        self.in_step.store(false, Ordering::SeqCst);
+        // Release: what the step did happens before the stopper's teardown.
+        self.in_step.store(false, Ordering::Release);
         Ok(out)
     }
 
-    /// At exit: no step after this returns, and the one in progress has ended, or `wait`
-    /// has passed.
-    pub(crate) fn stop(&self, wait: Duration) {
-        self.stop.store(true, Ordering::SeqCst);
-        let mut waited = Duration::ZERO;
-        while self.in_step.load(Ordering::SeqCst) && waited < wait {
-            std::thread::sleep(Duration::from_millis(1));
-            waited += Duration::from_millis(1);
-        }
+    /// The first half of [`Worker::stop`]: no step starts after this.
+    fn request_stop(&self) {
+        self.stop.swap(true, Ordering::AcqRel);
+    }
+
+    /// The second half: whether a step that started before is still running.
+    fn step_in_progress(&self) -> bool {
+        self.in_step.fetch_or(false, Ordering::AcqRel)
     }
 
     /// In the child after `fork`: the thread was not copied, nor is it in a step (a fork
@@ -97,7 +137,7 @@ impl Worker {
 
     #[cfg(test)]
     pub(crate) fn in_step(&self) -> bool {
-        self.in_step.load(Ordering::SeqCst)
+        self.step_in_progress()
     }
 
     #[cfg(test)]
@@ -166,5 +206,64 @@ mod tests {
         let after = STEPS.load(Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(STEPS.load(Ordering::SeqCst), after, "no step after stop");
+    }
+}
+
+#[cfg(all(test, loom))]
+#[allow(unsafe_code)] // the model's cell: loom checks its accesses are ordered
+mod loom_tests {
+    use super::*;
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicBool as LoomBool;
+
+    impl Flag for LoomBool {
+        fn load(&self, order: Ordering) -> bool {
+            LoomBool::load(self, order)
+        }
+        fn store(&self, value: bool, order: Ordering) {
+            LoomBool::store(self, value, order)
+        }
+        fn swap(&self, value: bool, order: Ordering) -> bool {
+            LoomBool::swap(self, value, order)
+        }
+        fn fetch_or(&self, value: bool, order: Ordering) -> bool {
+            LoomBool::fetch_or(self, value, order)
+        }
+    }
+
+    fn worker() -> Worker<LoomBool> {
+        Worker {
+            running: LoomBool::new(true),
+            stop: LoomBool::new(false),
+            in_step: LoomBool::new(false),
+        }
+    }
+
+    #[test]
+    fn loom_no_step_runs_once_stop_saw_none_in_progress() {
+        loom::model(|| {
+            let w = Arc::new(worker());
+            // What steps use and the exiting process tears down once the stopper saw no
+            // step in progress (NVML, the board entries): loom reports any access to it
+            // that the protocol does not order before the teardown.
+            let used = Arc::new(UnsafeCell::new(0u32));
+            let (w2, u2) = (w.clone(), used.clone());
+            let thread = loom::thread::spawn(move || {
+                for _ in 0..2 {
+                    // SAFETY: the protocol orders this before the teardown (what loom checks).
+                    if w2.step(|| u2.with_mut(|p| unsafe { *p += 1 })).is_err() {
+                        return;
+                    }
+                }
+            });
+            w.request_stop();
+            if !w.step_in_progress() {
+                // SAFETY: no step is in progress nor starts (what loom checks).
+                used.with_mut(|p| unsafe { *p = 0 });
+            }
+            thread.join().unwrap();
+            assert_eq!(w.step(|| ()), Err(Stopped));
+        });
     }
 }
