@@ -206,31 +206,32 @@ macro_rules! cuda_hooked_functions {
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
                    kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
-                => body(stream);
+                => body(f, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem_bytes, stream);
             cuLaunchKernel_ptsz ["cuLaunchKernel", 7000, ptsz]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
                    kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
-                => twin cuLaunchKernel(stream);
+                => twin cuLaunchKernel(f, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem_bytes, stream);
             cuLaunchKernelEx ["cuLaunchKernelEx", 11060, legacy]
                 fn(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void,
-                   extra: *mut *mut c_void) -> CUresult => body(config);
+                   extra: *mut *mut c_void) -> CUresult => body(config, f);
             cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, ptsz]
                 fn(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void,
-                   extra: *mut *mut c_void) -> CUresult => twin cuLaunchKernelEx(config);
+                   extra: *mut *mut c_void) -> CUresult => twin cuLaunchKernelEx(config, f);
             cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, legacy]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
-                   kernel_params: *mut *mut c_void) -> CUresult => body(stream);
+                   kernel_params: *mut *mut c_void) -> CUresult
+                => body(f, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem_bytes, stream);
             cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, ptsz]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
                    kernel_params: *mut *mut c_void) -> CUresult
-                => twin cuLaunchCooperativeKernel(stream);
+                => twin cuLaunchCooperativeKernel(f, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem_bytes, stream);
             cuGraphLaunch ["cuGraphLaunch", 10000, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
-                => body(stream);
+                => body(exec, stream);
             cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
-                => twin cuGraphLaunch(stream);
+                => twin cuGraphLaunch(exec, stream);
         }
     };
 }

@@ -293,10 +293,15 @@ impl Config {
             }
         }
         if let Some(v) = lookup(ENV_SM_CEILING) {
-            match parse_percent(&v) {
-                // 0 or 100: no ceiling below the whole GPU.
-                Ok(p) => cfg.sm_ceiling = p,
-                Err(r) => fail(ENV_SM_CEILING, &v, r),
+            // A ceiling of 0 would forbid the GPU altogether: refused, not read as "none".
+            match strict_int::<u8>(&v) {
+                Some(100) => cfg.sm_ceiling = None,
+                Some(p @ 1..=99) => cfg.sm_ceiling = Some(p),
+                _ => fail(
+                    ENV_SM_CEILING,
+                    &v,
+                    "expected a percentage from 1 to 100".into(),
+                ),
             }
         }
         if let Some(v) = lookup(ENV_TASK_PRIORITY) {
@@ -328,44 +333,15 @@ impl Config {
                 }
             }
         }
-        if let Some(v) = lookup(ENV_SM_CONTENTION) {
-            match v.trim() {
-                "1" => cfg.sm_tuning.contention_correction = true,
-                "0" | "" => cfg.sm_tuning.contention_correction = false,
-                _ => warn(ENV_SM_CONTENTION, &v, "expected 0 or 1".into()),
-            }
-        }
         cfg.sm_tuning.turn_dir = SmTuning::turn_dir_of(lookup(ENV_TURN_DIR).as_deref());
-
-        // Integer tuning: a value out of range warns and keeps the default (`None` here).
-        let tuning_int = |name: &str, min: u64, max: u64| -> Option<u64> {
-            let v = lookup(name)?;
-            let n = strict_int::<u64>(v.trim()).filter(|n| (min..=max).contains(n));
-            if n.is_none() {
-                warn(name, &v, format!("expected an integer in {min}..={max}"));
-            }
-            n
-        };
-        let t = &mut cfg.sm_tuning;
-        if let Some(ms) = tuning_int(ENV_TURN_CYCLE_MS, 1, 1000) {
-            t.turn_cycle_ms = ms;
-        }
-        if let Some(us) = tuning_int(ENV_TURN_LEAD_US, 0, 10_000) {
-            t.turn_lead_us = us;
-        }
-        // Share-mode and wake-up tuning: unset keeps the limiter's (or the hook's) default.
-        t.share_grace_us = tuning_int(ENV_SHARE_GRACE_US, 50, 20_000);
-        t.share_outranked_queue_us = tuning_int(ENV_SHARE_OUTRANKED_QUEUE_US, 10, 10_000);
-        t.share_gap_fill_us = tuning_int(ENV_SHARE_GAP_FILL_US, 0, 10_000);
-        t.wake_slack_us = tuning_int(ENV_WAKE_SLACK_US, 0, 1_000);
-        if let Some(v) = lookup(ENV_SM_POWER_EXPONENT) {
-            match SmTuning::power_exponent_of(&v) {
-                Some(pct) => cfg.sm_tuning.power_exponent_pct = pct,
-                None => warn(
-                    ENV_SM_POWER_EXPONENT,
+        for name in RETIRED_SM_VARIABLES {
+            if let Some(v) = lookup(name) {
+                warn(
+                    name,
                     &v,
-                    "expected a number from 0 to 1 (two decimals at most) or off".into(),
-                ),
+                    "no longer has an effect: the SM limiter has no tuning knobs (docs/sm-limit.md)"
+                        .into(),
+                );
             }
         }
         cfg.active_oom_killer = lookup(ENV_ACTIVE_OOM_KILLER);
@@ -520,6 +496,28 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_turn_dir_parses_and_retired_tuning_warns_without_effect() {
+        let d = lenient(&[]).unwrap().sm_tuning;
+        assert_eq!(d, SmTuning::default());
+        assert_eq!(d.turn_dir.as_deref(), Some("/tmp/vgpulock"));
+        let cfg = lenient(&[("VGPU_TURN_DIR", " /run/vgpu ")]).unwrap();
+        assert_eq!(cfg.sm_tuning.turn_dir.as_deref(), Some("/run/vgpu"));
+        assert!(cfg.warnings.is_empty());
+        let off = lenient(&[("VGPU_TURN_DIR", "OFF")]).unwrap();
+        assert_eq!(off.sm_tuning.turn_dir, None);
+        let old = lenient(&[
+            ("VGPU_TURN_CYCLE_MS", "40"),
+            ("VGPU_SM_POWER_EXPONENT", "0.5"),
+        ])
+        .unwrap();
+        assert_eq!(old.sm_tuning, SmTuning::default());
+        assert_eq!(
+            variables(&old.warnings),
+            ["VGPU_TURN_CYCLE_MS", "VGPU_SM_POWER_EXPONENT"]
+        );
+    }
 
     #[test]
     fn empty_environment_gives_defaults() {
@@ -705,7 +703,12 @@ mod tests {
         let cfg =
             Config::from_pairs([("VGPU_SM_MODE", "Share"), ("VGPU_SM_CEILING", "60")]).unwrap();
         assert_eq!((cfg.sm_mode, cfg.sm_ceiling), (SmMode::Share, Some(60)));
-        for (name, bad) in [("VGPU_SM_MODE", "elastic"), ("VGPU_SM_CEILING", "150")] {
+        for (name, bad) in [
+            ("VGPU_SM_MODE", "elastic"),
+            ("VGPU_SM_CEILING", "150"),
+            ("VGPU_SM_CEILING", "0"),
+            ("VGPU_SM_CEILING", "00"),
+        ] {
             let err = Config::from_vars_with_warnings(&Vars::from_pairs([(name, bad)]))
                 .expect_err("enforcement: a bad value is fatal");
             assert_eq!(err.0[0].variable, name);
@@ -745,116 +748,6 @@ mod tests {
             variables(&err.0),
             ["CUDA_DEVICE_MEMORY_LIMIT", "LIBCUDA_LOG_LEVEL"]
         );
-    }
-
-    #[test]
-    fn sm_tuning_parses_and_warns_on_typos() {
-        let d = lenient(&[]).unwrap().sm_tuning;
-        assert_eq!(d, SmTuning::default());
-        assert_eq!(d.turn_dir.as_deref(), Some("/tmp/vgpulock"));
-        let cfg = lenient(&[
-            ("VGPU_SM_CONTENTION", "1"),
-            ("VGPU_TURN_DIR", " /run/vgpu "),
-            ("VGPU_TURN_CYCLE_MS", "40"),
-            ("VGPU_TURN_LEAD_US", "100"),
-        ])
-        .unwrap();
-        let t = cfg.sm_tuning;
-        assert!(t.contention_correction);
-        assert_eq!(t.turn_dir.as_deref(), Some("/run/vgpu"));
-        assert_eq!((t.turn_cycle_ms, t.turn_lead_us), (40, 100));
-        assert!(cfg.warnings.is_empty());
-        assert_eq!(
-            lenient(&[("VGPU_TURN_DIR", "OFF")])
-                .unwrap()
-                .sm_tuning
-                .turn_dir,
-            None
-        );
-        let bad = lenient(&[
-            ("VGPU_TURN_CYCLE_MS", "0"),
-            ("VGPU_TURN_LEAD_US", "5ms"),
-            ("VGPU_SM_CONTENTION", "yes"),
-        ])
-        .unwrap();
-        assert_eq!(bad.sm_tuning, SmTuning::default(), "defaults kept");
-        let named = variables(&bad.warnings);
-        assert_eq!(
-            named,
-            [
-                "VGPU_SM_CONTENTION",
-                "VGPU_TURN_CYCLE_MS",
-                "VGPU_TURN_LEAD_US"
-            ]
-        );
-    }
-
-    #[test]
-    fn share_tuning_parses_and_keeps_the_limiters_defaults_on_typos() {
-        let t = lenient(&[]).unwrap().sm_tuning;
-        assert_eq!(
-            (
-                t.share_grace_us,
-                t.share_outranked_queue_us,
-                t.share_gap_fill_us,
-                t.wake_slack_us
-            ),
-            (None, None, None, None)
-        );
-        let cfg = lenient(&[
-            ("VGPU_SHARE_GRACE_US", "500"),
-            ("VGPU_SHARE_OUTRANKED_QUEUE_US", " 250 "),
-            ("VGPU_SHARE_GAP_FILL_US", "0"),
-            ("VGPU_WAKE_SLACK_US", "0"),
-        ])
-        .unwrap();
-        let t = cfg.sm_tuning;
-        assert_eq!(
-            (
-                t.share_grace_us,
-                t.share_outranked_queue_us,
-                t.share_gap_fill_us,
-                t.wake_slack_us
-            ),
-            (Some(500), Some(250), Some(0), Some(0))
-        );
-        assert!(cfg.warnings.is_empty());
-        let bad = lenient(&[
-            ("VGPU_SHARE_GRACE_US", "10"),
-            ("VGPU_SHARE_OUTRANKED_QUEUE_US", "0.5ms"),
-            ("VGPU_SHARE_GAP_FILL_US", "-1"),
-            ("VGPU_WAKE_SLACK_US", "5000"),
-        ])
-        .unwrap();
-        assert_eq!(bad.sm_tuning, SmTuning::default(), "defaults kept");
-        let named: Vec<&str> = bad.warnings.iter().map(|w| w.variable.as_str()).collect();
-        assert_eq!(
-            named,
-            [
-                "VGPU_SHARE_GRACE_US",
-                "VGPU_SHARE_OUTRANKED_QUEUE_US",
-                "VGPU_SHARE_GAP_FILL_US",
-                "VGPU_WAKE_SLACK_US"
-            ]
-        );
-    }
-
-    #[test]
-    fn power_exponent_parses_decimals_and_off_and_warns_on_the_rest() {
-        let of = SmTuning::power_exponent_of;
-        assert_eq!(lenient(&[]).unwrap().sm_tuning.power_exponent_pct, 50);
-        for (v, pct) in [("0.5", 50), (".25", 25), ("1", 100), ("1.0", 100), ("0", 0)] {
-            assert_eq!(of(v), Some(pct), "{v}");
-        }
-        assert_eq!(of(" OFF "), Some(0));
-        for v in ["", ".", "1.5", "2", "0.125", "-0.5", "half", "0,5", "1e-1"] {
-            assert_eq!(of(v), None, "{v:?}");
-        }
-        let cfg = lenient(&[("VGPU_SM_POWER_EXPONENT", "0.75")]).unwrap();
-        assert_eq!(cfg.sm_tuning.power_exponent_pct, 75);
-        let bad = lenient(&[("VGPU_SM_POWER_EXPONENT", "1.5")]).unwrap();
-        assert_eq!(bad.sm_tuning.power_exponent_pct, 50, "default kept");
-        assert_eq!(bad.warnings[0].variable, "VGPU_SM_POWER_EXPONENT");
     }
 
     #[test]

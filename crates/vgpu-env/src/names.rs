@@ -34,37 +34,24 @@ pub const ENV_ALIGN: &str = "VGPU_ALLOC_ALIGN";
 pub const ENV_RECONCILE_MS: &str = "VGPU_RECONCILE_MS";
 /// Default of [`ENV_RECONCILE_MS`].
 pub const DEFAULT_RECONCILE_MS: u64 = 100;
-/// `1` turns on the experimental NVML-based contention correction of the SM limiter.
-pub const ENV_SM_CONTENTION: &str = "VGPU_SM_CONTENTION";
-/// Directory of the node-wide turn boards (SM limit); `off` disables turns.
+/// Directory of the node-wide turn boards (SM limit: how containers on one GPU see each
+/// other's claims); `off`: no board.
 pub const ENV_TURN_DIR: &str = "VGPU_TURN_DIR";
 /// Default of [`ENV_TURN_DIR`]: the host directory HAMi's device plugin mounts into every
 /// container.
 pub const DEFAULT_TURN_DIR: &str = "/tmp/vgpulock";
-/// Shortest turn cycle of containers sharing a GPU, milliseconds.
-pub const ENV_TURN_CYCLE_MS: &str = "VGPU_TURN_CYCLE_MS";
-/// How long before its window a container may start queueing, microseconds.
-pub const ENV_TURN_LEAD_US: &str = "VGPU_TURN_LEAD_US";
-/// Share mode: how long after its queued work ends a container that takes no turns still
-/// counts as busy (its `busy_until` grace), microseconds. Lower-priority containers are held
-/// that long after the last launch of a higher one: host gaps shorter than this inside a
-/// request do not let them in.
-pub const ENV_SHARE_GRACE_US: &str = "VGPU_SHARE_GRACE_US";
-/// Share mode: the most work (microseconds of GPU time) a container keeps queued while a
-/// container of higher priority is on the board: the urgent one's next kernel waits at most
-/// about this long behind ours.
-pub const ENV_SHARE_OUTRANKED_QUEUE_US: &str = "VGPU_SHARE_OUTRANKED_QUEUE_US";
-/// Share mode: a held lower-priority container may fill the gaps of a sparse higher one with
-/// at most this much queued, microseconds (default 125); 0 = no gap filling: held while the
-/// higher one is busy.
-pub const ENV_SHARE_GAP_FILL_US: &str = "VGPU_SHARE_GAP_FILL_US";
-/// Timer slack (microseconds) of the hook's waits before a launch; 0 (also when unset) = as
-/// tight as the kernel allows. Linux's own default (50 us) lets a held container sleep past
-/// the moment it may launch again.
-pub const ENV_WAKE_SLACK_US: &str = "VGPU_WAKE_SLACK_US";
-/// How strongly the SM limit also bounds a tenant's share of the GPU's power budget: an
-/// exponent from 0 (time only) to 1 (the power share fully), default 0.5; `off` = 0.
-pub const ENV_SM_POWER_EXPONENT: &str = "VGPU_SM_POWER_EXPONENT";
+/// Tuning variables of earlier versions' SM limiter. The limiter has no tuning knobs now
+/// (docs/sm-limit.md): each of these, when set, draws one warning and has no effect.
+pub const RETIRED_SM_VARIABLES: [&str; 8] = [
+    "VGPU_SM_CONTENTION",
+    "VGPU_TURN_CYCLE_MS",
+    "VGPU_TURN_LEAD_US",
+    "VGPU_SHARE_GRACE_US",
+    "VGPU_SHARE_OUTRANKED_QUEUE_US",
+    "VGPU_SHARE_GAP_FILL_US",
+    "VGPU_WAKE_SLACK_US",
+    "VGPU_SM_POWER_EXPONENT",
+];
 /// HAMi's oversubscription switch (`true` when `deviceMemoryScaling > 1`): the limit still
 /// bounds what a container holds, but what the physical device has no room for is backed by
 /// host memory at a device address instead of failing (docs/oversubscription.md).
@@ -80,7 +67,7 @@ pub const ENV_DEVICE_RESERVE: &str = "VGPU_DEVICE_RESERVE";
 /// (a guaranteed share that borrows idle time, with `CUDA_TASK_PRIORITY` ordering who
 /// borrows first; docs/sm-limit.md).
 pub const ENV_SM_MODE: &str = "VGPU_SM_MODE";
-/// Share mode: the most a container may borrow up to, percent (default 100).
+/// Share mode: the most a container may use, percent (1..=100, default 100).
 pub const ENV_SM_CEILING: &str = "VGPU_SM_CEILING";
 /// Default of [`ENV_SHARED_CACHE`].
 pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";

@@ -37,11 +37,9 @@ mod interpose;
 mod ledger;
 mod log;
 mod measured;
-// Fork and exit handlers, the sampler thread's NVML calls (`power`), `dlopen`/`dlsym` of the
+// Fork and exit handlers, `dlopen`/`dlsym` of the
 // real libraries and their lock-free publication (`real`), the per-process state's
 // publication and fork reset (`state`), the SM limiter's event functions (`sm_limit`).
-#[allow(unsafe_code)]
-mod power;
 // The leaked-Box publication behind `Published<T>` (a raw pointer owned by one cell).
 #[allow(unsafe_code)]
 mod published;

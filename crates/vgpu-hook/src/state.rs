@@ -6,10 +6,8 @@
 //!          │             graph memory, VMM references, primary contexts, residual, NVML handles
 //!          ├─ building, left, fork_handler_registered the build's spin flag; left the table at exit
 //!          └─ sm: SmLimiter                           started with the config and the slot
-//!                ├─ limits, policy, tuning, slot, per-device limiters (Published)
-//!                ├─ power baselines
-//!                ├─ power: PowerReader                the `vgpu-power` thread's readings
-//!                └─ heartbeat: Heartbeat              the `vgpu-heartbeat` thread (share mode)
+//!                ├─ limits, policy, board directory, slot, per-device limiters (Published)
+//!                └─ heartbeat: Heartbeat              the `vgpu-heartbeat` thread
 //! ```
 //!
 //! The enforcement state is published in a [`Published`] cell and never freed. Building it
@@ -20,13 +18,11 @@
 //! One fork handler ([`after_fork_in_child`], atomic stores only) resets, in this order:
 //! the enforcement state (forgotten: its locks may be held by threads that do not exist in
 //! the child; the child builds its own on its next call, which registers it in the shared
-//! table as a new process), then the SM limiter, its power reader and heartbeat
+//! table as a new process), then the SM limiter and its heartbeat
 //! ([`SmLimiter::reset_in_child`]).
 //!
-//! Exit: one handler ([`at_exit`], a `.fini_array` entry) stops the power reader and the
-//! heartbeat, takes share mode's entries off the turn board, then leaves the shared table. The power reader must also stop before NVML's own `atexit`
-//! handlers, which only an `atexit` registration made after NVML's initialization runs
-//! before: [`stop_before_nvml_exits`] registers that one, calling the same stop.
+//! Exit: one handler ([`at_exit`], a `.fini_array` entry) stops the heartbeat, takes the
+//! container's entries off the turn board, then leaves the shared table.
 //!
 //! The real driver's tables (`real`) are loader caches, valid in a child too, and stay there.
 
@@ -386,26 +382,10 @@ pub(crate) fn has_left() -> bool {
     PROCESS.left.load(Ordering::Relaxed)
 }
 
-/// Makes the power reader stop before NVML's own exit handlers run: registers
-/// [`stop_at_nvml_exit`] with `atexit`. Called by the power reader right after it
-/// initialized NVML: `exit()` runs `atexit` handlers in reverse order of registration, so
-/// this one runs before any NVML registered while initializing.
-pub(crate) fn stop_before_nvml_exits() {
-    // SAFETY: atexit(3) with a function that stays valid (this library is never unloaded
-    // while the process runs: it is preloaded) and that catches every panic.
-    if unsafe { libc::atexit(stop_at_nvml_exit) } != 0 {
-        vlog!(DEBUG, "atexit refused the power reader's stop handler");
-    }
-}
-
-extern "C" fn stop_at_nvml_exit() {
-    let _ = std::panic::catch_unwind(|| PROCESS.sm.stop_at_exit());
-}
-
 /// The process's exit handler, run by the dynamic loader when the process exits normally
 /// (return from `main`, `exit()` from any thread, the last thread calling `pthread_exit`)
-/// and when `libvgpu.so` is unloaded. In order: the SM limiter's power reader stops (no
-/// more NVML calls: NVML may be torn down next), then this process leaves the shared table.
+/// and when `libvgpu.so` is unloaded. In order: the SM limiter's heartbeat stops and the
+/// container leaves the turn board, then this process leaves the shared table.
 ///
 /// A `.fini_array` entry, not an `atexit` handler: the loader runs `.fini_array` entries after
 /// every `atexit` handler and, object by object, after the destructors of everything loaded

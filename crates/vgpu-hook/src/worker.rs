@@ -92,7 +92,8 @@ impl<F: Flag> Worker<F> {
         !self.running.load(Ordering::Relaxed) && !self.running.swap(true, Ordering::AcqRel)
     }
 
-    /// Whether the worker was stopped (the thread's loop condition between steps).
+    /// Whether the worker was stopped.
+    #[cfg(test)]
     pub(crate) fn stopped(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }

@@ -1,7 +1,9 @@
-//! The limiter's tuning: every constant it runs with, and the hook's defaults.
+//! The limiter's tuning: every constant it runs with, and the hook's defaults. Users set
+//! only the mode, the limit, the ceiling and the priority (`vgpu-env`); the rest is here for
+//! the tests and benches, each default with its reason.
 
 use crate::policy::Policy;
-use crate::share::{ShareRules, SmMode};
+use crate::share::{BoardRules, SmMode};
 use crate::traits::Nanos;
 
 const MICROS: Nanos = 1_000;
@@ -12,121 +14,95 @@ const MILLIS: Nanos = 1_000_000;
 pub struct LimiterConfig {
     /// When the limit is enforced.
     pub policy: Policy,
-    /// Control period: how far the virtual clock may run ahead of real time before
-    /// launches wait. It bounds the work queued on the GPU to about `limit × period`
-    /// (plus one kernel) and sets the granularity of the duty cycle.
-    pub period: Nanos,
-    /// How far the virtual clock may fall behind real time: the credit that makes up
-    /// for late wake-ups, and the largest burst after an idle spell (`limit × burst`
-    /// of GPU time on top of `limit × period`).
+    /// Whether the limit is a cap or a guaranteed share that borrows idle time.
+    pub mode: SmMode,
+    /// Share mode: the most this container may use, percent.
+    pub ceiling_pct: u32,
+    /// `CUDA_TASK_PRIORITY` (lower = more urgent), unless the view has a live one.
+    pub priority: i32,
+    /// The pacer's burst: GPU time a paced container may queue at once before it waits for
+    /// its rate to pay for it. Beside a container with a deep queue each burst of ours
+    /// costs one context switch (0.15 ms of dead time on the H200), so bursts as long as fit
+    /// in one time slice (2.09 ms) switch least; a launch that would take the burst past
+    /// this waits for the next burst, so a burst never outlasts a slice.
     pub burst: Nanos,
-    /// Estimated GPU work after which a segment is closed with a marker.
+    /// Idle credit: the rate accrues for at most this long while nothing is launched, so
+    /// late wake-ups cost nothing and what a container runs after an idle spell is bounded
+    /// by `rate × credit`.
+    pub credit: Nanos,
+    /// Estimated GPU work after which a completion marker closes a segment.
     pub segment_work: Nanos,
     /// Launches after which a segment is closed regardless of the estimate.
     pub segment_launches: u32,
-    /// A launch this long after the previous one first closes the open segment, and a
-    /// segment closed this late is checked for GPU idle time at its end.
-    pub idle_gap: Nanos,
     /// Closed segments whose markers have not completed; more make launches wait.
     pub max_outstanding: usize,
+    /// Samples (launches measured alone) in flight at most; further unknown launches are
+    /// charged the mean cost and measured with their segment.
+    pub max_samples: usize,
     /// Longest single wait; the caller then asks again (limit changes, monitor flags).
     pub max_wait: Nanos,
     /// Completions are polled at most this often on launches that are not throttled.
     pub poll_interval: Nanos,
     /// Poll interval while the monitor blocks launches (`recent_kernel < 0`).
     pub blocked_poll: Nanos,
-    /// How often the achieved utilization is published and the peers' is read.
+    /// How often the achieved utilization is published, the peers' read and the record on
+    /// the board rewritten.
     pub publish_period: Nanos,
-    /// A peer's share published longer ago than this is ignored: the peer stopped launching
-    /// (a process publishes only while it launches or waits to launch). A few publish
-    /// periods, so that one late publish does not drop a busy peer.
+    /// A peer's share published longer ago than this is ignored: the peer stopped launching.
     pub peer_stale_after: Nanos,
     /// How often activity is signalled to the monitor.
     pub activity_period: Nanos,
     /// Budget against `limit − other processes' share` (the container-wide limit).
     pub share_with_peers: bool,
-    /// How often the device's own accounting ([`crate::ContainerView::device_sample`]) is compared
-    /// with the events' measurements; 0 (the default) turns the contention correction off.
-    /// Off by default: on the H200, NVML's per-process utilization split time-sliced work
-    /// about evenly between two tenants whatever their real shares (docs/sm-limit.md).
-    pub contention_period: Nanos,
-    /// The correction applies only when the device sees clearly less of our work than the
-    /// events do (ratio below this), and other processes are active.
-    pub contention_threshold: f64,
-    /// Lowest correction factor: measurements are never discounted by more than this.
-    pub contention_floor: f64,
-    /// Shortest cycle of the turns limited containers on one GPU take
-    /// ([`crate::ContainerView::turn_tenants`]; stretched for long launches, see [`crate::Turn::layout`]).
-    pub turn_cycle: Nanos,
-    /// How long before its window a container may start queueing ([`crate::Turn::admits`]).
-    pub turn_lead_in: Nanos,
-    /// How strongly the limit also bounds the share of the GPU's power budget
-    /// ([`crate::power`]): 0 = time only, 1 = the power share fully; default 0.5.
-    pub power_exponent: f64,
-    /// Span over which device power and busy time are averaged for the power share.
-    pub power_window: Nanos,
-    /// Shortest idle span (no work of ours, the device not busy) that measures idle power.
-    pub power_idle_span: Nanos,
-    /// Whether the limit is a cap or a guaranteed share that borrows idle time.
-    pub mode: SmMode,
-    /// Share mode: the most this container may borrow up to, percent.
-    pub ceiling_pct: u32,
-    /// Share mode: `CUDA_TASK_PRIORITY` (lower = more urgent), unless the view has a live one.
-    pub priority: i32,
-    /// Share mode: how often the others' demand is read (and ours written, when it runs out).
+    /// How often the board's demands are read (and ours written) from the launch path.
     pub demand_poll: Nanos,
-    /// Share mode: a container counts as busy this long after its queued work ends, so
-    /// that the gaps between its launches are not lent out (the host's time between
-    /// launches; short, so that a best-effort container fills the gaps of a service).
+    /// A container counts as busy this long after its queued work ends: the host's time
+    /// between the kernels of one request or step (tens of µs in eager PyTorch) is not lent.
+    /// Twice the demand poll, so a demand rewritten at every poll never runs out while the
+    /// container launches.
     pub idle_grace: Nanos,
-    /// The same while the container takes turns: then it waits for its window up to
-    /// `max_wait` at a time with nothing queued, and must not look idle meanwhile.
-    pub idle_grace_in_turns: Nanos,
-    /// Share mode: most work queued while a container of higher priority is on the board,
-    /// so that its next work waits at most this (plus one kernel) behind ours.
-    pub outranked_queue: Nanos,
-    /// Share mode: most work queued while filling the gaps of a busy container of higher
-    /// priority ([`crate::Allotment::gap_fill`]): what is queued lands in its bursts. 0: no
-    /// gap filling (held while the higher one is busy).
-    pub gap_fill_queue: Nanos,
-    /// Share mode: which records are believed.
-    pub share_rules: ShareRules,
+    /// Most work queued while a container of higher priority is on the board: its next
+    /// kernel waits at most this plus one kernel of ours.
+    pub short_queue: Nanos,
+    /// Longest a launch call is held by others' claims: no record holds a launch longer,
+    /// whatever it says, so a forged claim costs a held container one launch per this.
+    pub max_hold: Nanos,
+    /// Which records are believed.
+    pub rules: BoardRules,
 }
 
 impl Default for LimiterConfig {
     fn default() -> Self {
         Self {
             policy: Policy::Default,
-            period: 2 * MILLIS,
-            burst: 10 * MILLIS,
+            mode: SmMode::Cap,
+            ceiling_pct: 100,
+            priority: 1,
+            burst: 2 * MILLIS,
+            credit: 10 * MILLIS,
+            // One marker per half a millisecond of work: a marker costs ~0.2 µs of host time.
             segment_work: 500 * MICROS,
             segment_launches: 64,
-            idle_gap: MILLIS,
             max_outstanding: 16,
+            // Half the segments in flight: a new loop's identities are learned within a few
+            // of its steps while the rest of its work is still tracked.
+            max_samples: 8,
             max_wait: 2 * MILLIS,
             poll_interval: 100 * MICROS,
             blocked_poll: MILLIS,
             publish_period: 100 * MILLIS,
+            // Five publish periods: one late publish does not drop a busy peer.
             peer_stale_after: 500 * MILLIS,
             activity_period: 1_000 * MILLIS,
             share_with_peers: true,
-            contention_period: 0,
-            contention_threshold: 0.9,
-            contention_floor: 0.5,
-            turn_cycle: 20 * MILLIS,
-            turn_lead_in: 0,
-            power_exponent: 0.5,
-            power_window: 1_000 * MILLIS,
-            power_idle_span: 200 * MILLIS,
-            mode: SmMode::Cap,
-            ceiling_pct: 100,
-            priority: 1,
-            demand_poll: 500 * MICROS,
+            // A read of the board is one pread (~1 µs): at most 0.4% of a launching thread.
+            demand_poll: 250 * MICROS,
             idle_grace: 500 * MICROS,
-            idle_grace_in_turns: 5 * MILLIS,
-            outranked_queue: 500 * MICROS,
-            gap_fill_queue: 125 * MICROS,
-            share_rules: ShareRules::default(),
+            // The priority model's allowance beyond the running kernel. Shorter queues cost the
+            // short-queued container its share: each refill waits for a wake-up (tens of µs).
+            short_queue: 500 * MICROS,
+            max_hold: 200 * MILLIS,
+            rules: BoardRules::default(),
         }
     }
 }

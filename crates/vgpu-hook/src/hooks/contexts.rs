@@ -1,6 +1,5 @@
 //! Contexts: measured as the growth of the device's used memory (NVML, which needs no
-//! context) across the creation. Just before it, the SM limiter records the device's power
-//! (`sm_limit::context_creating`: once per device, with an SM limit only).
+//! context) across the creation.
 
 #![allow(unsafe_code)] // reads or writes the caller's pointers
 
@@ -97,7 +96,6 @@ unsafe fn create_measured(
         return Ok(None);
     };
     let before = sample_used(st, cuda, dev);
-    sm_limit::context_creating(idx.0 as usize);
     forward(cuda)?;
     if pctx.is_null() {
         return Ok(None);

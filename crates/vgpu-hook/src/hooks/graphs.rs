@@ -85,8 +85,14 @@ pub(crate) fn graph_launched(cuda: &Cuda, stream: CUstream) -> Result<(), CUresu
 pub(crate) fn cuGraphLaunch(
     variant: StreamKind,
     forward: impl Forward,
+    exec: CUgraphExec,
     stream: CUstream,
 ) -> Result<(), CUresult> {
-    launch(variant, || stream, LaunchKind::Graph, forward)?;
+    // A graph does the same work at every launch: its handle is its identity.
+    launch(
+        variant,
+        || (stream, sm_limit::launch_id(&[exec as u64])),
+        forward,
+    )?;
     graph_launched(real::cuda()?, stream)
 }

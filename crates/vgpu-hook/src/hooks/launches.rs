@@ -1,43 +1,46 @@
 //! Launches: the SM limit's entry points. Each body names only the arguments it reads (the
-//! stream); the list line gives the export the rest, and every `_ptsz` twin is a list line.
+//! stream, and what tells the launch's work apart: the function with its geometry, or the
+//! graph); the list line gives the export the rest, and every `_ptsz` twin is a list line.
 
 #![allow(unsafe_code)] // reads or writes the caller's pointers
 
 use super::*;
+use vgpu_limiter::LaunchId;
 
 /// Runs a launch with the SM limiter around it when one is configured; without one this is
-/// a single relaxed load and the real call. `stream` is read only under a limit.
+/// a single relaxed load and the real call. `what` gives the stream and the launch's
+/// identity, and is read only under a limit.
 #[inline(always)]
 pub(super) fn launch(
     variant: StreamKind,
-    stream: impl FnOnce() -> CUstream,
-    kind: LaunchKind,
+    what: impl FnOnce() -> (CUstream, LaunchId),
     forward: impl Forward,
 ) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
     if !sm_limit::enabled() {
         return forward(cuda);
     }
+    let (stream, id) = what();
     let stream = match variant {
-        StreamKind::PerThread => per_thread(stream()),
-        StreamKind::Legacy | StreamKind::Any => stream(),
+        StreamKind::PerThread => per_thread(stream),
+        StreamKind::Legacy | StreamKind::Any => stream,
     };
-    launch_limited(cuda, stream, kind, forward)
+    launch_limited(cuda, stream, id, forward)
 }
 
 #[cold]
 fn launch_limited(
     cuda: &Cuda,
     stream: CUstream,
-    kind: LaunchKind,
+    id: LaunchId,
     forward: impl Forward,
 ) -> Result<(), CUresult> {
     let Some(idx) = driver::stream_device(cuda, stream).ok().and_then(dev_index) else {
         return forward(cuda);
     };
-    sm_limit::before_launch(idx, stream, kind)?;
+    sm_limit::before_launch(idx, stream, id)?;
     let r = forward(cuda);
-    sm_limit::after_launch(idx, stream, kind, crate::ffi::code(r));
+    sm_limit::after_launch(idx, stream, id, crate::ffi::code(r));
     r
 }
 
@@ -52,31 +55,62 @@ fn per_thread(stream: CUstream) -> CUstream {
     }
 }
 
-/// The launch hooks whose stream is an argument, each with the kind the limiter records.
-macro_rules! stream_argument_launches {
-    ($($name:ident => $kind:ident;)*) => {$(
+/// A kernel launch's identity: its function and geometry (what its run time follows).
+fn kernel_id(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], shared: c_uint) -> LaunchId {
+    let g = |d: [c_uint; 3]| u64::from(d[0]) | u64::from(d[1]) << 24 | u64::from(d[2]) << 48;
+    sm_limit::launch_id(&[f as u64, g(grid), g(block), u64::from(shared)])
+}
+
+/// The launch hooks whose geometry and stream are arguments.
+macro_rules! argument_launches {
+    ($($name:ident;)*) => {$(
+        #[allow(clippy::too_many_arguments)]
         pub(crate) fn $name(
             variant: StreamKind,
             forward: impl Forward,
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem_bytes: c_uint,
             stream: CUstream,
         ) -> Result<(), CUresult> {
-            launch(variant, || stream, LaunchKind::$kind, forward)
+            let id = || kernel_id(f, [grid_x, grid_y, grid_z], [block_x, block_y, block_z], shared_mem_bytes);
+            launch(variant, || (stream, id()), forward)
         }
     )*};
 }
 
-stream_argument_launches! {
-    cuLaunchKernel => Kernel;
-    cuLaunchCooperativeKernel => Cooperative;
+argument_launches! {
+    cuLaunchKernel;
+    cuLaunchCooperativeKernel;
 }
 
 pub(crate) unsafe fn cuLaunchKernelEx(
     variant: StreamKind,
     forward: impl Forward,
     config: *const CUlaunchConfig,
+    f: CUfunction,
 ) -> Result<(), CUresult> {
-    // The stream of the config (null config: the default stream; the driver reports it).
-    // SAFETY: `config` is null or valid (driver contract).
-    let stream = || unsafe { read_in(config) }.map_or(std::ptr::null_mut(), |c| c.hStream);
-    launch(variant, stream, LaunchKind::KernelEx, forward)
+    // The stream and geometry of the config (null config: the default stream; the driver
+    // reports the error).
+    let what = || {
+        // SAFETY: `config` is null or valid (driver contract).
+        match unsafe { read_in(config) } {
+            Some(c) => (
+                c.hStream,
+                kernel_id(
+                    f,
+                    [c.gridDimX, c.gridDimY, c.gridDimZ],
+                    [c.blockDimX, c.blockDimY, c.blockDimZ],
+                    c.sharedMemBytes,
+                ),
+            ),
+            None => (std::ptr::null_mut(), kernel_id(f, [0; 3], [0; 3], 0)),
+        }
+    };
+    launch(variant, what, forward)
 }

@@ -32,7 +32,7 @@ use crate::ffi::{read_back, read_in, write_out};
 use crate::log::{DEBUG, ERROR, INFO, MSG, WARN, vlog};
 use crate::real::{self, Cuda};
 use crate::residual::OverLimit;
-use crate::sm_limit::{self, LaunchKind};
+use crate::sm_limit;
 use crate::state::{self, Enforcement, Ready};
 
 /// The program's own call, forwarded unchanged to the real function (the export builds it:

@@ -7,9 +7,9 @@
 //!
 //! ```text
 //! let dev = if sm_limit::enabled() { Some(device of the stream) } else { None };
-//! if let Some(d) = dev { sm_limit::before_launch(d, stream, kind)?; }   // may wait; Err = return code
+//! if let Some(d) = dev { sm_limit::before_launch(d, stream, id)?; }   // may wait; Err = return code
 //! let r = real launch;
-//! if let Some(d) = dev { sm_limit::after_launch(d, stream, kind, r); }
+//! if let Some(d) = dev { sm_limit::after_launch(d, stream, id, r); }
 //! ```
 //!
 //! - [`enabled`] is one relaxed atomic load. When no SM limit is configured it is false,
@@ -17,10 +17,9 @@
 //! - [`before_launch`] runs before the real launch on the caller's thread; returning
 //!   `Err(code)` makes the launch return `code` without launching.
 //! - [`after_launch`] runs after the real launch with its result.
-//! - [`context_creating`] runs just before the hook creates a context on a device (primary
-//!   retain or `cuCtxCreate*`), never on the launch path: it records the device's power
-//!   then, so the limiter's power share can measure the idle power from there to the first
-//!   launch.
+//! - `id` is the launch's identity ([`launch_id`]): equal for launches that do the same work
+//!   (the function with its geometry, or the graph); the limiter charges each launch its
+//!   identity's learned cost.
 //! - `stream` is the stream as the driver will see it: a `_ptsz` export passes
 //!   `CU_STREAM_PER_THREAD` (0x2) when the application passed 0, so that the limiter's
 //!   events go to the same (per-thread) stream as the launch.
@@ -35,19 +34,17 @@
 //! # Body
 //!
 //! The control logic is the pure crate `vgpu-limiter` (docs/sm-limit.md says why it is
-//! built this way). This module supplies its three inputs: a monotonic clock and CUDA events
+//! built this way). This module supplies its four inputs: a monotonic clock and CUDA events
 //! as its GPU timer (`timer`: the real driver's functions from `real`'s table of used
-//! symbols, never through our exports), and the shared file as its container view (`view`,
-//! with NVML's and the turn board's `probes`, and the `power_share`'s baseline and log).
+//! symbols, never through our exports), the shared file as its container view (`view`) and
+//! the node's turn board (`board`).
 //! One limiter per device sits behind a mutex that a launch holds from [`before_launch`] to
 //! [`after_launch`] (kept in a thread-local), so admission, the marker around the launch and
 //! its accounting are one step; a throttled launch sleeps holding it, which throttles the
 //! device's other launching threads too, as the limit is per device.
 
+mod board;
 mod heartbeat;
-mod power_share;
-mod probes;
-mod share_board;
 mod timer;
 mod view;
 
@@ -59,30 +56,26 @@ use std::time::Duration;
 
 use vgpu_alloc_core::{DeviceIndex, MAX_DEVICES};
 use vgpu_cuda_abi::{CUresult, CUstream};
-use vgpu_env::{Config, SmTuning};
-use vgpu_limiter::{Admission, Limiter, LimiterConfig, Policy, SmMode, Ticket};
+use vgpu_env::Config;
+use vgpu_limiter::{Admission, LaunchId, Limiter, LimiterConfig, Policy, SmMode, Ticket};
 use vgpu_shm::ProcessSlot;
 
 use crate::ledger::SharedLedger;
 use crate::log::{INFO, vlog};
-use crate::power::PowerReader;
 use crate::published::Published;
+use board::BoardView;
 use heartbeat::Heartbeat;
-use power_share::Baselines;
 use timer::{EventFns, EventTimer, Events, MonoClock, StreamKey, WakeSlack};
 use view::FileView;
 
-/// Which launch entry point is calling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LaunchKind {
-    /// `cuLaunchKernel[_ptsz]`
-    Kernel,
-    /// `cuLaunchKernelEx[_ptsz]`
-    KernelEx,
-    /// `cuLaunchCooperativeKernel[_ptsz]`
-    Cooperative,
-    /// `cuGraphLaunch[_ptsz]`: a whole graph of kernels.
-    Graph,
+/// The identity of a launch from its parts (function and geometry, or graph): a fast hash;
+/// a collision only makes two kinds of launch share a cost estimate.
+pub(crate) fn launch_id(parts: &[u64]) -> LaunchId {
+    let mut h: u64 = 0x243f_6a88_85a3_08d3;
+    for &p in parts {
+        h = (h ^ p).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    }
+    h
 }
 
 /// The SM limiter's process state (one, in the process root).
@@ -102,8 +95,9 @@ pub(crate) struct SmLimiter {
     ceiling: AtomicU32,
     /// `CUDA_TASK_PRIORITY` from the environment (the file's wins once there is one).
     priority: AtomicI32,
-    /// The limiter's tuning from the environment (the first value set wins).
-    tuning: Published<SmTuning>,
+    /// The turn board's directory from the environment (the first value set wins; `None`
+    /// inside: no board).
+    turn_dir: Published<Option<String>>,
     /// This process's slot in the shared file with its ordinal → file index map, handed over
     /// by [`SmLimiter::start`]: it lives in the published process state, which is never freed.
     slot: AtomicPtr<SharedLedger>,
@@ -111,17 +105,13 @@ pub(crate) struct SmLimiter {
     devices: [Published<DeviceLimiter>; MAX_DEVICES],
     /// The real driver's functions for the GPU timer (valid in a forked child too).
     events: Events,
-    /// The power baselines taken before each device's first context.
-    baselines: Baselines,
-    /// The power reader thread's readings.
-    power: PowerReader,
-    /// Share mode: the thread that keeps an idle container on the turn board.
+    /// The thread that keeps an idle container on the turn board.
     heartbeat: Heartbeat,
     /// The exit line with each limiter's counters was written.
     said_stats: AtomicBool,
 }
 
-type DeviceLimiter = Mutex<Limiter<MonoClock, EventTimer, FileView>>;
+type DeviceLimiter = Mutex<Limiter<MonoClock, EventTimer, FileView, BoardView>>;
 
 fn policy_code(p: Policy) -> u8 {
     match p {
@@ -141,12 +131,10 @@ impl SmLimiter {
             share: AtomicBool::new(false),
             ceiling: AtomicU32::new(100),
             priority: AtomicI32::new(1),
-            tuning: Published::new(),
+            turn_dir: Published::new(),
             slot: AtomicPtr::new(ptr::null_mut()),
             devices: [const { Published::new() }; MAX_DEVICES],
             events: Events::new(),
-            baselines: Baselines::new(),
-            power: PowerReader::new(),
             heartbeat: Heartbeat::new(),
             said_stats: AtomicBool::new(false),
         }
@@ -158,7 +146,7 @@ impl SmLimiter {
     /// the environment's, but only a limit in the environment arms the launch path
     /// (docs/sm-limit.md).
     pub(crate) fn start(&self, config: &Config, slot: Option<&'static SharedLedger>) {
-        self.tuning.publish(config.sm_tuning.clone());
+        self.turn_dir.publish(config.sm_tuning.turn_dir.clone());
         let policy = config.core_policy;
         self.policy.store(policy_code(policy), Ordering::Relaxed);
         let pcts: Vec<u32> = config
@@ -214,9 +202,7 @@ impl SmLimiter {
     /// In the child after `fork` (atomic stores only), in this order: the launch path is
     /// disarmed; the parent's limiters (their mutexes may be held by threads that were not
     /// copied, their events belong to the parent's contexts) and its slot are forgotten,
-    /// leaked rather than dropped; the power baselines are reset (the child creates its own
-    /// context and records its own then); the power reader, whose thread was not copied,
-    /// is reset, and so is the share-mode heartbeat, whose thread was not copied either. The
+    /// leaked rather than dropped; the heartbeat, whose thread was not copied, is reset. The
     /// child's next call builds its process state, which starts this again.
     pub(crate) fn reset_in_child(&self) {
         self.enabled.store(false, Ordering::Relaxed);
@@ -224,19 +210,15 @@ impl SmLimiter {
             d.forget();
         }
         self.slot.store(ptr::null_mut(), Ordering::Relaxed);
-        self.baselines.reset_in_child();
-        self.power.reset_in_child();
         self.heartbeat.reset_in_child();
     }
 
-    /// At exit: the power reader makes no further NVML call (NVML may be torn down next);
-    /// the share-mode heartbeat stops (it would put the container back on the board); each
-    /// device's limiter takes its share record off the turn board and says what it did (at
+    /// At exit: the heartbeat stops (it would put the container back on the board); each
+    /// device's limiter takes its record off the turn board and says what it did (at
     /// `LIBCUDA_LOG_LEVEL` 3), if no thread holds it (an exit never waits for a launch).
     pub(crate) fn stop_at_exit(&self) {
-        self.power.stop();
         self.heartbeat.stop();
-        // Both exit paths call this (NVML's atexit and the loader's fini): say it once.
+        // Both exit paths may call this: say it once.
         if self.said_stats.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -244,43 +226,27 @@ impl SmLimiter {
             let Some(m) = cell.get() else { continue };
             let Ok(mut l) = m.try_lock() else { continue };
             // Off the board now: lower priorities stop keeping their queues short for us.
-            l.view_mut().leave_board();
+            l.leave_board();
             let s = l.stats();
             let util = l.utilization().map_or(-1.0, |u| u * 100.0);
-            let turn = l.turn().map_or_else(
-                || "none".to_owned(),
-                |t| {
-                    format!(
-                        "{}+{} of {} us",
-                        t.offset / 1_000,
-                        t.width / 1_000,
-                        t.cycle / 1_000
-                    )
-                },
-            );
+            let part = l.allotment().fraction * 100.0;
             vlog!(
                 INFO,
-                "device {d}: limiter stats: {} launches, {} segments ({} markers, {} queries), busy {:.1} ms, util {util:.0}%, \
-                 waits {} (throttles {}, window {}, held {}, queue {}), gap fill {} launches \
-                 ({} changes), turn {turn} ({} changes, \
-                 {} of the cycle), launch {} us ({} changes), fitted {:.0} us, timer errors {}",
+                "device {d}: limiter stats: {} launches ({} of unknown cost), {} samples, {} segments \
+                 ({} markers, {} queries), busy {:.1} ms, util {util:.0}%, part {part:.0}%, \
+                 waits {} (pace {}, queue {}, hold {}, hold expiries {}), timer errors {}",
                 s.launches,
+                s.unknown_launches,
+                s.samples,
                 s.segments,
                 s.markers,
                 s.queries,
                 s.busy_ns / 1e6,
                 s.waits,
-                s.throttles,
-                s.window_waits,
-                s.held_waits,
+                s.pace_waits,
                 s.queue_waits,
-                s.gap_fill_launches,
-                s.gap_fill_changes,
-                s.turn_changes,
-                s.cycle_changes,
-                s.published_launch_ns / 1_000,
-                s.launch_publishes,
-                s.fit_ns / 1e3,
+                s.hold_waits,
+                s.hold_expiries,
                 s.timer_errors
             );
         }
@@ -295,8 +261,11 @@ impl SmLimiter {
         }
     }
 
-    fn tuning(&self) -> &SmTuning {
-        self.tuning.get_or_publish(SmTuning::default)
+    /// The turn board's directory, if there is one.
+    fn turn_dir(&self) -> Option<&str> {
+        self.turn_dir
+            .get_or_publish(|| Some(vgpu_env::DEFAULT_TURN_DIR.to_owned()))
+            .as_deref()
     }
 
     fn shared(&self) -> Option<&'static SharedLedger> {
@@ -340,7 +309,12 @@ impl SmLimiter {
         self.env_limit[i].load(Ordering::Relaxed)
     }
 
-    fn before_launch(&'static self, device: DeviceIndex, stream: CUstream) -> Result<(), CUresult> {
+    fn before_launch(
+        &'static self,
+        device: DeviceIndex,
+        stream: CUstream,
+        id: LaunchId,
+    ) -> Result<(), CUresult> {
         // A guard left by a launch whose `after_launch` never ran (it cannot happen with the
         // hook's call sites, but must not deadlock this thread).
         drop(HELD.with(|h| h.borrow_mut().take()));
@@ -360,10 +334,10 @@ impl SmLimiter {
             .device_limiter(d, fns)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // Built at the first wait only: a launch that goes at once never reads the tuning.
+        // Built at the first wait only: a launch that goes at once never calls prctl.
         let mut slack: Option<WakeSlack> = None;
         loop {
-            match guard.admit(key) {
+            match guard.admit(key, id) {
                 Admission::Go(ticket) => {
                     if ticket.counted() {
                         HELD.with(|h| *h.borrow_mut() = Some(Held { guard, ticket, key }));
@@ -371,9 +345,7 @@ impl SmLimiter {
                     return Ok(());
                 }
                 Admission::Wait(ns) => {
-                    slack
-                        .get_or_insert_with(|| WakeSlack::new(self.tuning().wake_slack_us))
-                        .tighten();
+                    slack.get_or_insert_with(WakeSlack::tight).tighten();
                     std::thread::sleep(Duration::from_nanos(ns));
                 }
             }
@@ -409,33 +381,22 @@ impl SmLimiter {
     fn new_limiter(&'static self, d: usize, fns: &'static EventFns) -> DeviceLimiter {
         let mut cfg = LimiterConfig {
             policy: self.policy(),
+            priority: self.priority.load(Ordering::Relaxed),
             ..LimiterConfig::default()
         };
-        let t = self.tuning();
-        // The NVML-based contention correction is experimental: NVML's per-process
-        // utilization proved unreliable under time slicing on the H200 (docs/sm-limit.md).
-        if t.contention_correction {
-            cfg.contention_period = 500_000_000;
-        }
-        cfg.turn_cycle = t.turn_cycle_ms * 1_000_000;
-        cfg.turn_lead_in = t.turn_lead_us * 1_000;
-        if let Some(us) = t.share_grace_us {
-            cfg.idle_grace = us * 1_000;
-        }
-        if let Some(us) = t.share_outranked_queue_us {
-            cfg.outranked_queue = us * 1_000;
-        }
-        if let Some(us) = t.share_gap_fill_us {
-            cfg.gap_fill_queue = us * 1_000;
-        }
-        cfg.power_exponent = f64::from(t.power_exponent_pct) / 100.0;
         if self.share.load(Ordering::Relaxed) {
             cfg.mode = SmMode::Share;
             cfg.ceiling_pct = self.ceiling.load(Ordering::Relaxed);
-            cfg.priority = self.priority.load(Ordering::Relaxed);
         }
         let view = FileView::new(d, self);
-        Mutex::new(Limiter::new(cfg, MonoClock, EventTimer::new(fns), view))
+        let board = BoardView::new(d, self);
+        Mutex::new(Limiter::new(
+            cfg,
+            MonoClock,
+            EventTimer::new(fns),
+            view,
+            board,
+        ))
     }
 }
 
@@ -451,36 +412,31 @@ pub(crate) fn enabled() -> bool {
     sm().enabled.load(Ordering::Relaxed)
 }
 
-/// Before a launch on `device`/`stream`.
+/// Before a launch of identity `id` on `device`/`stream`.
 pub(crate) fn before_launch(
     device: DeviceIndex,
     stream: CUstream,
-    _kind: LaunchKind,
+    id: LaunchId,
 ) -> Result<(), CUresult> {
-    sm().before_launch(device, stream)
+    sm().before_launch(device, stream, id)
 }
 
-/// After a launch on `device`/`stream` that returned `result`.
+/// After a launch of identity `id` on `device`/`stream` that returned `result`.
 pub(crate) fn after_launch(
     _device: DeviceIndex,
     _stream: CUstream,
-    _kind: LaunchKind,
+    id: LaunchId,
     result: CUresult,
 ) {
     if let Some(mut held) = HELD.with(|h| h.borrow_mut().take()) {
         held.guard
-            .launched(held.ticket, held.key, result.is_success());
+            .launched(held.ticket, held.key, id, result.is_success());
     }
-}
-
-/// Just before the hook creates a context on `device` (see [`SmLimiter::context_creating`]).
-pub(crate) fn context_creating(device: usize) {
-    sm().context_creating(device);
 }
 
 /// A launch admitted and counted, between [`before_launch`] and [`after_launch`].
 struct Held {
-    guard: MutexGuard<'static, Limiter<MonoClock, EventTimer, FileView>>,
+    guard: MutexGuard<'static, Limiter<MonoClock, EventTimer, FileView, BoardView>>,
     ticket: Ticket,
     key: StreamKey,
 }

@@ -37,20 +37,15 @@ pub(super) struct WakeSlack {
 }
 
 impl WakeSlack {
-    /// For `VGPU_WAKE_SLACK_US` (unset: [`WakeSlack::DEFAULT_US`]; 0: as tight as the
-    /// kernel allows).
-    pub(super) fn new(us: Option<u64>) -> Self {
+    /// As tight as the kernel allows: the waits are short (at most the limiter's longest
+    /// single wait, 2 ms) and only a held launch waits, and a held container that wakes
+    /// 50 µs late leaves its part of the GPU idle meanwhile.
+    pub(super) fn tight() -> Self {
         Self {
-            want: Some(us.unwrap_or(Self::DEFAULT_US).saturating_mul(1_000).max(1)),
+            want: Some(1),
             old: None,
         }
     }
-
-    /// As tight as the kernel allows: the waits are short (at most `max_wait`, 2 ms) and
-    /// only a throttled launch waits (H200 sweep, 2026-12-01: a held best-effort trainer with
-    /// a 250 us outranked queue kept 24% of its throughput beside batch-1 inference with
-    /// Linux's 50 us of slack, 53% with none).
-    pub(super) const DEFAULT_US: u64 = 0;
 
     /// Before a wait: sets the wanted slack (once; nothing if it already is the thread's).
     pub(super) fn tighten(&mut self) {
@@ -343,20 +338,14 @@ mod tests {
             let own = slack();
             assert!(own > 1, "a thread's slack is positive: {own}");
             {
-                let mut s = WakeSlack::new(Some(0));
+                let mut s = WakeSlack::tight();
                 assert_eq!(slack(), own, "nothing changes before a wait");
                 s.tighten();
-                assert_eq!(slack(), 1, "0 us: as tight as the kernel allows");
+                assert_eq!(slack(), 1, "as tight as the kernel allows");
                 s.tighten();
                 assert_eq!(slack(), 1);
             }
             assert_eq!(slack(), own, "the thread's own slack is back");
-            {
-                let mut same = WakeSlack::new(Some(own as u64 / 1_000));
-                same.tighten();
-                assert_eq!(slack(), own, "the thread's own slack is left alone");
-            }
-            assert_eq!(slack(), own);
         })
         .join()
         .unwrap();

@@ -1,55 +1,131 @@
-//! The limiter's publishing: once per publish period from a launch (the achieved
-//! utilization in the usage file, the container's turn or share record on the board), and in
-//! share mode the idle heartbeat that keeps a container without launches on the board.
+//! What the limiter tells others: once per publish period the achieved utilization (the
+//! usage file) and the container's record (the board); from the launch path, at most every
+//! demand poll, its demand (`busy_until`) and the others' records; while idle, a heartbeat
+//! that keeps a live container on the board.
 
 use super::Limiter;
-use crate::share::{ShareReport, Sharing};
-use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, Turn};
+use crate::plan::Plan;
+use crate::share::{Allotment, BoardRecord, BoardReport, SHORT_BY, ShareClaim, SmMode, allot};
+use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, NodeBoard, PeerUsage};
 
-/// How far (a fraction) the learned launch cost moves before it is published again.
-const LAUNCH_REPUBLISH: f64 = 0.25;
+/// The container's standing on the board: its key, the records as last read, and what it
+/// last wrote.
+#[derive(Debug, Default)]
+pub(super) struct Standing {
+    /// Its key on the board (`None`: not on one).
+    key: Option<u64>,
+    records: Vec<BoardRecord>,
+    next_read: Nanos,
+    /// The `busy_until` last written (0: none).
+    published_busy: Nanos,
+    /// GPU time of its guarantee left to others, and used above it, so far.
+    lent_ns: f64,
+    borrowed_ns: f64,
+}
 
-impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
-    /// Once per publish period, from an admission: the achieved utilization, the peers'
-    /// shares, the power share's sample, and the board (share mode's record, or cap mode's
-    /// turn).
-    pub(super) fn maybe_publish(&mut self, now: Nanos, pct: u32) {
-        if now < self.next_publish {
-            return;
+/// The usage bins: GPU time charged per publish period and the smoothed utilization.
+#[derive(Debug, Default)]
+pub(super) struct Usage {
+    pub(super) bin_start: Nanos,
+    pub(super) bin_busy: f64,
+    /// The pacer held a launch in this bin.
+    pub(super) bin_paced: bool,
+    pub(super) util: Option<f64>,
+}
+
+impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> {
+    /// The claim this container makes now (its file's limit and priority).
+    pub(super) fn claim(&self, pct: u32) -> ShareClaim {
+        let pct = if pct >= 100 { 100 } else { pct };
+        let ceiling = match self.cfg.mode {
+            SmMode::Cap => pct,
+            SmMode::Share => self.cfg.ceiling_pct,
+        };
+        ShareClaim {
+            share_pct: pct,
+            ceiling_pct: ceiling,
+            priority: self.view.task_priority().unwrap_or(self.cfg.priority),
         }
+        .sanitized()
+    }
+
+    /// Once per publish period and at most every demand poll: publishes and reads what is
+    /// due, and computes the plan from the board's records.
+    pub(super) fn refresh_plan(&mut self, now: Nanos, pct: u32) -> Plan {
+        let claim = self.claim(pct);
+        if now >= self.next_publish {
+            self.publish(now, claim);
+        } else if now >= self.standing.next_read && self.standing.key.is_some() {
+            self.read_demand(now);
+        }
+        let a = match self.standing.key {
+            Some(me) => allot(me, claim, &self.standing.records, now, self.cfg.rules),
+            None => Allotment::alone(claim),
+        };
+        // A cap is a cap: share-mode parts never raise it.
+        let a = match self.cfg.mode {
+            SmMode::Cap => Allotment {
+                fraction: a.fraction.min(f64::from(claim.ceiling_pct) / 100.0),
+                ..a
+            },
+            SmMode::Share => a,
+        };
+        self.allotment = a;
+        Plan::of(&a, now)
+    }
+
+    /// This container's demand: until when it has work queued or waits for its rate to
+    /// launch more, plus the grace.
+    fn busy_until(&self, now: Nanos) -> Nanos {
+        let paced = now as f64 + self.pacer.time_to_clear(self.rate);
+        (self.horizon.max(paced) as Nanos).saturating_add(self.cfg.idle_grace)
+    }
+
+    /// Writes our demand if the published one runs out sooner than half a grace from the
+    /// new one, and reads every record (one read of the board).
+    fn read_demand(&mut self, now: Nanos) {
+        let busy = self.busy_until(now);
+        let write = (busy
+            > self
+                .standing
+                .published_busy
+                .saturating_add(self.cfg.idle_grace / 2))
+        .then_some(busy);
+        if let Some(b) = write {
+            self.standing.published_busy = b;
+        }
+        if let Some(records) = self.board.demand(now, write) {
+            self.standing.records = records;
+        }
+        // Outranked, look more often: the urgent container's work must not queue behind ours.
+        let poll = match self.allotment.outranked {
+            true => self.cfg.demand_poll / 5,
+            false => self.cfg.demand_poll,
+        };
+        self.standing.next_read = now + poll;
+    }
+
+    /// Once per publish period, from an admission: the achieved utilization, the peers'
+    /// shares and the board's record.
+    fn publish(&mut self, now: Nanos, claim: ShareClaim) {
         let (bin_busy, elapsed) = self.close_bin(now, true);
         if self.cfg.share_with_peers {
             self.peers = self.fresh_peers(now);
         }
-        self.sample_power(now);
-        let launch_ns = self.launch_to_publish();
-        if self.sharing.is_some() {
-            let busy_until = (self.horizon.max(now as f64) as Nanos)
-                .saturating_add(self.cfg.idle_grace_in_turns);
-            self.publish_share(now, pct, launch_ns, busy_until, (bin_busy, elapsed));
-        } else {
-            let turn = self
-                .view
-                .turn_tenants(now, launch_ns)
-                .and_then(|(me, all)| Turn::layout(me, &all, self.cfg.turn_cycle));
-            self.set_turn(turn);
-        }
+        let busy_until = self.busy_until(now);
+        self.publish_record(now, claim, busy_until, (bin_busy, elapsed));
         self.next_publish = now + self.cfg.publish_period;
         self.last_published = now;
     }
 
-    /// Share mode, off the launch path (the hook's heartbeat thread, every 50 ms): while no
-    /// launch comes, keeps this container's record and turn entry fresh, once per publish
-    /// period, so that a container alive but idle (a service between requests) stays on the
-    /// board: `vgpu status` lists it, and lower priorities stay outranked by it. Its demand
-    /// is left as last written, so once that ran out it is idle to the others (its part 0,
-    /// and its turn entry marked idle: no window is laid out for it). The next launch
-    /// publishes at once. Does nothing in cap mode (an idle capped container leaves the
-    /// turns), before the container first announced itself, or while launches come (each
-    /// admission publishes in time). Never touches the GPU timer, NVML or the usage file's
-    /// utilization (peers there count only values published by launches).
+    /// Off the launch path (the hook's heartbeat thread, every 50 ms): while no launch
+    /// comes, keeps this container's record fresh once per publish period, so that a
+    /// container alive but idle (a service between requests) stays on the board: `vgpu
+    /// status` lists it, and lower priorities keep their queues short for it. Its demand is
+    /// left as last written, so once that ran out it is idle to the others. Does nothing
+    /// before the container first announced itself, or while launches come.
     pub fn idle_heartbeat(&mut self) {
-        if !self.sharing.as_ref().is_some_and(Sharing::announced) {
+        if self.standing.key.is_none() {
             return;
         }
         let now = self.clock.now();
@@ -60,28 +136,23 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
         if self.sibling_keeps_the_record(now) {
             return;
         }
-        let pct = self.view.sm_limit_pct();
+        let claim = self.claim(self.view.sm_limit_pct());
         let bin = self.close_bin(now, false);
-        let busy_until = self.sharing.as_ref().map_or(0, Sharing::published_busy);
-        self.publish_share(now, pct, self.published_launch, busy_until, bin);
+        let busy_until = self.standing.published_busy;
+        self.publish_record(now, claim, busy_until, bin);
         self.last_published = now;
-        // The first launch after the spell announces its part at once.
+        // The first launch after the spell announces itself at once.
         self.next_publish = now;
     }
 
     /// Whether another process of this container (same key, so the same record) keeps the
-    /// record: it has work (a demand not ours that has not run out; its launch path rewrites
-    /// that word alone), or it rewrote the record since this process last did, lately. An
-    /// idle beat would overwrite its demand and part with this process's idle ones. One read
-    /// of the records.
+    /// record: it has work (a demand not ours that has not run out), or it rewrote the record
+    /// since this process last did, lately. An idle beat would overwrite its demand.
     fn sibling_keeps_the_record(&mut self, now: Nanos) -> bool {
-        let Some(s) = self.sharing.as_ref() else {
-            return false;
-        };
-        let (key, ours) = (s.key(), s.published_busy());
+        let (key, ours) = (self.standing.key, self.standing.published_busy);
         let fresh = self.cfg.publish_period + self.cfg.publish_period / 2;
         let last = self.last_published;
-        self.view.share_demand(now, None).is_some_and(|records| {
+        self.board.demand(now, None).is_some_and(|records| {
             records.iter().any(|r| {
                 Some(r.key) == key
                     && ((r.busy_until > now && r.busy_until != ours)
@@ -93,69 +164,108 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     /// Ends the utilization bin: updates the achieved utilization (published in the usage
     /// file when `to_file`) and returns the bin's GPU time and length.
     fn close_bin(&mut self, now: Nanos, to_file: bool) -> (f64, Nanos) {
-        let elapsed = now.saturating_sub(self.bin_start);
-        let bin_busy = self.bin_busy;
+        let elapsed = now.saturating_sub(self.usage.bin_start);
+        let bin_busy = self.usage.bin_busy;
         if elapsed > 0 && self.stats.launches > 0 {
-            let bin = (self.bin_busy / elapsed as f64).min(1.0);
-            let util = match self.util {
-                Some(u) => 0.5 * u + 0.5 * bin,
-                None => bin,
-            };
-            self.util = Some(util);
+            let bin = (bin_busy / elapsed as f64).min(1.0);
+            let util = self.usage.util.map_or(bin, |u| 0.5 * u + 0.5 * bin);
+            self.usage.util = Some(util);
             if to_file {
                 self.view.publish_util((util * 100.0).round() as u32, now);
             }
         }
-        self.bin_start = now;
-        self.bin_busy = 0.0;
+        self.usage.bin_start = now;
+        self.usage.bin_busy = 0.0;
         (bin_busy, elapsed)
     }
 
-    /// Share mode: writes the full record (demand `busy_until`) and reads the board; `bin`
-    /// is the utilization bin just ended (GPU time, length).
-    fn publish_share(
+    /// Writes the full record and reads the board; `bin` is the utilization bin just ended
+    /// (GPU time, length), which also accounts what was lent and borrowed.
+    fn publish_record(
         &mut self,
         now: Nanos,
-        pct: u32,
-        launch_ns: u64,
+        claim: ShareClaim,
         busy_until: Nanos,
         bin: (f64, Nanos),
     ) {
-        // Idle (the demand ran out): no part now.
-        let allot_pct = match self.allotment() {
-            Some(a) if busy_until > now => (a.fraction * 100.0).round() as u32,
-            _ => 0,
+        let (busy, elapsed) = bin;
+        let fair = self.allotment.guarantee * elapsed as f64;
+        let bin_start = now.saturating_sub(elapsed);
+        let someone_busy = self.standing.records.iter().any(|t| {
+            Some(t.key) != self.standing.key
+                && t.busy_until >= bin_start
+                && now.saturating_sub(t.heartbeat) <= self.cfg.rules.max_age
+        });
+        if busy > fair {
+            self.standing.borrowed_ns += busy - fair;
+        } else if someone_busy {
+            self.standing.lent_ns += fair - busy;
+        }
+        let allot_pct = match busy_until > now {
+            true => (self.allotment.fraction * 100.0).round() as u32,
+            false => 0,
         };
-        let report = ShareReport {
-            claim: self.claim(pct),
-            launch_ns,
+        // Short: clearly under its part in a period its own pacer never held it.
+        let short = busy_until > now
+            && !std::mem::take(&mut self.usage.bin_paced)
+            && self.usage.util.unwrap_or(0.0) + SHORT_BY < self.allotment.fraction;
+        let report = BoardReport {
+            claim,
             busy_until,
             allot_pct,
-            util_pct: self.util.map_or(0, |u| (u * 100.0).round() as u32),
-            lent_ns: 0,
-            borrowed_ns: 0,
+            util_pct: self.usage.util.map_or(0, |u| (u * 100.0).round() as u32),
+            lent_ns: self.standing.lent_ns as u64,
+            borrowed_ns: self.standing.borrowed_ns as u64,
+            short,
         };
-        let rules = self.cfg.share_rules;
-        if let Some(s) = self.sharing.as_mut() {
-            s.publish(&mut self.view, now, report, bin.0, bin.1, rules);
+        self.standing.published_busy = busy_until;
+        match self.board.publish(now, &report) {
+            Some((key, records)) => {
+                self.standing.key = Some(key);
+                self.standing.records = records;
+            }
+            None => {
+                self.standing.key = None;
+                self.standing.records.clear();
+            }
+        }
+        self.standing.next_read = now + self.cfg.demand_poll;
+    }
+
+    /// The peers' shares that are recent enough to count: a share published more than
+    /// `peer_stale_after` ago belongs to a process that stopped launching.
+    fn fresh_peers(&self, now: Nanos) -> PeerUsage {
+        let mut usage = PeerUsage::default();
+        for share in self.view.peers() {
+            let stale = share
+                .published_at
+                .is_some_and(|t| now.saturating_sub(t) > self.cfg.peer_stale_after);
+            if share.util_pct > 0 && !stale {
+                usage.util_pct = usage.util_pct.saturating_add(share.util_pct.min(100));
+                usage.active += 1;
+            }
+        }
+        usage
+    }
+
+    /// When the board is to be read next (never without a board).
+    pub(super) fn standing_read_at(&self) -> Nanos {
+        match self.standing.key {
+            Some(_) => self.standing.next_read,
+            None => Nanos::MAX,
         }
     }
 
-    /// The typical launch length others read on the board: the learned cost, republished
-    /// only once it moved by more than [`LAUNCH_REPUBLISH`] from what was published. Every
-    /// container lays the turns out from these values (the cycle doubles with them), so a
-    /// cost that wanders around a cycle's boundary would flip the layout, and each flip
-    /// leaves the GPU idle while the containers find their new windows (H200: 60-80 turn
-    /// changes in 20 s, the device 91-99% busy with one of four tenants idle).
-    fn launch_to_publish(&mut self) -> u64 {
-        let cost = self.turn_cost.unwrap_or(0.0).max(0.0);
-        let old = self.published_launch as f64;
-        if old <= 0.0 || (cost - old).abs() > LAUNCH_REPUBLISH * old {
-            if self.published_launch != cost as u64 {
-                self.stats.launch_publishes += 1;
-            }
-            self.published_launch = cost as u64;
-        }
-        self.published_launch
+    /// GPU time (ns) of its guarantee lent to others, and used above it, so far.
+    pub fn lent_and_borrowed(&self) -> (u64, u64) {
+        (
+            self.standing.lent_ns as u64,
+            self.standing.borrowed_ns as u64,
+        )
+    }
+
+    /// Takes this container's record off the board (the hook, at exit).
+    pub fn leave_board(&mut self) {
+        self.board.leave();
     }
 }

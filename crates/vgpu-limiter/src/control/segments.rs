@@ -1,61 +1,108 @@
-//! The limiter's measurement: markers of the GPU timer around launches ("segments"),
-//! chained where the GPU has not reached the previous one's end, settled into measured GPU
-//! time once complete; the launch cost learned from them.
+//! Completion tracking and samples: markers around launches ("segments").
+//!
+//! A segment brackets consecutive launches on one stream between a start and an end marker,
+//! so the limiter knows when its queued work has run (the queue rules and the demand it
+//! publishes) and can correct what it charged. A *sample* is a segment of one launch,
+//! measuring its identity's cost ([`crate::costs`]). The next segment on a stream chains onto
+//! the previous one's end marker while the GPU has not reached it (a chained sample has no
+//! submission latency in its span).
 
-use super::{Limiter, Segment};
-use crate::traits::{Clock, ContainerView, GpuTimer, Nanos};
+use super::{Limiter, TicketKind};
+use crate::costs::LaunchId;
+use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, NodeBoard};
 
-impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
-    /// Estimated GPU time of our launches not yet known complete.
-    pub(super) fn queued_estimate(&self) -> f64 {
-        self.closed
-            .iter()
-            .chain(self.open.iter())
-            .map(|s| s.est)
-            .sum()
-    }
+pub(super) struct Segment<S, M> {
+    stream: S,
+    /// Owned by this segment; when chained, it was the previous segment's end.
+    start: M,
+    /// `start` is the end marker of the previous segment on the stream.
+    chained: bool,
+    end: Option<M>,
+    /// False once ownership of `end` passed to the following segment (chaining).
+    end_owned: bool,
+    launches: u32,
+    /// What its launches were charged, ns of GPU time.
+    pub(super) charged: f64,
+    /// Of that, what launches of unknown identity were charged (the mean cost).
+    unknown_charged: f64,
+    unknown: u32,
+    /// The identity this segment samples, if it is a sample.
+    sample: Option<LaunchId>,
+}
 
-    /// GPU time still queued, at `fit` ns a launch: the launches of the segments not yet
-    /// complete (a segment partly run counts whole).
-    pub(super) fn queued_fit(&self, fit: f64) -> f64 {
-        self.closed
-            .iter()
-            .chain(self.open.iter())
-            .map(|s| f64::from(s.launches) * fit)
-            .sum()
-    }
+/// The segments of one limiter: at most one open, the closed ones not yet complete.
+pub(super) struct Segments<S, M> {
+    pub(super) open: Option<Segment<S, M>>,
+    pub(super) closed: std::collections::VecDeque<Segment<S, M>>,
+}
 
-    /// Makes sure an open segment on `stream` brackets the coming launch.
-    pub(super) fn prepare(&mut self, now: Nanos, stream: T::Stream) {
-        if let Some(open) = &self.open {
-            if open.stream != stream || now.saturating_sub(open.last_launch) >= self.cfg.idle_gap {
-                self.close_open(now);
-            }
+impl<S, M> Default for Segments<S, M> {
+    fn default() -> Self {
+        Self {
+            open: None,
+            closed: Default::default(),
         }
-        if self.open.is_some() {
+    }
+}
+
+impl<S, M> Segments<S, M> {
+    /// Charged GPU time of our launches not yet known complete.
+    pub(super) fn queued(&self) -> f64 {
+        self.closed
+            .iter()
+            .chain(self.open.iter())
+            .map(|s| s.charged)
+            .sum()
+    }
+
+    /// Samples in flight.
+    pub(super) fn samples(&self) -> usize {
+        self.closed
+            .iter()
+            .chain(self.open.iter())
+            .filter(|s| s.sample.is_some())
+            .count()
+    }
+
+    pub(super) fn is_idle(&self) -> bool {
+        self.open.is_none() && self.closed.is_empty()
+    }
+}
+
+impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> {
+    /// Makes sure a segment on `stream` brackets the coming launch: a fresh one of its own
+    /// for a sample.
+    pub(super) fn prepare(&mut self, stream: T::Stream, kind: TicketKind, id: LaunchId) {
+        let sample = (kind == TicketKind::Sample).then_some(id);
+        if let Some(open) = &self.seg.open
+            && (open.stream != stream || sample.is_some())
+        {
+            self.close_open();
+        }
+        if self.seg.open.is_some() {
             return;
         }
         // Chain onto the previous segment's end marker when the GPU has not reached it
         // yet: the new work queues right behind, so no idle time falls in between.
         let mut start = None;
-        if let Some(prev) = self.closed.back_mut() {
-            if prev.stream == stream && prev.end_owned {
-                if let Some(end) = prev.end {
-                    self.stats.queries += 1;
-                    if let Ok(false) = self.timer.is_complete(end) {
-                        prev.end_owned = false;
-                        start = Some((end, true));
-                    }
-                }
+        if let Some(prev) = self.seg.closed.back_mut()
+            && prev.stream == stream
+            && prev.end_owned
+            && let Some(end) = prev.end
+        {
+            self.stats.queries += 1;
+            if let Ok(false) = self.timer.is_complete(end) {
+                prev.end_owned = false;
+                start = Some(end);
             }
         }
         let chained = start.is_some();
-        let (start, start_owned) = match start {
+        let start = match start {
             Some(s) => s,
             None => match self.timer.record(stream) {
                 Ok(m) => {
                     self.stats.markers += 1;
-                    (m, true)
+                    m
                 }
                 Err(_) => {
                     // Unmeasured: the launch is charged its estimate only.
@@ -64,22 +111,42 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
                 }
             },
         };
-        self.open = Some(Segment {
+        self.seg.open = Some(Segment {
             stream,
             start,
-            start_owned,
             chained,
             end: None,
             end_owned: true,
             launches: 0,
-            est: 0.0,
-            last_launch: now,
-            ended_idle: false,
+            charged: 0.0,
+            unknown_charged: 0.0,
+            unknown: 0,
+            sample,
         });
     }
 
-    pub(super) fn close_open(&mut self, now: Nanos) {
-        let Some(mut seg) = self.open.take() else {
+    /// Adds a launch charged `charged` ns (`known`: its identity's cost) to the open segment
+    /// on `stream`, closing it when it holds enough work (a sample at once).
+    pub(super) fn add_launch(&mut self, stream: T::Stream, charged: f64, known: bool) {
+        let Some(open) = self.seg.open.as_mut().filter(|o| o.stream == stream) else {
+            return;
+        };
+        open.launches += 1;
+        open.charged += charged;
+        if !known {
+            open.unknown += 1;
+            open.unknown_charged += charged;
+        }
+        if open.sample.is_some()
+            || open.charged >= self.cfg.segment_work as f64
+            || open.launches >= self.cfg.segment_launches
+        {
+            self.close_open();
+        }
+    }
+
+    pub(super) fn close_open(&mut self) {
+        let Some(mut seg) = self.seg.open.take() else {
             return;
         };
         if seg.launches == 0 {
@@ -90,13 +157,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
             Ok(end) => {
                 self.stats.markers += 1;
                 seg.end = Some(end);
-                // Recorded after the host was idle for a gap: the span to this marker
-                // includes the idle spell. Whether the GPU still had work cannot be told by
-                // asking the marker now (a marker recorded on an idle stream need not be
-                // complete at once), so the span is bounded by the learned cost when settled:
-                // on the H200 a 30% tenant's 3 s pause was charged as 3.2 s of GPU time.
-                seg.ended_idle = now.saturating_sub(seg.last_launch) >= self.cfg.idle_gap;
-                self.closed.push_back(seg);
+                self.seg.closed.push_back(seg);
             }
             Err(_) => {
                 self.stats.timer_errors += 1;
@@ -107,12 +168,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
 
     /// Lets go of the start marker of a segment that was dropped unmeasured.
     fn drop_start(&mut self, seg: &Segment<T::Stream, T::Marker>) {
-        if !seg.start_owned {
-            return;
-        }
         if seg.chained {
             // The previous segment still waits on this marker as its end: hand it back.
             if let Some(prev) = self
+                .seg
                 .closed
                 .iter_mut()
                 .rev()
@@ -129,103 +188,66 @@ impl<C: Clock, T: GpuTimer, V: ContainerView> Limiter<C, T, V> {
     pub(super) fn poll(&mut self, now: Nanos) {
         self.last_poll = now;
         let mut i = 0;
-        while i < self.closed.len() {
-            let end = self.closed[i]
+        while i < self.seg.closed.len() {
+            let end = self.seg.closed[i]
                 .end
                 .expect("closed segments have an end marker");
             self.stats.queries += 1;
             match self.timer.is_complete(end) {
                 Ok(false) => i += 1,
                 Ok(true) => {
-                    let seg = self.closed.remove(i).expect("index in range");
+                    let seg = self.seg.closed.remove(i).expect("index in range");
                     self.settle(seg, true);
                 }
                 Err(_) => {
                     self.stats.timer_errors += 1;
-                    let seg = self.closed.remove(i).expect("index in range");
+                    let seg = self.seg.closed.remove(i).expect("index in range");
                     self.settle(seg, false);
                 }
             }
         }
-        if self.closed.is_empty() && self.open.is_none() {
+        if self.seg.is_idle() {
             // Everything submitted is done: the estimate of when queued work ends (which
-            // only grows between measurements) starts again from now.
+            // only grows between completions) starts again from now.
             self.horizon = self.horizon.min(now as f64);
         }
     }
 
+    /// A complete segment: a sample teaches its identity's cost; a segment with launches of
+    /// unknown identity charges them what its span leaves after the known ones, but at most
+    /// the mean cost each (a span also holds host gaps and other contexts' slices; the
+    /// identity's own sample corrects it soon). The difference to what was charged goes to
+    /// the pacer.
     fn settle(&mut self, seg: Segment<T::Stream, T::Marker>, complete: bool) {
         let end = seg.end.expect("closed segments have an end marker");
-        let span = if complete {
-            match self.timer.elapsed(seg.start, end) {
-                Ok(ns) => Some(ns as f64),
-                Err(_) => {
-                    self.stats.timer_errors += 1;
-                    None
-                }
+        let span = complete
+            .then(|| self.timer.elapsed(seg.start, end))
+            .and_then(|r| r.map_err(|_| self.stats.timer_errors += 1).ok())
+            .map(|ns| ns as f64);
+        let mut actual = seg.charged;
+        if let Some(span) = span {
+            if let Some(id) = seg.sample {
+                self.stats.samples += 1;
+                self.costs.sample(id, span, seg.chained);
+                actual = self.costs.cost(id).unwrap_or(span);
+            } else if seg.unknown > 0 {
+                let known = seg.charged - seg.unknown_charged;
+                let bound = self
+                    .costs
+                    .mean()
+                    .map_or(f64::INFINITY, |m| m * f64::from(seg.unknown));
+                actual = known + (span - known).clamp(0.0, bound);
             }
-        } else {
-            None
-        };
-        // A measurement replaces the estimate; without one the estimate stands.
-        let measured = match span {
-            None => seg.est,
-            Some(span) if seg.ended_idle => {
-                // The span runs to when the marker was recorded, after an idle gap; the
-                // work itself is taken to have lasted what the learned cost says at most.
-                match self.cost {
-                    Some(c) => span.min(c * f64::from(seg.launches)),
-                    None => span,
-                }
-            }
-            Some(span) => {
-                let per = span / f64::from(seg.launches);
-                self.cost = Some(match self.cost {
-                    Some(c) if per <= 2.0 * c => 0.75 * c + 0.25 * per,
-                    _ => per,
-                });
-                self.learn_launch(per);
-                span
-            }
-        };
-        self.raw_busy += measured;
-        self.own_busy += measured;
-        let measured = measured * self.correction;
-        self.vt += (measured - seg.est) / self.limit;
-        self.bin_busy += measured;
-        self.stats.busy_ns += measured;
+        }
+        self.charge_correction(actual - seg.charged);
+        self.usage.bin_busy += actual;
+        self.stats.busy_ns += actual;
         self.stats.segments += 1;
         // Settled segments are complete, so a chained predecessor was settled before: the
         // start marker is this segment's alone.
-        if seg.start_owned {
-            self.timer.release(seg.start);
-        }
+        self.timer.release(seg.start);
         if seg.end_owned {
             self.timer.release(end);
         }
-    }
-
-    /// Learns the launch length for the turn layout from a segment's cost per launch `per`:
-    /// as the pacer's cost, except that a value over twice the estimate is believed only
-    /// when the next segment says so too. Such a value is a longer kernel, or work that
-    /// waited behind another context's (the events count the wait as ours); one outlier
-    /// would stretch the cycle every container lays out (the simulated four tenants: a
-    /// 250 us kernel published as 2.3 ms), and make its own window hold a fraction of what
-    /// it can. The pacer keeps adopting it at once: there it only holds this container back.
-    fn learn_launch(&mut self, per: f64) {
-        self.turn_cost = Some(match self.turn_cost {
-            Some(c) if per <= 2.0 * c => {
-                self.turn_jump = false;
-                0.75 * c + 0.25 * per
-            }
-            Some(c) if !self.turn_jump => {
-                self.turn_jump = true;
-                c
-            }
-            _ => {
-                self.turn_jump = false;
-                per
-            }
-        });
     }
 }
