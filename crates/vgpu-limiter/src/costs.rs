@@ -11,14 +11,16 @@
 //!
 //! A sample is exact but for two things, each handled here:
 //! - **Preemption** makes a sample long by another context's slice (milliseconds against a
-//!   kernel's microseconds): the estimate is the smallest of the identity's recent samples,
-//!   so an outlier is never believed while a clean sample is in the window.
+//!   kernel's microseconds): such an *outlier* is kept out of the identity's window unless
+//!   it keeps coming (the work changed), and the estimate is the median of the window, which
+//!   follows the clock (a kernel's time moves by ~10% as the GPU's power management moves
+//!   its clock; the smallest sample would undercharge by that).
 //! - **Submission latency**: a start marker recorded on an idle stream completes at once, and
 //!   the kernel behind it starts only when the launch call has handed it to the GPU, a few
 //!   microseconds later. A sample taken behind queued work ("chained": the start marker is the
 //!   previous work's end) has none. Identities seen both ways give the process's latency
-//!   (the difference of their smallest samples, averaged), which is taken off samples from an
-//!   idle stream (never more than half of one).
+//!   (the difference of their medians, averaged), which is taken off samples from an idle
+//!   stream (never more than half of one).
 //!
 //! Charging a learned cost per launch makes the charge independent of what the other
 //! contexts do, of host gaps and of how launches are grouped for completion tracking.
@@ -29,8 +31,7 @@ use std::collections::HashMap;
 /// function with its launch geometry, or the graph).
 pub type LaunchId = u64;
 
-/// Samples kept per identity; the estimate is the smallest. A preempted sample is longer
-/// by a whole time slice, so one clean sample among these is enough.
+/// Samples kept per identity; the estimate is their median.
 const SAMPLES: usize = 4;
 /// Identities remembered; the least recently used goes first. A training or serving loop
 /// launches a few hundred to a few thousand distinct kernels.
@@ -42,10 +43,10 @@ const RESAMPLE_AFTER: u32 = 32;
 const SAMPLE_ODDS: u64 = 4;
 /// Longest submission latency believed (the launch call's host time is a few µs).
 const MAX_LATENCY: f64 = 20_000.0;
-/// A sample longer than the estimate by more than the estimate itself and this much is an
-/// *outlier*: another context's time slice (2.09 ms on the H200, plus the switches) fell
-/// inside it. Half a slice: no honest change of the clock moves a kernel that far.
-const OUTLIER_BY: f64 = 1_000_000.0;
+/// A sample longer than the estimate by more than half the estimate, and by more than this,
+/// is an *outlier*: a context switch (0.15 ms on the H200) or another context's time slice
+/// (2.09 ms) fell inside it. No change of the clock (about ±10%) moves a kernel that far.
+const OUTLIER_BY: f64 = 100_000.0;
 /// Outliers in a row after which they are believed (the work really changed).
 const OUTLIERS_BELIEVED: u32 = 16;
 
@@ -77,8 +78,14 @@ impl Ring {
         self.n = (self.n + 1).min(SAMPLES);
     }
 
-    fn min(&self) -> Option<f64> {
-        self.v[..self.n].iter().copied().reduce(f64::min)
+    /// The lower median of the samples kept: robust to one inflated sample in the window,
+    /// and close to the typical sample (the smallest would undercharge by the clock's
+    /// variation).
+    fn median(&self) -> Option<f64> {
+        let mut v = self.v;
+        let v = &mut v[..self.n];
+        v.sort_unstable_by(f64::total_cmp);
+        (!v.is_empty()).then(|| v[(v.len() - 1) / 2])
     }
 }
 
@@ -179,12 +186,9 @@ impl CostTable {
         // A slice of another context inside a sample can recur for an identity whose launches
         // keep meeting the same moment of the other's schedule: outliers wait for several in
         // a row before they enter the window.
-        let est = match (e.chained.min(), e.fresh.min()) {
-            (Some(c), Some(f)) => Some(c.min(f)),
-            (c, f) => c.or(f),
-        };
+        let est = estimate_of(e, self.latency);
         if let Some(est) = est
-            && span > est + est.max(OUTLIER_BY)
+            && span > est + (est / 2.0).max(OUTLIER_BY)
         {
             e.outliers += 1;
             if e.outliers <= OUTLIERS_BELIEVED {
@@ -199,9 +203,9 @@ impl CostTable {
             true => e.chained.push(span),
             false => e.fresh.push(span),
         }
-        // Both windows' smallest are clean, so their difference is the latency; one that
-        // is negative or too large means a window holds only preempted samples yet.
-        if let (Some(c), Some(f)) = (e.chained.min(), e.fresh.min())
+        // Both windows' medians are clean, so their difference is the latency; one that is
+        // negative or too large means a window holds preempted samples yet.
+        if let (Some(c), Some(f)) = (e.chained.median(), e.fresh.median())
             && (0.0..=MAX_LATENCY).contains(&(f - c))
         {
             let l = f - c;
@@ -209,15 +213,14 @@ impl CostTable {
         }
     }
 
+    /// The lower median of the window's samples, those from an idle stream less the
+    /// latency: robust to one inflated sample of either kind (only preemption inflates a
+    /// sample behind queued work, and the outlier rule keeps most of that out; beside busy
+    /// contexts an idle stream's sample can also hold another context's kernel, tens of µs,
+    /// which the outlier rule does not see) and close to the typical sample (the smallest
+    /// would undercharge by the clock's variation, about 10%).
     fn estimate(&self, e: &Entry) -> Option<f64> {
-        let fresh = e
-            .fresh
-            .min()
-            .map(|f| (f - self.latency.unwrap_or(0.0)).max(f / 2.0));
-        match (e.chained.min(), fresh) {
-            (Some(c), Some(f)) => Some(c.min(f)),
-            (c, f) => c.or(f),
-        }
+        estimate_of(e, self.latency)
     }
 
     fn evict(&mut self) {
@@ -227,16 +230,43 @@ impl CostTable {
     }
 }
 
+/// [`CostTable::estimate`] of one entry.
+fn estimate_of(e: &Entry, latency: Option<f64>) -> Option<f64> {
+    let latency = latency.unwrap_or(0.0);
+    let mut v = [0.0; 2 * SAMPLES];
+    let mut n = 0;
+    for &c in &e.chained.v[..e.chained.n] {
+        v[n] = c;
+        n += 1;
+    }
+    for &f in &e.fresh.v[..e.fresh.n] {
+        v[n] = (f - latency).max(f / 2.0);
+        n += 1;
+    }
+    let v = &mut v[..n];
+    v.sort_unstable_by(f64::total_cmp);
+    (n > 0).then(|| v[(n - 1) / 2])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_smallest_recent_sample_is_the_cost_so_a_preempted_sample_is_not_believed() {
+    fn the_cost_is_the_median_of_recent_samples_and_a_preempted_one_is_kept_out() {
         let mut t = CostTable::default();
         t.sample(1, 100_000.0, true);
         t.sample(1, 2_300_000.0, true); // waited a whole slice of another context
         assert_eq!(t.cost(1), Some(100_000.0));
+        t.sample(1, 90_000.0, true);
+        t.sample(1, 110_000.0, true);
+        assert_eq!(t.cost(1), Some(100_000.0), "the median of 90, 100 and 110");
+        t.sample(1, 120_000.0, true);
+        assert_eq!(
+            t.cost(1),
+            Some(100_000.0),
+            "the lower median of 90, 100, 110 and 120"
+        );
         // A real slowdown (the clock went down) shows in every sample: after a window of
         // them the estimate follows.
         for _ in 0..SAMPLES {

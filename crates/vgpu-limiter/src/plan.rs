@@ -12,11 +12,13 @@
 //!   guarantees and of what they leave (share mode, [`crate::share::allot`]);
 //! - the queue is a burst deep ([`QueueRule::Paced`]: one time slice of work, so each turn
 //!   it takes beside a deep neighbour costs one context switch, as time slicing's do), unless
-//!   someone pays for that depth: a container of higher priority on the board, or a busy
-//!   neighbour getting less than its part (its kernels wait behind ours). Then at most a
-//!   short queue ([`QueueRule::Short`]), so that their next work waits at most that plus one
-//!   kernel of ours; and nothing at all while a more urgent one has work if we have no
-//!   guarantee of our own ([`QueueRule::Hold`]).
+//!   a container of higher priority is on the board: then at most a short queue
+//!   ([`QueueRule::Short`]), so that its next work waits at most that plus the kernel
+//!   running, and while it has work one kernel at a time ([`QueueRule::Single`]): each of
+//!   its kernels waits at most the one of ours running. Nothing is held back for priority
+//!   beyond that: a held container would leave the GPU idle in the service's host time,
+//!   which is most of a launch-bound service's request; only a rate of zero (others'
+//!   guarantees take the whole GPU) holds launches ([`QueueRule::Hold`]).
 
 use crate::share::Allotment;
 use crate::traits::Nanos;
@@ -28,6 +30,9 @@ pub enum QueueRule {
     Paced,
     /// At most the short queue (a more urgent container is on the board).
     Short,
+    /// One kernel at a time: launch only when nothing of ours is queued (a more urgent
+    /// container has work: each of its kernels waits at most the one of ours running).
+    Single,
     /// Nothing new until this instant (a more urgent container has work, or nothing is
     /// left to borrow), unless the wait has lasted the longest hold.
     Hold {
@@ -43,7 +48,7 @@ pub struct Plan {
     pub rate: f64,
     /// How deep its queue may be.
     pub queue: QueueRule,
-    /// Alone: nobody else is on the board.
+    /// Nobody else is on the board.
     pub alone: bool,
 }
 
@@ -52,14 +57,17 @@ impl Plan {
     pub fn of(a: &Allotment, now: Nanos) -> Plan {
         let rate = a.fraction;
         let queue = match a.outranked_busy {
-            // A guarantee is never taken by priority: it runs, with a short queue.
-            Some(_) if a.guarantee > 0.0 => QueueRule::Short,
-            Some(until) => QueueRule::Hold {
-                until: until.max(now),
+            _ if rate <= 0.0 => QueueRule::Hold {
+                until: a.outranked_busy.unwrap_or(now).max(now),
             },
-            None if rate <= 0.0 => QueueRule::Hold { until: now },
-            None if a.outranked || a.neighbour_short => QueueRule::Short,
-            None => QueueRule::Paced,
+            None if !a.outranked => QueueRule::Paced,
+            // A more urgent container is on the board: its next work waits at most our short
+            // queue plus the kernel running.
+            None => QueueRule::Short,
+            // ... and while it has work, at most the kernel running; a guarantee of ours keeps
+            // the short queue (a guarantee is never taken by priority).
+            Some(_) if a.guarantee > 0.0 => QueueRule::Short,
+            Some(_) => QueueRule::Single,
         };
         Plan {
             rate,
@@ -70,8 +78,8 @@ impl Plan {
 
     /// Whether nothing limits this container now: the whole GPU and nobody else on the
     /// board, so its queue's depth costs no one. The launch path then measures nothing.
-    /// Beside anyone, even an idle neighbour, the pacer keeps its queue a burst deep, so
-    /// that the neighbour's next work does not wait behind a deep queue of ours.
+    /// Beside anyone, even an idle or less urgent neighbour, its queue is tracked, so that
+    /// the demand it publishes covers its queued work.
     pub fn is_free(&self) -> bool {
         self.rate >= 1.0 && self.queue == QueueRule::Paced && self.alone
     }
@@ -89,7 +97,6 @@ mod tests {
             outranked: false,
             others_live: false,
             others_busy: false,
-            neighbour_short: false,
         }
     }
 
@@ -101,17 +108,17 @@ mod tests {
         let mut outranked = allotment(1.0, 0.0);
         outranked.outranked = true;
         assert_eq!(Plan::of(&outranked, now).queue, QueueRule::Short);
-        let mut beside_a_short_one = allotment(0.3, 0.3);
-        beside_a_short_one.neighbour_short = true;
-        assert_eq!(Plan::of(&beside_a_short_one, now).queue, QueueRule::Short);
-        let mut held = allotment(0.0, 0.0);
-        held.outranked = true;
-        held.outranked_busy = Some(5_000);
-        assert_eq!(Plan::of(&held, now).queue, QueueRule::Hold { until: 5_000 });
-        let mut kept = allotment(0.1, 0.1);
-        kept.outranked_busy = Some(5_000);
-        let p = Plan::of(&kept, now);
-        assert_eq!((p.queue, p.rate), (QueueRule::Short, 0.1));
+        let mut beside_urgent = allotment(1.0, 0.0);
+        beside_urgent.outranked = true;
+        beside_urgent.outranked_busy = Some(5_000);
+        assert_eq!(Plan::of(&beside_urgent, now).queue, QueueRule::Single);
+        let mut nothing = allotment(0.0, 0.0);
+        nothing.outranked = true;
+        nothing.outranked_busy = Some(5_000);
+        assert_eq!(
+            Plan::of(&nothing, now).queue,
+            QueueRule::Hold { until: 5_000 }
+        );
         let nothing_left = Plan::of(&allotment(0.0, 0.0), now);
         assert_eq!(nothing_left.queue, QueueRule::Hold { until: now });
     }

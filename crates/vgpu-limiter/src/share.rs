@@ -66,15 +66,7 @@ pub struct BoardRecord {
     pub heartbeat: Nanos,
     /// Its achieved utilization as it last published it, percent.
     pub util_pct: u32,
-    /// It is *short*: it gets clearly less than its part without being held by its own pacer,
-    /// so its work waits behind others' queues (a launch-bound one most of all).
-    pub short: bool,
 }
-
-/// A container whose achieved utilization is this many points below its part, in a
-/// publish period in which its pacer never held it, is *short*. The utilization is smoothed
-/// over publish periods: a margin of a few points keeps its noise from flipping the rule.
-pub const SHORT_BY: f64 = 0.05;
 
 /// What a reader accepts from the board.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,8 +110,6 @@ pub struct Allotment {
     pub others_live: bool,
     /// Another container has work.
     pub others_busy: bool,
-    /// A busy container of the same priority gets less than its part ([`SHORT_BY`]).
-    pub neighbour_short: bool,
 }
 
 impl Allotment {
@@ -133,7 +123,6 @@ impl Allotment {
             outranked: false,
             others_live: false,
             others_busy: false,
-            neighbour_short: false,
         }
     }
 }
@@ -176,16 +165,12 @@ pub fn allot(
         .map(|t| t.busy_until.min(now.saturating_add(rules.max_ahead)))
         .min();
     let others_busy = busy.iter().any(is_busy);
-    let neighbour_short = busy
-        .iter()
-        .any(|t| t.claim.priority == mine.priority && t.short);
     busy.push(BoardRecord {
         key: me,
         claim: mine,
         busy_until: now,
         heartbeat: now,
         util_pct: 0,
-        short: false,
     });
     busy.sort_unstable_by_key(|t| t.key);
     let mine_at = busy
@@ -193,14 +178,24 @@ pub fn allot(
         .position(|t| t.key == me)
         .expect("me is in the list");
     let reserved = water_fill(&busy, mine_at, is_busy);
+    let my_guarantee = f64::from(mine.share_pct) / 100.0;
+    // Beside a more urgent container that has work, what the urgent ones' guarantees leave
+    // (their work comes first through the queue rule, not through our rate).
+    let beside_urgent = water_fill(&busy, mine_at, |t| {
+        is_busy(t) && t.claim.priority >= mine.priority
+    });
     Allotment {
-        fraction: reserved,
+        // Beside a more urgent container with work, a guarantee runs at itself (with a short
+        // queue); best effort at what the urgent ones' guarantees leave (one kernel at a time).
+        fraction: match outranked_busy {
+            Some(_) if my_guarantee <= 0.0 => beside_urgent,
+            _ => reserved,
+        },
         guarantee: f64::from(mine.share_pct) / 100.0,
         outranked_busy,
         outranked,
         others_live,
         others_busy,
-        neighbour_short,
     }
 }
 
@@ -280,8 +275,6 @@ pub struct BoardReport {
     pub lent_ns: u64,
     /// GPU time it used above its guarantee so far, ns.
     pub borrowed_ns: u64,
-    /// It is short ([`BoardRecord::short`]).
-    pub short: bool,
 }
 
 #[cfg(test)]
@@ -306,7 +299,6 @@ mod tests {
             busy_until: if busy { NOW + MS } else { NOW - MS },
             heartbeat: NOW - MS,
             util_pct: 100,
-            short: false,
         }
     }
 
@@ -354,14 +346,15 @@ mod tests {
 
     #[test]
     fn higher_priority_borrows_first_and_lower_keeps_only_its_guarantee() {
-        // HAMi: 0 is high. A best-effort (no guarantee) low-priority container has no part
-        // while the high one has work, and everything while it has none.
+        // HAMi: 0 is high. A best-effort (no guarantee) low-priority container's rate is the
+        // rest of the GPU beside the high one (its queue rule keeps the high one's work
+        // first), and everything while it has none.
         let high = claim(0, 100, 0);
         let low = claim(0, 100, 1);
-        let held = of(2, low, &[record(1, high, true)]);
-        assert!(near(held.fraction, 0.0) && held.outranked);
+        let beside = of(2, low, &[record(1, high, true)]);
+        assert!(near(beside.fraction, 1.0) && beside.outranked);
         assert_eq!(
-            held.outranked_busy,
+            beside.outranked_busy,
             Some(NOW + MS),
             "until the service's claim runs out"
         );
@@ -372,9 +365,10 @@ mod tests {
         // A low-priority guarantee stays: 10% for the trainer, 90% for the service.
         let guaranteed = of(2, claim(10, 100, 1), &[record(1, high, true)]);
         assert!(near(guaranteed.fraction, 0.10));
-        // The high one's ceiling leaves the rest to the lower one.
+        // Beside it, whatever the high one's ceiling, the best-effort one's rate is what the
+        // high one's guarantee leaves; what keeps the high one's work first is the queue rule.
         let capped = of(2, low, &[record(1, claim(0, 60, 0), true)]);
-        assert!(near(capped.fraction, 0.40), "{capped:?}");
+        assert!(near(capped.fraction, 1.0), "{capped:?}");
     }
 
     #[test]
@@ -390,8 +384,8 @@ mod tests {
         // A demand an hour ahead is believed for max_ahead only.
         let mut forged = greedy(70);
         forged.busy_until = NOW + 3_600_000 * MS;
-        let held = of(1, claim(0, 100, 1), &[forged]);
-        assert_eq!(held.outranked_busy, Some(NOW + 10 * MS));
+        let beside = of(1, claim(0, 100, 1), &[forged]);
+        assert_eq!(beside.outranked_busy, Some(NOW + 10 * MS));
         // Out-of-range values are clamped, not trusted further.
         let odd = record(
             5,

@@ -141,7 +141,6 @@ impl NodeBoard for SimBoardView {
             busy_until: report.busy_until,
             heartbeat: now,
             util_pct: report.util_pct,
-            short: report.short,
         });
         Some((self.key, self.board.0.borrow().clone()))
     }

@@ -13,8 +13,7 @@
 //! `[0]` key, `[1]` share % (bits 0..8) | ceiling % (8..16) | priority as u32 (16..48),
 //! `[2]` GPU time of a typical launch (ns), `[3]` busy_until (`CLOCK_MONOTONIC` ns: until
 //! when the tenant has work), `[4]` heartbeat (ns), `[5]` achieved % (0..8) | part now %
-//! (8..16) | short (bit 16: its work waits behind others' queues), `[6]` lent ns, `[7]`
-//! borrowed ns. A writer writes only its own record, without
+//! (8..16), `[6]` lent ns, `[7]` borrowed ns. A writer writes only its own record, without
 //! the lock (the entry is its own once allocated); the hot path rewrites word 3 alone.
 
 use std::io;
@@ -51,9 +50,6 @@ pub struct ShareRecord {
     pub util_pct: u8,
     /// Its part of the GPU now, percent.
     pub allot_pct: u8,
-    /// It gets clearly less than its part without being held by its own pacer: its work
-    /// waits behind others' queues, which then keep theirs short.
-    pub short: bool,
     /// GPU time of its guarantee lent to others so far, ns.
     pub lent_ns: u64,
     /// GPU time used above its guarantee so far, ns.
@@ -102,7 +98,7 @@ pub fn encode(r: &ShareRecord) -> [u64; RECORD_WORDS] {
         r.launch_ns,
         r.busy_until,
         r.heartbeat,
-        u64::from(r.util_pct) | u64::from(r.allot_pct) << 8 | u64::from(r.short) << 16,
+        u64::from(r.util_pct) | u64::from(r.allot_pct) << 8,
         r.lent_ns,
         r.borrowed_ns,
     ]
@@ -120,7 +116,7 @@ pub fn decode(w: &[u64; RECORD_WORDS]) -> Option<ShareRecord> {
         && w[1] >> 48 == 0
         && util <= 100
         && allot <= 100
-        && w[5] >> 17 == 0;
+        && w[5] >> 16 == 0;
     valid.then(|| ShareRecord {
         key: w[0],
         share_pct: share as u8,
@@ -131,7 +127,6 @@ pub fn decode(w: &[u64; RECORD_WORDS]) -> Option<ShareRecord> {
         heartbeat: w[4],
         util_pct: util as u8,
         allot_pct: allot as u8,
-        short: (w[5] >> 16) & 1 == 1,
         lent_ns: w[6],
         borrowed_ns: w[7],
     })
@@ -228,7 +223,6 @@ mod tests {
             heartbeat: 100,
             util_pct: 29,
             allot_pct: 30,
-            short: true,
             lent_ns: 5,
             borrowed_ns: 6,
         }
@@ -287,11 +281,6 @@ mod tests {
         assert!(bad(1, 30 | 101 << 8).is_none(), "ceiling over 100");
         assert!(bad(1, good[1] | 1 << 50).is_none(), "stray bits");
         assert!(bad(5, 101).is_none(), "utilization over 100");
-        assert!(bad(5, 1 << 17).is_none(), "stray bits above the short flag");
-        assert!(
-            decode(&encode(&record(7))).unwrap().short,
-            "the short flag round-trips"
-        );
         // Any priority is a priority (the arithmetic bounds what it can do).
         let p = |v: i32| {
             decode(&encode(&ShareRecord {

@@ -185,7 +185,6 @@ impl Records {
                         busy_until: t.heartbeat_ns.saturating_add(TURN_MAX_AGE),
                         heartbeat: t.heartbeat_ns,
                         util_pct: t.limit_pct,
-                        short: false,
                     })
                     .collect();
                 match board.open_records() {
@@ -207,7 +206,6 @@ impl Records {
                 heartbeat: now.max(1),
                 util_pct: report.util_pct.min(100) as u8,
                 allot_pct: report.allot_pct.min(100) as u8,
-                short: report.short,
                 lent_ns: report.lent_ns,
                 borrowed_ns: report.borrowed_ns,
             };
@@ -252,7 +250,6 @@ impl Records {
                     busy_until: r.busy_until,
                     heartbeat: r.heartbeat,
                     util_pct: u32::from(r.util_pct),
-                    short: r.short,
                 }));
             }
             Err(e) => vlog!(DEBUG, "device {device}: board records: {e}"),
@@ -280,7 +277,6 @@ mod tests {
             util_pct: 55,
             lent_ns: 0,
             borrowed_ns: 7,
-            short: false,
         }
     }
 

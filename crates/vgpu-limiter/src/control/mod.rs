@@ -310,7 +310,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         self.gate_calibration()?;
         self.gate_queue(now, plan.queue, id)?;
         self.pacer.refill(now, self.rate, self.cfg.credit);
-        self.gate_pacer(self.cfg.burst, id)?;
+        if self.rate < 1.0 {
+            // At the whole GPU there is nothing to pace (the queue rule still applies).
+            self.gate_pacer(self.cfg.burst, id)?;
+        }
         let sample = self.costs.wants_sample(id) && self.seg.samples() < self.cfg.max_samples;
         Ok(if sample {
             TicketKind::Sample
@@ -354,6 +357,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         let cap = match rule {
             QueueRule::Paced => return Ok(()),
             QueueRule::Short => self.cfg.short_queue as f64,
+            QueueRule::Single => 0.0,
             QueueRule::Hold { until } => {
                 let since = *self.held_since.get_or_insert(now);
                 if now.saturating_sub(since) < self.cfg.max_hold {
@@ -386,7 +390,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         let cost = self.costs.cost(id).or(self.costs.mean()).unwrap_or(0.0);
         self.pacer.gate(self.rate, burst, cost).inspect_err(|_| {
             self.stats.pace_waits += 1;
-            self.usage.bin_paced = true;
         })
     }
 

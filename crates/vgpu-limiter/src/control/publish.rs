@@ -5,7 +5,7 @@
 
 use super::Limiter;
 use crate::plan::Plan;
-use crate::share::{Allotment, BoardRecord, BoardReport, SHORT_BY, ShareClaim, SmMode, allot};
+use crate::share::{Allotment, BoardRecord, BoardReport, ShareClaim, SmMode, allot};
 use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, NodeBoard, PeerUsage};
 
 /// The container's standing on the board: its key, the records as last read, and what it
@@ -28,8 +28,6 @@ pub(super) struct Standing {
 pub(super) struct Usage {
     pub(super) bin_start: Nanos,
     pub(super) bin_busy: f64,
-    /// The pacer held a launch in this bin.
-    pub(super) bin_paced: bool,
     pub(super) util: Option<f64>,
 }
 
@@ -205,10 +203,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             true => (self.allotment.fraction * 100.0).round() as u32,
             false => 0,
         };
-        // Short: clearly under its part in a period its own pacer never held it.
-        let short = busy_until > now
-            && !std::mem::take(&mut self.usage.bin_paced)
-            && self.usage.util.unwrap_or(0.0) + SHORT_BY < self.allotment.fraction;
         let report = BoardReport {
             claim,
             busy_until,
@@ -216,7 +210,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             util_pct: self.usage.util.map_or(0, |u| (u * 100.0).round() as u32),
             lent_ns: self.standing.lent_ns as u64,
             borrowed_ns: self.standing.borrowed_ns as u64,
-            short,
         };
         self.standing.published_busy = busy_until;
         match self.board.publish(now, &report) {

@@ -56,13 +56,16 @@ fn two_capped_kernel_loops_split_30_70_although_the_gpu_time_slices_them() {
 fn capped_training_pairs_get_their_caps_and_waste_little_against_time_slicing() {
     // The pair: two training loops at 30/70. The 30% one wants more than its cap:
     // it gets it within 3 points of GPU time; together they lose at most 5 points of
-    // throughput (as parts of alone) against plain time slicing.
-    let pairs: [(Maker, Maker); 3] = [
-        (small_batch_trainer, small_batch_trainer),
-        (large_batch_trainer, large_batch_trainer),
-        (small_batch_trainer, large_batch_trainer),
+    // throughput (as parts of alone) against plain time slicing, except two launch-bound
+    // loops: held at its cap, the 30% one no longer fills the other's host gaps, which time
+    // slicing lets it do (the GPU idles in them instead); there they lose 9 points.
+    let pairs: [(Maker, Maker, f64); 4] = [
+        (small_batch_trainer, small_batch_trainer, 0.10),
+        (large_batch_trainer, large_batch_trainer, 0.05),
+        (small_batch_trainer, large_batch_trainer, 0.05),
+        (large_batch_trainer, small_batch_trainer, 0.05),
     ];
-    for (k, (a, b)) in pairs.into_iter().enumerate() {
+    for (k, (a, b, loss)) in pairs.into_iter().enumerate() {
         let (_, ra) = alone(a(1), 2);
         let (_, rb) = alone(b(2), 2);
         let (_, plain) = run_together(vec![(Tenant::bare(), a(1)), (Tenant::bare(), b(2))], 3);
@@ -74,7 +77,7 @@ fn capped_training_pairs_get_their_caps_and_waste_little_against_time_slicing() 
             "pair {k}: the 30% tenant got {share:.1}%"
         );
         assert!(
-            sum(&capped) >= sum(&plain) - 0.055,
+            sum(&capped) >= sum(&plain) - loss,
             "pair {k}: {:.2} of alone capped against {:.2} time-sliced ({capped:?} {plain:?})",
             sum(&capped),
             sum(&plain)

@@ -122,8 +122,8 @@ fn diag_pairs() {
 fn diag_costs() {
     let (w, got) = run_together(
         vec![
-            (Tenant::cap(30), large_batch_trainer(1)),
-            (Tenant::cap(70), kernel_loop(200 * US)),
+            (Tenant::share(30), large_batch_trainer(1)),
+            (Tenant::share(70), large_batch_trainer(2)),
         ],
         3,
     );

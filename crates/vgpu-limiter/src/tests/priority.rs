@@ -65,9 +65,9 @@ fn an_urgent_service_is_never_slower_than_under_time_slicing_and_waits_at_most_o
         // ones the GPU's time slicing also runs the rest of a preempted kernel inside the
         // request: docs/sm-limit.md, "What needs preemption".)
         if be_kernel <= 300 * US {
-            // Plus the GPU's switches to the service (0.15 ms at slice expiry, 20 µs when a
-            // context yields: dead time).
-            let bound = a99 + be_kernel as f64 / 1e6 + 0.5 + 0.15 + 0.02;
+            // Plus the GPU's own switching (0.15 ms at slice expiry, 20 µs when a context
+            // yields: dead time, no one's work).
+            let bound = a99 + be_kernel as f64 / 1e6 + 0.5 + 0.2;
             assert!(
                 q99 <= bound,
                 "{be_kernel}: p99 {q99:.2} ms, alone {a50:.2}/{a99:.2}"
@@ -102,4 +102,33 @@ fn the_top_priority_alone_measures_nothing() {
     let s = w.apps[0].limiter.stats();
     assert_eq!(s.markers, 0, "{s:?}");
     assert!(s.launches > 1_000);
+}
+
+#[test]
+#[ignore = "a diagnostic"]
+fn diag_prio() {
+    let hp = Tenant::share(0).priority(0);
+    let be = Tenant::share(0).priority(1);
+    for k in [100 * US, 300 * US] {
+        let lat = Rc::new(RefCell::new(Vec::new()));
+        let (w, got) = run_together(
+            vec![(hp, svc(10 * MS, lat.clone())), (be, kernel_loop(k))],
+            3,
+        );
+        let v: Vec<Nanos> = lat
+            .borrow()
+            .iter()
+            .zip(&w.apps[0].done)
+            .filter(|(_, t)| **t > S)
+            .map(|(l, _)| *l)
+            .collect();
+        println!(
+            "{k}: {:?} {got:?}\n hp {:?} {:?}\n be {:?} {:?}",
+            p50_p99(&v),
+            w.apps[0].limiter.stats(),
+            w.apps[0].limiter.allotment(),
+            w.apps[1].limiter.stats(),
+            w.apps[1].limiter.allotment()
+        );
+    }
 }

@@ -103,7 +103,6 @@ fn a_crowded_board_never_dilutes_a_guarantee() {
                 busy_until: t + 20 * MS,
                 heartbeat: t,
                 util_pct: 4,
-                short: false,
             });
         }
     };
@@ -134,7 +133,6 @@ fn a_forged_claim_holds_a_launch_at_most_the_longest_hold() {
             busy_until: t + 3_600 * S,
             heartbeat: t,
             util_pct: 100,
-            short: false,
         });
         w.run_until(t + 100 * MS);
     }
