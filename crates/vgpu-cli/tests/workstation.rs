@@ -247,7 +247,8 @@ fn run_on_the_simulated_driver_needs_no_gpu_and_cleans_up() {
     cmd.arg(vgpu_exe())
         .args(["workload", "--script", "init;total;alloc 600m"]);
     let out = run(cmd);
-    out.assert_success();
+    // The refused allocation is the program's failure, and `run` passes its exit code on.
+    assert_eq!(out.code(), Some(1), "{out:?}");
     out.assert_stdout_has(&[
         "file=",
         "libvgpusim.so",

@@ -173,10 +173,27 @@ fn spawn(cmd: &mut Command) -> Child {
 
 /// Run to completion, killing it after `limit`.
 pub fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.stdin(Stdio::null());
+    finish_with(cmd, limit, |_| ())
+}
+
+/// Run to completion with `input` on its stdin (then closed), killing it after 30 s.
+pub fn run_with_stdin(mut cmd: Command, input: &'static [u8]) -> Output {
+    use std::io::Write as _;
+    cmd.stdin(Stdio::piped());
+    finish_with(cmd, Duration::from_secs(30), |child| {
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(input);
+        });
+    })
+}
+
+/// Spawns `cmd` with its output piped, lets `started` feed it, and waits at most `limit`.
+fn finish_with(mut cmd: Command, limit: Duration, started: impl FnOnce(&mut Child)) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = spawn(&mut cmd);
+    started(&mut child);
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
     let status = wait_bounded(&mut child, limit);
