@@ -62,7 +62,7 @@ fn check(name: &'static str, verdict: Verdict, detail: impl Into<String>) -> Che
 }
 
 impl Check {
-    /// One line for the terminal.
+    /// One line for the terminal (more when the detail has several).
     pub fn render(&self) -> String {
         let tag = match self.verdict {
             Verdict::Ok => "[ ok ]",
@@ -389,7 +389,7 @@ fn check_cache(path: &Path) -> (Check, Option<report::StatusReport>) {
                 Verdict::Ok,
                 format!(
                     "{} not created yet (the first program under the hook creates it)",
-                    path.display()
+                    crate::untrusted::path(path)
                 ),
             ),
             None,
@@ -413,7 +413,7 @@ fn check_cache(path: &Path) -> (Check, Option<report::StatusReport>) {
             let dead = r.processes.iter().filter(|p| !p.alive).count();
             let detail = format!(
                 "{} valid: {} device(s) [{}], {} process(es){}",
-                path.display(),
+                crate::untrusted::path(path),
                 r.devices.len(),
                 limits.join(", "),
                 r.processes.len(),
@@ -681,7 +681,7 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
         };
         let json = serde_json::to_string_pretty(&report)
             .map_err(|e| Failure::msg(format!("cannot encode the report: {e}")))?;
-        println!("{json}");
+        println!("{}", crate::untrusted::json(json));
     }
     Ok(if failed == 0 {
         ExitCode::SUCCESS
