@@ -4,7 +4,7 @@
 //!
 //! The walk reads directories a tenant can write (its own container directory), so it holds
 //! to what a node-side reader must (docs/security.md): a name that is not UTF-8 is not matched
-//! (it cannot match a text pattern; the `glob` crate's own walk panicked on one), a symbolic
+//! (it cannot match a text pattern; the `glob` crate's own walk panics on one), a symbolic
 //! link is never followed where a wildcard matched it (a matched file that is one is listed and
 //! then refused by the reader, visibly), and one directory is read only so far
 //! ([`MAX_ENTRIES_PER_DIRECTORY`], [`MAX_MATCHES_PER_DIRECTORY`]): a tenant filling its own

@@ -1,13 +1,13 @@
 //! The metrics page: HAMi's families (names and labels exactly as HAMi's monitor serves them,
 //! `cmd/vGPUmonitor/metrics.go`), optionally its legacy names, and vgpu's own richer families.
 //!
-//! Invariants: every sample follows its family's `# HELP`/`# TYPE`; every string a tenant
-//! controls (a file name, a UUID, a pod's names) reaches the page through [`label_value`] or
-//! an escaped comment, so no line can be forged or broken; a limit that means
-//! "unlimited" produces no limit sample (so `used / limit` has no series rather than +Inf);
-//! a container's usage counts only processes that are alive (a killed container drops to 0,
-//! what the GPU really holds), while vgpu's own `dead` families show what dead processes
-//! still hold in the file.
+//! Invariants: every sample follows its family's `# HELP`/`# TYPE`, and each series appears
+//! once; every string a tenant controls (a file name, a UUID, a pod's names) reaches the page
+//! as a label value or a comment escaped by [`crate::untrusted`], so no line can be forged or
+//! broken; a limit that means "unlimited" produces no limit sample (so `used / limit` has no
+//! series rather than +Inf); a container's usage counts only processes that are alive (a
+//! killed container drops to 0, what the GPU really holds), while vgpu's own `dead` families
+//! show what dead processes still hold in the file.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
