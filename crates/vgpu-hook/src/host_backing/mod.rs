@@ -8,8 +8,9 @@
 //! An allocation the device cannot take (the limit refuses it, or the GPU is full) is made
 //! VMM-backed from the start: a reserved address range mapped to a host-located
 //! `cuMemCreate` allocation that the device reads and writes over the bus. When device room
-//! frees up, [`HostBacked::move_back`] (at `cuCtxSynchronize`, when the context's work is
-//! finished) copies it into a device-located allocation and remaps the same address to it.
+//! frees up, [`HostBacked::move_back`] (at `cuCtxSynchronize` of the device's only context,
+//! when nothing can be using it: [`contexts`]) copies it into a device-located allocation and
+//! remaps the same address to it.
 //! Pinned `cuMemHostAlloc` memory could not do that (its device address is the driver's, and
 //! cannot be remapped), and managed memory is never used (oversubscribing it can stall the
 //! whole GPU for every tenant).
@@ -28,6 +29,9 @@ use crate::driver;
 use crate::ledger::HookLedger;
 use crate::log::{INFO, MSG, WARN, vlog};
 use crate::real::Cuda;
+
+mod contexts;
+pub(crate) use contexts::DeviceContexts;
 
 /// VMM granularity assumed when the driver does not say (2 MiB on every current GPU).
 const DEFAULT_GRANULARITY: u64 = 2 << 20;
@@ -66,6 +70,8 @@ pub(crate) struct HostBacked {
     /// `cuMemCreate` handles of the program's own VMM path made in host memory instead of on
     /// the device (their charge is host-backed until the handle's release).
     vmm_handles: Mutex<BTreeMap<u64, (DeviceIndex, u64)>>,
+    /// The process's contexts per device: who else could be using an allocation.
+    pub(crate) contexts: DeviceContexts,
 }
 
 /// The move-back order: the largest allocation that fits in `room`, the oldest among equals.
@@ -280,19 +286,24 @@ impl HostBacked {
         (ptr.0 < va + e.size).then_some((va, e.size))
     }
 
-    /// Move host-backed allocations of device `ordinal` onto it while room allows (largest
-    /// first, see [`pick`]). The caller guarantees the work that might touch them is finished
-    /// (it runs after a successful `cuCtxSynchronize` with that device's context current).
-    /// Each move keeps the address and the data; a move that fails leaves the allocation in
-    /// host memory, as it was.
+    /// Context `ctx` of device `ordinal` was just synchronized (successfully, current on the
+    /// calling thread): move its host-backed allocations onto the device while room allows
+    /// (largest first, see [`pick`]), if nothing else can be using them: `ctx` is the only
+    /// context of the process on that device ([`DeviceContexts::alone_on`]), so the
+    /// synchronize proved every context that can reach them idle. Each move keeps the address
+    /// and the data; a move that fails leaves the allocation in host memory, as it was.
     pub(crate) fn move_back(
         &self,
         cuda: &Cuda,
         ledger: &HookLedger,
-        ordinal: CUdevice,
+        (ordinal, ctx): (CUdevice, CUcontext),
         device_reserve: u64,
     ) {
         if self.on_host.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if !self.contexts.alone_on(ctx as usize, ordinal) {
+            said_once_that_moves_wait_for_one_context(ordinal);
             return;
         }
         // Held throughout: frees of these allocations wait for the move (never concurrent
@@ -316,7 +327,9 @@ impl HostBacked {
             let room = phys_free.saturating_sub(device_reserve).min(headroom);
             let candidates = entries
                 .iter()
-                .filter(|(_, e)| e.place == Place::Host && e.ordinal == ordinal)
+                .filter(|(_, e)| {
+                    e.place == Place::Host && e.ordinal == ordinal && e.context == ctx as usize
+                })
                 .map(|(&va, e)| (va, e.size, e.seq));
             let Some(va) = pick(candidates, room) else {
                 return;
@@ -401,6 +414,22 @@ impl HostBacked {
             ledger.release_host(device, size);
         }
         found.is_some()
+    }
+}
+
+/// Host-backed memory of `ordinal` stays where it is while the device has another context of
+/// this process (or one the hook did not see made): said once per process, since a program
+/// with several contexts synchronizes often.
+#[cold]
+fn said_once_that_moves_wait_for_one_context(ordinal: CUdevice) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        vlog!(
+            INFO,
+            "device {}: host-backed memory is not moved back while this process has more than \
+             one context there (a synchronize proves only its own context idle)",
+            ordinal.0
+        );
     }
 }
 
