@@ -97,10 +97,20 @@ fn host_headroom() -> Option<u64> {
     cgroup_headroom(&read(&max)?, &read(&current)?)
 }
 
-/// Whether placing `bytes` on the current device would leave it less than `reserve` free
-/// (`VGPU_DEVICE_RESERVE`); an unknown answer says no.
-pub(crate) fn breaks_reserve(cuda: &Cuda, reserve: u64, bytes: u64) -> bool {
-    driver::mem_get_info(cuda).is_ok_and(|(free, _)| free < bytes.saturating_add(reserve))
+/// The GPU's free memory behind ordinal `dev`: `cuMemGetInfo` when it is the current
+/// context's device, else NVML's figure (a `cuMemCreate` names its device, which need not be
+/// the current one).
+fn physical_free(cuda: &Cuda, dev: CUdevice) -> Option<u64> {
+    match driver::current(cuda) {
+        Ok((_, current)) if current == dev => driver::mem_get_info(cuda).ok().map(|(free, _)| free),
+        _ => driver::nvml_free_bytes(cuda, dev),
+    }
+}
+
+/// The GPU's free memory, if placing `bytes` on device `dev` would leave it less than
+/// `reserve` (`VGPU_DEVICE_RESERVE`); an unknown answer says no.
+pub(crate) fn breaks_reserve(cuda: &Cuda, dev: CUdevice, reserve: u64, bytes: u64) -> Option<u64> {
+    physical_free(cuda, dev).filter(|&free| free < bytes.saturating_add(reserve))
 }
 
 /// Host memory left to the program after a spill: a cgroup with less headroom than this
@@ -181,17 +191,11 @@ impl HostBacked {
         })?;
         let made = (|| {
             let va = driver::address_reserve(cuda, size, gran)?;
-            let h = match driver::mem_create(cuda, size, &prop) {
+            let h = match create_on_host(cuda, size, 0) {
                 Ok(h) => h,
                 Err(e) => {
                     let _ = driver::address_free(cuda, va, size);
-                    vlog!(
-                        MSG,
-                        "the host refused to pin {size} bytes for device memory (error {}): \
-                         RLIMIT_MEMLOCK or the container's memory limit",
-                        e.0
-                    );
-                    return Err(CUresult::OUT_OF_MEMORY);
+                    return Err(e);
                 }
             };
             if let Err(e) = driver::map_for_device(cuda, va, size, h, ordinal) {
@@ -362,8 +366,12 @@ impl HostBacked {
         }
     }
 
-    /// The program's `cuMemCreate` on a device that cannot take it: the same handle made in
-    /// host memory instead (the program maps it where it likes), charged as host-backed.
+    /// The program's `cuMemCreate` on a device that cannot take it: a handle in host memory
+    /// instead (the program maps it where it likes), charged as host-backed. Of the program's
+    /// properties it keeps only what host memory can give: the shareable handle types, if
+    /// the driver allows them there; the device-memory ones (the GPUDirect RDMA flag, which
+    /// PyTorch's expandable segments set wherever the GPU supports it, compression, usage)
+    /// would make the driver refuse the whole allocation.
     pub(crate) fn create_handle(
         &self,
         cuda: &Cuda,
@@ -372,8 +380,7 @@ impl HostBacked {
         size: u64,
         prop: &CUmemAllocationProp,
     ) -> Result<CUmemGenericAllocationHandle, CUresult> {
-        let mut host = *prop;
-        host.location = host_location();
+        let host = driver::pinned_prop(host_location());
         let size = round_up(size, granularity(cuda, &host)).ok_or(CUresult::OUT_OF_MEMORY)?;
         if !Self::host_allows(size) {
             return Err(CUresult::OUT_OF_MEMORY);
@@ -384,7 +391,7 @@ impl HostBacked {
                 vlog!(MSG, "host-backed memory refused too: {oom}");
                 CUresult::OUT_OF_MEMORY
             })?;
-        match driver::mem_create(cuda, size, &host) {
+        match create_on_host(cuda, size, prop.requestedHandleTypes) {
             Ok(h) => {
                 self.vmm_handles
                     .lock()
@@ -414,6 +421,59 @@ impl HostBacked {
             ledger.release_host(device, size);
         }
         found.is_some()
+    }
+}
+
+/// A pinned host-located allocation of `size` bytes, exportable as `handle_types` if the
+/// driver can make host memory so (else without: said once, since such a handle cannot be
+/// exported). Every failure is said; the answer is then out-of-memory, as the caller's
+/// allocation would have had without host backing.
+fn create_on_host(
+    cuda: &Cuda,
+    size: u64,
+    handle_types: std::ffi::c_uint,
+) -> Result<CUmemGenericAllocationHandle, CUresult> {
+    let mut prop = driver::pinned_prop(host_location());
+    prop.requestedHandleTypes = handle_types;
+    let refused = match driver::mem_create(cuda, size, &prop) {
+        Ok(h) => return Ok(h),
+        Err(e) => e,
+    };
+    if handle_types != 0 && refused != CUresult::OUT_OF_MEMORY {
+        if let Ok(h) = create_on_host(cuda, size, 0) {
+            said_once_that_handles_are_not_shareable(handle_types, refused);
+            return Ok(h);
+        }
+        return Err(CUresult::OUT_OF_MEMORY);
+    }
+    if refused == CUresult::OUT_OF_MEMORY {
+        vlog!(
+            MSG,
+            "the host refused to pin {size} bytes for device memory: RLIMIT_MEMLOCK or the \
+             container's memory limit"
+        );
+    } else {
+        vlog!(
+            MSG,
+            "cannot back {size} bytes with host memory: the driver refused a host-located \
+             allocation (error {})",
+            refused.0
+        );
+    }
+    Err(CUresult::OUT_OF_MEMORY)
+}
+
+#[cold]
+fn said_once_that_handles_are_not_shareable(handle_types: std::ffi::c_uint, refused: CUresult) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        vlog!(
+            WARN,
+            "the driver cannot make host memory shareable as handle types {handle_types:#x} \
+             (error {}): host-backed cuMemCreate handles are made without, and cannot be \
+             exported to other processes",
+            refused.0
+        );
     }
 }
 
