@@ -397,6 +397,12 @@ impl HostBacked {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(h.0, (device, size));
+                vlog!(
+                    INFO,
+                    "device {} is full for this container: a cuMemCreate of {size} bytes is \
+                     made in host memory",
+                    device.0
+                );
                 Ok(h)
             }
             Err(e) => {
