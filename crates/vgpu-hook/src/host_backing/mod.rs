@@ -189,8 +189,17 @@ impl HostBacked {
             vlog!(MSG, "host-backed memory refused too: {oom}");
             CUresult::OUT_OF_MEMORY
         })?;
+        let cannot = |what: &str, e: CUresult| {
+            vlog!(
+                MSG,
+                "cannot back {size} bytes with host memory: {what} failed (error {})",
+                e.0
+            );
+            e
+        };
         let made = (|| {
-            let va = driver::address_reserve(cuda, size, gran)?;
+            let va = driver::address_reserve(cuda, size, gran)
+                .map_err(|e| cannot("reserving an address range", e))?;
             let h = match create_on_host(cuda, size, 0) {
                 Ok(h) => h,
                 Err(e) => {
@@ -201,7 +210,7 @@ impl HostBacked {
             if let Err(e) = driver::map_for_device(cuda, va, size, h, ordinal) {
                 let _ = driver::mem_release(cuda, h);
                 let _ = driver::address_free(cuda, va, size);
-                return Err(e);
+                return Err(cannot("mapping it for the device", e));
             }
             Ok((va, h))
         })();
@@ -240,7 +249,7 @@ impl HostBacked {
     pub(crate) fn free(&self, cuda: &Cuda, ledger: &HookLedger, ptr: CUdeviceptr) -> Option<()> {
         let e = self.lock().remove(&ptr.0)?;
         // `cuMemFree` waits for the device's work before the memory goes (CUDA's implicit
-        // synchronization); an unmap does not, so wait here: a kernel still reading the
+        // synchronization); an unmap need not, so wait here: a kernel still reading the
         // allocation must not find its address unmapped.
         let _ = driver::ctx_synchronize(cuda);
         self.release(cuda, ledger, ptr, e);
