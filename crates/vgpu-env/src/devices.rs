@@ -163,10 +163,7 @@ mod tests {
     fn keys_are_ordinals_or_uuids() {
         assert_eq!(device_key("0", 15), Ok(DeviceKey::Index(0)));
         assert_eq!(device_key("15", 15), Ok(DeviceKey::Index(15)));
-        assert_eq!(
-            device_key(&U[4..], 15).unwrap_err().contains("suffix"),
-            true
-        );
+        assert!(device_key(&U[4..], 15).unwrap_err().contains("suffix"));
         assert_eq!(
             device_key("GPU-5A1E5130-0000-4000-8000-0000000C0DE0", 15),
             Ok(DeviceKey::Uuid(U.to_owned()))
