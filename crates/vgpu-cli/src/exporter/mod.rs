@@ -38,16 +38,24 @@ pub fn scrape_targets(pattern: &str) -> Result<Vec<PathBuf>, String> {
 pub struct Exporter {
     pattern: String,
     pod_logs: PathBuf,
+    dra_checkpoint: PathBuf,
     options: Options,
     errors_total: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Exporter {
-    /// An exporter for `pattern` (a path or a glob), with pod metadata from `pod_logs`.
-    pub fn new(pattern: String, pod_logs: PathBuf, options: Options) -> Self {
+    /// An exporter for `pattern` (a path or a glob), with pod metadata from `pod_logs` and
+    /// the DRA driver's `dra_checkpoint`.
+    pub fn new(
+        pattern: String,
+        pod_logs: PathBuf,
+        dra_checkpoint: PathBuf,
+        options: Options,
+    ) -> Self {
         Self {
             pattern,
             pod_logs,
+            dra_checkpoint,
             options,
             errors_total: Mutex::new(BTreeMap::new()),
         }
@@ -59,7 +67,7 @@ impl Exporter {
             Ok(t) => (t, None),
             Err(e) => (Vec::new(), Some(e)),
         };
-        let pods = pods::PodIndex::read(&self.pod_logs);
+        let pods = pods::PodIndex::read(&self.pod_logs, Some(&self.dra_checkpoint));
         let scraped: Vec<Scraped> = targets
             .iter()
             .map(|p| Scraped {
@@ -132,7 +140,12 @@ pub fn exporter(args: &ExporterArgs) -> Result<ExitCode, Failure> {
         legacy: args.legacy_metrics,
         per_process: args.per_process,
     };
-    let exporter = Arc::new(Exporter::new(pattern, args.pod_logs.clone(), options));
+    let exporter = Arc::new(Exporter::new(
+        pattern,
+        args.pod_logs.clone(),
+        args.dra_checkpoint.clone(),
+        options,
+    ));
     let err = http::serve(
         listener,
         Arc::new(move |req: &Request| exporter.respond(req)),
@@ -240,6 +253,7 @@ mod tests {
         let e = Exporter::new(
             "/nonexistent/x.cache".into(),
             "/nonexistent/pods".into(),
+            "/nonexistent/checkpoint.json".into(),
             Options::default(),
         );
         let get = |path: &str| Request {
