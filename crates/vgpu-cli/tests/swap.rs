@@ -156,7 +156,10 @@ fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
         std::fs::read_to_string(host.join("ld.so.preload")).unwrap(),
         format!("{}/libvgpu.so\n", host.display())
     );
-    assert!(d.join("vgpulock").is_dir(), "the turn directory the plugins mount");
+    assert!(
+        d.join("vgpulock").is_dir(),
+        "the turn directory the plugins mount"
+    );
     let mut old = Victim::start(&victim, &lib);
     assert_eq!(old.line(), "version 1");
     assert!(old.keeps_running());
@@ -235,11 +238,21 @@ fn the_installer_can_install_then_run_the_plugin_and_refuses_a_missing_source() 
             .env("VGPU_TURN_DIR", d.join("vgpulock"));
         cmd.output().unwrap()
     };
-    let out = run(&image, &["--", "sh", "-c", "echo plugin runs with $0 $1", "a", "b"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        &image,
+        &["--", "sh", "-c", "echo plugin runs with $0 $1", "a", "b"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.ends_with("plugin runs with a b\n"), "{stdout}");
-    assert_eq!(std::fs::read(host.join("libvgpu.so")).unwrap(), b"library v1");
+    assert_eq!(
+        std::fs::read(host.join("libvgpu.so")).unwrap(),
+        b"library v1"
+    );
     // Nothing after --, a stray argument, a source that is not there: refused, nothing run.
     for (source, tail) in [
         (image.as_path(), &["--"][..]),

@@ -85,8 +85,8 @@ pub struct Config {
     /// `CUDA_DEVICE_SM_LIMIT_<i>`), by name with their device index, in name order (see
     /// [`Config::absent_device_warnings`]).
     pub per_device: Vec<(String, usize)>,
-    /// The per-device limits set by GPU UUID (`CUDA_DEVICE_MEMORY_LIMIT_GPU-<uuid>`,
-    /// `CUDA_DEVICE_SM_LIMIT_GPU-<uuid>`), in name order: not yet in
+    /// The per-device limits set by GPU UUID (`CUDA_DEVICE_MEMORY_LIMIT_GPU_<uuid>`,
+    /// `CUDA_DEVICE_SM_LIMIT_GPU_<uuid>`), in name order: not yet in
     /// [`Config::memory_limit`] and [`Config::sm_limit`] until
     /// [`Config::apply_device_uuids`] knows which ordinal each GPU has.
     pub limits_by_uuid: Vec<ByUuid>,
@@ -169,9 +169,9 @@ pub struct ByUuid {
 /// What a [`ByUuid`] variable sets (`None` = unlimited, as 0 or 100 written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UuidLimit {
-    /// `CUDA_DEVICE_MEMORY_LIMIT_GPU-<uuid>`, bytes.
+    /// `CUDA_DEVICE_MEMORY_LIMIT_GPU_<uuid>`, bytes.
     Memory(Option<u64>),
-    /// `CUDA_DEVICE_SM_LIMIT_GPU-<uuid>`, percent.
+    /// `CUDA_DEVICE_SM_LIMIT_GPU_<uuid>`, percent.
     Sm(Option<u8>),
 }
 
@@ -344,8 +344,8 @@ impl Config {
                 .extend(memory.1.into_iter().chain(sm.1).map(|n| {
                 format!(
                     "{n}: {} numbers a claim's GPUs in an arbitrary order, so each GPU gets the \
-                     smallest; name each GPU by its UUID ({ENV_MEMORY_LIMIT}_GPU-<uuid>, \
-                     {ENV_SM_LIMIT}_GPU-<uuid>) to give it its own, or request the same \
+                     smallest; name each GPU by its UUID ({ENV_MEMORY_LIMIT}_GPU_<uuid>, \
+                     {ENV_SM_LIMIT}_GPU_<uuid>, each - of the UUID written _) to give it its own, or request the same \
                      capacity for every GPU of the claim",
                     cfg.layout.describe()
                 )
@@ -1315,7 +1315,7 @@ mod tests {
         assert!(
             cfg.notices[0].starts_with(
                 "CUDA_DEVICE_MEMORY_LIMIT_0=8192m, CUDA_DEVICE_MEMORY_LIMIT_1=4096m differ; every GPU is limited to 4096m"
-            ) && cfg.notices[0].contains("_GPU-<uuid>"),
+            ) && cfg.notices[0].contains("_GPU_<uuid>"),
             "{}",
             cfg.notices[0]
         );

@@ -3,10 +3,12 @@
 //! A per-device variable names its device in one of two ways:
 //! - `<BASE>_<i>`: a CUDA ordinal 0..=15 in plain decimal (HAMi's grammar, the only one
 //!   HAMi-core reads);
-//! - `<BASE>_GPU-<uuid>`: a GPU by its UUID as NVML prints it
-//!   (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, hex in either case). vgpu's own form, for
-//!   the places where an index does not say which GPU is meant. Kubernetes and CDI accept `-`
-//!   in variable names; a shell's `export` does not, `env NAME=value prog` does.
+//! - `<BASE>_GPU_<uuid>`: a GPU by its UUID as NVML prints it
+//!   (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, hex in either case) with each `-` written
+//!   `_`, or as printed (`<BASE>_GPU-<uuid>`). vgpu's own form, for the places where an index
+//!   does not say which GPU is meant. The `_` spelling is a shell identifier: dash (`sh` on
+//!   Debian and Ubuntu) silently drops variables whose names hold `-` from the environment it
+//!   passes on, so `sh -c` anywhere in a container's start would lose the other spelling.
 //!
 //! Whether `<i>` really is a CUDA ordinal depends on who wrote it, and the one trace of that
 //! in a container's environment is where its shared file lives ([`Layout`], from
@@ -25,17 +27,23 @@ pub enum DeviceKey {
 /// Indices are 0..=`last` in plain decimal (HAMi-core reads exactly those names and ignores
 /// any other, so `_16` or `_00` would silently limit nothing there; here they are errors).
 pub fn device_key(suffix: &str, last: usize) -> Result<DeviceKey, String> {
-    if let Some(hex) = suffix.strip_prefix("GPU-") {
-        return gpu_uuid(hex).map(DeviceKey::Uuid).ok_or_else(|| {
-            "a device named by UUID must be GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx \
-             (hex digits, as nvidia-smi -L prints it)"
-                .to_owned()
-        });
+    if let Some(hex) = suffix
+        .strip_prefix("GPU_")
+        .or_else(|| suffix.strip_prefix("GPU-"))
+    {
+        return gpu_uuid(&hex.replace('_', "-"))
+            .map(DeviceKey::Uuid)
+            .ok_or_else(|| {
+                "a device named by UUID must be GPU_xxxxxxxx_xxxx_xxxx_xxxx_xxxxxxxxxxxx (the \
+                 UUID nvidia-smi -L prints, hex digits, each - written _) or \
+                 GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+                    .to_owned()
+            });
     }
     if suffix.is_empty() || !suffix.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!(
             "not a per-device variable: the suffix must be a device index 0..={last} or a GPU \
-             UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+             UUID (GPU_xxxxxxxx_xxxx_xxxx_xxxx_xxxxxxxxxxxx)"
         ));
     }
     match suffix.parse::<usize>() {
@@ -164,10 +172,16 @@ mod tests {
         assert_eq!(device_key("0", 15), Ok(DeviceKey::Index(0)));
         assert_eq!(device_key("15", 15), Ok(DeviceKey::Index(15)));
         assert!(device_key(&U[4..], 15).unwrap_err().contains("suffix"));
-        assert_eq!(
-            device_key("GPU-5A1E5130-0000-4000-8000-0000000C0DE0", 15),
-            Ok(DeviceKey::Uuid(U.to_owned()))
-        );
+        for spelling in [
+            "GPU-5A1E5130-0000-4000-8000-0000000C0DE0",
+            "GPU_5a1e5130_0000_4000_8000_0000000c0de0",
+        ] {
+            assert_eq!(
+                device_key(spelling, 15),
+                Ok(DeviceKey::Uuid(U.to_owned())),
+                "{spelling}"
+            );
+        }
         for bad in [
             "GPU-",
             "GPU-5a1e5130",
@@ -177,6 +191,8 @@ mod tests {
             "GPU-5a1e5130-0000-4000-8000-0000000c0de0-1",
             "MIG-5a1e5130-0000-4000-8000-0000000c0de0",
             "gpu-5a1e5130-0000-4000-8000-0000000c0de0",
+            "GPU_5a1e5130_0000_4000_8000_0000000c0de0_",
+            "GPU__5a1e5130_0000_4000_8000_0000000c0de0",
         ] {
             assert!(device_key(bad, 15).is_err(), "{bad}");
         }
