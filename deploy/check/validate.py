@@ -2,9 +2,9 @@
 
 Every Kubernetes manifest under deploy/kubernetes/ is checked against the Kubernetes JSON
 schemas bundled by kubernetes-validate (strict: unknown fields fail), the ServiceMonitor
-against servicemonitor.schema.json, and the HAMi values and the Volcano patch for the keys
-their charts and DaemonSet define (HAMi chart v2.10.0 values.yaml; Volcano v1.12.0 static
-manifest). Exits non-zero with one line per problem.
+against servicemonitor.schema.json, and each Helm values file for the keys its chart reads
+(HAMi chart 2.10.0, Volcano's vgpu device-plugin chart 1.12.0, HAMi's DRA driver chart 0.1.0,
+HAMi-DRA's chart 0.0.1). Exits non-zero with one line per problem.
 """
 
 import json
@@ -65,31 +65,29 @@ def check_hami_values(path):
         problems.append(f"{path}: only devicePlugin.image is meant to change")
 
 
-def check_volcano_patch(path):
+def check_image_values(path, prefix, keys, chart):
+    """Values that change only the image at `prefix` (dotted) of `chart`, with exactly the
+    keys its templates read there."""
     doc = yaml.safe_load(path.read_text())
-    containers = dig(doc, "spec.template.spec.containers") or []
-    names = [c.get("name") for c in containers]
-    if names != ["volcano-device-plugin"]:
-        problems.append(f"{path}: must patch exactly the container volcano-device-plugin, not {names}")
+    image = dig(doc, prefix)
+    if not isinstance(image, dict):
+        problems.append(f"{path}: {prefix} missing")
         return
-    c = containers[0]
-    cmd = dig(c, "lifecycle.postStart.exec.command") or []
-    if "/k8s-vgpu/bin/vgpu-install-lib.sh /usr/local/vgpu" not in " ".join(cmd) or "cp -f" in " ".join(cmd):
-        problems.append(f"{path}: postStart must run vgpu-install-lib.sh, never cp -f: {cmd}")
-    if not isinstance(c.get("image"), str):
-        problems.append(f"{path}: image missing")
-    # The patch, merged into a minimal DaemonSet, must still be a valid DaemonSet.
-    ds = {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "volcano-device-plugin", "namespace": "kube-system"},
-        "spec": {"selector": {"matchLabels": {"name": "volcano-device-plugin"}},
-                 "template": {"metadata": {"labels": {"name": "volcano-device-plugin"}},
-                              "spec": {"containers": containers}}},
-    }
-    try:
-        kubernetes_validate.validate(ds, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as e:
-        problems.append(f"{path}: {'.'.join(map(str, e.path))}: {e.message}")
+    for key in keys["required"]:
+        if not isinstance(image.get(key), str) or not image.get(key):
+            problems.append(f"{path}: {prefix}.{key} must be a non-empty string")
+    extra = set(image) - set(keys["required"]) - set(keys.get("optional", []))
+    if extra:
+        problems.append(f"{path}: {prefix} has keys {chart} does not read: {sorted(extra)}")
+    # Nothing else: the rest of the release's values stay as they are (--reuse-values).
+    top = prefix.split(".")
+    node = doc
+    for i, key in enumerate(top):
+        if not isinstance(node, dict) or set(node) != {key}:
+            problems.append(f"{path}: only {prefix} is meant to change, found {sorted(node)} at "
+                            f"{'.'.join(top[:i]) or 'the top'}")
+            return
+        node = node[key]
 
 
 manifests = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
@@ -98,11 +96,24 @@ if not manifests:
 for m in manifests:
     check_manifest(m)
 check_hami_values(DEPLOY / "hami/values-vgpu.yaml")
-check_volcano_patch(DEPLOY / "volcano/daemonset-patch.yaml")
+# Volcano's chart 1.12.0 (templates/daemonset.yaml): "{{ .Values.image.repository }}:{{
+# .Values.image.tag }}" and .Values.image.pullPolicy.
+check_image_values(DEPLOY / "volcano/values-vgpu.yaml", "image",
+                   {"required": ["repository", "tag", "pullPolicy"]}, "Volcano's chart 1.12.0")
+# HAMi's DRA driver chart 0.1.0 (templates/_helpers.tpl "hami-dra-driver.fullimage": repository
+# and tag, the tag defaulting to appVersion; daemonset.yaml: .Values.image.pullPolicy).
+check_image_values(DEPLOY / "hami-dra/values-vgpu.yaml", "image",
+                   {"required": ["repository", "tag", "pullPolicy"]}, "the DRA driver's chart 0.1.0")
+# HAMi-DRA's chart 0.0.1 (_commons.tpl "common.images.image": registry, repository, tag, the
+# registry replaced by global.imageRegistry when set; pullPolicy, pullSecrets).
+check_image_values(DEPLOY / "hami-dra/values-vgpu-hami-dra.yaml", "drivers.nvidia.image",
+                   {"required": ["registry", "repository", "tag", "pullPolicy"],
+                    "optional": ["pullSecrets"]}, "HAMi-DRA's chart 0.0.1")
 
 for p in problems:
     print(f"deploy-check: {p}")
 if problems:
     sys.exit(1)
 print(f"deploy-check: {len(manifests)} manifests valid against Kubernetes {KUBERNETES_VERSION} "
-      "(strict), ServiceMonitor schema, HAMi values and Volcano patch keys")
+      "(strict), ServiceMonitor schema, the values of the HAMi, Volcano, DRA driver and HAMi-DRA "
+      "charts")

@@ -10,6 +10,7 @@
 //!   lib/libvgpu.so -> libvgpu.so.<version>
 //!   lib/libvgpusim.so             the simulated driver (vgpu run/demo without a GPU)
 //!   share/vgpu/vgpu-install-lib.sh  rename-into-place installer (deploy/common)
+//!   share/vgpu/vgpu-image         builds the plugins' images without Docker (deploy/image)
 //!   LICENSE
 //!   SHA256SUMS                    of every file above
 //! vgpu-<version>-x86_64-linux-gnu.tar.gz
@@ -69,6 +70,11 @@ pub const LAYOUT: &[(&str, Source, Strip)] = &[
     (
         "share/vgpu/vgpu-install-lib.sh",
         Source::Repo("deploy/common/vgpu-install-lib.sh"),
+        false,
+    ),
+    (
+        "share/vgpu/vgpu-image",
+        Source::Repo("deploy/image/vgpu-image"),
         false,
     ),
     ("LICENSE", Source::Repo("LICENSE"), false),

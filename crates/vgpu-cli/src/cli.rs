@@ -192,6 +192,9 @@ pub struct ExporterArgs {
     /// The kubelet's pod log directory, read for pod namespaces and names.
     #[arg(long, value_name = "DIR", default_value = crate::exporter::pods::DEFAULT_POD_LOGS)]
     pub pod_logs: PathBuf,
+    /// HAMi's DRA driver's checkpoint, read for the pod of each claim directory.
+    #[arg(long, value_name = "FILE", default_value = crate::exporter::pods::DEFAULT_DRA_CHECKPOINT)]
+    pub dra_checkpoint: PathBuf,
     /// Also serve HAMi's pre-2.6 metric names (vGPU_device_memory_usage_in_bytes, ...), as HAMi's
     /// monitor does with the same flag.
     #[arg(long)]

@@ -218,52 +218,6 @@ exec '{program}' {alloc} {over}
     }
 }
 
-/// Whether this machine lets us make PID and mount namespaces with mounts in them.
-fn namespaces_permitted() -> bool {
-    Command::new("unshare")
-        .args([
-            "--pid",
-            "--fork",
-            "--mount",
-            "--propagation",
-            "private",
-            "--mount-proc",
-        ])
-        .args(["sh", "-c", "mount -t tmpfs tmpfs /mnt"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn parse(body: &str) -> Vec<prometheus_parse::Sample> {
-    let lines = body.lines().map(|l| Ok(l.to_owned()));
-    prometheus_parse::Scrape::parse(lines).unwrap().samples
-}
-
-/// The value of the one sample of `metric` with `labels`.
-fn value(
-    samples: &[prometheus_parse::Sample],
-    metric: &str,
-    labels: &[(&str, &str)],
-) -> Option<f64> {
-    let hits: Vec<f64> = samples
-        .iter()
-        .filter(|s| s.metric == metric)
-        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .filter_map(|s| match s.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => Some(v),
-            _ => None,
-        })
-        .collect();
-    assert!(
-        hits.len() <= 1,
-        "{metric} {labels:?}: {} series",
-        hits.len()
-    );
-    hits.first().copied()
-}
-
 const UID_A: &str = "3f2a0c4e-0000-4000-8000-00000000000a";
 const UID_B: &str = "3f2a0c4e-0000-4000-8000-00000000000b";
 
@@ -306,7 +260,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     );
     let addr = exporter.addr.as_str();
     let scrape = || {
-        parse(
+        parse_metrics(
             &http::get(addr, "/metrics", Duration::from_secs(5))
                 .unwrap()
                 .1,
@@ -327,35 +281,41 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     // containers announced on the one GPU's turn board in the shared /tmp/vgpulock.
     let mut s = scrape();
     let end = Instant::now() + Duration::from_secs(10);
-    while value(&s, "vgpu_device_turn_containers", &pod_a) != Some(2.0) && Instant::now() < end {
+    while metric_value(&s, "vgpu_device_turn_containers", &pod_a) != Some(2.0)
+        && Instant::now() < end
+    {
         std::thread::sleep(Duration::from_millis(200));
         s = scrape();
     }
-    let used = |s: &[_], pod: &[(&str, &str)]| value(s, "hami_vgpu_memory_used_bytes", pod);
+    let used = |s: &[_], pod: &[(&str, &str)]| metric_value(s, "hami_vgpu_memory_used_bytes", pod);
     assert_eq!(used(&s, &pod_a), Some((CTX + 128 * MIB) as f64));
     assert_eq!(used(&s, &pod_b), Some((CTX + 300 * MIB) as f64));
     assert_eq!(
-        value(&s, "hami_vgpu_memory_limit_bytes", &pod_a),
+        metric_value(&s, "hami_vgpu_memory_limit_bytes", &pod_a),
         Some((256 * MIB) as f64)
     );
     assert_eq!(
-        value(&s, "hami_vgpu_memory_limit_bytes", &pod_b),
+        metric_value(&s, "hami_vgpu_memory_limit_bytes", &pod_b),
         Some((512 * MIB) as f64)
     );
     for pod in [&pod_a, &pod_b] {
         let mut l = pod.to_vec();
         l.push(("device_uuid", GPU));
-        assert!(value(&s, "hami_container_device_utilization_ratio", &l).is_some());
+        assert!(metric_value(&s, "hami_container_device_utilization_ratio", &l).is_some());
         let mut p = pod.to_vec();
         p.push(("pid", "1"));
-        assert_eq!(value(&s, "vgpu_process_alive", &p), Some(1.0), "{pod:?}");
         assert_eq!(
-            value(&s, "vgpu_device_processes", pod),
+            metric_value(&s, "vgpu_process_alive", &p),
             Some(1.0),
             "{pod:?}"
         );
         assert_eq!(
-            value(&s, "vgpu_device_turn_containers", pod),
+            metric_value(&s, "vgpu_device_processes", pod),
+            Some(1.0),
+            "{pod:?}"
+        );
+        assert_eq!(
+            metric_value(&s, "vgpu_device_turn_containers", pod),
             Some(2.0),
             "turns: {pod:?}"
         );
@@ -364,7 +324,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     assert_eq!(boards.len(), 1, "one turn board for the one GPU");
     // The runtime's mount point for the library sits in the host directory; it is skipped.
     assert!(a.dir.join("libvgpu.so").exists());
-    assert_eq!(value(&s, "vgpu_exporter_files", &[]), Some(2.0));
+    assert_eq!(metric_value(&s, "vgpu_exporter_files", &[]), Some(2.0));
 
     // `vgpu status` on the host reads each container's file by its host path.
     for (dir, limit) in [(&a.dir, 256 * MIB), (&b.dir, 512 * MIB)] {
@@ -389,7 +349,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     let end = Instant::now() + Duration::from_secs(10);
     let mut s = scrape();
     while (used(&s, &pod_a) != Some(0.0)
-        || value(&s, "vgpu_device_turn_containers", &pod_b) != Some(1.0))
+        || metric_value(&s, "vgpu_device_turn_containers", &pod_b) != Some(1.0))
         && Instant::now() < end
     {
         std::thread::sleep(Duration::from_millis(200));
@@ -400,10 +360,16 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
         Some(0.0),
         "a killed container holds nothing"
     );
-    assert_eq!(value(&s, "vgpu_device_dead_processes", &pod_a), Some(1.0));
+    assert_eq!(
+        metric_value(&s, "vgpu_device_dead_processes", &pod_a),
+        Some(1.0)
+    );
     let mut dead = pod_a.to_vec();
     dead.push(("pid", "1"));
-    assert_eq!(value(&s, "vgpu_process_alive", &dead), Some(0.0));
+    assert_eq!(metric_value(&s, "vgpu_process_alive", &dead), Some(0.0));
     assert_eq!(used(&s, &pod_b), Some((CTX + 300 * MIB) as f64));
-    assert_eq!(value(&s, "vgpu_device_turn_containers", &pod_b), Some(1.0));
+    assert_eq!(
+        metric_value(&s, "vgpu_device_turn_containers", &pod_b),
+        Some(1.0)
+    );
 }

@@ -165,8 +165,14 @@ pub(crate) fn ready() -> Result<&'static Ready, CUresult> {
 fn build() -> &'static Enforcement {
     // Everything that may enter the loader or the driver happens before the flag is taken.
     // A bad log level or priority is a warning, not a reason to refuse every allocation.
-    let config = Config::from_vars_with_warnings(&Vars::from_os(std::env::vars_os()));
+    let mut config = Config::from_vars_with_warnings(&Vars::from_os(std::env::vars_os()));
     let uuids = visible_uuids();
+    if let Ok(c) = &mut config {
+        // Limits named by GPU UUID go on the ordinals these devices have here.
+        for w in c.apply_device_uuids(&uuids) {
+            vlog!(WARN, "{w}");
+        }
+    }
     let open_shared_table = move |c: &Config| open_table(c, uuids);
     let p = &PROCESS;
     let mut waits = 0u32;
@@ -326,6 +332,9 @@ pub(crate) fn make(
             // Variables that do not affect enforcement: their defaults are in use.
             for w in &c.warnings {
                 vlog!(WARN, "{w}; using the default");
+            }
+            for n in &c.notices {
+                vlog!(MSG, "{n}");
             }
             c
         }

@@ -53,17 +53,25 @@ fn count_errors(mut previous: BTreeMap<String, u64>, scraped: &[Scraped]) -> BTr
 pub struct Exporter {
     pattern: String,
     pod_logs: PathBuf,
+    dra_checkpoint: PathBuf,
     options: Options,
     /// Failed reads per file, for the files of the last scrape only ([`count_errors`]).
     errors_total: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Exporter {
-    /// An exporter for `pattern` (a path or a glob), with pod metadata from `pod_logs`.
-    pub fn new(pattern: String, pod_logs: PathBuf, options: Options) -> Self {
+    /// An exporter for `pattern` (a path or a glob), with pod metadata from `pod_logs` and
+    /// the DRA driver's `dra_checkpoint`.
+    pub fn new(
+        pattern: String,
+        pod_logs: PathBuf,
+        dra_checkpoint: PathBuf,
+        options: Options,
+    ) -> Self {
         Self {
             pattern,
             pod_logs,
+            dra_checkpoint,
             options,
             errors_total: Mutex::new(BTreeMap::new()),
         }
@@ -75,7 +83,7 @@ impl Exporter {
             Ok(t) => (t, None),
             Err(e) => (Vec::new(), Some(e)),
         };
-        let pods = pods::PodIndex::read(&self.pod_logs);
+        let pods = pods::PodIndex::read(&self.pod_logs, Some(&self.dra_checkpoint));
         let scraped: Vec<Scraped> = targets
             .iter()
             .map(|p| Scraped {
@@ -144,7 +152,12 @@ pub fn exporter(args: &ExporterArgs) -> Result<ExitCode, Failure> {
         legacy: args.legacy_metrics,
         per_process: args.per_process,
     };
-    let exporter = Arc::new(Exporter::new(pattern, args.pod_logs.clone(), options));
+    let exporter = Arc::new(Exporter::new(
+        pattern,
+        args.pod_logs.clone(),
+        args.dra_checkpoint.clone(),
+        options,
+    ));
     let err = http::serve(
         listener,
         Arc::new(move |req: &Request| exporter.respond(req)),
@@ -292,6 +305,7 @@ mod tests {
         let e = Exporter::new(
             "/nonexistent/x.cache".into(),
             "/nonexistent/pods".into(),
+            "/nonexistent/checkpoint.json".into(),
             Options::default(),
         );
         let get = |path: &str| Request {

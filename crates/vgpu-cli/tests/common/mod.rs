@@ -285,3 +285,49 @@ pub fn assert_fails(out: &Output, code: i32, needles: &[&str]) {
         );
     }
 }
+
+/// Whether this machine lets us make PID and mount namespaces with mounts in them.
+pub fn namespaces_permitted() -> bool {
+    Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--propagation",
+            "private",
+            "--mount-proc",
+        ])
+        .args(["sh", "-c", "mount -t tmpfs tmpfs /mnt"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+pub fn parse_metrics(body: &str) -> Vec<prometheus_parse::Sample> {
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    prometheus_parse::Scrape::parse(lines).unwrap().samples
+}
+
+/// The value of the one sample of `metric` with `labels`.
+pub fn metric_value(
+    samples: &[prometheus_parse::Sample],
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    let hits: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .filter_map(|s| match s.value {
+            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        hits.len() <= 1,
+        "{metric} {labels:?}: {} series",
+        hits.len()
+    );
+    hits.first().copied()
+}
