@@ -5,6 +5,7 @@
 
 mod deploy;
 mod dist;
+mod prometheus;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -40,7 +41,9 @@ cargo xtask <task>
 
 tasks:
   build         build the whole workspace, cdylibs included (libvgpu.so, the simulated driver)
-  test [ARGS]   build, then run every test of the workspace (extra ARGS go to cargo test)
+  test [ARGS]   build, then run every test of the workspace (extra ARGS go to cargo test);
+                the monitoring test's Prometheus comes from PATH or Debian's package, unpacked
+                into target/monitoring-tools (apt-get download; without it that test skips)
   demo          the main job: a small workload under a memory limit (simulated driver without a GPU)
   dist [--native] [--install-tools]
                 the release tarball (target/dist/): stripped libvgpu.so.<version>, vgpu, the
@@ -56,6 +59,11 @@ pub(crate) fn workspace_root() -> PathBuf {
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
+}
+
+/// The build's target directory (`$CARGO_TARGET_DIR`, else `target/`).
+pub(crate) fn target_dir() -> PathBuf {
+    env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from)
 }
 
 pub(crate) fn cargo() -> Command {
@@ -90,6 +98,14 @@ fn test(extra: &[String]) -> Result<(), String> {
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--no-fail-fast"])
         .args(extra);
+    match prometheus::ensure(&target_dir()) {
+        Ok(dir) => {
+            cmd.env(prometheus::TOOLS_ENV, dir);
+        }
+        Err(e) => eprintln!(
+            "xtask: no Prometheus for the monitoring test ({e}); it will skip here (under CI it fails)"
+        ),
+    }
     run(cmd)?;
     loom()?;
     bench_helpers()
@@ -118,9 +134,7 @@ fn bench_helpers() -> Result<(), String> {
 /// contains `loom`). They need `--cfg loom` for the whole build, so they get their own target
 /// directory (switching flags would rebuild everything).
 fn loom() -> Result<(), String> {
-    let target = env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
-        .join("loom");
+    let target = target_dir().join("loom");
     let mut cmd = cargo();
     cmd.env("RUSTFLAGS", "--cfg loom")
         .env("CARGO_TARGET_DIR", target)
