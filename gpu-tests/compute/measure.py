@@ -50,6 +50,25 @@ class NvmlBackend:
         return {int(p.pid) for p in self.nv.nvmlDeviceGetComputeRunningProcesses(self.h)}
 
 
+class NoNvml:
+    """No NVML (nvidia-ml-py missing or failing): every reading fails, the sampler notes it."""
+
+    def __init__(self, why):
+        self.why = why
+
+    def info(self):
+        return {"name": f"unknown (no NVML: {self.why})"}
+
+    def device_util(self):
+        raise RuntimeError(self.why)
+
+    def process_samples(self, since_us):
+        raise RuntimeError(self.why)
+
+    def compute_pids(self):
+        raise RuntimeError(self.why)
+
+
 class FakeNvml:
     """NVML without a GPU (--fake, tests): the device busy at `busy` % while any of `pids()`
     (a callable: the tenants with a context) lives, split evenly between them."""

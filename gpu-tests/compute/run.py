@@ -66,7 +66,7 @@ PARK_TIMEOUT_S = 180.0
 CTX_TIMEOUT_S = 90.0
 WARM_TIMEOUT_S = 180.0
 EXIT_TIMEOUT_S = 60.0  # after the window's end
-HARD_GRACE_S = 45.0  # past the budget, the current run is killed and the bench ends
+HARD_GRACE_S = 30.0  # past the budget, the current run is killed and the bench ends
 STDERR_TAIL = 3000
 HAMI_PID_FAILED = ("SET_TASK_PID FAILED", "host pid is error", "HOST PID NOT FOUND",
                    "Skipped host PID detection")
@@ -143,13 +143,16 @@ def parse_result(stdout_path, rc):
         return {"ok": False, "error": f"unreadable RESULT: {e}"}
 
 
-def tail(path, n=STDERR_TAIL):
+def read(path):
     try:
         with open(path, errors="replace") as f:
-            text = f.read()
+            return f.read()
     except OSError:
-        return "", []
-    return text[-n:], [l for l in text.splitlines() if "limiter stats" in l][-8:]
+        return ""
+
+
+def has_result(stdout_path):
+    return "RESULT " in read(stdout_path)
 
 
 class Bench:
@@ -164,6 +167,7 @@ class Bench:
         self.sampler = measure.Sampler(self.nvml)
         self.fail = dict(x.split("=", 1) for x in (args.fake_fail or []))
         self.runs = []
+        self.exiting = []  # (Launched, record) whose tenants have printed but may still exit
 
     def live_ctx_pids(self):
         """Tenants with a context that still run (read by the sampler's thread: copies)."""
@@ -250,36 +254,77 @@ class Bench:
                  f"(here {start - t_begin:.1f} s); window {self.args.seconds:g} s")
         status = self.vgpu_status(L, start) if unit.mode.startswith("vgpu") else None
         deadline = min(start + self.args.seconds + EXIT_TIMEOUT_S, self.hard_deadline)
-        for p in L.procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                rec["warnings"].append(f"pid {p.pid} killed: still running {EXIT_TIMEOUT_S:g} s after the window")
-                L.kill()
+        self.wait_results(L, deadline, rec)
         if status:
             status.join(timeout=15)
         rec["vgpu_status"] = getattr(status, "out", None)
         rec["device_util"] = self.sampler.device_mean(start, start + self.args.seconds)
         rec["tenants"] = [self.tenant_record(L, i, nvml_pids[i]) for i in range(n)]
         rec["duration_s"] = round(time.time() - t_begin, 3)
-        self.live.remove(L)
-        self.ctx_pids -= {p.pid for p in L.procs}
+        self.exiting.append((L, rec))
+        self.reap()
         return rec
+
+    def wait_results(self, L, deadline, rec):
+        """Waits until every tenant has printed its RESULT or exited (a tenant's GPU work is
+        over once it prints: the next run's contexts need not wait for its teardown); kills
+        the run's tenants at `deadline`."""
+        pending = set(range(len(L.procs)))
+        while pending and time.time() < deadline:
+            for i in list(pending):
+                if not L.alive(i) or has_result(L.files[i][0]):
+                    pending.discard(i)
+            if pending:
+                time.sleep(0.02)
+        if pending:
+            rec["warnings"].append(f"tenants {sorted(pending)} killed: no result {EXIT_TIMEOUT_S:g} s "
+                                   "after the window (or past the budget)")
+            L.kill()
+
+    def reap(self, wait_s=0.0):
+        """Completes the records of runs whose tenants have exited (exit code, stderr: the
+        limiter prints its counters at exit), waiting up to `wait_s`, then killing the rest."""
+        deadline = time.time() + wait_s
+        while True:
+            for L, rec in list(self.exiting):
+                if all(not L.alive(i) for i in range(len(L.procs))):
+                    for i, t in enumerate(rec["tenants"]):
+                        t.update(self.exit_fields(L, i))
+                    self.exiting.remove((L, rec))
+                    self.live.remove(L)
+                    self.ctx_pids -= {p.pid for p in L.procs}
+            if not self.exiting or time.time() >= deadline:
+                break
+            time.sleep(0.05)
+        if wait_s > 0:
+            for L, rec in list(self.exiting):
+                L.kill()
+                rec["warnings"].append("tenants killed: still exiting after their results")
+            if self.exiting:
+                self.reap()
 
     def tenant_record(self, L, i, nvml_pid):
         t, p = L.unit.tenants[i], L.procs[i]
-        out, err, argv = L.files[i]
-        res = parse_result(out, p.returncode)
-        err_tail, stats = tail(err)
+        out, _err, argv = L.files[i]
+        res = parse_result(out, p.poll())
         rec = {"index": i, "workload": t.workload, "label": t.label, "sm": t.sm, "priority": t.priority,
-               "argv": argv[2:], "pid": p.pid, "returncode": p.returncode, "nvml_pid": nvml_pid,
-               "env": {k: v for k, v in L.envs[i].items() if os.environ.get(k) != v},
-               "result": res, "stderr_tail": err_tail, "limiter_stats": stats}
-        if L.unit.mode == "hami":
-            rec["hami_pid_found"] = not any(s in err_tail for s in HAMI_PID_FAILED)
+               "argv": argv[2:], "pid": p.pid, "nvml_pid": nvml_pid,
+               "env": {k: v for k, v in L.envs[i].items() if os.environ.get(k) != v}, "result": res}
+        rec.update(self.exit_fields(L, i))  # for now; complete once the tenant has exited
         if res.get("ok") and nvml_pid is not None:
             rec["nvml_util"], rec["nvml_samples"] = self.sampler.process_mean(nvml_pid, res["t0"], res["t1"])
         return rec
+
+    @staticmethod
+    def exit_fields(L, i):
+        """What a tenant leaves on exit: its exit code, its stderr's tail, the limiter's
+        counters and, under HAMi-core, whether it found the host pid it limits by."""
+        text = read(L.files[i][1])
+        out = {"returncode": L.procs[i].poll(), "stderr_tail": text[-STDERR_TAIL:],
+               "limiter_stats": [l for l in text.splitlines() if "limiter stats" in l][-8:]}
+        if L.unit.mode == "hami":
+            out["hami_pid_found"] = not any(s in text for s in HAMI_PID_FAILED)
+        return out
 
     def compute_pids(self):
         try:
@@ -334,9 +379,13 @@ class Bench:
                     self.say(f"budget: skipping {len(rest)} run(s) from {unit.name} on (~{need:.0f} s needed, {left:.0f} s left)")
                     break
                 self.say(f"run {k + 1}/{len(units)}: {unit.name} ({len(unit.tenants)} tenant(s), ~{need:.0f} s)")
-                if k + 1 < len(units):
+                if k + 1 < len(units) and not self.args.no_overlap:
                     nxt = self.launch(units[k + 1], k + 1)
                 rec = self.drive(cur)
+                if nxt is not None:
+                    rec["next_import_in_window_s"] = self.import_overlap(nxt, rec)
+                elif k + 1 < len(units):
+                    nxt = self.launch(units[k + 1], k + 1)
                 runs.append(rec)
                 est_done += unit.est_s
                 took += rec["duration_s"]
@@ -349,11 +398,26 @@ class Bench:
                     meta["skipped"].append("the rest: past the budget's hard limit")
                     break
         finally:
+            self.reap(wait_s=20.0)
             for L in list(self.live):
                 L.kill()
             self.sampler.stop()
         meta["sampler_errors"] = self.sampler.errors
         return runs
+
+    def import_overlap(self, L, rec):
+        """Seconds of `rec`'s window during which `L` (the next run, started ahead) had tenants
+        still importing (not yet parked at the gate): host load beside the measured run."""
+        if "start" not in rec:
+            return None
+        ends = []
+        for i in range(len(L.procs)):
+            try:
+                ends.append(os.path.getmtime(mark_path(L.dir, "parked", i)))
+            except OSError:
+                ends.append(time.time() if L.alive(i) else L.started)
+        window_end = rec["start"] + self.args.seconds
+        return round(max(0.0, min(max(ends), window_end) - rec["start"]), 3)
 
     @staticmethod
     def brief(t):
@@ -393,6 +457,9 @@ def parse(argv=None):
     p.add_argument("--fake", action="store_true", help="sleeping tenants and a fake NVML (no GPU)")
     p.add_argument("--fake-fail", action="append", help=argparse.SUPPRESS)  # WORKLOAD=PHASE, tests
     p.add_argument("--plan-only", action="store_true", help="print the plan and exit")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="start a run's tenants only after the previous run (no imports beside a "
+                        "measured window; slower)")
     a = p.parse_args(argv)
     if a.rounds < 1 or not 1 <= a.min_rounds <= a.rounds or a.seconds <= 0 or a.budget <= 0:
         p.error("need rounds >= min-rounds >= 1 and positive --seconds and --budget")
@@ -448,7 +515,7 @@ def main(argv=None, backend=None):
         return 0
     os.makedirs(args.out, exist_ok=True)
     if backend is None:
-        backend = (lambda b: measure.FakeNvml(b.live_ctx_pids)) if args.fake else measure.NvmlBackend()
+        backend = (lambda b: measure.FakeNvml(b.live_ctx_pids)) if args.fake else open_nvml(say)
     bench = Bench(args, units, backend, clock)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv[1:] if argv is None else list(argv),
             "seconds": args.seconds, "rounds": rounds, "budget_s": args.budget, "modes": list(modes),
@@ -473,17 +540,27 @@ def main(argv=None, backend=None):
     def stop(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, stop)
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         bench.run(meta, write)
     except KeyboardInterrupt as e:
         say(f"interrupted ({e}); writing what was measured")
         meta["skipped"].append(f"interrupted: {e}")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     runs = bench.runs
     summary = write(runs)
     print(measure.report(summary, kept, meta), flush=True)
     say(f"done: {len(runs)} run(s); {os.path.join(args.out, 'compute.md')} and compute.json")
     return 0 if runs and not meta["failures"] else 1
+
+
+def open_nvml(say):
+    try:
+        return measure.NvmlBackend()
+    except Exception as e:  # noqa: BLE001 - the bench runs on without NVML's figures
+        say(f"NVML unavailable ({type(e).__name__}: {e}): no busy time, no per-process figures")
+        return measure.NoNvml(str(e))
 
 
 def summary_json(summary):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The compute bench's core set in one device call: builds HAMi-core's libvgpu.so from
 # .carry/hami-core (build_hami.sh), then runs run.py (see its docstring) against vgpu's
-# library, HAMi-core's and plain time-slicing, 2 rounds, within $BUDGET seconds (default
-# 520: with the build, inside a 10-minute call).
+# library, HAMi-core's and plain time-slicing, 2 rounds of 5 s windows, within $BUDGET
+# seconds (default 500; with the build and run.py's 30 s hard grace, inside a 10-minute call).
 #
 #   bash gpu-tests/compute/run_core.sh <dir-with-vgpu's-libvgpu.so> <out-dir> [run.py options]
 #
@@ -35,4 +35,4 @@ CLI=()
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,temperature.gpu --format=csv \
   | tee "$OUTDIR/gpu.txt" || true
 exec python3 -u "$HERE/run.py" --vgpu-lib "$LIB" ${HAMI[@]+"${HAMI[@]}"} ${CLI[@]+"${CLI[@]}"} \
-  --out "$OUTDIR" --budget "${BUDGET:-520}" --seconds 5 --rounds 2 "$@"
+  --out "$OUTDIR" --budget "${BUDGET:-500}" --seconds 5 --rounds 2 "$@"

@@ -249,7 +249,7 @@ def gpt2_model(args):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=args.heads,
-                     n_positions=args.seq, vocab_size=args.vocab)
+                     n_positions=args.seq, vocab_size=args.vocab, bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(cfg)
 
 
