@@ -333,6 +333,8 @@ def report(summary, scenarios, meta):
         out.append("")
     if meta.get("skipped"):
         out += ["## Not run", ""] + [f"- {x}" for x in meta["skipped"]] + [""]
+    if meta.get("warnings"):
+        out += ["## Warnings", ""] + [f"- {x}" for x in meta["warnings"]] + [""]
     if meta.get("failures"):
         out += ["## Failures", ""] + [f"- {x}" for x in meta["failures"]] + [""]
     return "\n".join(out) + "\n"

@@ -167,6 +167,7 @@ class Bench:
         self.sampler = measure.Sampler(self.nvml)
         self.fail = dict(x.split("=", 1) for x in (args.fake_fail or []))
         self.runs = []
+        self.pid_list_failed = False
         self.exiting = []  # (Launched, record) whose tenants have printed but may still exit
 
     def live_ctx_pids(self):
@@ -227,8 +228,8 @@ class Bench:
         t_begin = time.time()
         parked = self.wait_marks(L, "parked", range(n), PARK_TIMEOUT_S)
         baseline = self.compute_pids()
-        seen = set(baseline)
-        early = [L.procs[i].pid for i in range(n) if L.procs[i].pid in baseline]
+        seen = set(baseline or ())
+        early = [L.procs[i].pid for i in range(n) if L.procs[i].pid in seen]
         if early:
             rec["warnings"].append(f"tenants {early} had a CUDA context before the gate")
         nvml_pids = [None] * n
@@ -237,6 +238,8 @@ class Bench:
             if self.wait_marks(L, "ctx", [i], CTX_TIMEOUT_S):
                 self.ctx_pids.add(L.procs[i].pid)
                 now = self.compute_pids()
+                if now is None:
+                    continue  # no NVML process list: no per-process figures (said once)
                 new = now - seen
                 seen |= now
                 if L.procs[i].pid in now:
@@ -327,11 +330,14 @@ class Bench:
         return out
 
     def compute_pids(self):
+        """NVML's compute processes, or None (said the first time) when NVML cannot list them."""
         try:
             return self.nvml.compute_pids()
-        except Exception as e:  # noqa: BLE001 - without the list, no NVML pids (said per tenant)
-            self.say(f"  NVML process list: {type(e).__name__}: {e}")
-            return set()
+        except Exception as e:  # noqa: BLE001 - without the list, no NVML pids
+            if not self.pid_list_failed:
+                self.say(f"NVML process list unavailable ({type(e).__name__}: {e}): no per-process figures")
+            self.pid_list_failed = True
+            return None
 
     def vgpu_status(self, L, start):
         """`vgpu status --json` for the first tenant's file, halfway through the window."""
@@ -398,7 +404,7 @@ class Bench:
                     meta["skipped"].append("the rest: past the budget's hard limit")
                     break
         finally:
-            self.reap(wait_s=20.0)
+            self.reap(wait_s=max(0.0, min(20.0, self.hard_deadline + 10.0 - time.time())))
             for L in list(self.live):
                 L.kill()
             self.sampler.stop()
@@ -529,6 +535,9 @@ def main(argv=None, backend=None):
         meta["failures"] = [f"{r['name']}: {t['label']}: {t['result'].get('phase', '?')}: "
                             f"{t['result'].get('error', '')[:300]}"
                             for r in runs for t in r["tenants"] if not t["result"].get("ok")]
+        meta["warnings"] = [f"{r['name']}: {w}" for r in runs for w in r["warnings"]] + [
+            f"{r['name']}: {t['label']}: HAMi-core found no host pid, so it did not limit this tenant"
+            for r in runs for t in r["tenants"] if t.get("hami_pid_found") is False]
         summary = measure.summarize(runs, kept)
         with open(os.path.join(args.out, "compute.json.tmp"), "w") as f:
             json.dump({"meta": meta, "summary": summary_json(summary), "runs": runs}, f, indent=1)

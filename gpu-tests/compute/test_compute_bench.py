@@ -414,6 +414,8 @@ class EndToEnd(unittest.TestCase):
                 self.assertLess(t["result"]["t0"] - r["start"], 0.5)  # a loaded host's hiccups
                 self.assertEqual(t["nvml_pid"], t["pid"])
                 self.assertEqual(t["returncode"], 0)  # completed once the tenant exited
+                if os.geteuid() == 0:  # imported at niceness 10, measured at 0
+                    self.assertEqual(t["result"]["nice"], 0)
                 self.assertEqual(t["limiter_stats"], [])
         hooked = [t for r in runs if r["mode"] == "vgpu-share" for t in r["tenants"]]
         self.assertTrue(all(t["env"]["FAKE_LD_PRELOAD"] == "/nonexistent/vgpu/libvgpu.so" for t in hooked))
