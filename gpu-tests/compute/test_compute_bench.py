@@ -456,13 +456,13 @@ class EndToEnd(unittest.TestCase):
     def test_a_failing_tenant_is_reported_and_the_bench_goes_on(self):
         p, data, md = self.bench("--scenarios", "matmul-30-70,train-resnet18-vit", "--rounds", "1",
                                  "--modes", "alone,plain,vgpu-cap", "--seconds", "0.3",
-                                 "--fake-fail", "vit-s-b128=build")
+                                 "--fake-fail", "vit-s-b256=build")
         self.assertEqual(p.returncode, 1)
         names = [r["name"] for r in data["runs"]]
         self.assertEqual(len(names), len(data["meta"]["plan"]))
-        vit = [t for r in data["runs"] for t in r["tenants"] if t["workload"] == "vit-s-b128"]
+        vit = [t for r in data["runs"] for t in r["tenants"] if t["workload"] == "vit-s-b256"]
         self.assertTrue(vit and all(not t["result"]["ok"] and t["result"]["phase"] == "build" for t in vit))
-        others = [t for r in data["runs"] for t in r["tenants"] if t["workload"] != "vit-s-b128"]
+        others = [t for r in data["runs"] for t in r["tenants"] if t["workload"] != "vit-s-b256"]
         self.assertTrue(all(t["result"]["ok"] for t in others))
         matmul = data["summary"]["matmul-30-70"]["vgpu-cap"]["tenants"]
         self.assertAlmostEqual(matmul[0]["thr_pct"], 30, delta=6)
