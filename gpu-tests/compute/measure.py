@@ -175,7 +175,8 @@ def alone_refs(runs):
     for run in runs:
         if run["mode"] == ALONE and run["tenants"] and run["tenants"][0]["result"].get("ok"):
             # The tenant's record with its run's device busy time (the (a) share's factor).
-            out[(run["round"], run["tenants"][0]["workload"])] = dict(run["tenants"][0], device_util=run.get("device_util"))
+            rec = run["tenants"][0]
+            out[(run["round"], rec["workload"])] = dict(rec, device_util=run.get("device_util"))
     return out
 
 

@@ -2,16 +2,18 @@
 services and synthetic loops, each scenario under every mode in the same run, in alternating
 rounds.
 
-On the device, one call (HAMi-core built from .carry/hami-core, then the core set in ~8 min):
+On the device, one call (HAMi-core built from .carry/hami-core, then the core set: 2 rounds of
+5 s windows in about 8 minutes; vgpu's libvgpu.so, and its `vgpu` CLI if wanted, copied into
+a small ignored directory such as .carry/vgpu-bin, which the call carries with .carry/hami-core):
 
-    bash gpu-tests/compute/run_core.sh <dir-with-vgpu's-libvgpu.so> <out-dir>
+    bash gpu-tests/compute/run_core.sh .carry/vgpu-bin "$OUT/compute"
 
 or by hand:
 
     bash gpu-tests/compute/build_hami.sh .carry/hami-core /tmp/hami      # prints the library
-    python3 gpu-tests/compute/run.py --vgpu-lib target/release/libvgpu.so \\
-        --hami-lib /tmp/hami/libvgpu.so [--vgpu target/release/vgpu] --out out/compute \\
-        [--scenarios core] [--rounds 2] [--seconds 6] [--budget 480]
+    python3 gpu-tests/compute/run.py --vgpu-lib .carry/vgpu-bin/libvgpu.so \\
+        --hami-lib /tmp/hami/libvgpu.so [--vgpu .carry/vgpu-bin/vgpu] --out out/compute \\
+        [--scenarios core] [--rounds 2] [--seconds 5] [--budget 480] [--plan-only]
 
 Without a GPU (the runner's whole path on sleeping tenants and a fake NVML):
 
@@ -29,21 +31,27 @@ training quartet at 10/20/30/40) or `all`. --modes restricts the modes.
 
 Order and time: rounds (--rounds, fewer down to --min-rounds if the budget needs, then
 trailing scenarios dropped: the plan says what and why), in each round every scenario with its
-modes rotated by round and position; a workload runs alone once per round and the round's
-scenarios share that run. A run's tenants start together; each imports and builds on the
-host, then creates its CUDA context when the runner lets it (one at a time), warms up, and
-all time the same window (--seconds) from a start the runner sets once all are warm. The next
-run's tenants start while the current one runs (they wait before their CUDA context), so
-imports cost time once. --budget (seconds) bounds the whole; the plan's estimates are
-rescaled by what the runs so far took, and what no longer fits is skipped and listed.
+modes in an order that turns with the round and the scenario; a workload runs alone once per
+round and the round's scenarios share that run. A run's tenants start together; each imports
+and builds on the host, then creates its CUDA context when the runner lets it (one at a time:
+HAMi-core finds its host pid by NVML's process list around its own context, and so does the
+runner for each tenant's NVML pid), warms up, and all time the same window (--seconds) from a
+start the runner sets once all are warm. The next run's tenants start while the current one
+runs (importing at niceness 10, waiting before their CUDA context; --no-overlap starts them
+after it instead), and a run's tenants hand over to the next as soon as they have printed
+their results, so imports and teardowns cost time once. --budget (seconds) bounds the whole;
+the plan's estimates are rescaled by what the runs so far took, and what no longer fits is
+skipped and listed.
 
 Out (--out): compute.md (a table per scenario: rows = modes; per tenant its throughput as % of
 alone, its GPU time share (a) thr % × alone busy and (b) NVML per-process, or a service's
-p50/p99 and their ratios to alone and plain; the device's utilization) and compute.json
+p50/p99 and their ratios to alone and plain; the device's utilization; then what was not run,
+warnings (a HAMi tenant that found no host pid was not limited) and failures) and compute.json
 (the plan, every run's raw tenant results, NVML figures, stderr tails, limiter stats, HAMi's
-host-pid detection, `vgpu status` snapshots, and the medians with their per-round values).
-Both are rewritten after every run, so a run cut short keeps what it measured. Progress lines
-carry the time and the seconds since the start.
+host-pid detection, `vgpu status` snapshots, the seconds the next run's imports overlapped its
+window, and the medians with their per-round values). Both are rewritten after every run, so
+a run cut short keeps what it measured. Progress lines carry the time and the seconds since
+the start.
 """
 import argparse
 import json
@@ -227,6 +235,7 @@ class Bench:
                "seconds": self.args.seconds, "dir": L.dir, "warnings": []}
         t_begin = time.time()
         parked = self.wait_marks(L, "parked", range(n), PARK_TIMEOUT_S)
+        rec["park_wait_s"] = round(time.time() - t_begin, 3)
         baseline = self.compute_pids()
         seen = set(baseline or ())
         early = [L.procs[i].pid for i in range(n) if L.procs[i].pid in seen]
@@ -382,7 +391,8 @@ class Bench:
                     rest = [u.name for u in units[k:]]
                     meta["skipped"].append(f"{len(rest)} run(s) from {unit.name} on: the next needs ~{need:.0f} s, "
                                            f"{left:.0f} s of the budget left ({', '.join(rest)})")
-                    self.say(f"budget: skipping {len(rest)} run(s) from {unit.name} on (~{need:.0f} s needed, {left:.0f} s left)")
+                    self.say(f"budget: skipping {len(rest)} run(s) from {unit.name} on "
+                             f"(~{need:.0f} s needed, {left:.0f} s left)")
                     break
                 self.say(f"run {k + 1}/{len(units)}: {unit.name} ({len(unit.tenants)} tenant(s), ~{need:.0f} s)")
                 if k + 1 < len(units) and not self.args.no_overlap:
@@ -394,7 +404,8 @@ class Bench:
                     nxt = self.launch(units[k + 1], k + 1)
                 runs.append(rec)
                 est_done += unit.est_s
-                took += rec["duration_s"]
+                # The first run's imports are planned apart (scenarios.first_import_s).
+                took += rec["duration_s"] - (rec["park_wait_s"] if k == 0 else 0.0)
                 self.say("  " + "; ".join(self.brief(t) for t in rec["tenants"]) +
                          f"; device {measure.fmt(rec['device_util'])}% ({rec['duration_s']:.1f} s)")
                 for w in rec["warnings"]:
@@ -456,7 +467,7 @@ def parse(argv=None):
     p.add_argument("--modes", default=",".join(sc.MODES), help="comma-separated subset of the modes")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--min-rounds", type=int, default=1)
-    p.add_argument("--seconds", type=float, default=6.0, help="the timed window of every run")
+    p.add_argument("--seconds", type=float, default=5.0, help="the timed window of every run")
     p.add_argument("--budget", type=float, default=480.0, help="seconds for the whole bench")
     p.add_argument("--out", default=os.environ.get("OUT", "out/compute"))
     p.add_argument("--work", help="where the runs' files go (default: a new temporary directory)")

@@ -14,8 +14,10 @@ WORKLOADS = {
     "resnet50-b8": ("train-resnet50", ("--batch", "8")),
     "vit-s-b256": ("train-vit", ("--batch", "256")),
     "vit-s-b16": ("train-vit", ("--batch", "16")),
-    "gpt-8x768-b8": ("train-gpt", ("--layers", "8", "--width", "768", "--heads", "12", "--seq", "256", "--batch", "8")),
-    "gpt-12x1024-b16": ("train-gpt", ("--layers", "12", "--width", "1024", "--heads", "16", "--seq", "512", "--batch", "16")),
+    "gpt-8x768-b8": ("train-gpt", ("--layers", "8", "--width", "768", "--heads", "12", "--seq", "256",
+                                   "--batch", "8")),
+    "gpt-12x1024-b16": ("train-gpt", ("--layers", "12", "--width", "1024", "--heads", "16", "--seq", "512",
+                                      "--batch", "16")),
     # Services: a request every 10 ms (Poisson, one seed for every mode) of a batch-1 GPT-2
     # forward pass, or batched ResNet-50 inference every 25 ms.
     "svc-gpt-b1": ("infer-gpt", ("--layers", "6", "--width", "512", "--heads", "8", "--seq", "128",

@@ -112,7 +112,8 @@ class FakeTenant(unittest.TestCase):
             self.assertFalse(os.path.exists(tenant.mark_path(d, "warm", 0)))
 
     def test_a_missing_framework_is_a_failed_result_not_a_crash(self):
-        code = "import sys; sys.modules['cupy'] = None; sys.path.insert(0, %r); import tenant; sys.exit(tenant.main(['spin', '--seconds', '0.1']))" % HERE
+        code = ("import sys; sys.modules['cupy'] = None; sys.path.insert(0, %r); import tenant; "
+                "sys.exit(tenant.main(['spin', '--seconds', '0.1']))" % HERE)
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
         self.assertEqual(p.returncode, 1)
         r = json.loads(p.stdout.split("RESULT ", 1)[1])
@@ -420,7 +421,8 @@ class EndToEnd(unittest.TestCase):
         hooked = [t for r in runs if r["mode"] == "vgpu-share" for t in r["tenants"]]
         self.assertTrue(all(t["env"]["FAKE_LD_PRELOAD"] == "/nonexistent/vgpu/libvgpu.so" for t in hooked))
         self.assertEqual(len({t["env"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"] for t in hooked}), len(hooked))
-        turn_dirs = {r["name"]: {t["env"]["VGPU_TURN_DIR"] for t in r["tenants"]} for r in runs if r["mode"] == "vgpu-share"}
+        turn_dirs = {r["name"]: {t["env"]["VGPU_TURN_DIR"] for t in r["tenants"]}
+                     for r in runs if r["mode"] == "vgpu-share"}
         self.assertTrue(all(len(d) == 1 for d in turn_dirs.values()))
         self.assertEqual(len(set.union(*turn_dirs.values())), len(turn_dirs))
         # The fake runs a limited tenant at its limit, plain at half: the medians say so.
@@ -466,7 +468,8 @@ class EndToEnd(unittest.TestCase):
         self.assertTrue(all(t["result"]["ok"] for t in others))
         matmul = data["summary"]["matmul-30-70"]["vgpu-cap"]["tenants"]
         self.assertAlmostEqual(matmul[0]["thr_pct"], 30, delta=6)
-        self.assertRegex(md.split("## train-resnet18-vit")[1], r"\| plain \| \d+\.\d \| [-\d.]+ \| [-\d.]+ \(\d+\) \| failed \|")
+        self.assertRegex(md.split("## train-resnet18-vit")[1],
+                         r"\| plain \| \d+\.\d \| [-\d.]+ \| [-\d.]+ \(\d+\) \| failed \|")
         self.assertIn("failed", md)
         self.assertIn("## Failures", md)
         self.assertIn("fake failure in build", md)
