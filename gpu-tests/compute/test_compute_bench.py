@@ -11,6 +11,7 @@ import io
 import json
 import os
 import py_compile
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -388,9 +389,14 @@ class HamiHostPid(unittest.TestCase):
 class EndToEnd(unittest.TestCase):
     """run.py on sleeping tenants: processes, handshake, rotation, medians, tables, JSON."""
 
+    def tmp(self, prefix):
+        d = tempfile.mkdtemp(prefix=prefix)
+        self.addCleanup(shutil.rmtree, d, True)
+        return d
+
     def bench(self, *argv):
-        out = tempfile.mkdtemp(prefix="cb-out-")
-        work = tempfile.mkdtemp(prefix="cb-work-")
+        out = self.tmp("cb-out-")
+        work = self.tmp("cb-work-")
         p = subprocess.run([sys.executable, os.path.join(HERE, "run.py"), "--fake", "--out", out,
                             "--work", os.path.join(work, "w"), *argv],
                            capture_output=True, text=True, timeout=240)
@@ -475,8 +481,9 @@ class EndToEnd(unittest.TestCase):
         self.assertIn("fake failure in build", md)
 
     def test_without_nvml_and_without_overlap_the_bench_still_measures_throughput(self):
-        out = tempfile.mkdtemp(prefix="cb-out-")
-        argv = ["--fake", "--out", out, "--scenarios", "matmul-30-70", "--rounds", "1", "--seconds", "0.3",
+        out = self.tmp("cb-out-")
+        argv = ["--fake", "--out", out, "--work", os.path.join(self.tmp("cb-work-"), "w"),
+                "--scenarios", "matmul-30-70", "--rounds", "1", "--seconds", "0.3",
                 "--modes", "alone,plain,vgpu-cap", "--no-overlap"]
         with contextlib.redirect_stdout(io.StringIO()) as said:
             rc = run.main(argv, backend=measure.NoNvml("no driver"))
