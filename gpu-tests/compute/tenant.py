@@ -34,7 +34,8 @@ request's scheduled arrival (queueing behind the previous request counts).
 
 RESULT fields: ok, kind, pid, t0/t1 (the timed window, time.time()), steps, rate (steps or
 requests per second), unit; services also p50_ms, p99_ms, lat_ms (every request), late
-(requests started after their arrival by more than 1 ms); timings of the phases (import_s,
+(requests started after their arrival by more than 1 ms), unserved (arrived in the window but
+not started by its end: counted with their wait so far); timings of the phases (import_s,
 ctx_s, warm_s), nice; on failure ok false, phase and error.
 """
 import argparse
@@ -522,25 +523,33 @@ def timed_loop(work, seconds):
 
 
 def timed_service(work, seconds, offsets):
-    """Requests at `offsets` seconds after the window's start; latency from each arrival."""
+    """Requests at `offsets` seconds after the window's start; latency from each arrival. No
+    request starts after the window (its neighbours stop there too): one that arrived but was
+    not served by then counts with its wait so far, a lower bound (`unserved`)."""
     WINDOW_OPEN[0] = True
     t0 = time.time()
-    lat, late = [], 0
+    end = t0 + seconds
+    lat, late, unserved = [], 0, 0
     for off in offsets:
         at = t0 + off
-        delay = at - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        elif -delay * 1e3 > LATE_MS:
+        now = time.time()
+        if now >= end:
+            unserved += 1
+            lat.append((now - at) * 1e3)
+            continue
+        if at > now:
+            time.sleep(at - now)
+        elif (now - at) * 1e3 > LATE_MS:
             late += 1
         work.step()
         lat.append((time.time() - at) * 1e3)
     work.finish()
     t1 = time.time()
+    served = len(lat) - unserved
     s = sorted(lat)
-    return {"t0": t0, "t1": t1, "steps": len(lat), "rate": len(lat) / (t1 - t0),
+    return {"t0": t0, "t1": t1, "steps": served, "rate": served / (t1 - t0),
             "p50_ms": quantile(s, 0.5), "p99_ms": quantile(s, 0.99), "mean_ms": sum(s) / len(s) if s else None,
-            "late": late, "lat_ms": [round(x, 3) for x in lat]}
+            "late": late, "unserved": unserved, "lat_ms": [round(x, 3) for x in lat]}
 
 
 def parse(argv=None):

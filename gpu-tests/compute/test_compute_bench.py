@@ -92,11 +92,16 @@ class FakeTenant(unittest.TestCase):
         # 8 ms requests every 5 ms: each waits behind the last, so latencies grow past 8 ms.
         rc, r = run_tenant("fake", "--seconds", "0.3", "--fake-latency-ms", "8", "--interval-ms", "5")
         self.assertEqual(rc, 0, r)
-        self.assertEqual(r["steps"], 60)
+        # 60 arrivals; about 300 / 8 served in the window, the rest waiting at its end.
+        self.assertEqual(len(r["lat_ms"]), 60)
+        self.assertEqual(r["steps"] + r["unserved"], 60)
+        self.assertAlmostEqual(r["steps"], 37, delta=8)
+        self.assertLess(r["t1"] - r["t0"], 0.3 + 0.05)
         self.assertGreater(r["p99_ms"], 100)
-        self.assertGreaterEqual(min(r["lat_ms"]), 8)
-        self.assertGreater(r["late"], 50)
+        self.assertGreaterEqual(min(r["lat_ms"][:r["steps"]]), 8)  # the served ones come first
+        self.assertGreater(r["late"], r["steps"] - 3)
         rc, r = run_tenant("fake", "--seconds", "0.3", "--fake-latency-ms", "2", "--interval-ms", "10")
+        self.assertEqual((r["steps"], r["unserved"]), (30, 0))
         self.assertLess(r["p50_ms"], 6)
         self.assertLess(r["late"], r["steps"] // 3)  # only the host's own hiccups
 
@@ -320,6 +325,21 @@ class Figures(unittest.TestCase):
         lines = measure.table(s, summary)
         self.assertEqual(len(lines), 2 + 3)
         self.assertIn("| vgpu-share | 32.0 | 28.8 |", lines[-1])
+
+    def test_a_service_row_marks_a_lower_bound_when_requests_were_left_waiting(self):
+        s = sc.Scenario("p", (sc.Tenant("svc-gpt-b1", 50, 0), sc.Tenant("matmul-4096", 50, 1)),
+                        (sc.ALONE, "plain", "vgpu-prio"))
+        svc = lambda p50, p99: dict(tenant_rec("svc-gpt-b1", 100.0, p50=p50, p99=p99),
+                                    nvml_util=20.0, nvml_samples=5)
+        runs = [alone_run(1, "svc-gpt-b1", 100.0, 25.0, p50=4.0, p99=8.0),
+                alone_run(1, "matmul-4096", 50.0, 99.0),
+                scen_run(1, "p", "plain", [svc(6.0, 40.0), tenant_rec("matmul-4096", 25.0)]),
+                scen_run(1, "p", "vgpu-prio", [svc(4.4, 12.0), tenant_rec("matmul-4096", 20.0)])]
+        runs[2]["tenants"][0]["result"]["unserved"] = 3  # plain left three waiting
+        lines = measure.table(s, measure.summarize(runs, [s])["p"])
+        self.assertIn("| plain | 6.00 / ≥40.00 | 1.50 / 5.00 |  | 20.0 (5) | 50.0 |", lines[3])
+        self.assertIn("| vgpu-prio | 4.40 / 12.00 | 1.10 / 1.50 | 0.73 / 0.30 | 20.0 (5) | 40.0 |", lines[4])
+        self.assertIn("best-effort thr %", lines[0])
 
     def test_a_tenant_failed_in_every_round_reads_failed(self):
         s = sc.Scenario("pair", (sc.Tenant("matmul-4096", 30), sc.Tenant("matmul-4096", 70)),
