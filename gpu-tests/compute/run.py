@@ -522,8 +522,11 @@ def main(argv=None, backend=None):
     say(f"plan: {len(kept)} scenario(s) x {rounds} round(s), {len(units)} runs, ~{sc.plan_cost(units):.0f} s "
         f"of the {args.budget:.0f} s budget; window {args.seconds:g} s; modes {', '.join(modes)}")
     for s in kept:
+        cost = sum(u.est_s for u in units if u.scenario == s.name) / max(rounds, 1)
         say(f"  {s.name}: {', '.join(t.label for t in s.tenants)}; modes "
-            f"{', '.join(m for m in s.modes if m in modes)}")
+            f"{', '.join(m for m in s.modes if m in modes)}; ~{cost:.0f} s a round")
+    alone_cost = sum(u.est_s for u in units if u.mode == sc.ALONE) / max(rounds, 1)
+    say(f"  alone runs (shared by the scenarios of a round): ~{alone_cost:.0f} s a round")
     for u in units:
         say(f"    {u.name} ~{u.est_s:.0f} s")
     for x in skipped:
