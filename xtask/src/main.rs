@@ -111,22 +111,18 @@ fn test(extra: &[String]) -> Result<(), String> {
     bench_helpers()
 }
 
-/// The GPU benches' own arithmetic (their timelines, figures and verdicts), which needs no GPU
-/// and no package beyond Python's standard library.
+/// The GPU benches' own arithmetic (their timelines, figures and verdicts) and the compute
+/// bench's runner on sleeping tenants, which need no GPU and no package beyond Python's
+/// standard library.
 fn bench_helpers() -> Result<(), String> {
-    let mut cmd = Command::new("python3");
-    cmd.current_dir(workspace_root())
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .args([
-            "-m",
-            "unittest",
-            "discover",
-            "-s",
-            "gpu-tests/sm_limit",
-            "-p",
-            "test_*.py",
-        ]);
-    run(cmd)
+    for dir in ["gpu-tests/sm_limit", "gpu-tests/compute"] {
+        let mut cmd = Command::new("python3");
+        cmd.current_dir(workspace_root())
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .args(["-m", "unittest", "discover", "-s", dir, "-p", "test_*.py"]);
+        run(cmd)?;
+    }
+    Ok(())
 }
 
 /// The loom models of the atomic protocols (the shared table's; the hook's power-reading seqlock,
