@@ -283,6 +283,7 @@ mod tests {
         let e = Exporter::new(
             format!("{}/*.cache", dir.path().display()),
             "/nonexistent/pods".into(),
+            "/nonexistent/checkpoint.json".into(),
             Options::default(),
         );
         let mut bad = dir.path().join("bad0.cache");
