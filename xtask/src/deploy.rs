@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::dist::{self, LAYOUT, Source};
-use crate::{run, workspace_root};
+use crate::{run, target_dir, workspace_root};
 
 /// Where HAMi's image keeps the library it copies to the host (docker/Dockerfile:
 /// `/k8s-vgpu/lib/nvidia/libvgpu.so.$VERSION`), and the script its chart's postStart runs
@@ -352,9 +352,7 @@ fn check_layouts(root: &Path) -> Vec<String> {
 }
 
 fn venv() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
-        .join("deploy-check-venv")
+    target_dir().join("deploy-check-venv")
 }
 
 /// `cargo xtask deploy-check`.
