@@ -219,11 +219,14 @@ fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
     std::fs::create_dir(&copy).unwrap();
     std::fs::copy(vgpu_exe(), copy.join("vgpu")).unwrap();
     let mut cmd = std::process::Command::new(copy.join("vgpu"));
-    cmd.env_remove("VGPU_LIB")
-        .env_remove("LD_PRELOAD")
-        .args(["run", "--", "true"]);
+    vgpu_testkit::clear_runner_settings(&mut cmd).args(["run", "--", "true"]);
     let out = run(cmd);
-    if !std::path::Path::new("/usr/local/vgpu/libvgpu.so").exists() {
+    if std::path::Path::new("/usr/local/vgpu/libvgpu.so").exists() {
+        eprintln!(
+            "SKIP (part): this host has /usr/local/vgpu/libvgpu.so, where vgpu looks last, so \
+             the copy finds it: the not-found message was not checked"
+        );
+    } else {
         assert_fails(
             &out,
             1,
@@ -238,9 +241,7 @@ fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
     // Placed next to the copy, it is found there.
     std::fs::copy(&lib, copy.join("libvgpu.so")).unwrap();
     let mut cmd = std::process::Command::new(copy.join("vgpu"));
-    cmd.env_remove("VGPU_LIB")
-        .env_remove("LD_PRELOAD")
-        .args(["run", "--dry-run", "--", "true"]);
+    vgpu_testkit::clear_runner_settings(&mut cmd).args(["run", "--dry-run", "--", "true"]);
     let out = run(cmd);
     let want = copy.join("libvgpu.so").canonicalize().unwrap();
     assert!(

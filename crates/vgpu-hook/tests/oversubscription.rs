@@ -155,6 +155,7 @@ impl Running {
         let e = program();
         let cache = e.dir.join(format!("{tag}.cache"));
         let mut cmd = Command::new(&e.program);
+        vgpu_testkit::clear_runner_settings(&mut cmd);
         cmd.args(args)
             .env("LD_PRELOAD", &e.hook)
             .env("LD_LIBRARY_PATH", &e.dir)
@@ -165,10 +166,6 @@ impl Running {
             .env("VGPU_SIM_MODULE_OVERHEAD", "0")
             .env("VGPU_SIM_HOST_PINNED_LIMIT", "4g")
             .env("VGPU_RECONCILE_MS", "off")
-            .env_remove("CUDA_OVERSUBSCRIBE")
-            .env_remove("VGPU_HOST_SPILL")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("VGPU_SUBALLOC")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         for (k, v) in vars {

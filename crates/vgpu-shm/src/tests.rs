@@ -17,10 +17,15 @@ const D1: DeviceIndex = DeviceIndex(1);
 pub(crate) struct TempPath(pub PathBuf);
 
 impl TempPath {
+    /// Nothing is there: a file a killed run of the same pid left is removed first, so that no
+    /// test joins it.
     pub(crate) fn new(tag: &str) -> Self {
         static N: AtomicU64 = AtomicU64::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
-        Self(std::env::temp_dir().join(format!("vgpu-shm-{tag}-{}-{n}.cache", std::process::id())))
+        let p =
+            std::env::temp_dir().join(format!("vgpu-shm-{tag}-{}-{n}.cache", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        Self(p)
     }
 }
 
@@ -1009,6 +1014,8 @@ fn an_empty_file_is_adopted_only_when_it_has_one_name() {
 fn a_foreign_owned_file_in_a_world_writable_directory_is_refused() {
     use std::os::unix::fs::MetadataExt;
     let dir = std::env::temp_dir().join(format!("vgpu-shm-ww-{}", std::process::id()));
+    // Fresh: a killed run of the same pid may have left a stranger's file in it.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let p = TempPath(dir.join("c.cache"));

@@ -113,15 +113,15 @@ pub fn standalone(tag: &str, name: &str, source: &str) -> Standalone {
 
 impl Standalone {
     /// The program with `args` under the hook, counting into the usage file `cache`, stdout
-    /// and stderr piped, and no SM limit or policy inherited from the test runner (callers
-    /// set the ones they test).
+    /// and stderr piped, and no limit, policy or turn directory inherited from the test
+    /// runner or the host ([`clear_runner_settings`]; callers set the ones they test).
     pub fn hooked(&self, args: &[&str], cache: &Path) -> Command {
         let mut cmd = Command::new(&self.program);
+        clear_runner_settings(&mut cmd);
         cmd.args(args)
             .env("LD_PRELOAD", &self.hook)
             .env("LD_LIBRARY_PATH", &self.dir)
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache)
-            .env_remove("CUDA_DEVICE_SM_LIMIT")
             .env_remove("GPU_CORE_UTILIZATION_POLICY")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
