@@ -23,8 +23,8 @@
 //! table as a new process), then the SM limiter, its power reader and heartbeat
 //! ([`SmLimiter::reset_in_child`]).
 //!
-//! Exit: one handler ([`at_exit`], a `.fini_array` entry) stops the power reader and the
-//! heartbeat, takes share mode's entries off the turn board, then leaves the shared table. The power reader must also stop before NVML's own `atexit`
+//! Exit: one handler ([`at_exit`], a `.fini_array` entry) says how many log lines the rate
+//! limit suppressed that no later line reported, stops the power reader and the heartbeat, takes share mode's entries off the turn board, then leaves the shared table. The power reader must also stop before NVML's own `atexit`
 //! handlers, which only an `atexit` registration made after NVML's initialization runs
 //! before: [`stop_before_nvml_exits`] registers that one, calling the same stop.
 //!
@@ -422,6 +422,7 @@ static AT_EXIT: extern "C" fn() = at_exit;
 
 extern "C" fn at_exit() {
     let p = &PROCESS;
+    let _ = std::panic::catch_unwind(crate::log::say_suppressed_at_exit);
     let _ = std::panic::catch_unwind(|| p.sm.stop_at_exit());
     let _ = std::panic::catch_unwind(|| {
         let Some(Enforcement::Ready(ready)) = p.enforcement.get() else {
