@@ -453,20 +453,18 @@ impl Config {
         Ok(cfg)
     }
 
-    /// One line for each per-device variable that names a device this process does not
-    /// have (`present` CUDA devices): it limits nothing here. A warning, not an error: one
-    /// container's environment serves processes that see different devices (per-rank
-    /// `CUDA_VISIBLE_DEVICES`), and a limit for a device a process cannot use weakens
-    /// nothing.
+    /// One line for each per-device variable that names a device the container does not
+    /// have (`present` GPUs, NVML's): it limits nothing here. A warning, not an error: a
+    /// limit for a device nobody can use weakens nothing.
     pub fn absent_device_warnings(&self, present: usize) -> Vec<String> {
         self.per_device
             .iter()
             .filter(|(_, i)| *i >= present)
             .map(|(name, i)| {
                 format!(
-                    "{name} is set, but this process sees {present} CUDA device(s), so device {i} \
-                     does not exist here and the value limits nothing (is CUDA_VISIBLE_DEVICES \
-                     what you meant?)"
+                    "{name} is set, but the container has {present} GPU(s) (NVML's, whatever \
+                     CUDA_VISIBLE_DEVICES says), so device {i} does not exist here and the \
+                     value limits nothing"
                 )
             })
             .collect()
@@ -1015,7 +1013,7 @@ mod tests {
             "{}",
             w[0]
         );
-        assert!(w[0].contains("sees 2 CUDA device(s)"), "{}", w[0]);
+        assert!(w[0].contains("the container has 2 GPU(s)"), "{}", w[0]);
         assert!(
             w[1].starts_with("CUDA_DEVICE_SM_LIMIT_15 is set"),
             "{}",

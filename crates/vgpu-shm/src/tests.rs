@@ -1071,6 +1071,36 @@ fn a_table_knows_when_its_path_no_longer_names_its_file() {
 
 // --- the host-backed class (issue 16) ---
 
+/// The host policy is the creator's, on every device, from the moment the file is visible;
+/// a process opening it later with another keeps the file's (as with the limits).
+#[test]
+fn a_new_file_has_its_creator_s_host_policy_and_keeps_it() {
+    let p = TempPath::new("hostpolicy");
+    let made_with = crate::HostPolicy {
+        spill: 64 << 20,
+        oversubscribe: true,
+    };
+    let t =
+        UsageTable::open_or_create_with_host_policy(&p.0, &init(1000, 2000), made_with).unwrap();
+    assert!(t.created());
+    for d in 0..layout::MAX_DEVICES as u32 {
+        assert_eq!(t.host_policy(DeviceIndex(d)), made_with, "device {d}");
+    }
+    let other = crate::HostPolicy {
+        spill: 10 << 30,
+        oversubscribe: false,
+    };
+    let joined = UsageTable::open_or_create_with_host_policy(&p.0, &init(1, 1), other).unwrap();
+    assert!(!joined.created());
+    assert_eq!(joined.host_policy(D1), made_with);
+    assert_eq!(
+        UsageTable::open_or_create(&p.0, &init(1, 1))
+            .unwrap()
+            .host_policy(D0),
+        made_with
+    );
+}
+
 /// Host-backed bytes are their own class: in the extension (snapshot, node-side reader), not
 /// in the device's `used` nor in HAMi's fields (the monitor reads device memory only); the
 /// policy is the file's and bounds them.
