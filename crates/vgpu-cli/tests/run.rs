@@ -133,9 +133,11 @@ fn an_inherited_bad_value_is_refused_before_the_program_starts() {
 
 #[test]
 fn exec_hands_over_pid_exit_code_and_signals() {
-    let (_dir, lib) = fake_lib();
+    let (dir, lib) = fake_lib();
     let mut cmd = vgpu();
-    cmd.args(["run", "--lib", &lib, "--", "sh", "-c", "echo $$; exit 7"]);
+    // Its own TMPDIR: the job's private table goes in `$TMPDIR/vgpu-<uid>`, never the host's.
+    cmd.env("TMPDIR", dir.path())
+        .args(["run", "--lib", &lib, "--", "sh", "-c", "echo $$; exit 7"]);
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
     let child = cmd.spawn().unwrap();
@@ -152,7 +154,8 @@ fn exec_hands_over_pid_exit_code_and_signals() {
 fn missing_program_and_library_are_clear_errors() {
     let (dir, lib) = fake_lib();
     let mut cmd = vgpu();
-    cmd.args(["run", "--lib", &lib, "--", "/nonexistent/program"]);
+    cmd.env("TMPDIR", dir.path())
+        .args(["run", "--lib", &lib, "--", "/nonexistent/program"]);
     assert_fails(&run(cmd), 127, &["cannot run `/nonexistent/program`"]);
     let mut cmd = vgpu();
     cmd.args(["run", "--lib", "/nonexistent/libvgpu.so", "--", "true"]);
