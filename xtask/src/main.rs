@@ -8,7 +8,7 @@ mod dist;
 mod prometheus;
 
 use std::env;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 fn main() -> ExitCode {
@@ -54,8 +54,14 @@ tasks:
                 manifests against the Kubernetes schemas (installs kubernetes-validate from
                 PyPI into target/deploy-check-venv)";
 
+/// The workspace this task runs for: where `cargo xtask` (`cargo run`) says xtask's
+/// manifest is now, else where it was built. A build directory copied from another checkout
+/// keeps that checkout's path in the binary (cargo does not rebuild it for the move), and the
+/// tasks must not build and test that checkout instead of this one.
 pub(crate) fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let manifest_dir = env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    manifest_dir
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()

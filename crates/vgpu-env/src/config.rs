@@ -88,7 +88,7 @@ pub struct Config {
     /// The per-device limits set by GPU UUID (`CUDA_DEVICE_MEMORY_LIMIT_GPU_<uuid>`,
     /// `CUDA_DEVICE_SM_LIMIT_GPU_<uuid>`), in name order: not yet in
     /// [`Config::memory_limit`] and [`Config::sm_limit`] until
-    /// [`Config::apply_device_uuids`] knows which ordinal each GPU has.
+    /// [`Config::apply_device_uuids`] knows which of the container's devices each GPU is.
     pub limits_by_uuid: Vec<ByUuid>,
     /// Whose layout the shared file's path shows ([`Layout`]): what `_<i>` and
     /// `CUDA_OVERSUBSCRIBE` mean here.
@@ -544,29 +544,28 @@ impl Config {
         Ok(cfg)
     }
 
-    /// One line for each per-device variable that names a device this process does not
-    /// have (`present` CUDA devices): it limits nothing here. A warning, not an error: one
-    /// container's environment serves processes that see different devices (per-rank
-    /// `CUDA_VISIBLE_DEVICES`), and a limit for a device a process cannot use weakens
-    /// nothing.
+    /// One line for each per-device variable that names a device the container does not
+    /// have (`present` GPUs, NVML's): it limits nothing here. A warning, not an error: a
+    /// limit for a device nobody can use weakens nothing.
     pub fn absent_device_warnings(&self, present: usize) -> Vec<String> {
         self.per_device
             .iter()
             .filter(|(_, i)| *i >= present)
             .map(|(name, i)| {
                 format!(
-                    "{name} is set, but this process sees {present} CUDA device(s), so device {i} \
-                     does not exist here and the value limits nothing (is CUDA_VISIBLE_DEVICES \
-                     what you meant?)"
+                    "{name} is set, but the container has {present} GPU(s) (NVML's, whatever \
+                     CUDA_VISIBLE_DEVICES says), so device {i} does not exist here and the \
+                     value limits nothing"
                 )
             })
             .collect()
     }
 
-    /// Puts the limits set by GPU UUID on the devices they name, given the UUIDs of this
-    /// process's devices in CUDA ordinal order; a UUID limit wins over the index and default
-    /// forms for its device. Returns one warning per UUID this process does not see (it
-    /// limits nothing here). With no UUIDs known (no driver answered), no device can be
+    /// Puts the limits set by GPU UUID on the devices they name, given the UUIDs of the
+    /// container's GPUs in NVML's order (the shared file's devices, which `_<i>` also names);
+    /// a UUID limit wins over the index and default forms for its device. Returns one warning
+    /// per UUID the container does not have (it limits nothing here). With no UUIDs known
+    /// (no driver answered), no device can be
     /// matched: every device gets the smallest UUID limit of each kind, never more than it
     /// had, so that an unknown device list does not turn a limit off.
     pub fn apply_device_uuids(&mut self, uuids: &[String]) -> Vec<String> {
@@ -604,7 +603,7 @@ impl Config {
                     UuidLimit::Sm(p) => self.sm_limit[d] = p,
                 },
                 _ => warnings.push(format!(
-                    "{} is set, but this process does not see GPU {} (it sees {}), so the value \
+                    "{} is set, but the container has no GPU {} (it has {}), so the value \
                      limits nothing here",
                     l.variable,
                     l.uuid,
@@ -1178,7 +1177,7 @@ mod tests {
             "{}",
             w[0]
         );
-        assert!(w[0].contains("sees 2 CUDA device(s)"), "{}", w[0]);
+        assert!(w[0].contains("the container has 2 GPU(s)"), "{}", w[0]);
         assert!(
             w[1].starts_with("CUDA_DEVICE_SM_LIMIT_15 is set"),
             "{}",
@@ -1216,7 +1215,7 @@ mod tests {
         );
         // Before the devices are known, the index and default forms only.
         assert_eq!(cfg.memory_limit[..2], [Some(2 * GIB), Some(4 * GIB)]);
-        // GPU 1 is CUDA ordinal 0 here, GPU 0 ordinal 1.
+        // GPU 1 is the container's device 0 here, GPU 0 its device 1.
         let warnings = cfg.apply_device_uuids(&[U1.to_owned(), U0.to_owned()]);
         assert_eq!(
             cfg.memory_limit[..3],
@@ -1227,7 +1226,7 @@ mod tests {
         assert!(
             warnings[0].starts_with(
                 "CUDA_DEVICE_SM_LIMIT_GPU-5a1e5130-0000-4000-8000-0000000c0de9 is set"
-            ) && warnings[0].contains("does not see GPU"),
+            ) && warnings[0].contains("the container has no GPU"),
             "{}",
             warnings[0]
         );

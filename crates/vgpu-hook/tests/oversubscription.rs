@@ -177,6 +177,29 @@ struct Running {
     cache: PathBuf,
 }
 
+/// The program with `args` on the usage file named after `tag` (as it is) under `limit`, on
+/// the small device, with `vars`; and that file's path.
+fn command(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Command, PathBuf) {
+    let e = program();
+    let cache = e.dir.join(format!("{tag}.cache"));
+    let mut cmd = Command::new(&e.program);
+    vgpu_testkit::clear_runner_settings(&mut cmd);
+    cmd.args(args)
+        .env("LD_PRELOAD", &e.hook)
+        .env("LD_LIBRARY_PATH", &e.dir)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", limit)
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+        .env("VGPU_SIM_TOTAL_MEM", "128m")
+        .env("VGPU_SIM_CTX_OVERHEAD", "16m")
+        .env("VGPU_SIM_MODULE_OVERHEAD", "0")
+        .env("VGPU_SIM_HOST_PINNED_LIMIT", "4g")
+        .env("VGPU_RECONCILE_MS", "off");
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    (cmd, cache)
+}
+
 impl Running {
     /// Starts the program on a fresh usage file named after `tag`.
     fn start(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
@@ -186,28 +209,8 @@ impl Running {
 
     /// Starts the program on the usage file named after `tag`, as it is.
     fn join(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
-        let e = program();
-        let cache = e.dir.join(format!("{tag}.cache"));
-        let mut cmd = Command::new(&e.program);
-        cmd.args(args)
-            .env("LD_PRELOAD", &e.hook)
-            .env("LD_LIBRARY_PATH", &e.dir)
-            .env("CUDA_DEVICE_MEMORY_LIMIT", limit)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
-            .env("VGPU_SIM_TOTAL_MEM", "128m")
-            .env("VGPU_SIM_CTX_OVERHEAD", "16m")
-            .env("VGPU_SIM_MODULE_OVERHEAD", "0")
-            .env("VGPU_SIM_HOST_PINNED_LIMIT", "4g")
-            .env("VGPU_RECONCILE_MS", "off")
-            .env_remove("CUDA_OVERSUBSCRIBE")
-            .env_remove("VGPU_HOST_SPILL")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("VGPU_SUBALLOC")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in vars {
-            cmd.env(k, v);
-        }
+        let (mut cmd, cache) = command(tag, limit, vars, args);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
         let mut child = cmd.spawn().expect("start the program");
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
@@ -590,5 +593,44 @@ fn host_backed_bytes_are_charged_on_the_gpu_not_the_ordinal() {
     assert_eq!(t.devices[1].host, 5 * CHUNK, "on the second GPU");
     assert_eq!(t.devices[0].host, 0);
     second.finish();
+    first.finish();
+}
+
+#[test]
+fn a_process_joining_with_another_host_policy_gets_the_file_s() {
+    // The file is made with a 32 MiB spill. Like a differing limit, a differing policy in a
+    // joining process changes it for nobody, that process included, and is said once.
+    let made_with = vgpu_shm::HostPolicy {
+        spill: 32 * MIB,
+        oversubscribe: false,
+    };
+    let spill = &[("VGPU_HOST_SPILL", "32m")];
+    let (first, _) = Running::start("policy", "64m", spill, &["alloc", "1", "16777216"]);
+    // Beside the first process's context and chunk, the joiner's context leaves one chunk on
+    // the device; the file's 32 MiB spill takes two more (its own 1 GiB with
+    // oversubscription would take all ten).
+    let greedy = &[("VGPU_HOST_SPILL", "1g"), ("CUDA_OVERSUBSCRIBE", "true")];
+    let (mut cmd, cache) = command("policy", "64m", greedy, &["alloc", "10", "16777216"]);
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(value(&stdout, "allocated"), 3, "{stdout}{stderr}");
+    let said = stderr
+        .matches("host memory policy in force differs")
+        .count();
+    assert_eq!(said, 1, "said once:\n{stderr}");
+    let t = UsageTable::open_read_only(&cache).unwrap().snapshot();
+    assert_eq!(
+        t.devices[0].host_policy, made_with,
+        "the file keeps its policy"
+    );
+    // A process joining with none gets the file's spill too.
+    let (mut cmd, _) = command("policy", "64m", &[], &["alloc", "10", "16777216"]);
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(value(&stdout, "allocated"), 3, "{stdout}");
     first.finish();
 }
