@@ -1,7 +1,8 @@
 //! Which device a per-device variable names, and what the plugin that set it means by it.
 //!
 //! A per-device variable names its device in one of two ways:
-//! - `<BASE>_<i>`: a CUDA ordinal 0..=15 in plain decimal (HAMi's grammar, the only one
+//! - `<BASE>_<i>`: the container's GPU i, 0..=15 in plain decimal: NVML's device i, which
+//!   is CUDA's ordinal i in a process that narrows nothing (HAMi's grammar, the only one
 //!   HAMi-core reads);
 //! - `<BASE>_GPU_<uuid>`: a GPU by its UUID as NVML prints it
 //!   (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, hex in either case) with each `-` written
@@ -10,14 +11,14 @@
 //!   Debian and Ubuntu) silently drops variables whose names hold `-` from the environment it
 //!   passes on, so `sh -c` anywhere in a container's start would lose the other spelling.
 //!
-//! Whether `<i>` really is a CUDA ordinal depends on who wrote it, and the one trace of that
+//! Whether `<i>` really is the container's GPU i depends on who wrote it, and the one trace of that
 //! in a container's environment is where its shared file lives ([`Layout`], from
 //! `CUDA_DEVICE_MEMORY_SHARED_CACHE`): each plugin puts it in a path of its own shape.
 
 /// How a per-device variable names its device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceKey {
-    /// `_<i>`: a CUDA ordinal (under [`Layout::indices_are_ordinals`]).
+    /// `_<i>`: the container's GPU i (under [`Layout::indices_are_ordinals`]).
     Index(usize),
     /// `_GPU-<uuid>`: a GPU UUID, lowercase as NVML prints it.
     Uuid(String),
@@ -129,9 +130,9 @@ impl Layout {
         }
     }
 
-    /// Whether `_<i>` names CUDA ordinal `i`. Not under HAMi's DRA driver: it numbers a claim's
-    /// devices in the order it iterates a Go map, which is random, so `_0` is one of the
-    /// claim's GPUs, not necessarily the first one CUDA shows.
+    /// Whether `_<i>` names the container's GPU `i`. Not under HAMi's DRA driver: it numbers a
+    /// claim's devices in the order it iterates a Go map, which is random, so `_0` is one of
+    /// the claim's GPUs, not necessarily the container's first.
     pub fn indices_are_ordinals(self) -> bool {
         !matches!(self, Self::HamiDraClaim | Self::HamiDraContainer)
     }
