@@ -77,28 +77,55 @@ def test_each_devices_limit_is_enforced_on_its_own_device():
 
 @pytest.mark.parametrize("how", ["index", "uuid"])
 def test_second_gpu_made_visible_alone_is_accounted_on_the_right_physical_device(how):
+    # `_<i>` names the container's GPU i (NVML's), whatever CUDA_VISIBLE_DEVICES says: a
+    # process that sees only GPU 1 gets `_1`'s limit on its device 0, and the file (which
+    # it makes) lists both GPUs.
     visible = "1" if how == "index" else UUIDS[1]
-    c = Container(None, CUDA_VISIBLE_DEVICES=visible, CUDA_DEVICE_MEMORY_LIMIT_0="3g")
+    c = Container(None, CUDA_VISIBLE_DEVICES=visible, CUDA_DEVICE_MEMORY_LIMIT_0="5g",
+                  CUDA_DEVICE_MEMORY_LIMIT_1="3g")
     d = c.probe("devices", 256 * MIB)
     assert d["count"] == "1" and int(d["dev0_total_mem"]) == 3 * GIB, d
     # NVML numbers devices physically whatever CUDA_VISIBLE_DEVICES says: the limit and the
-    # usage show on physical GPU 1; GPU 0, not this container's, keeps its own figures.
+    # usage show on physical GPU 1; GPU 0 shows its own limit.
     assert int(d["nvml1_total"]) == 3 * GIB and int(d["nvml1_used"]) == int(d["dev0_used"]), d
-    assert int(d["nvml0_total"]) > 100 * GIB, d
+    assert int(d["nvml0_total"]) == 5 * GIB, d
     # Hold 1 GiB and look from outside: the process is on physical GPU 1, and the shared
-    # file charges it to its device 0 (the visible one).
+    # file charges it to its device 1 (GPU 1's index in the file).
     p = c.spawn([PROBE, "hold", str(GIB)])
     try:
         assert wait_line(p, "hold=") == "hold=0"
         apps = compute_apps().get(p.pid, [])
-        usage = slot_usage(c.cache, p.pid, dev=0)
+        usage = slot_usage(c.cache, p.pid, dev=1)
         record(f"visible {how}", f"CUDA_VISIBLE_DEVICES={visible}: nvidia-smi {apps}, file {usage}")
         assert [u for u, _ in apps] == [UUIDS[1]], f"not on GPU 1 only: {apps}"
         assert usage is not None and usage[1] >= GIB, usage
         mib_nvml = apps[0][1]
         assert abs(usage[2] - mib_nvml * MIB) <= 128 * MIB, f"file {usage[2]} vs NVML {mib_nvml} MiB"
+        assert file_uuids(c.cache) == UUIDS[:2], file_uuids(c.cache)
     finally:
         p.communicate("go\n", timeout=120)
+
+
+def file_uuids(cache):
+    """The first two GPUs the shared file lists (HAMi layout 1.2: `uuids[16][96]` at 64)."""
+    with open(cache, "rb") as f:
+        b = f.read(64 + 96 * 16)
+    return [b[64 + 96 * i:64 + 96 * (i + 1)].split(b"\0")[0].decode() for i in range(2)]
+
+
+def test_a_first_worker_given_one_gpu_lists_the_containers_gpus():
+    # A Ray-style launcher: nothing in the container saw both GPUs before its workers, each
+    # given one. The first, on GPU 1, makes the file: both GPUs are listed, each under its
+    # own `_<i>`, and the worker on GPU 0 is charged there, not refused.
+    env = dict(CUDA_DEVICE_MEMORY_LIMIT_0="3g", CUDA_DEVICE_MEMORY_LIMIT_1="5g")
+    first = Container(None, CUDA_VISIBLE_DEVICES="1", **env)
+    assert int(first.probe("info")["dev0_total_mem"]) == 5 * GIB
+    assert file_uuids(first.cache) == UUIDS[:2], file_uuids(first.cache)
+    second = Container(None, CUDA_VISIBLE_DEVICES="0", **env)
+    second.cache = first.cache
+    assert second.probe("try", GIB)["alloc"] == "0"
+    assert int(second.probe("info")["dev0_total_mem"]) == 3 * GIB
+    assert second.probe("try", 4 * GIB)["alloc"] == "2", "GPU 0's limit is 3 GiB"
 
 
 def test_processes_seeing_different_gpus_are_charged_on_their_own_gpu():
@@ -116,9 +143,7 @@ def test_processes_seeing_different_gpus_are_charged_on_their_own_gpu():
     try:
         for gpu, size, r, p in ranks:
             assert wait_line(p, "hold=") == "hold=0", f"rank on GPU {gpu}"
-        with open(c.cache, "rb") as f:
-            b = f.read(64 + 96 * 16)
-        uuids = [b[64 + 96 * i:64 + 96 * (i + 1)].split(b"\0")[0].decode() for i in range(2)]
+        uuids = file_uuids(c.cache)
         assert uuids == UUIDS[:2], f"file uuids {uuids} vs NVML {UUIDS[:2]}"
         apps = compute_apps()
         for gpu, size, r, p in ranks:

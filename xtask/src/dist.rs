@@ -10,6 +10,7 @@
 //!   lib/libvgpu.so -> libvgpu.so.<version>
 //!   lib/libvgpusim.so             the simulated driver (vgpu run/demo without a GPU)
 //!   share/vgpu/vgpu-install-lib.sh  rename-into-place installer (deploy/common)
+//!   share/vgpu/vgpu-image         builds the plugins' images without Docker (deploy/image)
 //!   LICENSE
 //!   SHA256SUMS                    of every file above
 //! vgpu-<version>-x86_64-linux-gnu.tar.gz
@@ -25,7 +26,7 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{cargo, run, workspace_root};
+use crate::{cargo, run, target_dir, workspace_root};
 
 /// The oldest glibc the shipped library may need: containers as old as CentOS 7 must load it.
 pub const DIST_GLIBC: (u32, u32) = (2, 17);
@@ -71,6 +72,11 @@ pub const LAYOUT: &[(&str, Source, Strip)] = &[
         Source::Repo("deploy/common/vgpu-install-lib.sh"),
         false,
     ),
+    (
+        "share/vgpu/vgpu-image",
+        Source::Repo("deploy/image/vgpu-image"),
+        false,
+    ),
     ("LICENSE", Source::Repo("LICENSE"), false),
 ];
 
@@ -109,10 +115,6 @@ fn have(cmd: &mut Command) -> bool {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn target_dir() -> PathBuf {
-    env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from)
 }
 
 /// The repo-local tool directory `--install-tools` fills.

@@ -5,9 +5,10 @@
 
 mod deploy;
 mod dist;
+mod prometheus;
 
 use std::env;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 fn main() -> ExitCode {
@@ -40,7 +41,9 @@ cargo xtask <task>
 
 tasks:
   build         build the whole workspace, cdylibs included (libvgpu.so, the simulated driver)
-  test [ARGS]   build, then run every test of the workspace (extra ARGS go to cargo test)
+  test [ARGS]   build, then run every test of the workspace (extra ARGS go to cargo test);
+                the monitoring test's Prometheus comes from PATH or Debian's package, unpacked
+                into target/monitoring-tools (apt-get download; without it that test skips)
   demo          the main job: a small workload under a memory limit (simulated driver without a GPU)
   dist [--native] [--install-tools]
                 the release tarball (target/dist/): stripped libvgpu.so.<version>, vgpu, the
@@ -51,11 +54,22 @@ tasks:
                 manifests against the Kubernetes schemas (installs kubernetes-validate from
                 PyPI into target/deploy-check-venv)";
 
+/// The workspace this task runs for: where `cargo xtask` (`cargo run`) says xtask's
+/// manifest is now, else where it was built. A build directory copied from another checkout
+/// keeps that checkout's path in the binary (cargo does not rebuild it for the move), and the
+/// tasks must not build and test that checkout instead of this one.
 pub(crate) fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let manifest_dir = env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    manifest_dir
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
+}
+
+/// The build's target directory (`$CARGO_TARGET_DIR`, else `target/`).
+pub(crate) fn target_dir() -> PathBuf {
+    env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from)
 }
 
 pub(crate) fn cargo() -> Command {
@@ -90,27 +104,31 @@ fn test(extra: &[String]) -> Result<(), String> {
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--no-fail-fast"])
         .args(extra);
+    match prometheus::ensure(&target_dir()) {
+        Ok(dir) => {
+            cmd.env(prometheus::TOOLS_ENV, dir);
+        }
+        Err(e) => eprintln!(
+            "xtask: no Prometheus for the monitoring test ({e}); it will skip here (under CI it fails)"
+        ),
+    }
     run(cmd)?;
     loom()?;
     bench_helpers()
 }
 
-/// The GPU benches' own arithmetic (their timelines, figures and verdicts), which needs no GPU
-/// and no package beyond Python's standard library.
+/// The GPU benches' own arithmetic (their timelines, figures and verdicts) and the compute
+/// bench's runner on sleeping tenants, which need no GPU and no package beyond Python's
+/// standard library.
 fn bench_helpers() -> Result<(), String> {
-    let mut cmd = Command::new("python3");
-    cmd.current_dir(workspace_root())
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .args([
-            "-m",
-            "unittest",
-            "discover",
-            "-s",
-            "gpu-tests/sm_limit",
-            "-p",
-            "test_*.py",
-        ]);
-    run(cmd)
+    for dir in ["gpu-tests/sm_limit", "gpu-tests/compute"] {
+        let mut cmd = Command::new("python3");
+        cmd.current_dir(workspace_root())
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .args(["-m", "unittest", "discover", "-s", dir, "-p", "test_*.py"]);
+        run(cmd)?;
+    }
+    Ok(())
 }
 
 /// The loom models of the atomic protocols (the shared table's; the hook's power-reading seqlock,
@@ -118,9 +136,7 @@ fn bench_helpers() -> Result<(), String> {
 /// contains `loom`). They need `--cfg loom` for the whole build, so they get their own target
 /// directory (switching flags would rebuild everything).
 fn loom() -> Result<(), String> {
-    let target = env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
-        .join("loom");
+    let target = target_dir().join("loom");
     let mut cmd = cargo();
     cmd.env("RUSTFLAGS", "--cfg loom")
         .env("CARGO_TARGET_DIR", target)

@@ -44,9 +44,14 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Show a CUDA workload refused past its memory limit (simulated driver without a GPU).
     Demo(DemoArgs),
-    /// Internal: a tiny CUDA driver-API workload driven by commands on stdin (used by
-    /// `demo`, `doctor` and the tests).
-    #[command(hide = true)]
+    /// A tiny CUDA program driven by commands (init, alloc, free, ...), to try limits.
+    ///
+    /// It reaches the driver the way most CUDA programs do (dlopen of libcuda.so.1), so under
+    /// `vgpu run` (or with the hook preloaded) it is limited like any program; `demo`,
+    /// `doctor` and the tests use it. Commands come one per line on stdin, or separated by `;`
+    /// in --script. Each gets one reply line: `ok <command> key=value...` or
+    /// `err <command> ... msg=...`. Every command runs, even after one failed; the exit code is
+    /// 0 when all succeeded, 1 when any failed (a refused allocation included).
     Workload(WorkloadArgs),
     /// Internal: removes the private directory of a `vgpu run` job when the job ends.
     #[command(hide = true)]
@@ -92,13 +97,10 @@ pub struct RunArgs {
     /// Print the environment and command instead of running it.
     #[arg(long)]
     pub dry_run: bool,
-    /// The program and its arguments (after `--`).
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
+    /// The program and its arguments (after `--`, or from the first word that is not one of
+    /// these flags: everything from there on is the program's). A flag before it that is not
+    /// one of these is bad usage, not a program name.
+    #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
 }
 
@@ -190,6 +192,9 @@ pub struct ExporterArgs {
     /// The kubelet's pod log directory, read for pod namespaces and names.
     #[arg(long, value_name = "DIR", default_value = crate::exporter::pods::DEFAULT_POD_LOGS)]
     pub pod_logs: PathBuf,
+    /// HAMi's DRA driver's checkpoint, read for the pod of each claim directory.
+    #[arg(long, value_name = "FILE", default_value = crate::exporter::pods::DEFAULT_DRA_CHECKPOINT)]
+    pub dra_checkpoint: PathBuf,
     /// Also serve HAMi's pre-2.6 metric names (vGPU_device_memory_usage_in_bytes, ...), as HAMi's
     /// monitor does with the same flag.
     #[arg(long)]
@@ -273,8 +278,21 @@ pub struct JobCleanupArgs {
     pub stage: u8,
 }
 
-/// `vgpu workload` (hidden).
+/// `vgpu workload`.
 #[derive(Debug, Args)]
+#[command(after_help = "Commands:\n  \
+init         cuInit, the device (--device) and its primary context\n  \
+count        the number of devices\n  \
+total        the device's total memory (the limit, under the hook)\n  \
+info         free and total memory of the current context (cuMemGetInfo)\n  \
+alloc SIZE   allocate SIZE (4g, 512m, bytes); the reply gives its ID\n  \
+free ID      free the allocation ID\n  \
+sleep MS     wait MS milliseconds (holding what is allocated)\n  \
+pid          this process's pid\n  \
+quit         stop here (allocations are left for process exit to release)\n\n\
+Examples:\n  \
+vgpu run --driver simulated --memory 1g -- vgpu workload --script 'init;total;alloc 768m;alloc 512m'\n  \
+vgpu run --memory 4g -- vgpu workload --script 'init;alloc 1g;sleep 30000'")]
 pub struct WorkloadArgs {
     /// Device ordinal to use.
     #[arg(long, default_value_t = 0)]

@@ -228,7 +228,15 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
         );
     }
     let status = w.finish().map_err(Failure::msg)?;
-    println!("workload exited: {status}");
+    // Its exit code says whether every command succeeded: 1 after the refusals shown above.
+    println!(
+        "workload exited: {status}{}",
+        if status.code() == Some(1) {
+            " (some of its commands were refused, as shown above)"
+        } else {
+            ""
+        }
+    );
     if let Ok(r) = report::read(&cache) {
         let used: u64 = r.devices.iter().map(|d| d.memory_used_bytes).sum();
         let dead = r.processes.iter().filter(|p| !p.alive).count();

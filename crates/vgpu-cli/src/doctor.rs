@@ -62,7 +62,7 @@ fn check(name: &'static str, verdict: Verdict, detail: impl Into<String>) -> Che
 }
 
 impl Check {
-    /// One line for the terminal.
+    /// One line for the terminal (more when the detail has several).
     pub fn render(&self) -> String {
         let tag = match self.verdict {
             Verdict::Ok => "[ ok ]",
@@ -267,7 +267,35 @@ fn check_environment() -> (Check, Option<Config>) {
                 .enumerate()
                 .filter_map(|(i, l)| l.map(|b| format!("device {i}: {}", format_bytes(b))))
                 .collect();
-            let c = if limits.is_empty() {
+            let by_uuid: Vec<String> = cfg
+                .limits_by_uuid
+                .iter()
+                .map(|l| match l.limit {
+                    vgpu_env::UuidLimit::Memory(m) => format!(
+                        "{}: {}",
+                        l.uuid,
+                        m.map_or_else(|| "unlimited".to_owned(), format_bytes)
+                    ),
+                    vgpu_env::UuidLimit::Sm(p) => format!(
+                        "{}: SM {}",
+                        l.uuid,
+                        p.map_or_else(|| "unlimited".to_owned(), |p| format!("{p}%"))
+                    ),
+                })
+                .collect();
+            let c = if !cfg.notices.is_empty() {
+                check("environment", Verdict::Warn, cfg.notices.join("; "))
+            } else if limits.is_empty() && !by_uuid.is_empty() {
+                check(
+                    "environment",
+                    Verdict::Ok,
+                    format!(
+                        "memory and SM limits by GPU UUID ({}); usage file {}",
+                        by_uuid.join(", "),
+                        cfg.shared_cache
+                    ),
+                )
+            } else if limits.is_empty() {
                 check(
                     "environment",
                     Verdict::Warn,
@@ -279,10 +307,18 @@ fn check_environment() -> (Check, Option<Config>) {
                 } else {
                     limits.join(", ")
                 };
+                let uuids = if by_uuid.is_empty() {
+                    String::new()
+                } else {
+                    format!(", by GPU UUID {}", by_uuid.join(", "))
+                };
                 check(
                     "environment",
                     Verdict::Ok,
-                    format!("memory limits {shown}; usage file {}", cfg.shared_cache),
+                    format!(
+                        "memory limits {shown}{uuids}; usage file {}",
+                        cfg.shared_cache
+                    ),
                 )
             };
             (c, Some(cfg))
@@ -304,9 +340,12 @@ fn check_oversubscribe() -> Option<Check> {
         (ENV_OVERSUBSCRIBE, &over),
         (vgpu_env::ENV_HOST_SPILL, &spill),
     ];
+    // The shared file's path too: it says which plugin set the switch.
+    let cache = std::env::var(vgpu_env::ENV_SHARED_CACHE).ok();
     let vars = vgpu_env::Vars::from_pairs(
         pairs
             .iter()
+            .chain([(vgpu_env::ENV_SHARED_CACHE, &cache)].iter())
             .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v.as_str()))),
     );
     let set: Vec<String> = pairs
@@ -314,10 +353,22 @@ fn check_oversubscribe() -> Option<Check> {
         .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
         .collect();
     let set = set.join(" ");
-    let backing = match vgpu_env::Config::from_vars(&vars) {
-        Ok(c) => c.host_backing,
+    let (backing, layout) = match vgpu_env::Config::from_vars(&vars) {
+        Ok(c) => (c.host_backing, c.layout),
         Err(e) => return Some(check("oversubscribe", Verdict::Fail, format!("{set}: {e}"))),
     };
+    if !backing.enabled() && !layout.oversubscribe_means_memory() {
+        return Some(check(
+            "oversubscribe",
+            Verdict::Ok,
+            format!(
+                "{set}: set by {} for core scaling (deviceCoreScaling > 1), not memory: host \
+                 backing stays off, as under HAMi-core ({} turns it on)",
+                layout.describe(),
+                vgpu_env::ENV_HOST_SPILL
+            ),
+        ));
+    }
     if !backing.enabled() {
         return Some(check(
             "oversubscribe",
@@ -389,7 +440,7 @@ fn check_cache(path: &Path) -> (Check, Option<report::StatusReport>) {
                 Verdict::Ok,
                 format!(
                     "{} not created yet (the first program under the hook creates it)",
-                    path.display()
+                    crate::untrusted::path(path)
                 ),
             ),
             None,
@@ -413,7 +464,7 @@ fn check_cache(path: &Path) -> (Check, Option<report::StatusReport>) {
             let dead = r.processes.iter().filter(|p| !p.alive).count();
             let detail = format!(
                 "{} valid: {} device(s) [{}], {} process(es){}",
-                path.display(),
+                crate::untrusted::path(path),
                 r.devices.len(),
                 limits.join(", "),
                 r.processes.len(),
@@ -681,7 +732,7 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
         };
         let json = serde_json::to_string_pretty(&report)
             .map_err(|e| Failure::msg(format!("cannot encode the report: {e}")))?;
-        println!("{json}");
+        println!("{}", crate::untrusted::json(json));
     }
     Ok(if failed == 0 {
         ExitCode::SUCCESS

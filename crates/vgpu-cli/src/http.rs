@@ -1,19 +1,33 @@
 //! Just enough HTTP/1.x for a metrics endpoint: one request per connection, bounded
-//! request size, read/write timeouts, a cap on concurrent connections, and never a panic on
-//! what a client sends.
+//! request size, and never a panic on what a client sends.
+//!
+//! What a client can cost the server is a connection slot and a render; what it controls is
+//! how long it takes to send its request and to take the answer. So each connection has one
+//! deadline for its whole request head ([`HEAD_DEADLINE`], however the bytes trickle in) and
+//! one for its whole answer ([`ANSWER_DEADLINE`]); and when all [`MAX_CONNECTIONS`] slots are
+//! taken, a newcomer takes the slot of the connection that has waited on its client the
+//! longest, once that one has had [`DISPLACE_AFTER`]. A scraper that sends its request at once
+//! and reads the answer, as Prometheus does, is done long before it could be displaced; slow
+//! clients displace one another. A connection busy rendering is never displaced: a newcomer
+//! is refused (503) only while every slot renders.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Largest request head accepted (request line + headers).
 pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
-/// Connections served at once; more get 503 immediately.
+/// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 32;
-/// How long a client may take to send its request or read the answer.
-pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client has to send its whole request head (408 after).
+pub const HEAD_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a client has to take the whole answer (Prometheus's default scrape timeout).
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a connection is safe from being displaced by a newcomer when all slots are taken:
+/// far longer than a scraper takes to send its request.
+pub const DISPLACE_AFTER: Duration = Duration::from_secs(1);
 
 /// A parsed request line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,21 +138,147 @@ pub fn write_response(
     stream.flush()
 }
 
-fn handle(mut stream: TcpStream, handler: &(dyn Fn(&Request) -> Response + Send + Sync)) {
-    let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
-    let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
-    let (response, head_only) = match read_request(&mut stream) {
+/// A stream whose reads (or writes) all end by one instant: each waits at most the time left,
+/// so a client trickling bytes cannot stretch the deadline.
+struct Deadlined<'a> {
+    stream: &'a TcpStream,
+    until: Instant,
+}
+
+impl Deadlined<'_> {
+    fn time_left(&self) -> std::io::Result<Duration> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.time_left()?))?;
+        let mut stream = self.stream;
+        stream.read(buf)
+    }
+}
+
+impl Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.time_left()?))?;
+        let mut stream = self.stream;
+        stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut stream = self.stream;
+        stream.flush()
+    }
+}
+
+/// One connection being served.
+#[derive(Debug)]
+struct Slot {
+    id: u64,
+    accepted: Instant,
+    /// Waiting on its client (for the request, or to take the answer), not rendering.
+    waiting_on_client: bool,
+    /// The connection, to shut down if it is displaced.
+    stream: TcpStream,
+}
+
+/// Which of the connections `(accepted, waiting_on_client)` a newcomer displaces at `now`
+/// when every slot is taken: the one accepted first among those waiting on their client that
+/// have had [`DISPLACE_AFTER`]; `None` when there is none (the newcomer is refused).
+fn to_displace(slots: impl IntoIterator<Item = (Instant, bool)>, now: Instant) -> Option<usize> {
+    slots
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (accepted, waiting))| {
+            *waiting && now.saturating_duration_since(*accepted) >= DISPLACE_AFTER
+        })
+        .min_by_key(|(_, (accepted, _))| *accepted)
+        .map(|(i, _)| i)
+}
+
+/// The connections being served, at most [`MAX_CONNECTIONS`].
+#[derive(Debug, Default)]
+struct Connections {
+    slots: Mutex<Vec<Slot>>,
+    next_id: AtomicU64,
+}
+
+impl Connections {
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot for `stream`, accepted at `now`, displacing another if all are taken
+    /// ([`to_displace`]); `None`: refuse it.
+    fn admit(&self, stream: &TcpStream, now: Instant) -> Option<u64> {
+        let handle = stream.try_clone().ok()?;
+        let mut slots = self.slots();
+        if slots.len() >= MAX_CONNECTIONS {
+            let i = to_displace(slots.iter().map(|s| (s.accepted, s.waiting_on_client)), now)?;
+            let displaced = slots.swap_remove(i);
+            // Its thread's read or write fails now, and it ends.
+            let _ = displaced.stream.shutdown(Shutdown::Both);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        slots.push(Slot {
+            id,
+            accepted: now,
+            waiting_on_client: true,
+            stream: handle,
+        });
+        Some(id)
+    }
+
+    /// Marks connection `id` waiting on its client or rendering; false if it was displaced.
+    fn set_waiting(&self, id: u64, waiting_on_client: bool) -> bool {
+        let mut slots = self.slots();
+        let slot = slots.iter_mut().find(|s| s.id == id);
+        slot.map(|s| s.waiting_on_client = waiting_on_client)
+            .is_some()
+    }
+
+    /// Frees connection `id`'s slot (nothing if it was displaced).
+    fn release(&self, id: u64) {
+        self.slots().retain(|s| s.id != id);
+    }
+}
+
+fn handle(
+    stream: &TcpStream,
+    accepted: Instant,
+    id: u64,
+    connections: &Connections,
+    handler: &(dyn Fn(&Request) -> Response + Send + Sync),
+) {
+    let head = &mut Deadlined {
+        stream,
+        until: accepted + HEAD_DEADLINE,
+    };
+    let (response, head_only) = match read_request(head) {
         Err(r) => (r, false),
         Ok(req) => {
+            if !connections.set_waiting(id, false) {
+                return;
+            }
             let head_only = req.method == "HEAD";
             // A bug in rendering must cost one request, not the server.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&req)))
                 .unwrap_or_else(|_| Response::text(500, "internal error\n"));
+            connections.set_waiting(id, true);
             (r, head_only)
         }
     };
-    let _ = write_response(&mut stream, &response, head_only);
-    let _ = stream.shutdown(std::net::Shutdown::Both);
+    let answer = &mut Deadlined {
+        stream,
+        until: Instant::now() + ANSWER_DEADLINE,
+    };
+    let _ = write_response(answer, &response, head_only);
+    let _ = stream.shutdown(Shutdown::Both);
 }
 
 /// Serve forever on `listener`: a thread per connection, at most [`MAX_CONNECTIONS`] at once.
@@ -146,7 +286,7 @@ pub fn serve(
     listener: TcpListener,
     handler: Arc<dyn Fn(&Request) -> Response + Send + Sync>,
 ) -> std::io::Error {
-    let active = Arc::new(AtomicUsize::new(0));
+    let connections = Arc::new(Connections::default());
     loop {
         let stream = match listener.accept() {
             Ok((s, _)) => s,
@@ -163,8 +303,8 @@ pub fn serve(
                 continue;
             }
         };
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
+        let accepted = Instant::now();
+        let Some(id) = connections.admit(&stream, accepted) else {
             let mut stream = stream;
             let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
             let _ = write_response(
@@ -173,17 +313,17 @@ pub fn serve(
                 false,
             );
             continue;
-        }
+        };
         let handler = Arc::clone(&handler);
-        let active_in_thread = Arc::clone(&active);
+        let in_thread = Arc::clone(&connections);
         let spawned = std::thread::Builder::new()
             .name("vgpu-http".into())
             .spawn(move || {
-                handle(stream, handler.as_ref());
-                active_in_thread.fetch_sub(1, Ordering::AcqRel);
+                handle(&stream, accepted, id, &in_thread, handler.as_ref());
+                in_thread.release(id);
             });
         if spawned.is_err() {
-            active.fetch_sub(1, Ordering::AcqRel);
+            connections.release(id);
         }
     }
 }
@@ -243,6 +383,26 @@ mod tests {
         assert_eq!(parse(b"GET / HTTP/1.1 extra\r\n\r\n"), Err(400));
         assert_eq!(parse(&[0xff; 100]), Err(400));
         assert_eq!(parse(&vec![b'a'; MAX_REQUEST_BYTES + 10]), Err(413));
+    }
+
+    #[test]
+    fn a_newcomer_displaces_the_longest_waiting_client_that_had_its_grace() {
+        let now = Instant::now() + 10 * DISPLACE_AFTER;
+        let ago = |d: Duration| now - d;
+        let (old, older, oldest) = (
+            ago(DISPLACE_AFTER),
+            ago(2 * DISPLACE_AFTER),
+            ago(3 * DISPLACE_AFTER),
+        );
+        // Waiting on the client: the one accepted first goes, rendering ones never.
+        assert_eq!(
+            to_displace([(old, true), (oldest, false), (older, true)], now),
+            Some(2)
+        );
+        // Nobody waited long enough, or everyone renders: refuse the newcomer.
+        let fresh = ago(DISPLACE_AFTER / 2);
+        assert_eq!(to_displace([(fresh, true), (oldest, false)], now), None);
+        assert_eq!(to_displace([], now), None);
     }
 
     #[test]

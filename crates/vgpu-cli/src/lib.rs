@@ -30,6 +30,7 @@ mod sys;
 pub mod table;
 pub mod turn_dir;
 pub mod units;
+pub mod untrusted;
 pub mod usage_file;
 pub mod watch;
 pub mod workload;

@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use crate::Failure;
 use crate::cli::{StatusArgs, UsageFileArgs};
-use crate::units::{format_bytes, format_limit};
+use crate::units::{counted, format_bytes, format_limit, percent_of};
+use crate::untrusted;
 
 /// The JSON schema identifier; bumped on any incompatible change (docs/cli.md).
 pub const SCHEMA: &str = "vgpu.status.v1";
@@ -292,11 +293,8 @@ pub(crate) fn write_process_rows(
     }
 }
 
-fn pct(used: u64, limit: u64) -> String {
-    if limit == 0 {
-        return String::new();
-    }
-    format!(" ({:.0}%)", used as f64 * 100.0 / limit as f64)
+fn pct(used: u64, limit: Option<u64>) -> String {
+    percent_of(used, limit).map_or_else(String::new, |p| format!(" ({p}%)"))
 }
 
 fn opt_pct(p: Option<u64>) -> String {
@@ -304,10 +302,10 @@ fn opt_pct(p: Option<u64>) -> String {
 }
 
 impl StatusReport {
-    /// The table `vgpu status` prints.
+    /// The table `vgpu status` prints; the file's path and UUIDs through [`untrusted::text`].
     pub fn render_text(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "vgpu status: {}", self.cache);
+        let _ = writeln!(out, "vgpu status: {}", untrusted::text(&self.cache));
         let _ = writeln!(out);
         write_device_rows(
             &mut out,
@@ -321,7 +319,7 @@ impl StatusReport {
                     "{} / {}{}",
                     format_bytes(d.memory_used_bytes),
                     format_limit(d.memory_limit_bytes),
-                    pct(d.memory_used_bytes, d.memory_limit_bytes.unwrap_or(0))
+                    pct(d.memory_used_bytes, d.memory_limit_bytes)
                 );
                 let _ = writeln!(
                     out,
@@ -333,7 +331,7 @@ impl StatusReport {
                     format_bytes(d.data_bytes),
                     opt_pct(d.sm_limit_percent),
                     d.sm_utilization_percent,
-                    d.uuid.as_deref().unwrap_or("-"),
+                    untrusted::text(d.uuid.as_deref().unwrap_or("-")),
                 );
             },
         );
@@ -364,17 +362,20 @@ impl StatusReport {
         for d in self.devices.iter().filter(|d| d.oom_refusals > 0) {
             let _ = writeln!(
                 out,
-                "device {}: {} allocations refused by the limit (out of memory)",
-                d.index, d.oom_refusals
+                "device {}: {} refused by the limit (out of memory)",
+                d.index,
+                counted(d.oom_refusals, "allocation", "allocations")
             );
         }
         for d in self.devices.iter().filter(|d| !d.turns.is_empty()) {
             let list = d.turn_limits(" (this one)");
+            let n = d.turns.len() as u64;
             let _ = writeln!(
                 out,
-                "device {}: {} limited containers take turns: {}",
+                "device {}: {} {} turns: {}",
                 d.index,
-                d.turns.len(),
+                counted(n, "limited container", "limited containers"),
+                if n == 1 { "takes" } else { "take" },
                 list.join(", ")
             );
             for (sh, me) in d.shares(" (this one)") {
@@ -431,9 +432,12 @@ impl StatusReport {
         out
     }
 
-    /// The JSON document `vgpu status --json` prints.
+    /// The JSON document `vgpu status --json` prints (with what a terminal would act on
+    /// escaped, [`untrusted::json`]).
     pub fn render_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+        let doc =
+            serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+        untrusted::json(doc)
     }
 }
 
@@ -607,7 +611,7 @@ pub(crate) mod tests {
         let mut r = sample();
         r.devices[0].turns = turns.clone();
         let text = r.render_text();
-        assert!(text.contains("take turns: idle (this one)"), "{text}");
+        assert!(text.contains("takes turns: idle (this one)"), "{text}");
         assert!(text.contains("priority 0, idle: using 0%"), "{text}");
         // A second later without a heartbeat: gone.
         b.announce(key, 0, 50_000, now - 1_100_000_000, 1 << 40, 1 << 40)

@@ -227,15 +227,19 @@ fn set_up_table(
         }
         (Table::Inherited(_), _) => {}
     }
-    // A table others may use: its stored limits must not silently override this job's.
+    // A table others may use: its stored limits and host policy must not silently override
+    // this job's.
     let cfg = Config::from_vars(&env.vars())
         .map_err(|e| Failure::msg(format!("the program's environment would be invalid: {e}")))?;
-    let memory = sets_kind(env, !args.memory.is_empty(), config::ENV_MEMORY_LIMIT);
-    let sm = sets_kind(env, !args.sm.is_empty(), config::ENV_SM_LIMIT);
+    let asked = usage_file::Asked {
+        memory: sets_kind(env, !args.memory.is_empty(), config::ENV_MEMORY_LIMIT),
+        sm: sets_kind(env, !args.sm.is_empty(), config::ENV_SM_LIMIT),
+        host_policy: [config::ENV_HOST_SPILL, config::ENV_OVERSUBSCRIBE]
+            .iter()
+            .any(|v| env.lookup(v).is_some()),
+    };
     let may_replace = !matches!(table, Table::Inherited(_));
-    for n in
-        usage_file::reconcile_limits(Path::new(&cfg.shared_cache), &cfg, memory, sm, may_replace)?
-    {
+    for n in usage_file::reconcile_limits(Path::new(&cfg.shared_cache), &cfg, asked, may_replace)? {
         note(&n);
     }
     Ok(())

@@ -133,7 +133,7 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
         };
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Failure::msg(format!("cannot encode the report: {e}")))?;
-        println!("{text}");
+        println!("{}", crate::untrusted::json(text));
         return Ok(ExitCode::SUCCESS);
     }
     for c in &changes {

@@ -9,10 +9,12 @@ use vgpu_shm::{NodeReader, ShmError, TableSnapshot, UsageTable, board_file_name,
 use crate::report::{
     DeviceStatus, ProcessDevice, ProcessStatus, SCHEMA, ShareStatus, StatusReport, TurnTenantStatus,
 };
+use crate::untrusted;
 
-/// Explain an attach error in words a user can act on.
+/// Explain an attach error in words a user can act on, on one line, with the path (which a
+/// tenant may have named) and anything else shown through [`untrusted::text`].
 pub fn describe(path: &Path, err: &ShmError) -> String {
-    match err {
+    let message = match err {
         ShmError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => format!(
             "{} does not exist: no program has run under the hook with this usage file yet \
              (give another one with --cache or $CUDA_DEVICE_MEMORY_SHARED_CACHE, or a group's with \
@@ -24,7 +26,8 @@ pub fn describe(path: &Path, err: &ShmError) -> String {
         }
         ShmError::InvalidFile { .. } => format!("not a usable vgpu usage file: {err}"),
         _ => err.to_string(),
-    }
+    };
+    untrusted::text(&message).into_owned()
 }
 
 /// Build the report from a snapshot.

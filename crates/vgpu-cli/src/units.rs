@@ -30,6 +30,22 @@ pub fn format_size_arg(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// `used` as a whole percentage of `limit`, rounded down (so a device shows 100% only when
+/// it is full); `None` when unlimited. What `status` and `watch` both show.
+pub fn percent_of(used: u64, limit: Option<u64>) -> Option<u64> {
+    let limit = limit.filter(|&l| l > 0)?;
+    Some(
+        (u128::from(used) * 100 / u128::from(limit))
+            .try_into()
+            .unwrap_or(u64::MAX),
+    )
+}
+
+/// `n` and the noun in the number it takes: `1 allocation`, `2 allocations`.
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// A limit for display: `unlimited` for `None`.
 pub fn format_limit(limit: Option<u64>) -> String {
     limit.map_or_else(|| "unlimited".to_owned(), format_bytes)

@@ -10,9 +10,9 @@
 //!   private and `--share` tables live in `$TMPDIR/vgpu-<uid>/` (mode 0700, checked to be
 //!   ours), a new `--cache` file is created 0600 (0666 with `--all-users`), never through a
 //!   symlink.
-//! - Limits left in an existing table never silently replace the ones this job asks for:
-//!   while live processes use it under other limits the job is refused; when nobody uses
-//!   it any more, the job's limits replace the old ones (with a note).
+//! - Limits and the host memory policy left in an existing table never silently replace the
+//!   ones this job asks for: while live processes use it under others the job is refused;
+//!   when nobody uses it any more, the job's replace the old ones (with a note).
 
 use std::fs::OpenOptions;
 use std::io::ErrorKind;
@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use vgpu_alloc_core::DeviceIndex;
 use vgpu_env::Config;
+use vgpu_shm::HostPolicy;
 
 use crate::Failure;
 use crate::units::format_limit;
@@ -190,22 +191,42 @@ struct Mismatch {
 enum LimitChange {
     Memory(Option<u64>),
     Sm(Option<u64>),
+    Host(HostPolicy),
+}
+
+/// The kinds of setting a job asks for (flags, or its environment's variables), which an
+/// existing table's must match: the others it takes from the table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Asked {
+    /// Memory limits.
+    pub memory: bool,
+    /// SM limits.
+    pub sm: bool,
+    /// The host memory policy (`VGPU_HOST_SPILL`, `CUDA_OVERSUBSCRIBE`).
+    pub host_policy: bool,
+}
+
+fn host_policy(p: HostPolicy) -> String {
+    format!(
+        "spill {}, oversubscribe {}",
+        crate::units::format_bytes(p.spill),
+        if p.oversubscribe { "on" } else { "off" }
+    )
 }
 
 fn percent(p: Option<u64>) -> String {
     p.map_or_else(|| "unlimited".to_owned(), |p| format!("{p}%"))
 }
 
-/// Bring the limits stored in an existing table in line with `cfg` for the kinds the job
-/// sets (`memory`, `sm`): refuse while live processes use it under other limits, replace
-/// them when nobody does and `may_replace` (false for a table the environment named, such
-/// as a HAMi container's, whose limits are its operator's). Returns the notes to print. A
-/// missing table is fine (the hook creates it from the environment).
+/// Bring the limits and host memory policy stored in an existing table in line with `cfg`
+/// for the kinds the job asks for: refuse while live processes use it under others,
+/// replace them when nobody does and `may_replace` (false for a table the environment
+/// named, such as a HAMi container's, whose settings are its operator's). Returns the notes
+/// to print. A missing table is fine (the hook creates it from the environment).
 pub fn reconcile_limits(
     path: &Path,
     cfg: &Config,
-    memory: bool,
-    sm: bool,
+    asked: Asked,
     may_replace: bool,
 ) -> Result<Vec<String>, Failure> {
     // Empty: created just now (by `prepare_explicit`) and initialized by the hook.
@@ -219,7 +240,7 @@ pub fn reconcile_limits(
     for d in &report.devices {
         let i = d.index as usize;
         let want_mem = cfg.memory_limit.get(i).copied().flatten();
-        if memory && want_mem != d.memory_limit_bytes {
+        if asked.memory && want_mem != d.memory_limit_bytes {
             mismatches.push(Mismatch {
                 device: d.index,
                 what: "memory limit",
@@ -229,13 +250,30 @@ pub fn reconcile_limits(
             });
         }
         let want_sm = cfg.sm_limit.get(i).copied().flatten().map(u64::from);
-        if sm && want_sm != d.sm_limit_percent {
+        if asked.sm && want_sm != d.sm_limit_percent {
             mismatches.push(Mismatch {
                 device: d.index,
                 what: "SM limit",
                 stored: percent(d.sm_limit_percent),
                 wanted: percent(want_sm),
                 set: LimitChange::Sm(want_sm),
+            });
+        }
+        let want_host = HostPolicy {
+            spill: cfg.host_backing.spill,
+            oversubscribe: cfg.host_backing.oversubscribe,
+        };
+        let stored_host = HostPolicy {
+            spill: d.host_spill_bytes,
+            oversubscribe: d.oversubscribe,
+        };
+        if asked.host_policy && want_host != stored_host {
+            mismatches.push(Mismatch {
+                device: d.index,
+                what: "host memory policy",
+                stored: host_policy(stored_host),
+                wanted: host_policy(want_host),
+                set: LimitChange::Host(want_host),
             });
         }
     }
@@ -254,9 +292,10 @@ pub fn reconcile_limits(
     let live = report.processes.iter().filter(|p| p.alive).count();
     if live > 0 {
         return Err(Failure::msg(format!(
-            "{} is in use by {live} live process(es) under other limits: {}.\n\
-             Run with the same limits to join them, change the limits for all of them with \
-             `vgpu set-limit --cache {}`, or use another group (--share NAME) or none (a private table).",
+            "{} is in use by {live} live process(es) under other limits or host memory policy: {}.\n\
+             Run with the same ones to join them, change the limits for all of them with \
+             `vgpu set-limit --cache {}` (the host memory policy stays the group's while it \
+             runs), or use another group (--share NAME) or none (a private table).",
             path.display(),
             list.join("; "),
             path.display()
@@ -278,6 +317,7 @@ pub fn reconcile_limits(
         match m.set {
             LimitChange::Memory(l) => table.set_memory_limit(dev, l),
             LimitChange::Sm(p) => table.set_sm_limit(dev, p),
+            LimitChange::Host(p) => table.set_host_policy(dev, p),
         }
         .map_err(|e| Failure::msg(format!("cannot update {}: {e}", path.display())))?;
     }

@@ -1,5 +1,6 @@
 //! `vgpu watch`: the usage file refreshed in place, in 80 columns, with local time; or one
-//! JSON object per sample (NDJSON) for scripts.
+//! JSON object per sample (NDJSON) for scripts. What a tenant wrote (UUIDs, a file's name)
+//! is shown through [`untrusted`].
 //!
 //! Terminal-only things (clearing the screen, the Ctrl-C hint, colours) appear only when
 //! stdout is a terminal, colours also only without `$NO_COLOR`: a pipe gets plain frames.
@@ -18,7 +19,8 @@ use crate::report::{
     ProcessColumns, StatusReport, read, table_path, write_device_rows, write_process_rows,
 };
 use crate::signals;
-use crate::units::{format_local_time, rfc3339_local};
+use crate::units::{counted, format_local_time, percent_of, rfc3339_local};
+use crate::untrusted;
 
 /// The NDJSON schema identifier of `watch --json` (docs/cli.md).
 pub const SCHEMA: &str = "vgpu.watch.v1";
@@ -128,11 +130,42 @@ fn short_limit(limit: Option<u64>) -> String {
     limit.map_or_else(|| "unlimited".to_owned(), short_bytes)
 }
 
-fn percent_of(used: u64, limit: Option<u64>) -> String {
-    match limit {
-        Some(l) if l > 0 => format!("{}%", u128::from(used) * 100 / u128::from(l)),
-        _ => "-".to_owned(),
+fn percent(used: u64, limit: Option<u64>) -> String {
+    percent_of(used, limit).map_or_else(|| "-".to_owned(), |p| format!("{p}%"))
+}
+
+/// The width of a frame, in columns.
+const COLUMNS: usize = 80;
+
+/// `text` in lines of at most [`COLUMNS`] characters, each broken after a space (dropped) or
+/// a `/`, so no word and no name in a path is cut unless it alone is wider than a line;
+/// continuation lines are indented two spaces.
+fn wrap(text: &str) -> String {
+    const INDENT: &str = "  ";
+    let width = |s: &str| s.trim_end_matches(' ').chars().count();
+    let mut lines = Vec::new();
+    for source in text.split('\n') {
+        let mut line = String::new();
+        for piece in source.split_inclusive([' ', '/']) {
+            // The line keeps its trailing space: it stands between the line and the piece.
+            if !line.trim().is_empty() && line.chars().count() + width(piece) > COLUMNS {
+                lines.push(line.trim_end().to_owned());
+                line = INDENT.to_owned();
+            }
+            let mut rest = piece;
+            // A piece wider than a whole line is cut where the line ends.
+            while line.chars().count() + width(rest) > COLUMNS {
+                let room = COLUMNS - line.chars().count();
+                let cut = rest.char_indices().nth(room).map_or(rest.len(), |(i, _)| i);
+                line.push_str(&rest[..cut]);
+                lines.push(std::mem::replace(&mut line, INDENT.to_owned()));
+                rest = &rest[cut..];
+            }
+            line.push_str(rest);
+        }
+        lines.push(line.trim_end().to_owned());
     }
+    lines.join("\n")
 }
 
 fn sm_pair(util: u64, limit: Option<u64>) -> String {
@@ -171,7 +204,7 @@ fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) ->
                 "{:>3}  {:>20}  {:>4}  {:>8}  {:>8}  {:>8}  {:>10}",
                 d.index,
                 mem,
-                percent_of(d.memory_used_bytes, d.memory_limit_bytes),
+                percent(d.memory_used_bytes, d.memory_limit_bytes),
                 short_bytes(d.context_bytes),
                 short_bytes(d.module_bytes),
                 short_bytes(d.data_bytes),
@@ -191,10 +224,11 @@ fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) ->
                 ),
             };
             if let Some(u) = &d.uuid {
-                let _ = writeln!(out, "     {}", paint(p.dim, u));
+                let _ = writeln!(out, "     {}", paint(p.dim, &untrusted::text(u)));
             }
             if d.oom_refusals > 0 {
-                let line = format!("     {} OOM refusals by the limit", d.oom_refusals);
+                let refusals = counted(d.oom_refusals, "OOM refusal", "OOM refusals");
+                let line = format!("     {refusals} by the limit");
                 let _ = match refusals_since(previous, d.index, d.oom_refusals) {
                     0 => writeln!(out, "{line}"),
                     new => writeln!(out, "{}", paint(p.full, &format!("{line} (+{new} new)"))),
@@ -293,19 +327,19 @@ pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
             };
             let line = serde_json::to_string(&sample)
                 .map_err(|e| Failure::msg(format!("cannot encode a sample: {e}")))?;
-            format!("{line}\n")
+            format!("{}\n", untrusted::json(line))
         } else {
             let body = match &read {
                 Ok(report) => render_body(report, previous.as_ref(), palette),
                 // A file that disappears or is not created yet is worth watching for, not fatal.
-                Err(e) => format!("{e}\n"),
+                Err(e) => format!("{}\n", wrap(e)),
             };
             let hint = if tty { "  (Ctrl-C to stop)" } else { "" };
             let header = format!(
                 "{}  refresh {frame}, every {:?}{hint}\n{}\n\n",
                 format_local_time(secs, c"%Y-%m-%d %H:%M:%S %Z"),
                 args.interval,
-                path.display()
+                wrap(&untrusted::text(&path.to_string_lossy()))
             );
             if tty {
                 format!("{CLEAR}{header}{body}")
@@ -372,6 +406,52 @@ mod tests {
         assert!(!text.contains('\x1b'), "{text}");
     }
 
+    /// `status` and `watch` show the same percentage of the limit: floored, so a device is
+    /// never shown at 100% before it is full (`status` rounded, `watch` floored).
+    #[test]
+    fn status_and_watch_agree_on_the_percentage_of_the_limit() {
+        let mut r = sample();
+        r.devices[0].memory_limit_bytes = Some(1 << 30);
+        r.devices[0].memory_used_bytes = (1 << 30) - (1 << 20);
+        let status = r.render_text();
+        let watch = render_body(&r, None, Palette::new(false));
+        assert!(status.contains("(99%)"), "{status}");
+        let row = watch
+            .lines()
+            .find(|l| l.contains("1023 MiB / 1 GiB"))
+            .unwrap();
+        assert!(row.contains(" 99% "), "{row}");
+    }
+
+    /// One refusal is one refusal.
+    #[test]
+    fn counts_of_one_are_singular() {
+        let mut r = sample();
+        r.devices[0].oom_refusals = 1;
+        r.devices[0].turns = vec![crate::report::TurnTenantStatus {
+            key: "1".into(),
+            this_container: true,
+            sm_limit_percent: 50,
+            launch_us: 47,
+            age_ms: 10,
+            share: None,
+        }];
+        let status = r.render_text();
+        assert!(
+            status.contains("device 0: 1 allocation refused by the limit (out of memory)"),
+            "{status}"
+        );
+        assert!(
+            status.contains("device 0: 1 limited container takes turns: 50% (this one)"),
+            "{status}"
+        );
+        let watch = render_body(&r, None, Palette::new(false));
+        assert!(
+            watch.contains("     1 OOM refusal by the limit\n"),
+            "{watch}"
+        );
+    }
+
     #[test]
     fn a_frame_without_devices_says_so_instead_of_a_header() {
         let mut r = sample();
@@ -379,6 +459,40 @@ mod tests {
         let text = render_body(&r, None, Palette::new(false));
         assert!(text.contains("No devices recorded yet"), "{text}");
         assert!(!text.contains("MEMORY USED / LIMIT"), "{text}");
+    }
+
+    #[test]
+    fn wrap_breaks_lines_between_words_and_after_slashes_only() {
+        let path = format!(
+            "/usr/local/vgpu/containers/{}_trainer/{}.cache",
+            "a".repeat(36),
+            "b".repeat(40)
+        );
+        let long = "x".repeat(200);
+        let message = format!("{path} does not exist: no program has run under the hook yet");
+        // Its 80th column is the space before `words,`.
+        let at_the_edge = format!("{} words, more", "w".repeat(74));
+        for text in [path.as_str(), &long, &message, &at_the_edge, "short", ""] {
+            let wrapped = wrap(text);
+            assert!(
+                wrapped.lines().all(|l| l.chars().count() <= COLUMNS),
+                "{wrapped}"
+            );
+            let pieces: Vec<&str> = wrapped.lines().map(str::trim_start).collect();
+            let rejoined = pieces.iter().fold(String::new(), |mut all, p| {
+                if !all.is_empty() && !all.ends_with('/') && !long.starts_with(&all) {
+                    all.push(' ');
+                }
+                all.push_str(p);
+                all
+            });
+            assert_eq!(rejoined, text, "{wrapped}");
+        }
+        // Names stay whole: the path breaks after the pod's directory.
+        assert_eq!(
+            wrap(&path).lines().nth(1).map(str::trim),
+            Some(format!("{}.cache", "b".repeat(40)).as_str())
+        );
     }
 
     #[test]

@@ -1,10 +1,10 @@
-//! A tiny CUDA workload (`vgpu workload`, hidden) driven by one command per line, and the
-//! client that drives it from `demo`, `doctor` and the tests.
+//! A tiny CUDA workload (`vgpu workload`) driven by one command per line, and the client that
+//! drives it from `demo`, `doctor` and the tests.
 //!
 //! Protocol: each command gets exactly one reply line, `ok <what> key=value...` or
-//! `err <what> key=value... msg=<text>`. Commands:
+//! `err <what> key=value... msg=<text>`. Commands (documented in its `--help`, in cli.rs):
 //! `init` (cuInit, device, primary context), `count`, `total`, `info`, `alloc SIZE`,
-//! `free ID`, `sleep MS`, `pid`, `quit`.
+//! `free ID`, `sleep MS`, `pid`, `quit`. The exit code is 1 when any command failed.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -125,6 +125,7 @@ pub fn workload(args: &WorkloadArgs) -> Result<ExitCode, Failure> {
         next_id: 0,
     };
     let mut out = std::io::stdout().lock();
+    let mut failed = false;
     let mut answer = |line: &str| -> Result<bool, Failure> {
         if line.trim().is_empty() {
             return Ok(true);
@@ -132,6 +133,7 @@ pub fn workload(args: &WorkloadArgs) -> Result<ExitCode, Failure> {
         match state.execute(line) {
             None => Ok(false),
             Some(reply) => {
+                failed |= !Reply::is_ok(&reply);
                 writeln!(out, "{reply}")
                     .and_then(|()| out.flush())
                     .map_err(|e| Failure::msg(format!("stdout: {e}")))?;
@@ -154,7 +156,11 @@ pub fn workload(args: &WorkloadArgs) -> Result<ExitCode, Failure> {
         }
     }
     // Allocations are left for process exit to release: the hook must account for that too.
-    Ok(ExitCode::SUCCESS)
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// One reply of the workload.
@@ -167,7 +173,12 @@ pub struct Reply {
 impl Reply {
     /// Whether the command succeeded.
     pub fn ok(&self) -> bool {
-        self.line.starts_with("ok ")
+        Self::is_ok(&self.line)
+    }
+
+    /// Whether a reply line says its command succeeded.
+    fn is_ok(line: &str) -> bool {
+        line.starts_with("ok ")
     }
 
     /// The value of `key=` in the reply.

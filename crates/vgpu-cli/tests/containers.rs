@@ -7,11 +7,13 @@
 //!   with `libvgpu.so` bind-mounted read-only at `/usr/local/vgpu/libvgpu.so` (the runtime
 //!   creates that mount point as an empty file in the host directory, which is why the monitor
 //!   skips files named libvgpu.so);
-//! - `/tmp/vgpulock` = the host's one turn directory, shared by every container;
-//! - the preload through `/etc/ld.so.preload`, bind-mounted read-only from the host's
+//! - `/tmp/vgpulock` = the node's one turn directory (`<root>/vgpulock`), shared by every
+//!   container; the namespace's `/tmp` is links to the host's entries plus that mount point,
+//!   so the test needs no `/tmp/vgpulock` on the host and never makes or covers one;
+//! - the preload through `/etc/ld.so.preload`, bind-mounted read-only from the node's
 //!   `ld.so.preload` naming `/usr/local/vgpu/libvgpu.so` (where the host has no
 //!   `/etc/ld.so.preload` to mount over, the namespace's `/etc` becomes links to the host's
-//!   plus that one file: never a change on the host);
+//!   plus that one file, the same way: never a change on the host);
 //! - `CUDA_DEVICE_MEMORY_LIMIT_0=<MiB>m`, `CUDA_DEVICE_SM_LIMIT`,
 //!   `CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/<uuid>.cache`.
 //!
@@ -83,14 +85,24 @@ struct Container {
 }
 
 impl Container {
-    fn ready(&self) -> String {
+    fn ready(&mut self) -> String {
         let end = Instant::now() + Duration::from_secs(30);
         while Instant::now() < end {
-            if let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
-                if l.starts_with("READY") {
-                    return l;
+            match self.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(l) if l.starts_with("READY") => return l,
+                Ok(l) => eprintln!("container: {l}"),
+                Err(_) => {
+                    if let Some(status) = self.unshare.0.try_wait().unwrap() {
+                        // Its setup failed (a mount, said above on stderr): no need to
+                        // wait the bound out.
+                        panic!(
+                            "container {} exited ({status}) before it was ready",
+                            self.dir.display()
+                        );
+                    }
+                    // Stdout closed while it still runs: poll, do not spin.
+                    std::thread::sleep(Duration::from_millis(50));
                 }
-                eprintln!("container: {l}");
             }
         }
         panic!("container {} never became ready", self.dir.display());
@@ -155,20 +167,27 @@ impl Node {
         let script = format!(
             r#"set -eu
 mount -t tmpfs tmpfs /usr/local
+# with_own DIR NAME KIND: this namespace's DIR becomes links to the host's entries (but
+# NAME), plus an empty NAME of its own (KIND file or dir) to mount over: never a change on
+# the host, whatever it holds there. (/usr/local is this namespace's own tmpfs.)
+with_own() {{
+  orig="/usr/local/.orig$1"; view="/usr/local/.view$1"
+  mkdir -p "$orig" "$view"
+  mount --bind "$1" "$orig"
+  for f in "$orig"/* "$orig"/.[!.]*; do
+    if [ -e "$f" ] && [ "${{f##*/}}" != "$2" ]; then ln -s "$f" "$view/"; fi
+  done
+  if [ "$3" = dir ]; then mkdir "$view/$2"; else touch "$view/$2"; fi
+  mount --bind "$view" "$1"
+}}
 mkdir -p /usr/local/vgpu
 mount --bind '{dir}' /usr/local/vgpu
 touch /usr/local/vgpu/libvgpu.so
 mount --bind '{hook}' /usr/local/vgpu/libvgpu.so
 mount -o remount,bind,ro /usr/local/vgpu/libvgpu.so
+with_own /tmp vgpulock dir
 mount --bind '{lock}' /tmp/vgpulock
-if [ ! -e /etc/ld.so.preload ]; then
-  # Nothing to mount over: this namespace's /etc becomes links to the host's, plus the file.
-  mkdir -p '{etc}/orig' '{etc}/view'
-  mount --bind /etc '{etc}/orig'
-  for f in '{etc}'/orig/* '{etc}'/orig/.[!.]*; do [ -e "$f" ] && ln -s "$f" '{etc}/view/'; done
-  touch '{etc}/view/ld.so.preload'
-  mount --bind '{etc}/view' /etc
-fi
+[ -e /etc/ld.so.preload ] || with_own /etc ld.so.preload file
 mount --bind '{preload}' /etc/ld.so.preload
 mount -o remount,bind,ro /etc/ld.so.preload
 exec '{program}' {alloc} {over}
@@ -177,7 +196,6 @@ exec '{program}' {alloc} {over}
             hook = self.sim.hook.display(),
             lock = self.path("vgpulock").display(),
             preload = preload_file.display(),
-            etc = self.path(&format!("etc-{uid}")).display(),
             program = self.program.display(),
         );
         let mut cmd = Command::new("unshare");
@@ -218,52 +236,6 @@ exec '{program}' {alloc} {over}
     }
 }
 
-/// Whether this machine lets us make PID and mount namespaces with mounts in them.
-fn namespaces_permitted() -> bool {
-    Command::new("unshare")
-        .args([
-            "--pid",
-            "--fork",
-            "--mount",
-            "--propagation",
-            "private",
-            "--mount-proc",
-        ])
-        .args(["sh", "-c", "mount -t tmpfs tmpfs /mnt"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn parse(body: &str) -> Vec<prometheus_parse::Sample> {
-    let lines = body.lines().map(|l| Ok(l.to_owned()));
-    prometheus_parse::Scrape::parse(lines).unwrap().samples
-}
-
-/// The value of the one sample of `metric` with `labels`.
-fn value(
-    samples: &[prometheus_parse::Sample],
-    metric: &str,
-    labels: &[(&str, &str)],
-) -> Option<f64> {
-    let hits: Vec<f64> = samples
-        .iter()
-        .filter(|s| s.metric == metric)
-        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .filter_map(|s| match s.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => Some(v),
-            _ => None,
-        })
-        .collect();
-    assert!(
-        hits.len() <= 1,
-        "{metric} {labels:?}: {} series",
-        hits.len()
-    );
-    hits.first().copied()
-}
-
 const UID_A: &str = "3f2a0c4e-0000-4000-8000-00000000000a";
 const UID_B: &str = "3f2a0c4e-0000-4000-8000-00000000000b";
 
@@ -280,7 +252,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     // Container A: 256 MiB, 30% SM; holds 128 MiB, 200 MiB more must be refused.
     let mut a = node.start("team-a", "train-a", UID_A, "main", 256, 30, 128, 200);
     // Container B: 512 MiB, 60% SM; holds 300 MiB, 300 MiB more must be refused.
-    let b = node.start("team-b", "infer-b", UID_B, "server", 512, 60, 300, 300);
+    let mut b = node.start("team-b", "infer-b", UID_B, "server", 512, 60, 300, 300);
     let (ra, rb) = (a.ready(), b.ready());
     // Limits hold per container: each first allocation fits, each second is OUT_OF_MEMORY.
     assert!(ra.contains("first=0 second=2"), "A: {ra}");
@@ -306,7 +278,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     );
     let addr = exporter.addr.as_str();
     let scrape = || {
-        parse(
+        parse_metrics(
             &http::get(addr, "/metrics", Duration::from_secs(5))
                 .unwrap()
                 .1,
@@ -327,35 +299,41 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     // containers announced on the one GPU's turn board in the shared /tmp/vgpulock.
     let mut s = scrape();
     let end = Instant::now() + Duration::from_secs(10);
-    while value(&s, "vgpu_device_turn_containers", &pod_a) != Some(2.0) && Instant::now() < end {
+    while metric_value(&s, "vgpu_device_turn_containers", &pod_a) != Some(2.0)
+        && Instant::now() < end
+    {
         std::thread::sleep(Duration::from_millis(200));
         s = scrape();
     }
-    let used = |s: &[_], pod: &[(&str, &str)]| value(s, "hami_vgpu_memory_used_bytes", pod);
+    let used = |s: &[_], pod: &[(&str, &str)]| metric_value(s, "hami_vgpu_memory_used_bytes", pod);
     assert_eq!(used(&s, &pod_a), Some((CTX + 128 * MIB) as f64));
     assert_eq!(used(&s, &pod_b), Some((CTX + 300 * MIB) as f64));
     assert_eq!(
-        value(&s, "hami_vgpu_memory_limit_bytes", &pod_a),
+        metric_value(&s, "hami_vgpu_memory_limit_bytes", &pod_a),
         Some((256 * MIB) as f64)
     );
     assert_eq!(
-        value(&s, "hami_vgpu_memory_limit_bytes", &pod_b),
+        metric_value(&s, "hami_vgpu_memory_limit_bytes", &pod_b),
         Some((512 * MIB) as f64)
     );
     for pod in [&pod_a, &pod_b] {
         let mut l = pod.to_vec();
         l.push(("device_uuid", GPU));
-        assert!(value(&s, "hami_container_device_utilization_ratio", &l).is_some());
+        assert!(metric_value(&s, "hami_container_device_utilization_ratio", &l).is_some());
         let mut p = pod.to_vec();
         p.push(("pid", "1"));
-        assert_eq!(value(&s, "vgpu_process_alive", &p), Some(1.0), "{pod:?}");
         assert_eq!(
-            value(&s, "vgpu_device_processes", pod),
+            metric_value(&s, "vgpu_process_alive", &p),
             Some(1.0),
             "{pod:?}"
         );
         assert_eq!(
-            value(&s, "vgpu_device_turn_containers", pod),
+            metric_value(&s, "vgpu_device_processes", pod),
+            Some(1.0),
+            "{pod:?}"
+        );
+        assert_eq!(
+            metric_value(&s, "vgpu_device_turn_containers", pod),
             Some(2.0),
             "turns: {pod:?}"
         );
@@ -364,7 +342,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     assert_eq!(boards.len(), 1, "one turn board for the one GPU");
     // The runtime's mount point for the library sits in the host directory; it is skipped.
     assert!(a.dir.join("libvgpu.so").exists());
-    assert_eq!(value(&s, "vgpu_exporter_files", &[]), Some(2.0));
+    assert_eq!(metric_value(&s, "vgpu_exporter_files", &[]), Some(2.0));
 
     // `vgpu status` on the host reads each container's file by its host path.
     for (dir, limit) in [(&a.dir, 256 * MIB), (&b.dir, 512 * MIB)] {
@@ -389,7 +367,7 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
     let end = Instant::now() + Duration::from_secs(10);
     let mut s = scrape();
     while (used(&s, &pod_a) != Some(0.0)
-        || value(&s, "vgpu_device_turn_containers", &pod_b) != Some(1.0))
+        || metric_value(&s, "vgpu_device_turn_containers", &pod_b) != Some(1.0))
         && Instant::now() < end
     {
         std::thread::sleep(Duration::from_millis(200));
@@ -400,10 +378,16 @@ fn two_hami_containers_share_one_gpu_and_the_node_sees_them_by_pod() {
         Some(0.0),
         "a killed container holds nothing"
     );
-    assert_eq!(value(&s, "vgpu_device_dead_processes", &pod_a), Some(1.0));
+    assert_eq!(
+        metric_value(&s, "vgpu_device_dead_processes", &pod_a),
+        Some(1.0)
+    );
     let mut dead = pod_a.to_vec();
     dead.push(("pid", "1"));
-    assert_eq!(value(&s, "vgpu_process_alive", &dead), Some(0.0));
+    assert_eq!(metric_value(&s, "vgpu_process_alive", &dead), Some(0.0));
     assert_eq!(used(&s, &pod_b), Some((CTX + 300 * MIB) as f64));
-    assert_eq!(value(&s, "vgpu_device_turn_containers", &pod_b), Some(1.0));
+    assert_eq!(
+        metric_value(&s, "vgpu_device_turn_containers", &pod_b),
+        Some(1.0)
+    );
 }

@@ -3,9 +3,14 @@
 mod common;
 use common::*;
 
+#[path = "common/exposition.rs"]
+mod exposition;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use vgpu_cli::http;
 
@@ -89,6 +94,100 @@ fn concurrent_scrapes_all_succeed() {
     for t in threads {
         assert_eq!(t.join().unwrap(), 200);
     }
+}
+
+/// A slowloris client: it connects, sends a request line and then one header byte at a time,
+/// never ending the head, and connects again whenever the exporter closes it. Counts its
+/// connections in `connects`; stops when `stop` is set.
+fn slow_client(addr: String, connects: Arc<AtomicUsize>, stop: Arc<AtomicBool>) {
+    let tick = Duration::from_millis(500);
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut s) = TcpStream::connect(&addr) else {
+            std::thread::sleep(tick);
+            continue;
+        };
+        connects.fetch_add(1, Ordering::Relaxed);
+        s.set_read_timeout(Some(tick)).unwrap();
+        let mut sent = s.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ");
+        while sent.is_ok() && !stop.load(Ordering::Relaxed) {
+            match s.read(&mut [0u8; 256]) {
+                // Still open: one more byte.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => sent = s.write_all(b"a"),
+                // Answered (503, 408) or closed: connect again, after a tick like a real one.
+                _ => {
+                    std::thread::sleep(tick);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Forty slowloris clients (more than the exporter serves at once) cannot keep real scrapes
+/// out: every one of them is answered. They used to hold every slot and all scrapes got 503.
+#[test]
+fn scrapes_are_served_while_slow_clients_hold_connections() {
+    let dir = TempDir::new("vgpu-exp").unwrap();
+    let e = start(&format!("{}/*.cache", dir.path().display()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let connects = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..40)
+        .map(|_| {
+            let (addr, connects, stop) = (e.addr.clone(), connects.clone(), stop.clone());
+            std::thread::spawn(move || slow_client(addr, connects, stop))
+        })
+        .collect();
+    let started = Instant::now();
+    while connects.load(Ordering::Relaxed) < 40 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "slow clients never connected"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Past the grace a new connection gets before it can be displaced.
+    std::thread::sleep(http::DISPLACE_AFTER * 2);
+    let answers: Vec<u16> = (0..20)
+        .map(|_| http::get(&e.addr, "/metrics", T).map_or(0, |(status, _)| status))
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    assert!(answers.iter().all(|&s| s == 200), "{answers:?}");
+}
+
+/// A request head has one deadline, not one per read: a client sending a byte every quarter
+/// second is answered 408 and closed (it used to be kept as long as it kept sending).
+#[test]
+fn a_request_head_trickled_byte_by_byte_is_cut_off() {
+    let dir = TempDir::new("vgpu-exp").unwrap();
+    let e = start(&format!("{}/*.cache", dir.path().display()));
+    let mut s = TcpStream::connect(&e.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(250)))
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ").unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let ended = loop {
+        if started.elapsed() > Duration::from_secs(30) {
+            break false;
+        }
+        match s.read_to_end(&mut answer) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            // Answered and closed (or reset, when the close met bytes in flight).
+            _ => break true,
+        }
+        if s.write_all(b"a").is_err() {
+            break true;
+        }
+    };
+    assert!(ended, "still connected after {:?}", started.elapsed());
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
 }
 
 #[test]
@@ -252,8 +351,12 @@ fn hold(path: &std::path::Path, bytes: u64, sm: u64) -> vgpu_shm::ProcessSlot {
     slot
 }
 
-/// Parse a scrape with a real Prometheus text-format parser; every sample line must parse.
+/// Parse a scrape with a real Prometheus text-format parser; every sample line must parse,
+/// and the page must pass the strict reader.
 fn parse(body: &str) -> Vec<prometheus_parse::Sample> {
+    if let Err(e) = exposition::parse(body) {
+        panic!("{e}\n{body}");
+    }
     let lines = body.lines().map(|l| Ok(l.to_owned()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("the page parses");
     let sample_lines = body

@@ -213,3 +213,67 @@ fn doctor_checks_the_simulated_driver_when_asked() {
         out.stdout
     );
 }
+
+#[test]
+fn doctor_explains_volcanos_oversubscribe_and_a_dra_claims_limits() {
+    let (s, cache) = Setup::new();
+    let checks = |env: &[(&str, &str)]| {
+        let mut cmd = s.vgpu();
+        cmd.envs(env.iter().copied());
+        cache_args(&mut cmd, &["doctor", "--json", "--no-probe"], &cache);
+        let v = parse(&run(cmd).stdout, "vgpu.doctor.v1");
+        v["checks"].as_array().unwrap().clone()
+    };
+    let named = |checks: &[serde_json::Value], name: &str| {
+        checks
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} check: {checks:?}"))
+    };
+    // Volcano's plugin sets it for core scaling: said, and not an error.
+    let c = checks(&[
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/5e0f.cache"),
+        ("CUDA_OVERSUBSCRIBE", "true"),
+    ]);
+    let over = named(&c, "oversubscribe");
+    assert_eq!(over["verdict"], "ok", "{over}");
+    let detail = over["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("Volcano")
+            && detail.contains("core scaling")
+            && detail.contains("stays off"),
+        "{detail}"
+    );
+    // A DRA claim whose indexed limits differ: the smallest, with a warning that says why.
+    let c = checks(&[
+        (
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            "/usr/local/vgpu/claims/c1a1a000-0000-4000-8000-00000000000a/5e0f.cache",
+        ),
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "8192m"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_1", "4096m"),
+    ]);
+    let env = named(&c, "environment");
+    assert_eq!(env["verdict"], "warn", "{env}");
+    assert!(
+        env["detail"]
+            .as_str()
+            .unwrap()
+            .contains("every GPU is limited to 4096m"),
+        "{env}"
+    );
+    // Limits by UUID are shown as such.
+    let c = checks(&[(
+        "CUDA_DEVICE_MEMORY_LIMIT_GPU_5a1e5130_0000_4000_8000_0000000c0de0",
+        "1g",
+    )]);
+    let env = named(&c, "environment");
+    assert!(
+        env["detail"]
+            .as_str()
+            .unwrap()
+            .contains("GPU-5a1e5130-0000-4000-8000-0000000c0de0: 1 GiB"),
+        "{env}"
+    );
+}

@@ -133,9 +133,11 @@ fn an_inherited_bad_value_is_refused_before_the_program_starts() {
 
 #[test]
 fn exec_hands_over_pid_exit_code_and_signals() {
-    let (_dir, lib) = fake_lib();
+    let (dir, lib) = fake_lib();
     let mut cmd = vgpu();
-    cmd.args(["run", "--lib", &lib, "--", "sh", "-c", "echo $$; exit 7"]);
+    // Its own TMPDIR: the job's private table goes in `$TMPDIR/vgpu-<uid>`, never the host's.
+    cmd.env("TMPDIR", dir.path())
+        .args(["run", "--lib", &lib, "--", "sh", "-c", "echo $$; exit 7"]);
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
     let child = cmd.spawn().unwrap();
@@ -152,7 +154,8 @@ fn exec_hands_over_pid_exit_code_and_signals() {
 fn missing_program_and_library_are_clear_errors() {
     let (dir, lib) = fake_lib();
     let mut cmd = vgpu();
-    cmd.args(["run", "--lib", &lib, "--", "/nonexistent/program"]);
+    cmd.env("TMPDIR", dir.path())
+        .args(["run", "--lib", &lib, "--", "/nonexistent/program"]);
     assert_fails(&run(cmd), 127, &["cannot run `/nonexistent/program`"]);
     let mut cmd = vgpu();
     cmd.args(["run", "--lib", "/nonexistent/libvgpu.so", "--", "true"]);
@@ -219,11 +222,14 @@ fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
     std::fs::create_dir(&copy).unwrap();
     std::fs::copy(vgpu_exe(), copy.join("vgpu")).unwrap();
     let mut cmd = std::process::Command::new(copy.join("vgpu"));
-    cmd.env_remove("VGPU_LIB")
-        .env_remove("LD_PRELOAD")
-        .args(["run", "--", "true"]);
+    vgpu_testkit::clear_runner_settings(&mut cmd).args(["run", "--", "true"]);
     let out = run(cmd);
-    if !std::path::Path::new("/usr/local/vgpu/libvgpu.so").exists() {
+    if std::path::Path::new("/usr/local/vgpu/libvgpu.so").exists() {
+        eprintln!(
+            "SKIP (part): this host has /usr/local/vgpu/libvgpu.so, where vgpu looks last, so \
+             the copy finds it: the not-found message was not checked"
+        );
+    } else {
         assert_fails(
             &out,
             1,
@@ -238,9 +244,7 @@ fn the_hook_is_found_next_to_the_binary_or_through_vgpu_lib() {
     // Placed next to the copy, it is found there.
     std::fs::copy(&lib, copy.join("libvgpu.so")).unwrap();
     let mut cmd = std::process::Command::new(copy.join("vgpu"));
-    cmd.env_remove("VGPU_LIB")
-        .env_remove("LD_PRELOAD")
-        .args(["run", "--dry-run", "--", "true"]);
+    vgpu_testkit::clear_runner_settings(&mut cmd).args(["run", "--dry-run", "--", "true"]);
     let out = run(cmd);
     let want = copy.join("libvgpu.so").canonicalize().unwrap();
     assert!(

@@ -770,3 +770,79 @@ fn watch_highlights_a_device_near_its_limit_on_a_terminal_only() {
     assert!(text.contains("1000 MiB / 1 GiB"), "{text:?}");
     assert!(!text.contains(yellow_bold), "{text:?}");
 }
+
+/// A usage file where HAMi's device plugin puts it: a path longer than a terminal is wide.
+fn hami_path(dir: &TempDir) -> std::path::PathBuf {
+    let uid = "0b6d0a7e-3c1f-4f7e-9a51-2d3c4b5a6f70";
+    let ctr = dir
+        .path()
+        .join(format!("containers/{uid}_trainer-with-a-long-name"));
+    std::fs::create_dir_all(&ctr).unwrap();
+    ctr.join("GPU-aaaaaaaa-0000-0000-0000-000000000000.cache")
+}
+
+/// `watch` keeps 80 columns with a long path, and breaks lines only between words and after
+/// a `/`, never inside a name (the terminal used to wrap the path mid-word).
+#[test]
+fn watch_wraps_long_paths_and_messages_between_words() {
+    let dir = TempDir::new("vgpu-watch-long").unwrap();
+    let path = hami_path(&dir);
+    // Missing: the frame is the error, which names the path.
+    let mut cmd = vgpu();
+    cmd.args(["watch", "--cache", path.to_str().unwrap()]);
+    let missing = run(cmd);
+    missing.assert_success();
+    let init = TableInit {
+        uuids: vec!["GPU-aaaaaaaa-0000-0000-0000-000000000000".into()],
+        memory_limits: vec![Some(GIB)],
+        sm_limits: vec![None],
+        priority: 1,
+    };
+    drop(UsageTable::open_or_create(&path, &init).unwrap());
+    let mut cmd = vgpu();
+    cmd.args(["watch", "--cache", path.to_str().unwrap()]);
+    let present = run(cmd);
+    present.assert_success();
+    for out in [&missing, &present] {
+        for line in out.stdout.lines() {
+            assert!(line.chars().count() <= 80, "{line:?} in\n{}", out.stdout);
+        }
+        // Rejoined, the lines give back the path, and no name in it was cut.
+        let joined: String = out.stdout.lines().map(str::trim).collect();
+        assert!(joined.contains(path.to_str().unwrap()), "{}", out.stdout);
+        for name in path.to_str().unwrap().split('/').filter(|n| !n.is_empty()) {
+            assert!(
+                out.stdout.lines().any(|l| l.contains(name)),
+                "{name} is cut across lines:\n{}",
+                out.stdout
+            );
+        }
+    }
+    // The error's words are those `status` prints on one line.
+    let mut cmd = vgpu();
+    cmd.args([
+        "status",
+        "--cache",
+        path.with_extension("none").to_str().unwrap(),
+    ]);
+    let status = run(cmd);
+    let mut cmd = vgpu();
+    cmd.args([
+        "watch",
+        "--cache",
+        path.with_extension("none").to_str().unwrap(),
+    ]);
+    let watch = run(cmd);
+    let message = status.stderr.trim().trim_start_matches("vgpu: error: ");
+    let body: String = watch
+        .stdout
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        body.replace("/ ", "/").contains(message),
+        "{message:?} not in {body:?}"
+    );
+}

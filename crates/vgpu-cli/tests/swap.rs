@@ -97,16 +97,21 @@ fn built(tag: &str) -> (TempDir, [PathBuf; 3]) {
     (dir, [v1, v2, victim])
 }
 
-/// Runs `deploy/common/vgpu-install-lib.sh` with `args`, under `VGPU_SOURCE_DIR=source` where
-/// given; it must succeed.
+fn installer() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/common/vgpu-install-lib.sh")
+}
+
+/// Runs `deploy/common/vgpu-install-lib.sh` as a postStart does (through its `#!` line) with
+/// `args`, under `VGPU_SOURCE_DIR=source` where given and `VGPU_TURN_DIR=<dest>/../vgpulock`
+/// (never the host's /tmp/vgpulock); it must succeed.
 fn install_lib_sh(args: &[&Path], source: Option<&Path>) {
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/common/vgpu-install-lib.sh");
-    let mut cmd = Command::new("sh");
-    cmd.arg(script).args(args);
+    let mut cmd = Command::new(installer());
+    cmd.args(args);
     if let Some(source) = source {
         cmd.env("VGPU_SOURCE_DIR", source);
     }
+    let dest = args.last().unwrap();
+    cmd.env("VGPU_TURN_DIR", dest.join("../vgpulock"));
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
@@ -150,6 +155,10 @@ fn rename_into_place_keeps_running_processes_and_cp_in_place_kills_them() {
     assert_eq!(
         std::fs::read_to_string(host.join("ld.so.preload")).unwrap(),
         format!("{}/libvgpu.so\n", host.display())
+    );
+    assert!(
+        d.join("vgpulock").is_dir(),
+        "the turn directory the plugins mount"
     );
     let mut old = Victim::start(&victim, &lib);
     assert_eq!(old.line(), "version 1");
@@ -209,4 +218,49 @@ fn detaching_first_makes_an_in_place_rollback_harmless() {
     let mut fresh = Victim::start(&victim, &lib);
     assert_eq!(fresh.line(), "version 1");
     assert!(fresh.keeps_running());
+}
+
+#[test]
+fn the_installer_can_install_then_run_the_plugin_and_refuses_a_missing_source() {
+    let dir = TempDir::new("vgpu-install-exec").unwrap();
+    let d = dir.path();
+    let (image, host) = (d.join("image"), d.join("host"));
+    std::fs::create_dir_all(&image).unwrap();
+    std::fs::write(image.join("libvgpu.so"), "library v1").unwrap();
+    // Volcano's image: the entrypoint installs, then becomes the plugin (run under dash here,
+    // as the script is kept POSIX).
+    let run = |source: &Path, tail: &[&str]| {
+        let mut cmd = Command::new("sh");
+        cmd.arg(installer())
+            .arg(&host)
+            .args(tail)
+            .env("VGPU_SOURCE_DIR", source)
+            .env("VGPU_TURN_DIR", d.join("vgpulock"));
+        cmd.output().unwrap()
+    };
+    let out = run(
+        &image,
+        &["--", "sh", "-c", "echo plugin runs with $0 $1", "a", "b"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.ends_with("plugin runs with a b\n"), "{stdout}");
+    assert_eq!(
+        std::fs::read(host.join("libvgpu.so")).unwrap(),
+        b"library v1"
+    );
+    // Nothing after --, a stray argument, a source that is not there: refused, nothing run.
+    for (source, tail) in [
+        (image.as_path(), &["--"][..]),
+        (image.as_path(), &["echo"][..]),
+        (d.join("nonexistent").as_path(), &["--", "echo", "ran"][..]),
+    ] {
+        let out = run(source, tail);
+        assert!(!out.status.success(), "{tail:?}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    }
 }

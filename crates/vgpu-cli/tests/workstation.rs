@@ -58,8 +58,14 @@ impl Box_ {
 
     /// `vgpu run --driver simulated ARGS -- vgpu workload`, talking over stdin/stdout.
     fn job(&self, args: &[&str]) -> Job {
+        self.job_with(&[], args)
+    }
+
+    /// [`Self::job`] with the variables `vars` in its environment.
+    fn job_with(&self, vars: &[(&str, &str)], args: &[&str]) -> Job {
         let mut cmd = self.vgpu();
-        cmd.args(["run", "--driver", "simulated"])
+        cmd.envs(vars.iter().copied())
+            .args(["run", "--driver", "simulated"])
             .args(args)
             .arg("--")
             .arg(vgpu_exe())
@@ -241,13 +247,57 @@ fn a_stale_table_never_silently_wins() {
 }
 
 #[test]
+fn a_group_keeps_one_host_memory_policy() {
+    let b = Box_::new();
+    let group = ["--memory", "1g", "--share", "h"];
+    let mut a = b.job_with(&[("VGPU_HOST_SPILL", "64m")], &group);
+    assert!(a.send("init").starts_with("ok"));
+    // While a live process holds the group with a 64 MiB spill, a job asking for another
+    // policy is refused, as one asking for another limit is.
+    for (name, value, wanted) in [
+        ("VGPU_HOST_SPILL", "10g", "spill 10 GiB, oversubscribe off"),
+        ("CUDA_OVERSUBSCRIBE", "true", "spill 0 B, oversubscribe on"),
+    ] {
+        let mut cmd = b.run_simulated(&[&group[..], &["--", "true"]].concat());
+        cmd.env(name, value);
+        assert_fails(
+            &run(cmd),
+            1,
+            &[
+                "in use by 1 live process",
+                "host memory policy spill 64 MiB, oversubscribe off",
+                wanted,
+            ],
+        );
+    }
+    // The same policy joins, and so does a job that asks for none (it gets the group's).
+    let mut cmd = b.run_simulated(&[&group[..], &["--", "true"]].concat());
+    cmd.env("VGPU_HOST_SPILL", "64m");
+    assert_eq!(run(cmd).code(), Some(0));
+    let cmd = b.run_simulated(&[&group[..], &["--", "true"]].concat());
+    assert_eq!(run(cmd).code(), Some(0));
+    assert_eq!(a.finish().code(), Some(0));
+    // Nobody uses it now: the new policy replaces the old one, with a note.
+    let mut cmd = b.run_simulated(&[&group[..], &["--", "true"]].concat());
+    cmd.env("VGPU_HOST_SPILL", "128m");
+    let out = run(cmd);
+    out.assert_success();
+    out.assert_stderr_has(&["held other limits from an earlier job", "spill 64 MiB"]);
+    let mut cmd = b.vgpu();
+    cmd.args(["status", "--json", "--share", "h"]);
+    let v: serde_json::Value = serde_json::from_str(&run(cmd).stdout).unwrap();
+    assert_eq!(v["devices"][0]["host_spill_bytes"], 128 * MIB);
+}
+
+#[test]
 fn run_on_the_simulated_driver_needs_no_gpu_and_cleans_up() {
     let b = Box_::new();
     let mut cmd = b.run_simulated(&["--memory", "512m", "--"]);
     cmd.arg(vgpu_exe())
         .args(["workload", "--script", "init;total;alloc 600m"]);
     let out = run(cmd);
-    out.assert_success();
+    // The refused allocation is the program's failure, and `run` passes its exit code on.
+    assert_eq!(out.code(), Some(1), "{out:?}");
     out.assert_stdout_has(&[
         "file=",
         "libvgpusim.so",

@@ -6,6 +6,7 @@ use std::fmt;
 use vgpu_alloc_core::{AllocatorConfig, MAX_DEVICES};
 use vgpu_limiter::{Policy, SmMode};
 
+use crate::devices::{DeviceKey, Layout, device_key, same_uuid, smallest};
 use crate::log_level::{DEFAULT_LOG_LEVEL, LOG_LEVEL_EXPECTED, parse_log_level};
 use crate::names::*;
 use crate::size::parse_size;
@@ -80,10 +81,22 @@ pub struct Config {
     pub reconcile_ms: Option<u64>,
     /// SM limiter tuning.
     pub sm_tuning: SmTuning,
-    /// The per-device variables that are set (`CUDA_DEVICE_MEMORY_LIMIT_<i>`,
+    /// The per-device variables that are set by index (`CUDA_DEVICE_MEMORY_LIMIT_<i>`,
     /// `CUDA_DEVICE_SM_LIMIT_<i>`), by name with their device index, in name order (see
     /// [`Config::absent_device_warnings`]).
     pub per_device: Vec<(String, usize)>,
+    /// The per-device limits set by GPU UUID (`CUDA_DEVICE_MEMORY_LIMIT_GPU_<uuid>`,
+    /// `CUDA_DEVICE_SM_LIMIT_GPU_<uuid>`), in name order: not yet in
+    /// [`Config::memory_limit`] and [`Config::sm_limit`] until
+    /// [`Config::apply_device_uuids`] knows which of the container's devices each GPU is.
+    pub limits_by_uuid: Vec<ByUuid>,
+    /// Whose layout the shared file's path shows ([`Layout`]): what `_<i>` and
+    /// `CUDA_OVERSUBSCRIBE` mean here.
+    pub layout: Layout,
+    /// How the environment was read where that changes what the tenant gets and the reason
+    /// is not a bad value (a limit lowered because its device is unknown, a switch that means
+    /// something else under this plugin): the hook says each once.
+    pub notices: Vec<String>,
     /// Rejected variables that do not affect enforcement (`LIBCUDA_LOG_LEVEL`,
     /// `CUDA_TASK_PRIORITY`), from [`Config::from_vars_with_warnings`] only: their
     /// defaults are used and the hook logs these and goes on, since a typo there must not
@@ -111,6 +124,9 @@ impl Default for Config {
             reconcile_ms: Some(DEFAULT_RECONCILE_MS),
             sm_tuning: SmTuning::default(),
             per_device: Vec::new(),
+            limits_by_uuid: Vec::new(),
+            layout: Layout::Plain,
+            notices: Vec::new(),
             warnings: Vec::new(),
         }
     }
@@ -137,6 +153,26 @@ impl HostBacking {
     pub fn enabled(&self) -> bool {
         self.oversubscribe || self.spill > 0
     }
+}
+
+/// One limit set for a GPU named by UUID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ByUuid {
+    /// The variable, as written.
+    pub variable: String,
+    /// The GPU, lowercase (`GPU-...`).
+    pub uuid: String,
+    /// What it sets.
+    pub limit: UuidLimit,
+}
+
+/// What a [`ByUuid`] variable sets (`None` = unlimited, as 0 or 100 written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UuidLimit {
+    /// `CUDA_DEVICE_MEMORY_LIMIT_GPU_<uuid>`, bytes.
+    Memory(Option<u64>),
+    /// `CUDA_DEVICE_SM_LIMIT_GPU_<uuid>`, percent.
+    Sm(Option<u8>),
 }
 
 /// One rejected variable.
@@ -222,7 +258,8 @@ impl Config {
         let warn =
             |variable: &str, value: &str, reason: String| report(false, variable, value, reason);
 
-        // Memory limits: the default first, then per-device overrides.
+        // Memory and SM limits: the defaults, then per-device values by index, then by UUID
+        // (applied once the devices are known: [`Config::apply_device_uuids`]).
         let mut default_limit = None;
         if let Some(v) = lookup(ENV_MEMORY_LIMIT) {
             match parse_size(&v) {
@@ -237,20 +274,20 @@ impl Config {
                 Err(r) => fail(ENV_SM_LIMIT, &v, r),
             }
         }
+        let mut indexed_memory: [Option<Option<u64>>; MAX_DEVICES] = [None; MAX_DEVICES];
+        let mut indexed_sm: [Option<Option<u8>>; MAX_DEVICES] = [None; MAX_DEVICES];
         for i in 0..MAX_DEVICES {
-            cfg.memory_limit[i] = default_limit;
             let name = format!("{ENV_MEMORY_LIMIT}_{i}");
             if let Some(v) = lookup(&name) {
                 match parse_size(&v) {
-                    Ok(n) => cfg.memory_limit[i] = (n != 0).then_some(n),
+                    Ok(n) => indexed_memory[i] = Some((n != 0).then_some(n)),
                     Err(e) => fail(&name, &v, e.to_string()),
                 }
             }
-            cfg.sm_limit[i] = default_sm;
             let name = format!("{ENV_SM_LIMIT}_{i}");
             if let Some(v) = lookup(&name) {
                 match parse_percent(&v) {
-                    Ok(p) => cfg.sm_limit[i] = p,
+                    Ok(p) => indexed_sm[i] = Some(p),
                     Err(r) => fail(&name, &v, r),
                 }
             }
@@ -258,11 +295,61 @@ impl Config {
         for base in [ENV_MEMORY_LIMIT, ENV_SM_LIMIT] {
             let prefix = format!("{base}_");
             for (name, value) in vars.with_prefix(&prefix) {
-                match device_suffix(&name[prefix.len()..]) {
-                    Ok(i) => cfg.per_device.push((name.to_owned(), i)),
+                match device_key(&name[prefix.len()..], MAX_DEVICES - 1) {
+                    Ok(DeviceKey::Index(i)) => cfg.per_device.push((name.to_owned(), i)),
+                    Ok(DeviceKey::Uuid(uuid)) => {
+                        let twice = cfg
+                            .limits_by_uuid
+                            .iter()
+                            .any(|l| l.variable.starts_with(&prefix) && same_uuid(&l.uuid, &uuid));
+                        let limit = if twice {
+                            Err("this GPU is named by another variable of the same kind too".into())
+                        } else if base == ENV_MEMORY_LIMIT {
+                            parse_size(value)
+                                .map(|n| UuidLimit::Memory((n != 0).then_some(n)))
+                                .map_err(|e| e.to_string())
+                        } else {
+                            parse_percent(value).map(UuidLimit::Sm)
+                        };
+                        match limit {
+                            Ok(limit) => cfg.limits_by_uuid.push(ByUuid {
+                                variable: name.to_owned(),
+                                uuid,
+                                limit,
+                            }),
+                            Err(reason) => fail(name, value, reason),
+                        }
+                    }
                     Err(reason) => fail(name, value, reason),
                 }
             }
+        }
+        cfg.layout = Layout::of_shared_cache(&lookup(ENV_SHARED_CACHE).unwrap_or_default());
+        if cfg.layout.indices_are_ordinals() {
+            for i in 0..MAX_DEVICES {
+                cfg.memory_limit[i] = indexed_memory[i].unwrap_or(default_limit);
+                cfg.sm_limit[i] = indexed_sm[i].unwrap_or(default_sm);
+            }
+        } else {
+            // The indices name the claim's GPUs in an order nobody knows: a value is known to
+            // belong to one of them, not to which. Each gets the smallest, so that none can
+            // use more than the scheduler reserved on it.
+            let memory = unordered(ENV_MEMORY_LIMIT, &indexed_memory, default_limit, |l| {
+                show_size(*l)
+            });
+            let sm = unordered(ENV_SM_LIMIT, &indexed_sm, default_sm, |l| show_percent(*l));
+            cfg.memory_limit = [memory.0; MAX_DEVICES];
+            cfg.sm_limit = [sm.0; MAX_DEVICES];
+            cfg.notices
+                .extend(memory.1.into_iter().chain(sm.1).map(|n| {
+                format!(
+                    "{n}: {} numbers a claim's GPUs in an arbitrary order, so each GPU gets the \
+                     smallest; name each GPU by its UUID ({ENV_MEMORY_LIMIT}_GPU_<uuid>, \
+                     {ENV_SM_LIMIT}_GPU_<uuid>, each - of the UUID written _) to give it its own, or request the same \
+                     capacity for every GPU of the claim",
+                    cfg.layout.describe()
+                )
+            }));
         }
 
         if let Some(v) = lookup(ENV_SHARED_CACHE) {
@@ -364,11 +451,15 @@ impl Config {
             }
         }
         if let Some(v) = lookup(ENV_OVERSUBSCRIBE) {
-            // HAMi writes `true`; an empty value is how a chart unsets it.
+            // HAMi writes `true`; an empty value is how a chart unsets it. Under Volcano's
+            // plugin it reports core scaling, and HAMi-core never read it: nothing changes.
             match v.trim() {
                 "" => {}
                 t => match parse_bool(t) {
-                    Some(b) => cfg.host_backing.oversubscribe = b,
+                    Some(b) => {
+                        cfg.host_backing.oversubscribe =
+                            b && cfg.layout.oversubscribe_means_memory()
+                    }
                     None => fail(ENV_OVERSUBSCRIBE, &v, "expected true, false, 1 or 0".into()),
                 },
             }
@@ -429,23 +520,74 @@ impl Config {
         Ok(cfg)
     }
 
-    /// One line for each per-device variable that names a device this process does not
-    /// have (`present` CUDA devices): it limits nothing here. A warning, not an error: one
-    /// container's environment serves processes that see different devices (per-rank
-    /// `CUDA_VISIBLE_DEVICES`), and a limit for a device a process cannot use weakens
-    /// nothing.
+    /// One line for each per-device variable that names a device the container does not
+    /// have (`present` GPUs, NVML's): it limits nothing here. A warning, not an error: a
+    /// limit for a device nobody can use weakens nothing.
     pub fn absent_device_warnings(&self, present: usize) -> Vec<String> {
         self.per_device
             .iter()
             .filter(|(_, i)| *i >= present)
             .map(|(name, i)| {
                 format!(
-                    "{name} is set, but this process sees {present} CUDA device(s), so device {i} \
-                     does not exist here and the value limits nothing (is CUDA_VISIBLE_DEVICES \
-                     what you meant?)"
+                    "{name} is set, but the container has {present} GPU(s) (NVML's, whatever \
+                     CUDA_VISIBLE_DEVICES says), so device {i} does not exist here and the \
+                     value limits nothing"
                 )
             })
             .collect()
+    }
+
+    /// Puts the limits set by GPU UUID on the devices they name, given the UUIDs of the
+    /// container's GPUs in NVML's order (the shared file's devices, which `_<i>` also names);
+    /// a UUID limit wins over the index and default forms for its device. Returns one warning
+    /// per UUID the container does not have (it limits nothing here). With no UUIDs known
+    /// (no driver answered), no device can be
+    /// matched: every device gets the smallest UUID limit of each kind, never more than it
+    /// had, so that an unknown device list does not turn a limit off.
+    pub fn apply_device_uuids(&mut self, uuids: &[String]) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if uuids.is_empty() {
+            let memory = smallest(self.limits_by_uuid.iter().filter_map(|l| match l.limit {
+                UuidLimit::Memory(m) => Some(m),
+                UuidLimit::Sm(_) => None,
+            }));
+            let sm = smallest(self.limits_by_uuid.iter().filter_map(|l| match l.limit {
+                UuidLimit::Sm(p) => Some(p),
+                UuidLimit::Memory(_) => None,
+            }));
+            for d in 0..MAX_DEVICES {
+                if memory.is_some() {
+                    self.memory_limit[d] = smallest([self.memory_limit[d], memory]);
+                }
+                if sm.is_some() {
+                    self.sm_limit[d] = smallest([self.sm_limit[d], sm]);
+                }
+            }
+            if !self.limits_by_uuid.is_empty() {
+                warnings.push(
+                    "limits are set by GPU UUID but the devices' UUIDs are unknown (no driver \
+                     answered): every device gets the smallest of them"
+                        .to_owned(),
+                );
+            }
+            return warnings;
+        }
+        for l in &self.limits_by_uuid {
+            match uuids.iter().position(|u| same_uuid(u, &l.uuid)) {
+                Some(d) if d < MAX_DEVICES => match l.limit {
+                    UuidLimit::Memory(m) => self.memory_limit[d] = m,
+                    UuidLimit::Sm(p) => self.sm_limit[d] = p,
+                },
+                _ => warnings.push(format!(
+                    "{} is set, but the container has no GPU {} (it has {}), so the value \
+                     limits nothing here",
+                    l.variable,
+                    l.uuid,
+                    uuids.join(", ")
+                )),
+            }
+        }
+        warnings
     }
 
     /// Parse from literal pairs (tests, the demo, a captured environment).
@@ -458,25 +600,45 @@ impl Config {
     }
 }
 
-/// The device index of a per-device variable's suffix: HAMi's grammar names CUDA ordinals
-/// 0..=15 in plain decimal (HAMi-core reads exactly those names and ignores any other, so
-/// `_16` or `_00` would silently limit nothing there; here they are errors).
-fn device_suffix(suffix: &str) -> Result<usize, String> {
-    let last = MAX_DEVICES - 1;
-    if suffix.is_empty() || !suffix.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "not a per-device variable: the suffix must be a device index 0..={last}"
-        ));
+/// The one value a DRA claim's indexed limits give every device (their indices are in no
+/// known order; see [`Layout::indices_are_ordinals`]): the default when none is set, else the
+/// smallest, with a note naming them when they differ.
+fn unordered<T: Ord + Copy>(
+    base: &str,
+    indexed: &[Option<Option<T>>; MAX_DEVICES],
+    default: Option<T>,
+    show: impl Fn(&Option<T>) -> String,
+) -> (Option<T>, Option<String>) {
+    let set: Vec<(usize, Option<T>)> = indexed
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| v.map(|v| (i, v)))
+        .collect();
+    let Some(&(_, first)) = set.first() else {
+        return (default, None);
+    };
+    let least = smallest(set.iter().map(|(_, v)| *v));
+    if set.iter().all(|(_, v)| *v == first) {
+        return (first, None);
     }
-    match suffix.parse::<usize>() {
-        Ok(i) if i <= last && suffix == i.to_string() => Ok(i),
-        Ok(i) if i <= last => Err(format!(
-            "write the device index without leading zeros (_{i}), the name HAMi-core reads"
-        )),
-        _ => Err(format!(
-            "device index {suffix} is out of range: per-device variables name CUDA devices 0..={last}"
-        )),
-    }
+    let listed: Vec<String> = set
+        .iter()
+        .map(|(i, v)| format!("{base}_{i}={}", show(v)))
+        .collect();
+    let note = format!(
+        "{} differ; every GPU is limited to {}",
+        listed.join(", "),
+        show(&least)
+    );
+    (least, Some(note))
+}
+
+fn show_size(l: Option<u64>) -> String {
+    l.map_or_else(|| "unlimited".to_owned(), |b| format!("{}m", b >> 20))
+}
+
+fn show_percent(l: Option<u8>) -> String {
+    l.map_or_else(|| "unlimited".to_owned(), |p| p.to_string())
 }
 
 /// An SM limit (`CUDA_DEVICE_SM_LIMIT[_<i>]`): an integer percent 0..=100, where 0 and 100
@@ -908,13 +1070,222 @@ mod tests {
             "{}",
             w[0]
         );
-        assert!(w[0].contains("sees 2 CUDA device(s)"), "{}", w[0]);
+        assert!(w[0].contains("the container has 2 GPU(s)"), "{}", w[0]);
         assert!(
             w[1].starts_with("CUDA_DEVICE_SM_LIMIT_15 is set"),
             "{}",
             w[1]
         );
         assert_eq!(cfg.absent_device_warnings(0).len(), 3);
+    }
+
+    const U0: &str = "GPU-5a1e5130-0000-4000-8000-0000000c0de0";
+    const U1: &str = "GPU-5a1e5130-0000-4000-8000-0000000c0de1";
+
+    #[test]
+    fn limits_by_uuid_land_on_their_gpu_and_win_over_the_index() {
+        let mut cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "2g"),
+            (
+                "CUDA_DEVICE_MEMORY_LIMIT_GPU-5A1E5130-0000-4000-8000-0000000C0DE1",
+                "512m",
+            ),
+            (
+                "CUDA_DEVICE_SM_LIMIT_GPU-5a1e5130-0000-4000-8000-0000000c0de0",
+                "30",
+            ),
+            (
+                "CUDA_DEVICE_SM_LIMIT_GPU-5a1e5130-0000-4000-8000-0000000c0de9",
+                "10",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(cfg.limits_by_uuid.len(), 3);
+        assert_eq!(
+            cfg.limits_by_uuid[0].uuid, U1,
+            "lowercase, as NVML prints it"
+        );
+        // Before the devices are known, the index and default forms only.
+        assert_eq!(cfg.memory_limit[..2], [Some(2 * GIB), Some(4 * GIB)]);
+        // GPU 1 is the container's device 0 here, GPU 0 its device 1.
+        let warnings = cfg.apply_device_uuids(&[U1.to_owned(), U0.to_owned()]);
+        assert_eq!(
+            cfg.memory_limit[..3],
+            [Some(512 * MIB), Some(4 * GIB), Some(4 * GIB)]
+        );
+        assert_eq!(cfg.sm_limit[..3], [None, Some(30), None]);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with(
+                "CUDA_DEVICE_SM_LIMIT_GPU-5a1e5130-0000-4000-8000-0000000c0de9 is set"
+            ) && warnings[0].contains("the container has no GPU"),
+            "{}",
+            warnings[0]
+        );
+    }
+
+    #[test]
+    fn an_unknown_device_list_gives_every_device_the_smallest_uuid_limit() {
+        let mut cfg = Config::from_pairs([
+            (format!("CUDA_DEVICE_MEMORY_LIMIT_{U0}"), "1g"),
+            (format!("CUDA_DEVICE_MEMORY_LIMIT_{U1}"), "3g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT".to_owned(), "2g"),
+        ])
+        .unwrap();
+        let w = cfg.apply_device_uuids(&[]);
+        assert_eq!(cfg.memory_limit, [Some(GIB); MAX_DEVICES]);
+        assert_eq!(
+            cfg.sm_limit, [None; MAX_DEVICES],
+            "no SM limit by UUID: unchanged"
+        );
+        assert!(w[0].contains("UUIDs are unknown"), "{w:?}");
+        // Without UUID limits there is nothing to say.
+        let mut plain = Config::from_pairs([("CUDA_DEVICE_MEMORY_LIMIT", "2g")]).unwrap();
+        assert!(plain.apply_device_uuids(&[]).is_empty());
+        assert_eq!(plain.memory_limit[0], Some(2 * GIB));
+    }
+
+    #[test]
+    fn malformed_or_repeated_uuid_names_are_errors() {
+        for (name, value, why) in [
+            ("CUDA_DEVICE_MEMORY_LIMIT_GPU-12", "1g", "GPU-xxxxxxxx"),
+            (
+                "CUDA_DEVICE_SM_LIMIT_GPU-5a1e5130-0000-4000-8000-0000000c0dez",
+                "5",
+                "hex",
+            ),
+            (
+                "CUDA_DEVICE_MEMORY_LIMIT_GPU-5a1e5130-0000-4000-8000-0000000c0de0",
+                "lots",
+                "size",
+            ),
+            (
+                "CUDA_DEVICE_SM_LIMIT_GPU-5a1e5130-0000-4000-8000-0000000c0de0",
+                "150",
+                "percentage",
+            ),
+        ] {
+            let err = lenient(&[(name, value)]).expect_err(name);
+            assert_eq!(variables(&err.0), [name]);
+            assert!(err.0[0].reason.contains(why), "{name}: {}", err.0[0].reason);
+        }
+        let err = Config::from_pairs([
+            (format!("CUDA_DEVICE_MEMORY_LIMIT_{U0}"), "1g"),
+            (
+                format!("CUDA_DEVICE_MEMORY_LIMIT_{}", U0.to_ascii_uppercase()),
+                "2g",
+            ),
+        ])
+        .unwrap_err();
+        assert!(
+            err.0[0].reason.contains("named by another variable"),
+            "{err}"
+        );
+    }
+
+    /// The environment HAMi's DRA driver writes for a two-GPU claim: indexed in map order.
+    fn dra_claim(pairs: &[(&str, &str)]) -> Config {
+        let cache = "/usr/local/vgpu/claims/0c3f5b1e-8d6a-4f7e-9a51-2d3c4b5a6f70/1f0e.cache";
+        let mut all = vec![("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache)];
+        all.extend_from_slice(pairs);
+        lenient(&all).unwrap()
+    }
+
+    #[test]
+    fn a_dra_claims_indexed_limits_give_every_gpu_the_smallest_when_they_differ() {
+        let cfg = dra_claim(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "8192m"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "4096m"),
+            ("CUDA_DEVICE_SM_LIMIT_0", "60"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "30"),
+        ]);
+        assert_eq!(cfg.layout, Layout::HamiDraClaim);
+        assert_eq!(cfg.memory_limit, [Some(4 * GIB); MAX_DEVICES]);
+        assert_eq!(cfg.sm_limit, [Some(30); MAX_DEVICES]);
+        assert_eq!(cfg.notices.len(), 2, "{:?}", cfg.notices);
+        assert!(
+            cfg.notices[0].starts_with(
+                "CUDA_DEVICE_MEMORY_LIMIT_0=8192m, CUDA_DEVICE_MEMORY_LIMIT_1=4096m differ; every GPU is limited to 4096m"
+            ) && cfg.notices[0].contains("_GPU_<uuid>"),
+            "{}",
+            cfg.notices[0]
+        );
+        // UUID limits then put each GPU's own value back.
+        let mut cfg = dra_claim(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "8192m"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "4096m"),
+            (&format!("CUDA_DEVICE_MEMORY_LIMIT_{U0}"), "4096m"),
+            (&format!("CUDA_DEVICE_MEMORY_LIMIT_{U1}"), "8192m"),
+        ]);
+        assert!(cfg.apply_device_uuids(&[U0.into(), U1.into()]).is_empty());
+        assert_eq!(cfg.memory_limit[..2], [Some(4 * GIB), Some(8 * GIB)]);
+        // The same value everywhere (HAMi-DRA's webhook asks one capacity for all): no note.
+        let cfg = dra_claim(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "4096m"),
+            ("CUDA_DEVICE_SM_LIMIT_0", "100"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "0"),
+        ]);
+        assert_eq!(cfg.memory_limit, [Some(4 * GIB); MAX_DEVICES]);
+        assert_eq!(cfg.sm_limit, [None; MAX_DEVICES]);
+        assert!(cfg.notices.is_empty(), "{:?}", cfg.notices);
+        // Unlimited on one index is not the smallest.
+        let cfg = dra_claim(&[
+            ("CUDA_DEVICE_SM_LIMIT_0", "0"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "40"),
+        ]);
+        assert_eq!(cfg.sm_limit, [Some(40); MAX_DEVICES]);
+        // Nothing indexed: the default.
+        let cfg = dra_claim(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g")]);
+        assert_eq!(cfg.memory_limit, [Some(GIB); MAX_DEVICES]);
+        // Under HAMi's device plugin the same variables are ordinals.
+        let cfg = Config::from_pairs([
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                "/usr/local/vgpu/1f0e.cache",
+            ),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "8192m"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "4096m"),
+        ])
+        .unwrap();
+        assert_eq!(cfg.memory_limit[..3], [Some(8 * GIB), Some(4 * GIB), None]);
+        assert!(cfg.notices.is_empty());
+    }
+
+    #[test]
+    fn oversubscribe_is_memory_scaling_except_under_volcano() {
+        let with = |cache: &str| {
+            Config::from_pairs([
+                ("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache),
+                ("CUDA_OVERSUBSCRIBE", "true"),
+            ])
+            .unwrap()
+        };
+        assert!(with("/usr/local/vgpu/a.cache").host_backing.oversubscribe);
+        assert!(with("/tmp/a.cache").host_backing.oversubscribe);
+        let volcano = with("/tmp/vgpu/a.cache");
+        assert_eq!(volcano.layout, Layout::Volcano);
+        assert!(
+            !volcano.host_backing.enabled(),
+            "Volcano sets it for core scaling"
+        );
+        // vgpu's own switch still works there.
+        let cfg = Config::from_pairs([
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/a.cache"),
+            ("CUDA_OVERSUBSCRIBE", "true"),
+            ("VGPU_HOST_SPILL", "4g"),
+        ])
+        .unwrap();
+        assert!(cfg.host_backing.enabled() && !cfg.host_backing.oversubscribe);
+        // A typo is still an error there.
+        assert!(
+            Config::from_pairs([
+                ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpu/a.cache"),
+                ("CUDA_OVERSUBSCRIBE", "yes"),
+            ])
+            .is_err()
+        );
     }
 
     #[test]

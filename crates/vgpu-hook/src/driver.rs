@@ -381,17 +381,26 @@ pub(crate) fn nvml_process_used(device: nvmlDevice_t, pid: u32) -> ProcessUsage 
     ProcessUsage::Used(mine.iter().fold(0u64, |a, &b| a.saturating_add(b)))
 }
 
-/// Memory used on a CUDA device as NVML reports it (no context needed), for measuring
-/// what context creation takes. `None` when NVML is not available.
-pub(crate) fn nvml_used_bytes(cuda: &Cuda, dev: CUdevice) -> Option<u64> {
+/// A CUDA device's memory as NVML reports it (the real figures, no context needed). `None`
+/// when NVML is not available.
+fn nvml_memory(cuda: &Cuda, dev: CUdevice) -> Option<nvmlMemory_t> {
     let nvml = real::nvml().ok()?;
     let handle = nvml_device(cuda, dev)?;
     let get = nvml.h.nvmlDeviceGetMemoryInfo?;
     let mut m = nvmlMemory_t::default();
     // SAFETY: a handle NVML just gave us and a valid out-pointer.
-    unsafe { get(handle, &mut m) }
-        .is_success()
-        .then_some(m.used)
+    unsafe { get(handle, &mut m) }.is_success().then_some(m)
+}
+
+/// Memory used on a CUDA device as NVML reports it, for measuring what context creation
+/// takes.
+pub(crate) fn nvml_used_bytes(cuda: &Cuda, dev: CUdevice) -> Option<u64> {
+    nvml_memory(cuda, dev).map(|m| m.used)
+}
+
+/// Free memory of a CUDA device that need not be the current context's, as NVML reports it.
+pub(crate) fn nvml_free_bytes(cuda: &Cuda, dev: CUdevice) -> Option<u64> {
+    nvml_memory(cuda, dev).map(|m| m.free)
 }
 
 /// The real driver as the allocator's device backend: `cuMemAlloc_v2`/`cuMemFree_v2` in

@@ -1,23 +1,10 @@
-//! Small unsafe helpers at the C boundary: out-pointer writes, in-pointer reads, stderr.
+//! Small unsafe helpers at the C boundary: out-pointer writes and in-pointer reads.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use vgpu_cuda_abi::{CUresult, nvmlReturn_t};
 
 use crate::log::{ERROR, vlog};
-
-/// Writes `bytes` to fd 2 with `write(2)` calls, ignoring errors (logging must never fail
-/// the program).
-pub(crate) fn write_stderr(mut bytes: &[u8]) {
-    while !bytes.is_empty() {
-        // SAFETY: writes from a valid slice to fd 2.
-        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
-        if n <= 0 {
-            return;
-        }
-        bytes = &bytes[n as usize..];
-    }
-}
 
 /// A C return code: a success value, and an "internal error" value for caught panics.
 pub(crate) trait ReturnCode: Copy + std::fmt::Debug {

@@ -3,8 +3,8 @@
 //!
 //! Invariants:
 //! - **The file's device index is the GPU**, not a process's ordinal: index i is the GPU
-//!   whose UUID is the file's `uuids[i]` (the container's devices, in the order of the
-//!   process that made the file). A process charges its ordinal o on the index whose UUID is
+//!   whose UUID is the file's `uuids[i]` (the container's GPUs in NVML's order, whatever the
+//!   `CUDA_VISIBLE_DEVICES` of the process that made the file). A process charges its ordinal o on the index whose UUID is
 //!   `cuDeviceGetUuid(o)`, so two processes with different `CUDA_VISIBLE_DEVICES` charge,
 //!   limit and show each GPU once. The map is built on the first use of an ordinal, which
 //!   only CUDA calls make (the process has initialized CUDA then: the hook never does). A
@@ -518,38 +518,6 @@ impl HookLedger {
     }
 }
 
-/// The GPUs of `all` (NVML's UUIDs in NVML order) that `CUDA_VISIBLE_DEVICES` = `visible`
-/// names, in its order, as the driver reads it: indices or unique UUID prefixes (with or
-/// without `GPU-`), the list ending at the first entry that names no GPU; unset: all.
-/// For a process that has not initialized CUDA and cannot ask the driver. (The driver's own
-/// order, `CUDA_DEVICE_ORDER=FASTEST_FIRST`, equals NVML's on machines of one GPU model;
-/// MIG instances are not GPUs here: an entry naming one ends the list.)
-pub(crate) fn visible_subset(all: &[String], visible: Option<&str>) -> Vec<String> {
-    let Some(visible) = visible else {
-        return all.to_vec();
-    };
-    let mut out: Vec<String> = Vec::new();
-    for entry in visible.split(',').map(str::trim) {
-        let found = if let Ok(i) = entry.parse::<usize>() {
-            all.get(i)
-        } else {
-            let prefix = entry.strip_prefix("GPU-").unwrap_or(entry);
-            let mut matching = all
-                .iter()
-                .filter(|u| !prefix.is_empty() && u.trim_start_matches("GPU-").starts_with(prefix));
-            match (matching.next(), matching.next()) {
-                (Some(u), None) => Some(u),
-                _ => None,
-            }
-        };
-        match found {
-            Some(u) if !out.contains(u) => out.push(u.clone()),
-            _ => break,
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -632,33 +600,5 @@ mod tests {
         // checks (the coarse clock lags by at most a tick, a few milliseconds).
         std::thread::sleep(std::time::Duration::from_millis(1100));
         assert!(!watch.attached(&table, false), "due again: sees the unlink");
-    }
-
-    #[test]
-    fn visible_devices_name_gpus_as_the_driver_reads_them() {
-        let all: Vec<String> = ["GPU-aaa1", "GPU-bbb2", "GPU-abc3"]
-            .map(String::from)
-            .to_vec();
-        let v = |s| visible_subset(&all, s);
-        assert_eq!(v(None), all);
-        assert_eq!(v(Some("2,0")), ["GPU-abc3", "GPU-aaa1"]);
-        assert_eq!(v(Some("GPU-bbb")), ["GPU-bbb2"]);
-        assert_eq!(
-            v(Some("bbb2,1")),
-            ["GPU-bbb2"],
-            "a repeated GPU ends the list"
-        );
-        assert_eq!(
-            v(Some("1,7,0")),
-            ["GPU-bbb2"],
-            "ends at the first entry naming none"
-        );
-        assert_eq!(
-            v(Some("GPU-a")),
-            Vec::<String>::new(),
-            "an ambiguous prefix"
-        );
-        assert_eq!(v(Some("")), Vec::<String>::new());
-        assert_eq!(v(Some("MIG-xyz")), Vec::<String>::new());
     }
 }

@@ -17,7 +17,7 @@
 //! Unsafe code is denied here and allowed only in the boundary modules below, each for the
 //! reason given at its declaration (in `hooks`, per file: the hooks that read or write the
 //! caller's pointers). Accounting (`accounting`, `measured`, `residual`), lookup decisions
-//! (`interpose`) and logging (`log`) are safe Rust.
+//! (`interpose`) and logging (`log`, but for its `stderr` writer) are safe Rust.
 
 #![deny(unsafe_code)]
 
@@ -28,7 +28,7 @@ mod driver;
 // The C ABI: `#[no_mangle]` exports, the naked `dlsym`, the forwards to the real functions.
 #[allow(unsafe_code)]
 pub mod exports;
-// Out-pointer writes, in-pointer reads and `write(2)` at the C boundary.
+// Out-pointer writes and in-pointer reads at the C boundary.
 #[allow(unsafe_code)]
 mod ffi;
 mod hooks;

@@ -21,8 +21,9 @@
 //! table as a new process), then the SM limiter and its heartbeat
 //! ([`SmLimiter::reset_in_child`]).
 //!
-//! Exit: one handler ([`at_exit`], a `.fini_array` entry) stops the heartbeat, takes the
-//! container's entries off the turn board, then leaves the shared table.
+//! Exit: one handler ([`at_exit`], a `.fini_array` entry) says how many log lines the rate
+//! limit suppressed that no later line reported, stops the heartbeat, takes the container's
+//! entries off the turn board, then leaves the shared table.
 //!
 //! The real driver's tables (`real`) are loader caches, valid in a child too, and stay there.
 
@@ -33,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use vgpu_alloc_core::{Allocator, DeviceIndex, MAX_DEVICES};
 use vgpu_cuda_abi::{CUdevice, CUresult};
 use vgpu_env::{Config, ConfigErrors, Vars};
-use vgpu_shm::{ProcessSlot, TableInit, UsageTable};
+use vgpu_shm::{HostPolicy, ProcessSlot, TableInit, UsageTable};
 
 use crate::driver::RealBackend;
 pub(crate) use crate::ledger::HookLedger;
@@ -47,7 +48,8 @@ use crate::sm_limit::SmLimiter;
 /// Working enforcement.
 #[derive(Debug)]
 pub(crate) struct Ready {
-    /// The parsed environment.
+    /// The parsed environment, with the shared file's host policy in force (its
+    /// `host_backing`'s spill and oversubscription: [`adopt_host_policy`]).
     pub(crate) config: Config,
     /// Sub-allocator, allocation table and reserve-or-OOM decision.
     pub(crate) alloc: Allocator<RealBackend, HookLedger>,
@@ -161,8 +163,15 @@ pub(crate) fn ready() -> Result<&'static Ready, CUresult> {
 fn build() -> &'static Enforcement {
     // Everything that may enter the loader or the driver happens before the flag is taken.
     // A bad log level or priority is a warning, not a reason to refuse every allocation.
-    let config = Config::from_vars_with_warnings(&Vars::from_os(std::env::vars_os()));
-    let uuids = visible_uuids();
+    let mut config = Config::from_vars_with_warnings(&Vars::from_os(std::env::vars_os()));
+    let uuids = container_uuids();
+    if let Ok(c) = &mut config {
+        // Limits named by GPU UUID go on the container's devices these GPUs are (the file's
+        // device indices, NVML's order, as the `_<i>` limits are).
+        for w in c.apply_device_uuids(&uuids) {
+            vlog!(WARN, "{w}");
+        }
+    }
     let open_shared_table = move |c: &Config| open_table(c, uuids);
     let p = &PROCESS;
     let mut waits = 0u32;
@@ -209,27 +218,27 @@ fn build() -> &'static Enforcement {
     state
 }
 
-/// UUIDs of the devices this process sees, in CUDA ordinal order: the container's devices
-/// when this process makes the shared file (its `uuids[]`, which limits `_<i>` index).
+/// UUIDs of the container's GPUs in NVML's order: a new file's `uuids[]`, whose index i the
+/// environment's `_<i>` limits name (docs/compatibility.md).
 ///
-/// Never initializes CUDA: a process that has not (one that only asked NVML, as monitors and
-/// GPU-picking launchers do) must be able to fork workers that use CUDA, and the driver
-/// refuses CUDA in a child forked after initialization (issue 12). `cuDeviceGetCount` answers
-/// only once the program initialized CUDA; before, NVML's devices narrowed by
-/// `CUDA_VISIBLE_DEVICES` stand for them. Empty when neither driver answers.
-fn visible_uuids() -> Vec<String> {
-    if let Ok(cuda) = crate::real::cuda()
+/// NVML lists every GPU of the container whatever this process's `CUDA_VISIBLE_DEVICES`
+/// says, so a first process that narrows it (a Ray worker or MPI rank given one GPU) still
+/// records them all, each under its own limit, and the other ranks find theirs. Without
+/// NVML, the devices CUDA shows this process stand in, if it has initialized CUDA: the hook
+/// never does (issue 12: the driver refuses CUDA in a child forked after initialization),
+/// and `cuDeviceGetCount` answers only once the program has. Empty when neither answers.
+fn container_uuids() -> Vec<String> {
+    let mut uuids = crate::driver::nvml_uuids();
+    if uuids.is_empty()
+        && let Ok(cuda) = crate::real::cuda()
         && let Ok(n) = crate::driver::device_count(cuda)
     {
-        return (0..n.clamp(0, MAX_DEVICES as i32))
+        uuids = (0..n.clamp(0, MAX_DEVICES as i32))
             .map(|i| crate::driver::device_uuid(cuda, CUdevice(i)).unwrap_or_default())
             .collect();
     }
-    let all = crate::driver::nvml_uuids();
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let mut v = crate::ledger::visible_subset(&all, visible.as_deref());
-    v.truncate(MAX_DEVICES);
-    v
+    uuids.truncate(MAX_DEVICES);
+    uuids
 }
 
 /// Opens (or creates) the shared table and registers this process in it.
@@ -246,19 +255,10 @@ fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String>
         priority: config.task_priority,
     };
     let path = &config.shared_cache;
-    let table =
-        UsageTable::open_or_create(path, &init).map_err(|e| format!("shared table: {e}"))?;
-    if config.host_backing.enabled() {
-        // The container's policy, in the file so that every process's reservations (and
-        // `vgpu status`) see it; all processes of a container share the environment.
-        let policy = vgpu_shm::HostPolicy {
-            spill: config.host_backing.spill,
-            oversubscribe: config.host_backing.oversubscribe,
-        };
-        for d in 0..vgpu_alloc_core::MAX_DEVICES {
-            let _ = table.set_host_policy(vgpu_alloc_core::DeviceIndex(d as u32), policy);
-        }
-    }
+    // The container's host policy is its file's, set by the process that makes it (so that
+    // every process's reservations and `vgpu status` see one), never by a process joining.
+    let table = UsageTable::open_or_create_with_host_policy(path, &init, asked_host_policy(config))
+        .map_err(|e| format!("shared table: {e}"))?;
     let slot = table
         .register_self()
         .map_err(|e| format!("shared table: {e}"))?;
@@ -311,6 +311,44 @@ fn say_limits_in_force(config: &Config, table: &UsageTable) {
     }
 }
 
+/// The host policy the environment asks for (`VGPU_HOST_SPILL`, `CUDA_OVERSUBSCRIBE`).
+fn asked_host_policy(config: &Config) -> HostPolicy {
+    HostPolicy {
+        spill: config.host_backing.spill,
+        oversubscribe: config.host_backing.oversubscribe,
+    }
+}
+
+/// Makes the shared file's host policy this process's: the file's wins, as its limits do (a
+/// new file has its creator's). Device 0's stands for the file's: every writer sets all
+/// devices alike. Logged at the info level, and once at the default level when the
+/// environment asks for another, so that a process never runs under another policy than it
+/// asked for without a word, nor changes the container's.
+fn adopt_host_policy(config: &mut Config, table: &UsageTable) {
+    let show = |p: HostPolicy| {
+        format!(
+            "spill {} bytes, oversubscribe {}",
+            p.spill,
+            if p.oversubscribe { "on" } else { "off" }
+        )
+    };
+    let (asked, file) = (asked_host_policy(config), table.host_policy(DeviceIndex(0)));
+    vlog!(INFO, "host memory policy in force: {}", show(file));
+    if asked != file {
+        vlog!(
+            MSG,
+            "host memory policy in force differs from the environment's: {} (the environment \
+             says {}); the shared file {} was made with it and keeps it for all its processes \
+             (a new file takes the environment's)",
+            show(file),
+            show(asked),
+            table.path().display()
+        );
+    }
+    config.host_backing.spill = file.spill;
+    config.host_backing.oversubscribe = file.oversubscribe;
+}
+
 /// Builds the state from a parsed configuration and a ledger opener (separate from the
 /// globals for tests).
 pub(crate) fn make(
@@ -322,6 +360,9 @@ pub(crate) fn make(
             // Variables that do not affect enforcement: their defaults are in use.
             for w in &c.warnings {
                 vlog!(WARN, "{w}; using the default");
+            }
+            for n in &c.notices {
+                vlog!(MSG, "{n}");
             }
             c
         }
@@ -341,6 +382,10 @@ pub(crate) fn make(
             return Enforcement::Broken(why);
         }
     };
+    let mut config = config;
+    if let Some(shared) = ledger.shared() {
+        adopt_host_policy(&mut config, shared.slot().table());
+    }
     let alloc = match Allocator::new(config.allocator, RealBackend, ledger) {
         Ok(a) => a,
         Err(e) => {
@@ -402,6 +447,7 @@ static AT_EXIT: extern "C" fn() = at_exit;
 
 extern "C" fn at_exit() {
     let p = &PROCESS;
+    let _ = std::panic::catch_unwind(crate::log::say_suppressed_at_exit);
     let _ = std::panic::catch_unwind(|| p.sm.stop_at_exit());
     let _ = std::panic::catch_unwind(|| {
         let Some(Enforcement::Ready(ready)) = p.enforcement.get() else {

@@ -75,7 +75,7 @@ fn a_per_device_variable_outside_hamis_grammar_is_refused_with_a_clear_line() {
 }
 
 #[test]
-fn a_per_device_limit_for_a_device_this_process_lacks_is_warned_about() {
+fn a_per_device_limit_for_a_device_the_container_lacks_is_warned_about() {
     // One simulated device: the limit for device 3 limits nothing here, and says so.
     let o = Run::hooked("256m")
         .var("VGPU_SIM_DEVICE_COUNT", "1")
@@ -85,7 +85,7 @@ fn a_per_device_limit_for_a_device_this_process_lacks_is_warned_about() {
     let lines = lines_with(&o.stderr, "CUDA_DEVICE_MEMORY_LIMIT_3 is set");
     assert_eq!(lines.len(), 1, "{}", o.stderr);
     assert!(
-        lines[0].contains(" WARN]") && lines[0].contains("sees 1 CUDA device(s)"),
+        lines[0].contains(" WARN]") && lines[0].contains("the container has 1 GPU(s)"),
         "{}",
         lines[0]
     );

@@ -312,12 +312,50 @@ fn per_device_limits_follow_the_gpu_not_the_process_ordinal() {
 }
 
 #[test]
+fn workers_given_one_gpu_each_get_the_container_s_gpus_and_each_gpu_s_limit() {
+    // A Ray-style launcher: no process of the container saw both GPUs before the workers,
+    // each given one (`CUDA_VISIBLE_DEVICES`). The first one, on GPU 1, makes the file: its
+    // GPUs are still the container's (NVML's, whatever CUDA_VISIBLE_DEVICES says), each
+    // `_<i>` on the container's device i.
+    let run = two_gpus()
+        .var("CUDA_DEVICE_MEMORY_LIMIT_0", "256m")
+        .var("CUDA_DEVICE_MEMORY_LIMIT_1", "128m");
+    let on_gpu1 = run.clone().var("CUDA_VISIBLE_DEVICES", "1");
+    let o = on_gpu1.run(&["try", "209715200"]);
+    assert_eq!(o.get("alloc"), "2", "GPU 1's limit is 128 MiB:\n{o}");
+    let snap = vgpu_shm::UsageTable::open_read_only(run.cache())
+        .expect("open the shared file")
+        .snapshot();
+    let listed: Vec<(&str, Option<u64>)> = snap
+        .devices
+        .iter()
+        .map(|d| (&d.uuid[d.uuid.len() - 4..], d.limit))
+        .collect();
+    assert_eq!(
+        listed,
+        [("d000", Some(256 * MIB)), ("d001", Some(128 * MIB))],
+        "{snap:?}"
+    );
+    // The worker on GPU 0 is in the file too, under GPU 0's limit.
+    let on_gpu0 = run.clone().var("CUDA_VISIBLE_DEVICES", "0");
+    let o = on_gpu0.run(&["try", "209715200"]);
+    assert_eq!(o.get("alloc"), "0", "{o}");
+    assert_eq!(on_gpu1.run(&["info"]).u("dev0_total_mem"), 128 * MIB);
+    assert_eq!(on_gpu0.run(&["info"]).u("dev0_total_mem"), 256 * MIB);
+}
+
+#[test]
 fn a_gpu_the_file_does_not_list_is_refused_with_a_clear_error() {
-    // The file was made by a process that saw only GPU 0 (the container's GPU); a process
+    // A file that lists only GPU 0 (made where the container had only that GPU): a process
     // that sees GPU 1 too cannot be charged on it: refused, with a line naming the GPU.
     let run = two_gpus();
-    let only0 = run.clone().var("CUDA_VISIBLE_DEVICES", "0");
-    assert_eq!(only0.run(&["try", "1048576"]).get("alloc"), "0");
+    let init = vgpu_shm::TableInit {
+        uuids: vec!["GPU-5a1e5130-0000-4000-8000-00000000d000".into()],
+        memory_limits: vec![Some(256 * MIB)],
+        sm_limits: vec![None],
+        priority: 1,
+    };
+    drop(vgpu_shm::UsageTable::open_or_create(run.cache(), &init).expect("make the file"));
     let o = run.clone().var("CUDA_VISIBLE_DEVICES", "1").run(&["takes"]);
     assert_eq!(o.get("retain"), "2", "its context is refused:\n{o}");
     assert_eq!(o.get("create"), "2", "{}", o.stdout);
@@ -327,7 +365,9 @@ fn a_gpu_the_file_does_not_list_is_refused_with_a_clear_error() {
         "the line names the GPU: {}",
         o.stderr
     );
-    // The container's GPU still works for it.
-    let o = only0.run(&["try", "1048576"]);
+    // The file's GPU still works for it.
+    let o = run
+        .var("CUDA_VISIBLE_DEVICES", "0")
+        .run(&["try", "1048576"]);
     assert_eq!(o.get("alloc"), "0");
 }

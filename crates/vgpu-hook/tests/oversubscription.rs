@@ -49,6 +49,10 @@ CUresult (*cuMemAddressReserve)(P *, size_t, size_t, P, unsigned long long);
 CUresult (*cuMemMap)(P, size_t, size_t, P, unsigned long long);
 CUresult (*cuMemSetAccess)(P, size_t, const Access *, size_t);
 CUresult (*cuCtxDestroy_v2)(H);
+CUresult (*cuDeviceGetAttribute)(int *, int, int);
+typedef struct { size_t w, h; int format; unsigned channels; } ArrayDesc;
+CUresult (*cuArrayCreate_v2)(P *, const ArrayDesc *);
+CUresult (*cuMemGetAllocationGranularity)(size_t *, const Prop *, int);
 
 /* A device allocation the VMM way (cuMemCreate on device 0, mapped at a reserved address). */
 static CUresult vmm_alloc(P *out, size_t n) {
@@ -57,6 +61,30 @@ static CUresult vmm_alloc(P *out, size_t n) {
   P h; CUresult r = cuMemCreate(&h, n, &prop, 0);
   if (r) return r;
   if ((r = cuMemAddressReserve(out, n, 0, 0, 0))) return r;
+  if ((r = cuMemMap(*out, n, 0, h, 0))) return r;
+  Access a = { { 1, 0 }, 3 };
+  return cuMemSetAccess(*out, n, &a, 1);
+}
+
+/* A device allocation as PyTorch's expandable segments make one: the segment's properties
+   (POSIX file-descriptor handles, the GPUDirect RDMA flag when the device supports it), one
+   address range reserved up front for every segment, then per segment cuMemCreate, cuMemMap
+   and cuMemSetAccess. */
+static CUresult torch_alloc(P *out, size_t n, int i) {
+  static P base;
+  Prop prop; memset(&prop, 0, sizeof prop);
+  prop.type = 1; prop.handles = 1; prop.loc.type = 1; prop.loc.id = 0;
+  int rdma = 0;
+  CUresult r = cuDeviceGetAttribute(&rdma, 110, 0);
+  if (r) return r;
+  prop.flags[1] = rdma ? 1 : 0;
+  size_t gran = 0;
+  if ((r = cuMemGetAllocationGranularity(&gran, &prop, 0))) return r;
+  if (!gran || n % gran) return 1;
+  if (!base && (r = cuMemAddressReserve(&base, n * MAXN, 0, 0, 0))) return r;
+  P h;
+  if ((r = cuMemCreate(&h, n, &prop, 0))) return r;
+  *out = base + (P)i * n;
   if ((r = cuMemMap(*out, n, 0, h, 0))) return r;
   Access a = { { 1, 0 }, 3 };
   return cuMemSetAccess(*out, n, &a, 1);
@@ -83,6 +111,7 @@ int main(int argc, char **argv) {
   NEED(cuMemAllocPitch_v2); NEED(cuMemsetD32_v2); NEED(cuMemcpyDtoH_v2); NEED(cuCtxSynchronize);
   NEED(cuMemGetInfo_v2); NEED(cuMemCreate); NEED(cuMemAddressReserve); NEED(cuMemMap);
   NEED(cuMemSetAccess); NEED(cuCtxDestroy_v2); NEED(cuCtxSynchronize_v2);
+  NEED(cuDeviceGetAttribute); NEED(cuMemGetAllocationGranularity); NEED(cuArrayCreate_v2);
   int dev; H ctx;
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));
@@ -93,6 +122,11 @@ int main(int argc, char **argv) {
     size_t pitch = 0;
     if (!strcmp(how, "pitch")) last = cuMemAllocPitch_v2(&ptr[i], &pitch, bytes / 256, 256, 4);
     else if (!strcmp(how, "vmm")) last = vmm_alloc(&ptr[i], bytes);
+    else if (!strcmp(how, "torch")) last = torch_alloc(&ptr[i], bytes, i);
+    else if (!strcmp(how, "array")) { /* bytes of 1-channel floats, 4096 to a row */
+      ArrayDesc d = { 4096, bytes / 4 / 4096, 0x20, 1 };
+      if (!(last = cuArrayCreate_v2(&ptr[i], &d))) { ok++; continue; } /* not checked later */
+    }
     else last = cuMemAlloc_v2(&ptr[i], bytes);
     if (last) break;
     size[i] = pitch ? pitch * 256 : bytes;
@@ -143,6 +177,29 @@ struct Running {
     cache: PathBuf,
 }
 
+/// The program with `args` on the usage file named after `tag` (as it is) under `limit`, on
+/// the small device, with `vars`; and that file's path.
+fn command(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Command, PathBuf) {
+    let e = program();
+    let cache = e.dir.join(format!("{tag}.cache"));
+    let mut cmd = Command::new(&e.program);
+    vgpu_testkit::clear_runner_settings(&mut cmd);
+    cmd.args(args)
+        .env("LD_PRELOAD", &e.hook)
+        .env("LD_LIBRARY_PATH", &e.dir)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", limit)
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+        .env("VGPU_SIM_TOTAL_MEM", "128m")
+        .env("VGPU_SIM_CTX_OVERHEAD", "16m")
+        .env("VGPU_SIM_MODULE_OVERHEAD", "0")
+        .env("VGPU_SIM_HOST_PINNED_LIMIT", "4g")
+        .env("VGPU_RECONCILE_MS", "off");
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    (cmd, cache)
+}
+
 impl Running {
     /// Starts the program on a fresh usage file named after `tag`.
     fn start(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
@@ -152,28 +209,8 @@ impl Running {
 
     /// Starts the program on the usage file named after `tag`, as it is.
     fn join(tag: &str, limit: &str, vars: &[(&str, &str)], args: &[&str]) -> (Running, String) {
-        let e = program();
-        let cache = e.dir.join(format!("{tag}.cache"));
-        let mut cmd = Command::new(&e.program);
-        cmd.args(args)
-            .env("LD_PRELOAD", &e.hook)
-            .env("LD_LIBRARY_PATH", &e.dir)
-            .env("CUDA_DEVICE_MEMORY_LIMIT", limit)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
-            .env("VGPU_SIM_TOTAL_MEM", "128m")
-            .env("VGPU_SIM_CTX_OVERHEAD", "16m")
-            .env("VGPU_SIM_MODULE_OVERHEAD", "0")
-            .env("VGPU_SIM_HOST_PINNED_LIMIT", "4g")
-            .env("VGPU_RECONCILE_MS", "off")
-            .env_remove("CUDA_OVERSUBSCRIBE")
-            .env_remove("VGPU_HOST_SPILL")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("VGPU_SUBALLOC")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in vars {
-            cmd.env(k, v);
-        }
+        let (mut cmd, cache) = command(tag, limit, vars, args);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
         let mut child = cmd.spawn().expect("start the program");
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
@@ -376,6 +413,76 @@ fn pitched_and_vmm_allocations_are_host_backed_too() {
 }
 
 #[test]
+fn pytorchs_expandable_segments_are_host_backed_and_keep_the_reserve() {
+    // PyTorch's segments ask for shareable handles and, where the device allows it, the
+    // GPUDirect RDMA flag (the simulator allows it and, like the driver, refuses it for host
+    // memory): the hook's host-located stand-in must not inherit what host memory cannot
+    // give. With VGPU_DEVICE_RESERVE=48m only 4 chunks go on the device, as for cuMemAlloc.
+    let vars = &[
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("VGPU_DEVICE_RESERVE", "48m"),
+    ];
+    let (mut p, out) = Running::start("torch-reserve", "256m", vars, &["torch", "8", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 8, "{out}");
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 4 * CHUNK, 4 * CHUNK),
+        "the reserve stays free on the VMM path too"
+    );
+    p.sync_expecting_intact("sync", 8);
+    p.finish();
+    // Without a reserve the device fills first, then the rest is host-backed.
+    let (mut p, out) = Running::start("torch", "256m", OVERSUBSCRIBE, &["torch", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 5 * CHUNK));
+    p.sync_expecting_intact("sync", 12);
+    p.finish();
+}
+
+#[test]
+fn a_driver_that_cannot_share_host_memory_still_gets_it_unshared() {
+    // The 9th cuMemCreate is the first host-located one (7 fit on the device, the 8th finds
+    // it full): refused as if the driver could not make host memory exportable, the hook
+    // makes the handle without the program's shareable handle types.
+    let vars = &[
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("VGPU_SIM_FAULTS", "cuMemCreate:9:801"),
+    ];
+    let (mut p, out) = Running::start("torch-unshared", "256m", vars, &["torch", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    assert_eq!(usage(&p.table()), (CONTEXT + 7 * CHUNK, 5 * CHUNK));
+    p.sync_expecting_intact("sync", 12);
+    p.finish();
+}
+
+#[test]
+fn a_pitched_allocation_keeps_the_reserve_too() {
+    let vars = &[
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("VGPU_DEVICE_RESERVE", "48m"),
+    ];
+    let (mut p, out) = Running::start("pitch-reserve", "256m", vars, &["pitch", "8", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 8, "{out}");
+    assert_eq!(usage(&p.table()), (CONTEXT + 4 * CHUNK, 4 * CHUNK));
+    p.sync_expecting_intact("sync", 8);
+    p.finish();
+}
+
+#[test]
+fn an_array_that_would_break_the_reserve_is_refused() {
+    // Arrays cannot be host-backed: past the reserve they get a clean out-of-memory.
+    let vars = &[
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("VGPU_DEVICE_RESERVE", "48m"),
+    ];
+    let (p, out) = Running::start("array-reserve", "256m", vars, &["array", "8", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 4, "{out}");
+    assert_eq!(value(&out, "last"), 2, "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(usage(&p.table()), (CONTEXT + 4 * CHUNK, 0));
+    p.finish();
+}
+
+#[test]
 fn a_killed_process_gives_back_its_host_backed_memory() {
     let (mut p, out) = oversubscribed("kill", &[]);
     assert_eq!(value(&out, "allocated"), 12);
@@ -486,5 +593,44 @@ fn host_backed_bytes_are_charged_on_the_gpu_not_the_ordinal() {
     assert_eq!(t.devices[1].host, 5 * CHUNK, "on the second GPU");
     assert_eq!(t.devices[0].host, 0);
     second.finish();
+    first.finish();
+}
+
+#[test]
+fn a_process_joining_with_another_host_policy_gets_the_file_s() {
+    // The file is made with a 32 MiB spill. Like a differing limit, a differing policy in a
+    // joining process changes it for nobody, that process included, and is said once.
+    let made_with = vgpu_shm::HostPolicy {
+        spill: 32 * MIB,
+        oversubscribe: false,
+    };
+    let spill = &[("VGPU_HOST_SPILL", "32m")];
+    let (first, _) = Running::start("policy", "64m", spill, &["alloc", "1", "16777216"]);
+    // Beside the first process's context and chunk, the joiner's context leaves one chunk on
+    // the device; the file's 32 MiB spill takes two more (its own 1 GiB with
+    // oversubscription would take all ten).
+    let greedy = &[("VGPU_HOST_SPILL", "1g"), ("CUDA_OVERSUBSCRIBE", "true")];
+    let (mut cmd, cache) = command("policy", "64m", greedy, &["alloc", "10", "16777216"]);
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(value(&stdout, "allocated"), 3, "{stdout}{stderr}");
+    let said = stderr
+        .matches("host memory policy in force differs")
+        .count();
+    assert_eq!(said, 1, "said once:\n{stderr}");
+    let t = UsageTable::open_read_only(&cache).unwrap().snapshot();
+    assert_eq!(
+        t.devices[0].host_policy, made_with,
+        "the file keeps its policy"
+    );
+    // A process joining with none gets the file's spill too.
+    let (mut cmd, _) = command("policy", "64m", &[], &["alloc", "10", "16777216"]);
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(value(&stdout, "allocated"), 3, "{stdout}");
     first.finish();
 }

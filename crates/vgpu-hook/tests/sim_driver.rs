@@ -386,22 +386,23 @@ fn sub_allocations_answer_their_own_range_and_refuse_ipc() {
 
 #[test]
 fn visible_devices_by_index_map_limits_usage_and_views_to_the_right_device() {
+    // `_<i>` is the container's (NVML's) GPU i, whatever CUDA_VISIBLE_DEVICES says.
     let run = Run::hooked("0")
         .var("VGPU_SIM_DEVICE_COUNT", "3")
-        .var("CUDA_DEVICE_MEMORY_LIMIT_0", "100m")
-        .var("CUDA_DEVICE_MEMORY_LIMIT_1", "200m")
+        .var("CUDA_DEVICE_MEMORY_LIMIT_2", "100m")
+        .var("CUDA_DEVICE_MEMORY_LIMIT_0", "200m")
         .var("CUDA_VISIBLE_DEVICES", "2,0");
     let o = run.run(&["devices", "10485760"]);
     assert_eq!(o.get("count"), "2");
     assert_eq!(
         o.u("dev0_total_mem"),
         100 * MIB,
-        "ordinal 0 (physical 2) has limit _0"
+        "ordinal 0 (physical 2) has limit _2"
     );
     assert_eq!(
         o.u("dev1_total_mem"),
         200 * MIB,
-        "ordinal 1 (physical 0) has limit _1"
+        "ordinal 1 (physical 0) has limit _0"
     );
     assert_eq!(o.get("dev0_alloc"), "0");
     assert_eq!(o.u("dev0_used"), 10 * MIB);
@@ -436,8 +437,8 @@ fn visible_devices_by_uuid_map_to_the_named_device() {
     assert_eq!(o.u("nvml0_used"), 0);
     assert_eq!(
         o.u("nvml0_total"),
-        1 << 30,
-        "device 0 is not the container's"
+        100 * MIB,
+        "device 0 is the container's too, under its limit"
     );
 }
 

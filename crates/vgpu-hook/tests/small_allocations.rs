@@ -62,6 +62,7 @@ fn env() -> &'static Standalone {
 fn fill(limit: &str, held: u64, max: Option<u64>) -> support::Out {
     let e = env();
     let mut cmd = Command::new(&e.program);
+    vgpu_testkit::clear_runner_settings(&mut cmd);
     cmd.arg(held.to_string()).arg(SMALL.to_string());
     if let Some(max) = max {
         cmd.arg(max.to_string());
@@ -77,9 +78,6 @@ fn fill(limit: &str, held: u64, max: Option<u64>) -> support::Out {
         .env("VGPU_SIM_TOTAL_MEM", "4g")
         .env("VGPU_SIM_CTX_OVERHEAD", "64m")
         .env("VGPU_SIM_MODULE_OVERHEAD", "0")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("VGPU_SUBALLOC")
-        .env_remove("VGPU_ALLOC_OVERSIZE")
         .output()
         .expect("run the test program");
     let o = support::Out::parse(

@@ -17,10 +17,15 @@ const D1: DeviceIndex = DeviceIndex(1);
 pub(crate) struct TempPath(pub PathBuf);
 
 impl TempPath {
+    /// Nothing is there: a file a killed run of the same pid left is removed first, so that no
+    /// test joins it.
     pub(crate) fn new(tag: &str) -> Self {
         static N: AtomicU64 = AtomicU64::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
-        Self(std::env::temp_dir().join(format!("vgpu-shm-{tag}-{}-{n}.cache", std::process::id())))
+        let p =
+            std::env::temp_dir().join(format!("vgpu-shm-{tag}-{}-{n}.cache", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        Self(p)
     }
 }
 
@@ -1009,6 +1014,8 @@ fn an_empty_file_is_adopted_only_when_it_has_one_name() {
 fn a_foreign_owned_file_in_a_world_writable_directory_is_refused() {
     use std::os::unix::fs::MetadataExt;
     let dir = std::env::temp_dir().join(format!("vgpu-shm-ww-{}", std::process::id()));
+    // Fresh: a killed run of the same pid may have left a stranger's file in it.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let p = TempPath(dir.join("c.cache"));
@@ -1063,6 +1070,36 @@ fn a_table_knows_when_its_path_no_longer_names_its_file() {
 }
 
 // --- the host-backed class (issue 16) ---
+
+/// The host policy is the creator's, on every device, from the moment the file is visible;
+/// a process opening it later with another keeps the file's (as with the limits).
+#[test]
+fn a_new_file_has_its_creator_s_host_policy_and_keeps_it() {
+    let p = TempPath::new("hostpolicy");
+    let made_with = crate::HostPolicy {
+        spill: 64 << 20,
+        oversubscribe: true,
+    };
+    let t =
+        UsageTable::open_or_create_with_host_policy(&p.0, &init(1000, 2000), made_with).unwrap();
+    assert!(t.created());
+    for d in 0..layout::MAX_DEVICES as u32 {
+        assert_eq!(t.host_policy(DeviceIndex(d)), made_with, "device {d}");
+    }
+    let other = crate::HostPolicy {
+        spill: 10 << 30,
+        oversubscribe: false,
+    };
+    let joined = UsageTable::open_or_create_with_host_policy(&p.0, &init(1, 1), other).unwrap();
+    assert!(!joined.created());
+    assert_eq!(joined.host_policy(D1), made_with);
+    assert_eq!(
+        UsageTable::open_or_create(&p.0, &init(1, 1))
+            .unwrap()
+            .host_policy(D0),
+        made_with
+    );
+}
 
 /// Host-backed bytes are their own class: in the extension (snapshot, node-side reader), not
 /// in the device's `used` nor in HAMi's fields (the monitor reads device memory only); the

@@ -64,7 +64,10 @@ pub fn compile_c(
 }
 
 /// Removes from `cmd` the settings the test runner's own environment may carry (`CUDA_*`,
-/// `VGPU_*`, `LD_PRELOAD`, `LIBCUDA_LOG_LEVEL`), so that a test checks only what it sets.
+/// `VGPU_*`, `LD_PRELOAD`, `LIBCUDA_LOG_LEVEL`), so that a test checks only what it sets,
+/// and turns the turn board off (`VGPU_TURN_DIR=off`): its default directory is the host's
+/// `/tmp/vgpulock`, which a test must neither depend on (whether an earlier run left one) nor
+/// create (`vgpu run` with an SM limit would). A test of turns names its own directory.
 pub fn clear_runner_settings(cmd: &mut Command) -> &mut Command {
     for (k, _) in std::env::vars_os() {
         let runners = k.to_str().is_some_and(|k| {
@@ -77,5 +80,5 @@ pub fn clear_runner_settings(cmd: &mut Command) -> &mut Command {
             cmd.env_remove(&k);
         }
     }
-    cmd
+    cmd.env("VGPU_TURN_DIR", "off")
 }

@@ -33,21 +33,45 @@ pub fn scrape_targets(pattern: &str) -> Result<Vec<PathBuf>, String> {
     }
 }
 
+/// The failed reads per file after a scrape: `previous` counts carried over, one more for each
+/// file that failed now. Only the files of this scrape are kept (a file renamed or removed is
+/// forgotten, and comes back from 0), so the map never holds more names than one scrape
+/// matches (at most [`glob::MAX_MATCHES`]) whatever a tenant renames.
+fn count_errors(mut previous: BTreeMap<String, u64>, scraped: &[Scraped]) -> BTreeMap<String, u64> {
+    scraped
+        .iter()
+        .filter_map(|f| {
+            let before = previous.remove(&f.cache).unwrap_or(0);
+            let now = before + u64::from(f.result.is_err());
+            (now > 0).then(|| (f.cache.clone(), now))
+        })
+        .collect()
+}
+
 /// The exporter's state shared by connection threads.
 #[derive(Debug)]
 pub struct Exporter {
     pattern: String,
     pod_logs: PathBuf,
+    dra_checkpoint: PathBuf,
     options: Options,
+    /// Failed reads per file, for the files of the last scrape only ([`count_errors`]).
     errors_total: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Exporter {
-    /// An exporter for `pattern` (a path or a glob), with pod metadata from `pod_logs`.
-    pub fn new(pattern: String, pod_logs: PathBuf, options: Options) -> Self {
+    /// An exporter for `pattern` (a path or a glob), with pod metadata from `pod_logs` and
+    /// the DRA driver's `dra_checkpoint`.
+    pub fn new(
+        pattern: String,
+        pod_logs: PathBuf,
+        dra_checkpoint: PathBuf,
+        options: Options,
+    ) -> Self {
         Self {
             pattern,
             pod_logs,
+            dra_checkpoint,
             options,
             errors_total: Mutex::new(BTreeMap::new()),
         }
@@ -59,7 +83,7 @@ impl Exporter {
             Ok(t) => (t, None),
             Err(e) => (Vec::new(), Some(e)),
         };
-        let pods = pods::PodIndex::read(&self.pod_logs);
+        let pods = pods::PodIndex::read(&self.pod_logs, Some(&self.dra_checkpoint));
         let scraped: Vec<Scraped> = targets
             .iter()
             .map(|p| Scraped {
@@ -69,11 +93,7 @@ impl Exporter {
             })
             .collect();
         let mut errors = self.errors_total.lock().unwrap_or_else(|e| e.into_inner());
-        for f in &scraped {
-            if f.result.is_err() {
-                *errors.entry(f.cache.clone()).or_insert(0) += 1;
-            }
-        }
+        *errors = count_errors(std::mem::take(&mut *errors), &scraped);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -132,7 +152,12 @@ pub fn exporter(args: &ExporterArgs) -> Result<ExitCode, Failure> {
         legacy: args.legacy_metrics,
         per_process: args.per_process,
     };
-    let exporter = Arc::new(Exporter::new(pattern, args.pod_logs.clone(), options));
+    let exporter = Arc::new(Exporter::new(
+        pattern,
+        args.pod_logs.clone(),
+        args.dra_checkpoint.clone(),
+        options,
+    ));
     let err = http::serve(
         listener,
         Arc::new(move |req: &Request| exporter.respond(req)),
@@ -227,6 +252,21 @@ mod tests {
         }
     }
 
+    /// The families' help texts go out as they are: nothing in them needs the escapes of
+    /// `# HELP` (backslash, line end).
+    #[test]
+    fn help_texts_need_no_escaping() {
+        let all = Options {
+            hami: true,
+            legacy: true,
+            per_process: true,
+        };
+        let text = render(&[], &BTreeMap::new(), None, all, 0);
+        for line in text.lines().filter(|l| l.starts_with("# HELP ")) {
+            assert!(!line.contains('\\') && !line.chars().any(crate::untrusted::is_unsafe));
+        }
+    }
+
     #[test]
     fn per_process_series_are_opt_in() {
         let results = vec![scraped("/tmp/x.cache", Ok(crate::report::tests::sample()))];
@@ -235,11 +275,38 @@ mod tests {
         assert!(text.contains("vgpu_device_dead_processes{"), "{text}");
     }
 
+    /// A tenant renaming an unreadable file again and again must not grow the exporter: the
+    /// error counts keep only the files of the last scrape (they kept every name ever seen).
+    #[test]
+    fn error_counts_forget_files_that_are_gone() {
+        let dir = crate::private_tempdir("vgpu-exp-forget").unwrap();
+        let e = Exporter::new(
+            format!("{}/*.cache", dir.path().display()),
+            "/nonexistent/pods".into(),
+            "/nonexistent/checkpoint.json".into(),
+            Options::default(),
+        );
+        let mut bad = dir.path().join("bad0.cache");
+        std::fs::write(&bad, b"").unwrap();
+        for i in 1..=50 {
+            assert!(e.scrape().contains("vgpu_scrape_errors_total{cache="));
+            let next = dir.path().join(format!("bad{i}.cache"));
+            std::fs::rename(&bad, &next).unwrap();
+            bad = next;
+        }
+        let tracked = || e.errors_total.lock().unwrap().len();
+        assert_eq!(tracked(), 1);
+        std::fs::remove_file(&bad).unwrap();
+        e.scrape();
+        assert_eq!(tracked(), 0);
+    }
+
     #[test]
     fn unknown_paths_and_methods_get_errors() {
         let e = Exporter::new(
             "/nonexistent/x.cache".into(),
             "/nonexistent/pods".into(),
+            "/nonexistent/checkpoint.json".into(),
             Options::default(),
         );
         let get = |path: &str| Request {

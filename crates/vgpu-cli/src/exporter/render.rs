@@ -1,17 +1,20 @@
 //! The metrics page: HAMi's families (names and labels exactly as HAMi's monitor serves them,
 //! `cmd/vGPUmonitor/metrics.go`), optionally its legacy names, and vgpu's own richer families.
 //!
-//! Invariants: every sample follows its family's `# HELP`/`# TYPE`; a limit that means
-//! "unlimited" produces no limit sample (so `used / limit` has no series rather than +Inf);
-//! a container's usage counts only processes that are alive (a killed container drops to 0,
-//! what the GPU really holds), while vgpu's own `dead` families show what dead processes
-//! still hold in the file.
+//! Invariants: every sample follows its family's `# HELP`/`# TYPE`, and each series appears
+//! once; every string a tenant controls (a file name, a UUID, a pod's names) reaches the page
+//! as a label value or a comment escaped by [`crate::untrusted`], so no line can be forged or
+//! broken; a limit that means "unlimited" produces no limit sample (so `used / limit` has no
+//! series rather than +Inf); a container's usage counts only processes that are alive (a
+//! killed container drops to 0, what the GPU really holds), while vgpu's own `dead` families
+//! show what dead processes still hold in the file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
 use super::pods::Identity;
 use crate::report::{DeviceStatus, StatusReport};
+use crate::untrusted;
 
 /// What the page includes besides vgpu's own families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,16 +370,25 @@ impl<'a> ContainerDevice<'a> {
     }
 }
 
-/// Escape a label value (backslash, quote, newline).
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
+/// A label value as the exposition format writes it: first made safe ([`untrusted::text`]:
+/// a file name or UUID is a tenant's), then its backslashes, quotes and line ends escaped.
+fn label_value(v: &str) -> String {
+    untrusted::text(v)
+        .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
 }
 
-/// Samples collected per family name.
+/// Samples collected per family name, each series once: HAMi's families name a container's
+/// GPU without the file, so two usage files in one container's directory (a tenant's copy of
+/// its own) would give one series twice; the first file in path order wins, and the page says
+/// how many were dropped.
 #[derive(Debug, Default)]
-struct Samples(BTreeMap<&'static str, Vec<String>>);
+struct Samples {
+    by_family: BTreeMap<&'static str, Vec<String>>,
+    series: HashSet<String>,
+    duplicates: usize,
+}
 
 impl Samples {
     fn add(&mut self, name: &'static str, labels: &[(&str, &str)], value: u64) {
@@ -387,12 +399,16 @@ impl Samples {
                 if i > 0 {
                     line.push(',');
                 }
-                let _ = write!(line, "{k}=\"{}\"", esc(v));
+                let _ = write!(line, "{k}=\"{}\"", label_value(v));
             }
             line.push('}');
         }
+        if !self.series.insert(line.clone()) {
+            self.duplicates += 1;
+            return;
+        }
         let _ = write!(line, " {value}");
-        self.0.entry(name).or_default().push(line);
+        self.by_family.entry(name).or_default().push(line);
     }
 }
 
@@ -608,15 +624,28 @@ pub fn render(
             hami_samples(&mut s, opts, id, report, now_unix);
         }
     }
+    // Comments are ignored by Prometheus but visible to a person reading the page; what a
+    // tenant named is escaped, so a comment stays one line.
     let mut out = String::new();
     if let Some(e) = glob_error {
-        // Comments are ignored by Prometheus but visible to a person reading the page.
-        let _ = writeln!(out, "# glob error: {}", e.replace('\n', " "));
+        let _ = writeln!(out, "# glob error: {}", untrusted::text(e));
     }
     for f in scraped {
         if let Err(e) = &f.result {
-            let _ = writeln!(out, "# error reading {}: {}", f.cache, e.replace('\n', " "));
+            let _ = writeln!(
+                out,
+                "# error reading {}: {}",
+                untrusted::text(&f.cache),
+                untrusted::text(e)
+            );
         }
+    }
+    if s.duplicates > 0 {
+        let _ = writeln!(
+            out,
+            "# {} duplicate series dropped (more than one usage file for one container's GPU)",
+            s.duplicates
+        );
     }
     for (set, name, kind, help) in FAMILIES {
         let included = match set {
@@ -629,7 +658,7 @@ pub fn render(
             continue;
         }
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for line in s.0.get(name).into_iter().flatten() {
+        for line in s.by_family.get(name).into_iter().flatten() {
             let _ = writeln!(out, "{line}");
         }
     }

@@ -173,10 +173,27 @@ fn spawn(cmd: &mut Command) -> Child {
 
 /// Run to completion, killing it after `limit`.
 pub fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.stdin(Stdio::null());
+    finish_with(cmd, limit, |_| ())
+}
+
+/// Run to completion with `input` on its stdin (then closed), killing it after 30 s.
+pub fn run_with_stdin(mut cmd: Command, input: &'static [u8]) -> Output {
+    use std::io::Write as _;
+    cmd.stdin(Stdio::piped());
+    finish_with(cmd, Duration::from_secs(30), |child| {
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(input);
+        });
+    })
+}
+
+/// Spawns `cmd` with its output piped, lets `started` feed it, and waits at most `limit`.
+fn finish_with(mut cmd: Command, limit: Duration, started: impl FnOnce(&mut Child)) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = spawn(&mut cmd);
+    started(&mut child);
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
     let status = wait_bounded(&mut child, limit);
@@ -267,4 +284,50 @@ pub fn assert_fails(out: &Output, code: i32, needles: &[&str]) {
             out.stderr
         );
     }
+}
+
+/// Whether this machine lets us make PID and mount namespaces with mounts in them.
+pub fn namespaces_permitted() -> bool {
+    Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--propagation",
+            "private",
+            "--mount-proc",
+        ])
+        .args(["sh", "-c", "mount -t tmpfs tmpfs /mnt"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+pub fn parse_metrics(body: &str) -> Vec<prometheus_parse::Sample> {
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    prometheus_parse::Scrape::parse(lines).unwrap().samples
+}
+
+/// The value of the one sample of `metric` with `labels`.
+pub fn metric_value(
+    samples: &[prometheus_parse::Sample],
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    let hits: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .filter_map(|s| match s.value {
+            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        hits.len() <= 1,
+        "{metric} {labels:?}: {} series",
+        hits.len()
+    );
+    hits.first().copied()
 }

@@ -122,6 +122,25 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
     pctx: *mut CUcontext,
     dev: CUdevice,
 ) -> Result<(), CUresult> {
+    // SAFETY: the caller's out-pointer, as the driver API's contract requires.
+    unsafe { retain_primary(forward, pctx, dev) }?;
+    if let (Some(st), false) = (ready_state(), pctx.is_null()) {
+        // SAFETY: the driver filled the non-null out-pointer.
+        let ctx = unsafe { *pctx };
+        st.host_backed.contexts.primary_retained(ctx as usize, dev);
+    }
+    Ok(())
+}
+
+/// The primary context of `dev` retained, created and charged if it was not active.
+///
+/// # Safety
+/// `pctx` as the driver API's contract requires.
+unsafe fn retain_primary(
+    forward: impl Forward,
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
     if driver::primary_ctx_active(cuda, dev).unwrap_or(true) {
         return forward(cuda); // retaining an existing context takes nothing
@@ -182,6 +201,7 @@ pub(crate) fn primary_released(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresul
     if driver::primary_ctx_active(cuda, dev).unwrap_or(true) {
         return Ok(());
     }
+    st.host_backed.contexts.primary_gone(dev);
     if let Some(released) = forget_primary(st, dev) {
         vlog!(
             DEBUG,
@@ -203,9 +223,11 @@ pub(crate) fn primary_reset(cuda: &Cuda, dev: CUdevice) -> Result<(), CUresult> 
     if let Some(st) = ready_state() {
         let charged = locked(&st.primary).get(&dev.0).copied();
         forget_primary(st, dev);
-        if let (Some(c), Some(idx)) = (charged, dev_index(dev))
-            && driver::primary_ctx_active(cuda, dev).unwrap_or(false)
-        {
+        let kept = driver::primary_ctx_active(cuda, dev).unwrap_or(false);
+        if !kept {
+            st.host_backed.contexts.primary_gone(dev);
+        }
+        if let (Some(c), Some(idx), true) = (charged, dev_index(dev), kept) {
             let ctx = c.ctx as CUcontext;
             let mut primary = locked(&st.primary);
             match charge_context(st, idx, ctx, Some(c.bytes), || {}) {
@@ -239,11 +261,18 @@ pub(crate) unsafe fn create_context(
     // SAFETY: the caller's out-pointer, as the driver API's contract requires.
     let Some((idx, ctx, bytes)) = (unsafe { create_measured(st, cuda, dev, forward, pctx) })?
     else {
+        if !pctx.is_null() {
+            // SAFETY: the driver filled the non-null out-pointer (the creation succeeded).
+            st.host_backed
+                .contexts
+                .created(unsafe { *pctx } as usize, dev);
+        }
         return Ok(());
     };
     let charged = charge_context(st, idx, ctx, bytes, || {
         let _ = driver::ctx_destroy(cuda, ctx);
     })?;
+    st.host_backed.contexts.created(ctx as usize, dev);
     if charged {
         settle_after_context(st, cuda, idx);
     }
@@ -254,6 +283,7 @@ pub(crate) unsafe fn create_context(
 pub(crate) fn context_destroyed(cuda: &Cuda, ctx: CUcontext) -> Result<(), CUresult> {
     driver::contexts_changed();
     if let Some(st) = ready_state() {
+        st.host_backed.contexts.destroyed(ctx as usize);
         st.residual.context_gone(ctx as usize);
         host_backed_context_gone(st, ctx as usize);
         st.alloc.release_context(ctx_id(ctx));

@@ -23,19 +23,11 @@ pub(crate) unsafe fn cuMemAlloc_v2(
         );
         return forward(cuda);
     };
-    // (The reserve applies only with host backing on: `enabled` is read only when it is set.)
-    if st.config.host_backing.device_reserve != 0
-        && st.config.host_backing.enabled()
-        && crate::host_backing::breaks_reserve(
-            cuda,
-            st.config.host_backing.device_reserve,
-            bytesize as u64,
-        )
-    {
-        let full = AllocError::Backend(vgpu_alloc_core::BackendError {
-            code: CUresult::OUT_OF_MEMORY.0,
-        });
-        let ptr = host_backed_or(st, cuda, idx, (dev, ctx), bytesize as u64, full)?;
+    let bytes = bytesize as u64;
+    if let Some(free) = reserve_breach(st, cuda, idx, bytes) {
+        let ptr = keep_reserve(st, (idx, bytes), free, |full| {
+            host_backed_or(st, cuda, idx, (dev, ctx), bytes, full)
+        })?;
         // SAFETY: non-null out-pointer (checked above).
         return unsafe { write_out(dptr, ptr) };
     }

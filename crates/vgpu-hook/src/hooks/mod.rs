@@ -184,6 +184,11 @@ fn charge_then_forward<'s>(
     c: &Charge<'_>,
     full: impl FnOnce(AllocError) -> Result<(), CUresult>,
 ) -> Result<Option<Pending<'s>>, CUresult> {
+    if takes_device_memory_at_creation(c.kind) {
+        if let Some(free) = reserve_breach(st, cuda, c.device, c.charge) {
+            return keep_reserve(st, (c.device, c.charge), free, full).map(|()| None);
+        }
+    }
     let begun = with_pool_retry(st, cuda, || {
         st.alloc
             .begin_record(c.kind, c.device, c.context, c.requested, c.charge)
@@ -201,6 +206,65 @@ fn charge_then_forward<'s>(
         return full(driver_full).map(|()| None);
     }
     Ok(Some(pending))
+}
+
+/// Whether the driver takes memory of `kind` from the device when it is created, where the
+/// hook places it: the device reserve holds against these. (Pools and graph memory take
+/// theirs inside the driver, at times the hook does not see; managed memory is placed at
+/// first touch.)
+fn takes_device_memory_at_creation(kind: AllocationKind) -> bool {
+    matches!(
+        kind,
+        AllocationKind::Direct
+            | AllocationKind::SubAllocated
+            | AllocationKind::Pitched
+            | AllocationKind::VmmHandle
+            | AllocationKind::Array
+            | AllocationKind::MipmappedArray
+    )
+}
+
+/// With host backing on and `VGPU_DEVICE_RESERVE` set: the GPU's free memory, if placing
+/// `bytes` on `device` would leave it less than the reserve (one free-memory query; none
+/// while the reserve is unset).
+#[inline(always)]
+fn reserve_breach(st: &Ready, cuda: &Cuda, device: DeviceIndex, bytes: u64) -> Option<u64> {
+    let backing = &st.config.host_backing;
+    if backing.device_reserve == 0 || !backing.enabled() {
+        return None;
+    }
+    crate::host_backing::breaks_reserve(
+        cuda,
+        CUdevice(device.0 as i32),
+        backing.device_reserve,
+        bytes,
+    )
+}
+
+/// `bytes` on `device` would break the reserve (the GPU has `free`): `place` puts them in
+/// host memory where the path can (as when the GPU is full), else the allocation is refused
+/// with a line saying why.
+#[cold]
+#[inline(never)]
+fn keep_reserve<T>(
+    st: &Ready,
+    (device, bytes): (DeviceIndex, u64),
+    free: u64,
+    place: impl FnOnce(AllocError) -> Result<T, CUresult>,
+) -> Result<T, CUresult> {
+    let gpu_full = AllocError::Backend(vgpu_alloc_core::BackendError {
+        code: CUresult::OUT_OF_MEMORY.0,
+    });
+    let placed = place(gpu_full);
+    if placed.is_err() {
+        vlog!(
+            MSG,
+            "refusing {bytes} bytes on device {device}: the GPU has {free} bytes free and \
+             VGPU_DEVICE_RESERVE keeps {} of them free",
+            st.config.host_backing.device_reserve
+        );
+    }
+    placed
 }
 
 /// An allocation the device could not take (`refused`): `make` stands it in host memory when

@@ -3,9 +3,10 @@
 
 use super::*;
 
-/// `cuCtxSynchronize`: a sync point; once the context's work is finished, host-backed
-/// allocations of its device move back onto it while room allows (docs/oversubscription.md:
-/// this is the one place a move happens, since no work of the context can be using them).
+/// `cuCtxSynchronize`: a sync point; once the context's work is finished, its host-backed
+/// allocations move back onto its device while room allows, if it is the device's only
+/// context (docs/oversubscription.md: this is the one place a move happens, since then no
+/// work can be using them).
 pub(crate) fn cuCtxSynchronize(forward: impl Forward) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
     let answer = forward(cuda);
@@ -30,12 +31,14 @@ pub(crate) fn cuCtxSynchronize_v2(forward: impl Forward, ctx: CUcontext) -> Resu
     answer
 }
 
-/// Host-backed allocations of the current device move back while room allows.
+/// Host-backed allocations of the current context, just synchronized, move back while room
+/// allows.
 fn move_back_on_current(cuda: &Cuda) {
     if let Some(st) = ready_state().filter(|st| st.host_backed.any()) {
-        if let Ok(dev) = driver::current_device(cuda) {
+        if let Ok((ctx, dev)) = driver::current(cuda) {
             let reserve = st.config.host_backing.device_reserve;
-            st.host_backed.move_back(cuda, st.ledger(), dev, reserve);
+            st.host_backed
+                .move_back(cuda, st.ledger(), (dev, ctx), reserve);
         }
     }
 }

@@ -43,10 +43,7 @@ pub fn env() -> &'static Env {
     static ENV: OnceLock<Env> = OnceLock::new();
     ENV.get_or_init(|| {
         let (hook, sim) = built_libraries();
-        remove_stale_scratch();
-        let scratch = std::env::temp_dir().join(format!("vgpu-hook-tests-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&scratch);
-        std::fs::create_dir_all(&scratch).expect("scratch dir");
+        let scratch = scratch_root().to_path_buf();
         let simlib = scratch.join("simlib");
         std::fs::create_dir_all(&simlib).expect("simlib dir");
         for name in [
@@ -84,9 +81,23 @@ pub fn env() -> &'static Env {
     })
 }
 
+/// This test binary's scratch directory, `$TMPDIR/vgpu-hook-tests-<pid>`, made empty on first
+/// use (after removing those of earlier runs whose process is gone): everything the tests
+/// write goes under it.
+fn scratch_root() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        remove_stale_scratch();
+        let root = std::env::temp_dir().join(format!("vgpu-hook-tests-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).expect("scratch dir");
+        root
+    })
+}
+
 /// A standalone C test program: its own source (which loads the driver with `dlopen`; it
-/// may include `tests/programs/standalone.h`),
-/// compiled with `-ldl` into a fresh directory `dir` that also holds the simulated driver as
+/// may include `tests/programs/standalone.h`), compiled with `-ldl` into a fresh directory
+/// `dir` of this binary's scratch directory that also holds the simulated driver as
 /// `libcuda.so.1` and `libnvidia-ml.so.1` (run it with `LD_LIBRARY_PATH=dir`).
 pub struct Standalone {
     /// The directory of the program and the driver links.
@@ -100,7 +111,7 @@ pub struct Standalone {
 /// Builds a [`Standalone`] program named `name` from `source` in a directory tagged `tag`.
 pub fn standalone(tag: &str, name: &str, source: &str) -> Standalone {
     let (hook, sim) = built_libraries();
-    let dir = std::env::temp_dir().join(format!("vgpu-{tag}-{}", std::process::id()));
+    let dir = scratch_root().join(tag);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
@@ -113,15 +124,15 @@ pub fn standalone(tag: &str, name: &str, source: &str) -> Standalone {
 
 impl Standalone {
     /// The program with `args` under the hook, counting into the usage file `cache`, stdout
-    /// and stderr piped, and no SM limit or policy inherited from the test runner (callers
-    /// set the ones they test).
+    /// and stderr piped, and no limit, policy or turn directory inherited from the test
+    /// runner or the host ([`clear_runner_settings`]; callers set the ones they test).
     pub fn hooked(&self, args: &[&str], cache: &Path) -> Command {
         let mut cmd = Command::new(&self.program);
+        clear_runner_settings(&mut cmd);
         cmd.args(args)
             .env("LD_PRELOAD", &self.hook)
             .env("LD_LIBRARY_PATH", &self.dir)
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache)
-            .env_remove("CUDA_DEVICE_SM_LIMIT")
             .env_remove("GPU_CORE_UTILIZATION_POLICY")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -97,13 +97,7 @@ impl UsageTable {
     pub fn set_host_policy(&self, device: DeviceIndex, policy: HostPolicy) -> Result<(), ShmError> {
         self.check_writable()?;
         let d = per_device(&self.ext().devices, device)?;
-        d.host_spill.store(policy.spill, Ordering::Release);
-        let flags = if policy.oversubscribe {
-            HOST_FLAG_OVERSUBSCRIBE
-        } else {
-            0
-        };
-        d.host_flags.store(flags, Ordering::Release);
+        store_host_policy(d, policy, Ordering::Release);
         Ok(())
     }
 
@@ -235,4 +229,15 @@ impl UsageTable {
             limit: self.memory_limit(device),
         }
     }
+}
+
+/// Writes `policy` into a device's words of the extension (one store each).
+pub(super) fn store_host_policy(d: &layout::DeviceRecord, policy: HostPolicy, order: Ordering) {
+    d.host_spill.store(policy.spill, order);
+    let flags = if policy.oversubscribe {
+        HOST_FLAG_OVERSUBSCRIBE
+    } else {
+        0
+    };
+    d.host_flags.store(flags, order);
 }

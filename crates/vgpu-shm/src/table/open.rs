@@ -15,6 +15,7 @@ use crate::layout::{
     self, BASE_FILE_LEN, EXT_MAGIC, EXT_VERSION, Extension, FILE_LEN, HAMI_MAGIC, HAMI_MAJOR,
     HAMI_MINOR, HamiRegion, MAX_DEVICES, MAX_SLOTS, UUID_LEN,
 };
+use crate::protocol::HostPolicy;
 use crate::sys::{self, Mapping};
 use crate::validate::validate;
 
@@ -62,8 +63,19 @@ impl UsageTable {
     /// than one name. Nothing but an empty file or an unfinished table of vgpu's own is ever
     /// initialized (docs/security.md, "Files vgpu writes into").
     pub fn open_or_create(path: impl AsRef<Path>, init: &TableInit) -> Result<Self, ShmError> {
+        Self::open_or_create_with_host_policy(path, init, HostPolicy::default())
+    }
+
+    /// [`Self::open_or_create`], with `host` as every device's host policy of a file this
+    /// call creates, written with the rest of the initialization (so no process ever sees
+    /// the file without it). An existing file keeps its policy, as it keeps its limits.
+    pub fn open_or_create_with_host_policy(
+        path: impl AsRef<Path>,
+        init: &TableInit,
+        host: HostPolicy,
+    ) -> Result<Self, ShmError> {
         init.check()?;
-        Self::open(path.as_ref(), Some(init), true)
+        Self::open(path.as_ref(), Some((init, host)), true)
     }
 
     /// Attach read-write to an existing table.
@@ -78,7 +90,11 @@ impl UsageTable {
         Self::open(path.as_ref(), None, false)
     }
 
-    fn open(path: &Path, init: Option<&TableInit>, writable: bool) -> Result<Self, ShmError> {
+    fn open(
+        path: &Path,
+        init: Option<(&TableInit, HostPolicy)>,
+        writable: bool,
+    ) -> Result<Self, ShmError> {
         let io = |op: &'static str| {
             let path = path.to_path_buf();
             move |source: io::Error| ShmError::Io { path, op, source }
@@ -138,11 +154,13 @@ impl UsageTable {
                     Ok(_) => unreachable_truncated(len).map_err(invalid)?,
                     // Only an initialization of vgpu's that died leaves its magic without
                     // HAMi's: this file is vgpu's own, and nobody is attached to it.
-                    Err(ImageError::Uninitialized) if init.is_some() && carries_ext_magic(&map) => {
+                    Err(ImageError::Uninitialized) if carries_ext_magic(&map) => {
+                        let Some(init) = init else {
+                            return Err(invalid(ImageError::Uninitialized));
+                        };
                         drop(map);
                         created = true;
-                        Self::initialize(&file, init.unwrap_or(&TableInit::default()), true)
-                            .map_err(io("initialize"))?
+                        Self::initialize(&file, init, true).map_err(io("initialize"))?
                     }
                     Err(ImageError::Truncated { .. }) => {
                         unreachable_truncated(len).map_err(invalid)?
@@ -252,7 +270,11 @@ impl UsageTable {
     /// Size the file and write a fresh table (caller holds the init flock). The file is
     /// empty, or (`unfinished`) vgpu's own whose initializer died: cutting that one to 0 first
     /// zero-fills what it left. Nothing else is ever cut.
-    fn initialize(file: &File, init: &TableInit, unfinished: bool) -> io::Result<Mapping> {
+    fn initialize(
+        file: &File,
+        (init, host): (&TableInit, HostPolicy),
+        unfinished: bool,
+    ) -> io::Result<Mapping> {
         if unfinished {
             file.set_len(0)?;
         }
@@ -261,7 +283,7 @@ impl UsageTable {
         let (Some(region), Some(ext)) = (map.region(), map.extension()) else {
             return Err(io::Error::other("mapping shorter than the table"));
         };
-        write_fresh(region, ext, init);
+        write_fresh(region, ext, init, host);
         Ok(map)
     }
 }
@@ -287,7 +309,7 @@ fn unreachable_truncated(len: u64) -> Result<Mapping, ImageError> {
     })
 }
 
-fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit) {
+fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit, host: HostPolicy) {
     // First: from here on the file is recognizably vgpu's, so that if this initializer dies,
     // the next one may start again (see `open`).
     ext.header.magic.store(EXT_MAGIC, Ordering::Relaxed);
@@ -316,6 +338,9 @@ fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit) {
         r.sm_limit[d].store(sm, Ordering::Relaxed);
     }
     r.priority.store(init.priority, Ordering::Relaxed);
+    for d in &ext.devices {
+        super::fields::store_host_policy(d, host, Ordering::Relaxed);
+    }
     let h = &ext.header;
     h.version.store(EXT_VERSION, Ordering::Relaxed);
     h.ext_size

@@ -84,8 +84,12 @@ impl XorShift {
 
 pub struct TempPath(pub PathBuf);
 impl TempPath {
+    /// Nothing is there: a file a killed run of the same pid left is removed first.
     pub fn new(tag: &str) -> Self {
-        Self(std::env::temp_dir().join(format!("vgpu-shm-it-{tag}-{}.cache", std::process::id())))
+        let p =
+            std::env::temp_dir().join(format!("vgpu-shm-it-{tag}-{}.cache", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        Self(p)
     }
 }
 impl Drop for TempPath {

@@ -9,7 +9,7 @@ fn prop_bytes(p: &CUmemAllocationProp) -> [u8; 32] {
     b[8..12].copy_from_slice(&p.location.type_.0.to_le_bytes());
     b[12..16].copy_from_slice(&p.location.id.to_le_bytes());
     b[24] = p.allocFlags.compressionType;
-    b[25] = p.allocFlags.gpuDirectRDMACapable;
+    b[crate::state::PROP_GPU_DIRECT_RDMA] = p.allocFlags.gpuDirectRDMACapable;
     b[26..28].copy_from_slice(&p.allocFlags.usage.to_le_bytes());
     b
 }

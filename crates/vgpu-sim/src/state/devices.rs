@@ -106,7 +106,11 @@ impl Sim {
             95 => 1,
             97 => 227 << 10,
             102 => 1,
+            // POSIX file descriptor handles, and the GPUDirect RDMA flag of cuMemCreate
+            // (PyTorch's expandable segments ask for both when these say yes).
+            103 => 1,
             106 => 32,
+            110 => 1,
             115 => 1,
             116 => 0b1,
             a if (0..=160).contains(&a) => 0,

@@ -94,6 +94,7 @@ pub use init::{global, inited};
 pub use modules::{Kernel, Launch};
 pub use pinned::HostMemory;
 pub use streams::StreamArg;
+pub use vmm::PROP_GPU_DIRECT_RDMA;
 
 /// How an allocation was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -557,3 +557,45 @@ fn the_host_limit_refuses_pinned_and_host_located_memory_with_out_of_memory() {
     s.host_free(p).unwrap();
     assert_eq!(s.host.used(), 0);
 }
+
+#[test]
+fn an_unmap_waits_for_the_work_queued_in_every_context_before_it() {
+    let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
+    let first = s.current().unwrap();
+    s.ctx_create(0, 0).unwrap(); // a second context, current now
+    let h = s.mem_create(GRANULARITY, None, [0; 32]).unwrap();
+    let va = s.address_reserve(GRANULARITY, 0).unwrap();
+    s.mem_map(va, GRANULARITY, 0, h).unwrap();
+    // Work queued in the first context, slower than the unmap.
+    let ran = Arc::new(AtomicBool::new(false));
+    let done = ran.clone();
+    let queue = s.st().ctxs[&first].null_stream.clone();
+    queue.submit(Box::new(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        done.store(true, Ordering::SeqCst);
+    }));
+    s.mem_unmap(va, GRANULARITY).unwrap();
+    assert!(
+        ran.load(Ordering::SeqCst),
+        "the unmap returned before the other context's queued work ran"
+    );
+    s.mem_release(h).unwrap();
+    s.address_free(va, GRANULARITY).unwrap();
+}
+
+#[test]
+fn host_located_memory_refuses_the_gpudirect_rdma_flag() {
+    let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
+    let mut rdma = [0u8; 32];
+    rdma[PROP_GPU_DIRECT_RDMA] = 1;
+    assert_eq!(
+        s.mem_create(GRANULARITY, None, rdma),
+        Err(CUDA_ERROR_INVALID_DEVICE)
+    );
+    assert_eq!(s.host.used(), 0, "nothing taken");
+    let on_device = s.mem_create(GRANULARITY, Some(0), rdma).unwrap();
+    let plain = s.mem_create(GRANULARITY, None, [0; 32]).unwrap();
+    for h in [on_device, plain] {
+        s.mem_release(h).unwrap();
+    }
+}

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// Where `allocFlags.gpuDirectRDMACapable` lies in a property's bytes (`driver::vmm`).
+pub const PROP_GPU_DIRECT_RDMA: usize = 25;
+
 impl Sim {
     /// Takes `size` bytes where physical memory lives: a device, or (`None`) the host, whose
     /// limit host-located memory counts against instead.
@@ -25,6 +28,12 @@ impl Sim {
     pub fn mem_create(&self, size: u64, location: Option<i32>, prop: [u8; 32]) -> CuResult<u64> {
         if size == 0 || size % GRANULARITY != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if location.is_none() && prop[PROP_GPU_DIRECT_RDMA] != 0 {
+            // GPUDirect RDMA is a property of device memory (the device attribute that allows
+            // it, `GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`, is the GPU's): the driver refuses
+            // the flag where it cannot give it, as for device memory of a GPU without it.
+            return Err(CUDA_ERROR_INVALID_DEVICE);
         }
         let dev = location.map(|o| self.phys(o)).transpose()?;
         self.take_physical(dev, size)?;
@@ -131,8 +140,16 @@ impl Sim {
         Ok(())
     }
 
-    /// `cuMemUnmap`.
+    /// `cuMemUnmap`. First the work already queued in every context of the process finishes:
+    /// the driver documents the call as synchronous for most uses (`\note_sync`), and a
+    /// kernel queued before an unmap then reaches the memory still mapped there, not the
+    /// memory mapped at that address afterwards. (The driver does not promise it in every
+    /// case, so a program must not rely on it; the simulator picks the documented one, which
+    /// makes a remap under queued work lose that work's writes every time.)
     pub fn mem_unmap(&self, p: u64, size: u64) -> CuResult<()> {
+        for q in self.all_waits() {
+            q.drain();
+        }
         let mut st = self.st();
         let inside: Vec<u64> = st
             .maps

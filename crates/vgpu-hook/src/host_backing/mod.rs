@@ -8,8 +8,9 @@
 //! An allocation the device cannot take (the limit refuses it, or the GPU is full) is made
 //! VMM-backed from the start: a reserved address range mapped to a host-located
 //! `cuMemCreate` allocation that the device reads and writes over the bus. When device room
-//! frees up, [`HostBacked::move_back`] (at `cuCtxSynchronize`, when the context's work is
-//! finished) copies it into a device-located allocation and remaps the same address to it.
+//! frees up, [`HostBacked::move_back`] (at `cuCtxSynchronize` of the device's only context,
+//! when nothing can be using it: [`contexts`]) copies it into a device-located allocation and
+//! remaps the same address to it.
 //! Pinned `cuMemHostAlloc` memory could not do that (its device address is the driver's, and
 //! cannot be remapped), and managed memory is never used (oversubscribing it can stall the
 //! whole GPU for every tenant).
@@ -28,6 +29,9 @@ use crate::driver;
 use crate::ledger::HookLedger;
 use crate::log::{INFO, MSG, WARN, vlog};
 use crate::real::Cuda;
+
+mod contexts;
+pub(crate) use contexts::DeviceContexts;
 
 /// VMM granularity assumed when the driver does not say (2 MiB on every current GPU).
 const DEFAULT_GRANULARITY: u64 = 2 << 20;
@@ -66,6 +70,8 @@ pub(crate) struct HostBacked {
     /// `cuMemCreate` handles of the program's own VMM path made in host memory instead of on
     /// the device (their charge is host-backed until the handle's release).
     vmm_handles: Mutex<BTreeMap<u64, (DeviceIndex, u64)>>,
+    /// The process's contexts per device: who else could be using an allocation.
+    pub(crate) contexts: DeviceContexts,
 }
 
 /// The move-back order: the largest allocation that fits in `room`, the oldest among equals.
@@ -91,10 +97,20 @@ fn host_headroom() -> Option<u64> {
     cgroup_headroom(&read(&max)?, &read(&current)?)
 }
 
-/// Whether placing `bytes` on the current device would leave it less than `reserve` free
-/// (`VGPU_DEVICE_RESERVE`); an unknown answer says no.
-pub(crate) fn breaks_reserve(cuda: &Cuda, reserve: u64, bytes: u64) -> bool {
-    driver::mem_get_info(cuda).is_ok_and(|(free, _)| free < bytes.saturating_add(reserve))
+/// The GPU's free memory behind ordinal `dev`: `cuMemGetInfo` when it is the current
+/// context's device, else NVML's figure (a `cuMemCreate` names its device, which need not be
+/// the current one).
+fn physical_free(cuda: &Cuda, dev: CUdevice) -> Option<u64> {
+    match driver::current(cuda) {
+        Ok((_, current)) if current == dev => driver::mem_get_info(cuda).ok().map(|(free, _)| free),
+        _ => driver::nvml_free_bytes(cuda, dev),
+    }
+}
+
+/// The GPU's free memory, if placing `bytes` on device `dev` would leave it less than
+/// `reserve` (`VGPU_DEVICE_RESERVE`); an unknown answer says no.
+pub(crate) fn breaks_reserve(cuda: &Cuda, dev: CUdevice, reserve: u64, bytes: u64) -> Option<u64> {
+    physical_free(cuda, dev).filter(|&free| free < bytes.saturating_add(reserve))
 }
 
 /// Host memory left to the program after a spill: a cgroup with less headroom than this
@@ -173,25 +189,28 @@ impl HostBacked {
             vlog!(MSG, "host-backed memory refused too: {oom}");
             CUresult::OUT_OF_MEMORY
         })?;
+        let cannot = |what: &str, e: CUresult| {
+            vlog!(
+                MSG,
+                "cannot back {size} bytes with host memory: {what} failed (error {})",
+                e.0
+            );
+            e
+        };
         let made = (|| {
-            let va = driver::address_reserve(cuda, size, gran)?;
-            let h = match driver::mem_create(cuda, size, &prop) {
+            let va = driver::address_reserve(cuda, size, gran)
+                .map_err(|e| cannot("reserving an address range", e))?;
+            let h = match create_on_host(cuda, size, 0) {
                 Ok(h) => h,
                 Err(e) => {
                     let _ = driver::address_free(cuda, va, size);
-                    vlog!(
-                        MSG,
-                        "the host refused to pin {size} bytes for device memory (error {}): \
-                         RLIMIT_MEMLOCK or the container's memory limit",
-                        e.0
-                    );
-                    return Err(CUresult::OUT_OF_MEMORY);
+                    return Err(e);
                 }
             };
             if let Err(e) = driver::map_for_device(cuda, va, size, h, ordinal) {
                 let _ = driver::mem_release(cuda, h);
                 let _ = driver::address_free(cuda, va, size);
-                return Err(e);
+                return Err(cannot("mapping it for the device", e));
             }
             Ok((va, h))
         })();
@@ -230,7 +249,7 @@ impl HostBacked {
     pub(crate) fn free(&self, cuda: &Cuda, ledger: &HookLedger, ptr: CUdeviceptr) -> Option<()> {
         let e = self.lock().remove(&ptr.0)?;
         // `cuMemFree` waits for the device's work before the memory goes (CUDA's implicit
-        // synchronization); an unmap does not, so wait here: a kernel still reading the
+        // synchronization); an unmap need not, so wait here: a kernel still reading the
         // allocation must not find its address unmapped.
         let _ = driver::ctx_synchronize(cuda);
         self.release(cuda, ledger, ptr, e);
@@ -280,19 +299,24 @@ impl HostBacked {
         (ptr.0 < va + e.size).then_some((va, e.size))
     }
 
-    /// Move host-backed allocations of device `ordinal` onto it while room allows (largest
-    /// first, see [`pick`]). The caller guarantees the work that might touch them is finished
-    /// (it runs after a successful `cuCtxSynchronize` with that device's context current).
-    /// Each move keeps the address and the data; a move that fails leaves the allocation in
-    /// host memory, as it was.
+    /// Context `ctx` of device `ordinal` was just synchronized (successfully, current on the
+    /// calling thread): move its host-backed allocations onto the device while room allows
+    /// (largest first, see [`pick`]), if nothing else can be using them: `ctx` is the only
+    /// context of the process on that device ([`DeviceContexts::alone_on`]), so the
+    /// synchronize proved every context that can reach them idle. Each move keeps the address
+    /// and the data; a move that fails leaves the allocation in host memory, as it was.
     pub(crate) fn move_back(
         &self,
         cuda: &Cuda,
         ledger: &HookLedger,
-        ordinal: CUdevice,
+        (ordinal, ctx): (CUdevice, CUcontext),
         device_reserve: u64,
     ) {
         if self.on_host.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if !self.contexts.alone_on(ctx as usize, ordinal) {
+            said_once_that_moves_wait_for_one_context(ordinal);
             return;
         }
         // Held throughout: frees of these allocations wait for the move (never concurrent
@@ -316,7 +340,9 @@ impl HostBacked {
             let room = phys_free.saturating_sub(device_reserve).min(headroom);
             let candidates = entries
                 .iter()
-                .filter(|(_, e)| e.place == Place::Host && e.ordinal == ordinal)
+                .filter(|(_, e)| {
+                    e.place == Place::Host && e.ordinal == ordinal && e.context == ctx as usize
+                })
                 .map(|(&va, e)| (va, e.size, e.seq));
             let Some(va) = pick(candidates, room) else {
                 return;
@@ -349,8 +375,12 @@ impl HostBacked {
         }
     }
 
-    /// The program's `cuMemCreate` on a device that cannot take it: the same handle made in
-    /// host memory instead (the program maps it where it likes), charged as host-backed.
+    /// The program's `cuMemCreate` on a device that cannot take it: a handle in host memory
+    /// instead (the program maps it where it likes), charged as host-backed. Of the program's
+    /// properties it keeps only what host memory can give: the shareable handle types, if
+    /// the driver allows them there; the device-memory ones (the GPUDirect RDMA flag, which
+    /// PyTorch's expandable segments set wherever the GPU supports it, compression, usage)
+    /// would make the driver refuse the whole allocation.
     pub(crate) fn create_handle(
         &self,
         cuda: &Cuda,
@@ -359,8 +389,7 @@ impl HostBacked {
         size: u64,
         prop: &CUmemAllocationProp,
     ) -> Result<CUmemGenericAllocationHandle, CUresult> {
-        let mut host = *prop;
-        host.location = host_location();
+        let host = driver::pinned_prop(host_location());
         let size = round_up(size, granularity(cuda, &host)).ok_or(CUresult::OUT_OF_MEMORY)?;
         if !Self::host_allows(size) {
             return Err(CUresult::OUT_OF_MEMORY);
@@ -371,12 +400,18 @@ impl HostBacked {
                 vlog!(MSG, "host-backed memory refused too: {oom}");
                 CUresult::OUT_OF_MEMORY
             })?;
-        match driver::mem_create(cuda, size, &host) {
+        match create_on_host(cuda, size, prop.requestedHandleTypes) {
             Ok(h) => {
                 self.vmm_handles
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(h.0, (device, size));
+                vlog!(
+                    INFO,
+                    "device {} is full for this container: a cuMemCreate of {size} bytes is \
+                     made in host memory",
+                    device.0
+                );
                 Ok(h)
             }
             Err(e) => {
@@ -401,6 +436,75 @@ impl HostBacked {
             ledger.release_host(device, size);
         }
         found.is_some()
+    }
+}
+
+/// A pinned host-located allocation of `size` bytes, exportable as `handle_types` if the
+/// driver can make host memory so (else without: said once, since such a handle cannot be
+/// exported). Every failure is said; the answer is then out-of-memory, as the caller's
+/// allocation would have had without host backing.
+fn create_on_host(
+    cuda: &Cuda,
+    size: u64,
+    handle_types: std::ffi::c_uint,
+) -> Result<CUmemGenericAllocationHandle, CUresult> {
+    let mut prop = driver::pinned_prop(host_location());
+    prop.requestedHandleTypes = handle_types;
+    let refused = match driver::mem_create(cuda, size, &prop) {
+        Ok(h) => return Ok(h),
+        Err(e) => e,
+    };
+    if handle_types != 0 && refused != CUresult::OUT_OF_MEMORY {
+        if let Ok(h) = create_on_host(cuda, size, 0) {
+            said_once_that_handles_are_not_shareable(handle_types, refused);
+            return Ok(h);
+        }
+        return Err(CUresult::OUT_OF_MEMORY);
+    }
+    if refused == CUresult::OUT_OF_MEMORY {
+        vlog!(
+            MSG,
+            "the host refused to pin {size} bytes for device memory: RLIMIT_MEMLOCK or the \
+             container's memory limit"
+        );
+    } else {
+        vlog!(
+            MSG,
+            "cannot back {size} bytes with host memory: the driver refused a host-located \
+             allocation (error {})",
+            refused.0
+        );
+    }
+    Err(CUresult::OUT_OF_MEMORY)
+}
+
+#[cold]
+fn said_once_that_handles_are_not_shareable(handle_types: std::ffi::c_uint, refused: CUresult) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        vlog!(
+            WARN,
+            "the driver cannot make host memory shareable as handle types {handle_types:#x} \
+             (error {}): host-backed cuMemCreate handles are made without, and cannot be \
+             exported to other processes",
+            refused.0
+        );
+    }
+}
+
+/// Host-backed memory of `ordinal` stays where it is while the device has another context of
+/// this process (or one the hook did not see made): said once per process, since a program
+/// with several contexts synchronizes often.
+#[cold]
+fn said_once_that_moves_wait_for_one_context(ordinal: CUdevice) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        vlog!(
+            INFO,
+            "device {}: host-backed memory is not moved back while this process has more than \
+             one context there (a synchronize proves only its own context idle)",
+            ordinal.0
+        );
     }
 }
 
