@@ -342,19 +342,6 @@ macro_rules! nvml_used_functions {
                 fn(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
             nvmlDeviceGetComputeRunningProcesses_v2 ["nvmlDeviceGetComputeRunningProcesses_v2", 0, any]
                 fn(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
-            // The SM limit's power share: the device's energy counter (millijoules since the
-            // driver loaded), its enforced power limit (milliwatts) and its busy fraction.
-            nvmlDeviceGetTotalEnergyConsumption ["nvmlDeviceGetTotalEnergyConsumption", 0, any]
-                fn(device: nvmlDevice_t, energy: *mut c_ulonglong) -> nvmlReturn_t;
-            nvmlDeviceGetEnforcedPowerLimit ["nvmlDeviceGetEnforcedPowerLimit", 0, any]
-                fn(device: nvmlDevice_t, limit: *mut c_uint) -> nvmlReturn_t;
-            nvmlDeviceGetPowerUsage ["nvmlDeviceGetPowerUsage", 0, any]
-                fn(device: nvmlDevice_t, power: *mut c_uint) -> nvmlReturn_t;
-            nvmlDeviceGetUtilizationRates ["nvmlDeviceGetUtilizationRates", 0, any]
-                fn(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) -> nvmlReturn_t;
-            nvmlDeviceGetProcessUtilization ["nvmlDeviceGetProcessUtilization", 0, any]
-                fn(device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t,
-                   count: *mut c_uint, last_seen: c_ulonglong) -> nvmlReturn_t;
         }
     };
 }
