@@ -38,7 +38,7 @@ pub use control::{Admission, Limiter, LimiterConfig, LimiterStats, Ticket};
 pub use costs::LaunchId;
 pub use plan::{Plan, QueueRule};
 pub use policy::Policy;
-pub use share::{Allotment, BoardRecord, BoardReport, BoardRules, ShareClaim, SmMode};
-pub use traits::{
-    Clock, ContainerView, GpuTimer, Nanos, NoBoard, NodeBoard, PeerShare, PeerUsage, TimerError,
+pub use share::{
+    Allotment, BoardRecord, BoardReport, BoardRules, NoBoard, NodeBoard, ShareClaim, SmMode,
 };
+pub use traits::{Clock, ContainerView, GpuTimer, Nanos, PeerShare, PeerUsage, TimerError};

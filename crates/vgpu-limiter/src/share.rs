@@ -277,6 +277,33 @@ pub struct BoardReport {
     pub borrowed_ns: u64,
 }
 
+/// The node's board of one GPU: every limited container's record (hostile input: the
+/// limiter checks every value, [`crate::share`]).
+pub trait NodeBoard {
+    /// Writes this container's whole record (once per publish period) and returns its key
+    /// with every record on the board; `None` when containers do not coordinate.
+    fn publish(&mut self, now: Nanos, report: &BoardReport) -> Option<(u64, Vec<BoardRecord>)>;
+    /// Writes this container's `busy_until` if given (in the record [`NodeBoard::publish`]
+    /// placed) and returns every record. Called at most every demand poll from the launch
+    /// path, so a few system calls at most and no lock.
+    fn demand(&mut self, now: Nanos, busy_until: Option<Nanos>) -> Option<Vec<BoardRecord>>;
+    /// Takes this container's record off the board (a process leaving).
+    fn leave(&mut self) {}
+}
+
+/// No board: the container coordinates with nobody.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoBoard;
+
+impl NodeBoard for NoBoard {
+    fn publish(&mut self, _: Nanos, _: &BoardReport) -> Option<(u64, Vec<BoardRecord>)> {
+        None
+    }
+    fn demand(&mut self, _: Nanos, _: Option<Nanos>) -> Option<Vec<BoardRecord>> {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,9 @@
-//! What the limiter is generic over: time, GPU time, the container's usage file and the
-//! node's board. The hook implements them with `CLOCK_MONOTONIC`, CUDA events, the shared
-//! file and the turn board; the tests with a simulated clock, GPU, file and board.
+//! What the limiter is generic over: time, GPU time and the container's usage file (the
+//! node's board, [`crate::NodeBoard`], lives with its records in `share`). The hook
+//! implements them with `CLOCK_MONOTONIC`, CUDA events and the shared file; the tests with a
+//! simulated clock, GPU and file.
 
 use std::fmt;
-
-use crate::share::{BoardRecord, BoardReport};
 
 /// Nanoseconds on the [`Clock`]'s monotonic time line.
 pub type Nanos = u64;
@@ -95,33 +94,6 @@ pub trait ContainerView {
     /// The container's `CUDA_TASK_PRIORITY` as its file says now (a live change), if the
     /// view has one; otherwise the limiter's configured priority holds.
     fn task_priority(&self) -> Option<i32> {
-        None
-    }
-}
-
-/// The node's board of one GPU: every limited container's record (hostile input: the
-/// limiter checks every value, [`crate::share`]).
-pub trait NodeBoard {
-    /// Writes this container's whole record (once per publish period) and returns its key
-    /// with every record on the board; `None` when containers do not coordinate.
-    fn publish(&mut self, now: Nanos, report: &BoardReport) -> Option<(u64, Vec<BoardRecord>)>;
-    /// Writes this container's `busy_until` if given (in the record [`NodeBoard::publish`]
-    /// placed) and returns every record. Called at most every demand poll from the launch
-    /// path, so a few system calls at most and no lock.
-    fn demand(&mut self, now: Nanos, busy_until: Option<Nanos>) -> Option<Vec<BoardRecord>>;
-    /// Takes this container's record off the board (a process leaving).
-    fn leave(&mut self) {}
-}
-
-/// No board: the container coordinates with nobody.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoBoard;
-
-impl NodeBoard for NoBoard {
-    fn publish(&mut self, _: Nanos, _: &BoardReport) -> Option<(u64, Vec<BoardRecord>)> {
-        None
-    }
-    fn demand(&mut self, _: Nanos, _: Option<Nanos>) -> Option<Vec<BoardRecord>> {
         None
     }
 }

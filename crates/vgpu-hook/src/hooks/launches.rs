@@ -17,7 +17,7 @@ pub(super) fn launch(
     forward: impl Forward,
 ) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
-    if !sm_limit::enabled() {
+    if !state::sm_limiter().enabled() {
         return forward(cuda);
     }
     let (stream, id) = what();
@@ -38,9 +38,10 @@ fn launch_limited(
     let Some(idx) = driver::stream_device(cuda, stream).ok().and_then(dev_index) else {
         return forward(cuda);
     };
-    sm_limit::before_launch(idx, stream, id)?;
+    let sm = state::sm_limiter();
+    sm.before_launch(idx, stream, id)?;
     let r = forward(cuda);
-    sm_limit::after_launch(idx, stream, id, crate::ffi::code(r));
+    sm.after_launch(idx, stream, id, crate::ffi::code(r));
     r
 }
 

@@ -6,17 +6,18 @@
 //! `cuGraphLaunch` and their `_ptsz` variants) does:
 //!
 //! ```text
-//! let dev = if sm_limit::enabled() { Some(device of the stream) } else { None };
-//! if let Some(d) = dev { sm_limit::before_launch(d, stream, id)?; }   // may wait; Err = return code
+//! let sm = state::sm_limiter();                       // the process root's one SmLimiter
+//! let dev = if sm.enabled() { Some(device of the stream) } else { None };
+//! if let Some(d) = dev { sm.before_launch(d, stream, id)?; }   // may wait; Err = return code
 //! let r = real launch;
-//! if let Some(d) = dev { sm_limit::after_launch(d, stream, id, r); }
+//! if let Some(d) = dev { sm.after_launch(d, stream, id, r); }
 //! ```
 //!
-//! - [`enabled`] is one relaxed atomic load. When no SM limit is configured it is false,
-//!   and the launch path does no syscall, takes no lock and writes no shared memory.
-//! - [`before_launch`] runs before the real launch on the caller's thread; returning
-//!   `Err(code)` makes the launch return `code` without launching.
-//! - [`after_launch`] runs after the real launch with its result.
+//! - [`SmLimiter::enabled`] is one relaxed atomic load. When no SM limit is configured it is
+//!   false, and the launch path does no syscall, takes no lock and writes no shared memory.
+//! - [`SmLimiter::before_launch`] runs before the real launch on the caller's thread;
+//!   returning `Err(code)` makes the launch return `code` without launching.
+//! - [`SmLimiter::after_launch`] runs after the real launch with its result.
 //! - `id` is the launch's identity ([`launch_id`]): equal for launches that do the same work
 //!   (the function with its geometry, or the graph); the limiter charges each launch its
 //!   identity's learned cost.
@@ -24,8 +25,8 @@
 //!   `CU_STREAM_PER_THREAD` (0x2) when the application passed 0, so that the limiter's
 //!   events go to the same (per-thread) stream as the launch.
 //!
-//! These functions are a facade over the one [`SmLimiter`], which lives in the process root
-//! (`crate::state`). The root starts it when the process state is built ([`SmLimiter::start`],
+//! The one [`SmLimiter`] lives in the process root (`crate::state`), which the hooks ask for
+//! it; this module never looks the root up. The root starts it when the process state is built ([`SmLimiter::start`],
 //! with the parsed environment and this process's slot in the shared file with its ordinal →
 //! file index map (the file's index is the GPU, `crate::ledger`): container-wide
 //! limits, `sm_util` reporting and the monitor's fields), resets it in a forked child and
@@ -38,8 +39,8 @@
 //! as its GPU timer (`timer`: the real driver's functions from `real`'s table of used
 //! symbols, never through our exports), the shared file as its container view (`view`) and
 //! the node's turn board (`board`).
-//! One limiter per device sits behind a mutex that a launch holds from [`before_launch`] to
-//! [`after_launch`] (kept in a thread-local), so admission, the marker around the launch and
+//! One limiter per device sits behind a mutex that a launch holds from
+//! [`SmLimiter::before_launch`] to [`SmLimiter::after_launch`] (kept in a thread-local), so admission, the marker around the launch and
 //! its accounting are one step; a throttled launch sleeps holding it, which throttles the
 //! device's other launching threads too, as the limit is per device.
 
@@ -309,7 +310,9 @@ impl SmLimiter {
         self.env_limit[i].load(Ordering::Relaxed)
     }
 
-    fn before_launch(
+    /// Before a launch of identity `id` on `device`/`stream`: may wait; `Err` is the code
+    /// the launch returns without launching.
+    pub(crate) fn before_launch(
         &'static self,
         device: DeviceIndex,
         stream: CUstream,
@@ -400,41 +403,30 @@ impl SmLimiter {
     }
 }
 
-/// The one limiter, in the process root.
-#[inline(always)]
-fn sm() -> &'static SmLimiter {
-    crate::state::sm_limiter()
-}
+impl SmLimiter {
+    /// Whether any SM limit is active in this process (one relaxed load).
+    #[inline(always)]
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
 
-/// Whether any SM limit is active in this process (one relaxed load).
-#[inline(always)]
-pub(crate) fn enabled() -> bool {
-    sm().enabled.load(Ordering::Relaxed)
-}
-
-/// Before a launch of identity `id` on `device`/`stream`.
-pub(crate) fn before_launch(
-    device: DeviceIndex,
-    stream: CUstream,
-    id: LaunchId,
-) -> Result<(), CUresult> {
-    sm().before_launch(device, stream, id)
-}
-
-/// After a launch of identity `id` on `device`/`stream` that returned `result`.
-pub(crate) fn after_launch(
-    _device: DeviceIndex,
-    _stream: CUstream,
-    id: LaunchId,
-    result: CUresult,
-) {
-    if let Some(mut held) = HELD.with(|h| h.borrow_mut().take()) {
-        held.guard
-            .launched(held.ticket, held.key, id, result.is_success());
+    /// After a launch of identity `id` on `device`/`stream` that returned `result`.
+    pub(crate) fn after_launch(
+        &self,
+        _device: DeviceIndex,
+        _stream: CUstream,
+        id: LaunchId,
+        result: CUresult,
+    ) {
+        if let Some(mut held) = HELD.with(|h| h.borrow_mut().take()) {
+            held.guard
+                .launched(held.ticket, held.key, id, result.is_success());
+        }
     }
 }
 
-/// A launch admitted and counted, between [`before_launch`] and [`after_launch`].
+/// A launch admitted and counted, between [`SmLimiter::before_launch`] and
+/// [`SmLimiter::after_launch`].
 struct Held {
     guard: MutexGuard<'static, Limiter<MonoClock, EventTimer, FileView, BoardView>>,
     ticket: Ticket,

@@ -9,8 +9,8 @@ pub use crate::config::LimiterConfig;
 use crate::costs::{CostTable, LaunchId};
 use crate::plan::{Plan, QueueRule};
 use crate::policy::Policy;
-use crate::share::{Allotment, ShareClaim, SmMode};
-use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, NodeBoard, PeerUsage};
+use crate::share::{Allotment, NodeBoard, ShareClaim, SmMode};
+use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage};
 
 mod publish;
 mod segments;

@@ -5,8 +5,8 @@
 
 use super::Limiter;
 use crate::plan::Plan;
-use crate::share::{Allotment, BoardRecord, BoardReport, ShareClaim, SmMode, allot};
-use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, NodeBoard, PeerUsage};
+use crate::share::{Allotment, BoardRecord, BoardReport, NodeBoard, ShareClaim, SmMode, allot};
+use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, PeerUsage};
 
 /// The container's standing on the board: its key, the records as last read, and what it
 /// last wrote.

@@ -9,7 +9,8 @@
 
 use super::{Limiter, TicketKind};
 use crate::costs::LaunchId;
-use crate::traits::{Clock, ContainerView, GpuTimer, Nanos, NodeBoard};
+use crate::share::NodeBoard;
+use crate::traits::{Clock, ContainerView, GpuTimer, Nanos};
 
 pub(super) struct Segment<S, M> {
     stream: S,
