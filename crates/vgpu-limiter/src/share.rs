@@ -269,6 +269,8 @@ pub struct BoardReport {
     pub busy_until: Nanos,
     /// Its part now, percent (guarantee plus borrowed).
     pub allot_pct: u32,
+    /// The mean GPU time of its launches, ns (for `vgpu status`; 0 while unknown).
+    pub launch_ns: u64,
     /// Achieved utilization, percent.
     pub util_pct: u32,
     /// GPU time of its guarantee it left to others so far, ns.

@@ -168,7 +168,7 @@ impl Records {
         } else {
             report.allot_pct.clamp(1, 99)
         };
-        match board.announce(key, pct, 0, now, TURN_STALE, TURN_MAX_AGE) {
+        match board.announce(key, pct, report.launch_ns, now, TURN_STALE, TURN_MAX_AGE) {
             Ok(tenants) => {
                 self.entry = board.entry();
                 self.keys = board.entry_keys();
@@ -201,7 +201,7 @@ impl Records {
                 share_pct: report.claim.share_pct.min(100) as u8,
                 ceiling_pct: report.claim.ceiling_pct.clamp(1, 100) as u8,
                 priority: report.claim.priority,
-                launch_ns: 0,
+                launch_ns: report.launch_ns,
                 busy_until: report.busy_until,
                 heartbeat: now.max(1),
                 util_pct: report.util_pct.min(100) as u8,
@@ -274,6 +274,7 @@ mod tests {
             },
             busy_until,
             allot_pct: 60,
+            launch_ns: 50_000,
             util_pct: 55,
             lent_ns: 0,
             borrowed_ns: 7,

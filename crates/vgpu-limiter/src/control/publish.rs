@@ -207,6 +207,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             claim,
             busy_until,
             allot_pct,
+            launch_ns: self.costs.mean().unwrap_or(0.0) as u64,
             util_pct: self.usage.util.map_or(0, |u| (u * 100.0).round() as u32),
             lent_ns: self.standing.lent_ns as u64,
             borrowed_ns: self.standing.borrowed_ns as u64,
