@@ -13,6 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, ExitStatus, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use support::Standalone;
@@ -21,12 +22,16 @@ use support::Standalone;
 /// line: the refusals, whether stderr's status flags are as they were, and whether SIGPIPE
 /// is blocked or pending. `block`: the program blocks SIGPIPE itself first. `write`: then it
 /// writes to its stderr itself (a pipe whose reader has gone kills it, as without the hook).
+/// A failed driver call is reported on stdout: on a stderr whose reader has gone, the
+/// program's own message would kill it with a SIGPIPE that looks like the log's.
 const PROGRAM: &str = r#"
 #include "standalone.h"
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
+#undef CHECK
+#define CHECK(x) do { CUresult r_ = (x); if (r_) { printf("%s = %d\n", #x, r_); return 2; } } while (0)
 int main(int argc, char **argv) {
   if (argc < 3) return 1;
   long n = atol(argv[1]);
@@ -67,10 +72,14 @@ fn program() -> &'static Standalone {
     P.get_or_init(|| support::standalone("log", "refusals", PROGRAM))
 }
 
-/// The program making `n` refusals, its stderr `stderr`, stdout piped.
+/// The program making `n` refusals, its stderr `stderr`, stdout piped. Each run counts in
+/// a usage file of its own: the tests run at once, and a fresh file that another test's
+/// program is joining would be removed under it (the hook then refuses every allocation).
 fn start(tag: &str, n: u64, mode: &str, stderr: Stdio) -> Child {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
     let p = program();
-    let cache = p.fresh_cache(&format!("{tag}.cache"));
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    let cache = p.fresh_cache(&format!("{tag}-{run}.cache"));
     let n = n.to_string();
     let over = OVER.to_string();
     let mut cmd = p.hooked(&[&n, &over, mode], &cache);
