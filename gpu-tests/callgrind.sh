@@ -28,9 +28,8 @@ cc -O2 -o "$work/probe" "$progs/probe.c" -I "$progs" -L "$work/lib" -lcuda -ldl 
 
 # Profiles are taken with --separate-callers, so every function's cost is split by its call
 # chain: the simulated driver's work is counted only where it ran inside the measured hooked
-# calls. (Summing every driver entry point instead also counted the program's final
-# cuStreamSynchronize and the power reader thread's NVML polls, which vary with wall time: the
-# launch row read 34-75 on one build.) Chains are cut at CHAIN_DEPTH callers.
+# calls (summing every driver entry point would also count the program's final
+# cuStreamSynchronize, which varies with wall time). Chains are cut at CHAIN_DEPTH callers.
 chain_depth="${CHAIN_DEPTH:-40}"
 
 # inclusive Ir in profile $1 of: mode=bare|hook, the exported functions $2 (space list) of
@@ -70,7 +69,11 @@ run() {
     local out="$work/$mode.$n.$1${EXTRA_ENV:+.x}.out"
     local env=(LD_LIBRARY_PATH="$work/lib" VGPU_SIM_TOTAL_MEM=141g ${EXTRA_ENV:-})
     if [ "$mode" = hooked ]; then
-        env+=(LD_PRELOAD="$hook" CUDA_DEVICE_MEMORY_LIMIT=100g CUDA_DEVICE_MEMORY_SHARED_CACHE="$out.cache")
+        # A board directory of its own (as HAMi's device plugin mounts one into every
+        # container), never the machine's /tmp/vgpulock, whose contents other runs leave.
+        mkdir -p "$out.board"
+        env+=(LD_PRELOAD="$hook" CUDA_DEVICE_MEMORY_LIMIT=100g CUDA_DEVICE_MEMORY_SHARED_CACHE="$out.cache"
+              VGPU_TURN_DIR="$out.board")
     fi
     env "${env[@]}" valgrind --tool=callgrind --separate-callers="$chain_depth" --callgrind-out-file="$out" "$work/probe" "$@" >/dev/null 2>"$out.log"
     echo "$out"

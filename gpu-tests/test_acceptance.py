@@ -446,6 +446,66 @@ def test_idle_share_mode_service_stays_on_the_turn_board():
     assert records[key][1] < killed, f"a heartbeat after the kill: {records}"
 
 
+CAPPED_MATMUL = """
+import os, sys, time, torch
+secs = float(sys.argv[1])
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+c = torch.empty_like(a)
+start_at = float(os.environ.get("START_AT", "0"))
+t = time.monotonic()
+while time.monotonic() - t < 3 or time.time() < start_at:
+    torch.matmul(a, b, out=c)
+torch.cuda.synchronize()
+n, t0 = 0, time.monotonic()
+while time.monotonic() - t0 < secs:
+    torch.matmul(a, b, out=c)
+    n += 1
+torch.cuda.synchronize()
+print(f"rate={n / (time.monotonic() - t0):.2f}", flush=True)
+"""
+
+
+@torch_only
+def test_two_capped_containers_meet_on_the_board_and_hold_their_caps():
+    # Two containers (two shared files) capped at 30 and 70 on one GPU, on one board
+    # directory, each running the same bf16 matmul loop: while both run, the board lists both
+    # with their caps as parts; each gets at most its cap (+3 points of measurement), and the
+    # 70% one at least 58: two deep queues lose about 8% of the GPU to context switches as
+    # plain time slicing does (docs/benchmarks.md's matmul pair), and plain time slicing
+    # itself would split the pair about 46 / 46.
+    script = os.path.join(SCRATCH, "capped_matmul.py")
+    with open(script, "w") as f:
+        f.write(CAPPED_MATMUL)
+    alone = float(Container(None, hooked=False).run([sys.executable, script, "3"], name="matmul alone")["rate"])
+    board = tempfile.mkdtemp(prefix="board-", dir=SCRATCH)
+    start = time.time() + 20.0  # torch import and CUDA start-up of both fit in this
+    caps = (30, 70)
+    ps = [Container(None, CUDA_DEVICE_SM_LIMIT=str(cap), VGPU_TURN_DIR=board, START_AT=str(start))
+          .spawn([sys.executable, script, "4"]) for cap in caps]
+    entries = []
+    try:
+        time.sleep(max(0.0, start + 2.0 - time.time()))
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        entries, _ = _turn_board(board)
+        outs = [p.communicate(timeout=180) for p in ps]
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=60)
+    got = []
+    for cap, p, (out, err) in zip(caps, ps, outs):
+        record(f"matmul capped at {cap} beside the other", out + err[-1500:])
+        assert p.returncode == 0, err[-3000:]
+        got.append(100 * float(parse(out)["rate"]) / alone)
+    record("two capped containers", f"alone {alone:.1f}/s; got {got} % of alone; board {entries} at {now}")
+    assert sorted(pct for _, pct, _ in entries) == sorted(caps), f"both on the board with their caps: {entries}"
+    assert all(now - beat <= 300_000_000 for _, _, beat in entries), f"entries fresh: {entries} at {now}"
+    assert got[0] <= caps[0] + 3 and got[1] <= caps[1] + 3, f"a cap exceeded: {got}"
+    assert got[0] >= caps[0] - 3 and got[1] >= 58, f"a cap not given: {got}"
+
+
 # ---------------------------------------------------------------- CuPy, JAX
 
 

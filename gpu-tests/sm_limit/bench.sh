@@ -4,11 +4,12 @@
 #   bash gpu-tests/sm_limit/bench.sh <dir-with-libvgpu.so> [seconds]
 #
 # Builds spin.cu with nvcc, then runs, each under LD_PRELOAD=<dir>/libvgpu.so with a fresh
-# shared file: the spin kernel loop with ~50 µs and ~5 ms kernels, the same loop through a
-# CUDA graph, and a PyTorch bf16 matmul loop, unlimited and with CUDA_DEVICE_SM_LIMIT
-# 10/25/50/75; then two "containers" (two shared files) at 30 and 70 running together, and
-# two processes sharing one file at 50. Prints a table of achieved throughput as a
-# percentage of the unlimited run and writes it (and the raw log) under $OUT (or ./out).
+# shared file: the spin kernel loop with ~50 µs, ~500 µs and ~5 ms kernels, the 50 µs loop
+# through a CUDA graph, and PyTorch bf16 matmul loops, unlimited and with
+# CUDA_DEVICE_SM_LIMIT 10/25/50/75 (cap mode, each alone on the GPU); then two "containers"
+# (two shared files on one board directory) at 30 and 70 running together, and two
+# processes sharing one file at 50. Prints a table of achieved throughput as a percentage of
+# the unlimited run and writes it (and the raw log) under $OUT (or ./out).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LIBDIR="$(cd "${1:?usage: bench.sh <dir-with-libvgpu.so> [seconds]}" && pwd)"
@@ -54,15 +55,10 @@ run() {
   n=$(wc -l <"$smi"); half=$(( (n + 1) / 2 ))
   mhz=$(tail -n "$half" "$smi" | cut -d, -f1 | median)
   watts=$(tail -n "$half" "$smi" | cut -d, -f2 | median)
-  # The power share's last conclusion (DEBUG lines "power ... idle N W ... scale S").
-  local scale idle
-  scale=$(sed -n 's/.*: power [0-9]* W,.* scale \([0-9.]*\).*/\1/p' "$WORK/e$run_id" | tail -1)
-  idle=$(sed -n 's/.*: power [0-9]* W,.* idle \([0-9]*\) W.*/\1/p' "$WORK/e$run_id" | tail -1)
-  grep -E "power share" "$WORK/e$run_id" | tail -3 >>"$LOG"
   local res
   res=$(grep -m1 '^RESULT' "$WORK/o$run_id" || echo "RESULT failed=1")
-  echo "$res busy=${busy:-} mhz=${mhz:-} watts=${watts:-} scale=${scale:-} idle=${idle:-}"
-  echo "  limiter busy=${busy:-?}% sm=${mhz:-?}MHz power=${watts:-?}W scale=${scale:-?} idle=${idle:-?}W" >>"$LOG"
+  echo "$res busy=${busy:-} mhz=${mhz:-} watts=${watts:-}"
+  echo "  limiter busy=${busy:-?}% sm=${mhz:-?}MHz power=${watts:-?}W" >>"$LOG"
 }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 
@@ -74,17 +70,16 @@ echo "+ sanity" >>"$LOG"
 timeout 60 env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/sanity.cache" CUDA_DEVICE_SM_LIMIT=50 \
   LIBCUDA_LOG_LEVEL=4 "$WORK/spin" 1000 1 plain 2>&1 | grep -v "cuMem\|alloc" | tail -20 >>"$LOG"
 
-printf '%-34s %6s %12s %8s %7s %6s %6s %5s %5s %6s\n' workload limit per_second '%unlim' error busy% SM_MHz W scale idle_W | tee "$TABLE"
+printf '%-34s %6s %12s %8s %7s %6s %6s %5s\n' workload limit per_second '%unlim' error busy% SM_MHz W | tee "$TABLE"
 row() { # name limit value base [result-line for busy/mhz/watts]
-  local pct err busy mhz watts scale idle
+  local pct err busy mhz watts
   busy=$(echo "${5:-}" | field busy); mhz=$(echo "${5:-}" | field mhz); watts=$(echo "${5:-}" | field watts)
-  scale=$(echo "${5:-}" | field scale); idle=$(echo "${5:-}" | field idle)
   if [ -z "$3" ] || [ -z "$4" ]; then
     printf '%-34s %6s %12s %8s %7s\n' "$1" "$2" "${3:-FAIL}" "-" "-" | tee -a "$TABLE"; return
   fi
   pct=$(python3 -c "print(f'{100*$3/$4:.1f}')")
   if [ "$2" = "-" ]; then err="-"; else err=$(python3 -c "print(f'{100*$3/$4-$2:+.1f}')"); fi
-  printf '%-34s %6s %12s %8s %7s %6s %6s %5s %5s %6s\n' "$1" "$2" "$3" "$pct" "$err" "${busy:--}" "${mhz:--}" "${watts:--}" "${scale:--}" "${idle:--}" | tee -a "$TABLE"
+  printf '%-34s %6s %12s %8s %7s %6s %6s %5s\n' "$1" "$2" "$3" "$pct" "$err" "${busy:--}" "${mhz:--}" "${watts:--}" | tee -a "$TABLE"
 }
 
 declare -A ITERS BASE
@@ -108,11 +103,10 @@ for kus in 50 500 5000; do
   done
 done
 
-# PyTorch: 4096³ (~0.3 ms per product) and 8192³ (~1.4 ms, certainly GPU-bound) bf16. They
-# run power-capped unlimited; the power share (VGPU_SM_POWER_EXPONENT, default 0.5) needs
-# a second or two to learn the power per busy second, so the loop warms up that long
-# (SM_BENCH_MATMUL_WARMUP, default 3 s) before it is timed, unlimited runs alike.
-# SM_BENCH_POWER_EXPONENTS="0 0.5 1" compares exponents in one run (0 = time only).
+# PyTorch: 4096³ (~0.3 ms per product) and 8192³ (~1.4 ms, certainly GPU-bound) bf16. Each
+# loop warms up (SM_BENCH_MATMUL_WARMUP, default 3 s) before it is timed, unlimited runs
+# alike, so that the timed window starts with the launches' costs learned and the GPU at
+# the clock it holds under sustained matmuls (which runs them power-capped when unlimited).
 export MATMUL_WARMUP_S="${SM_BENCH_MATMUL_WARMUP:-3}"
 declare -A MBASE
 for size in ${SM_BENCH_TORCH_SIZES-4096 8192}; do
@@ -120,23 +114,20 @@ for size in ${SM_BENCH_TORCH_SIZES-4096 8192}; do
   mbase=$(echo "$res" | field matmuls_per_s)
   MBASE[$size]=$mbase
   row "torch matmul $size bf16 $(echo "$res" | field ms_per_matmul)ms" - "$mbase" "$mbase" "$res"
-  for k in ${SM_BENCH_POWER_EXPONENTS:-0.5}; do
-    for l in ${SM_BENCH_TORCH_LIMITS:-10 25 50 75}; do
-      res=$(VGPU_SM_POWER_EXPONENT=$k run "$l" python3 "$HERE/matmul.py" "$size" "$SECS")
-      row "torch matmul $size k=$k" "$l" "$(echo "$res" | field matmuls_per_s)" "$mbase" "$res"
-    done
+  for l in ${SM_BENCH_TORCH_LIMITS:-10 25 50 75}; do
+    res=$(run "$l" python3 "$HERE/matmul.py" "$size" "$SECS")
+    row "torch matmul $size" "$l" "$(echo "$res" | field matmuls_per_s)" "$mbase" "$res"
   done
 done
 
-# Two containers running the 4096 matmul at 30 and 70 (they keep the GPU busy together, so
-# it runs power-capped as when unlimited).
+# Two containers running the 4096 matmul at 30 and 70 on one board directory.
 torch_pair() { # label limitA limitB
   [ -n "${MBASE[4096]:-}" ] || return 0
-  local ca="$WORK/ta$RANDOM.cache" cb="$WORK/tb$RANDOM.cache" turns="$WORK/tturns$RANDOM" start
-  mkdir -p "$turns"
+  local ca="$WORK/ta$RANDOM.cache" cb="$WORK/tb$RANDOM.cache" board="$WORK/tboard$RANDOM" start
+  mkdir -p "$board"
   start=$(python3 -c 'import time; print(time.time() + 12.0)')
   echo "+ torch pair $1" >>"$LOG"
-  local common=(LD_PRELOAD="$LIB" LIBCUDA_LOG_LEVEL=4 MATMUL_START_AT="$start" VGPU_TURN_DIR="$turns")
+  local common=(LD_PRELOAD="$LIB" LIBCUDA_LOG_LEVEL=4 MATMUL_START_AT="$start" VGPU_TURN_DIR="$board")
   env "${common[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$ca" CUDA_DEVICE_SM_LIMIT="$2" \
     timeout 90 python3 "$HERE/matmul.py" 4096 "$SECS" >"$WORK/ta" 2>"$WORK/tae" &
   local pa=$!
@@ -145,25 +136,25 @@ torch_pair() { # label limitA limitB
   local pb=$!
   wait "$pa" "$pb"
   cat "$WORK/ta" "$WORK/tb" >>"$LOG"
-  for e in tae tbe; do grep -E "power|achieved" "$WORK/$e" | tail -4 >>"$LOG"; done
+  for e in tae tbe; do grep -E "achieved|limiter stats" "$WORK/$e" | tail -4 >>"$LOG"; done
   row "$1 A" "$2" "$(grep -m1 RESULT "$WORK/ta" | field matmuls_per_s)" "${MBASE[4096]}"
   row "$1 B" "$3" "$(grep -m1 RESULT "$WORK/tb" | field matmuls_per_s)" "${MBASE[4096]}"
 }
 for round in $(seq "${SM_BENCH_TORCH_PAIR_ROUNDS:-1}"); do
-  torch_pair "2 containers matmul 30/70 turns" 30 70
+  torch_pair "2 containers matmul 30/70" 30 70
 done
 
-# Two containers (two files) at 30 and 70, and two processes sharing one file at 50,
-# each running the 50 µs loop over the same window; compared with the solo unlimited run.
-pair() { # label limitA limitB shared(0|1) contention-correction(1|0) turns(1|0) [kernel-us]
-  local ca="$WORK/pa$RANDOM.cache" cb start kus="${7:-50}" turns=off
-  if [ "${6:-0}" = 1 ]; then turns="$WORK/turns$RANDOM"; mkdir -p "$turns"; fi
+# Two containers (two files, one board directory) at 30 and 70 or 50 and 50, and two
+# processes sharing one file at 50, each running the spin loop over the same window;
+# compared with the solo unlimited run.
+pair() { # label limitA limitB shared(0|1) [kernel-us]
+  local ca="$WORK/pa$RANDOM.cache" cb start kus="${5:-50}" board="$WORK/board$RANDOM"
+  mkdir -p "$board"
   cb="$ca"; [ "$4" = 0 ] && cb="$WORK/pb$RANDOM.cache"
   rm -f "$ca" "$cb"
   start=$(python3 -c 'import time; print(time.time() + 2.0)')
   echo "+ pair $1" >>"$LOG"
-  local common=(LD_PRELOAD="$LIB" LIBCUDA_LOG_LEVEL=4 SPIN_START_AT="$start" VGPU_SM_CONTENTION="${5:-1}"
-    VGPU_TURN_DIR="$turns" ${TURN_ENV:-})
+  local common=(LD_PRELOAD="$LIB" LIBCUDA_LOG_LEVEL=4 SPIN_START_AT="$start" VGPU_TURN_DIR="$board")
   env "${common[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$ca" CUDA_DEVICE_SM_LIMIT="$2" \
     timeout 90 "$WORK/spin" "$kus" "$SECS" plain "${ITERS[$kus]}" >"$WORK/pa" 2>"$WORK/pae" &
   local pa=$!
@@ -172,10 +163,7 @@ pair() { # label limitA limitB shared(0|1) contention-correction(1|0) turns(1|0)
   local pb=$!
   wait "$pa" "$pb"
   cat "$WORK/pa" "$WORK/pb" >>"$LOG"
-  for e in pae pbe; do
-    echo "  [$e] $(grep -c 'NVML sees' "$WORK/$e") NVML samples; last lines:" >>"$LOG"
-    grep -E "NVML sees|achieved" "$WORK/$e" | tail -6 >>"$LOG"
-  done
+  for e in pae pbe; do grep -E "achieved|limiter stats" "$WORK/$e" | tail -6 >>"$LOG"; done
   local a b
   a=$(grep -m1 RESULT "$WORK/pa" | field kernels_per_s)
   b=$(grep -m1 RESULT "$WORK/pb" | field kernels_per_s)
@@ -184,24 +172,14 @@ pair() { # label limitA limitB shared(0|1) contention-correction(1|0) turns(1|0)
   if [ -n "$a" ] && [ -n "$b" ] && [ "$4" = 1 ]; then
     row "$1 A+B" "$2" "$(python3 -c "print($a+$b)")" "${BASE[${kus}plain]}"
   fi
-  if [ "$turns" != off ]; then
-    echo "  turn board: $(ls "$turns")" >>"$LOG"
-  fi
+  echo "  board: $(ls "$board")" >>"$LOG"
 }
-if [ "${SM_BENCH_TURN_VARIANTS:-0}" = 1 ]; then
-  for cyc in 10 20; do
-    for lead in 0 100 200; do
-      TURN_ENV="VGPU_TURN_CYCLE_MS=$cyc VGPU_TURN_LEAD_US=$lead" pair "30/70 turns ${cyc}ms lead ${lead}us" 30 70 0 0 1
-    done
-  done
-fi
 for round in $(seq "${SM_BENCH_PAIR_ROUNDS:-1}"); do
-  pair "2 containers 30/70 turns" 30 70 0 0 1
-  pair "2 containers 30/70 no turns" 30 70 0 0 0
-  pair "2 containers 30/70 turns 500us" 30 70 0 0 1 500
-  pair "2 containers 30/70 turns 5ms" 30 70 0 0 1 5000
-  pair "2 containers 50/50 turns" 50 50 0 0 1
-  pair "1 container 2 procs spin 50us" 50 50 1 0 0
+  pair "2 containers 30/70" 30 70 0
+  pair "2 containers 30/70 500us" 30 70 0 500
+  pair "2 containers 30/70 5ms" 30 70 0 5000
+  pair "2 containers 50/50" 50 50 0
+  pair "1 container 2 procs spin 50us" 50 50 1
 done
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')" | tee -a "$TABLE"

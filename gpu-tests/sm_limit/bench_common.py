@@ -1,7 +1,7 @@
 """What the GPU benches of share mode share: the tenants (processes preloading libvgpu.so or
 not, each with its own shared file, on a turn directory of their scenario), the `vgpu` CLI
 run beside them, NVML's busy time, the report, and the arithmetic on a tenant's 50 ms bins.
-Used by elastic.py (the issue's tables), priority.py (tables 4 and 6) and elastic_sweep.py.
+Used by elastic.py (its tables) and priority.py (tables 4 and 6).
 """
 import json
 import os

@@ -3,9 +3,11 @@
 usage: python3 gpu-tests/sm_limit/elastic.py <dir-with-libvgpu.so> [--out DIR]
 
 Each "container" is a process with its own shared file (CUDA_DEVICE_MEMORY_SHARED_CACHE);
-they coordinate through a fresh turn directory (VGPU_TURN_DIR) per scenario. Modes:
-plain (no hook: the GPU time-slices), cap (today's CUDA_DEVICE_SM_LIMIT, turns), share
-(VGPU_SM_MODE=share; priority pairs add CUDA_TASK_PRIORITY, 0 = high).
+they meet on the board of a fresh board directory (VGPU_TURN_DIR) per scenario. Modes:
+plain (no hook: the GPU time-slices), cap (CUDA_DEVICE_SM_LIMIT, HAMi's meaning), share
+(VGPU_SM_MODE=share; priority pairs add CUDA_TASK_PRIORITY, 0 = high). The compute bench
+(gpu-tests/compute) asks the same questions of real training and serving workloads; these
+tables keep the synthetic loops whose timing is easy to read.
 Tables (written to DIR/elastic.md, raw results to DIR/elastic.json):
  1. 30/70 both busy, compute loop (spin.cu, 50 us kernels) and bf16 matmul: % of alone
     (target: within 3 points of 30/70 in share mode); the matmul rows also against the 70%
@@ -225,22 +227,6 @@ def status_line(text):
     return "; ".join(said) or "no share records"
 
 
-def window_order(seen, shares):
-    """The four tenants' windows in cycle order, from each tenant's `vgpu status --json`
-    through its own file (`seen` as [`CliAt.join`] gives it, tenant `i` the `i`th): every
-    tenant lays the windows out in ascending key order. Each with its part and launch length
-    as its record said."""
-    own = []
-    for (share, (_t, _at, text)) in zip(shares, seen):
-        try:
-            turns = json.loads(text)["devices"][0]["turns"]
-            me = next(t for t in turns if t.get("this_container"))
-            own.append((int(me["key"], 16), share, me.get("share", {}).get("part_percent"), me.get("launch_us")))
-        except (ValueError, KeyError, IndexError, TypeError, StopIteration):
-            return f"unreadable ({text[:120]!r})"
-    return " → ".join(f"{s}% (part {p}%, launch {l} µs)" for _k, s, p, l in sorted(own)) + " → (the first again)"
-
-
 def four_phase_ok(got, dev, busy, shares, margin=0.5):
     """Table 3's verdict on one phase: the device at least 95% busy (NVML, percent; None:
     unknown, a failure) and each busy tenant (indices `busy`) with at least its share of the
@@ -273,8 +259,7 @@ def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
     start = time.time() + START_DELAY
     sampler = Busy(start)
     envs = [b.env("share", sm=s, turns=turns) for s in shares]
-    # Each tenant's own record, read through its file while all four are busy: the keys give
-    # the order of the windows in the cycle (every tenant lays them out by key).
+    # Each tenant's own record, read through its file while all four are busy.
     cli = CliAt(vgpu, start, [(1.0, ["status", "--json", "--cache", e["CUDA_DEVICE_MEMORY_SHARED_CACHE"]])
                               for e in envs], env={"VGPU_TURN_DIR": turns})
     rs = b.together(
@@ -287,9 +272,9 @@ def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
     )
     busy_by_phase = sampler.stop()
     seen = cli.join()
-    if seen is not None:
+    if seen:
         b.raw["four (vgpu status)"] = seen
-        say(f"Windows in the cycle while all four are busy (1 s in), in order: {window_order(seen, shares)}\n")
+        say(f"`vgpu status --json` 1 s in, all four busy: {status_line(seen[0][2])}\n")
     say("| phase | " + " | ".join(f"{s}% (% of alone / part of busy)" for s in shares)
         + " | sum % of alone | device busy (NVML) | each its guarantee | lent in proportion (±0.5) |")
     say("|---|" + "---|" * (len(shares) + 4))
@@ -327,9 +312,11 @@ def table3(b, say, mm_alone, plain_reference=True, vgpu=None):
 def settle_time(a, b, bin_s, at, expect, span=3.0, tol=0.03, window=0.4):
     """Seconds after `at` until the first tenant's part of the pair (launch counts `a`, `b`
     per bin), over the last `window` s, is within `tol` of `expect` and stays so until
-    `at + span`; None if it never does. The window holds ten 40 ms turn cycles: a 10%
-    tenant's turn holds about 20 launches, and a 50 ms bin of host stamps can gain or lose
-    one turn's worth, so over 200 ms its part wandered 7-11% around 10% (H200, 2026-12-01)."""
+    `at + span`; None if it never does. The window is long enough for launch counts to
+    stand for parts: a tenant's launches are admitted a queue's depth at a time, and a 50 ms
+    bin of host stamps gains or loses one such burst; a 10% tenant of 0.2 ms matmuls makes
+    about 25 launches a bin, 200 in 400 ms, where a burst moves its part by far less than
+    the 3-point tolerance."""
     k = max(1, int(round(window / bin_s)))
     part = []
     for i in range(len(a)):

@@ -8,7 +8,7 @@ The timed part starts at the wall-clock time --start-at (time.time(); warm-up un
 and lasts <seconds>; during each --idle A:B (seconds from the start) the tenant launches
 nothing. Prints one JSON line: "RESULT {...}" with the rate (per second), the per-bin rates
 (launch times on the host, bins of --bin seconds: under the hook a launch returns when it
-is admitted, so the host's rate follows the GPU's within one turn cycle), and for infer the
+is admitted, so the host's rate follows the GPU's within the depth of the tenant's queue), and for infer the
 latencies (ms); with --stamps also every step's start time and latency, so that phases of
 one run can be compared (a request's latency is charged to the phase it started in), and
 for infer each request's launch time on the host (`host_ms`: its latency less the wait for

@@ -1,6 +1,6 @@
 """Batch-1 inference alone, one process: the p50/p90 latency of N requests 10 ms apart (GPT-2 6x512 from a
 config, 128 tokens). Run bare and under the hook one after the other to see the hook's cost on a launch-bound
-service and how much the same run moves between repeats (docs/runs/2026-12-01-run7-infer-hook-cost.log).
+service and how much the same run moves between repeats (`elastic.py --hook-cost` alternates them instead).
 
 usage: TAG=name [LD_PRELOAD=... env] python3 gpu-tests/sm_limit/infer_alone.py [N]
 """

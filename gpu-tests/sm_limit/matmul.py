@@ -2,8 +2,8 @@
 
 usage: python3 matmul.py <n> <seconds>
 Multiplies two random n×n bf16 matrices back to back for <seconds> after a warm-up of
-$MATMUL_WARMUP_S seconds (default 0.5; the GPU's clock and the limiter's power share settle
-in it) and prints "RESULT matmuls_per_s=<f> ms_per_matmul=<f> wall_s=<f>". With
+$MATMUL_WARMUP_S seconds (default 0.5; the GPU's clock and the limiter's learned launch costs
+settle in it) and prints "RESULT matmuls_per_s=<f> ms_per_matmul=<f> wall_s=<f>". With
 $MATMUL_START_AT (a time.time() value) the timed loop starts then, so that two processes
 measure the same window.
 """

@@ -351,9 +351,9 @@ fn with_oversubscription_allocations_past_the_device_are_host_backed_and_come_ba
 
 #[test]
 fn cuda_13s_context_synchronize_moves_memory_back_too() {
-    // CUDA 13's runtime may synchronize through cuCtxSynchronize_v2 (the H200 run of
-    // 2026-12-01: a PyTorch loop's host-backed memory never came back at
-    // torch.cuda.synchronize). It is the same sync point.
+    // CUDA 13's runtime may synchronize through cuCtxSynchronize_v2 (with CUDA 13 a PyTorch
+    // loop's host-backed memory came back at torch.cuda.synchronize only once this was a
+    // sync point): it is the same sync point.
     host_backed_chunks_move_back_at("sync2");
 }
 

@@ -1,25 +1,26 @@
 //! The turn board: one small file per physical GPU in a directory every container of the
 //! node mounts (HAMi's device plugin mounts the host's `/tmp/vgpulock` into each container),
-//! where each container with an SM limit announces itself, so that containers limited on the
-//! same GPU can take turns instead of time-slicing each other's work (see docs/sm-limit.md).
+//! where each container with an SM limit announces itself and keeps a record of its claim
+//! (`shares.rs`), so that containers limited on the same GPU see each other's claims (see
+//! docs/sm-limit.md). "Turn" is the file format's name; nothing takes turns on it.
 //!
 //! Layout (little-endian u64 words):
 //! `[0]` magic `VGPUTURN`, `[1]` version, then [`TURN_ENTRIES`] entries of four words:
-//! tenant key, SM limit in percent, heartbeat (CLOCK_MONOTONIC nanoseconds), and the GPU
-//! time of the tenant's typical launch in nanoseconds (which sets the common cycle).
-//! An entry whose heartbeat is older than the reader's `max_age` is not a tenant; a writer
-//! may take it over. The limit word says what the entry asks for: 1..=99, a window of that
-//! share in the turns every limited container lays out; 0, an *idle* tenant (a share-mode
-//! container alive but without work, which refreshes its entry off its launch path so that
-//! `vgpu status` and its neighbours still see it): it keeps its entry and its share record
-//! counts, but nobody lays out a window for it (every reader since version 1 skips limits
-//! outside 1..=99 in the layout). Anything else is not a tenant. Writers work under the file's `flock` (released by the kernel if the
-//! holder dies) with ordinary reads and writes, never a shared mapping: the directory is
-//! writable by every container of the node, and a mapped file that another container
-//! truncates would fault (SIGBUS) every process that maps it. Every open goes through
-//! `file` (no symbolic link followed, no FIFO waited on, only regular files), and the header
-//! is written only into an empty file with one name, or a board cut short: never into a file
-//! that holds anything else.
+//! tenant key, SM limit in percent, heartbeat (CLOCK_MONOTONIC nanoseconds), and a launch
+//! length in nanoseconds (read by earlier versions' turn cycles; the current limiter writes
+//! 0). An entry whose heartbeat is older than the reader's `max_age` is not a tenant; a
+//! writer may take it over. The limit word says what the entry asks for: 1..=99, a busy
+//! tenant's part; 0, an *idle* tenant (a share-mode container alive but without work, which
+//! refreshes its entry off its launch path so that `vgpu status` and its neighbours still
+//! see it): it keeps its entry and its share record counts, but readers that list busy
+//! tenants leave it out (every reader since version 1 skips limits outside 1..=99 there).
+//! Anything else is not a tenant. Writers work under the file's `flock` (released by the
+//! kernel if the holder dies) with ordinary reads and writes, never a shared mapping: the
+//! directory is writable by every container of the node, and a mapped file that another
+//! container truncates would fault (SIGBUS) every process that maps it. Every open goes
+//! through `file` (no symbolic link followed, no FIFO waited on, only regular files), and
+//! the header is written only into an empty file with one name, or a board cut short: never
+//! into a file that holds anything else.
 
 use std::fs::File;
 use std::io;

@@ -100,7 +100,8 @@ unsafe fn alloc_async(
     if driver::stream_capturing(cuda, stream, per_thread) {
         // Becomes a graph memory node, charged when the graph is launched or uploaded (graph
         // memory is measured from now on). No pool query: during a global-mode capture
-        // cuMemPoolGetAttribute invalidates the capture (seen on the H200, GPU run 2).
+        // cuMemPoolGetAttribute invalidates the capture (the driver's rule:
+        // gpu-tests/capture_rules.sh).
         st.graph_mem_possible.store(true, Ordering::Relaxed);
         refuse_unless_it_fits(st, idx, bytesize as u64)?;
         return forward(cuda);

@@ -160,8 +160,8 @@ impl Sim {
     /// A call that is prohibited during stream capture: refused with
     /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the captures that prohibit it are
     /// invalidated, as the driver does. Prohibited: a non-relaxed capture begun by this thread,
-    /// or a global-mode capture begun by any thread. (Seen on an H200 with driver 580 for
-    /// `cuMemPoolGetAttribute`; `docs/gpu-acceptance.md`.)
+    /// or a global-mode capture begun by any thread. (Driver 580 does so for
+    /// `cuMemPoolGetAttribute`: `gpu-tests/capture_rules.sh` shows which calls on a GPU.)
     pub(super) fn capture_unsafe_call(&self) -> CuResult<()> {
         let me = std::thread::current().id();
         let mut st = self.st();
