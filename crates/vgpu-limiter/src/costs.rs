@@ -135,10 +135,10 @@ impl CostTable {
     }
 
     /// Whether this launch of `id` should be sampled: the first one, then until its window is
-    /// full (so that one clean sample is likely among them) and again after
-    /// [`RESAMPLE_AFTER`] unsampled launches, each time at a launch picked at random (one in
-    /// [`SAMPLE_ODDS`]): a sample then meets other contexts' time slices at random, not in
-    /// step with our own bursts (a kernel that always ends a burst is always preempted).
+    /// full (so that one clean sample is likely among them) and again after 32 unsampled
+    /// launches, each time at a launch picked at random (one in 4): a sample then meets other
+    /// contexts' time slices at random, not in step with our own bursts (a kernel that always
+    /// ends a burst is always preempted).
     pub fn wants_sample(&mut self, id: LaunchId) -> bool {
         let due = match self.ids.get(&id) {
             None => return true,

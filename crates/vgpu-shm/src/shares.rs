@@ -155,7 +155,17 @@ pub fn write_busy_until(store: &impl RecordStore, entry: usize, busy_until: u64)
 /// Every valid record whose key equals its turn entry's key (`keys[e]`, 0 = free), one per
 /// key (the first), in entry order: one `pread` of the region.
 pub fn read_records(store: &impl RecordStore, keys: &[u64]) -> io::Result<Vec<ShareRecord>> {
-    let mut words = vec![0u64; TURN_ENTRIES * RECORD_WORDS];
+    // Records count only under an entry's key: read up to the last entry that has one (the
+    // launch path reads this every quarter millisecond; a board holds a few tenants, not 64).
+    let entries = keys
+        .iter()
+        .rposition(|&k| k != 0)
+        .map_or(0, |i| i + 1)
+        .min(TURN_ENTRIES);
+    if entries == 0 {
+        return Ok(Vec::new());
+    }
+    let mut words = vec![0u64; entries * RECORD_WORDS];
     store.read_words(REGION_WORD, &mut words)?;
     let mut out: Vec<ShareRecord> = Vec::new();
     for (e, chunk) in words.chunks_exact(RECORD_WORDS).enumerate() {
