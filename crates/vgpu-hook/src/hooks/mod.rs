@@ -170,7 +170,7 @@ fn charge_and_forward(
 }
 
 /// A charge begun and not yet recorded.
-type Pending<'s> = PendingRecord<'s, driver::RealBackend, crate::ledger::HookLedger>;
+type Pending<'s> = PendingRecord<'s, driver::RealBackend, crate::ledger::SharedLedger>;
 
 /// Charges `c` before the driver sees the call (the pools re-measured once if the limit
 /// refuses) and forwards the call: the pending charge once the driver succeeded, for the
