@@ -13,7 +13,6 @@
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
-use std::ffi::CStr;
 use std::sync::atomic::Ordering;
 
 use vgpu_alloc_core::{
@@ -330,11 +329,11 @@ fn retry_after_making_room<T>(
 mod arrays;
 mod contexts;
 mod graphs;
+mod init;
 mod launches;
 mod memory;
 mod modules;
 mod pools;
-mod proc_address;
 mod residual_charge;
 mod synchronization;
 mod views;
@@ -343,11 +342,11 @@ mod vmm;
 pub(crate) use arrays::*;
 pub(crate) use contexts::*;
 pub(crate) use graphs::*;
+pub(crate) use init::*;
 pub(crate) use launches::*;
 pub(crate) use memory::*;
 pub(crate) use modules::*;
 pub(crate) use pools::*;
-pub(crate) use proc_address::*;
 use residual_charge::*;
 pub(crate) use synchronization::*;
 pub(crate) use views::*;
