@@ -50,6 +50,7 @@ mod residual;
 mod sm_limit;
 #[allow(unsafe_code)]
 mod state;
+mod sync;
 #[cfg(test)]
 mod testing;
 mod worker;

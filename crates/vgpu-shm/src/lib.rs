@@ -32,6 +32,7 @@
 
 mod error;
 mod file;
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzzing;
 mod hami_file;
 pub mod layout;
