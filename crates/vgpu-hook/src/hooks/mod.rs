@@ -22,8 +22,8 @@ use vgpu_alloc_core::{
 use vgpu_cuda_abi::*;
 
 use crate::accounting::{
-    align_up, array2d_bytes, array3d_bytes, measured_growth, mipmapped_bytes, virtual_mem_info,
-    virtual_nvml_info,
+    DEVICE_PAGE, align_up, array2d_bytes, array3d_bytes, measured_growth, mipmapped_bytes,
+    virtual_mem_info, virtual_nvml_info,
 };
 use crate::driver;
 use crate::driver::ProcessUsage;
@@ -39,9 +39,6 @@ use crate::state::{self, Enforcement, Ready};
 pub(crate) trait Forward: FnOnce(&Cuda) -> Result<(), CUresult> {}
 
 impl<F: FnOnce(&Cuda) -> Result<(), CUresult>> Forward for F {}
-
-/// Pools grow in (at least) 2 MiB steps.
-const POOL_GRANULE: u64 = 2 << 20;
 
 fn dev_index(dev: CUdevice) -> Option<DeviceIndex> {
     (0..MAX_DEVICES as i32)

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use vgpu_alloc_core::{DeviceIndex, OutOfMemory, UsageClass, UsageLedger};
 use vgpu_cuda_abi::*;
 
+use crate::accounting::DEVICE_PAGE;
 use crate::driver;
 use crate::ledger::SharedLedger;
 use crate::log::{INFO, MSG, WARN, vlog};
@@ -32,9 +33,6 @@ use crate::real::Cuda;
 
 mod contexts;
 pub(crate) use contexts::DeviceContexts;
-
-/// VMM granularity assumed when the driver does not say (2 MiB on every current GPU).
-const DEFAULT_GRANULARITY: u64 = 2 << 20;
 
 /// Where an entry's address maps now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +133,7 @@ fn granularity(cuda: &Cuda, prop: &CUmemAllocationProp) -> u64 {
     driver::granularity(cuda, prop)
         .ok()
         .filter(|&g| g > 0)
-        .unwrap_or(DEFAULT_GRANULARITY)
+        .unwrap_or(DEVICE_PAGE)
 }
 
 fn round_up(n: u64, to: u64) -> Option<u64> {
