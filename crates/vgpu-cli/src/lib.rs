@@ -16,6 +16,7 @@ pub mod demo;
 pub mod doctor;
 pub mod exporter;
 pub mod glob;
+pub mod hook_env;
 pub mod http;
 pub mod job_cleanup;
 pub mod limits;
@@ -25,13 +26,14 @@ pub mod run;
 pub mod set_limit;
 #[allow(unsafe_code)] // installs signal handlers (sigaction, signal)
 pub mod signals;
+pub mod status;
 #[allow(unsafe_code)] // the libc calls std does not wrap, each behind a safe function
 mod sys;
-pub mod table;
 pub mod turn_dir;
 pub mod units;
 pub mod untrusted;
 pub mod usage_file;
+pub mod usage_table;
 pub mod watch;
 pub mod workload;
 
@@ -100,7 +102,7 @@ pub fn dispatch(cli: cli::Cli) -> Result<ExitCode, Failure> {
     }
     match cli.command {
         Command::Run(a) => run::run(&a),
-        Command::Status(a) => report::status(&a),
+        Command::Status(a) => status::status(&a),
         Command::Watch(a) => watch::watch(&a),
         Command::SetLimit(a) => set_limit::set_limit(&a),
         Command::Exporter(a) => exporter::exporter(&a),

@@ -55,6 +55,15 @@ pub fn user_dir() -> PathBuf {
     std::env::temp_dir().join(format!("vgpu-{}", crate::sys::effective_uid()))
 }
 
+/// The usage file when none is named: `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, else HAMi's default
+/// `/tmp/cudevshr.cache`.
+pub fn default_cache_path() -> PathBuf {
+    match std::env::var_os(vgpu_env::ENV_SHARED_CACHE) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => PathBuf::from(vgpu_env::DEFAULT_SHARED_CACHE),
+    }
+}
+
 /// The table of the group `name` (`vgpu run --share NAME`), whether it exists or not.
 pub fn share_path(name: &str) -> PathBuf {
     user_dir().join(format!("{name}.cache"))
@@ -233,7 +242,7 @@ pub fn reconcile_limits(
     if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
         return Ok(Vec::new());
     }
-    let Some(report) = crate::report::read_if_exists(path)? else {
+    let Some(report) = crate::usage_table::read_if_exists(path)? else {
         return Ok(Vec::new());
     };
     let mut mismatches = Vec::new();
@@ -311,7 +320,7 @@ pub fn reconcile_limits(
             list.join("; ")
         )));
     }
-    let table = crate::table::open_writable(path)?;
+    let table = crate::usage_table::open_writable(path)?;
     for m in &mismatches {
         let dev = DeviceIndex(m.device);
         match m.set {
