@@ -1,5 +1,5 @@
-//! The hook's background threads (the power reader, the share-mode heartbeat): the
-//! controls every one of them needs, in one place.
+//! The hook's background threads (the share-mode heartbeat): the controls every one of them
+//! needs, in one place.
 //!
 //! **Invariant.** A worker's thread starts at most once per process ([`Worker::claim`] then
 //! [`Worker::spawn`]); once [`Worker::stop`] returns, the thread starts no step (its

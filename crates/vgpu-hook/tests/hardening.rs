@@ -16,7 +16,7 @@ fn fork_after(run: &Run, mode: &str) -> Out {
 
 #[test]
 fn a_child_forked_after_nvml_uses_cuda_whichever_way_the_driver_is_reached() {
-    // With an SM limit too: the limiter (and its power reader) must not touch CUDA either.
+    // With an SM limit too: the limiter must not touch CUDA either.
     let runs = VIAS.into_iter().flat_map(|via| {
         [
             Run::hooked("256m").via(via),

@@ -77,10 +77,9 @@ fn charge_context(
 }
 
 /// Creates a context on `dev` with `forward`, measuring what it took on the device (NVML,
-/// before and after; just before, the SM limiter records the device's power): the device's
-/// index, the new context and its bytes (`None`: not measured); or `None`, nothing to charge,
-/// for a device past the limits' range (only forwarded) or when the caller asked for no
-/// handle.
+/// before and after): the device's index, the new context and its bytes (`None`: not
+/// measured); or `None`, nothing to charge, for a device past the limits' range (only
+/// forwarded) or when the caller asked for no handle.
 ///
 /// # Safety
 /// `pctx` as the driver API's contract requires.
