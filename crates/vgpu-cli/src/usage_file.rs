@@ -1,5 +1,5 @@
-//! Which usage table a `vgpu run` job uses, prepared so that sharing a workstation GPU
-//! cannot go wrong.
+//! Which usage file a command uses (the default, a `--share` group's) and, for a `vgpu run`
+//! job, the table prepared so that sharing a workstation GPU cannot go wrong.
 //!
 //! Invariants:
 //! - A job shares a table (and so one limit per device) only when asked: `--share NAME`,
