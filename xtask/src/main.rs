@@ -131,8 +131,8 @@ fn bench_helpers() -> Result<(), String> {
     Ok(())
 }
 
-/// The loom models of the atomic protocols (the shared table's; the hook's `Published` cells
-/// and its background threads' stop handshake: every test whose name
+/// The loom models of the atomic protocols (the shared table's; the hook's `Published` cells,
+/// its background threads' stop handshake and its log rate limit: every test whose name
 /// contains `loom`). They need `--cfg loom` for the whole build, so they get their own target
 /// directory (switching flags would rebuild everything).
 fn loom() -> Result<(), String> {

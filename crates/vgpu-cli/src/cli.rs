@@ -7,6 +7,15 @@ use clap::{ArgGroup, Args, Parser, Subcommand};
 
 use crate::limits::{MemoryFlag, SmFlag};
 use crate::units::parse_interval;
+use crate::usage_file;
+
+/// Where the kubelet keeps per-pod log directories (`vgpu exporter --pod-logs`).
+pub const DEFAULT_POD_LOGS: &str = "/var/log/pods";
+
+/// HAMi's DRA driver's checkpoint (its kubelet plugin directory, `hami-core-gpu.project-hami.io`;
+/// `vgpu exporter --dra-checkpoint`).
+pub const DEFAULT_DRA_CHECKPOINT: &str =
+    "/var/lib/kubelet/plugins/hami-core-gpu.project-hami.io/checkpoint.json";
 
 /// Share a GPU: run programs under memory and compute limits, see and change usage.
 #[derive(Debug, Parser)]
@@ -79,7 +88,7 @@ pub struct RunArgs {
     pub sm: Vec<SmFlag>,
     /// Join the group NAME: jobs run with the same NAME (by this user) share one usage table
     /// and one limit per device. Default: a private table for this job alone.
-    #[arg(long, value_name = "NAME", conflicts_with = "cache", value_parser = crate::usage_file::parse_share_name)]
+    #[arg(long, value_name = "NAME", conflicts_with = "cache", value_parser = usage_file::parse_share_name)]
     pub share: Option<String>,
     /// Usage file shared by all processes under one limit (CUDA_DEVICE_MEMORY_SHARED_CACHE).
     #[arg(long, value_name = "PATH")]
@@ -111,8 +120,20 @@ pub struct UsageFileArgs {
     #[arg(long, value_name = "PATH")]
     pub cache: Option<PathBuf>,
     /// The usage table of the group NAME that `vgpu run --share NAME` jobs use.
-    #[arg(long, value_name = "NAME", conflicts_with = "cache", value_parser = crate::usage_file::parse_share_name)]
+    #[arg(long, value_name = "NAME", conflicts_with = "cache", value_parser = usage_file::parse_share_name)]
     pub share: Option<String>,
+}
+
+impl UsageFileArgs {
+    /// The usage file these flags name: `--share NAME`'s group table, else `--cache`, else
+    /// [`usage_file::default_cache_path`].
+    pub fn path(&self) -> PathBuf {
+        match (&self.share, &self.cache) {
+            (Some(name), _) => usage_file::share_path(name),
+            (None, Some(p)) => p.clone(),
+            (None, None) => usage_file::default_cache_path(),
+        }
+    }
 }
 
 /// `vgpu status`.
@@ -190,10 +211,10 @@ pub struct ExporterArgs {
     #[arg(long, value_name = "GLOB")]
     pub cache: Option<String>,
     /// The kubelet's pod log directory, read for pod namespaces and names.
-    #[arg(long, value_name = "DIR", default_value = crate::exporter::pods::DEFAULT_POD_LOGS)]
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_POD_LOGS)]
     pub pod_logs: PathBuf,
     /// HAMi's DRA driver's checkpoint, read for the pod of each claim directory.
-    #[arg(long, value_name = "FILE", default_value = crate::exporter::pods::DEFAULT_DRA_CHECKPOINT)]
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_DRA_CHECKPOINT)]
     pub dra_checkpoint: PathBuf,
     /// Also serve HAMi's pre-2.6 metric names (vGPU_device_memory_usage_in_bytes, ...), as HAMi's
     /// monitor does with the same flag.

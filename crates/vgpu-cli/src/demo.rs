@@ -13,41 +13,12 @@ use vgpu_cuda_abi::CUresult;
 
 use crate::Failure;
 use crate::cli::{DemoArgs, DriverChoice};
+use crate::hook_env::{HookEnv, HookSetup, hook_env, library_path_with, make_sim_link_dir};
 use crate::limits::MemoryFlag;
 use crate::locate;
-use crate::report;
-use crate::run::{HookEnv, HookSetup, hook_env};
 use crate::units::format_bytes;
+use crate::usage_table;
 use crate::workload::WorkloadProcess;
-
-/// Names the simulated driver is served under.
-pub const SIM_LINK_NAMES: &[&str] = &[
-    "libcuda.so.1",
-    "libcuda.so",
-    "libnvidia-ml.so.1",
-    "libnvidia-ml.so",
-];
-
-/// A directory of symlinks that makes `libvgpusim.so` the driver for whoever puts the
-/// directory first on `LD_LIBRARY_PATH`.
-pub fn make_sim_link_dir(sim: &Path, dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    for name in SIM_LINK_NAMES {
-        let link = dir.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(sim, &link)
-            .map_err(|e| format!("cannot link {} -> {}: {e}", link.display(), sim.display()))?;
-    }
-    Ok(())
-}
-
-/// `LD_LIBRARY_PATH` with `dir` first, keeping what was there.
-pub fn library_path_with(dir: &Path) -> String {
-    match std::env::var("LD_LIBRARY_PATH") {
-        Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
-        _ => dir.display().to_string(),
-    }
-}
 
 /// Whether the real driver is present with at least one device: asks a child (so this
 /// process never initializes CUDA) running `vgpu workload` without the hook.
@@ -197,7 +168,7 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
         cache.display()
     );
     // What the file counts on device 0 while the workload holds its memory (context included).
-    let counted = match report::read(&cache) {
+    let counted = match usage_table::read(&cache) {
         Ok(r) => {
             print!("{}", indent(&r.render_text()));
             r.devices
@@ -237,7 +208,7 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
             ""
         }
     );
-    if let Ok(r) = report::read(&cache) {
+    if let Ok(r) = usage_table::read(&cache) {
         let used: u64 = r.devices.iter().map(|d| d.memory_used_bytes).sum();
         let dead = r.processes.iter().filter(|p| !p.alive).count();
         if dead > 0 {
@@ -247,7 +218,7 @@ pub fn demo(args: &DemoArgs) -> Result<ExitCode, Failure> {
                 format_bytes(used)
             );
             // Attaching for writing sweeps dead processes, as any hooked program's start does.
-            match crate::table::open_writable(&cache).and_then(|t| {
+            match usage_table::open_writable(&cache).and_then(|t| {
                 t.sweep_dead().map_err(|e| e.to_string())?;
                 Ok(t.usage(vgpu_alloc_core::DeviceIndex(0)).used)
             }) {

@@ -10,11 +10,12 @@ use vgpu_env::{Config, Vars};
 use crate::Failure;
 use crate::cli::{DoctorArgs, RunDriver};
 use crate::cuda::Library;
+use crate::hook_env::{HookSetup, hook_env, library_path_with, make_sim_link_dir};
 use crate::limits::MemoryFlag;
 use crate::locate::{self, Found};
 use crate::report;
-use crate::run::{HookSetup, hook_env};
 use crate::units::{format_bytes, format_limit};
+use crate::usage_table;
 use crate::workload::WorkloadProcess;
 
 /// The limit the mechanism probe runs under: room for a large GPU's context (a few hundred
@@ -433,7 +434,7 @@ pub struct DoctorReport<'a> {
 }
 
 fn check_cache(path: &Path) -> (Check, Option<report::StatusReport>) {
-    match report::read_if_exists(path) {
+    match usage_table::read_if_exists(path) {
         Ok(None) => (
             check(
                 "usage file",
@@ -532,7 +533,7 @@ pub fn probe(configure: impl FnOnce(&mut Command)) -> Result<ProbeResult, String
 /// Put the simulated driver's directory first on `cmd`'s `LD_LIBRARY_PATH`, if there is one.
 fn serve_sim(cmd: &mut Command, sim_links: Option<&Path>) {
     if let Some(d) = sim_links {
-        cmd.env("LD_LIBRARY_PATH", crate::demo::library_path_with(d));
+        cmd.env("LD_LIBRARY_PATH", library_path_with(d));
     }
 }
 
@@ -666,7 +667,7 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
             let dir = crate::private_tempdir("vgpu-doctor-sim-")
                 .map_err(|e| Failure::msg(format!("cannot create a temporary directory: {e}")))?;
             let sim = locate::find_sim()?;
-            crate::demo::make_sim_link_dir(&sim.path, dir.path())?;
+            make_sim_link_dir(&sim.path, dir.path())?;
             Some(dir)
         }
     };
@@ -680,7 +681,7 @@ pub fn doctor(args: &DoctorArgs) -> Result<ExitCode, Failure> {
     if let Some(c) = check_oversubscribe() {
         emit(c, &mut checks);
     }
-    let cache = report::table_path(&args.file);
+    let cache = args.file.path();
     let (c, file) = check_cache(&cache);
     emit(c, &mut checks);
     if args.no_probe {

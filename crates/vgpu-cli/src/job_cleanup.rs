@@ -91,7 +91,7 @@ fn redirect_stdout_to_null() {
 
 /// Whether the table lists a live process (a missing or unreadable table lists none).
 fn registered_alive(table: &Path) -> bool {
-    crate::report::read(table).is_ok_and(|r| r.processes.iter().any(|p| p.alive))
+    crate::usage_table::read(table).is_ok_and(|r| r.processes.iter().any(|p| p.alive))
 }
 
 /// The job's process: a pidfd where the kernel has them (Linux 5.3), else its pid.

@@ -4,6 +4,21 @@
 //! The binary is a thin wrapper over [`dispatch`]; the modules are public so the
 //! integration tests and the xtask can reuse them.
 //!
+//! Layout (`docs/architecture.md`, floor 3, draws it):
+//! - The command line: [`cli`] (every subcommand and flag, clap types) and [`dispatch`] below.
+//! - One module per command: [`run`], [`status`], [`watch`], [`set_limit`], [`exporter`]
+//!   (`pods`: which pod a file is; `render`: the metrics page), [`doctor`], [`demo`],
+//!   [`workload`] (the tiny CUDA job `demo` and `doctor` drive, through [`cuda`]) and
+//!   [`job_cleanup`] (the hidden watcher that removes a `vgpu run` job's directory).
+//! - What commands share: [`report`] (the versioned JSON model of a usage file),
+//!   [`usage_table`] (a file read into it, or opened to write limits), [`usage_file`] (which
+//!   file a command uses; a `vgpu run` job's table), [`hook_env`] (the environment a program
+//!   gets under the hook), [`limits`] (the `--memory`/`--sm` flags), [`locate`] (finding
+//!   `libvgpu.so` and the simulator), [`turn_dir`] (the turn directory on a workstation).
+//! - Plumbing: [`glob`] (which files a `--cache` pattern names), [`http`] (the exporter's
+//!   endpoint), [`untrusted`] (text a tenant controls, made safe to show), [`units`] (sizes,
+//!   durations), [`signals`] (Ctrl-C, SIGPIPE), `sys` (the libc calls std does not wrap).
+//!
 //! Unsafe code lives in three boundary modules, each allowed it below with its reason;
 //! the compiler holds every other module to safe Rust.
 
@@ -16,6 +31,7 @@ pub mod demo;
 pub mod doctor;
 pub mod exporter;
 pub mod glob;
+pub mod hook_env;
 pub mod http;
 pub mod job_cleanup;
 pub mod limits;
@@ -25,13 +41,14 @@ pub mod run;
 pub mod set_limit;
 #[allow(unsafe_code)] // installs signal handlers (sigaction, signal)
 pub mod signals;
+pub mod status;
 #[allow(unsafe_code)] // the libc calls std does not wrap, each behind a safe function
 mod sys;
-pub mod table;
 pub mod turn_dir;
 pub mod units;
 pub mod untrusted;
 pub mod usage_file;
+pub mod usage_table;
 pub mod watch;
 pub mod workload;
 
@@ -100,7 +117,7 @@ pub fn dispatch(cli: cli::Cli) -> Result<ExitCode, Failure> {
     }
     match cli.command {
         Command::Run(a) => run::run(&a),
-        Command::Status(a) => report::status(&a),
+        Command::Status(a) => status::status(&a),
         Command::Watch(a) => watch::watch(&a),
         Command::SetLimit(a) => set_limit::set_limit(&a),
         Command::Exporter(a) => exporter::exporter(&a),

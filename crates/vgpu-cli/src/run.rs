@@ -1,124 +1,19 @@
 //! `vgpu run`: choose the job's usage table, set the HAMi environment, preload libvgpu.so,
 //! and exec the program.
 
-use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io::IsTerminal;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vgpu_env::{self as config, Config, Vars};
+use vgpu_env::{self as config, Config};
 
 use crate::Failure;
 use crate::cli::{RunArgs, RunDriver};
-use crate::limits::{self, is_limit_var};
+use crate::hook_env::{HookEnv, HookSetup, hook_env, library_path_with, make_sim_link_dir};
+use crate::limits::is_limit_var;
 use crate::{job_cleanup, locate, turn_dir, usage_file};
-
-/// The environment a program gets under the hook: variables to set and variables to remove.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HookEnv {
-    /// Variables to set, in a stable order.
-    pub set: BTreeMap<String, String>,
-    /// Inherited variables to remove (replaced by flags of the same kind).
-    pub remove: Vec<String>,
-}
-
-impl HookEnv {
-    /// Apply to a command about to be spawned or exec'd.
-    pub fn apply(&self, cmd: &mut Command) {
-        for name in &self.remove {
-            cmd.env_remove(name);
-        }
-        cmd.envs(&self.set);
-    }
-
-    /// Look a variable up as the program will see it, given the inherited environment.
-    pub fn lookup(&self, name: &str) -> Option<String> {
-        if let Some(v) = self.set.get(name) {
-            return Some(v.clone());
-        }
-        if self.remove.iter().any(|r| r == name) {
-            return None;
-        }
-        std::env::var(name).ok()
-    }
-
-    /// Every variable as the program will see them, given the inherited environment.
-    pub fn vars(&self) -> Vars {
-        let mut vars = Vars::from_os(std::env::vars_os());
-        for name in &self.remove {
-            vars.remove(name);
-        }
-        for (name, value) in &self.set {
-            vars.set(name.as_str(), value.as_str());
-        }
-        vars
-    }
-}
-
-/// Everything `run` (and the demo and doctor probes) need to start a program under the hook.
-#[derive(Debug, Clone)]
-pub struct HookSetup<'a> {
-    /// Path of libvgpu.so.
-    pub hook: &'a Path,
-    /// `--memory` flags.
-    pub memory: &'a [limits::MemoryFlag],
-    /// `--sm` flags.
-    pub sm: &'a [limits::SmFlag],
-    /// `--cache`.
-    pub cache: Option<&'a Path>,
-}
-
-/// Compute the environment for `setup`, checked with vgpu-env's parser as the hook will read it.
-pub fn hook_env(setup: &HookSetup<'_>) -> Result<HookEnv, Failure> {
-    let mut env = HookEnv {
-        // A device given twice is bad usage, like a value that does not parse.
-        set: limits::limit_env(setup.memory, setup.sm).map_err(Failure::usage)?,
-        remove: Vec::new(),
-    };
-    for (name, _) in std::env::vars_os() {
-        let Some(name) = name.to_str() else { continue };
-        let replaced = (!setup.memory.is_empty() && is_limit_var(config::ENV_MEMORY_LIMIT, name))
-            || (!setup.sm.is_empty() && is_limit_var(config::ENV_SM_LIMIT, name));
-        if replaced && !env.set.contains_key(name) {
-            env.remove.push(name.to_owned());
-        }
-    }
-    env.remove.sort();
-    if let Some(cache) = setup.cache {
-        // Absolute, so the program finds the same file whatever its working directory.
-        let abs = std::path::absolute(cache)
-            .map_err(|e| Failure::msg(format!("--cache {}: {e}", cache.display())))?;
-        let s = abs
-            .to_str()
-            .ok_or_else(|| Failure::msg(format!("--cache {} is not valid UTF-8", abs.display())))?;
-        if abs.is_dir() {
-            return Err(Failure::msg(format!(
-                "--cache {s} is a directory; give the path of a file"
-            )));
-        }
-        if let Some(parent) = abs.parent().filter(|p| !p.is_dir()) {
-            return Err(Failure::msg(format!(
-                "--cache {s}: the directory {} does not exist (the hook creates the file, not the directory)",
-                parent.display()
-            )));
-        }
-        env.set
-            .insert(config::ENV_SHARED_CACHE.to_owned(), s.to_owned());
-    }
-    let lib = locate::check_preloadable(setup.hook)?;
-    let existing = std::env::var("LD_PRELOAD").ok();
-    env.set.insert(
-        "LD_PRELOAD".to_owned(),
-        locate::prepend_preload(lib, existing.as_deref()),
-    );
-    // The whole environment as the hook will parse it: inherited bad values fail here, with
-    // the variable named, instead of inside the program.
-    Config::from_vars(&env.vars())
-        .map_err(|e| Failure::msg(format!("the program's environment would be invalid: {e}")))?;
-    Ok(env)
-}
 
 fn shell_quote(s: &OsStr) -> String {
     let s = s.to_string_lossy();
@@ -296,11 +191,9 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode, Failure> {
     if let (RunDriver::Simulated, Some(dir)) = (args.driver, &job_dir) {
         let sim = locate::find_sim()?;
         let links = dir.join("driver");
-        crate::demo::make_sim_link_dir(&sim.path, &links)?;
-        env.set.insert(
-            "LD_LIBRARY_PATH".into(),
-            crate::demo::library_path_with(&links),
-        );
+        make_sim_link_dir(&sim.path, &links)?;
+        env.set
+            .insert("LD_LIBRARY_PATH".into(), library_path_with(&links));
     }
     let mut cmd = Command::new(program);
     cmd.args(rest);

@@ -7,9 +7,8 @@ use vgpu_alloc_core::DeviceIndex;
 
 use crate::Failure;
 use crate::cli::SetLimitArgs;
-use crate::report::table_path;
-use crate::table::open_writable;
 use crate::units::format_limit;
+use crate::usage_table::open_writable;
 
 /// The JSON schema identifier of `set-limit --json` (docs/cli.md).
 pub const SCHEMA: &str = "vgpu.set-limit.v1";
@@ -60,7 +59,7 @@ pub struct LimitChange {
 
 /// `vgpu set-limit`.
 pub fn set_limit(args: &SetLimitArgs) -> Result<ExitCode, Failure> {
-    let path = table_path(&args.file);
+    let path = args.file.path();
     let table = open_writable(&path)?;
     let device_num = table.device_num();
     let per_device = args.memory.is_some() || args.sm.is_some();

@@ -1,5 +1,5 @@
-//! Which usage table a `vgpu run` job uses, prepared so that sharing a workstation GPU
-//! cannot go wrong.
+//! Which usage file a command uses (the default, a `--share` group's) and, for a `vgpu run`
+//! job, the table prepared so that sharing a workstation GPU cannot go wrong.
 //!
 //! Invariants:
 //! - A job shares a table (and so one limit per device) only when asked: `--share NAME`,
@@ -53,6 +53,15 @@ pub fn parse_share_name(text: &str) -> Result<String, String> {
 /// This user's directory for private and shared tables: `$TMPDIR/vgpu-<uid>` (not created).
 pub fn user_dir() -> PathBuf {
     std::env::temp_dir().join(format!("vgpu-{}", crate::sys::effective_uid()))
+}
+
+/// The usage file when none is named: `$CUDA_DEVICE_MEMORY_SHARED_CACHE`, else HAMi's default
+/// `/tmp/cudevshr.cache`.
+pub fn default_cache_path() -> PathBuf {
+    match std::env::var_os(vgpu_env::ENV_SHARED_CACHE) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => PathBuf::from(vgpu_env::DEFAULT_SHARED_CACHE),
+    }
 }
 
 /// The table of the group `name` (`vgpu run --share NAME`), whether it exists or not.
@@ -233,7 +242,7 @@ pub fn reconcile_limits(
     if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
         return Ok(Vec::new());
     }
-    let Some(report) = crate::report::read_if_exists(path)? else {
+    let Some(report) = crate::usage_table::read_if_exists(path)? else {
         return Ok(Vec::new());
     };
     let mut mismatches = Vec::new();
@@ -311,7 +320,7 @@ pub fn reconcile_limits(
             list.join("; ")
         )));
     }
-    let table = crate::table::open_writable(path)?;
+    let table = crate::usage_table::open_writable(path)?;
     for m in &mismatches {
         let dev = DeviceIndex(m.device);
         match m.set {

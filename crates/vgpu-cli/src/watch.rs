@@ -15,12 +15,12 @@ use serde::Serialize;
 
 use crate::Failure;
 use crate::cli::WatchArgs;
-use crate::report::{
-    ProcessColumns, StatusReport, read, table_path, write_device_rows, write_process_rows,
-};
+use crate::report::StatusReport;
 use crate::signals;
+use crate::status::{ProcessColumns, write_device_rows, write_process_rows};
 use crate::units::{counted, format_local_time, percent_of, rfc3339_local};
 use crate::untrusted;
+use crate::usage_table::read;
 
 /// The NDJSON schema identifier of `watch --json` (docs/cli.md).
 pub const SCHEMA: &str = "vgpu.watch.v1";
@@ -300,7 +300,7 @@ fn now() -> (i64, u64) {
 /// `vgpu watch`: until Ctrl-C on a terminal; `--count` refreshes (1 by default when stdout is
 /// not a terminal, so a pipe or a test never runs forever by accident).
 pub fn watch(args: &WatchArgs) -> Result<ExitCode, Failure> {
-    let path = table_path(&args.file);
+    let path = args.file.path();
     let tty = std::io::stdout().is_terminal();
     let colour = tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let palette = Palette::new(colour);

@@ -3,6 +3,10 @@
 //! [`nvml_hooked_functions!`]) that drives the hook's exports, its real-function table and
 //! its `dlsym`/`cuGetProcAddress` tables, and that the simulated driver reuses.
 //!
+//! Layout: `symbols` (the declaration lists, [`SymbolInfo`] and the `cuGetProcAddress`
+//! variant choice), `types` (the driver and NVML types, constants and flags), and [`pfn`]
+//! (one function-pointer type per listed symbol, generated from the lists).
+//!
 //! This crate only declares; it contains no code that calls into a driver, and no unsafe
 //! code (the lint holds where its macros expand: in the crate that invokes them).
 

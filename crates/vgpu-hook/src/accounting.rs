@@ -6,6 +6,12 @@ use vgpu_cuda_abi::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray_format, array3d_flags,
 };
 
+/// The page in which the driver maps device memory: 2 MiB on every current GPU (the VMM
+/// granularity `cuMemGetAllocationGranularity` reports for device memory). Pools grow by
+/// whole pages, residuals are charged in them, and it stands in for the granularity when
+/// the driver does not say.
+pub(crate) const DEVICE_PAGE: u64 = 2 << 20;
+
 /// `bytes` rounded up to a multiple of `align` (a power of two, or 0/1 for none);
 /// `None` on overflow.
 pub(crate) fn align_up(bytes: u64, align: u64) -> Option<u64> {

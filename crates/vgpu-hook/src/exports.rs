@@ -2,7 +2,9 @@
 //! `#[no_mangle] extern "C"` function per hooked symbol, each building the program's call
 //! as a forward to the real function and handing it to the implementation in
 //! `crate::hooks` the entry's shape names (see `vgpu_cuda_abi`'s symbol docs), behind a
-//! panic guard; the implementation's `Result` becomes the returned code. Plus `dlsym`.
+//! panic guard; the implementation's `Result` becomes the returned code. Plus `dlsym`, and
+//! the `cuGetProcAddress` follow-up: the two lookups that hand out our exports' addresses
+//! (the tables built here), decided by `crate::interpose`.
 //!
 //! The version script written by `build.rs` keeps exactly these symbols global.
 
@@ -10,8 +12,17 @@ use std::ffi::CStr;
 
 use vgpu_cuda_abi::*;
 
-use crate::ffi::{code, guard};
+use crate::ffi::{ExportAddrs, code, guard};
+use crate::log::{DEBUG, vlog};
 use crate::real::{self, Cuda, Nvml};
+
+/// Where the shapes find each hook's implementation: `crate::hooks`, but for the
+/// `cuGetProcAddress` follow-up, which hands out this module's own export addresses (so that
+/// nothing below this module needs them).
+mod implementations {
+    pub(super) use super::proc_address_found;
+    pub(super) use crate::hooks::*;
+}
 
 macro_rules! export_fns {
     ($list:ident, $lib:ident, $load:path, $missing:expr;
@@ -40,7 +51,7 @@ macro_rules! export_fns {
         )*
 
         /// Our export's address for each entry of the list, in list order.
-        pub(crate) static $list: ExportAddrs = ExportAddrs(&[$($name as *const (),)*]);
+        pub(crate) static $list: ExportAddrs = ExportAddrs::new(&[$($name as *const (),)*]);
     };
 }
 
@@ -51,14 +62,14 @@ macro_rules! shape {
         $load().and_then(|lib| {
             $forward(lib)?;
             // SAFETY: the follow-up reads the pointers the driver just accepted.
-            unsafe { crate::hooks::$f(lib, $($a),*) }
+            unsafe { implementations::$f(lib, $($a),*) }
         })
     };
     // Forward; the follow-up whatever the answer.
     ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; finally $f:ident ($($a:ident),*)) => {
         $load().and_then(|lib| {
             let answer = $forward(lib);
-            crate::hooks::$f(lib, $($a),*);
+            implementations::$f(lib, $($a),*);
             answer
         })
     };
@@ -91,29 +102,8 @@ macro_rules! shape {
     };
     (@call $f:ident, $forward:ident, ($($a:ident),*) $(, $variant:expr)?) => {
         // SAFETY: the caller's arguments under the driver's contract for this call.
-        unsafe { crate::hooks::$f($($variant,)? $forward, $($a),*) }
+        unsafe { implementations::$f($($variant,)? $forward, $($a),*) }
     };
-}
-
-/// Addresses of our exported functions, indexed like the declaration list.
-#[derive(Debug)]
-pub(crate) struct ExportAddrs(&'static [*const ()]);
-
-// SAFETY: the table holds addresses of functions, immutable for the program's lifetime.
-unsafe impl Sync for ExportAddrs {}
-
-impl ExportAddrs {
-    /// The address of entry `index`.
-    pub(crate) fn get(&self, index: usize) -> *mut c_void {
-        self.0
-            .get(index)
-            .map_or(std::ptr::null_mut(), |p| p.cast_mut().cast())
-    }
-
-    /// Index of the export at `addr`, if it is one of ours.
-    pub(crate) fn index_of(&self, addr: *mut c_void) -> Option<usize> {
-        self.0.iter().position(|p| p.cast_mut().cast() == addr)
-    }
 }
 
 macro_rules! cuda_exports {
@@ -210,6 +200,41 @@ extern "C" fn dlsym_impl(handle: *mut c_void, symbol: *const c_char) -> *mut c_v
     }
     // SAFETY: dlsym's contract: `symbol` is NUL-terminated (and the real dlsym just read it).
     let name = unsafe { CStr::from_ptr(symbol) };
-    std::panic::catch_unwind(|| crate::interpose::substitute_dlsym(name.to_bytes(), found))
-        .unwrap_or(found)
+    std::panic::catch_unwind(|| {
+        crate::interpose::substitute_dlsym(name.to_bytes(), found, &CUDA_EXPORTS, &NVML_EXPORTS)
+    })
+    .unwrap_or(found)
+}
+
+/// `cuGetProcAddress[_v2]` succeeded: replaces `*pfn` (what the real one returned) by our
+/// wrapper where hooked (a `then` follow-up, like those in `crate::hooks`).
+///
+/// # Safety
+/// `symbol` and `pfn` are the pointers the driver just read and wrote (or null).
+pub(crate) unsafe fn proc_address_found(
+    cuda: &Cuda,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> Result<(), CUresult> {
+    if symbol.is_null() || pfn.is_null() {
+        return Ok(());
+    }
+    // SAFETY: the driver just read `symbol` as a C string and wrote `*pfn`.
+    let (name, found) = unsafe { (CStr::from_ptr(symbol), *pfn) };
+    let Ok(name) = name.to_str() else {
+        return Ok(());
+    };
+    let ours =
+        crate::interpose::substitute_proc_address(cuda, &CUDA_EXPORTS, name, found, version, flags);
+    if ours != found {
+        vlog!(
+            DEBUG,
+            "cuGetProcAddress({name}, {version}, {flags}) -> hook"
+        );
+        // SAFETY: `pfn` is the caller's valid out-pointer.
+        unsafe { *pfn = ours };
+    }
+    Ok(())
 }

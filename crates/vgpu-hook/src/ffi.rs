@@ -1,8 +1,9 @@
-//! Small unsafe helpers at the C boundary: out-pointer writes and in-pointer reads.
+//! Small unsafe helpers at the C boundary: out-pointer writes and in-pointer reads, the panic
+//! guard, and the table of our exports' addresses.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use vgpu_cuda_abi::{CUresult, nvmlReturn_t};
+use vgpu_cuda_abi::{CUresult, c_void, nvmlReturn_t};
 
 use crate::log::{ERROR, vlog};
 
@@ -82,5 +83,32 @@ pub(crate) fn code<R: ReturnCode>(r: Result<(), R>) -> R {
     match r {
         Ok(()) => R::SUCCESS,
         Err(e) => e,
+    }
+}
+
+/// Addresses of our exported functions, indexed like their declaration list (`crate::exports`
+/// builds one per list; `crate::interpose` hands them out).
+#[derive(Debug)]
+pub(crate) struct ExportAddrs(&'static [*const ()]);
+
+// SAFETY: the table holds addresses of functions, immutable for the program's lifetime.
+unsafe impl Sync for ExportAddrs {}
+
+impl ExportAddrs {
+    /// The table of `addrs`, in list order.
+    pub(crate) const fn new(addrs: &'static [*const ()]) -> Self {
+        Self(addrs)
+    }
+
+    /// The address of entry `index`.
+    pub(crate) fn get(&self, index: usize) -> *mut c_void {
+        self.0
+            .get(index)
+            .map_or(std::ptr::null_mut(), |p| p.cast_mut().cast())
+    }
+
+    /// Index of the export at `addr`, if it is one of ours.
+    pub(crate) fn index_of(&self, addr: *mut c_void) -> Option<usize> {
+        self.0.iter().position(|p| p.cast_mut().cast() == addr)
     }
 }

@@ -7,23 +7,32 @@
 //! `cuGetProcAddress` a pointer the real driver returns that is not one of its exported
 //! symbols (an internal entry point) falls back to a name + version + stream-flavour
 //! lookup in the declaration list. Everything else passes through untouched.
+//!
+//! Our wrappers' addresses are given (`crate::exports` builds the tables and asks here), so
+//! these decisions are tested against any table.
 
 use vgpu_cuda_abi::*;
 
-use crate::exports::{CUDA_EXPORTS, ExportAddrs, NVML_EXPORTS};
+use crate::ffi::ExportAddrs;
 use crate::log::{DEBUG, vlog};
 use crate::real;
 
-/// Our wrapper for `found`, the real `dlsym` result for `name`, or `found` itself.
-pub(crate) fn substitute_dlsym(name: &[u8], found: *mut c_void) -> *mut c_void {
+/// Our wrapper for `found`, the real `dlsym` result for `name`, or `found` itself;
+/// `cuda_exports` and `nvml_exports` are our exports' addresses.
+pub(crate) fn substitute_dlsym(
+    name: &[u8],
+    found: *mut c_void,
+    cuda_exports: &ExportAddrs,
+    nvml_exports: &ExportAddrs,
+) -> *mut c_void {
     if name.starts_with(b"cu") {
         // The handle may be libcuda itself, opened by the program: loading our table from
         // it is then only a reference-count bump.
-        substitute(name, found, CUDA_HOOKED_SYMBOLS, &CUDA_EXPORTS, || {
+        substitute(name, found, CUDA_HOOKED_SYMBOLS, cuda_exports, || {
             real::cuda().ok().map(|c| |i| c.hooked_addr(i))
         })
     } else if name.starts_with(b"nvml") {
-        substitute(name, found, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, || {
+        substitute(name, found, NVML_HOOKED_SYMBOLS, nvml_exports, || {
             real::nvml().ok().map(|n| |i| n.hooked_addr(i))
         })
     } else {
@@ -58,9 +67,10 @@ fn substitute<A: Fn(usize) -> usize>(
 }
 
 /// Our wrapper for `found`, what the real `cuGetProcAddress(name, cuda_version, flags)`
-/// returned, or `found` itself.
+/// returned, or `found` itself; `exports` are our CUDA exports' addresses.
 pub(crate) fn substitute_proc_address(
     cuda: &real::Cuda,
+    exports: &ExportAddrs,
     name: &str,
     found: *mut c_void,
     cuda_version: i32,
@@ -70,9 +80,9 @@ pub(crate) fn substitute_proc_address(
         return found;
     }
     if let Some(index) = cuda.hooked_index_of(found as usize) {
-        return CUDA_EXPORTS.get(index);
+        return exports.get(index);
     }
-    if CUDA_EXPORTS.index_of(found).is_some() {
+    if exports.index_of(found).is_some() {
         return found;
     }
     // Not an exported symbol of the driver: decide by name, version and stream flavour,
@@ -86,7 +96,7 @@ pub(crate) fn substitute_proc_address(
                     "cuGetProcAddress({name}, {cuda_version}, {flags}): internal entry point replaced by hook {}",
                     sym.name
                 );
-                return CUDA_EXPORTS.get(index);
+                return exports.get(index);
             }
         }
     }
@@ -99,6 +109,19 @@ mod tests {
     use vgpu_cuda_abi::proc_address_flags::{DEFAULT, PER_THREAD_DEFAULT_STREAM};
 
     const BASE: usize = 0x7000_0000;
+
+    /// A table of our exports for `n` entries at `OURS + 16 * index` (a test needs only
+    /// addresses that are ours and distinct from the library's), leaked as the real ones live
+    /// for the program's lifetime.
+    fn our_exports(n: usize) -> &'static ExportAddrs {
+        const OURS: usize = 0x1_0000_0000;
+        let addrs: Vec<*const ()> = (0..n).map(|i| (OURS + 16 * i) as *const ()).collect();
+        Box::leak(Box::new(ExportAddrs::new(addrs.leak())))
+    }
+
+    fn cuda_exports() -> &'static ExportAddrs {
+        our_exports(CUDA_HOOKED_SYMBOLS.len())
+    }
 
     #[test]
     fn dlsym_of_aliased_symbols_gives_each_its_own_wrapper() {
@@ -115,6 +138,7 @@ mod tests {
             at("nvmlDeviceGetMemoryInfo"),
             at("nvmlDeviceGetMemoryInfo_v2"),
         );
+        let nvml_exports = our_exports(NVML_HOOKED_SYMBOLS.len());
         let alias = BASE as *mut c_void;
         let addr = |i: usize| if i == first || i == second { BASE } else { 0 };
         for (name, index) in [
@@ -125,31 +149,29 @@ mod tests {
                 name.as_bytes(),
                 alias,
                 NVML_HOOKED_SYMBOLS,
-                &NVML_EXPORTS,
+                nvml_exports,
                 || Some(addr),
             );
-            assert_eq!(got, NVML_EXPORTS.get(index), "{name}");
+            assert_eq!(got, nvml_exports.get(index), "{name}");
         }
         // Not the library's implementation of that symbol, a null result, or no library:
         // passed through.
         let other = (BASE + 16) as *mut c_void;
         let name = b"nvmlDeviceGetMemoryInfo";
         assert_eq!(
-            substitute(name, other, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, || Some(
+            substitute(name, other, NVML_HOOKED_SYMBOLS, nvml_exports, || Some(
                 addr
             )),
             other
         );
         let null = std::ptr::null_mut();
         assert_eq!(
-            substitute(name, null, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, || Some(
-                addr
-            )),
+            substitute(name, null, NVML_HOOKED_SYMBOLS, nvml_exports, || Some(addr)),
             null
         );
         let none: Option<fn(usize) -> usize> = None;
         assert_eq!(
-            substitute(name, alias, NVML_HOOKED_SYMBOLS, &NVML_EXPORTS, || none),
+            substitute(name, alias, NVML_HOOKED_SYMBOLS, nvml_exports, || none),
             alias
         );
     }
@@ -171,7 +193,7 @@ mod tests {
     }
 
     fn ours(name: &str) -> *mut c_void {
-        CUDA_EXPORTS.get(index(name))
+        cuda_exports().get(index(name))
     }
 
     #[test]
@@ -181,7 +203,7 @@ mod tests {
             let real = (BASE + 16 * index(s.name)) as *mut c_void;
             // Whatever name and version the caller used: the pointer decides.
             assert_eq!(
-                substitute_proc_address(&cuda, s.base, real, 12000, DEFAULT),
+                substitute_proc_address(&cuda, cuda_exports(), s.base, real, 12000, DEFAULT),
                 ours(s.name),
                 "{}",
                 s.name
@@ -208,7 +230,7 @@ mod tests {
             ("cuMemAlloc", 3000, DEFAULT, internal),
         ] {
             assert_eq!(
-                substitute_proc_address(&cuda, name, internal, version, flags),
+                substitute_proc_address(&cuda, cuda_exports(), name, internal, version, flags),
                 want,
                 "{name} {version} {flags}"
             );
@@ -220,16 +242,30 @@ mod tests {
         let cuda = driver();
         let p = 0x4242_0000 as *mut c_void;
         assert_eq!(
-            substitute_proc_address(&cuda, "cuMemcpyHtoD", p, 12000, DEFAULT),
+            substitute_proc_address(&cuda, cuda_exports(), "cuMemcpyHtoD", p, 12000, DEFAULT),
             p
         );
         assert_eq!(
-            substitute_proc_address(&cuda, "cuMemAlloc", std::ptr::null_mut(), 12000, DEFAULT),
+            substitute_proc_address(
+                &cuda,
+                cuda_exports(),
+                "cuMemAlloc",
+                std::ptr::null_mut(),
+                12000,
+                DEFAULT
+            ),
             std::ptr::null_mut()
         );
         // Our own wrapper stays ours.
         assert_eq!(
-            substitute_proc_address(&cuda, "cuMemAlloc", ours("cuMemAlloc_v2"), 12000, DEFAULT),
+            substitute_proc_address(
+                &cuda,
+                cuda_exports(),
+                "cuMemAlloc",
+                ours("cuMemAlloc_v2"),
+                12000,
+                DEFAULT
+            ),
             ours("cuMemAlloc_v2")
         );
     }
@@ -243,7 +279,14 @@ mod tests {
         let cuda = real::Cuda::fake(addrs);
         let internal = 0x1234_5000 as *mut c_void;
         assert_eq!(
-            substitute_proc_address(&cuda, "cuCtxCreate", internal, 13000, DEFAULT),
+            substitute_proc_address(
+                &cuda,
+                cuda_exports(),
+                "cuCtxCreate",
+                internal,
+                13000,
+                DEFAULT
+            ),
             internal
         );
     }

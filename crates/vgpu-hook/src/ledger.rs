@@ -23,24 +23,15 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use vgpu_alloc_core::{
-    DeviceIndex, DeviceUsage, InMemoryLedger, MAX_DEVICES, OutOfMemory, UsageClass, UsageLedger,
+    DeviceIndex, DeviceUsage, MAX_DEVICES, OutOfMemory, UsageClass, UsageLedger,
 };
 use vgpu_cuda_abi::CUdevice;
 use vgpu_shm::{FileLink, ProcessSlot, UsageTable};
 
 use crate::log::{ERROR, WARN, vlog};
 
-/// The ledger: process-local (tests) or this process's slot in the shared table.
-#[derive(Debug)]
-pub(crate) enum HookLedger {
-    /// Process-local (tests), indexed by ordinal.
-    #[allow(dead_code)]
-    Local(Box<InMemoryLedger>),
-    /// This process's slot in the container's shared table (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
-    Shared(SharedLedger),
-}
-
-/// A slot of the shared table with the ordinal → GPU map and the link watch.
+/// The ledger behind the allocator: this process's slot in the container's shared table
+/// (`CUDA_DEVICE_MEMORY_SHARED_CACHE`) with the ordinal → GPU map and the link watch.
 #[derive(Debug)]
 pub(crate) struct SharedLedger {
     slot: ProcessSlot,
@@ -345,9 +336,8 @@ fn sweep_for_view(table: &UsageTable) {
     }
 }
 
-/// The host-backed class (`crate::host_backing`), by ordinal like the other classes. A
-/// process-local ledger holds none: it refuses.
-impl HookLedger {
+/// The host-backed class (`crate::host_backing`), by ordinal like the other classes.
+impl SharedLedger {
     /// `f` (a reservation) on this process's slot with ordinal `device`'s file index, if the
     /// file lists that GPU and is still at its path; a refusal is by ordinal and checks the
     /// link now (what every reservation of the ledger goes through).
@@ -358,22 +348,12 @@ impl HookLedger {
         bytes: u64,
         f: impl FnOnce(&ProcessSlot, DeviceIndex) -> Result<(), OutOfMemory>,
     ) -> Result<(), OutOfMemory> {
-        match self.on_file(device) {
-            Some((s, d)) if s.attached(false) => {
-                f(&s.slot, d).map_err(|oom| s.refused(device, oom))
+        match self.file_device(device) {
+            Some(d) if self.attached(false) => {
+                f(&self.slot, d).map_err(|oom| self.refused(device, oom))
             }
             _ => Err(refusal(device, bytes)),
         }
-    }
-
-    /// The shared ledger and ordinal `device`'s index in its file, if this ledger is shared
-    /// and the file lists that GPU.
-    #[inline]
-    fn on_file(&self, device: DeviceIndex) -> Option<(&SharedLedger, DeviceIndex)> {
-        let Self::Shared(s) = self else {
-            return None;
-        };
-        Some((s, s.file_device(device)?))
     }
 
     /// Reserve `bytes` of host-backed memory at ordinal `device`'s addresses.
@@ -397,140 +377,94 @@ impl HookLedger {
     /// Release host-backed bytes at ordinal `device`'s addresses (into the file they were
     /// charged in).
     pub(crate) fn release_host(&self, device: DeviceIndex, bytes: u64) {
-        if let Some((s, d)) = self.on_file(device) {
-            s.slot.release_host(d, bytes);
+        if let Some(d) = self.file_device(device) {
+            self.slot.release_host(d, bytes);
         }
     }
 
     /// Count a refusal by the limit of ordinal `device` in the file (cold: the refusal path).
     pub(crate) fn count_refusal(&self, device: DeviceIndex) {
-        if let Some((s, d)) = self.on_file(device) {
-            s.slot.table().count_refusal(d);
+        if let Some(d) = self.file_device(device) {
+            self.slot.table().count_refusal(d);
         }
     }
 
     /// Host-backed bytes of all processes at ordinal `device`'s addresses.
     pub(crate) fn host_used(&self, device: DeviceIndex) -> u64 {
-        self.on_file(device).map_or(0, |(s, d)| s.file_host_used(d))
+        self.file_device(device)
+            .map_or(0, |d| self.file_host_used(d))
     }
 }
 
-impl UsageLedger for HookLedger {
+impl UsageLedger for SharedLedger {
     fn try_reserve(
         &self,
         device: DeviceIndex,
         class: UsageClass,
         bytes: u64,
     ) -> Result<(), OutOfMemory> {
-        match self {
-            Self::Local(l) => l.try_reserve(device, class, bytes),
-            Self::Shared(_) => {
-                self.reserve_on_file(device, bytes, |s, d| s.try_reserve(d, class, bytes))
-            }
-        }
+        self.reserve_on_file(device, bytes, |s, d| s.try_reserve(d, class, bytes))
     }
 
     fn release(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        match self {
-            Self::Local(l) => l.release(device, class, bytes),
-            Self::Shared(s) => {
-                if let Some(d) = s.file_device(device) {
-                    s.slot.release(d, class, bytes);
-                }
-            }
+        if let Some(d) = self.file_device(device) {
+            self.slot.release(d, class, bytes);
         }
     }
 
     fn usage(&self, device: DeviceIndex) -> DeviceUsage {
-        match self {
-            Self::Local(l) => l.usage(device),
-            Self::Shared(s) => match s.file_device(device) {
-                Some(d) => s.slot.table().usage(d),
-                // Not the container's GPU: nothing of it may be used.
-                None => DeviceUsage {
-                    used: 0,
-                    limit: Some(0),
-                },
+        match self.file_device(device) {
+            Some(d) => self.slot.table().usage(d),
+            // Not the container's GPU: nothing of it may be used.
+            None => DeviceUsage {
+                used: 0,
+                limit: Some(0),
             },
         }
     }
 
-    fn has_device(&self, device: DeviceIndex) -> bool {
-        match self {
-            Self::Local(l) => l.has_device(device),
-            // The slot accounts every device of the file; an ordinal the file does not list
-            // is left to try_reserve, which refuses it with the line naming the GPU.
-            Self::Shared(_) => true,
-        }
+    /// The slot accounts every device of the file; an ordinal the file does not list is left
+    /// to `try_reserve`, which refuses it with the line naming the GPU.
+    fn has_device(&self, _device: DeviceIndex) -> bool {
+        true
     }
 
     fn charge_over_limit(&self, device: DeviceIndex, class: UsageClass, bytes: u64) {
-        match self {
-            Self::Local(l) => l.charge_over_limit(device, class, bytes),
-            Self::Shared(s) => {
-                if let Some(d) = s.file_device(device) {
-                    s.slot.charge_over_limit(d, class, bytes);
-                }
-            }
+        if let Some(d) = self.file_device(device) {
+            self.slot.charge_over_limit(d, class, bytes);
         }
     }
 }
 
-impl HookLedger {
-    /// Bytes this process holds on `device` (an ordinal), every class (a process-local ledger
-    /// holds only this process's).
+impl SharedLedger {
+    /// Bytes this process holds on `device` (an ordinal), every class.
     pub(crate) fn held_by_self(&self, device: DeviceIndex) -> u64 {
-        match self {
-            Self::Local(l) => l.usage(device).used,
-            Self::Shared(s) => s.file_device(device).map_or(0, |d| {
-                let h = s.slot.held(d);
-                h.context.saturating_add(h.module).saturating_add(h.data)
-            }),
-        }
+        self.file_device(device).map_or(0, |d| {
+            let h = self.slot.held(d);
+            h.context.saturating_add(h.module).saturating_add(h.data)
+        })
     }
 
     /// The pid NVML lists this process under: the host pid the monitor wrote into the shared
     /// file, else `getpid()`.
     pub(crate) fn nvml_pid(&self) -> u32 {
-        let hostpid = match self {
-            Self::Shared(s) => s.slot.hostpid(),
-            Self::Local(_) => None,
-        };
-        hostpid.map_or_else(std::process::id, |h| h as u32)
+        self.slot
+            .hostpid()
+            .map_or_else(std::process::id, |h| h as u32)
     }
 
     /// Usage of ordinal `device` for a view (`cuMemGetInfo`): first gives dead processes'
     /// usage back, so a process that just exited is not shown as still holding memory. Not for
     /// allocation paths (refused reservations sweep by themselves).
     pub(crate) fn usage_for_view(&self, device: DeviceIndex) -> DeviceUsage {
-        if let Self::Shared(s) = self {
-            sweep_for_view(s.slot.table());
-        }
+        sweep_for_view(self.slot.table());
         self.usage(device)
-    }
-
-    /// The shared ledger, if this is one.
-    pub(crate) fn shared(&self) -> Option<&SharedLedger> {
-        match self {
-            Self::Shared(s) => Some(s),
-            Self::Local(_) => None,
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_wrapped_ledger_says_which_devices_it_accounts_for() {
-        let ledger = HookLedger::Local(Box::new(InMemoryLedger::new([Some(1 << 20)])));
-        assert!(ledger.has_device(DeviceIndex(0)));
-        assert!(
-            !ledger.has_device(DeviceIndex(1)),
-            "an ordinal past the local ledger's devices is not accounted for"
-        );
-    }
 
     #[test]
     fn the_device_map_answers_by_ordinal_once_built() {

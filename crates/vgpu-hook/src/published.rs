@@ -19,49 +19,9 @@
 
 use std::marker::PhantomData;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::AtomicPtr;
 
-/// An atomic pointer: `std`'s in the library, loom's in the model.
-pub(crate) trait PtrCell<T> {
-    fn load(&self, order: Ordering) -> *mut T;
-    fn store(&self, p: *mut T, order: Ordering);
-    fn compare_exchange(
-        &self,
-        current: *mut T,
-        new: *mut T,
-        success: Ordering,
-        failure: Ordering,
-    ) -> Result<*mut T, *mut T>;
-}
-
-/// Implements [`PtrCell`] for an `AtomicPtr` type (named by an identifier) by forwarding to
-/// its own methods: `std`'s here, loom's in the model.
-macro_rules! forward_ptr_cell {
-    ($atomic_ptr:ident) => {
-        impl<T> PtrCell<T> for $atomic_ptr<T> {
-            #[inline(always)]
-            fn load(&self, order: Ordering) -> *mut T {
-                $atomic_ptr::load(self, order)
-            }
-            #[inline]
-            fn store(&self, p: *mut T, order: Ordering) {
-                $atomic_ptr::store(self, p, order)
-            }
-            #[inline]
-            fn compare_exchange(
-                &self,
-                current: *mut T,
-                new: *mut T,
-                success: Ordering,
-                failure: Ordering,
-            ) -> Result<*mut T, *mut T> {
-                $atomic_ptr::compare_exchange(self, current, new, success, failure)
-            }
-        }
-    };
-}
-
-forward_ptr_cell!(AtomicPtr);
+use crate::sync::{Ordering, PtrCell};
 
 /// A value published at most once per cell (see the module's invariant **P**).
 pub(crate) struct Published<T, C: PtrCell<T> = AtomicPtr<T>> {
@@ -242,11 +202,8 @@ mod loom_tests {
     //! Run: `RUSTFLAGS="--cfg loom" cargo test -p vgpu-hook --release --lib loom`.
     use super::*;
     use loom::sync::Arc;
-    use loom::sync::atomic::{AtomicU64, AtomicUsize};
-
     use loom::sync::atomic::AtomicPtr as LoomAtomicPtr;
-
-    forward_ptr_cell!(LoomAtomicPtr);
+    use loom::sync::atomic::{AtomicU64, AtomicUsize};
 
     type Cell<T> = Published<T, LoomAtomicPtr<T>>;
 

@@ -4,9 +4,10 @@
 //!
 //! The residual of a device is `NVML's used memory of this process − what vgpu already
 //! charges for it there` (its context, data, pools, graph memory, VMM handles), clamped at
-//! 0 and rounded down to [`GRANULE`]; the module charge is brought to it, up or down. What
-//! NVML's per-process figure includes and vgpu charges elsewhere is therefore counted once:
-//! the residual is only what is left.
+//! 0 and rounded down to whole device pages ([`DEVICE_PAGE`], so the few hundred bytes by
+//! which a computed size differs from the driver's never churn the shared table); the module
+//! charge is brought to it, up or down. What NVML's per-process figure includes and vgpu
+//! charges elsewhere is therefore counted once: the residual is only what is left.
 //!
 //! When it runs (see `hooks/residual_charge.rs` and its callers): after every module/library
 //! load and unload and context creation; on `cuMemGetInfo`, NVML's memory views and
@@ -21,10 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vgpu_alloc_core::{DeviceIndex, MAX_DEVICES, OutOfMemory, UsageClass, UsageLedger};
 
-/// Residuals are charged in whole 2 MiB units (the driver maps device memory in 2 MiB pages),
-/// so the few hundred bytes by which a computed size (an array) differs from the driver's
-/// never churn the shared table.
-pub(crate) const GRANULE: u64 = 2 << 20;
+use crate::accounting::DEVICE_PAGE;
 
 /// What to do when a grown residual does not fit under the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,7 +178,7 @@ impl Residual {
             });
         };
         let others = held().saturating_sub(current);
-        let target = process_used.saturating_sub(others) / GRANULE * GRANULE;
+        let target = process_used.saturating_sub(others) / DEVICE_PAGE * DEVICE_PAGE;
         let mut over_limit = None;
         if target > current {
             let grow = target - current;

@@ -37,7 +37,6 @@ use vgpu_env::{Config, ConfigErrors, Vars};
 use vgpu_shm::{HostPolicy, ProcessSlot, TableInit, UsageTable};
 
 use crate::driver::RealBackend;
-pub(crate) use crate::ledger::HookLedger;
 use crate::ledger::SharedLedger;
 use crate::log::{DEBUG, ERROR, INFO, MSG, WARN, vlog};
 use crate::measured::MeasuredTracker;
@@ -52,7 +51,7 @@ pub(crate) struct Ready {
     /// `host_backing`'s spill and oversubscription: [`adopt_host_policy`]).
     pub(crate) config: Config,
     /// Sub-allocator, allocation table and reserve-or-OOM decision.
-    pub(crate) alloc: Allocator<RealBackend, HookLedger>,
+    pub(crate) alloc: Allocator<RealBackend, SharedLedger>,
     /// Stream-ordered pools, keyed by `CUmemoryPool`.
     pub(crate) pools: MeasuredTracker<usize>,
     /// Graph memory, keyed by CUDA ordinal.
@@ -79,13 +78,13 @@ pub(crate) struct Ready {
 
 impl Ready {
     /// The ledger.
-    pub(crate) fn ledger(&self) -> &HookLedger {
+    pub(crate) fn ledger(&self) -> &SharedLedger {
         self.alloc.ledger()
     }
 
-    /// This process's slot in the shared table, if the ledger is the shared table.
-    pub(crate) fn slot(&self) -> Option<&ProcessSlot> {
-        self.ledger().shared().map(SharedLedger::slot)
+    /// This process's slot in the shared table.
+    pub(crate) fn slot(&self) -> &ProcessSlot {
+        self.ledger().slot()
     }
 }
 
@@ -206,7 +205,7 @@ fn build() -> &'static Enforcement {
     // The published state is never freed, so its slot lives as long as the limiter. (A
     // launch racing this first build may pass unthrottled, as one before it would.)
     if let Enforcement::Ready(ready) = state {
-        p.sm.start(&ready.config, ready.ledger().shared());
+        p.sm.start(&ready.config, Some(ready.ledger()));
     }
     p.building.store(false, Ordering::Release);
     // A flag, not a `Once`: a fork while another thread registers must not leave the child
@@ -242,7 +241,7 @@ fn container_uuids() -> Vec<String> {
 }
 
 /// Opens (or creates) the shared table and registers this process in it.
-fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String> {
+fn open_table(config: &Config, uuids: Vec<String>) -> Result<SharedLedger, String> {
     if !uuids.is_empty() {
         for w in config.absent_device_warnings(uuids.len()) {
             vlog!(WARN, "{w}");
@@ -268,7 +267,7 @@ fn open_table(config: &Config, uuids: Vec<String>) -> Result<HookLedger, String>
         slot.index()
     );
     say_limits_in_force(config, &table);
-    Ok(HookLedger::Shared(SharedLedger::new(slot)))
+    Ok(SharedLedger::new(slot))
 }
 
 /// Logs the memory limits in force (the file's: an existing file keeps its own): at the
@@ -353,7 +352,7 @@ fn adopt_host_policy(config: &mut Config, table: &UsageTable) {
 /// globals for tests).
 pub(crate) fn make(
     config: Result<Config, ConfigErrors>,
-    open_ledger: impl FnOnce(&Config) -> Result<HookLedger, String>,
+    open_ledger: impl FnOnce(&Config) -> Result<SharedLedger, String>,
 ) -> Enforcement {
     let config = match config {
         Ok(c) => {
@@ -383,9 +382,7 @@ pub(crate) fn make(
         }
     };
     let mut config = config;
-    if let Some(shared) = ledger.shared() {
-        adopt_host_policy(&mut config, shared.slot().table());
-    }
+    adopt_host_policy(&mut config, ledger.slot().table());
     let alloc = match Allocator::new(config.allocator, RealBackend, ledger) {
         Ok(a) => a,
         Err(e) => {
@@ -453,9 +450,7 @@ extern "C" fn at_exit() {
         let Some(Enforcement::Ready(ready)) = p.enforcement.get() else {
             return;
         };
-        let Some(slot) = ready.slot() else {
-            return;
-        };
+        let slot = ready.slot();
         // From here on, allocations by threads still running are refused (never unenforced):
         // the process is going away and its usage is no longer counted.
         p.left.store(true, Ordering::Relaxed);
@@ -479,7 +474,7 @@ extern "C" fn at_exit() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_alloc_core::{InMemoryLedger, UsageClass, UsageLedger};
+    use vgpu_alloc_core::{UsageClass, UsageLedger};
 
     fn ready(e: &Enforcement) -> &Ready {
         match e {
@@ -498,18 +493,29 @@ mod tests {
         }
     }
 
+    /// A path for a fresh shared file `vgpu-hook-{tag}-{pid}` in the temporary directory.
+    fn fresh_path(tag: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("vgpu-hook-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        path
+    }
+
+    /// `n` GPUs' UUIDs for a shared file.
+    fn gpus(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("GPU-test{i}")).collect()
+    }
+
     #[test]
     fn a_bad_log_level_keeps_enforcement_running() {
+        let path = fresh_path("loglevel");
         let cfg = Config::from_vars_with_warnings(&Vars::from_pairs([
             ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
             ("LIBCUDA_LOG_LEVEL", "loud"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", path.to_str().unwrap()),
         ]));
         assert_eq!(cfg.as_ref().map(|c| c.warnings.len()), Ok(1));
-        let e = make(cfg, |c| {
-            Ok(HookLedger::Local(Box::new(InMemoryLedger::new(
-                c.memory_limit,
-            ))))
-        });
+        let e = make(cfg, |c| open_table(c, gpus(1)));
+        let _ = std::fs::remove_file(&path);
         assert_eq!(
             ready(&e).ledger().usage(DeviceIndex(0)).limit,
             Some(1 << 30),
@@ -526,15 +532,14 @@ mod tests {
 
     #[test]
     fn limits_reach_the_ledger() {
+        let path = fresh_path("limits");
         let cfg = Config::from_pairs([
             ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
             ("CUDA_DEVICE_MEMORY_LIMIT_1", "512m"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", path.to_str().unwrap()),
         ]);
-        let e = make(cfg, |c| {
-            Ok(HookLedger::Local(Box::new(InMemoryLedger::new(
-                c.memory_limit,
-            ))))
-        });
+        let e = make(cfg, |c| open_table(c, gpus(2)));
+        let _ = std::fs::remove_file(&path);
         let r = ready(&e);
         assert_eq!(r.ledger().usage(DeviceIndex(0)).limit, Some(1 << 30));
         assert_eq!(r.ledger().usage(DeviceIndex(1)).limit, Some(512 << 20));
@@ -548,17 +553,12 @@ mod tests {
     /// Two processes' state on one fresh shared file `vgpu-hook-{tag}-{pid}` under `limit`, and
     /// the file's path.
     fn two_on_one_file(limit: &str, tag: &str) -> (Enforcement, Enforcement, std::path::PathBuf) {
-        let path = std::env::temp_dir().join(format!("vgpu-hook-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path(tag);
         let pairs = [
             ("CUDA_DEVICE_MEMORY_LIMIT", limit),
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", path.to_str().unwrap()),
         ];
-        let one = || {
-            make(Config::from_pairs(pairs), |c| {
-                open_table(c, vec!["GPU-test".into()])
-            })
-        };
+        let one = || make(Config::from_pairs(pairs), |c| open_table(c, gpus(1)));
         (one(), one(), path)
     }
 
@@ -584,9 +584,7 @@ mod tests {
             std::process::id(),
             "no host pid written"
         );
-        if let Some(shared) = a.ledger().shared() {
-            shared.slot().set_hostpid(4242);
-        }
+        a.slot().set_hostpid(4242);
         assert_eq!(a.ledger().nvml_pid(), 4242, "the monitor's host pid");
         let _ = std::fs::remove_file(&path);
     }

@@ -9,36 +9,14 @@
 //! starts its own. Atomics only, so a fork at any instant leaves nothing locked; a panic in
 //! a step is caught (that step's work is lost, not the thread).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+
+use crate::sync::{Flag, Ordering};
 
 /// The thread was stopped (at exit): it must return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stopped;
-
-/// The atomic flags a worker is made of: std's in the hook, loom's in its model.
-pub(crate) trait Flag {
-    fn load(&self, order: Ordering) -> bool;
-    fn store(&self, value: bool, order: Ordering);
-    fn swap(&self, value: bool, order: Ordering) -> bool;
-    /// A read as a read-modify-write: it reads the latest value in the flag's order.
-    fn fetch_or(&self, value: bool, order: Ordering) -> bool;
-}
-
-impl Flag for AtomicBool {
-    fn load(&self, order: Ordering) -> bool {
-        AtomicBool::load(self, order)
-    }
-    fn store(&self, value: bool, order: Ordering) {
-        AtomicBool::store(self, value, order)
-    }
-    fn swap(&self, value: bool, order: Ordering) -> bool {
-        AtomicBool::swap(self, value, order)
-    }
-    fn fetch_or(&self, value: bool, order: Ordering) -> bool {
-        AtomicBool::fetch_or(self, value, order)
-    }
-}
 
 /// One background thread's controls (a `static` part of the process state).
 pub(crate) struct Worker<F = AtomicBool> {
@@ -217,21 +195,6 @@ mod loom_tests {
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
     use loom::sync::atomic::AtomicBool as LoomBool;
-
-    impl Flag for LoomBool {
-        fn load(&self, order: Ordering) -> bool {
-            LoomBool::load(self, order)
-        }
-        fn store(&self, value: bool, order: Ordering) {
-            LoomBool::store(self, value, order)
-        }
-        fn swap(&self, value: bool, order: Ordering) -> bool {
-            LoomBool::swap(self, value, order)
-        }
-        fn fetch_or(&self, value: bool, order: Ordering) -> bool {
-            LoomBool::fetch_or(self, value, order)
-        }
-    }
 
     fn worker() -> Worker<LoomBool> {
         Worker {

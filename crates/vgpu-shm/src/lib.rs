@@ -25,6 +25,16 @@
 //! # Ok::<(), vgpu_shm::ShmError>(())
 //! ```
 //!
+//! Layout: `layout` (the file's ABI: every byte offset, asserted at compile time), `protocol`
+//! (the reservation protocol, generic over its storage so loom checks it), `table/` (an
+//! attached file, [`UsageTable`], and this process's slot in it, [`ProcessSlot`]: `open`,
+//! `slot`, `process`, `fields`, `snapshot`, `mapped`), `validate` (a file's contents checked
+//! before anything trusts them), `file` (opening files a tenant controls), `node_read`
+//! (node-side reading, [`NodeReader`]), `hami_file` (files HAMi-core itself wrote), `turns`
+//! (the turn board) and `shares` (share mode's records on it), `error`, `sync` (the
+//! `cfg(loom)` switch), `sys` (every system call). Feature `testing`: `fuzzing` (the attach
+//! path over arbitrary bytes, for the fuzz target).
+//!
 //! Unsafe code lives in `sys` alone (the mapping, `flock`, OFD locks, the fork hook); the
 //! compiler holds every other module to that.
 
@@ -32,6 +42,7 @@
 
 mod error;
 mod file;
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzzing;
 mod hami_file;
 pub mod layout;

@@ -5,14 +5,15 @@
 //! (symlinks), so NVML sees the same devices and usage as the driver API. Device memory is
 //! host memory mapped lazily; kernels are built-ins (`spin`, `fill`) that run on per-stream
 //! worker threads. The environment variables that configure the simulated machine are
-//! documented in `docs/simulated-driver.md` and in [`config`].
+//! documented in `docs/simulated-driver.md` and in [`machine`].
 //!
-//! Layout: [`config`] (environment), [`state`] (all semantics, safe Rust, one file per
-//! subsystem), [`engine`] (stream workers, events, busy time), [`power`] (the power draw NVML
-//! reports), [`hostmem`] (the only code that maps or touches raw memory), and the exported C
-//! functions in `driver` and `nvml` (pointer translation only) and `procaddr` (the
-//! `cuGetProcAddress` table). The compiler keeps that map true: unsafe code is denied
-//! everywhere but in `hostmem`, `driver` and `nvml`.
+//! Layout: [`machine`] (the simulated machine, from the environment), [`codes`] (the result
+//! codes), [`state`] (all semantics, safe Rust, one file per subsystem), [`engine`] (stream
+//! workers, events, busy time), [`power`] (the power draw NVML reports), [`hostmem`] (the only
+//! code that maps or touches raw memory), and the exported C functions in [`driver`] (one file
+//! per subsystem, and [`driver::procaddr`], the `cuGetProcAddress` table) and [`nvml`]
+//! (pointer translation only). The compiler keeps that map true: unsafe code is denied
+//! everywhere but in `hostmem`, `driver` (but for `procaddr`) and `nvml`.
 
 #![deny(unsafe_code)]
 
@@ -33,14 +34,13 @@ macro_rules! write_out {
 }
 
 pub mod codes;
-pub mod config;
 #[allow(unsafe_code)]
 pub mod driver;
 pub mod engine;
 #[allow(unsafe_code)]
 pub mod hostmem;
+pub mod machine;
 #[allow(unsafe_code)]
 pub mod nvml;
 pub mod power;
-pub mod procaddr;
 pub mod state;

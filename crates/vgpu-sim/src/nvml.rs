@@ -16,7 +16,7 @@ use vgpu_cuda_abi::{
 };
 
 use crate::codes::*;
-use crate::config::format_uuid;
+use crate::machine::format_uuid;
 use crate::state::{Sim, global};
 
 static INIT_COUNT: AtomicU32 = AtomicU32::new(0);

@@ -1,7 +1,7 @@
 //! `vgpu exporter`: Prometheus text metrics of one usage file or every file a glob matches.
 //!
 //! Every scrape re-expands the glob, re-reads the kubelet's pod directories and reads each
-//! file through the node-side reader ([`report::read`]), so containers that come and go are
+//! file through the node-side reader ([`usage_table::read`]), so containers that come and go are
 //! picked up without a restart. The page ([`render`]) serves HAMi's families for containers
 //! in the device plugins' layout ([`pods`]) beside vgpu's own.
 
@@ -19,7 +19,7 @@ use crate::Failure;
 use crate::cli::ExporterArgs;
 use crate::glob;
 use crate::http::{self, Request, Response};
-use crate::report;
+use crate::usage_table;
 
 pub use render::{Options, Scraped};
 
@@ -89,7 +89,7 @@ impl Exporter {
             .map(|p| Scraped {
                 cache: p.display().to_string(),
                 identity: pods.identify(p),
-                result: report::read(p),
+                result: usage_table::read(p),
             })
             .collect();
         let mut errors = self.errors_total.lock().unwrap_or_else(|e| e.into_inner());
@@ -134,7 +134,9 @@ pub fn exporter(args: &ExporterArgs) -> Result<ExitCode, Failure> {
     let pattern = match &args.cache {
         Some(p) if p.trim().is_empty() => return Err(Failure::usage("--cache is empty")),
         Some(p) => p.clone(),
-        None => report::default_cache_path().display().to_string(),
+        None => crate::usage_file::default_cache_path()
+            .display()
+            .to_string(),
     };
     // Fail now on a glob that can never work rather than at every scrape.
     if let Err(e) = scrape_targets(&pattern) {
@@ -168,6 +170,7 @@ pub fn exporter(args: &ExporterArgs) -> Result<ExitCode, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report;
     use render::render;
     use std::path::Path;
 

@@ -20,13 +20,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Where the kubelet keeps per-pod log directories.
-pub const DEFAULT_POD_LOGS: &str = "/var/log/pods";
-
-/// HAMi's DRA driver's checkpoint (its kubelet plugin directory, `hami-core-gpu.project-hami.io`).
-pub const DEFAULT_DRA_CHECKPOINT: &str =
-    "/var/lib/kubelet/plugins/hami-core-gpu.project-hami.io/checkpoint.json";
-
 /// At most this many entries of the pod-log directory are read per scrape.
 const MAX_POD_DIRS: usize = 100_000;
 

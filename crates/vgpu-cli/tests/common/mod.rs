@@ -59,7 +59,7 @@ impl SimNode {
         let hook = built_library("libvgpu.so");
         let dir = TempDir::new(prefix).unwrap();
         let sim = built_library("libvgpusim.so");
-        vgpu_cli::demo::make_sim_link_dir(&sim, &dir.path().join("driver")).unwrap();
+        vgpu_cli::hook_env::make_sim_link_dir(&sim, &dir.path().join("driver")).unwrap();
         SimNode { dir, hook }
     }
 

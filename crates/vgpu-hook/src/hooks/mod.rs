@@ -13,7 +13,6 @@
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
-use std::ffi::CStr;
 use std::sync::atomic::Ordering;
 
 use vgpu_alloc_core::{
@@ -23,8 +22,8 @@ use vgpu_alloc_core::{
 use vgpu_cuda_abi::*;
 
 use crate::accounting::{
-    align_up, array2d_bytes, array3d_bytes, measured_growth, mipmapped_bytes, virtual_mem_info,
-    virtual_nvml_info,
+    DEVICE_PAGE, align_up, array2d_bytes, array3d_bytes, measured_growth, mipmapped_bytes,
+    virtual_mem_info, virtual_nvml_info,
 };
 use crate::driver;
 use crate::driver::ProcessUsage;
@@ -40,9 +39,6 @@ use crate::state::{self, Enforcement, Ready};
 pub(crate) trait Forward: FnOnce(&Cuda) -> Result<(), CUresult> {}
 
 impl<F: FnOnce(&Cuda) -> Result<(), CUresult>> Forward for F {}
-
-/// Pools grow in (at least) 2 MiB steps.
-const POOL_GRANULE: u64 = 2 << 20;
 
 fn dev_index(dev: CUdevice) -> Option<DeviceIndex> {
     (0..MAX_DEVICES as i32)
@@ -170,7 +166,7 @@ fn charge_and_forward(
 }
 
 /// A charge begun and not yet recorded.
-type Pending<'s> = PendingRecord<'s, driver::RealBackend, crate::ledger::HookLedger>;
+type Pending<'s> = PendingRecord<'s, driver::RealBackend, crate::ledger::SharedLedger>;
 
 /// Charges `c` before the driver sees the call (the pools re-measured once if the limit
 /// refuses) and forwards the call: the pending charge once the driver succeeded, for the
@@ -330,11 +326,11 @@ fn retry_after_making_room<T>(
 mod arrays;
 mod contexts;
 mod graphs;
+mod init;
 mod launches;
 mod memory;
 mod modules;
 mod pools;
-mod proc_address;
 mod residual_charge;
 mod synchronization;
 mod views;
@@ -343,11 +339,11 @@ mod vmm;
 pub(crate) use arrays::*;
 pub(crate) use contexts::*;
 pub(crate) use graphs::*;
+pub(crate) use init::*;
 pub(crate) use launches::*;
 pub(crate) use memory::*;
 pub(crate) use modules::*;
 pub(crate) use pools::*;
-pub(crate) use proc_address::*;
 use residual_charge::*;
 pub(crate) use synchronization::*;
 pub(crate) use views::*;

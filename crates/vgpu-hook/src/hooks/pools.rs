@@ -112,7 +112,7 @@ unsafe fn alloc_async(
     let used =
         driver::pool_attr(cuda, pool, CUmemPool_attribute::USED_MEM_CURRENT).unwrap_or(reserved);
     let need = (bytesize as u64).saturating_sub(reserved.saturating_sub(used));
-    let need = align_up(need, POOL_GRANULE).ok_or(CUresult::OUT_OF_MEMORY)?;
+    let need = align_up(need, DEVICE_PAGE).ok_or(CUresult::OUT_OF_MEMORY)?;
     let reserve = || {
         st.pools
             .reserve_tentative(st.ledger(), idx, need)
@@ -152,7 +152,7 @@ unsafe fn alloc_async_unpooled(
     bytesize: usize,
     idx: DeviceIndex,
 ) -> Result<(), CUresult> {
-    let charge = align_up(bytesize as u64, POOL_GRANULE).ok_or(CUresult::OUT_OF_MEMORY)?;
+    let charge = align_up(bytesize as u64, DEVICE_PAGE).ok_or(CUresult::OUT_OF_MEMORY)?;
     let ctx = driver::current_context(cuda).unwrap_or(std::ptr::null_mut());
     let charge = Charge {
         kind: AllocationKind::PoolAsync,

@@ -83,14 +83,14 @@ pub(super) fn nvml_device_usage(
     nvml: &real::Nvml,
     device: nvmlDevice_t,
 ) -> Option<(DeviceIndex, vgpu_alloc_core::DeviceUsage)> {
-    let shared = st.ledger().shared()?;
-    let file_device = shared.device_of_uuid(&driver::nvml_uuid(nvml, device)?)?;
-    if let Some(ordinal) = shared.ordinal_of(file_device)
+    let ledger = st.ledger();
+    let file_device = ledger.device_of_uuid(&driver::nvml_uuid(nvml, device)?)?;
+    if let Some(ordinal) = ledger.ordinal_of(file_device)
         && let Ok(cuda) = real::cuda()
     {
         reconcile_if_due(st, cuda, ordinal);
     }
-    Some((file_device, shared.file_usage_for_view(file_device)))
+    Some((file_device, ledger.file_usage_for_view(file_device)))
 }
 
 /// One of NVML's memory-info structs, rewritten to the limit's view.
@@ -138,14 +138,10 @@ pub(crate) unsafe fn nvml_memory_view<T: NvmlMemoryView>(
     };
     let (total, free) = m.driver_view();
     let view = nvml_device_usage(st, nvml, device).and_then(|(file_device, u)| {
-        match (
-            u.limit,
-            st.config.host_backing.oversubscribe,
-            st.ledger().shared(),
-        ) {
+        match (u.limit, st.config.host_backing.oversubscribe) {
             // Device and host-backed memory against the limit (as `view_of`).
-            (Some(limit), true, Some(shared)) => {
-                let host = shared.file_host_used(file_device);
+            (Some(limit), true) => {
+                let host = st.ledger().file_host_used(file_device);
                 let (f, t) = crate::host_backing::oversubscribed_view(limit, u.used, host);
                 Some((t, f, t - f))
             }

@@ -25,16 +25,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use vgpu_alloc_core::{DeviceIndex, OutOfMemory, UsageClass, UsageLedger};
 use vgpu_cuda_abi::*;
 
+use crate::accounting::DEVICE_PAGE;
 use crate::driver;
-use crate::ledger::HookLedger;
+use crate::ledger::SharedLedger;
 use crate::log::{INFO, MSG, WARN, vlog};
 use crate::real::Cuda;
 
 mod contexts;
 pub(crate) use contexts::DeviceContexts;
-
-/// VMM granularity assumed when the driver does not say (2 MiB on every current GPU).
-const DEFAULT_GRANULARITY: u64 = 2 << 20;
 
 /// Where an entry's address maps now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +133,7 @@ fn granularity(cuda: &Cuda, prop: &CUmemAllocationProp) -> u64 {
     driver::granularity(cuda, prop)
         .ok()
         .filter(|&g| g > 0)
-        .unwrap_or(DEFAULT_GRANULARITY)
+        .unwrap_or(DEVICE_PAGE)
 }
 
 fn round_up(n: u64, to: u64) -> Option<u64> {
@@ -174,7 +172,7 @@ impl HostBacked {
     pub(crate) fn allocate(
         &self,
         cuda: &Cuda,
-        ledger: &HookLedger,
+        ledger: &SharedLedger,
         device: DeviceIndex,
         (ordinal, context): (CUdevice, CUcontext),
         bytes: u64,
@@ -246,7 +244,7 @@ impl HostBacked {
     }
 
     /// Free `ptr` if it is one of ours: `None` if it is not (the caller frees it as usual).
-    pub(crate) fn free(&self, cuda: &Cuda, ledger: &HookLedger, ptr: CUdeviceptr) -> Option<()> {
+    pub(crate) fn free(&self, cuda: &Cuda, ledger: &SharedLedger, ptr: CUdeviceptr) -> Option<()> {
         let e = self.lock().remove(&ptr.0)?;
         // `cuMemFree` waits for the device's work before the memory goes (CUDA's implicit
         // synchronization); an unmap need not, so wait here: a kernel still reading the
@@ -257,7 +255,7 @@ impl HostBacked {
     }
 
     /// Context `ctx` was destroyed: its allocations go with it, as `cuMemAlloc` memory does.
-    pub(crate) fn context_gone(&self, cuda: &Cuda, ledger: &HookLedger, ctx: usize) {
+    pub(crate) fn context_gone(&self, cuda: &Cuda, ledger: &SharedLedger, ctx: usize) {
         if !self.any() {
             return;
         }
@@ -278,7 +276,7 @@ impl HostBacked {
     }
 
     /// Unmaps and frees a removed entry and gives its charge back.
-    fn release(&self, cuda: &Cuda, ledger: &HookLedger, ptr: CUdeviceptr, e: Backed) {
+    fn release(&self, cuda: &Cuda, ledger: &SharedLedger, ptr: CUdeviceptr, e: Backed) {
         self.live.fetch_sub(1, Ordering::Release);
         if e.place == Place::Host {
             self.on_host.fetch_sub(1, Ordering::Release);
@@ -308,7 +306,7 @@ impl HostBacked {
     pub(crate) fn move_back(
         &self,
         cuda: &Cuda,
-        ledger: &HookLedger,
+        ledger: &SharedLedger,
         (ordinal, ctx): (CUdevice, CUcontext),
         device_reserve: u64,
     ) {
@@ -384,7 +382,7 @@ impl HostBacked {
     pub(crate) fn create_handle(
         &self,
         cuda: &Cuda,
-        ledger: &HookLedger,
+        ledger: &SharedLedger,
         device: DeviceIndex,
         size: u64,
         prop: &CUmemAllocationProp,
@@ -424,7 +422,7 @@ impl HostBacked {
     /// A `cuMemRelease` of a handle [`HostBacked::create_handle`] made: true if it was one.
     pub(crate) fn handle_released(
         &self,
-        ledger: &HookLedger,
+        ledger: &SharedLedger,
         h: CUmemGenericAllocationHandle,
     ) -> bool {
         let found = self
@@ -514,7 +512,7 @@ fn said_once_that_moves_wait_for_one_context(ordinal: CUdevice) {
 /// exact (its slot gives both back).
 fn move_one(
     cuda: &Cuda,
-    ledger: &HookLedger,
+    ledger: &SharedLedger,
     va: CUdeviceptr,
     e: &mut Backed,
 ) -> Result<(), CUresult> {

@@ -14,35 +14,14 @@
 //! One word holds the state (GCRA, the generic cell rate algorithm: the time from which the
 //! bucket is full again), so admission is one compare-and-swap; the count is one add.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
+
+use crate::sync::{Ordering, Word};
 
 /// Lines of one kind written back to back before the rate applies.
 pub(crate) const BURST: u64 = 10;
 /// Sustained: one line of a kind per half second.
 pub(crate) const INTERVAL_NS: u64 = 500_000_000;
-
-/// The atomic words a [`Kind`] is made of: std's in the hook, loom's in its model.
-pub(crate) trait Word {
-    fn load(&self, order: Ordering) -> u64;
-    fn compare_exchange_weak(&self, current: u64, new: u64) -> Result<u64, u64>;
-    fn fetch_add(&self, value: u64, order: Ordering) -> u64;
-    fn swap(&self, value: u64, order: Ordering) -> u64;
-}
-
-impl Word for AtomicU64 {
-    fn load(&self, order: Ordering) -> u64 {
-        AtomicU64::load(self, order)
-    }
-    fn compare_exchange_weak(&self, current: u64, new: u64) -> Result<u64, u64> {
-        AtomicU64::compare_exchange_weak(self, current, new, Ordering::Relaxed, Ordering::Relaxed)
-    }
-    fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
-        AtomicU64::fetch_add(self, value, order)
-    }
-    fn swap(&self, value: u64, order: Ordering) -> u64 {
-        AtomicU64::swap(self, value, order)
-    }
-}
 
 /// One kind of line: a `static` at its `vlog!` call site.
 #[derive(Debug)]
@@ -85,10 +64,12 @@ impl<W: Word> Kind<W> {
                 self.suppressed.fetch_add(1, Ordering::Relaxed);
                 return Admit::Suppress;
             }
-            match self
-                .full_at
-                .compare_exchange_weak(full_at, start.saturating_add(INTERVAL_NS))
-            {
+            match self.full_at.compare_exchange_weak(
+                full_at,
+                start.saturating_add(INTERVAL_NS),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => break,
                 Err(seen) => full_at = seen,
             }
@@ -178,21 +159,6 @@ mod loom_tests {
     use super::*;
     use loom::sync::Arc;
     use loom::sync::atomic::AtomicU64 as LoomU64;
-
-    impl Word for LoomU64 {
-        fn load(&self, order: Ordering) -> u64 {
-            LoomU64::load(self, order)
-        }
-        fn compare_exchange_weak(&self, current: u64, new: u64) -> Result<u64, u64> {
-            LoomU64::compare_exchange_weak(self, current, new, Ordering::Relaxed, Ordering::Relaxed)
-        }
-        fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
-            LoomU64::fetch_add(self, value, order)
-        }
-        fn swap(&self, value: u64, order: Ordering) -> u64 {
-            LoomU64::swap(self, value, order)
-        }
-    }
 
     #[test]
     fn loom_concurrent_lines_keep_the_burst_and_count_each_suppressed_line_once() {

@@ -236,7 +236,7 @@ fn proc_address(
     flags: u64,
 ) -> CuResult<(CuResult<()>, u32)> {
     let name = cstr!(symbol);
-    let (p, status) = crate::procaddr::lookup(name, cuda_version, flags);
+    let (p, status) = procaddr::lookup(name, cuda_version, flags);
     out!(pfn, p as *mut c_void);
     let found = if p == 0 {
         Err(CUDA_ERROR_NOT_FOUND)
@@ -303,6 +303,7 @@ mod devices;
 mod graphs;
 mod launches;
 mod memory;
+pub mod procaddr;
 mod streams;
 mod vmm;
 

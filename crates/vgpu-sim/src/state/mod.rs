@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::codes::*;
-use crate::config::{ConfigError, SimConfig};
 use crate::engine::{BusyLog, Event, StreamQueue};
 use crate::hostmem::{self, HostPtr, HostRegion, PhysMem, Span, VaRange};
+use crate::machine::{ConfigError, SimConfig};
 
 /// Result of a simulated driver operation: a value or a driver error code.
 pub type CuResult<T> = Result<T, u32>;

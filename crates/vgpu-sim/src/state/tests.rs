@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::SimConfig;
+use crate::machine::SimConfig;
 use std::collections::HashMap;
 
 fn sim(pairs: &[(&str, &str)]) -> &'static Sim {

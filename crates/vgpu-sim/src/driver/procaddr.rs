@@ -3,11 +3,16 @@
 //! The pointers are this library's own functions; with `-Bsymbolic` they cannot be
 //! interposed, exactly like the real driver's, so a preloaded hook only sees calls through
 //! these pointers if it answers `cuGetProcAddress` itself.
+//!
+//! A child of `driver` because its table holds the driver's functions and the driver's
+//! `cuGetProcAddress` answers from it; safe Rust, unlike its parent.
+
+#![deny(unsafe_code)]
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use crate::driver::*;
+use super::*;
 use crate::nvml::*;
 
 /// One variant of a driver function.
