@@ -148,7 +148,7 @@ impl ShareStatus {
 }
 
 impl DeviceStatus {
-    /// The SM limits of the containers taking turns, this file's container marked `me`, an
+    /// The parts of the containers on the GPU's board, this file's container marked `me`, an
     /// idle one (limit 0) as `idle`: `["30%", "70%*", "idle"]`.
     pub(crate) fn turn_limits(&self, me: &str) -> Vec<String> {
         self.turns

@@ -165,10 +165,9 @@ impl StatusReport {
             let n = d.turns.len() as u64;
             let _ = writeln!(
                 out,
-                "device {}: {} {} turns: {}",
+                "device {}: {} on the board: {}",
                 d.index,
                 counted(n, "limited container", "limited containers"),
-                if n == 1 { "takes" } else { "take" },
                 list.join(", ")
             );
             for (sh, me) in d.shares(" (this one)") {

@@ -1,9 +1,9 @@
 //! The turn directory (`$VGPU_TURN_DIR`, default `/tmp/vgpulock`) on a workstation.
 //!
-//! Jobs with an SM limit on one GPU take turns through a board file per GPU in this
+//! Jobs with an SM limit on one GPU see each other's claims through a board file per GPU in this
 //! directory; the hook does not create the directory (under Kubernetes the device plugin
 //! mounts it), so without it two `--sm` jobs each run as if alone. `vgpu run` creates it
-//! like `/tmp`: mode 1777, so every user's jobs can take turns and, thanks to the sticky
+//! like `/tmp`: mode 1777, so every user's jobs can meet there and, thanks to the sticky
 //! bit, nobody can remove or rename another user's board. What cannot be made so is
 //! reported, never fatal: the job still runs, only without turns.
 
@@ -17,7 +17,7 @@ pub const TURN_DIR_MODE: u32 = 0o1777;
 /// Create `dir` (mode 1777, whatever the umask) or check the existing one; `Err` is the
 /// warning to print.
 pub fn ensure(dir: &Path) -> Result<(), String> {
-    let consequence = "jobs with an SM limit on the same GPU will not take turns";
+    let consequence = "jobs with an SM limit on the same GPU will not see each other's claims";
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {
             // Made 0700 first so nobody else writes into it before it has the sticky bit.

@@ -372,7 +372,7 @@ pub(crate) mod tests {
         let mut r = sample();
         r.devices[0].turns = turns.clone();
         let text = r.render_text();
-        assert!(text.contains("takes turns: idle (this one)"), "{text}");
+        assert!(text.contains("on the board: idle (this one)"), "{text}");
         assert!(text.contains("priority 0, idle: using 0%"), "{text}");
         // A second later without a heartbeat: gone.
         b.announce(key, 0, 50_000, now - 1_100_000_000, 1 << 40, 1 << 40)

@@ -236,7 +236,7 @@ fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) ->
             }
             if !d.turns.is_empty() {
                 let list = d.turn_limits("*");
-                let _ = writeln!(out, "     taking turns: {} (* = this file)", list.join(" "));
+                let _ = writeln!(out, "     on the board: {} (* = this file)", list.join(" "));
                 // Guarantee-ceiling, then what it gets; whole seconds keep 80 columns.
                 for (sh, me) in d.shares("*") {
                     let (lent, borrowed) = sh.lent_borrowed_s();
@@ -442,7 +442,7 @@ mod tests {
             "{status}"
         );
         assert!(
-            status.contains("device 0: 1 limited container takes turns: 50% (this one)"),
+            status.contains("device 0: 1 limited container on the board: 50% (this one)"),
             "{status}"
         );
         let watch = render_body(&r, None, Palette::new(false));

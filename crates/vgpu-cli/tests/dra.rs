@@ -387,7 +387,7 @@ fn both_dra_layouts_limit_the_right_gpus_and_the_node_sees_them_by_pod() {
     alive.push(("pid", "1"));
     assert_eq!(metric_value(&s, "vgpu_process_alive", &alive), Some(1.0));
     assert_eq!(metric_value(&s, "vgpu_exporter_files", &[]), Some(2.0));
-    // Both containers take turns on GPU 0's one board in the shared /tmp/vgpulock.
+    // Both containers meet on GPU 0's one board in the shared /tmp/vgpulock.
     let mut board = pod_a.to_vec();
     board.push(("uuid", U0));
     let end = Instant::now() + Duration::from_secs(10);

@@ -190,7 +190,7 @@ fn status_lists_the_containers_taking_turns_on_each_gpu() {
     let out = run(cmd);
     assert!(
         out.stdout
-            .contains("device 0: 2 limited containers take turns")
+            .contains("device 0: 2 limited containers on the board")
             && out.stdout.contains("50% (this one)"),
         "{}",
         out.stdout

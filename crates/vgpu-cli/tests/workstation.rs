@@ -327,7 +327,7 @@ fn the_turn_directory_is_created_sticky_for_sm_jobs() {
     cmd.env("VGPU_TURN_DIR", "/nonexistent/vgpulock");
     let out = run(cmd);
     out.assert_success();
-    out.assert_stderr_has(&["warning", "will not take turns"]);
+    out.assert_stderr_has(&["warning", "will not see each other's claims"]);
 }
 
 #[test]
