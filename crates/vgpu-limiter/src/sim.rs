@@ -2,9 +2,10 @@
 //! usage files and the node's board, and a discrete-event loop that drives applications
 //! (training loops, services, kernel loops) through their limiters.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
+pub use crate::sim_sliced::SimClock;
 use crate::sim_sliced::{CtxId, SliceParams, SlicedGpu, SlicedTimer};
 use crate::{
     Admission, BoardRecord, BoardReport, Clock, ContainerView, LaunchId, Limiter, LimiterConfig,
@@ -14,22 +15,6 @@ use crate::{
 pub const US: Nanos = 1_000;
 pub const MS: Nanos = 1_000_000;
 pub const S: Nanos = 1_000_000_000;
-
-#[derive(Clone, Default)]
-pub struct SimClock(Rc<Cell<Nanos>>);
-
-impl SimClock {
-    pub fn set(&self, t: Nanos) {
-        assert!(t >= self.0.get(), "time runs forward");
-        self.0.set(t);
-    }
-}
-
-impl Clock for SimClock {
-    fn now(&self) -> Nanos {
-        self.0.get()
-    }
-}
 
 /// One container's usage file: its limit, the monitor's fields and its processes' slots.
 #[derive(Default)]

@@ -24,15 +24,32 @@
 //! Everything that ran is kept as (start, end, context, tag) intervals, merged when one
 //! continues the previous one, for the accounting queries.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use crate::sim::SimClock;
 use crate::{Clock, GpuTimer, Nanos, TimerError};
 
 #[cfg(test)]
 mod tests;
+
+/// The host clock the driver loop sets (shared by clones).
+#[derive(Clone, Default)]
+pub struct SimClock(Rc<Cell<Nanos>>);
+
+impl SimClock {
+    /// Moves the clock to `t` (never back).
+    pub fn set(&self, t: Nanos) {
+        assert!(t >= self.0.get(), "time runs forward");
+        self.0.set(t);
+    }
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> Nanos {
+        self.0.get()
+    }
+}
 
 /// When a running context's slice ends while another context waits. The H200's behaviour
 /// here is not measured: both readings of "2.09 ms slices" are kept.

@@ -1,7 +1,10 @@
 //! The time-slicing model's physics, one property per test.
 
 use super::*;
-use crate::sim::{MS, S, US};
+
+const US: Nanos = 1_000;
+const MS: Nanos = 1_000_000;
+const S: Nanos = 1_000_000_000;
 
 const SLICE: Nanos = 2_090 * US;
 const SWITCH: Nanos = 150 * US;
