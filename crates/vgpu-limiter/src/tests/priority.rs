@@ -103,32 +103,3 @@ fn the_top_priority_alone_measures_nothing() {
     assert_eq!(s.markers, 0, "{s:?}");
     assert!(s.launches > 1_000);
 }
-
-#[test]
-#[ignore = "a diagnostic"]
-fn diag_prio() {
-    let hp = Tenant::share(0).priority(0);
-    let be = Tenant::share(0).priority(1);
-    for k in [100 * US, 300 * US] {
-        let lat = Rc::new(RefCell::new(Vec::new()));
-        let (w, got) = run_together(
-            vec![(hp, svc(10 * MS, lat.clone())), (be, kernel_loop(k))],
-            3,
-        );
-        let v: Vec<Nanos> = lat
-            .borrow()
-            .iter()
-            .zip(&w.apps[0].done)
-            .filter(|(_, t)| **t > S)
-            .map(|(l, _)| *l)
-            .collect();
-        println!(
-            "{k}: {:?} {got:?}\n hp {:?} {:?}\n be {:?} {:?}",
-            p50_p99(&v),
-            w.apps[0].limiter.stats(),
-            w.apps[0].limiter.allotment(),
-            w.apps[1].limiter.stats(),
-            w.apps[1].limiter.allotment()
-        );
-    }
-}
