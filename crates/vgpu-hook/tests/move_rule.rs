@@ -4,9 +4,10 @@
 //! A move replaces the memory behind an address, so it may only touch memory nothing can be
 //! using: a synchronize proves only its own context idle, and a host-backed allocation can be
 //! reached from every context of the process on its device. The program queues work that
-//! writes a host-backed buffer in one context while another synchronizes; the simulated
-//! driver, like the real one, runs that work later, into whatever memory is mapped at the
-//! buffer's address before the remap. The program pauses at each step (`pause=<step>`) so
+//! writes a host-backed buffer in one context while another synchronizes. Whether a move
+//! there would lose those writes depends on when they run (the driver's unmap does not wait
+//! for another context's work), so the test checks the rule itself: the buffer stays where it
+//! is until its context is the device's only one, and the writes land. The program pauses at each step (`pause=<step>`) so
 //! that the test reads the shared file there. Needs `libvgpu.so` and `libvgpusim.so` built
 //! (`cargo xtask test`).
 

@@ -414,8 +414,8 @@ fn pitched_and_vmm_allocations_are_host_backed_too() {
 
 #[test]
 fn pytorchs_expandable_segments_are_host_backed_and_keep_the_reserve() {
-    // PyTorch's segments ask for shareable handles and, where the device allows it, the
-    // GPUDirect RDMA flag (the simulator allows it and, like the driver, refuses it for host
+    // PyTorch's segments ask for POSIX fd handles and, where the device allows it, the
+    // GPUDirect RDMA flag (the simulator allows both and, like the H200, refuses both for host
     // memory): the hook's host-located stand-in must not inherit what host memory cannot
     // give. With VGPU_DEVICE_RESERVE=48m only 4 chunks go on the device, as for cuMemAlloc.
     let vars = &[
@@ -442,8 +442,8 @@ fn pytorchs_expandable_segments_are_host_backed_and_keep_the_reserve() {
 #[test]
 fn a_driver_that_cannot_share_host_memory_still_gets_it_unshared() {
     // The 9th cuMemCreate is the first host-located one (7 fit on the device, the 8th finds
-    // it full): refused as if the driver could not make host memory exportable, the hook
-    // makes the handle without the program's shareable handle types.
+    // it full): refused with a code other than the H200's (801, not supported), the hook
+    // still makes the handle without the program's shareable handle types.
     let vars = &[
         ("CUDA_OVERSUBSCRIBE", "true"),
         ("VGPU_SIM_FAULTS", "cuMemCreate:9:801"),

@@ -93,13 +93,6 @@ impl Sim {
         qs
     }
 
-    /// The queues of every context of the process (the calling thread's per-thread streams
-    /// among them; other threads' are not visible here).
-    pub(super) fn all_waits(&self) -> Vec<Arc<StreamQueue>> {
-        let ids: Vec<u64> = self.st().ctxs.keys().copied().collect();
-        ids.into_iter().flat_map(|id| self.ctx_waits(id)).collect()
-    }
-
     /// `cuCtxCreate`: a new context, made current.
     pub fn ctx_create(&self, flags: u32, ord: i32) -> CuResult<u64> {
         let mut st = self.st();

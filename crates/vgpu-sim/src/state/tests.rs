@@ -558,41 +558,64 @@ fn the_host_limit_refuses_pinned_and_host_located_memory_with_out_of_memory() {
     assert_eq!(s.host.used(), 0);
 }
 
-#[test]
-fn an_unmap_waits_for_the_work_queued_in_every_context_before_it() {
-    let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
-    let first = s.current().unwrap();
-    s.ctx_create(0, 0).unwrap(); // a second context, current now
-    let h = s.mem_create(GRANULARITY, None, [0; 32]).unwrap();
-    let va = s.address_reserve(GRANULARITY, 0).unwrap();
-    s.mem_map(va, GRANULARITY, 0, h).unwrap();
-    // Work queued in the first context, slower than the unmap.
+/// A queue's job that sleeps `ms` and then says it ran.
+fn slow_job(queue: &Arc<crate::engine::StreamQueue>, ms: u64) -> Arc<AtomicBool> {
     let ran = Arc::new(AtomicBool::new(false));
     let done = ran.clone();
-    let queue = s.st().ctxs[&first].null_stream.clone();
     queue.submit(Box::new(move || {
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(ms));
         done.store(true, Ordering::SeqCst);
     }));
-    s.mem_unmap(va, GRANULARITY).unwrap();
-    assert!(
-        ran.load(Ordering::SeqCst),
-        "the unmap returned before the other context's queued work ran"
-    );
-    s.mem_release(h).unwrap();
-    s.address_free(va, GRANULARITY).unwrap();
+    ran
 }
 
 #[test]
-fn host_located_memory_refuses_the_gpudirect_rdma_flag() {
+fn an_unmap_waits_for_its_own_contexts_work_not_for_another_contexts() {
+    // The H200 (driver 580, gpu-tests/vmm_spill.py's probe): a cuMemUnmap in one context
+    // returned in under a millisecond while another context had a 1 s kernel queued.
+    let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
+    let first = s.current().unwrap();
+    s.ctx_create(0, 0).unwrap(); // a second context, current now
+    let second = s.current().unwrap();
+    let h = s.mem_create(GRANULARITY, None, [0; 32]).unwrap();
+    let va = s.address_reserve(GRANULARITY, 0).unwrap();
+    s.mem_map(va, GRANULARITY, 0, h).unwrap();
+    let other = slow_job(&s.st().ctxs[&first].null_stream.clone(), 600);
+    let own = slow_job(&s.st().ctxs[&second].null_stream.clone(), 50);
+    s.mem_unmap(va, GRANULARITY).unwrap();
+    assert!(
+        own.load(Ordering::SeqCst),
+        "the unmap returned before its own context's queued work ran"
+    );
+    assert!(
+        !other.load(Ordering::SeqCst),
+        "the unmap waited for another context's queued work"
+    );
+    s.mem_release(h).unwrap();
+    s.address_free(va, GRANULARITY).unwrap();
+    s.st().ctxs[&first].null_stream.clone().drain();
+}
+
+#[test]
+fn host_located_memory_refuses_the_gpudirect_rdma_flag_and_shareable_handles() {
+    // The H200 (driver 580, gpu-tests/vmm_spill.py's probe) answered a host-located
+    // cuMemCreate with error 1 for the RDMA flag, for POSIX fd handles and for both.
     let s = in_context(&[("VGPU_SIM_CTX_OVERHEAD", "0")]);
     let mut rdma = [0u8; 32];
     rdma[PROP_GPU_DIRECT_RDMA] = 1;
-    assert_eq!(
-        s.mem_create(GRANULARITY, None, rdma),
-        Err(CUDA_ERROR_INVALID_DEVICE)
-    );
+    let mut posix_fd = [0u8; 32];
+    posix_fd[4] = 1;
+    let mut both = rdma;
+    both[4] = 1;
+    for prop in [rdma, posix_fd, both] {
+        assert_eq!(
+            s.mem_create(GRANULARITY, None, prop),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+    }
     assert_eq!(s.host.used(), 0, "nothing taken");
+    let shareable_on_device = s.mem_create(GRANULARITY, Some(0), both).unwrap();
+    s.mem_release(shareable_on_device).unwrap();
     let on_device = s.mem_create(GRANULARITY, Some(0), rdma).unwrap();
     let plain = s.mem_create(GRANULARITY, None, [0; 32]).unwrap();
     for h in [on_device, plain] {
