@@ -12,8 +12,8 @@ the container keeps VGPU_DEVICE_RESERVE=2g of them free) and uses no managed mem
    cuMemCreate of 2 MiB at the host location answers with no extra property, with POSIX fd
    handles, with the GPUDirect RDMA flag (PyTorch's expandable segments set it wherever 110
    says yes), with both; and how long cuMemUnmap of an idle mapping takes while another
-   context has a 1 s kernel queued (about 1 s: the unmap waits for it, as the simulated
-   driver models; about 0: it does not).
+   context has a 1 s kernel queued (about 1 s: the unmap waits for it; about 0: it does not,
+   as the H200 with driver 580 answered and the simulated driver models).
 1. vmm_spill (needs PyTorch): a bare cuMemAlloc filler (no hook) holds all but LEFT GiB of
    the GPU; a PyTorch process with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
    CUDA_OVERSUBSCRIBE=true, VGPU_DEVICE_RESERVE=2g and a 3 x LEFT GiB limit allocates
