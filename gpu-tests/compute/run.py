@@ -333,7 +333,7 @@ class Bench:
         counters and, under HAMi-core, whether it found the host pid it limits by."""
         text = read(L.files[i][1])
         out = {"returncode": L.procs[i].poll(), "stderr_tail": text[-STDERR_TAIL:],
-               "limiter_stats": [l for l in text.splitlines() if "limiter stats" in l][-8:]}
+               "limiter_stats": [l for l in text.splitlines() if "limiter stats" in l or "limiter costs" in l][-8:]}
         if L.unit.mode == "hami":
             out["hami_pid_found"] = not any(s in text for s in HAMI_PID_FAILED)
         return out
@@ -467,6 +467,9 @@ def parse(argv=None):
     p.add_argument("--modes", default=",".join(sc.MODES), help="comma-separated subset of the modes")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--min-rounds", type=int, default=1)
+    p.add_argument("--first-round", type=int, default=1,
+                   help="the number of the first round (a later device call continues the alternation; "
+                        "merge.py joins the calls' compute.json)")
     p.add_argument("--seconds", type=float, default=5.0, help="the timed window of every run")
     p.add_argument("--budget", type=float, default=480.0, help="seconds for the whole bench")
     p.add_argument("--out", default=os.environ.get("OUT", "out/compute"))
@@ -518,7 +521,8 @@ def main(argv=None, backend=None):
     except ValueError as e:
         raise SystemExit(str(e))
     modes = modes_available(args, say)
-    units, kept, rounds, skipped = sc.fit(chosen, args.rounds, args.min_rounds, args.seconds, args.budget, modes)
+    units, kept, rounds, skipped = sc.fit(chosen, args.rounds, args.min_rounds, args.seconds, args.budget, modes,
+                                          args.first_round)
     say(f"plan: {len(kept)} scenario(s) x {rounds} round(s), {len(units)} runs, ~{sc.plan_cost(units):.0f} s "
         f"of the {args.budget:.0f} s budget; window {args.seconds:g} s; modes {', '.join(modes)}")
     for s in kept:

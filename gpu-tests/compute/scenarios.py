@@ -122,6 +122,7 @@ def tenant_env(base, mode, tenant, libs, cache, turn_dir):
 
 PAIR_MODES = (ALONE, "plain", "hami", "vgpu-cap", "vgpu-share")
 PRIORITY_MODES = (ALONE, "plain", "hami", "vgpu-share", "vgpu-prio")
+SOLO_MODES = (ALONE, "hami", "vgpu-cap")
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,11 @@ SCENARIOS = {s.name: s for s in (
     Scenario("train-quartet", (Tenant("resnet18-b16", 10), Tenant("gpt-8x768-b8", 20),
                                Tenant("vit-s-b256", 30), Tenant("resnet50-b64", 40)),
              about="four training loops at 10/20/30/40"),
+    # A capped tenant alone: its cap of GPU time with nothing else to blame.
+    Scenario("solo-resnet18-20", (Tenant("resnet18-b16", 20),), SOLO_MODES,
+             about="a launch-bound convnet capped at 20, alone on the GPU"),
+    Scenario("solo-gpt-20", (Tenant("gpt-8x768-b8", 20),), SOLO_MODES,
+             about="a GPT-2 training loop capped at 20, alone on the GPU"),
     # Beyond the core set.
     Scenario("train-small-batches", (Tenant("resnet50-b8", 30), Tenant("vit-s-b16", 70)),
              about="two launch-bound training loops (batches 8 and 16)"),
@@ -223,13 +229,13 @@ def mode_order(modes, k):
     return tuple(others[:at]) + (ALONE,) + tuple(others[at:])
 
 
-def plan_units(scenarios, rounds, seconds, modes_allowed=MODES):
+def plan_units(scenarios, rounds, seconds, modes_allowed=MODES, first_round=1):
     """The runs in order: round by round, each scenario in turn, its modes in mode_order by
     the round and the scenario's position (so no mode always runs first or after the same
     one). A workload runs alone once per round, where the first scenario containing it
     reaches `alone`; later scenarios of the round share that run."""
     units = []
-    for r in range(1, rounds + 1):
+    for r in range(first_round, first_round + rounds):
         alone_done = set()
         for j, s in enumerate(scenarios):
             modes = [m for m in s.modes if m in modes_allowed]
@@ -277,25 +283,25 @@ def plan_cost(units):
     return first_import_s(units) + sum(u.est_s for u in units)
 
 
-def fit(scenarios, rounds, min_rounds, seconds, budget_s, modes_allowed=MODES):
+def fit(scenarios, rounds, min_rounds, seconds, budget_s, modes_allowed=MODES, first_round=1):
     """What fits in `budget_s`: all scenarios with as many rounds as fit (from `rounds` down to
     `min_rounds`), else the longest leading run of scenarios at `min_rounds` that fits.
     Returns (units, kept scenarios, rounds, [what was left out and why])."""
     skipped = []
     for r in range(rounds, min_rounds - 1, -1):
-        units = plan_units(scenarios, r, seconds, modes_allowed)
+        units = plan_units(scenarios, r, seconds, modes_allowed, first_round)
         if plan_cost(units) <= budget_s:
             break
     else:
         r = min_rounds
     if r < rounds:
         which = f"round {rounds}" if r + 1 == rounds else f"rounds {r + 1}-{rounds}"
-        need = plan_cost(plan_units(scenarios, rounds, seconds, modes_allowed))
+        need = plan_cost(plan_units(scenarios, rounds, seconds, modes_allowed, first_round))
         skipped.append(f"{which}: all scenarios with {rounds} rounds need ~{need:.0f} s of the "
                        f"{budget_s:.0f} s budget")
     kept = list(scenarios)
     while kept:
-        units = plan_units(kept, r, seconds, modes_allowed)
+        units = plan_units(kept, r, seconds, modes_allowed, first_round)
         if plan_cost(units) <= budget_s:
             break
         dropped = kept.pop()

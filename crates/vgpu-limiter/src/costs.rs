@@ -15,12 +15,22 @@
 //!   it keeps coming (the work changed), and the estimate is the median of the window, which
 //!   follows the clock (a kernel's time moves by ~10% as the GPU's power management moves
 //!   its clock; the smallest sample would undercharge by that).
-//! - **Submission latency**: a start marker recorded on an idle stream completes at once, and
-//!   the kernel behind it starts only when the launch call has handed it to the GPU, a few
-//!   microseconds later. A sample taken behind queued work ("chained": the start marker is the
-//!   previous work's end) has none. Identities seen both ways give the process's latency
-//!   (the difference of their medians, averaged), which is taken off samples from an idle
-//!   stream (never more than half of one).
+//! - **Submission latency**: a start marker the GPU reaches before the launch call has handed
+//!   the kernel over (an idle stream, or queued work that ran out during the call) completes
+//!   early, and the span holds up to the call's few microseconds. A *clean* sample (its start
+//!   marker still pending when the call returned, [`crate::control`]'s segments) has none.
+//!   Identities seen both ways give the process's latency (the difference of their medians,
+//!   averaged), which is taken off the others (never more than half of one).
+//!
+//! - **The bracket's drain**: an end marker is stamped only once the work ahead of it has
+//!   drained, which back-to-back kernels overlap with their neighbours' launches, so a
+//!   bracket adds a few microseconds to what it measures, once per bracket (as much as a
+//!   small-batch convnet's kernel takes). A *back-to-back segment* (launches that were all
+//!   queued before the GPU reached its start marker, so no host gap falls inside) measures
+//!   its launches' time plus one drain, where their samples hold one drain each: the drain is
+//!   (Σ samples − span) / (launches − 1), and the estimate of a launch is its sample less the
+//!   drain (never less than half of it). Another context's slice inside such a segment makes
+//!   that figure low; the median of recent ones keeps it out.
 //!
 //! Charging a learned cost per launch makes the charge independent of what the other
 //! contexts do, of host gaps and of how launches are grouped for completion tracking.
@@ -49,33 +59,48 @@ const MAX_LATENCY: f64 = 20_000.0;
 const OUTLIER_BY: f64 = 100_000.0;
 /// Outliers in a row after which they are believed (the work really changed).
 const OUTLIERS_BELIEVED: u32 = 16;
+/// Back-to-back segments whose drain figures are kept; the drain is their median. A few
+/// hundred segments settle per second, so it follows within a tenth of a second.
+const DRAINS: usize = 16;
 
 #[derive(Debug, Clone)]
 struct Entry {
-    /// Recent samples from behind queued work (exact but for preemption), ns.
-    chained: Ring,
-    /// Recent samples from an idle stream (plus the submission latency), ns.
-    fresh: Ring,
+    /// Recent clean samples (exact but for preemption and the drain), ns.
+    chained: Ring<SAMPLES>,
+    /// Recent samples whose span may hold part of the submission latency, ns.
+    fresh: Ring<SAMPLES>,
     /// Launches since the last sample.
     unsampled: u32,
     /// Outlier samples in a row, not yet believed.
     outliers: u32,
     /// Use stamp for eviction.
     used: u64,
+    /// Launches charged, for [`CostTable::profile`].
+    launches: u64,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Ring {
-    v: [f64; SAMPLES],
+#[derive(Debug, Clone, Copy)]
+struct Ring<const N: usize> {
+    v: [f64; N],
     n: usize,
     next: usize,
 }
 
-impl Ring {
+impl<const N: usize> Default for Ring<N> {
+    fn default() -> Self {
+        Self {
+            v: [0.0; N],
+            n: 0,
+            next: 0,
+        }
+    }
+}
+
+impl<const N: usize> Ring<N> {
     fn push(&mut self, x: f64) {
         self.v[self.next] = x;
-        self.next = (self.next + 1) % SAMPLES;
-        self.n = (self.n + 1).min(SAMPLES);
+        self.next = (self.next + 1) % N;
+        self.n = (self.n + 1).min(N);
     }
 
     /// The lower median of the samples kept: robust to one inflated sample in the window,
@@ -101,32 +126,91 @@ pub struct CostTable {
     /// Sum and count of the estimates handed out, for launches of unknown identity.
     mean_sum: f64,
     mean_n: f64,
+    /// Samples taken so far: behind queued work, from an idle stream, kept out as outliers.
+    taken: [u64; 3],
+    /// Recent back-to-back segments' figures of the bracket's drain, ns.
+    drains: Ring<DRAINS>,
+    /// The bracket's drain: their median, at least 0.
+    drain: f64,
+}
+
+/// What a launch is charged: its learned cost, and the sample figure it came from (the
+/// cost plus the bracket's drain), which back-to-back segments compare with their span.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Charge {
+    /// The launch's learned cost, ns.
+    pub cost: f64,
+    /// The sample figure behind it (the cost plus a bracket's drain), ns.
+    pub sampled: f64,
+}
+
+/// What the table holds, for the limiter's report at exit: how its launches would be charged
+/// by the estimate and by the smallest sample of each identity (the gap between the two is
+/// what contention and submission latency add to samples).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CostProfile {
+    /// Identities known.
+    pub ids: usize,
+    /// Clean samples taken (no submission latency in their span).
+    pub chained: u64,
+    /// Samples whose span may hold part of the submission latency.
+    pub fresh: u64,
+    /// Samples kept out as outliers.
+    pub outliers: u64,
+    /// The learned submission latency, ns.
+    pub latency: Option<f64>,
+    /// The learned drain of a bracket, ns.
+    pub drain: f64,
+    /// The launches of the known identities, charged at their estimate, ns.
+    pub by_estimate: f64,
+    /// The same launches charged at each identity's smallest sample kept, ns.
+    pub by_smallest: f64,
 }
 
 impl CostTable {
     /// The learned GPU time of a launch of `id`, ns.
     pub fn cost(&self, id: LaunchId) -> Option<f64> {
         let e = self.ids.get(&id)?;
-        self.estimate(e)
+        self.estimate(e).map(|sampled| self.less_drain(sampled))
+    }
+
+    /// A sample figure less the bracket's drain, never less than half of it.
+    fn less_drain(&self, sampled: f64) -> f64 {
+        (sampled - self.drain).max(sampled / 2.0)
     }
 
     /// What to charge a launch of `id` now: its cost, or the mean cost of launches so far
-    /// when it is unknown (`None` before anything is known).
-    pub fn charge(&mut self, id: LaunchId) -> Option<f64> {
+    /// when it is unknown (`None` before anything is known; `sampled` is the cost then).
+    pub fn charge(&mut self, id: LaunchId) -> Option<Charge> {
         self.stamp += 1;
         let stamp = self.stamp;
         let known = self.ids.get_mut(&id).map(|e| {
             e.used = stamp;
             e.unsampled = e.unsampled.saturating_add(1);
+            e.launches += 1;
         });
-        let c = known.and_then(|()| self.cost(id));
-        if let Some(c) = c {
+        let sampled = known.and_then(|()| self.estimate(&self.ids[&id]));
+        if let Some(sampled) = sampled {
+            let cost = self.less_drain(sampled);
             // A slowly forgetting mean: the fallback follows the current mix of launches.
-            self.mean_sum = 0.999 * self.mean_sum + c;
+            self.mean_sum = 0.999 * self.mean_sum + cost;
             self.mean_n = 0.999 * self.mean_n + 1.0;
-            return Some(c);
+            return Some(Charge { cost, sampled });
         }
-        self.mean()
+        self.mean().map(|cost| Charge {
+            cost,
+            sampled: cost,
+        })
+    }
+
+    /// A back-to-back segment settled: `launches` launches whose sample figures add up to
+    /// `sampled` took `span` ns between its markers.
+    pub fn back_to_back(&mut self, sampled: f64, span: f64, launches: u32) {
+        if launches < 2 || !sampled.is_finite() || !span.is_finite() {
+            return;
+        }
+        self.drains.push((sampled - span) / f64::from(launches - 1));
+        self.drain = self.drains.median().unwrap_or(0.0).max(0.0);
     }
 
     /// The mean cost of the launches charged lately, if any was known.
@@ -158,13 +242,18 @@ impl CostTable {
         self.ids.is_empty()
     }
 
+    /// The drain a bracket adds, as learned, ns.
+    pub fn drain(&self) -> f64 {
+        self.drain
+    }
+
     /// The process's submission latency as learned, ns.
     pub fn latency(&self) -> Option<f64> {
         self.latency
     }
 
-    /// Records a sample of `id`: `span` ns between its markers, `chained` when the start
-    /// marker was the end of work still queued (no submission latency in the span).
+    /// Records a sample of `id`: `span` ns between its markers, `chained` when it is clean
+    /// (no submission latency in the span).
     pub fn sample(&mut self, id: LaunchId, span: f64, chained: bool) {
         if !span.is_finite() || span < 0.0 {
             return;
@@ -180,6 +269,7 @@ impl CostTable {
             unsampled: 0,
             outliers: 0,
             used: stamp,
+            launches: 0,
         });
         e.unsampled = 0;
         e.used = stamp;
@@ -192,6 +282,7 @@ impl CostTable {
         {
             e.outliers += 1;
             if e.outliers <= OUTLIERS_BELIEVED {
+                self.taken[2] += 1;
                 return;
             }
             // The work changed: what was learned before no longer holds.
@@ -199,6 +290,7 @@ impl CostTable {
             e.fresh = Ring::default();
         }
         e.outliers = 0;
+        self.taken[usize::from(!chained)] += 1;
         match chained {
             true => e.chained.push(span),
             false => e.fresh.push(span),
@@ -213,14 +305,45 @@ impl CostTable {
         }
     }
 
-    /// The lower median of the window's samples, those from an idle stream less the
-    /// latency: robust to one inflated sample of either kind (only preemption inflates a
+    /// The lower median of the window's samples (the drain not taken off), those from an
+    /// idle stream less the latency: robust to one inflated sample of either kind (only preemption inflates a
     /// sample behind queued work, and the outlier rule keeps most of that out; beside busy
     /// contexts an idle stream's sample can also hold another context's kernel, tens of µs,
     /// which the outlier rule does not see) and close to the typical sample (the smallest
     /// would undercharge by the clock's variation, about 10%).
     fn estimate(&self, e: &Entry) -> Option<f64> {
         estimate_of(e, self.latency)
+    }
+
+    /// What the table holds now (see [`CostProfile`]).
+    pub fn profile(&self) -> CostProfile {
+        let latency = self.latency.unwrap_or(0.0);
+        let mut p = CostProfile {
+            ids: self.ids.len(),
+            chained: self.taken[0],
+            fresh: self.taken[1],
+            outliers: self.taken[2],
+            latency: self.latency,
+            drain: self.drain,
+            ..CostProfile::default()
+        };
+        for e in self.ids.values() {
+            let Some(est) = estimate_of(e, self.latency) else {
+                continue;
+            };
+            let smallest = e.chained.v[..e.chained.n]
+                .iter()
+                .copied()
+                .chain(
+                    e.fresh.v[..e.fresh.n]
+                        .iter()
+                        .map(|&f| (f - latency).max(f / 2.0)),
+                )
+                .fold(est, f64::min);
+            p.by_estimate += e.launches as f64 * self.less_drain(est);
+            p.by_smallest += e.launches as f64 * self.less_drain(smallest);
+        }
+        p
     }
 
     fn evict(&mut self) {
@@ -310,9 +433,9 @@ mod tests {
         assert_eq!(t.charge(9), None);
         t.sample(1, 100.0, true);
         t.sample(2, 300.0, true);
-        assert_eq!(t.charge(1), Some(100.0));
-        assert_eq!(t.charge(2), Some(300.0));
-        let m = t.charge(9).unwrap();
+        assert_eq!(t.charge(1).map(|c| c.cost), Some(100.0));
+        assert_eq!(t.charge(2).map(|c| c.cost), Some(300.0));
+        let m = t.charge(9).unwrap().cost;
         assert!((m - 200.0).abs() < 1.0, "{m}");
         let picked = |t: &mut CostTable| (0..64).filter(|_| t.wants_sample(1)).count();
         assert!(picked(&mut t) > 0, "until its window is full");
@@ -338,6 +461,55 @@ mod tests {
         }
         assert_eq!(t.ids.len(), MAX_IDS);
         assert!(t.cost(0).is_none() && t.cost(MAX_IDS as u64 + 9).is_some());
+    }
+
+    #[test]
+    fn the_profile_charges_the_launches_at_the_estimate_and_at_the_smallest_sample() {
+        let mut t = CostTable::default();
+        for span in [100.0, 140.0, 120.0] {
+            t.sample(1, span, true);
+        }
+        t.sample(1, 900_000.0, true); // an outlier, kept out
+        for _ in 0..10 {
+            t.charge(1);
+        }
+        let p = t.profile();
+        assert_eq!((p.ids, p.chained, p.fresh, p.outliers), (1, 3, 0, 1));
+        assert_eq!(p.by_estimate, 10.0 * 120.0);
+        assert_eq!(p.by_smallest, 10.0 * 100.0);
+    }
+
+    #[test]
+    fn the_drain_of_a_bracket_is_learned_from_back_to_back_segments_and_taken_off() {
+        // Kernels of 6 and 10 µs; a bracket adds a 4 µs drain, once per bracket.
+        let mut t = CostTable::default();
+        for _ in 0..SAMPLES {
+            t.sample(1, 10_000.0, true);
+            t.sample(2, 14_000.0, true);
+        }
+        assert_eq!(t.cost(1), Some(10_000.0), "nothing learned yet");
+        // Segments of 10 launches (5 of each) back to back: 80 µs of kernels + one drain.
+        let sampled = 5.0 * 10_000.0 + 5.0 * 14_000.0;
+        for _ in 0..5 {
+            t.back_to_back(sampled, 84_000.0, 10);
+        }
+        // One segment held another context's slice: kept out by the median.
+        t.back_to_back(sampled, 2_084_000.0, 10);
+        assert_eq!(t.cost(1), Some(6_000.0));
+        assert_eq!(t.cost(2), Some(10_000.0));
+        let c = t.charge(1).unwrap();
+        assert_eq!((c.cost, c.sampled), (6_000.0, 10_000.0));
+        // Never more than half a sample, and never a negative drain.
+        t.sample(3, 5_000.0, true);
+        assert_eq!(t.cost(3), Some(2_500.0));
+        let mut u = CostTable::default();
+        u.sample(1, 10_000.0, true);
+        for _ in 0..DRAINS {
+            u.back_to_back(10_000.0 * 4.0, 60_000.0, 4);
+        }
+        assert_eq!(u.cost(1), Some(10_000.0), "a span longer than its samples");
+        u.back_to_back(1.0, 1.0, 1);
+        assert_eq!(u.profile().drain, 0.0, "one launch tells nothing");
     }
 
     #[test]

@@ -35,7 +35,7 @@ mod sim_sliced;
 mod tests;
 
 pub use control::{Admission, Limiter, LimiterConfig, LimiterStats, Ticket};
-pub use costs::LaunchId;
+pub use costs::{CostProfile, LaunchId};
 pub use plan::{Plan, QueueRule};
 pub use policy::Policy;
 pub use share::{

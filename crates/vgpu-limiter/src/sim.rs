@@ -167,6 +167,9 @@ pub struct App {
     pub limiter: SimLimiter,
     work: Workload,
     pending: Option<Step>,
+    /// A launch call under way: it returns (and the limiter hears of it) once the GPU can
+    /// see the kernel.
+    returning: Option<(crate::Ticket, LaunchId)>,
     next: Nanos,
     syncing: bool,
     /// Host cost of one launch call.
@@ -306,6 +309,7 @@ impl World {
             next: self.clock.now(),
             syncing: false,
             launch_cost: 4 * US,
+            returning: None,
             rng: 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1),
             max_oversleep: 60 * US,
             done: Vec::new(),
@@ -365,6 +369,12 @@ impl World {
     fn step(&mut self, i: usize, t: Nanos) {
         let gpu = self.gpu.clone();
         let app = &mut self.apps[i];
+        if let Some((ticket, id)) = app.returning.take() {
+            app.limiter.launched(ticket, app.stream, id, true);
+            let called = gpu.params().kernel_latency;
+            app.next = t + app.launch_cost.saturating_sub(called).max(1);
+            return;
+        }
         let step = match app.pending.take() {
             Some(s) => s,
             None => (app.work)(t),
@@ -392,8 +402,8 @@ impl World {
                 Admission::Go(ticket) => {
                     app.launches += 1;
                     gpu.submit_kernel(app.ctx, app.stream, t, d, i as u64);
-                    app.limiter.launched(ticket, app.stream, id, true);
-                    app.next = t + app.launch_cost;
+                    app.returning = Some((ticket, id));
+                    app.next = t + gpu.params().kernel_latency.min(app.launch_cost);
                 }
                 Admission::Wait(w) => {
                     app.pending = Some(step);

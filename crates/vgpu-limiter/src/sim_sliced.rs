@@ -15,9 +15,11 @@
 //! - Work is submitted into (context, stream) FIFOs and becomes visible to the GPU a latency
 //!   after its host submission ([`SliceParams::kernel_latency`], [`SliceParams::marker_latency`]).
 //!   Only a stream's head gates it: an item is never processed before the one ahead of it.
-//! - Markers (CUDA events) take no GPU time and complete when their context's engine reaches
-//!   them, with that instant as their timestamp. They are work of their context like kernels:
-//!   a context with only a marker queued waits for its turn like any other.
+//! - A marker (a CUDA event) completes when its context's engine reaches it and has drained
+//!   the work ahead of it, [`SliceParams::marker_cost`] later, with that instant as its
+//!   timestamp: a kernel bracketed by two markers measures its own time plus that drain,
+//!   which back-to-back kernels overlap with their neighbours' launches. Markers are work of
+//!   their context like kernels: a context with only a marker queued waits for its turn.
 //! - One engine per context serves its streams one item at a time, round robin between the
 //!   streams with visible work at item boundaries (a preempted kernel resumes first).
 //!
@@ -84,6 +86,9 @@ pub struct SliceParams {
     pub kernel_latency: Nanos,
     /// From a marker's host record until the GPU sees it.
     pub marker_latency: Nanos,
+    /// Engine time a marker takes before its timestamp (the drain of the work ahead of it;
+    /// kernels run back to back overlap it). Its time belongs to the marker's context.
+    pub marker_cost: Nanos,
     /// See [`SliceRenewal`].
     pub renewal: SliceRenewal,
     /// How long run intervals are kept for the accounting queries (`Nanos::MAX`: all).
@@ -101,11 +106,15 @@ impl SliceParams {
             yield_delay: 5_000,
             kernel_latency: 3_000,
             marker_latency: 1_000,
+            marker_cost: 0,
             renewal: SliceRenewal::Periodic,
             history: Nanos::MAX,
         }
     }
 }
+
+/// The owner tag of a marker's drain ([`SliceParams::marker_cost`]) in the run intervals.
+pub const MARKER_TAG: u64 = u64::MAX;
 
 /// A context (one process's GPU context).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -716,6 +725,19 @@ impl SlicedGpu {
         };
         s.live_markers += 1;
         let latency = s.p.marker_latency;
+        if s.p.marker_cost > 0 {
+            let left = s.p.marker_cost;
+            s.submit(
+                ctx,
+                stream,
+                now,
+                latency,
+                Work::Kernel {
+                    left,
+                    tag: MARKER_TAG,
+                },
+            );
+        }
         s.submit(ctx, stream, now, latency, Work::Marker { slot });
         id
     }

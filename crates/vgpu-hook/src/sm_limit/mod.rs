@@ -250,6 +250,21 @@ impl SmLimiter {
                 s.hold_expiries,
                 s.timer_errors
             );
+            let c = l.cost_profile();
+            vlog!(
+                INFO,
+                "device {d}: limiter costs: {} identities, samples {} clean, {} gapped, {} kept \
+                 out; latency {:.1} us, drain {:.1} us; launches at their estimate {:.1} ms, \
+                 at their smallest sample {:.1} ms",
+                c.ids,
+                c.chained,
+                c.fresh,
+                c.outliers,
+                c.latency.unwrap_or(0.0) / 1e3,
+                c.drain / 1e3,
+                c.by_estimate / 1e6,
+                c.by_smallest / 1e6
+            );
         }
     }
 

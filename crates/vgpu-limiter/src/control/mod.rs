@@ -238,6 +238,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         self.allotment
     }
 
+    /// What the cost table holds (for the report at exit).
+    pub fn cost_profile(&self) -> crate::CostProfile {
+        self.costs.profile()
+    }
+
     /// The learned cost of launches of `id`, ns.
     pub fn launch_cost(&self, id: LaunchId) -> Option<f64> {
         self.costs.cost(id)
@@ -411,13 +416,16 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             return;
         }
         let known = self.costs.cost(id).is_some();
-        let charged = self.costs.charge(id).unwrap_or(0.0);
+        let charge = self.costs.charge(id).unwrap_or(crate::costs::Charge {
+            cost: 0.0,
+            sampled: 0.0,
+        });
         if !known {
             self.stats.unknown_launches += 1;
         }
-        self.pacer.tokens -= charged;
-        self.horizon = self.horizon.max(now as f64) + charged;
-        self.add_launch(stream, charged, known);
+        self.pacer.tokens -= charge.cost;
+        self.horizon = self.horizon.max(now as f64) + charge.cost;
+        self.add_launch(stream, charge, known);
     }
 
     /// A settled segment's charge differed from what its launches were charged by `delta`.

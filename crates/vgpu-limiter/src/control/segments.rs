@@ -4,11 +4,14 @@
 //! so the limiter knows when its queued work has run (the queue rules and the demand it
 //! publishes) and can correct what it charged. A *sample* is a segment of one launch,
 //! measuring its identity's cost ([`crate::costs`]). The next segment on a stream chains onto
-//! the previous one's end marker while the GPU has not reached it (a chained sample has no
-//! submission latency in its span).
+//! the previous one's end marker while the GPU has not reached it. A sample is *clean* when
+//! its start marker was still pending once the launch call had returned: the kernel was
+//! queued behind it, so no host time falls inside its span (the launch call takes
+//! microseconds, as long as a small kernel runs, and a queue that looked busy before the call
+//! may have run dry during it).
 
 use super::{Limiter, TicketKind};
-use crate::costs::LaunchId;
+use crate::costs::{Charge, LaunchId};
 use crate::share::NodeBoard;
 use crate::traits::{Clock, ContainerView, GpuTimer, Nanos};
 
@@ -24,11 +27,18 @@ pub(super) struct Segment<S, M> {
     launches: u32,
     /// What its launches were charged, ns of GPU time.
     pub(super) charged: f64,
+    /// Their sample figures (cost plus a bracket's drain each), ns.
+    sampled: f64,
+    /// Its start marker was still pending when its end was recorded: every launch was
+    /// queued before the GPU reached it, so no host gap falls inside its span.
+    back_to_back: bool,
     /// Of that, what launches of unknown identity were charged (the mean cost).
     unknown_charged: f64,
     unknown: u32,
     /// The identity this segment samples, if it is a sample.
     sample: Option<LaunchId>,
+    /// A sample's start marker was pending after its launch call returned.
+    clean: bool,
 }
 
 /// The segments of one limiter: at most one open, the closed ones not yet complete.
@@ -120,23 +130,33 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             end_owned: true,
             launches: 0,
             charged: 0.0,
+            sampled: 0.0,
+            back_to_back: false,
             unknown_charged: 0.0,
             unknown: 0,
             sample,
+            clean: false,
         });
     }
 
-    /// Adds a launch charged `charged` ns (`known`: its identity's cost) to the open segment
-    /// on `stream`, closing it when it holds enough work (a sample at once).
-    pub(super) fn add_launch(&mut self, stream: T::Stream, charged: f64, known: bool) {
+    /// Adds a launch charged `charge` (`known`: its identity's cost) to the open segment on
+    /// `stream`, closing it when it holds enough work (a sample at once).
+    pub(super) fn add_launch(&mut self, stream: T::Stream, charge: Charge, known: bool) {
         let Some(open) = self.seg.open.as_mut().filter(|o| o.stream == stream) else {
             return;
         };
+        let charged = charge.cost;
         open.launches += 1;
         open.charged += charged;
+        open.sampled += charge.sampled;
         if !known {
             open.unknown += 1;
             open.unknown_charged += charged;
+        }
+        if open.sample.is_some() {
+            // Called once the launch call returned: see the module's docs.
+            self.stats.queries += 1;
+            open.clean = matches!(self.timer.is_complete(open.start), Ok(false));
         }
         if open.sample.is_some()
             || open.charged >= self.cfg.segment_work as f64
@@ -157,6 +177,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         match self.timer.record(seg.stream) {
             Ok(end) => {
                 self.stats.markers += 1;
+                if seg.sample.is_none() && seg.unknown == 0 && seg.launches >= 2 {
+                    self.stats.queries += 1;
+                    seg.back_to_back = matches!(self.timer.is_complete(seg.start), Ok(false));
+                }
                 seg.end = Some(end);
                 self.seg.closed.push_back(seg);
             }
@@ -229,8 +253,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         if let Some(span) = span {
             if let Some(id) = seg.sample {
                 self.stats.samples += 1;
-                self.costs.sample(id, span, seg.chained);
+                self.costs.sample(id, span, seg.clean);
                 actual = self.costs.cost(id).unwrap_or(span);
+            } else if seg.back_to_back {
+                self.costs.back_to_back(seg.sampled, span, seg.launches);
             } else if seg.unknown > 0 {
                 let known = seg.charged - seg.unknown_charged;
                 let bound = self
@@ -240,6 +266,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 actual = known + (span - known).clamp(0.0, bound);
             }
         }
+        // Its end marker drained the work ahead of it: GPU time of ours the launches'
+        // costs leave out (see `costs`).
+        actual += self.costs.drain();
         self.charge_correction(actual - seg.charged);
         self.usage.bin_busy += actual;
         self.stats.busy_ns += actual;

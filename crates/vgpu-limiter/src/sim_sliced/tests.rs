@@ -12,8 +12,17 @@ const YIELD: Nanos = 20 * US;
 const KERNEL_LATENCY: Nanos = 3 * US;
 const MARKER_LATENCY: Nanos = US;
 
+/// The H200's parameters with free markers: the other tests' arithmetic leaves the
+/// marker's drain out (it has its own test).
+fn h200_params() -> SliceParams {
+    SliceParams {
+        marker_cost: 0,
+        ..SliceParams::h200()
+    }
+}
+
 fn h200() -> SlicedGpu {
-    let gpu = SlicedGpu::new(SliceParams::h200());
+    let gpu = SlicedGpu::new(h200_params());
     let p = gpu.params();
     assert_eq!(
         (p.slice, p.switch_cost, p.yield_cost),
@@ -27,7 +36,7 @@ fn h200() -> SlicedGpu {
 }
 
 fn with(f: impl FnOnce(&mut SliceParams)) -> SlicedGpu {
-    let mut p = SliceParams::h200();
+    let mut p = h200_params();
     f(&mut p);
     SlicedGpu::new(p)
 }
@@ -332,6 +341,30 @@ fn a_marker_behind_queued_work_completes_when_the_work_ends() {
     gpu.advance_to(2 * MS);
     assert_eq!(gpu.marker_done(m), Some(KERNEL_LATENCY + MS));
     assert!(gpu.stream_idle(a, 1));
+}
+
+#[test]
+fn a_marker_drains_before_its_timestamp_so_a_bracket_measures_more_than_its_kernels() {
+    const DRAIN: Nanos = 4 * US;
+    let gpu = with(|p| p.marker_cost = DRAIN);
+    let a = gpu.add_context();
+    // One kernel bracketed, behind queued work (a chained sample): its time plus one drain.
+    gpu.submit_kernel(a, 1, 0, MS, 1);
+    let start = gpu.record_marker(a, 1, 0);
+    gpu.submit_kernel(a, 1, 0, 10 * US, 1);
+    let end = gpu.record_marker(a, 1, 0);
+    // Ten kernels back to back inside one bracket: their time plus one drain.
+    for _ in 0..10 {
+        gpu.submit_kernel(a, 1, 0, 10 * US, 1);
+    }
+    let end10 = gpu.record_marker(a, 1, 0);
+    gpu.advance_to(5 * MS);
+    let t = |m| gpu.marker_done(m).expect("done");
+    assert_eq!(t(end) - t(start), 10 * US + DRAIN);
+    assert_eq!(t(end10) - t(end), 100 * US + DRAIN);
+    // The drain is the context's GPU time, not its kernels'.
+    assert_eq!(gpu.busy_ns(a, 0, 5 * MS), MS + 110 * US + 3 * DRAIN);
+    assert_eq!(gpu.tag_busy_ns(1, 0, 5 * MS), MS + 110 * US);
 }
 
 #[test]

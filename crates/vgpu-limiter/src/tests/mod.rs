@@ -28,6 +28,13 @@ pub(crate) fn large_batch_trainer(salt: u64) -> Workload {
     training(model_step(40, &[150, 400, 900, 250], salt), 10 * US, 2 * MS)
 }
 
+/// A launch-bound loop of tiny kernels (a small-batch convnet's): 300 kernels a step of
+/// 4–20 µs, 15 µs of host time before each, `loss.item()`, then 1 ms of host work. Alone it
+/// keeps the GPU about 40% busy, and each kernel is as short as a marker's drain is long.
+pub(crate) fn tiny_kernel_trainer(salt: u64) -> Workload {
+    training(model_step(300, &[4, 6, 8, 12, 20], salt), 15 * US, MS)
+}
+
 /// Steps per second of app `i` over `[t0, t1)`.
 pub(crate) fn rate(w: &World, i: usize, t0: Nanos, t1: Nanos) -> f64 {
     w.apps[i].done_in(t0, t1) as f64 / ((t1 - t0) as f64 / S as f64)
