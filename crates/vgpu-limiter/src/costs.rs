@@ -18,7 +18,7 @@
 //! - **Submission latency**: a start marker the GPU reaches before the launch call has handed
 //!   the kernel over (an idle stream, or queued work that ran out during the call) completes
 //!   early, and the span holds up to the call's few microseconds. A *clean* sample (its start
-//!   marker still pending when the call returned, [`crate::control`]'s segments) has none.
+//!   marker still pending when the call returned: the limiter's segments check it) has none.
 //!   Identities seen both ways give the process's latency (the difference of their medians,
 //!   averaged), which is taken off the others (never more than half of one).
 //!
