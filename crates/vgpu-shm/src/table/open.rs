@@ -1,5 +1,14 @@
 //! The file's lifecycle: create or open, validate, initialize, upgrade a minor-0 file, and
 //! the separate descriptors for the kernel-held locks.
+//!
+//! Attaching opens the path more than once: `file::open_writable` tries `O_CREAT | O_EXCL`
+//! and, finding the file there, opens it again without; the lock and probe descriptors are
+//! opens of their own (separate open file descriptions, see `Inner`). Another process may
+//! unlink the file in between (and maybe create the next one at once). A create-or-join that
+//! finds its file gone from the path at a later open starts again from the first open, at
+//! most [`OPEN_ATTEMPTS`] times in all: the file at the path now is the one to create or join,
+//! and a joiner that gave up there would refuse every reservation for nothing. Every attempt
+//! makes every check again.
 
 use std::fs::File;
 use std::io;
@@ -20,6 +29,26 @@ use crate::sys::{self, Mapping};
 use crate::validate::validate;
 
 use super::{INIT_LOCK_TIMEOUT, Inner, SWEEP_LOCK_TIMEOUT, UsageTable, now_secs};
+
+/// How many times a create-or-join tries in all when its file leaves the path between its
+/// opens (see the module's documentation); then the last attempt's error is the answer.
+const OPEN_ATTEMPTS: usize = 3;
+
+/// Why one attempt at attaching failed.
+#[derive(Debug)]
+enum Failed {
+    /// The file this attempt had found at the path was gone at a later open (unlinked, or
+    /// unlinked and replaced): another attempt may create or join the file there now.
+    Vanished(ShmError),
+    /// Anything else: the answer as it is.
+    Final(ShmError),
+}
+
+impl From<ShmError> for Failed {
+    fn from(e: ShmError) -> Self {
+        Self::Final(e)
+    }
+}
 
 /// What a newly created file is initialized with. Ignored when the file already exists:
 /// limits stored in an existing file win (as in HAMi-core).
@@ -61,7 +90,9 @@ impl UsageTable {
     /// ([`ShmError::Refused`]): a symbolic link, a non-regular file, in a world-writable
     /// directory a file of another owner than the caller or root, an empty file with more
     /// than one name. Nothing but an empty file or an unfinished table of vgpu's own is ever
-    /// initialized (docs/security.md, "Files vgpu writes into").
+    /// initialized (docs/security.md, "Files vgpu writes into"). A file unlinked (or replaced)
+    /// between this call's opens of the path is let go, and the call starts again with the
+    /// file at the path now, three attempts at most.
     pub fn open_or_create(path: impl AsRef<Path>, init: &TableInit) -> Result<Self, ShmError> {
         Self::open_or_create_with_host_policy(path, init, HostPolicy::default())
     }
@@ -95,6 +126,25 @@ impl UsageTable {
         init: Option<(&TableInit, HostPolicy)>,
         writable: bool,
     ) -> Result<Self, ShmError> {
+        // Only a create-or-join starts again: without create, a file gone is the answer.
+        let mut attempt = 1;
+        loop {
+            match Self::attach(path, init, writable) {
+                Ok(table) => return Ok(table),
+                Err(Failed::Vanished(_)) if init.is_some() && attempt < OPEN_ATTEMPTS => {
+                    attempt += 1;
+                }
+                Err(Failed::Vanished(e) | Failed::Final(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// One attempt of [`Self::open`].
+    fn attach(
+        path: &Path,
+        init: Option<(&TableInit, HostPolicy)>,
+        writable: bool,
+    ) -> Result<Self, Failed> {
         let io = |op: &'static str| {
             let path = path.to_path_buf();
             move |source: io::Error| ShmError::Io { path, op, source }
@@ -108,7 +158,8 @@ impl UsageTable {
         } else {
             file::open_read_only(path)
         }
-        .map_err(|e| open_error(path, e))?;
+        // With create, the plain open runs only after `O_EXCL` found the file there.
+        .map_err(|e| open_failed(path, e, writable && init.is_some()))?;
         if writable && !opened.created {
             file::check_owner(path, &opened.meta).map_err(|e| open_error(path, e))?;
         }
@@ -135,7 +186,8 @@ impl UsageTable {
                              as it is)",
                             meta.nlink()
                         ),
-                    });
+                    }
+                    .into());
                 }
                 created = true;
                 Self::initialize(&file, init, false).map_err(io("initialize"))?
@@ -156,7 +208,7 @@ impl UsageTable {
                     // HAMi's: this file is vgpu's own, and nobody is attached to it.
                     Err(ImageError::Uninitialized) if carries_ext_magic(&map) => {
                         let Some(init) = init else {
-                            return Err(invalid(ImageError::Uninitialized));
+                            return Err(invalid(ImageError::Uninitialized).into());
                         };
                         drop(map);
                         created = true;
@@ -165,26 +217,29 @@ impl UsageTable {
                     Err(ImageError::Truncated { .. }) => {
                         unreachable_truncated(len).map_err(invalid)?
                     }
-                    Err(e) => return Err(invalid(e)),
+                    Err(e) => return Err(invalid(e).into()),
                 }
             }
         };
         drop(guard);
+        #[cfg(test)]
+        between_opens(path);
 
         // Separate open file descriptions of the same inode for the OFD locks (see `Inner`).
-        let reopen = |write: bool| -> Result<File, ShmError> {
+        // Not found, or another file: the one opened above left the path meanwhile.
+        let reopen = |write: bool| -> Result<File, Failed> {
             let f = if write {
                 file::open_writable(path, false)
             } else {
                 file::open_read_only(path)
             }
-            .map_err(|e| open_error(path, e))?
+            .map_err(|e| open_failed(path, e, true))?
             .file;
             let m = f.metadata().map_err(io("fstat"))?;
             if (m.dev(), m.ino()) != (meta.dev(), meta.ino()) {
-                return Err(io("reopen")(io::Error::other(
+                return Err(Failed::Vanished(io("reopen")(io::Error::other(
                     "file was replaced while opening",
-                )));
+                ))));
             }
             Ok(f)
         };
@@ -288,6 +343,44 @@ impl UsageTable {
     }
 }
 
+/// Tests only: what runs between an attempt's first open and its reopens.
+#[cfg(test)]
+type Hook = Box<dyn FnMut(&Path)>;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests only: run on this thread between an attempt's first open of the path and its
+    /// reopens, where another process may unlink or replace the file.
+    static BETWEEN_OPENS: std::cell::RefCell<Option<Hook>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+#[cfg(test)]
+fn between_opens(path: &Path) {
+    // Taken out while it runs: it may open a table itself (as another process would).
+    if let Some(mut hook) = BETWEEN_OPENS.take() {
+        hook(path);
+        BETWEEN_OPENS.with_borrow_mut(|slot| {
+            slot.get_or_insert(hook);
+        });
+    }
+}
+
+/// A failed open of the path as an attempt's failure. `found` says this attempt had found a
+/// file at the path before: the open's not finding one then means it was unlinked meanwhile.
+/// (Not found at `create`, with `O_CREAT`, is a missing directory: an error as it is.)
+fn open_failed(path: &Path, e: file::OpenError, found: bool) -> Failed {
+    let gone = found
+        && matches!(&e, file::OpenError::Io("open", source)
+            if source.kind() == io::ErrorKind::NotFound);
+    let e = open_error(path, e);
+    if gone {
+        Failed::Vanished(e)
+    } else {
+        Failed::Final(e)
+    }
+}
+
 /// A [`file`] refusal or failure as the table's error.
 pub(crate) fn open_error(path: &Path, e: file::OpenError) -> ShmError {
     let path = path.to_path_buf();
@@ -352,4 +445,137 @@ fn write_fresh(region: &HamiRegion, ext: &Extension, init: &TableInit, host: Hos
     h.minor_version.store(layout::EXT_MINOR, Ordering::Relaxed);
     // Last: the monitor and other processes treat the file as initialized from here on.
     r.initialized_flag.store(HAMI_MAGIC, Ordering::Release);
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::FileLink;
+    use crate::tests::TempPath;
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    fn init() -> TableInit {
+        TableInit {
+            uuids: vec!["GPU-race".into()],
+            memory_limits: vec![Some(1 << 20)],
+            sm_limits: vec![None],
+            priority: 1,
+        }
+    }
+
+    /// Runs `f` with `hook` between the first open and the reopens of every attempt on this
+    /// thread; answers `f`'s result and how many times the hook ran (one per attempt).
+    fn with_hook<T>(
+        mut hook: impl FnMut(&Path, usize) + 'static,
+        f: impl FnOnce() -> T,
+    ) -> (T, usize) {
+        let calls = Rc::new(Cell::new(0));
+        let counted = Rc::clone(&calls);
+        BETWEEN_OPENS.set(Some(Box::new(move |path: &Path| {
+            counted.set(counted.get() + 1);
+            hook(path, counted.get());
+        })));
+        let out = f();
+        BETWEEN_OPENS.set(None);
+        (out, calls.get())
+    }
+
+    #[test]
+    fn a_joiner_whose_file_is_unlinked_between_its_opens_tries_again() {
+        let p = TempPath::new("open-race-unlink");
+        let first = UsageTable::open_or_create(&p.0, &init()).unwrap();
+        // Another process removes the file after this one opened it, before it reopens it.
+        let (joined, calls) = with_hook(
+            |path, call| {
+                if call == 1 {
+                    std::fs::remove_file(path).unwrap();
+                }
+            },
+            || UsageTable::open_or_create(&p.0, &init()),
+        );
+        let joined = joined.expect("a create-or-join that lost its file tries again");
+        assert_eq!(calls, 2, "one more attempt, no more");
+        // It created the file that is at the path now, and uses it.
+        assert!(joined.created());
+        assert_eq!(joined.link_state().unwrap(), FileLink::Linked);
+        // The handle that attached before sees its file gone from the path (split ledgers,
+        // as link_state documents), not this one.
+        assert_eq!(first.link_state().unwrap(), FileLink::Replaced);
+        assert_eq!(
+            joined.snapshot().devices[0].limit,
+            Some(1 << 20),
+            "initialized like any new file"
+        );
+    }
+
+    #[test]
+    fn a_joiner_whose_file_is_replaced_between_its_opens_joins_the_new_one() {
+        let p = TempPath::new("open-race-replace");
+        drop(UsageTable::open_or_create(&p.0, &init()).unwrap());
+        let (joined, calls) = with_hook(
+            |path, call| {
+                if call == 1 {
+                    // Unlinked, and at once another process creates the next file.
+                    std::fs::remove_file(path).unwrap();
+                    let newer = UsageTable::open_or_create(path, &init()).unwrap();
+                    assert!(newer.created());
+                }
+            },
+            || UsageTable::open_or_create(&p.0, &init()),
+        );
+        let joined = joined.expect("joins the file now at the path");
+        assert_eq!(calls, 2);
+        assert!(!joined.created(), "joined the other process's file");
+        assert_eq!(joined.link_state().unwrap(), FileLink::Linked);
+    }
+
+    #[test]
+    fn a_file_that_keeps_vanishing_is_an_error_after_three_attempts() {
+        let p = TempPath::new("open-race-always");
+        let (out, calls) = with_hook(
+            |path, _| std::fs::remove_file(path).unwrap(),
+            || UsageTable::open_or_create(&p.0, &init()),
+        );
+        assert_eq!(calls, 3, "bounded: three attempts");
+        match out {
+            Err(ShmError::Io {
+                op: "open", source, ..
+            }) => {
+                assert_eq!(source.kind(), io::ErrorKind::NotFound);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn attaching_without_create_does_not_try_again() {
+        let p = TempPath::new("open-race-existing");
+        drop(UsageTable::open_or_create(&p.0, &init()).unwrap());
+        let (out, calls) = with_hook(
+            |path, _| std::fs::remove_file(path).unwrap(),
+            || UsageTable::open_existing(&p.0),
+        );
+        assert_eq!(calls, 1);
+        assert!(matches!(
+            out,
+            Err(ShmError::Io { op: "open", ref source, .. }) if source.kind() == io::ErrorKind::NotFound
+        ));
+        // Nothing at the path, no create: a clear error at once.
+        let (out, calls) = with_hook(|_, _| {}, || UsageTable::open_existing(&p.0));
+        assert_eq!(calls, 0);
+        assert!(matches!(out, Err(ShmError::Io { op: "open", .. })));
+    }
+
+    #[test]
+    fn a_missing_directory_is_an_error_at_once() {
+        let p = TempPath::new("open-race-nodir");
+        let path = p.0.with_extension("missing").join("table.cache");
+        let (out, calls) = with_hook(|_, _| {}, || UsageTable::open_or_create(&path, &init()));
+        assert_eq!(calls, 0);
+        assert!(matches!(
+            out,
+            Err(ShmError::Io { op: "create", ref source, .. }) if source.kind() == io::ErrorKind::NotFound
+        ));
+    }
 }
