@@ -4,7 +4,8 @@ and compute.md: the medians then cover every call's rounds.
 
     python3 gpu-tests/compute/merge.py <out-dir> <compute.json> [<compute.json> ...]
 
-The calls must have measured the same build (the vgpu library's path is compared) and must
+The calls must have measured the same build (the vgpu library's SHA-256, or its path in runs
+that did not record one) and must
 not repeat a round number; the scenarios are those of the first file that any call ran.
 """
 import json
@@ -21,7 +22,9 @@ def merge(paths):
     for p in paths:
         with open(p) as f:
             docs.append(json.load(f))
-    libs = {d["meta"].get("libs", {}).get("vgpu") for d in docs}
+    # The same build: by content where the runs recorded it, else by path.
+    libs = {d["meta"].get("libs", {}).get("vgpu_sha256") or d["meta"].get("libs", {}).get("vgpu")
+            for d in docs}
     if len(libs) > 1:
         raise ValueError(f"the calls measured different vgpu libraries: {sorted(map(str, libs))}")
     runs, seen = [], {}

@@ -54,6 +54,7 @@ a run cut short keeps what it measured. Progress lines carry the time and the se
 the start.
 """
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -544,7 +545,8 @@ def main(argv=None, backend=None):
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv[1:] if argv is None else list(argv),
             "seconds": args.seconds, "rounds": rounds, "budget_s": args.budget, "modes": list(modes),
             "scenarios": [s.name for s in kept], "skipped": list(skipped), "fake": args.fake,
-            "libs": {"vgpu": args.vgpu_lib, "hami": args.hami_lib, "vgpu_cli": args.vgpu},
+            "libs": {"vgpu": args.vgpu_lib, "hami": args.hami_lib, "vgpu_cli": args.vgpu,
+                     "vgpu_sha256": file_sha256(args.vgpu_lib)},
             "plan": [{"name": u.name, "est_s": round(u.est_s, 1)} for u in units],
             "device": bench.nvml.info(), "work": bench.work, "failures": []}
     say(f"device: {meta['device']}; files of the runs under {bench.work}")
@@ -580,6 +582,17 @@ def main(argv=None, backend=None):
     print(measure.report(summary, kept, meta), flush=True)
     say(f"done: {len(runs)} run(s); {os.path.join(args.out, 'compute.md')} and compute.json")
     return 0 if runs and not meta["failures"] else 1
+
+
+def file_sha256(path):
+    """The file's SHA-256 (hex), or None without a readable file: what merge.py compares."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
 
 
 def open_nvml(say):

@@ -542,5 +542,47 @@ class EndToEnd(unittest.TestCase):
         self.assertIn("modes alone, plain\n", p.stdout)
 
 
+
+class Merge(unittest.TestCase):
+    """Rounds spread over device calls: --first-round continues the alternation, merge.py joins."""
+
+    def doc(self, rounds, sha="a" * 64):
+        runs = []
+        for r in rounds:
+            runs += [alone_run(r, "matmul-4096", 100.0, 100.0),
+                     scen_run(r, "matmul-30-70", "plain", [tenant_rec("matmul-4096", 40.0 + r),
+                                                           tenant_rec("matmul-4096", 45.0)])]
+        return {"meta": {"libs": {"vgpu": "/x/libvgpu.so", "vgpu_sha256": sha}, "scenarios": ["matmul-30-70"],
+                         "date": "d", "failures": [], "warnings": [], "skipped": []}, "runs": runs}
+
+    def write(self, d, name, doc):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return path
+
+    def test_a_later_call_continues_the_alternation(self):
+        both = sc.plan_units([sc.SCENARIOS["matmul-30-70"]], 3, 5.0)
+        later = sc.plan_units([sc.SCENARIOS["matmul-30-70"]], 1, 5.0, first_round=3)
+        self.assertEqual([u.name for u in later], [u.name for u in both if u.round == 3])
+
+    def test_rounds_of_two_calls_give_one_median_and_overlaps_or_other_builds_are_refused(self):
+        import merge
+        with tempfile.TemporaryDirectory() as d:
+            a = self.write(d, "a.json", self.doc([1, 2]))
+            b = self.write(d, "b.json", self.doc([3]))
+            meta, runs, kept = merge.merge([a, b])
+            self.assertEqual(meta["rounds"], 3)
+            rows = measure.summarize(runs, kept)["matmul-30-70"]["plain"]
+            self.assertEqual(sorted(rows["per_round"]), [1, 2, 3])
+            with self.assertRaisesRegex(ValueError, "round 1 is in both"):
+                merge.merge([a, a])
+            other = self.write(d, "c.json", self.doc([4], sha="b" * 64))
+            with self.assertRaisesRegex(ValueError, "different vgpu libraries"):
+                merge.merge([a, other])
+            self.assertEqual(merge.main([os.path.join(d, "out"), a, b]), 0)
+            with open(os.path.join(d, "out", "compute.md")) as f:
+                self.assertIn("matmul-30-70", f.read())
+
 if __name__ == "__main__":
     unittest.main()
