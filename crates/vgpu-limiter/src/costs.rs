@@ -136,7 +136,7 @@ pub struct CostTable {
 
 /// What a launch is charged: its learned cost, and the sample figure it came from (the
 /// cost plus the bracket's drain), which back-to-back segments compare with their span.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Charge {
     /// The launch's learned cost, ns.
     pub cost: f64,
@@ -177,6 +177,12 @@ impl CostTable {
     /// A sample figure less the bracket's drain, never less than half of it.
     fn less_drain(&self, sampled: f64) -> f64 {
         (sampled - self.drain).max(sampled / 2.0)
+    }
+
+    /// Whether `id` has been sampled (every entry holds a sample): a lookup, where
+    /// [`Self::cost`] also computes the estimate.
+    pub fn knows(&self, id: LaunchId) -> bool {
+        self.ids.contains_key(&id)
     }
 
     /// What to charge a launch of `id` now: its cost, or the mean cost of launches so far

@@ -97,7 +97,7 @@ pub struct SliceParams {
 
 impl SliceParams {
     /// The H200 as measured (docs: field facts, "Default time slicing"); the yield cost and
-    /// the renewal rule are not measured. The marker's drain (the limiter learned 1.1–2.7 µs
+    /// the renewal rule are not measured. The marker's drain (the limiter learned up to 2.7 µs
     /// there, from training and kernel loops) is left out here: this model gives it to
     /// markers only, where on the H200 a kernel that runs alone on an idle engine pays a
     /// ramp of its own as well, so a launch-bound stream's clean samples matched its GPU time

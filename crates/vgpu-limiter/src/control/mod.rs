@@ -415,11 +415,8 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             self.horizon = self.horizon.max(now as f64);
             return;
         }
-        let known = self.costs.cost(id).is_some();
-        let charge = self.costs.charge(id).unwrap_or(crate::costs::Charge {
-            cost: 0.0,
-            sampled: 0.0,
-        });
+        let known = self.costs.knows(id);
+        let charge = self.costs.charge(id).unwrap_or_default();
         if !known {
             self.stats.unknown_launches += 1;
         }
