@@ -156,6 +156,17 @@ SCENARIOS = {s.name: s for s in (
              about="a launch-bound convnet capped at 20, alone on the GPU"),
     Scenario("solo-gpt-20", (Tenant("gpt-8x768-b8", 20),), SOLO_MODES,
              about="a GPT-2 training loop capped at 20, alone on the GPU"),
+    # What the limited launch path costs a tenant it never holds (caps above its demand), and
+    # what the larger tenant of a pair gets when it is not limited at all.
+    Scenario("solo-resnet18-95", (Tenant("resnet18-b16", 95),), (ALONE, "vgpu-cap"),
+             about="a launch-bound convnet capped at 95 (above its demand), alone"),
+    Scenario("solo-gpt-95", (Tenant("gpt-8x768-b8", 95),), (ALONE, "vgpu-cap"),
+             about="a GPT-2 training loop capped at 95 (above its demand), alone"),
+    Scenario("solo-resnet50-70", (Tenant("resnet50-b64", 70),), (ALONE, "vgpu-cap"),
+             about="a ResNet-50 (batch 64) capped at 70 (about its demand), alone"),
+    Scenario("train-gpt-resnet50-free", (Tenant("gpt-8x768-b8", 30), Tenant("resnet50-b64")),
+             (ALONE, "vgpu-cap"),
+             about="the GPT-2 at 30 beside an unlimited ResNet-50 (vgpu's fast path)"),
     # Beyond the core set.
     Scenario("train-small-batches", (Tenant("resnet50-b8", 30), Tenant("vit-s-b16", 70)),
              about="two launch-bound training loops (batches 8 and 16)"),

@@ -34,8 +34,14 @@ pub struct LimiterConfig {
     pub segment_work: Nanos,
     /// Launches after which a segment is closed regardless of the estimate.
     pub segment_launches: u32,
-    /// Closed segments whose markers have not completed; more make launches wait.
+    /// Closed segments whose markers have not completed (it bounds the markers in flight);
+    /// beyond it the open segment grows instead. Launches never wait for it.
     pub max_outstanding: usize,
+    /// The deepest queue of a paced container (GPU time of its launches not yet known run):
+    /// what the board decides applies to work not yet queued, so a lent share comes back
+    /// within this. Four time slices: time slicing never finds a paced queue empty while
+    /// its host runs ahead.
+    pub deep_queue: Nanos,
     /// Samples (launches measured alone) in flight at most; further unknown launches are
     /// charged the mean cost and measured with their segment.
     pub max_samples: usize,
@@ -83,7 +89,8 @@ impl Default for LimiterConfig {
             // One marker per half a millisecond of work: a marker costs ~0.2 µs of host time.
             segment_work: 500 * MICROS,
             segment_launches: 64,
-            max_outstanding: 16,
+            max_outstanding: 64,
+            deep_queue: 8 * MILLIS,
             // Half the segments in flight: a new loop's identities are learned within a few
             // of its steps while the rest of its work is still tracked.
             max_samples: 8,

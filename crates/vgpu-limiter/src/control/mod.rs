@@ -157,6 +157,9 @@ pub struct Limiter<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> {
     held_since: Option<Nanos>,
     /// When the work queued so far is estimated to end (ns).
     horizon: f64,
+    /// When the last wait of the queue rule ends: a container waiting to launch more is
+    /// busy (its queue runs slower than the horizon assumes while others share the GPU).
+    waiting_until: Nanos,
     next_publish: Nanos,
     next_activity: Nanos,
     last_poll: Nanos,
@@ -205,6 +208,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             peers: PeerUsage::default(),
             held_since: None,
             horizon: 0.0,
+            waiting_until: 0,
             next_publish: now,
             next_activity: now,
             last_poll: now,
@@ -290,6 +294,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             }
             Err(ns) => {
                 self.close_open();
+                self.keep_demand(now);
                 self.wait(ns.clamp(1, self.cfg.max_wait))
             }
         }
@@ -308,10 +313,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             }
             return Ok(TicketKind::Free);
         }
-        if due || self.pacer.throttled || self.seg.closed.len() >= self.cfg.max_outstanding {
+        if due || self.pacer.throttled {
             self.poll(now);
         }
-        self.gate_outstanding()?;
         self.gate_calibration()?;
         self.gate_queue(now, plan.queue, id)?;
         self.pacer.refill(now, self.rate, self.cfg.credit);
@@ -319,7 +323,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             // At the whole GPU there is nothing to pace (the queue rule still applies).
             self.gate_pacer(self.cfg.burst, id)?;
         }
-        let sample = self.costs.wants_sample(id) && self.seg.samples() < self.cfg.max_samples;
+        // A sample needs a segment of its own: none while the segments in flight are at their
+        // bound (the open one grows instead; see `segments`).
+        let sample = self.costs.wants_sample(id)
+            && self.seg.samples() < self.cfg.max_samples
+            && !self.seg_bound_reached();
         Ok(if sample {
             TicketKind::Sample
         } else {
@@ -341,14 +349,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         }
     }
 
-    /// Too many segments in flight: let them complete.
-    fn gate_outstanding(&mut self) -> Result<(), Nanos> {
-        match self.seg.closed.len() >= self.cfg.max_outstanding {
-            true => Err(self.cfg.poll_interval),
-            false => Ok(()),
-        }
-    }
-
     /// Nothing is known about any launch's cost yet: the first goes alone.
     fn gate_calibration(&mut self) -> Result<(), Nanos> {
         match self.costs.is_empty() && !self.seg.is_idle() {
@@ -360,7 +360,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
     /// The queue rule of the plan.
     fn gate_queue(&mut self, now: Nanos, rule: QueueRule, id: LaunchId) -> Result<(), Nanos> {
         let cap = match rule {
-            QueueRule::Paced => return Ok(()),
+            QueueRule::Paced => self.cfg.deep_queue as f64,
             QueueRule::Short => self.cfg.short_queue as f64,
             QueueRule::Single => 0.0,
             QueueRule::Hold { until } => {
@@ -386,7 +386,17 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         }
         if queued > 0.0 && queued + this > cap {
             self.stats.queue_waits += 1;
-            return Err(((queued + this - cap) as Nanos).max(self.cfg.poll_interval));
+            // A full deep queue waits until half of it ran (the GPU runs it at most at full
+            // speed): one wake-up per half a queue, and still two time slices queued. The
+            // priority rules wait only for what exceeds their bound.
+            let resume = match rule {
+                QueueRule::Paced => cap / 2.0,
+                _ => cap,
+            };
+            let wait = ((queued + this - resume) as Nanos)
+                .clamp(self.cfg.poll_interval, self.cfg.max_wait);
+            self.waiting_until = now.saturating_add(wait);
+            return Err(wait);
         }
         Ok(())
     }

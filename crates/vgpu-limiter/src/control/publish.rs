@@ -72,11 +72,29 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         Plan::of(&a, now)
     }
 
-    /// This container's demand: until when it has work queued or waits for its rate to
-    /// launch more, plus the grace.
+    /// This container's demand: until when it has work queued or waits for its rate or its
+    /// queue rule to launch more, plus the grace.
     fn busy_until(&self, now: Nanos) -> Nanos {
         let paced = now as f64 + self.pacer.time_to_clear(self.rate);
-        (self.horizon.max(paced) as Nanos).saturating_add(self.cfg.idle_grace)
+        let waits = self.waiting_until as f64;
+        (self.horizon.max(paced).max(waits) as Nanos).saturating_add(self.cfg.idle_grace)
+    }
+
+    /// Before a wait: the demand on the board must not run out while this container waits
+    /// to launch (written only when it would, at most once per half a grace).
+    pub(super) fn keep_demand(&mut self, now: Nanos) {
+        if self.standing.key.is_none() {
+            return;
+        }
+        let busy = self.busy_until(now);
+        if busy
+            > self
+                .standing
+                .published_busy
+                .saturating_add(self.cfg.idle_grace / 2)
+        {
+            self.read_demand(now);
+        }
     }
 
     /// Writes our demand if the published one runs out sooner than half a grace from the

@@ -81,6 +81,14 @@ impl<S, M> Segments<S, M> {
 }
 
 impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> {
+    /// Whether the segments in flight are at their bound (`max_outstanding`, which bounds
+    /// the markers in flight). Launches never wait for bookkeeping: the open segment then
+    /// grows past its size (coarser completion tracking), and a launch on another stream
+    /// goes untracked (charged its cost all the same).
+    pub(super) fn seg_bound_reached(&self) -> bool {
+        self.seg.closed.len() >= self.cfg.max_outstanding
+    }
+
     /// Makes sure a segment on `stream` brackets the coming launch: a fresh one of its own
     /// for a sample.
     pub(super) fn prepare(&mut self, stream: T::Stream, kind: TicketKind, id: LaunchId) {
@@ -88,7 +96,14 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         if let Some(open) = &self.seg.open
             && (open.stream != stream || sample.is_some())
         {
+            if self.seg_bound_reached() {
+                // The open segment stays; this launch goes untracked (see above).
+                return;
+            }
             self.close_open();
+        }
+        if self.seg.open.is_none() && self.seg_bound_reached() {
+            return;
         }
         if self.seg.open.is_some() {
             return;
@@ -158,10 +173,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             self.stats.queries += 1;
             open.clean = matches!(self.timer.is_complete(open.start), Ok(false));
         }
-        if open.sample.is_some()
-            || open.charged >= self.cfg.segment_work as f64
-            || open.launches >= self.cfg.segment_launches
-        {
+        let full = open.charged >= self.cfg.segment_work as f64
+            || open.launches >= self.cfg.segment_launches;
+        if open.sample.is_some() || (full && !self.seg_bound_reached()) {
             self.close_open();
         }
     }
@@ -209,17 +223,28 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         self.timer.release(seg.start);
     }
 
-    /// Settles every closed segment whose end marker the GPU has reached.
+    /// Settles every closed segment whose end marker the GPU has reached. A stream runs its
+    /// work in order, so once one of its segments is pending the later ones on it are too:
+    /// one query per stream with work in flight, not one per segment.
     pub(super) fn poll(&mut self, now: Nanos) {
         self.last_poll = now;
+        let mut pending: Vec<T::Stream> = Vec::new();
         let mut i = 0;
         while i < self.seg.closed.len() {
+            let stream = self.seg.closed[i].stream;
+            if pending.contains(&stream) {
+                i += 1;
+                continue;
+            }
             let end = self.seg.closed[i]
                 .end
                 .expect("closed segments have an end marker");
             self.stats.queries += 1;
             match self.timer.is_complete(end) {
-                Ok(false) => i += 1,
+                Ok(false) => {
+                    pending.push(stream);
+                    i += 1;
+                }
                 Ok(true) => {
                     let seg = self.seg.closed.remove(i).expect("index in range");
                     self.settle(seg, true);
