@@ -73,6 +73,10 @@ struct Entry {
     unsampled: u32,
     /// Outlier samples in a row, not yet believed.
     outliers: u32,
+    /// The estimate of the windows as they are, and the latency it was computed with (the
+    /// launch path reads it two or three times per launch; it changes only with a sample or
+    /// the latency).
+    cached: Option<(f64, Option<u64>)>,
     /// Use stamp for eviction.
     used: u64,
     /// Launches charged, for [`CostTable::profile`].
@@ -195,7 +199,19 @@ impl CostTable {
             e.unsampled = e.unsampled.saturating_add(1);
             e.launches += 1;
         });
-        let sampled = known.and_then(|()| self.estimate(&self.ids[&id]));
+        let latency = self.latency;
+        let sampled = known.and_then(|()| {
+            let e = self.ids.get_mut(&id)?;
+            let key = latency.map(f64::to_bits);
+            match e.cached {
+                Some((est, k)) if k == key => Some(est),
+                _ => {
+                    let est = estimate_of(e, latency)?;
+                    e.cached = Some((est, key));
+                    Some(est)
+                }
+            }
+        });
         if let Some(sampled) = sampled {
             let cost = self.less_drain(sampled);
             // A slowly forgetting mean: the fallback follows the current mix of launches.
@@ -274,6 +290,7 @@ impl CostTable {
             fresh: Ring::default(),
             unsampled: 0,
             outliers: 0,
+            cached: None,
             used: stamp,
             launches: 0,
         });
@@ -292,10 +309,12 @@ impl CostTable {
                 return;
             }
             // The work changed: what was learned before no longer holds.
+            e.cached = None;
             e.chained = Ring::default();
             e.fresh = Ring::default();
         }
         e.outliers = 0;
+        e.cached = None;
         self.taken[usize::from(!chained)] += 1;
         match chained {
             true => e.chained.push(span),
@@ -318,7 +337,10 @@ impl CostTable {
     /// which the outlier rule does not see) and close to the typical sample (the smallest
     /// would undercharge by the clock's variation, about 10%).
     fn estimate(&self, e: &Entry) -> Option<f64> {
-        estimate_of(e, self.latency)
+        match e.cached {
+            Some((est, k)) if k == self.latency.map(f64::to_bits) => Some(est),
+            _ => estimate_of(e, self.latency),
+        }
     }
 
     /// What the table holds now (see [`CostProfile`]).
@@ -525,5 +547,36 @@ mod tests {
         t.sample(1, -5.0, true);
         t.sample(1, f64::INFINITY, true);
         assert!(t.cost(1).is_none());
+    }
+
+    #[test]
+    fn the_cached_estimate_follows_every_sample_and_latency_change() {
+        // Identities sampled both ways move the latency, which changes the estimate of
+        // every identity with samples from an idle stream, not only the one sampled.
+        let mut t = CostTable::default();
+        let mut x = 7u64;
+        for i in 0..2_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let id = x % 5;
+            if i % 3 == 0 {
+                let clean = x % 2 == 0;
+                let span = 10_000.0 * (id + 1) as f64
+                    + if clean {
+                        0.0
+                    } else {
+                        3_000.0 + (x % 997) as f64
+                    };
+                t.sample(id, span, clean);
+            } else {
+                let _ = t.charge(id);
+            }
+            for id in 0..5 {
+                let fresh = t.ids.get(&id).and_then(|e| estimate_of(e, t.latency));
+                let cached = t.ids.get(&id).and_then(|e| t.estimate(e));
+                assert_eq!(cached, fresh, "identity {id} after step {i}");
+            }
+        }
     }
 }
