@@ -24,6 +24,7 @@ const CHUNK: u64 = 16 * MIB;
 
 const PROGRAM: &str = r#"
 #include "standalone.h"
+#include <string.h>
 #include <unistd.h>
 
 typedef unsigned long long P;
@@ -33,6 +34,7 @@ static CUresult (*cuMemAlloc_v2)(P *, size_t);
 static CUresult (*cuMemFree_v2)(P);
 static CUresult (*cuMemsetD32_v2)(P, unsigned, size_t);
 static CUresult (*cuMemcpyDtoH_v2)(void *, P, size_t);
+static CUresult (*cuMemsetD32Async)(P, unsigned, size_t, H);
 static unsigned buf[CHUNK / 4];
 
 static void pause_at(const char *step) {
@@ -56,8 +58,8 @@ int main(int argc, char **argv) {
   int loaded = load_driver();
   if (loaded) return loaded;
   NEED(cuCtxSynchronize) NEED(cuMemAlloc_v2) NEED(cuMemFree_v2) NEED(cuMemsetD32_v2)
-  NEED(cuMemcpyDtoH_v2)
-  int dev; H ctx, mod, fill;
+  NEED(cuMemcpyDtoH_v2) NEED(cuMemsetD32Async)
+  int dev; H ctx, mod, fill, ev;
   P filler[8], x;
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));
@@ -84,7 +86,23 @@ int main(int argc, char **argv) {
     return 0;
   }
   pause_at("resident");
+  CHECK(cuEventCreate(&ev, 0));
+  CHECK(cuEventRecord(ev, 0));
   pause_at("idle"); /* swapped out here, by the idle time or a request */
+  if (argv[1][0] == 'f') { /* the first call after it is one of a family: f:<family> */
+    const char *f = argv[1] + 2;
+    unsigned long long words = CHUNK / 4;
+    unsigned five = 5;
+    void *args[] = {&x, &five, &words};
+    CUresult r = 1;
+    if (!strcmp(f, "launch")) r = cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, 0, args, 0);
+    else if (!strcmp(f, "memset")) r = cuMemsetD32Async(x, 5, CHUNK / 4, 0);
+    else if (!strcmp(f, "stream")) r = cuStreamSynchronize(0);
+    else if (!strcmp(f, "event")) r = cuEventSynchronize(ev);
+    else if (!strcmp(f, "context")) r = cuCtxSynchronize();
+    printf("first=%d\n", (int)r);
+    pause_at("first");
+  }
   if (argv[1][0] == 'c') { /* crowded: the released room is taken meanwhile */
     printf("refilled=%d\n", (int)cuMemAlloc_v2(&filler[0], CHUNK));
     unsigned long long words = CHUNK / 4;
@@ -286,6 +304,32 @@ fn an_idle_process_is_swapped_out_and_its_next_copy_brings_everything_back_intac
     );
     p.go();
     p.finish();
+}
+
+#[test]
+fn the_first_call_of_every_gated_family_brings_the_memory_back_before_it_runs() {
+    for family in ["launch", "memset", "stream", "event", "context"] {
+        let mut p = Scenario::start(
+            &format!("family-{family}"),
+            &format!("f:{family}"),
+            &[("VGPU_IDLE_SWAP", "manual")],
+        );
+        resident(&mut p, true);
+        assert!(p.table().request_swap_out().is_some());
+        p.wait_swapped(true, Duration::from_secs(10));
+        p.go();
+        p.reach("first");
+        assert_eq!(p.value("first"), 0, "{family}");
+        let snap = p.snapshot();
+        assert!(!snap.processes[0].swapped_out, "{family}: still out");
+        assert_eq!(snap.devices[0].host, 0, "{family}: not all back");
+        assert_eq!(snap.devices[0].data, RESIDENT_DATA, "{family}");
+        p.go();
+        p.reach("back");
+        assert_eq!(p.value("unwritten_after_swap"), 0, "{family}: data lost");
+        p.go();
+        p.finish();
+    }
 }
 
 #[test]

@@ -120,7 +120,9 @@ fn tracked<E>(
     mut swap_in: impl FnMut(&mut Swapped) -> Result<(), E>,
 ) -> Result<(), E> {
     loop {
-        let inside = Inside::enter();
+        let Some(inside) = Inside::enter() else {
+            return untracked(call, swap_in);
+        };
         if GATE.load(Ordering::SeqCst) != CLOSED {
             let answer = call();
             drop(inside);
@@ -140,6 +142,26 @@ fn tracked<E>(
             GATE.store(OPEN, Ordering::SeqCst);
         }
     }
+}
+
+/// A call on a thread whose counter is gone (a thread-local destructor calling the driver
+/// while its thread ends): it runs under the swap lock, so no swap operation overlaps it, and
+/// after a swap-in if the memory is out.
+#[cold]
+fn untracked<E>(
+    call: impl FnOnce() -> Result<(), E>,
+    mut swap_in: impl FnMut(&mut Swapped) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut st = lock();
+    if GATE.load(Ordering::SeqCst) == CLOSED {
+        if st.out {
+            swap_in(&mut st)?;
+        }
+        if !st.out {
+            GATE.store(OPEN, Ordering::SeqCst);
+        }
+    }
+    call()
 }
 
 /// The threads' calls as one number, or `None` while some thread is inside a gated call.
