@@ -308,6 +308,10 @@ fn swap_out_writes_a_request_and_status_shows_a_swapped_process() {
     let mut cmd = vgpu();
     cmd.args(["status", "--cache", path.to_str().unwrap()]);
     run(cmd).assert_stdout_has(&["swapped"]);
+    let mut cmd = vgpu();
+    cmd.args(["watch", "--count", "1", "--cache", path.to_str().unwrap()]);
+    let w = run(cmd);
+    assert!(w.stdout.contains("swapped"), "watch: {}", w.stdout);
     me.set_swapped_out(false);
     assert_eq!(status_json(&path)["processes"][0]["state"], "running");
     // A missing file is an error, not a new file.
