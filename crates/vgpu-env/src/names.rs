@@ -71,6 +71,10 @@ pub const ENV_IDLE_SWAP: &str = "VGPU_IDLE_SWAP";
 /// With swapping on: how long a swap-in waits for device room before the call that needed
 /// it fails with out-of-memory (a duration; default [`DEFAULT_SWAP_IN_WAIT_MS`] ms).
 pub const ENV_SWAP_IN_WAIT: &str = "VGPU_SWAP_IN_WAIT";
+/// With swapping on: make the program's `cuMemAlloc` allocations of 2 MiB and more VMM
+/// allocations of the hook's, which can be swapped out (`1`; default `0`). Such memory has no
+/// `cuIpcGetMemHandle` (refused, naming this variable).
+pub const ENV_SWAP_MOVABLE: &str = "VGPU_SWAP_MOVABLE";
 /// Default of [`ENV_SWAP_IN_WAIT`], milliseconds.
 pub const DEFAULT_SWAP_IN_WAIT_MS: u64 = 10_000;
 /// How `CUDA_DEVICE_SM_LIMIT` is read: `cap` (HAMi's meaning, the default) or `share`

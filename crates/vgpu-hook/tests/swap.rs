@@ -35,6 +35,7 @@ static CUresult (*cuMemFree_v2)(P);
 static CUresult (*cuMemsetD32_v2)(P, unsigned, size_t);
 static CUresult (*cuMemcpyDtoH_v2)(void *, P, size_t);
 static CUresult (*cuMemsetD32Async)(P, unsigned, size_t, H);
+static CUresult (*cuIpcGetMemHandle)(void *, P);
 static unsigned buf[CHUNK / 4];
 
 static void pause_at(const char *step) {
@@ -67,6 +68,25 @@ int main(int argc, char **argv) {
   CHECK(cuCtxSetCurrent(ctx));
   CHECK(cuModuleLoadData(&mod, "vgpusim-module: fill"));
   CHECK(cuModuleGetFunction(&fill, mod, "fill"));
+  if (argv[1][0] == 'm') { /* movable: plain allocations, nothing oversubscribed */
+    NEED(cuIpcGetMemHandle)
+    P y[3];
+    char ipc[64];
+    for (int i = 0; i < 3; i++) {
+      CHECK(cuMemAlloc_v2(&y[i], CHUNK));
+      CHECK(cuMemsetD32_v2(y[i], 10 + i, CHUNK / 4));
+    }
+    printf("ipc=%d\n", (int)cuIpcGetMemHandle(ipc, y[0]));
+    CHECK(cuCtxSynchronize());
+    pause_at("idle");
+    long long u = 0;
+    for (int i = 0; i < 3; i++) u += unwritten(y[i], 10 + i);
+    printf("unwritten_after_swap=%lld\n", u);
+    pause_at("back");
+    for (int i = 0; i < 3; i++) CHECK(cuMemFree_v2(y[i]));
+    printf("end\n");
+    return 0;
+  }
   for (int i = 0; i < 7; i++) CHECK(cuMemAlloc_v2(&filler[i], CHUNK));
   CHECK(cuMemAlloc_v2(&x, CHUNK)); /* host-backed: the device is full */
   CHECK(cuMemsetD32_v2(x, 5, CHUNK / 4));
@@ -330,6 +350,53 @@ fn the_first_call_of_every_gated_family_brings_the_memory_back_before_it_runs() 
         p.go();
         p.finish();
     }
+}
+
+#[test]
+fn plain_allocations_made_movable_are_swapped_out_and_refuse_ipc() {
+    let mut p = Scenario::start(
+        "movable",
+        "m",
+        &[("VGPU_IDLE_SWAP", "manual"), ("VGPU_SWAP_MOVABLE", "1")],
+    );
+    p.reach("idle");
+    assert_ne!(
+        p.value("ipc"),
+        0,
+        "movable memory has no IPC handle: refused, not a handle to the wrong memory"
+    );
+    assert!(p.stderr().contains("VGPU_SWAP_MOVABLE=0"), "{}", p.stderr());
+    let before = p.snapshot();
+    assert_eq!(before.devices[0].data, 3 * CHUNK);
+    assert_eq!(before.devices[0].host, 0, "nothing oversubscribed");
+    assert!(p.table().request_swap_out().is_some());
+    let out = p.wait_swapped(true, Duration::from_secs(10));
+    assert_eq!((out.devices[0].data, out.devices[0].host), (0, 3 * CHUNK));
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    let back = p.snapshot();
+    assert_eq!((back.devices[0].data, back.devices[0].host), (3 * CHUNK, 0));
+    p.go();
+    p.finish();
+    // Without the switch the same program's memory cannot move: nothing is swapped.
+    let mut p = Scenario::start("not-movable", "m", &[("VGPU_IDLE_SWAP", "manual")]);
+    p.reach("idle");
+    assert_eq!(p.value("ipc"), 0, "plain memory keeps its IPC handle");
+    assert!(p.table().request_swap_out().is_some());
+    let start = Instant::now();
+    while !p
+        .stderr()
+        .contains("no device memory of this process can move")
+    {
+        assert!(start.elapsed() < Duration::from_secs(10), "{}", p.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(p.snapshot().devices[0].host, 0);
+    p.go();
+    p.reach("back");
+    p.go();
+    p.finish();
 }
 
 #[test]

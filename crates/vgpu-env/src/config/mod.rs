@@ -166,6 +166,9 @@ pub struct Swap {
     pub trigger: SwapTrigger,
     /// `VGPU_SWAP_IN_WAIT`: how long a swap-in waits for device room, milliseconds.
     pub in_wait_ms: u64,
+    /// `VGPU_SWAP_MOVABLE`: direct `cuMemAlloc` allocations are made movable (VMM-backed by
+    /// the hook) while swapping is on.
+    pub movable: bool,
 }
 
 impl Default for Swap {
@@ -173,6 +176,7 @@ impl Default for Swap {
         Self {
             trigger: SwapTrigger::Off,
             in_wait_ms: crate::names::DEFAULT_SWAP_IN_WAIT_MS,
+            movable: false,
         }
     }
 }

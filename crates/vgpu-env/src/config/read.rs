@@ -281,7 +281,7 @@ impl Reader<'_> {
         }
     }
 
-    /// `VGPU_IDLE_SWAP`, `VGPU_SWAP_IN_WAIT`. Neither changes a limit: a bad value keeps
+    /// `VGPU_IDLE_SWAP`, `VGPU_SWAP_IN_WAIT`, `VGPU_SWAP_MOVABLE`. None changes a limit: a bad value keeps
     /// the default (no swapping; the default wait), said as a warning (an error when strict).
     fn swap(&mut self, cfg: &mut Config) {
         if let Some(v) = self.get(ENV_IDLE_SWAP) {
@@ -297,6 +297,12 @@ impl Reader<'_> {
                         "expected a duration (500ms, 30s, 5m, 1h), manual or off".into(),
                     ),
                 },
+            }
+        }
+        if let Some(v) = self.get(ENV_SWAP_MOVABLE) {
+            match parse_bool(&v) {
+                Some(b) => cfg.swap.movable = b,
+                None => self.warn(ENV_SWAP_MOVABLE, &v, "expected 0 or 1".into()),
             }
         }
         if let Some(v) = self.get(ENV_SWAP_IN_WAIT) {

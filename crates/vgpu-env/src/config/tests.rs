@@ -679,4 +679,9 @@ fn idle_swap_takes_a_duration_manual_or_off_and_a_typo_is_a_warning() {
     let cfg = lenient(&[("VGPU_SWAP_IN_WAIT", "later")]).unwrap();
     assert_eq!(cfg.swap.in_wait_ms, 10_000);
     assert_eq!(cfg.warnings.len(), 1);
+    assert!(!lenient(&[]).unwrap().swap.movable);
+    assert!(lenient(&[("VGPU_SWAP_MOVABLE", "1")]).unwrap().swap.movable);
+    let cfg = lenient(&[("VGPU_SWAP_MOVABLE", "maybe")]).unwrap();
+    assert!(!cfg.swap.movable);
+    assert_eq!(variables(&cfg.warnings), ["VGPU_SWAP_MOVABLE"]);
 }

@@ -14,7 +14,12 @@ use std::sync::atomic::Ordering;
 use vgpu_alloc_core::{OutOfMemory, UsageClass, UsageLedger};
 use vgpu_cuda_abi::*;
 
-use super::{Backed, HostBacked, Place, create_on_host, granularity, host_location, move_one};
+use vgpu_alloc_core::DeviceIndex;
+
+use super::{
+    Backed, HostBacked, Place, create_on_host, device_location, granularity, host_location,
+    move_one, round_up,
+};
 use crate::driver;
 use crate::ledger::SharedLedger;
 use crate::log::{INFO, WARN, vlog};
@@ -45,6 +50,66 @@ pub(crate) fn in_context<R>(
 }
 
 impl HostBacked {
+    /// A program's `cuMemAlloc` of `bytes` made movable (`VGPU_SWAP_MOVABLE`): a reserved
+    /// address range mapped to a device-located allocation of the hook's, charged as data on
+    /// `device`, so that a swap-out can remap the address to host memory. `Err` leaves
+    /// nothing behind (the caller then allocates as usual; the limit's refusal included,
+    /// which the usual path reports).
+    pub(crate) fn allocate_movable(
+        &self,
+        cuda: &Cuda,
+        ledger: &SharedLedger,
+        device: DeviceIndex,
+        (ordinal, context): (CUdevice, CUcontext),
+        bytes: u64,
+    ) -> Result<CUdeviceptr, CUresult> {
+        let prop = driver::pinned_prop(device_location(ordinal));
+        let gran = granularity(cuda, &prop);
+        let size = round_up(bytes.max(1), gran).ok_or(CUresult::OUT_OF_MEMORY)?;
+        ledger
+            .try_reserve(device, UsageClass::Data, size)
+            .map_err(|_: OutOfMemory| CUresult::OUT_OF_MEMORY)?;
+        let made = (|| {
+            let va = driver::address_reserve(cuda, size, gran)?;
+            let h = match driver::mem_create(cuda, size, &prop) {
+                Ok(h) => h,
+                Err(e) => {
+                    let _ = driver::address_free(cuda, va, size);
+                    return Err(e);
+                }
+            };
+            if let Err(e) = driver::map_for_device(cuda, va, size, h, ordinal) {
+                let _ = driver::mem_release(cuda, h);
+                let _ = driver::address_free(cuda, va, size);
+                return Err(e);
+            }
+            Ok((va, h))
+        })();
+        let (va, handle) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                ledger.release(device, UsageClass::Data, size);
+                return Err(e);
+            }
+        };
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(
+            va.0,
+            Backed {
+                device,
+                ordinal,
+                context: context as usize,
+                size,
+                handle,
+                place: Place::Device,
+                seq,
+                swapped: false,
+            },
+        );
+        self.live.fetch_add(1, Ordering::Release);
+        Ok(va)
+    }
+
     /// Device-resident bytes a swap-out would move, and the contexts they belong to.
     pub(crate) fn swappable(&self) -> (u64, Contexts) {
         let entries = self.lock();
