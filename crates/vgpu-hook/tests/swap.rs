@@ -24,6 +24,7 @@ const CHUNK: u64 = 16 * MIB;
 
 const PROGRAM: &str = r#"
 #include "standalone.h"
+#include <pthread.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -37,6 +38,24 @@ static CUresult (*cuMemcpyDtoH_v2)(void *, P, size_t);
 static CUresult (*cuMemsetD32Async)(P, unsigned, size_t, H);
 static CUresult (*cuIpcGetMemHandle)(void *, P);
 static unsigned buf[CHUNK / 4];
+static H the_ctx;
+
+/* Busy threads: each writes its own 2 MiB buffer, waits a moment, reads it back, 60 times. */
+struct worker { P x; int id; long long wrong; };
+static void *work(void *arg) {
+  struct worker *w = arg;
+  static __thread unsigned mine[CHUNK / 32];
+  if (cuCtxSetCurrent(the_ctx)) { w->wrong = -1; return 0; }
+  for (unsigned k = 1; k <= 60; k++) {
+    unsigned v = k * 16 + w->id;
+    if (cuMemsetD32_v2(w->x, v, CHUNK / 32)) { w->wrong = -2; return 0; }
+    usleep(3000);
+    if (cuMemcpyDtoH_v2(mine, w->x, CHUNK / 8)) { w->wrong = -3; return 0; }
+    for (unsigned i = 0; i < CHUNK / 32; i++) w->wrong += mine[i] != v;
+    usleep(3000);
+  }
+  return 0;
+}
 
 static void pause_at(const char *step) {
   printf("pause=%s\n", step);
@@ -68,6 +87,23 @@ int main(int argc, char **argv) {
   CHECK(cuCtxSetCurrent(ctx));
   CHECK(cuModuleLoadData(&mod, "vgpusim-module: fill"));
   CHECK(cuModuleGetFunction(&fill, mod, "fill"));
+  if (argv[1][0] == 't') { /* threads at work while swap-outs are asked for */
+    the_ctx = ctx;
+    struct worker w[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+      w[i].id = i; w[i].wrong = 0;
+      CHECK(cuMemAlloc_v2(&w[i].x, CHUNK / 8));
+    }
+    printf("working\n");
+    fflush(stdout);
+    for (int i = 0; i < 3; i++) pthread_create(&t[i], 0, work, &w[i]);
+    long long wrong = 0;
+    for (int i = 0; i < 3; i++) { pthread_join(t[i], 0); wrong += w[i].wrong; }
+    printf("wrong=%lld\n", wrong);
+    printf("end\n");
+    return 0;
+  }
   if (argv[1][0] == 'm') { /* movable: plain allocations, nothing oversubscribed */
     NEED(cuIpcGetMemHandle)
     P y[3];
@@ -397,6 +433,50 @@ fn plain_allocations_made_movable_are_swapped_out_and_refuse_ipc() {
     p.reach("back");
     p.go();
     p.finish();
+}
+
+#[test]
+fn threads_at_work_never_lose_a_write_to_swaps_asked_for_all_the_time() {
+    let mut p = Scenario::start(
+        "threads",
+        "t",
+        &[("VGPU_IDLE_SWAP", "manual"), ("VGPU_SWAP_MOVABLE", "1")],
+    );
+    loop {
+        let mut line = String::new();
+        assert!(p.stdout.read_line(&mut line).unwrap() > 0, "{}", p.stderr());
+        if line.trim() == "working" {
+            break;
+        }
+    }
+    let table = p.table();
+    // Ask every 5 ms while three threads write and read their buffers.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) && p.child.try_wait().unwrap().is_none() {
+        table.request_swap_out();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut p.stdout, &mut rest).unwrap();
+    p.out.push_str(&rest);
+    assert!(
+        p.child.wait().unwrap().success(),
+        "{}\n{}",
+        p.out,
+        p.stderr()
+    );
+    assert_eq!(
+        p.value("wrong"),
+        0,
+        "a write was lost or a read saw old data"
+    );
+    let log = p.stderr();
+    let outs = log.matches("swapped out").count();
+    let ins = log.matches("swapped back in after").count();
+    // Whether a swap-out finds a quiet moment is timing; what it must never do is break the
+    // data. Most runs swap many times; none may swap without coming back.
+    assert!(ins + 1 >= outs, "{outs} out, {ins} in:\n{log}");
+    eprintln!("threads: {outs} swap-outs, {ins} swap-ins");
 }
 
 #[test]
