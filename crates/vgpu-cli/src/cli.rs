@@ -47,6 +47,8 @@ pub enum Command {
     Watch(WatchArgs),
     /// Change the memory or SM limit in a live usage file.
     SetLimit(SetLimitArgs),
+    /// Ask the processes of a usage file to swap their movable GPU memory out to host memory.
+    SwapOut(SwapOutArgs),
     /// Serve Prometheus metrics of one or many usage files over HTTP.
     Exporter(ExporterArgs),
     /// Check that limits are really enforced here, and say what is wrong.
@@ -188,6 +190,22 @@ pub struct SetLimitArgs {
     #[command(flatten)]
     pub file: UsageFileArgs,
     /// Print the changes as JSON (schema `vgpu.set-limit.v1`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `vgpu swap-out`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  vgpu swap-out --share team-a\n  vgpu swap-out --cache /tmp/job.cache --json\n\n\
+Only processes started with VGPU_IDLE_SWAP (a duration, or manual) act on the request; each \
+swaps out what can move (docs/swap.md) when no call of its own is running, and brings it back \
+on its next call that can touch GPU memory. `vgpu status` shows a swapped-out process as swapped."
+)]
+pub struct SwapOutArgs {
+    #[command(flatten)]
+    pub file: UsageFileArgs,
+    /// Print the request as JSON (schema `vgpu.swap-out.v1`).
     #[arg(long)]
     pub json: bool,
 }

@@ -6,7 +6,8 @@
 //!
 //! Layout (`docs/architecture.md`, floor 3, draws it):
 //! - The command line: [`cli`] (every subcommand and flag, clap types) and [`dispatch`] below.
-//! - One module per command: [`run`], [`status`], [`watch`], [`set_limit`], [`exporter`]
+//! - One module per command: [`run`], [`status`], [`watch`], [`set_limit`], [`swap_out`],
+//!   [`exporter`]
 //!   (`pods`: which pod a file is; `render`: the metrics page), [`doctor`], [`demo`],
 //!   [`workload`] (the tiny CUDA job `demo` and `doctor` drive, through [`cuda`]) and
 //!   [`job_cleanup`] (the hidden watcher that removes a `vgpu run` job's directory).
@@ -42,6 +43,7 @@ pub mod set_limit;
 #[allow(unsafe_code)] // installs signal handlers (sigaction, signal)
 pub mod signals;
 pub mod status;
+pub mod swap_out;
 #[allow(unsafe_code)] // the libc calls std does not wrap, each behind a safe function
 mod sys;
 pub mod turn_dir;
@@ -111,7 +113,7 @@ pub fn dispatch(cli: cli::Cli) -> Result<ExitCode, Failure> {
     // Unix tool. The others talk to children or sockets and handle EPIPE as an error.
     if matches!(
         cli.command,
-        Command::Run(_) | Command::Status(_) | Command::SetLimit(_)
+        Command::Run(_) | Command::Status(_) | Command::SetLimit(_) | Command::SwapOut(_)
     ) {
         signals::restore_default_sigpipe();
     }
@@ -120,6 +122,7 @@ pub fn dispatch(cli: cli::Cli) -> Result<ExitCode, Failure> {
         Command::Status(a) => status::status(&a),
         Command::Watch(a) => watch::watch(&a),
         Command::SetLimit(a) => set_limit::set_limit(&a),
+        Command::SwapOut(a) => swap_out::swap_out(&a),
         Command::Exporter(a) => exporter::exporter(&a),
         Command::Doctor(a) => doctor::doctor(&a),
         Command::Demo(a) => demo::demo(&a),

@@ -132,7 +132,9 @@ pub struct ProcessStatus {
     /// Whether the process still exists. A dead one is still counted until the next
     /// reservation or inspection sweeps it.
     pub alive: bool,
-    /// `running`, `suspended` or `dead`.
+    /// `running`, `suspended`, `swapped` (its movable device memory is swapped out to host
+    /// memory, shown as host-backed bytes, until its next call that can touch device memory;
+    /// docs/swap.md) or `dead`.
     pub state: &'static str,
     /// Bytes in use over all devices.
     pub memory_used_bytes: u64,

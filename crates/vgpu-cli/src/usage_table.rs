@@ -81,10 +81,11 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
                 pid: p.pid,
                 host_pid: (p.hostpid != 0).then_some(p.hostpid),
                 alive: p.alive,
-                state: match (p.alive, p.suspended) {
-                    (false, _) => "dead",
-                    (true, true) => "suspended",
-                    (true, false) => "running",
+                state: match (p.alive, p.suspended, p.swapped_out) {
+                    (false, _, _) => "dead",
+                    (true, true, _) => "suspended",
+                    (true, false, true) => "swapped",
+                    (true, false, false) => "running",
                 },
                 memory_used_bytes: devices
                     .iter()
@@ -187,7 +188,7 @@ pub(crate) mod tests {
 
     #[test]
     fn process_states_follow_liveness_and_hami_status() {
-        let process = |pid, alive, suspended| ProcessSnapshot {
+        let process = |pid, alive, suspended, swapped_out| ProcessSnapshot {
             slot: 0,
             hami_index: 0,
             pid,
@@ -195,16 +196,19 @@ pub(crate) mod tests {
             start_time: 0,
             alive,
             suspended,
+            swapped_out,
             devices: vec![ProcessDeviceUsage::default()],
         };
         let snap = TableSnapshot {
             devices: Vec::new(),
             processes: vec![
-                process(1, true, false),
-                process(2, true, true),
-                process(3, false, false),
+                process(1, true, false, false),
+                process(2, true, true, false),
+                process(3, false, false, false),
+                process(4, true, false, true),
+                process(5, false, false, true),
             ],
-            proc_num: 3,
+            proc_num: 5,
             priority: 1,
             recent_kernel: 0,
             utilization_switch: 0,
@@ -214,7 +218,13 @@ pub(crate) mod tests {
         let states: Vec<_> = r.processes.iter().map(|p| (p.state, p.alive)).collect();
         assert_eq!(
             states,
-            [("running", true), ("suspended", true), ("dead", false)]
+            [
+                ("running", true),
+                ("suspended", true),
+                ("dead", false),
+                ("swapped", true),
+                ("dead", false)
+            ]
         );
     }
 

@@ -273,6 +273,58 @@ fn status_json_reports_devices_processes_and_the_dead() {
 }
 
 #[test]
+fn swap_out_writes_a_request_and_status_shows_a_swapped_process() {
+    let (_dir, path) = fresh_table("vgpu-swapout");
+    let table = UsageTable::open_existing(&path).unwrap();
+    assert_eq!(table.swap_requests(), 0);
+    let me = table.register_self().unwrap();
+    let ask = |json: bool| {
+        let mut cmd = vgpu();
+        cmd.arg("swap-out")
+            .args(["--cache", path.to_str().unwrap()]);
+        if json {
+            cmd.arg("--json");
+        }
+        run(cmd)
+    };
+    let out = ask(false);
+    out.assert_success();
+    out.assert_stdout_has(&["asked the 1 process(es)", "request 1", "VGPU_IDLE_SWAP"]);
+    assert_eq!(
+        table.swap_requests(),
+        1,
+        "the request is one count in the file"
+    );
+    let out = ask(true);
+    out.assert_success();
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(doc["schema"], "vgpu.swap-out.v1");
+    assert_eq!(doc["request"], 2);
+    assert_eq!(table.swap_requests(), 2);
+    // What the process says of itself is what status shows.
+    assert_eq!(status_json(&path)["processes"][0]["state"], "running");
+    me.set_swapped_out(true);
+    assert_eq!(status_json(&path)["processes"][0]["state"], "swapped");
+    let mut cmd = vgpu();
+    cmd.args(["status", "--cache", path.to_str().unwrap()]);
+    run(cmd).assert_stdout_has(&["swapped"]);
+    let mut cmd = vgpu();
+    cmd.args(["watch", "--count", "1", "--cache", path.to_str().unwrap()]);
+    let w = run(cmd);
+    assert!(w.stdout.contains("swapped"), "watch: {}", w.stdout);
+    me.set_swapped_out(false);
+    assert_eq!(status_json(&path)["processes"][0]["state"], "running");
+    // A missing file is an error, not a new file.
+    let missing = path.with_file_name("missing.cache");
+    let mut cmd = vgpu();
+    cmd.arg("swap-out")
+        .args(["--cache", missing.to_str().unwrap()]);
+    let out = run(cmd);
+    assert_ne!(out.code(), Some(0));
+    assert!(!missing.exists());
+}
+
+#[test]
 fn set_limit_changes_the_live_file() {
     let (_dir, path) = fresh_table("vgpu-setlimit");
     let p = path.to_str().unwrap();
@@ -641,6 +693,7 @@ fn a_file_written_by_hami_core_is_shown_read_only() {
             start_time: 0,
             alive: true,
             suspended: false,
+            swapped_out: false,
             devices: vec![ProcessDeviceUsage {
                 data: 700 * MIB,
                 ..ProcessDeviceUsage::default()

@@ -26,7 +26,7 @@ pub mod pfn {
     use crate::*;
 
     macro_rules! pfn_types {
-        ($( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+        ($( $name:ident [$base:literal, $ver:literal, $kind:ident $(, $touches:ident)?] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
             $(
                 #[doc = concat!("`", stringify!($name), "`")]
                 pub type $name = unsafe extern "C" fn($($ty),*) -> $ret;

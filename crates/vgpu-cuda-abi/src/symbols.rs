@@ -14,6 +14,13 @@
 //!   of a function that has a per-thread one) or `ptsz` (the per-thread-default-stream variant,
 //!   chosen by `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`).
 //!
+//! An entry's bracket may end in a *gate* (docs/swap.md): `touches` (the call can touch
+//! device memory: it runs, copies, sets or orders work on a device, or waits for it; a
+//! process whose memory is swapped out brings it back first, and no memory moves while the
+//! call runs) or `ends_context` (the call ends a context: it waits for a swap operation in
+//! progress, and brings nothing back). [`TOUCHING_FAMILIES`] says which names must have
+//! `touches`, from the driver's headers; a test holds the list to it.
+//!
 //! Types are written unqualified: the callback's expansion site needs `use vgpu_cuda_abi::*;`.
 //! The same lists drive the hook's exports, its real-function table, its `dlsym` and
 //! `cuGetProcAddress` tables, and [`CUDA_HOOKED_SYMBOLS`] / [`NVML_HOOKED_SYMBOLS`] here.
@@ -29,6 +36,7 @@
 //!   the driver's answer.
 //! - `twin y(args)`: the per-thread-default-stream (`_ptsz`) twin of the hand-written `y`,
 //!   called with `StreamKind::PerThread` and this symbol's own real function.
+//! - `pass`: forward the call unchanged, nothing else (an entry hooked only for its gate).
 //! - `body(args)`: a hand-written implementation of the same name, given the forward and
 //!   only these arguments; `body f(args)`: the hand-written `f`, shared by several symbols.
 //!
@@ -109,15 +117,15 @@ macro_rules! cuda_hooked_functions {
                 fn(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult
                 => then pool_trimmed(pool);
             // Sync points: pools give memory back to the device here.
-            cuStreamSynchronize ["cuStreamSynchronize", 2000, legacy] fn(stream: CUstream) -> CUresult
+            cuStreamSynchronize ["cuStreamSynchronize", 2000, legacy, touches] fn(stream: CUstream) -> CUresult
                 => finally after_sync();
-            cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, ptsz] fn(stream: CUstream) -> CUresult
+            cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, ptsz, touches] fn(stream: CUstream) -> CUresult
                 => finally after_sync();
-            cuCtxSynchronize ["cuCtxSynchronize", 2000, any] fn() -> CUresult => body();
-            cuEventSynchronize ["cuEventSynchronize", 2000, any] fn(event: CUevent) -> CUresult
+            cuCtxSynchronize ["cuCtxSynchronize", 2000, any, touches] fn() -> CUresult => body();
+            cuEventSynchronize ["cuEventSynchronize", 2000, any, touches] fn(event: CUevent) -> CUresult
                 => finally after_sync();
             // CUDA 13's context-argument variant: its own API, not a newer cuCtxSynchronize.
-            cuCtxSynchronize_v2 ["cuCtxSynchronize_v2", 13000, any] fn(ctx: CUcontext) -> CUresult
+            cuCtxSynchronize_v2 ["cuCtxSynchronize_v2", 13000, any, touches] fn(ctx: CUcontext) -> CUresult
                 => body(ctx);
 
             // Arrays.
@@ -138,13 +146,13 @@ macro_rules! cuda_hooked_functions {
             // Contexts.
             cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, any]
                 fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
-            cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, any] fn(dev: CUdevice) -> CUresult
+            cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, any, ends_context] fn(dev: CUdevice) -> CUresult
                 => then primary_released(dev);
-            cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, any] fn(dev: CUdevice) -> CUresult
+            cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, any, ends_context] fn(dev: CUdevice) -> CUresult
                 => then primary_released(dev);
-            cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, any] fn(dev: CUdevice) -> CUresult
+            cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, any, ends_context] fn(dev: CUdevice) -> CUresult
                 => then primary_reset(dev);
-            cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, any] fn(dev: CUdevice) -> CUresult
+            cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, any, ends_context] fn(dev: CUdevice) -> CUresult
                 => then primary_reset(dev);
             cuCtxCreate_v2 ["cuCtxCreate", 3020, any]
                 fn(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult
@@ -156,9 +164,9 @@ macro_rules! cuda_hooked_functions {
             cuCtxCreate_v4 ["cuCtxCreate", 12050, any]
                 fn(pctx: *mut CUcontext, params: CUctxCreateParamsPtr, flags: c_uint, dev: CUdevice) -> CUresult
                 => body create_context(pctx, dev);
-            cuCtxDestroy ["cuCtxDestroy", 2000, any] fn(ctx: CUcontext) -> CUresult
+            cuCtxDestroy ["cuCtxDestroy", 2000, any, ends_context] fn(ctx: CUcontext) -> CUresult
                 => then context_destroyed(ctx);
-            cuCtxDestroy_v2 ["cuCtxDestroy", 4000, any] fn(ctx: CUcontext) -> CUresult
+            cuCtxDestroy_v2 ["cuCtxDestroy", 4000, any, ends_context] fn(ctx: CUcontext) -> CUresult
                 => then context_destroyed(ctx);
 
             // Modules and libraries: their code takes device memory, charged as module memory
@@ -196,42 +204,97 @@ macro_rules! cuda_hooked_functions {
             cuDeviceGraphMemTrim ["cuDeviceGraphMemTrim", 11040, any] fn(dev: CUdevice) -> CUresult
                 => then graph_mem_trimmed(dev);
             // Uploading a graph reserves its memory ahead of its first launch.
-            cuGraphUpload ["cuGraphUpload", 11010, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
+            cuGraphUpload ["cuGraphUpload", 11010, legacy, touches] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
                 => then graph_launched(stream);
-            cuGraphUpload_ptsz ["cuGraphUpload", 11010, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
+            cuGraphUpload_ptsz ["cuGraphUpload", 11010, ptsz, touches] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
                 => then graph_launched(stream);
 
             // Work submission (the SM limit's entry points).
-            cuLaunchKernel ["cuLaunchKernel", 4000, legacy]
+            cuLaunchKernel ["cuLaunchKernel", 4000, legacy, touches]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
                    kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
                 => body(f, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem_bytes, stream);
-            cuLaunchKernel_ptsz ["cuLaunchKernel", 7000, ptsz]
+            cuLaunchKernel_ptsz ["cuLaunchKernel", 7000, ptsz, touches]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
                    kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
                 => twin cuLaunchKernel(f, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem_bytes, stream);
-            cuLaunchKernelEx ["cuLaunchKernelEx", 11060, legacy]
+            cuLaunchKernelEx ["cuLaunchKernelEx", 11060, legacy, touches]
                 fn(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void,
                    extra: *mut *mut c_void) -> CUresult => body(config, f);
-            cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, ptsz]
+            cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, ptsz, touches]
                 fn(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void,
                    extra: *mut *mut c_void) -> CUresult => twin cuLaunchKernelEx(config, f);
-            cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, legacy]
+            cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, legacy, touches]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
                    kernel_params: *mut *mut c_void) -> CUresult
                 => body(f, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem_bytes, stream);
-            cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, ptsz]
+            cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, ptsz, touches]
                 fn(f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
                    block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
                    kernel_params: *mut *mut c_void) -> CUresult
                 => twin cuLaunchCooperativeKernel(f, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem_bytes, stream);
-            cuGraphLaunch ["cuGraphLaunch", 10000, legacy] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
+            cuGraphLaunch ["cuGraphLaunch", 10000, legacy, touches] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
                 => body(exec, stream);
-            cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, ptsz] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
+            cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, ptsz, touches] fn(exec: CUgraphExec, stream: CUstream) -> CUresult
                 => twin cuGraphLaunch(exec, stream);
+
+            // Copies and memsets: passed through, behind the swap gate (docs/swap.md). The
+            // synchronous ones' per-thread variants are `_ptds`, the asynchronous ones' `_ptsz`.
+            cuMemcpy ["cuMemcpy", 4000, legacy, touches]
+                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult => pass;
+            cuMemcpy_ptds ["cuMemcpy", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult => pass;
+            cuMemcpyHtoD_v2 ["cuMemcpyHtoD", 3020, legacy, touches]
+                fn(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult => pass;
+            cuMemcpyHtoD_v2_ptds ["cuMemcpyHtoD", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult => pass;
+            cuMemcpyDtoH_v2 ["cuMemcpyDtoH", 3020, legacy, touches]
+                fn(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult => pass;
+            cuMemcpyDtoH_v2_ptds ["cuMemcpyDtoH", 7000, ptsz, touches]
+                fn(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult => pass;
+            cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, legacy, touches]
+                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult => pass;
+            cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult => pass;
+            cuMemsetD8_v2 ["cuMemsetD8", 3020, legacy, touches]
+                fn(dst: CUdeviceptr, value: u8, count: usize) -> CUresult => pass;
+            cuMemsetD8_v2_ptds ["cuMemsetD8", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, value: u8, count: usize) -> CUresult => pass;
+            cuMemsetD16_v2 ["cuMemsetD16", 3020, legacy, touches]
+                fn(dst: CUdeviceptr, value: u16, count: usize) -> CUresult => pass;
+            cuMemsetD16_v2_ptds ["cuMemsetD16", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, value: u16, count: usize) -> CUresult => pass;
+            cuMemsetD32_v2 ["cuMemsetD32", 3020, legacy, touches]
+                fn(dst: CUdeviceptr, value: c_uint, count: usize) -> CUresult => pass;
+            cuMemsetD32_v2_ptds ["cuMemsetD32", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, value: c_uint, count: usize) -> CUresult => pass;
+            cuMemcpyAsync ["cuMemcpyAsync", 4000, legacy, touches]
+                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => pass;
+            cuMemcpyAsync_ptsz ["cuMemcpyAsync", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => pass;
+            cuMemcpyHtoDAsync_v2 ["cuMemcpyHtoDAsync", 3020, legacy, touches]
+                fn(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream) -> CUresult => pass;
+            cuMemcpyHtoDAsync_v2_ptsz ["cuMemcpyHtoDAsync", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream) -> CUresult => pass;
+            cuMemcpyDtoHAsync_v2 ["cuMemcpyDtoHAsync", 3020, legacy, touches]
+                fn(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => pass;
+            cuMemcpyDtoHAsync_v2_ptsz ["cuMemcpyDtoHAsync", 7000, ptsz, touches]
+                fn(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => pass;
+            cuMemcpyDtoDAsync_v2 ["cuMemcpyDtoDAsync", 3020, legacy, touches]
+                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => pass;
+            cuMemcpyDtoDAsync_v2_ptsz ["cuMemcpyDtoDAsync", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult => pass;
+            cuMemsetD8Async ["cuMemsetD8Async", 3020, legacy, touches]
+                fn(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) -> CUresult => pass;
+            cuMemsetD8Async_ptsz ["cuMemsetD8Async", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) -> CUresult => pass;
+            cuMemsetD32Async ["cuMemsetD32Async", 3020, legacy, touches]
+                fn(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream) -> CUresult => pass;
+            cuMemsetD32Async_ptsz ["cuMemsetD32Async", 7000, ptsz, touches]
+                fn(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream) -> CUresult => pass;
         }
     };
 }
@@ -245,9 +308,9 @@ macro_rules! __shapes {
         $callback! { $($entries)* }
     };
     ([$callback:ident]
-     $( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty
+     $( $name:ident [$base:literal, $ver:literal, $kind:ident $(, $touches:ident)?] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty
         $(=> $verb:ident $($target:ident)? $(($($shape_arg:ident),*))?)?; )*) => {
-        $callback! { $( $name [$base, $ver, $kind] fn($($arg: $ty),*) -> $ret; )* }
+        $callback! { $( $name [$base, $ver, $kind $(, $touches)?] fn($($arg: $ty),*) -> $ret; )* }
     };
 }
 
@@ -304,8 +367,6 @@ macro_rules! cuda_used_functions {
             cuMemUnmap ["cuMemUnmap", 10020, any] fn(ptr: CUdeviceptr, size: usize) -> CUresult;
             cuMemSetAccess ["cuMemSetAccess", 10020, any]
                 fn(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult;
-            cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, any]
-                fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
         }
     };
 }
@@ -370,6 +431,10 @@ pub struct SymbolInfo {
     pub min_version: i32,
     /// Default-stream flavour.
     pub stream: StreamKind,
+    /// The call can touch device memory (it runs or orders work on the device: launches,
+    /// copies, memsets, graph launches, stream and event operations): a swapped-out process
+    /// brings its memory back before it (docs/swap.md). Written `touches` in the entry.
+    pub touches_device_memory: bool,
 }
 
 #[doc(hidden)]
@@ -386,8 +451,22 @@ macro_rules! __stream_kind {
     };
 }
 
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __touches {
+    () => {
+        false
+    };
+    (touches) => {
+        true
+    };
+    (ends_context) => {
+        false
+    };
+}
+
 macro_rules! symbol_table {
-    ($( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+    ($( $name:ident [$base:literal, $ver:literal, $kind:ident $(, $touches:ident)?] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
         &[$(SymbolInfo {
             name: stringify!($name),
             c_name: match core::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
@@ -397,6 +476,7 @@ macro_rules! symbol_table {
             base: $base,
             min_version: $ver,
             stream: __stream_kind!($kind),
+            touches_device_memory: __touches!($($touches)?),
         },)*]
     };
 }
@@ -409,6 +489,37 @@ pub const CUDA_USED_SYMBOLS: &[SymbolInfo] = cuda_used_functions!(symbol_table);
 pub const NVML_HOOKED_SYMBOLS: &[SymbolInfo] = nvml_hooked_functions!(symbol_table);
 /// Every NVML symbol the hook calls without hooking (from [`nvml_used_functions!`]).
 pub const NVML_USED_SYMBOLS: &[SymbolInfo] = nvml_used_functions!(symbol_table);
+
+/// The driver API's families (name prefixes, from `cuda.h`) whose functions can touch device
+/// memory: they run, copy or set memory on a device, or wait for such work. Every hooked
+/// entry of these families is `touches`, and a process that resolved a function of them that
+/// the hook does not list (through `dlsym` or `cuGetProcAddress`) is never swapped out: its
+/// calls would pass no gate. Not here: what only orders work or observes it without touching
+/// memory (`cuEventRecord`, `cuStreamWaitEvent`, `cuStreamQuery`, `cuEventQuery`): the work
+/// it orders was queued through a gated call.
+pub const TOUCHING_FAMILIES: &[&str] = &[
+    "cuLaunch",
+    "cuGraphLaunch",
+    "cuGraphUpload",
+    "cuMemcpy",
+    "cuMemset",
+    "cuMemPrefetch",
+    "cuMemDiscard",
+    "cuSignalExternalSemaphores",
+    "cuWaitExternalSemaphores",
+    "cuStreamWaitValue",
+    "cuStreamWriteValue",
+    "cuStreamBatchMemOp",
+    "cuStreamSynchronize",
+    "cuStreamAddCallback",
+    "cuEventSynchronize",
+    "cuCtxSynchronize",
+];
+
+/// Whether the driver function `name` can touch device memory ([`TOUCHING_FAMILIES`]).
+pub fn can_touch_device_memory(name: &str) -> bool {
+    TOUCHING_FAMILIES.iter().any(|f| name.starts_with(f))
+}
 
 /// Picks the variant `cuGetProcAddress(base, cuda_version, flags)` resolves to among
 /// `symbols`: the newest variant whose `min_version <= cuda_version`, preferring the
@@ -484,7 +595,7 @@ mod tests {
                 Some("cuGetProcAddress_v2"),
             ),
             ("cuGetProcAddress", 11080, DEFAULT, Some("cuGetProcAddress")),
-            ("cuMemcpy", 12000, DEFAULT, None),
+            ("cuMemcpy2D", 12000, DEFAULT, None),
         ]);
     }
 
@@ -538,7 +649,7 @@ mod tests {
                 );
                 assert_eq!(
                     s.stream == StreamKind::PerThread,
-                    s.name.ends_with("_ptsz"),
+                    s.name.ends_with("_ptsz") || s.name.ends_with("_ptds"),
                     "{}",
                     s.name
                 );
@@ -563,7 +674,7 @@ mod tests {
 
     /// `(name, shape verb, shape target)` of every hooked entry (`""` where absent).
     macro_rules! shape_table {
-        ($( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty
+        ($( $name:ident [$base:literal, $ver:literal, $kind:ident $(, $touches:ident)?] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty
             $(=> $verb:ident $($target:ident)? $(($($shape_arg:ident),*))?)?; )*) => {
             &[$((
                 stringify!($name),
@@ -581,16 +692,16 @@ mod tests {
         assert_eq!(NVML.len(), NVML_HOOKED_SYMBOLS.len());
         for &(name, verb, target) in CUDA.iter().chain(NVML) {
             assert!(
-                ["", "then", "finally", "twin", "body"].contains(&verb),
+                ["", "then", "finally", "twin", "body", "pass"].contains(&verb),
                 "{name}: unknown shape {verb}"
             );
             assert!(
                 if verb.is_empty() {
                     target.is_empty()
                 } else {
-                    verb == "body" || !target.is_empty()
+                    verb == "body" || verb == "pass" || !target.is_empty()
                 },
-                "{name}: only `body` goes without a target"
+                "{name}: only `body` and `pass` go without a target"
             );
             let info = find_symbol(CUDA_HOOKED_SYMBOLS, name)
                 .or_else(|| find_symbol(NVML_HOOKED_SYMBOLS, name))
@@ -623,7 +734,32 @@ mod tests {
                 .iter()
                 .find(|t| t.base == s.base && t.stream == StreamKind::Legacy)
                 .unwrap_or_else(|| panic!("no legacy variant for {}", s.name));
-            assert_eq!(format!("{}_ptsz", legacy.name), s.name);
+            assert!(
+                [
+                    format!("{}_ptsz", legacy.name),
+                    format!("{}_ptds", legacy.name)
+                ]
+                .contains(&s.name.to_owned()),
+                "{}",
+                s.name
+            );
         }
+    }
+
+    #[test]
+    fn every_hooked_entry_that_can_touch_device_memory_is_gated_and_no_other() {
+        for s in CUDA_HOOKED_SYMBOLS {
+            assert_eq!(
+                s.touches_device_memory,
+                can_touch_device_memory(s.name),
+                "{}: `touches` must follow TOUCHING_FAMILIES",
+                s.name
+            );
+        }
+        for s in NVML_HOOKED_SYMBOLS {
+            assert!(!s.touches_device_memory, "{}", s.name);
+        }
+        assert!(!can_touch_device_memory("cuEventRecord"));
+        assert!(can_touch_device_memory("cuMemcpy3DPeerAsync"));
     }
 }

@@ -11,8 +11,8 @@ pub mod sm_tuning;
 pub mod vars;
 
 pub use config::{
-    ByUuid, Config, ConfigError, ConfigErrors, DeviceSelector, HostBacking, UuidLimit,
-    parse_percent,
+    ByUuid, Config, ConfigError, ConfigErrors, DeviceSelector, HostBacking, Swap, SwapTrigger,
+    UuidLimit, parse_duration_ms, parse_percent,
 };
 pub use devices::{DeviceKey, Layout};
 pub use log_level::{DEFAULT_LOG_LEVEL, MAX_LOG_LEVEL, log_level_or_default, parse_log_level};

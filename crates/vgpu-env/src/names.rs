@@ -63,6 +63,20 @@ pub const ENV_HOST_SPILL: &str = "VGPU_HOST_SPILL";
 /// allocation that would leave less is host-backed instead, so an oversubscribed tenant does
 /// not take the GPU's last bytes from its neighbours (and their new contexts).
 pub const ENV_DEVICE_RESERVE: &str = "VGPU_DEVICE_RESERVE";
+/// Swapping an idle process's movable device memory out to host memory (docs/swap.md):
+/// `<duration>` (`30s`, `500ms`, `5m`: swap out after that long with no work queued and no
+/// call that can touch device memory; `vgpu swap-out` is honoured too), `manual` (only on
+/// `vgpu swap-out`) or `off` (the default: no swapping, and the gate costs one load).
+pub const ENV_IDLE_SWAP: &str = "VGPU_IDLE_SWAP";
+/// With swapping on: how long a swap-in waits for device room before the call that needed
+/// it fails with out-of-memory (a duration; default [`DEFAULT_SWAP_IN_WAIT_MS`] ms).
+pub const ENV_SWAP_IN_WAIT: &str = "VGPU_SWAP_IN_WAIT";
+/// With swapping on: make the program's `cuMemAlloc` allocations of 2 MiB and more VMM
+/// allocations of the hook's, which can be swapped out (`1`; default `0`). Such memory has no
+/// `cuIpcGetMemHandle` (refused, naming this variable).
+pub const ENV_SWAP_MOVABLE: &str = "VGPU_SWAP_MOVABLE";
+/// Default of [`ENV_SWAP_IN_WAIT`], milliseconds.
+pub const DEFAULT_SWAP_IN_WAIT_MS: u64 = 10_000;
 /// How `CUDA_DEVICE_SM_LIMIT` is read: `cap` (HAMi's meaning, the default) or `share`
 /// (a guaranteed share that borrows idle time, with `CUDA_TASK_PRIORITY` ordering who
 /// borrows first; docs/sm-limit.md).

@@ -533,6 +533,20 @@ pub(crate) fn ctx_synchronize(cuda: &Cuda) -> Result<(), CUresult> {
     unsafe { have(cuda.h.cuCtxSynchronize)?() }.ok()
 }
 
+/// Makes `ctx` current on this thread above the one there (`cuCtxPushCurrent_v2`).
+pub(crate) fn push_context(cuda: &Cuda, ctx: CUcontext) -> Result<(), CUresult> {
+    // SAFETY: a context of this process the census holds alive (the caller's promise: no
+    // context can end while a swap operation runs, docs/swap.md).
+    unsafe { have(cuda.u.cuCtxPushCurrent_v2)?(ctx) }.ok()
+}
+
+/// Undoes [`push_context`].
+pub(crate) fn pop_context(cuda: &Cuda) -> Result<(), CUresult> {
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; pops what the caller pushed.
+    unsafe { have(cuda.u.cuCtxPopCurrent_v2)?(&mut popped) }.ok()
+}
+
 /// `cuMemcpyDtoD_v2`: synchronous with respect to the host.
 pub(crate) fn copy_dtod(
     cuda: &Cuda,
@@ -541,5 +555,5 @@ pub(crate) fn copy_dtod(
     n: u64,
 ) -> Result<(), CUresult> {
     // SAFETY: two mapped ranges of at least `n` bytes (the driver validates them).
-    unsafe { have(cuda.u.cuMemcpyDtoD_v2)?(dst, src, n as usize) }.ok()
+    unsafe { have(cuda.h.cuMemcpyDtoD_v2)?(dst, src, n as usize) }.ok()
 }

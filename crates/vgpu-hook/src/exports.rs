@@ -26,7 +26,7 @@ mod implementations {
 
 macro_rules! export_fns {
     ($list:ident, $lib:ident, $load:path, $missing:expr;
-     $( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty
+     $( $name:ident [$base:literal, $ver:literal, $kind:ident $(, $touches:ident)?] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty
         $(=> $verb:ident $($target:ident)? $(($($shape_arg:ident),*))?)?; )*) => {
         $(
             #[doc = concat!("Exported `", stringify!($name), "`.")]
@@ -44,8 +44,8 @@ macro_rules! export_fns {
                     unsafe { real($($arg),*) }.ok()
                 };
                 guard(stringify!($name), || {
-                    code(shape!($name, $kind, $load, forward, ($($arg),*)
-                        $(; $verb $($target)? $(($($shape_arg),*))?)?))
+                    code(swap_gate!($($touches)?; shape!($name, $kind, $load, forward, ($($arg),*)
+                        $(; $verb $($target)? $(($($shape_arg),*))?)?)))
                 })
             }
         )*
@@ -55,8 +55,26 @@ macro_rules! export_fns {
     };
 }
 
+/// The swap gate around the call, by the entry's gate (`vgpu_cuda_abi`'s symbol docs;
+/// docs/swap.md): none, `touches` or `ends_context`.
+macro_rules! swap_gate {
+    (; $call:expr) => {
+        $call
+    };
+    (touches; $call:expr) => {
+        crate::swap::touching(|| $call)
+    };
+    (ends_context; $call:expr) => {
+        crate::swap::ending_context(|| $call)
+    };
+}
+
 /// The call an export makes, by the entry's shape (`vgpu_cuda_abi`'s symbol docs).
 macro_rules! shape {
+    // Forward, nothing else (hooked for its gate).
+    ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; pass) => {
+        $load().and_then(|lib| $forward(lib))
+    };
     // Forward; on success the follow-up.
     ($name:ident, $kind:ident, $load:path, $forward:ident, $all:tt; then $f:ident ($($a:ident),*)) => {
         $load().and_then(|lib| {

@@ -17,6 +17,33 @@ use crate::ffi::ExportAddrs;
 use crate::log::{DEBUG, vlog};
 use crate::real;
 
+/// The first driver function the program resolved that can touch device memory and that
+/// the hook does not list: its calls would pass no swap gate, so the process is never
+/// swapped out (docs/swap.md).
+static UNCOVERED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// See [`UNCOVERED`].
+pub(crate) fn uncovered_touching() -> Option<&'static str> {
+    UNCOVERED.get().map(String::as_str)
+}
+
+/// A lookup of `name` answered `answer`: if the program will call an unlisted function that
+/// can touch device memory through it, remember so.
+fn note_uncovered(name: &[u8], answer: *mut c_void, exports: &ExportAddrs) {
+    if answer.is_null() || exports.index_of(answer).is_some() {
+        return;
+    }
+    let Ok(name) = std::str::from_utf8(name) else {
+        return;
+    };
+    if can_touch_device_memory(name) && UNCOVERED.set(name.to_owned()).is_ok() {
+        vlog!(
+            DEBUG,
+            "{name}: resolved, can touch device memory and has no swap gate: no swap-out"
+        );
+    }
+}
+
 /// Our wrapper for `found`, the real `dlsym` result for `name`, or `found` itself;
 /// `cuda_exports` and `nvml_exports` are our exports' addresses.
 pub(crate) fn substitute_dlsym(
@@ -28,9 +55,11 @@ pub(crate) fn substitute_dlsym(
     if name.starts_with(b"cu") {
         // The handle may be libcuda itself, opened by the program: loading our table from
         // it is then only a reference-count bump.
-        substitute(name, found, CUDA_HOOKED_SYMBOLS, cuda_exports, || {
+        let answer = substitute(name, found, CUDA_HOOKED_SYMBOLS, cuda_exports, || {
             real::cuda().ok().map(|c| |i| c.hooked_addr(i))
-        })
+        });
+        note_uncovered(name, answer, cuda_exports);
+        answer
     } else if name.starts_with(b"nvml") {
         substitute(name, found, NVML_HOOKED_SYMBOLS, nvml_exports, || {
             real::nvml().ok().map(|n| |i| n.hooked_addr(i))
@@ -69,6 +98,19 @@ fn substitute<A: Fn(usize) -> usize>(
 /// Our wrapper for `found`, what the real `cuGetProcAddress(name, cuda_version, flags)`
 /// returned, or `found` itself; `exports` are our CUDA exports' addresses.
 pub(crate) fn substitute_proc_address(
+    cuda: &real::Cuda,
+    exports: &ExportAddrs,
+    name: &str,
+    found: *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+) -> *mut c_void {
+    let answer = proc_address_answer(cuda, exports, name, found, cuda_version, flags);
+    note_uncovered(name.as_bytes(), answer, exports);
+    answer
+}
+
+fn proc_address_answer(
     cuda: &real::Cuda,
     exports: &ExportAddrs,
     name: &str,
@@ -238,11 +280,32 @@ mod tests {
     }
 
     #[test]
+    fn an_unlisted_function_that_can_touch_device_memory_is_remembered_once_resolved() {
+        // One test only: what it remembers is the process's.
+        let cuda = driver();
+        let exports = cuda_exports();
+        let p = 0x4343_0000 as *mut c_void;
+        // Not touching, ours, or not found: nothing to remember.
+        let _ = substitute_proc_address(&cuda, exports, "cuCtxGetFlags", p, 12000, DEFAULT);
+        note_uncovered(b"cuMemcpy3D_v2", std::ptr::null_mut(), exports);
+        note_uncovered(b"cuLaunchKernel", exports.get(0), exports);
+        assert_eq!(uncovered_touching(), None);
+        let _ = substitute_dlsym(b"cuMemcpy3D_v2", p, exports, cuda_exports());
+        assert_eq!(uncovered_touching(), Some("cuMemcpy3D_v2"));
+        let _ = substitute_proc_address(&cuda, exports, "cuMemcpyPeer", p, 12000, DEFAULT);
+        assert_eq!(
+            uncovered_touching(),
+            Some("cuMemcpy3D_v2"),
+            "the first one is named"
+        );
+    }
+
+    #[test]
     fn everything_else_passes_through() {
         let cuda = driver();
         let p = 0x4242_0000 as *mut c_void;
         assert_eq!(
-            substitute_proc_address(&cuda, cuda_exports(), "cuMemcpyHtoD", p, 12000, DEFAULT),
+            substitute_proc_address(&cuda, cuda_exports(), "cuCtxGetFlags", p, 12000, DEFAULT),
             p
         );
         assert_eq!(

@@ -374,6 +374,16 @@ impl SharedLedger {
         self.reserve_on_file(device, bytes, |s, d| s.try_reserve_move(d, bytes))
     }
 
+    /// Charge device memory about to be swapped out at ordinal `device` as host-backed bytes
+    /// (no bound: the bytes move between classes; docs/swap.md).
+    pub(crate) fn reserve_swap_out(
+        &self,
+        device: DeviceIndex,
+        bytes: u64,
+    ) -> Result<(), OutOfMemory> {
+        self.reserve_on_file(device, bytes, |s, d| s.reserve_swap_out(d, bytes))
+    }
+
     /// Release host-backed bytes at ordinal `device`'s addresses (into the file they were
     /// charged in).
     pub(crate) fn release_host(&self, device: DeviceIndex, bytes: u64) {

@@ -13,7 +13,9 @@
 //!   in the shared table, addressed by CUDA ordinal, kept on the right GPU and file);
 //!   `measured` (pools, graph memory); `residual` (driver-internal memory reconciled with
 //!   NVML's per-process figure, charged as module memory); `host_backing` (allocations backed
-//!   by host memory at a device address); `accounting` (sizes, views, the device page; pure).
+//!   by host memory at a device address); `swap` (an idle process's movable memory swapped
+//!   out to host memory and back, behind the gate of the calls that can touch it);
+//!   `accounting` (sizes, views, the device page; pure).
 //! - Compute: `sm_limit` (the launch path's limiter, over `vgpu-limiter`).
 //! - The way out: `driver` (the real-driver calls the accounting needs) → `real` (the real
 //!   libraries, loaded with the real `dlsym`).
@@ -58,6 +60,7 @@ mod sm_limit;
 // The fork handler's registration and the exit handler's `.fini_array` entry.
 #[allow(unsafe_code)]
 mod state;
+mod swap;
 mod sync;
 #[cfg(test)]
 mod testing;

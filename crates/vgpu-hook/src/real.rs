@@ -73,7 +73,7 @@ impl Drop for LoaderGuard {
 }
 
 macro_rules! fn_table {
-    ($table:ident; $( $name:ident [$base:literal, $ver:literal, $kind:ident] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
+    ($table:ident; $( $name:ident [$base:literal, $ver:literal, $kind:ident $(, $touches:ident)?] fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty; )*) => {
         /// Real entry points (`None` where the library lacks the symbol).
         #[derive(Debug, Clone, Copy)]
         pub(crate) struct $table {

@@ -206,6 +206,7 @@ fn build() -> &'static Enforcement {
     // launch racing this first build may pass unthrottled, as one before it would.)
     if let Enforcement::Ready(ready) = state {
         p.sm.start(&ready.config, Some(ready.ledger()));
+        crate::swap::start(ready);
     }
     p.building.store(false, Ordering::Release);
     // A flag, not a `Once`: a fork while another thread registers must not leave the child
@@ -416,6 +417,7 @@ extern "C" fn after_fork_in_child() {
     p.building.store(false, Ordering::Release);
     p.left.store(false, Ordering::Relaxed);
     p.sm.reset_in_child();
+    crate::swap::watcher::reset_in_child();
 }
 
 /// Whether this process has already left the shared table because it is exiting: its usage
@@ -446,6 +448,7 @@ extern "C" fn at_exit() {
     let p = &PROCESS;
     let _ = std::panic::catch_unwind(crate::log::say_suppressed_at_exit);
     let _ = std::panic::catch_unwind(|| p.sm.stop_at_exit());
+    let _ = std::panic::catch_unwind(crate::swap::watcher::stop);
     let _ = std::panic::catch_unwind(|| {
         let Some(Enforcement::Ready(ready)) = p.enforcement.get() else {
             return;

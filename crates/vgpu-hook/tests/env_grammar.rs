@@ -95,3 +95,26 @@ fn a_per_device_limit_for_a_device_the_container_lacks_is_warned_about() {
         .run(&["try", "4096"]);
     assert!(!o.stderr.contains("is set, but"), "{}", o.stderr);
 }
+
+#[test]
+fn a_swap_setting_that_is_not_one_is_reported_once_and_swapping_stays_off() {
+    for (var, bad) in [
+        ("VGPU_IDLE_SWAP", "soon"),
+        ("VGPU_SWAP_IN_WAIT", "1.5s"),
+        ("VGPU_SWAP_MOVABLE", "yes please"),
+    ] {
+        let o = Run::hooked("256m").var(var, bad).run(&["try", "4096"]);
+        assert_eq!(
+            o.get("alloc"),
+            "0",
+            "{var}: a bad value never disables the GPU"
+        );
+        let reports = lines_with(&o.stderr, var);
+        assert_eq!(reports.len(), 1, "{var} reported once:\n{}", o.stderr);
+        assert!(
+            reports[0].contains(&format!("invalid {var}=\"{bad}\"")),
+            "{}",
+            reports[0]
+        );
+    }
+}

@@ -91,6 +91,7 @@ impl TableSnapshot {
                 start_time: 0,
                 alive: status == HAMI_STATUS_RUNNING || status == HAMI_STATUS_SUSPENDED,
                 suspended: status == HAMI_STATUS_SUSPENDED,
+                swapped_out: false,
                 devices: usage,
             });
         }

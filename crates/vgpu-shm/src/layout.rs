@@ -86,7 +86,9 @@ pub const EXT_VERSION: u32 = 1;
 /// - 2: [`HostHeld`] after the publish times, and the host words of [`DeviceRecord`] (zero
 ///   padding before: an older file has host backing off and holds no host bytes).
 /// - 3: [`DeviceRecord::oom_refusals`] (zero padding before: an older file counted none).
-pub const EXT_MINOR: u32 = 3;
+/// - 4: [`ExtHeader::swap_requests`] and [`SlotRecord::swapped_out`] (zero padding before:
+///   nobody asked for a swap-out, and no process was swapped out).
+pub const EXT_MINOR: u32 = 4;
 
 /// [`DeviceRecord::host_flags`] bit: host-backed bytes count against the device limit
 /// (`CUDA_OVERSUBSCRIBE`): device-resident plus host-backed stays within limit + spill.
@@ -216,8 +218,11 @@ pub struct ExtHeader {
     /// [`EXT_MINOR`] of the parts present (0 in files written before minor versions existed,
     /// whose header had zero padding here).
     pub minor_version: AtomicU32,
-    /// Padding.
-    pub pad: AtomicU32,
+    /// How many times `vgpu swap-out` asked the container's processes to swap out (minor
+    /// version 4; wraps): a process that enables swapping remembers the count it found and
+    /// swaps out when it changes (docs/swap.md). Only a count: nothing in it names a process
+    /// or a size, so whoever can write the file can ask, and only its own container swaps.
+    pub swap_requests: AtomicU32,
 }
 
 /// Per-device lock and reservation total.
@@ -258,8 +263,10 @@ pub struct SlotRecord {
     pub start_time: AtomicU64,
     /// This slot's index in HAMi's `procs[]` while live.
     pub hami_index: AtomicU32,
-    /// Padding.
-    pub pad: AtomicU32,
+    /// Nonzero while the process has its memory swapped out (minor version 4; padding, zero,
+    /// before): for readers only (`vgpu status`), its bytes are the host class meanwhile.
+    /// Cleared when the slot is claimed.
+    pub swapped_out: AtomicU32,
     /// Bytes held per device and class (context, module, data).
     pub held: [[AtomicU64; CLASSES]; MAX_DEVICES],
     /// Last SM utilization reported per device (percent), mirrored into HAMi's slot.
@@ -472,6 +479,12 @@ pub mod offsets {
     pub const EXT_MAX_DEVICES: usize = EXT_OFFSET + offset_of!(ExtHeader, max_devices);
     /// Extension minor version field.
     pub const EXT_MINOR_VERSION: usize = EXT_OFFSET + offset_of!(ExtHeader, minor_version);
+    /// The file's count of swap-out requests (minor version 4).
+    pub const EXT_SWAP_REQUESTS: usize = EXT_OFFSET + offset_of!(ExtHeader, swap_requests);
+    /// Slot 0's swapped-out word (minor version 4); slot `j`'s is `size_of::<SlotRecord>()`
+    /// further per slot.
+    pub const SLOT_SWAPPED_OUT: usize =
+        EXT_OFFSET + offset_of!(Extension, slots) + offset_of!(SlotRecord, swapped_out);
     /// Device `d`'s refusal count is at `DEVICE_OOM_REFUSALS + d * DEVICE_STRIDE`.
     pub const DEVICE_OOM_REFUSALS: usize =
         EXT_OFFSET + offset_of!(Extension, devices) + offset_of!(DeviceRecord, oom_refusals);

@@ -1223,7 +1223,7 @@ fn a_minor_2_file_gains_the_refusal_counts_in_place() {
     let ro = UsageTable::open_read_only(&p.0).unwrap();
     assert_eq!(ro.snapshot().devices[0].oom_refusals, 0);
     ro.count_refusal(D0); // a minor-2 view counts nothing
-    let (again, b) = upgraded(&p, 3);
+    let (again, b) = upgraded(&p, layout::EXT_MINOR);
     assert_eq!(read_u64(&b, offsets::DEVICE_OOM_REFUSALS), 0);
     let snap = again.snapshot();
     // The minor-2 parts survive the upgrade: the host class and its policy were live.
@@ -1239,4 +1239,57 @@ fn a_minor_2_file_gains_the_refusal_counts_in_place() {
     again.count_refusal(D0);
     assert_eq!(again.snapshot().devices[0].oom_refusals, 1);
     drop((again, ro, me));
+}
+
+/// A minor-3 file (an older library's: no swap-out requests, no swapped slots) is upgraded in
+/// place: what was padding there reads as zero, whatever it held, and only then counts.
+#[test]
+fn a_minor_3_file_gains_the_swap_words_in_place() {
+    let p = TempPath::new("minor3");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 300).unwrap();
+    drop(t);
+    poke(&p, offsets::EXT_MINOR_VERSION, &3u32.to_le_bytes());
+    poke(&p, offsets::EXT_SWAP_REQUESTS, &9u32.to_le_bytes());
+    poke(&p, offsets::SLOT_SWAPPED_OUT, &1u32.to_le_bytes());
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    assert_eq!(ro.swap_requests(), 0, "padding is no request");
+    assert_eq!(ro.request_swap_out(), None, "a read-only view asks nothing");
+    let (again, b) = upgraded(&p, layout::EXT_MINOR);
+    assert_eq!(read_i32(&b, offsets::EXT_SWAP_REQUESTS), 0);
+    assert_eq!(read_i32(&b, offsets::SLOT_SWAPPED_OUT), 0);
+    let snap = again.snapshot();
+    assert_eq!(snap.devices[0].used, 300, "the minor-3 parts survive");
+    assert!(!snap.processes[0].swapped_out);
+    assert_eq!(again.request_swap_out(), Some(0));
+    assert_eq!(again.swap_requests(), 1);
+    drop((again, ro, me));
+}
+
+/// A swap-out moves bytes from the data class to the host class with no bound (they are the
+/// process's already), and the slot's word says so until the slot is claimed again.
+#[test]
+fn a_swap_out_charge_moves_between_classes_and_a_new_process_is_not_swapped() {
+    let p = TempPath::new("swapcharge");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 600).unwrap();
+    // Host backing off in this file: a host reservation is refused, a swap-out's is not.
+    assert!(me.try_reserve_host(D0, 600).is_err());
+    me.reserve_swap_out(D0, 600).unwrap();
+    me.release(D0, UsageClass::Data, 600);
+    me.set_swapped_out(true);
+    let snap = t.snapshot();
+    assert_eq!((snap.devices[0].used, snap.devices[0].host), (0, 600));
+    assert!(snap.processes[0].swapped_out);
+    let index = me.index();
+    drop(me);
+    // The slot freed (its usage swept with it) and taken again: not swapped out.
+    let next = t.register_self().unwrap();
+    assert_eq!(next.index(), index);
+    let snap = t.snapshot();
+    assert!(!snap.processes[0].swapped_out);
+    assert_eq!((snap.devices[0].used, snap.devices[0].host), (0, 0));
+    drop(next);
 }

@@ -238,6 +238,12 @@ mod tests {
             text.contains("vgpu_process_alive{cache=\"/tmp/x.cache\",pid=\"7\",host_pid=\"\"} 0\n"),
             "{text}"
         );
+        assert!(
+            text.contains(
+                "vgpu_process_swapped_out{cache=\"/tmp/x.cache\",pid=\"7\",host_pid=\"\"} 0\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("vgpu_build_info{version=\""), "{text}");
         // A file outside the plugins' layout has no pod: no HAMi series for it.
         assert!(!text.contains("hami_vgpu_memory_used_bytes{"), "{text}");

@@ -206,6 +206,12 @@ const FAMILIES: &[(Set, &str, &str, &str)] = &[
         "1 if the process exists, 0 if it is dead but still counted.",
     ),
     (
+        Set::PerProcess,
+        "vgpu_process_swapped_out",
+        "gauge",
+        "1 while the process has its movable device memory swapped out to host memory.",
+    ),
+    (
         Set::Hami,
         "hami_vgpu_memory_used_bytes",
         "gauge",
@@ -571,6 +577,11 @@ fn vgpu_samples(s: &mut Samples, opts: Options, base: &[(&str, &str)], report: &
         let mut pl = base.to_vec();
         pl.extend([("pid", pid.as_str()), ("host_pid", host.as_str())]);
         s.add("vgpu_process_alive", &pl, u64::from(p.alive));
+        s.add(
+            "vgpu_process_swapped_out",
+            &pl,
+            u64::from(p.state == "swapped"),
+        );
         for d in &p.devices {
             let index = d.index.to_string();
             let mut l = pl.clone();

@@ -74,6 +74,8 @@ pub struct Config {
     pub count_managed: bool,
     /// Host-backed memory: `CUDA_OVERSUBSCRIBE` and `VGPU_HOST_SPILL`.
     pub host_backing: HostBacking,
+    /// Swapping (`VGPU_IDLE_SWAP`, `VGPU_SWAP_IN_WAIT`; docs/swap.md).
+    pub swap: Swap,
     /// Sub-allocator sizes and switch.
     pub allocator: AllocatorConfig,
     /// Minimum interval between rate-limited reconciliations of this process's accounting
@@ -121,6 +123,7 @@ impl Default for Config {
             visible_devices: None,
             count_managed: true,
             host_backing: HostBacking::default(),
+            swap: Swap::default(),
             allocator: AllocatorConfig::default(),
             reconcile_ms: Some(DEFAULT_RECONCILE_MS),
             sm_tuning: SmTuning::default(),
@@ -154,6 +157,67 @@ impl HostBacking {
     pub fn enabled(&self) -> bool {
         self.oversubscribe || self.spill > 0
     }
+}
+
+/// When this process swaps its movable device memory out to host memory (docs/swap.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Swap {
+    /// `VGPU_IDLE_SWAP`.
+    pub trigger: SwapTrigger,
+    /// `VGPU_SWAP_IN_WAIT`: how long a swap-in waits for device room, milliseconds.
+    pub in_wait_ms: u64,
+    /// `VGPU_SWAP_MOVABLE`: direct `cuMemAlloc` allocations are made movable (VMM-backed by
+    /// the hook) while swapping is on.
+    pub movable: bool,
+}
+
+impl Default for Swap {
+    fn default() -> Self {
+        Self {
+            trigger: SwapTrigger::Off,
+            in_wait_ms: crate::names::DEFAULT_SWAP_IN_WAIT_MS,
+            movable: false,
+        }
+    }
+}
+
+/// `VGPU_IDLE_SWAP`'s value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SwapTrigger {
+    /// No swapping (the default).
+    Off,
+    /// Only when `vgpu swap-out` asks.
+    Manual,
+    /// When asked, and after this many milliseconds idle.
+    Idle(u64),
+}
+
+impl Swap {
+    /// Whether this process swaps at all.
+    pub fn enabled(&self) -> bool {
+        self.trigger != SwapTrigger::Off
+    }
+}
+
+/// A duration: `<n>ms`, `<n>s`, `<n>m` or `<n>h` (an integer), in milliseconds, at most a
+/// day.
+pub fn parse_duration_ms(v: &str) -> Option<u64> {
+    let t = v.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = t.split_at(split);
+    let n: u64 = if n.is_empty() {
+        return None;
+    } else {
+        n.parse().ok()?
+    };
+    let per = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return None,
+    };
+    n.checked_mul(per).filter(|&ms| ms <= 86_400_000)
 }
 
 /// One limit set for a GPU named by UUID.

@@ -9,7 +9,10 @@
 use vgpu_alloc_core::MAX_DEVICES;
 use vgpu_limiter::{Policy, SmMode};
 
-use super::{ByUuid, Config, ConfigError, ConfigErrors, DeviceSelector, UuidLimit};
+use super::{
+    ByUuid, Config, ConfigError, ConfigErrors, DeviceSelector, SwapTrigger, UuidLimit,
+    parse_duration_ms,
+};
 use crate::devices::{DeviceKey, Layout, device_key, same_uuid, smallest};
 use crate::log_level::{LOG_LEVEL_EXPECTED, parse_log_level};
 use crate::names::*;
@@ -32,6 +35,7 @@ pub(crate) fn parse(vars: &Vars, strict: bool) -> Result<Config, ConfigErrors> {
     r.reconcile(&mut cfg);
     r.devices(&mut cfg);
     r.host_backing(&mut cfg);
+    r.swap(&mut cfg);
     r.allocator(&mut cfg);
     if r.problems.iter().any(|(fatal, _)| *fatal) {
         return Err(ConfigErrors(
@@ -274,6 +278,42 @@ impl Reader<'_> {
         }
         if let Some(n) = self.parsed(ENV_DEVICE_RESERVE, size) {
             cfg.host_backing.device_reserve = n;
+        }
+    }
+
+    /// `VGPU_IDLE_SWAP`, `VGPU_SWAP_IN_WAIT`, `VGPU_SWAP_MOVABLE`. None changes a limit: a bad value keeps
+    /// the default (no swapping; the default wait), said as a warning (an error when strict).
+    fn swap(&mut self, cfg: &mut Config) {
+        if let Some(v) = self.get(ENV_IDLE_SWAP) {
+            let t = v.trim();
+            match t {
+                "" | "off" => {}
+                "manual" => cfg.swap.trigger = SwapTrigger::Manual,
+                _ => match parse_duration_ms(t).filter(|&ms| ms > 0) {
+                    Some(ms) => cfg.swap.trigger = SwapTrigger::Idle(ms),
+                    None => self.warn(
+                        ENV_IDLE_SWAP,
+                        &v,
+                        "expected a duration (500ms, 30s, 5m, 1h), manual or off".into(),
+                    ),
+                },
+            }
+        }
+        if let Some(v) = self.get(ENV_SWAP_MOVABLE) {
+            match parse_bool(&v) {
+                Some(b) => cfg.swap.movable = b,
+                None => self.warn(ENV_SWAP_MOVABLE, &v, "expected 0 or 1".into()),
+            }
+        }
+        if let Some(v) = self.get(ENV_SWAP_IN_WAIT) {
+            match parse_duration_ms(&v) {
+                Some(ms) => cfg.swap.in_wait_ms = ms,
+                None => self.warn(
+                    ENV_SWAP_IN_WAIT,
+                    &v,
+                    "expected a duration (0ms, 500ms, 10s, 1m)".into(),
+                ),
+            }
         }
     }
 

@@ -643,3 +643,45 @@ fn device_selectors_classify() {
         DeviceSelector::Other("-1".into())
     );
 }
+
+#[test]
+fn idle_swap_takes_a_duration_manual_or_off_and_a_typo_is_a_warning() {
+    use crate::SwapTrigger;
+    assert_eq!(lenient(&[]).unwrap().swap.trigger, SwapTrigger::Off);
+    assert!(!lenient(&[]).unwrap().swap.enabled());
+    for (v, want) in [
+        ("30s", SwapTrigger::Idle(30_000)),
+        ("500ms", SwapTrigger::Idle(500)),
+        (" 5m ", SwapTrigger::Idle(300_000)),
+        ("1h", SwapTrigger::Idle(3_600_000)),
+        ("manual", SwapTrigger::Manual),
+        ("off", SwapTrigger::Off),
+        ("", SwapTrigger::Off),
+    ] {
+        assert_eq!(
+            lenient(&[("VGPU_IDLE_SWAP", v)]).unwrap().swap.trigger,
+            want,
+            "{v:?}"
+        );
+    }
+    for bad in ["30", "0s", "-1s", "1.5s", "2d", "25h", "soon"] {
+        let cfg = lenient(&[("VGPU_IDLE_SWAP", bad)]).unwrap();
+        assert_eq!(cfg.swap.trigger, SwapTrigger::Off, "{bad:?}");
+        assert_eq!(variables(&cfg.warnings), ["VGPU_IDLE_SWAP"]);
+        assert!(
+            Config::from_pairs([("VGPU_IDLE_SWAP", bad)]).is_err(),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(lenient(&[]).unwrap().swap.in_wait_ms, 10_000);
+    let cfg = lenient(&[("VGPU_SWAP_IN_WAIT", "250ms")]).unwrap();
+    assert_eq!(cfg.swap.in_wait_ms, 250);
+    let cfg = lenient(&[("VGPU_SWAP_IN_WAIT", "later")]).unwrap();
+    assert_eq!(cfg.swap.in_wait_ms, 10_000);
+    assert_eq!(cfg.warnings.len(), 1);
+    assert!(!lenient(&[]).unwrap().swap.movable);
+    assert!(lenient(&[("VGPU_SWAP_MOVABLE", "1")]).unwrap().swap.movable);
+    let cfg = lenient(&[("VGPU_SWAP_MOVABLE", "maybe")]).unwrap();
+    assert!(!cfg.swap.movable);
+    assert_eq!(variables(&cfg.warnings), ["VGPU_SWAP_MOVABLE"]);
+}

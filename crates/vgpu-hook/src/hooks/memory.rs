@@ -31,6 +31,17 @@ pub(crate) unsafe fn cuMemAlloc_v2(
         // SAFETY: non-null out-pointer (checked above).
         return unsafe { write_out(dptr, ptr) };
     }
+    // Swapping on and asked: large allocations are the hook's VMM memory, which can move
+    // (docs/swap.md). Anything that fails here takes the usual path, which answers.
+    if st.config.swap.movable
+        && bytes >= DEVICE_PAGE
+        && let Ok(ptr) = st
+            .host_backed
+            .allocate_movable(cuda, st.ledger(), idx, (dev, ctx), bytes)
+    {
+        // SAFETY: non-null out-pointer (checked above).
+        return unsafe { write_out(dptr, ptr) };
+    }
     let a = match with_pool_retry(st, cuda, || {
         st.alloc.allocate(idx, ctx_id(ctx), bytesize as u64)
     }) {
@@ -362,6 +373,18 @@ pub(crate) fn cuIpcGetMemHandle(
             ERROR,
             "cuIpcGetMemHandle({:#x}): the pointer is sub-allocated and cannot be shared between processes; \
              run with VGPU_SUBALLOC=0 to give every allocation its own device memory",
+            dptr.0
+        );
+        return Err(CUresult::INVALID_VALUE);
+    }
+    if let Some(st) = ready_state().filter(|st| st.host_backed.any())
+        && st.host_backed.range(dptr).is_some()
+    {
+        vlog!(
+            ERROR,
+            "cuIpcGetMemHandle({:#x}): the allocation is VMM memory of the hook's (host-backed, \
+             or movable under VGPU_SWAP_MOVABLE=1), which has no IPC handle; run with \
+             VGPU_SWAP_MOVABLE=0 (and without host backing) to share it between processes",
             dptr.0
         );
         return Err(CUresult::INVALID_VALUE);

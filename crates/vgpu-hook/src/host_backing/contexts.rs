@@ -72,6 +72,15 @@ impl DeviceContexts {
         self.live().retain(|s| !(s.primary && s.device == device));
     }
 
+    /// The live contexts of `device`.
+    pub(crate) fn on(&self, device: CUdevice) -> Vec<usize> {
+        self.live()
+            .iter()
+            .filter(|s| s.device == device)
+            .map(|s| s.ctx)
+            .collect()
+    }
+
     /// Whether `ctx` is a context of `device` this process made and the only one there.
     pub(crate) fn alone_on(&self, ctx: usize, device: CUdevice) -> bool {
         let live = self.live();

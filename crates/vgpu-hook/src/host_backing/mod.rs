@@ -32,6 +32,7 @@ use crate::log::{INFO, MSG, WARN, vlog};
 use crate::real::Cuda;
 
 mod contexts;
+pub(crate) mod swap;
 pub(crate) use contexts::DeviceContexts;
 
 /// Where an entry's address maps now.
@@ -54,6 +55,9 @@ struct Backed {
     place: Place,
     /// Allocation order (ties in the move-back order go to the oldest).
     seq: u64,
+    /// In host memory because a swap-out moved it there (docs/swap.md): the swap-in brings it
+    /// back, and until then the move back at a synchronize leaves it to the swap-in.
+    swapped: bool,
 }
 
 /// This process's host-backed allocations.
@@ -88,7 +92,7 @@ fn pick(entries: impl Iterator<Item = (u64, u64, u64)>, room: u64) -> Option<u64
 /// What the host lets this process pin now: its memory cgroup's headroom (pinned host
 /// memory is charged to the cgroup, and past its limit the kernel's OOM killer ends the
 /// container instead of refusing the pin, so the hook refuses first). `None` = unlimited.
-fn host_headroom() -> Option<u64> {
+pub(crate) fn host_headroom() -> Option<u64> {
     use vgpu_env::host_limits::{cgroup_headroom, cgroup_memory_files};
     let read = |p: &str| std::fs::read_to_string(p).ok();
     let (max, current) = cgroup_memory_files(&read("/proc/self/cgroup")?)?;
@@ -113,7 +117,7 @@ pub(crate) fn breaks_reserve(cuda: &Cuda, dev: CUdevice, reserve: u64, bytes: u6
 
 /// Host memory left to the program after a spill: a cgroup with less headroom than this
 /// after the pin is refused (the program itself needs host memory too).
-const HOST_RESERVE: u64 = 256 << 20;
+pub(crate) const HOST_RESERVE: u64 = 256 << 20;
 
 fn host_location() -> CUmemLocation {
     CUmemLocation {
@@ -230,6 +234,7 @@ impl HostBacked {
                 handle,
                 place: Place::Host,
                 seq,
+                swapped: false,
             },
         );
         self.live.fetch_add(1, Ordering::Release);
@@ -339,7 +344,10 @@ impl HostBacked {
             let candidates = entries
                 .iter()
                 .filter(|(_, e)| {
-                    e.place == Place::Host && e.ordinal == ordinal && e.context == ctx as usize
+                    e.place == Place::Host
+                        && !e.swapped
+                        && e.ordinal == ordinal
+                        && e.context == ctx as usize
                 })
                 .map(|(&va, e)| (va, e.size, e.seq));
             let Some(va) = pick(candidates, room) else {

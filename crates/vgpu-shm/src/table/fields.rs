@@ -125,6 +125,27 @@ impl UsageTable {
         }
     }
 
+    /// Asks every process of this file that swaps (docs/swap.md) to swap out: one relaxed add
+    /// to the file's count of requests. The count it held before; `None` for a read-only table
+    /// or a file of an older library (which has no count: it is upgraded when opened for
+    /// writing).
+    pub fn request_swap_out(&self) -> Option<u32> {
+        self.check_writable().ok()?;
+        let h = &self.ext().header;
+        (h.minor_version.load(Ordering::Acquire) >= 4)
+            .then(|| h.swap_requests.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The file's count of swap-out requests (0 in a file of an older library).
+    pub fn swap_requests(&self) -> u32 {
+        let h = &self.ext().header;
+        if h.minor_version.load(Ordering::Acquire) >= 4 {
+            h.swap_requests.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    }
+
     /// `device`'s host policy as stored now.
     pub fn host_policy(&self, device: DeviceIndex) -> HostPolicy {
         if device.as_usize() >= MAX_DEVICES {

@@ -316,6 +316,13 @@ impl UsageTable {
         for d in &ext.devices {
             d.oom_refusals.store(0, Ordering::Relaxed);
         }
+        // Padding before minor 4: nobody asked for a swap-out; no slot is swapped out.
+        if minor < 4 {
+            ext.header.swap_requests.store(0, Ordering::Relaxed);
+            for slot in &ext.slots {
+                slot.swapped_out.store(0, Ordering::Relaxed);
+            }
+        }
         ext.header
             .minor_version
             .store(layout::EXT_MINOR, Ordering::Release);

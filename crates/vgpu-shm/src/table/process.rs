@@ -354,6 +354,23 @@ impl ProcessSlot {
         )
     }
 
+    /// Charge `bytes` of this process's device memory that is about to be swapped out to
+    /// host memory as host-backed bytes at `device`'s addresses, checking no bound: the bytes
+    /// are already charged as data, which the swap-out releases after the copy (both are held
+    /// meanwhile: a process killed in between gives both back), or, if it fails, with
+    /// [`ProcessSlot::release_host`]. The swap moves bytes between classes; it never adds any.
+    pub fn reserve_swap_out(&self, device: DeviceIndex, bytes: u64) -> Result<(), OutOfMemory> {
+        self.reserve_class(device, protocol::HOST, bytes, protocol::Bound::Unchecked)
+    }
+
+    /// Says in the slot whether this process has its memory swapped out (for readers: `vgpu
+    /// status`). Nothing decides on it.
+    pub fn set_swapped_out(&self, swapped: bool) {
+        if let Some(rec) = self.table.ext().slots.get(self.index) {
+            rec.swapped_out.store(u32::from(swapped), Ordering::Relaxed);
+        }
+    }
+
     /// Bytes of host-backed memory this process holds at `device`'s addresses.
     pub fn held_host(&self, device: DeviceIndex) -> u64 {
         self.table

@@ -182,6 +182,7 @@ impl UsageTable {
             rec.pid.store(pid, Ordering::Relaxed);
             rec.hostpid.store(0, Ordering::Relaxed);
             rec.start_time.store(start_time, Ordering::Relaxed);
+            rec.swapped_out.store(0, Ordering::Relaxed);
             let generation = generation.wrapping_add(1) & 0x7fff_ffff;
             if let Some(times) = self.times() {
                 // The new process has published nothing yet.

@@ -88,6 +88,9 @@ pub struct ProcessSnapshot {
     pub alive: bool,
     /// Whether HAMi's slot `status` says suspended (only HAMi-core's own library writes that).
     pub suspended: bool,
+    /// Whether the process has its memory swapped out now (docs/swap.md; false in a file of
+    /// an older library, or a HAMi-core file).
+    pub swapped_out: bool,
     /// Usage per device, `device_num` entries.
     pub devices: Vec<ProcessDeviceUsage>,
 }
@@ -195,6 +198,7 @@ pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSna
             start_time: rec.start_time.load(Ordering::Relaxed),
             alive: st.probe_slot_alive(j),
             suspended,
+            swapped_out: rec.swapped_out.load(Ordering::Relaxed) != 0,
             devices: (0..device_num).map(usage).collect(),
         });
     }

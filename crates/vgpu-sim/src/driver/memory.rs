@@ -174,6 +174,9 @@ exports_pt! {
     cuMemsetD8Async / cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, st: CUstream) false |s, pt| {
         s.memset_async(dst.0, v as u32, 1, n as u64, stream(st, pt))
     }
+    cuMemsetD16Async / cuMemsetD16Async_ptsz(dst: CUdeviceptr, v: u16, n: usize, st: CUstream) false |s, pt| {
+        s.memset_async(dst.0, v as u32, 2, n as u64, stream(st, pt))
+    }
     cuMemsetD32Async / cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: c_uint, n: usize, st: CUstream) false |s, pt| {
         s.memset_async(dst.0, v, 4, n as u64, stream(st, pt))
     }

@@ -134,6 +134,7 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Variant>> {
             cuMemsetD16: 3020 => cuMemsetD16_v2 / cuMemsetD16_v2_ptds;
             cuMemsetD32: 3020 => cuMemsetD32_v2 / cuMemsetD32_v2_ptds;
             cuMemsetD8Async: 3020 / cuMemsetD8Async_ptsz;
+            cuMemsetD16Async: 3020 / cuMemsetD16Async_ptsz;
             cuMemsetD32Async: 3020 / cuMemsetD32Async_ptsz;
             cuMemCreate: 10020;
             cuMemRelease: 10020;

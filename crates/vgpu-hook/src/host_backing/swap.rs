@@ -1,0 +1,259 @@
+//! Swapping the allocations that can move (docs/swap.md): every device-resident allocation
+//! this module made goes to host memory at its own address, and comes back on the next call
+//! that can touch device memory. The caller (`crate::swap`) has established the move rule for
+//! the whole process first: the gate is closed, no gated call runs, every context is idle.
+//!
+//! A swap-out of one allocation is [`move_one`] the other way round: host bytes charged
+//! first (no bound: the bytes only change class), a host-located allocation filled through a
+//! second address, the allocation's own address remapped to it, the device allocation and
+//! its data charge released last, so the memory returns to the node. A failure at any step
+//! leaves the allocation on the device, mapped and intact.
+
+use std::sync::atomic::Ordering;
+
+use vgpu_alloc_core::{OutOfMemory, UsageClass, UsageLedger};
+use vgpu_cuda_abi::*;
+
+use vgpu_alloc_core::DeviceIndex;
+
+use super::{
+    Backed, HostBacked, Place, create_on_host, device_location, granularity, host_location,
+    move_one, round_up,
+};
+use crate::driver;
+use crate::ledger::SharedLedger;
+use crate::log::{INFO, WARN, vlog};
+use crate::real::Cuda;
+
+/// The contexts whose allocations a swap touches, each once.
+pub(crate) type Contexts = Vec<(CUcontext, CUdevice)>;
+
+/// What a swap-in left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SwapIn {
+    /// Everything swapped out is back on its device.
+    Done,
+    /// Some allocations found no room yet (bytes still out).
+    Short(u64),
+}
+
+/// Runs `f` with `ctx` current on this thread, then puts the thread's context back.
+pub(crate) fn in_context<R>(
+    cuda: &Cuda,
+    ctx: CUcontext,
+    f: impl FnOnce() -> Result<R, CUresult>,
+) -> Result<R, CUresult> {
+    driver::push_context(cuda, ctx)?;
+    let r = f();
+    let _ = driver::pop_context(cuda);
+    r
+}
+
+impl HostBacked {
+    /// A program's `cuMemAlloc` of `bytes` made movable (`VGPU_SWAP_MOVABLE`): a reserved
+    /// address range mapped to a device-located allocation of the hook's, charged as data on
+    /// `device`, so that a swap-out can remap the address to host memory. `Err` leaves
+    /// nothing behind (the caller then allocates as usual; the limit's refusal included,
+    /// which the usual path reports).
+    pub(crate) fn allocate_movable(
+        &self,
+        cuda: &Cuda,
+        ledger: &SharedLedger,
+        device: DeviceIndex,
+        (ordinal, context): (CUdevice, CUcontext),
+        bytes: u64,
+    ) -> Result<CUdeviceptr, CUresult> {
+        let prop = driver::pinned_prop(device_location(ordinal));
+        let gran = granularity(cuda, &prop);
+        let size = round_up(bytes.max(1), gran).ok_or(CUresult::OUT_OF_MEMORY)?;
+        ledger
+            .try_reserve(device, UsageClass::Data, size)
+            .map_err(|_: OutOfMemory| CUresult::OUT_OF_MEMORY)?;
+        let made = (|| {
+            let va = driver::address_reserve(cuda, size, gran)?;
+            let h = match driver::mem_create(cuda, size, &prop) {
+                Ok(h) => h,
+                Err(e) => {
+                    let _ = driver::address_free(cuda, va, size);
+                    return Err(e);
+                }
+            };
+            if let Err(e) = driver::map_for_device(cuda, va, size, h, ordinal) {
+                let _ = driver::mem_release(cuda, h);
+                let _ = driver::address_free(cuda, va, size);
+                return Err(e);
+            }
+            Ok((va, h))
+        })();
+        let (va, handle) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                ledger.release(device, UsageClass::Data, size);
+                return Err(e);
+            }
+        };
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(
+            va.0,
+            Backed {
+                device,
+                ordinal,
+                context: context as usize,
+                size,
+                handle,
+                place: Place::Device,
+                seq,
+                swapped: false,
+            },
+        );
+        self.live.fetch_add(1, Ordering::Release);
+        Ok(va)
+    }
+
+    /// Device-resident bytes a swap-out would move, and the contexts they belong to.
+    pub(crate) fn swappable(&self) -> (u64, Contexts) {
+        let entries = self.lock();
+        let mut ctxs: Contexts = Vec::new();
+        let mut bytes = 0u64;
+        for e in entries.values().filter(|e| e.place == Place::Device) {
+            bytes = bytes.saturating_add(e.size);
+            let c = (e.context as CUcontext, e.ordinal);
+            if !ctxs.contains(&c) {
+                ctxs.push(c);
+            }
+        }
+        (bytes, ctxs)
+    }
+
+    /// Moves every device-resident allocation to host memory at its address. The bytes moved;
+    /// an allocation that could not move stays on the device, intact (said in the log).
+    pub(crate) fn swap_out(&self, cuda: &Cuda, ledger: &SharedLedger) -> u64 {
+        let mut entries = self.lock();
+        let mut moved = 0u64;
+        for (&va, e) in entries.iter_mut().filter(|(_, e)| e.place == Place::Device) {
+            let ctx = e.context as CUcontext;
+            match in_context(cuda, ctx, || move_out(cuda, ledger, CUdeviceptr(va), e)) {
+                Ok(()) => {
+                    self.on_host.fetch_add(1, Ordering::Release);
+                    moved += e.size;
+                }
+                Err(code) => vlog!(
+                    WARN,
+                    "swapping out {} bytes at {va:#x} failed (error {}); they stay on device {}",
+                    e.size,
+                    code.0,
+                    e.device.0
+                ),
+            }
+        }
+        moved
+    }
+
+    /// Brings back every swapped-out allocation that has room now (the limit's headroom and
+    /// the GPU's free memory less `device_reserve`), largest first.
+    pub(crate) fn swap_in(
+        &self,
+        cuda: &Cuda,
+        ledger: &SharedLedger,
+        device_reserve: u64,
+    ) -> SwapIn {
+        let mut entries = self.lock();
+        let mut keys: Vec<(u64, u64)> = entries
+            .iter()
+            .filter(|(_, e)| e.swapped)
+            .map(|(&va, e)| (va, e.size))
+            .collect();
+        keys.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut short = 0u64;
+        for (va, _) in keys {
+            let Some(e) = entries.get_mut(&va) else {
+                continue;
+            };
+            let ctx = e.context as CUcontext;
+            let back = in_context(cuda, ctx, || {
+                let (free, _) = driver::mem_get_info(cuda)?;
+                if free.saturating_sub(device_reserve) < e.size {
+                    return Err(CUresult::OUT_OF_MEMORY);
+                }
+                move_one(cuda, ledger, CUdeviceptr(va), e)
+            });
+            match back {
+                Ok(()) => {
+                    e.swapped = false;
+                    self.on_host.fetch_sub(1, Ordering::Release);
+                    vlog!(INFO, "{} bytes at {va:#x} swapped back in", e.size);
+                }
+                Err(_) => short += e.size,
+            }
+        }
+        if short == 0 {
+            SwapIn::Done
+        } else {
+            SwapIn::Short(short)
+        }
+    }
+}
+
+/// One swap-out: host bytes charged, a host-located allocation filled through a second
+/// address, the allocation's own address remapped to it, the device memory and its charge
+/// released last.
+fn move_out(
+    cuda: &Cuda,
+    ledger: &SharedLedger,
+    va: CUdeviceptr,
+    e: &mut Backed,
+) -> Result<(), CUresult> {
+    ledger
+        .reserve_swap_out(e.device, e.size)
+        .map_err(|_: OutOfMemory| CUresult::OUT_OF_MEMORY)?;
+    let undo_charge = || ledger.release_host(e.device, e.size);
+    let host_handle = match create_on_host(cuda, e.size, 0) {
+        Ok(h) => h,
+        Err(code) => {
+            undo_charge();
+            return Err(code);
+        }
+    };
+    let copied = (|| {
+        let prop = driver::pinned_prop(host_location());
+        let staging = driver::address_reserve(cuda, e.size, granularity(cuda, &prop))?;
+        let r =
+            driver::map_for_device(cuda, staging, e.size, host_handle, e.ordinal).and_then(|()| {
+                let c = driver::copy_dtod(cuda, staging, va, e.size);
+                let _ = driver::unmap(cuda, staging, e.size);
+                c
+            });
+        let _ = driver::address_free(cuda, staging, e.size);
+        r
+    })();
+    if let Err(code) = copied {
+        let _ = driver::mem_release(cuda, host_handle);
+        undo_charge();
+        return Err(code);
+    }
+    if let Err(code) = driver::unmap(cuda, va, e.size) {
+        let _ = driver::mem_release(cuda, host_handle);
+        undo_charge();
+        return Err(code);
+    }
+    if let Err(code) = driver::map_for_device(cuda, va, e.size, host_handle, e.ordinal) {
+        // Put the device memory back at the address: its data is still whole.
+        let restored = driver::map_for_device(cuda, va, e.size, e.handle, e.ordinal);
+        let _ = driver::mem_release(cuda, host_handle);
+        undo_charge();
+        if restored.is_err() {
+            vlog!(
+                WARN,
+                "{:#x}: could not map its memory again after a failed swap-out",
+                va.0
+            );
+        }
+        return Err(code);
+    }
+    let _ = driver::mem_release(cuda, e.handle);
+    ledger.release(e.device, UsageClass::Data, e.size);
+    e.handle = host_handle;
+    e.place = Place::Host;
+    e.swapped = true;
+    Ok(())
+}

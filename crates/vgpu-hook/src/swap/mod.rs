@@ -1,0 +1,189 @@
+//! Swapping an idle process's movable device memory out to host memory, and back in on its
+//! next call that can touch device memory (docs/swap.md).
+//!
+//! - [`gate`]: which calls may run while memory moves (the declaration list's `touches` and
+//!   `ends_context` entries pass through it).
+//! - [`swap_out`]: the move rule for the whole process (every context of the devices
+//!   concerned synchronized, then the gate closed with no gated call since), then
+//!   `host_backing::swap` moves every device-resident movable allocation to host memory.
+//! - The swap-in runs in the gate, on the calling thread, before the call; it waits for
+//!   device room up to `VGPU_SWAP_IN_WAIT`, then the call fails with out-of-memory, its
+//!   memory still whole in host memory.
+//! - [`watcher`]: the `vgpu-swap` thread (only with `VGPU_IDLE_SWAP` set): idleness and the
+//!   shared file's swap-out requests.
+
+pub(crate) mod gate;
+pub(crate) mod watcher;
+
+use std::time::{Duration, Instant};
+
+use vgpu_cuda_abi::*;
+
+use crate::driver;
+use crate::host_backing::swap::{SwapIn, in_context};
+use crate::log::{INFO, MSG, WARN, vlog};
+use crate::real;
+use crate::state::{self, Enforcement, Ready};
+
+/// The gate of a `touches` entry (the generated export calls it around the call).
+#[inline(always)]
+pub(crate) fn touching(call: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
+    gate::pass(gate::Kind::Touches, call, swap_in)
+}
+
+/// The gate of an `ends_context` entry.
+#[inline(always)]
+pub(crate) fn ending_context(call: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
+    gate::pass(gate::Kind::EndsContext, call, |_| Ok(()))
+}
+
+fn ready() -> Option<&'static Ready> {
+    match state::get() {
+        Enforcement::Ready(r) => Some(r),
+        Enforcement::Broken(_) => None,
+    }
+}
+
+/// Brings everything swapped out back (holding the swap lock), waiting for room up to
+/// `VGPU_SWAP_IN_WAIT`: `Err(OUT_OF_MEMORY)` if it is still short then (what did come back
+/// stays on the device; the rest stays whole in host memory, and the next call tries again).
+fn swap_in(held: &mut gate::Swapped) -> Result<(), CUresult> {
+    let (Some(st), Ok(cuda)) = (ready(), real::cuda()) else {
+        return Err(CUresult::OUT_OF_MEMORY);
+    };
+    let wait = Duration::from_millis(st.config.swap.in_wait_ms);
+    let reserve = st.config.host_backing.device_reserve;
+    let start = Instant::now();
+    loop {
+        match st.host_backed.swap_in(cuda, st.ledger(), reserve) {
+            SwapIn::Done => {
+                held.out = false;
+                st.slot().set_swapped_out(false);
+                vlog!(
+                    INFO,
+                    "swapped back in after {} ms",
+                    start.elapsed().as_millis()
+                );
+                return Ok(());
+            }
+            SwapIn::Short(bytes) if start.elapsed() >= wait => {
+                vlog!(
+                    MSG,
+                    "cannot swap {bytes} bytes back in: the device has had no room for them for \
+                     {} ms (VGPU_SWAP_IN_WAIT); the call fails with out of memory and they stay \
+                     in host memory, intact",
+                    wait.as_millis()
+                );
+                return Err(CUresult::OUT_OF_MEMORY);
+            }
+            SwapIn::Short(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Why a swap-out did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NotSwapped {
+    /// Already swapped out.
+    AlreadyOut,
+    /// Nothing device-resident can move.
+    Nothing,
+    /// A gated call is running (try again later).
+    Busy,
+    /// Refused, for the reason logged.
+    Refused(String),
+}
+
+/// Swaps this process's movable memory out (from the `vgpu-swap` thread): the bytes moved.
+pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
+    let (Some(st), Ok(cuda)) = (ready(), real::cuda()) else {
+        return Err(NotSwapped::Nothing);
+    };
+    let mut held = gate::lock();
+    if held.out {
+        return Err(NotSwapped::AlreadyOut);
+    }
+    if let Some(name) = crate::interpose::uncovered_touching() {
+        return Err(NotSwapped::Refused(format!(
+            "the program resolved {name}, which can touch device memory and which the hook \
+             does not gate: its calls could run while memory moves"
+        )));
+    }
+    let (bytes, contexts) = st.host_backed.swappable();
+    if bytes == 0 {
+        return Err(NotSwapped::Nothing);
+    }
+    if let Some(room) = crate::host_backing::host_headroom() {
+        let need = bytes.saturating_add(crate::host_backing::HOST_RESERVE);
+        if room < need {
+            return Err(NotSwapped::Refused(format!(
+                "{bytes} bytes would not fit the container's memory cgroup ({room} bytes left, \
+                 and pinned memory counts against it)"
+            )));
+        }
+    }
+    // The move rule (docs/swap.md): every context that can reach the allocations must be
+    // idle. Each is synchronized here with the gate open (the program runs on: nothing of it
+    // waits for us, and none of its contexts can end while the lock is held); then the gate
+    // closes only if no gated call ran since before the first synchronize, so no work was
+    // queued after the waits proved the contexts idle, and none can be until it reopens.
+    let Some(since) = gate::calls() else {
+        return Err(NotSwapped::Busy);
+    };
+    let mut devices: Vec<CUdevice> = Vec::new();
+    for &(_, d) in &contexts {
+        if !devices.contains(&d) {
+            devices.push(d);
+        }
+    }
+    for dev in devices {
+        for ctx in st.host_backed.contexts.on(dev) {
+            if let Err(e) = in_context(cuda, ctx as CUcontext, || driver::ctx_synchronize(cuda)) {
+                return Err(NotSwapped::Refused(format!(
+                    "synchronizing a context of device {} failed (error {})",
+                    dev.0, e.0
+                )));
+            }
+        }
+    }
+    if !gate::close(&mut held, since) {
+        return Err(NotSwapped::Busy);
+    }
+    let moved = st.host_backed.swap_out(cuda, st.ledger());
+    if moved == 0 {
+        gate::reopen(&mut held);
+        return Err(NotSwapped::Nothing);
+    }
+    held.out = true;
+    st.slot().set_swapped_out(true);
+    vlog!(
+        MSG,
+        "swapped out {moved} bytes of device memory to host memory ({why}); they come back on \
+         the next call that can touch device memory"
+    );
+    Ok(moved)
+}
+
+/// Logs a refusal (rate-limited per kind of line like every log line).
+pub(crate) fn said_not_swapped(why: &str, n: &NotSwapped) {
+    match n {
+        NotSwapped::Refused(reason) => vlog!(MSG, "not swapping out ({why}): {reason}"),
+        NotSwapped::Busy => vlog!(INFO, "not swapping out ({why}) now: a call is running"),
+        NotSwapped::AlreadyOut => vlog!(INFO, "not swapping out ({why}): already out"),
+        NotSwapped::Nothing => vlog!(
+            INFO,
+            "not swapping out ({why}): no device memory of this process can move"
+        ),
+    }
+}
+
+/// Starts swapping for this process if the configuration asks (at the state's build).
+pub(crate) fn start(st: &'static Ready) {
+    if !st.config.swap.enabled() {
+        return;
+    }
+    gate::enable();
+    if let Err(e) = watcher::start(st) {
+        vlog!(WARN, "swapping stays off: cannot start its thread ({e})");
+    }
+}

@@ -1,0 +1,635 @@
+//! End to end: swapping an idle process's movable memory out to host memory and back
+//! (docs/swap.md), through `libvgpu.so` on a 128 MiB simulated device (16 MiB per context).
+//!
+//! The program fills the device, so its buffer is host-backed, then frees room and
+//! synchronizes: the buffer moves onto the device (a VMM allocation of the hook's: memory
+//! that can move). It then waits at each step (`pause=<step>`) while the test reads the
+//! shared file. Idle there, it is swapped out (by `VGPU_IDLE_SWAP` or by a request written
+//! into the file, as `vgpu swap-out` writes it); its next copy or launch brings the buffer
+//! back, data intact. Needs `libvgpu.so` and `libvgpusim.so` built (`cargo xtask test`).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use support::Standalone;
+use vgpu_shm::{TableSnapshot, UsageTable};
+
+mod support;
+
+const MIB: u64 = 1 << 20;
+const CHUNK: u64 = 16 * MIB;
+
+const PROGRAM: &str = r#"
+#include "standalone.h"
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef unsigned long long P;
+#define CHUNK (16ull << 20)
+static CUresult (*cuCtxSynchronize)(void);
+static CUresult (*cuMemAlloc_v2)(P *, size_t);
+static CUresult (*cuMemFree_v2)(P);
+static CUresult (*cuMemsetD32_v2)(P, unsigned, size_t);
+static CUresult (*cuMemcpyDtoH_v2)(void *, P, size_t);
+static CUresult (*cuMemsetD32Async)(P, unsigned, size_t, H);
+static CUresult (*cuIpcGetMemHandle)(void *, P);
+static unsigned buf[CHUNK / 4];
+static H the_ctx;
+
+/* Busy threads: each writes its own 2 MiB buffer, waits a moment, reads it back, 60 times. */
+struct worker { P x; int id; long long wrong; };
+static void *work(void *arg) {
+  struct worker *w = arg;
+  static __thread unsigned mine[CHUNK / 32];
+  if (cuCtxSetCurrent(the_ctx)) { w->wrong = -1; return 0; }
+  for (unsigned k = 1; k <= 60; k++) {
+    unsigned v = k * 16 + w->id;
+    if (cuMemsetD32_v2(w->x, v, CHUNK / 32)) { w->wrong = -2; return 0; }
+    usleep(3000);
+    if (cuMemcpyDtoH_v2(mine, w->x, CHUNK / 8)) { w->wrong = -3; return 0; }
+    for (unsigned i = 0; i < CHUNK / 32; i++) w->wrong += mine[i] != v;
+    usleep(3000);
+  }
+  return 0;
+}
+
+static void pause_at(const char *step) {
+  printf("pause=%s\n", step);
+  fflush(stdout);
+  char line[16];
+  if (!fgets(line, sizeof line, stdin)) exit(4);
+}
+
+/* Words of the CHUNK at x that are not v; -code if the copy failed. */
+static long long unwritten(P x, unsigned v) {
+  CUresult r = cuMemcpyDtoH_v2(buf, x, CHUNK);
+  if (r) return -(long long)r;
+  long long n = 0;
+  for (P i = 0; i < CHUNK / 4; i++) n += buf[i] != v;
+  return n;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return 1;
+  int loaded = load_driver();
+  if (loaded) return loaded;
+  NEED(cuCtxSynchronize) NEED(cuMemAlloc_v2) NEED(cuMemFree_v2) NEED(cuMemsetD32_v2)
+  NEED(cuMemcpyDtoH_v2) NEED(cuMemsetD32Async)
+  int dev; H ctx, mod, fill, ev;
+  P filler[8], x;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+  CHECK(cuModuleLoadData(&mod, "vgpusim-module: fill"));
+  CHECK(cuModuleGetFunction(&fill, mod, "fill"));
+  if (argv[1][0] == 't') { /* threads at work while swap-outs are asked for */
+    the_ctx = ctx;
+    struct worker w[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+      w[i].id = i; w[i].wrong = 0;
+      CHECK(cuMemAlloc_v2(&w[i].x, CHUNK / 8));
+    }
+    printf("working\n");
+    fflush(stdout);
+    for (int i = 0; i < 3; i++) pthread_create(&t[i], 0, work, &w[i]);
+    long long wrong = 0;
+    for (int i = 0; i < 3; i++) { pthread_join(t[i], 0); wrong += w[i].wrong; }
+    printf("wrong=%lld\n", wrong);
+    printf("end\n");
+    return 0;
+  }
+  if (argv[1][0] == 'm') { /* movable: plain allocations, nothing oversubscribed */
+    NEED(cuIpcGetMemHandle)
+    P y[3];
+    char ipc[64];
+    for (int i = 0; i < 3; i++) {
+      CHECK(cuMemAlloc_v2(&y[i], CHUNK));
+      CHECK(cuMemsetD32_v2(y[i], 10 + i, CHUNK / 4));
+    }
+    printf("ipc=%d\n", (int)cuIpcGetMemHandle(ipc, y[0]));
+    CHECK(cuCtxSynchronize());
+    pause_at("idle");
+    long long u = 0;
+    for (int i = 0; i < 3; i++) u += unwritten(y[i], 10 + i);
+    printf("unwritten_after_swap=%lld\n", u);
+    pause_at("back");
+    for (int i = 0; i < 3; i++) CHECK(cuMemFree_v2(y[i]));
+    printf("end\n");
+    return 0;
+  }
+  for (int i = 0; i < 7; i++) CHECK(cuMemAlloc_v2(&filler[i], CHUNK));
+  CHECK(cuMemAlloc_v2(&x, CHUNK)); /* host-backed: the device is full */
+  CHECK(cuMemsetD32_v2(x, 5, CHUNK / 4));
+  CHECK(cuMemFree_v2(filler[0]));
+  CHECK(cuCtxSynchronize()); /* moves x onto the device */
+  if (argv[1][0] == 'u') { /* resolves a function that touches memory and has no gate */
+    if (!dlsym(lib, "cuMemsetD16Async")) return 3;
+  }
+  if (argv[1][0] == 'y') { /* cycling: idle (swapped out), then a copy (swapped in), again */
+    printf("cycling\n");
+    fflush(stdout);
+    for (int i = 0; i < 40; i++) {
+      usleep(60000);
+      long long u = unwritten(x, 5);
+      if (u) { fprintf(stderr, "unwritten=%lld at cycle %d\n", u, i); return 5; }
+    }
+    return 0;
+  }
+  pause_at("resident");
+  CHECK(cuEventCreate(&ev, 0));
+  CHECK(cuEventRecord(ev, 0));
+  pause_at("idle"); /* swapped out here, by the idle time or a request */
+  if (argv[1][0] == 'f') { /* the first call after it is one of a family: f:<family> */
+    const char *f = argv[1] + 2;
+    unsigned long long words = CHUNK / 4;
+    unsigned five = 5;
+    void *args[] = {&x, &five, &words};
+    CUresult r = 1;
+    if (!strcmp(f, "launch")) r = cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, 0, args, 0);
+    else if (!strcmp(f, "memset")) r = cuMemsetD32Async(x, 5, CHUNK / 4, 0);
+    else if (!strcmp(f, "stream")) r = cuStreamSynchronize(0);
+    else if (!strcmp(f, "event")) r = cuEventSynchronize(ev);
+    else if (!strcmp(f, "context")) r = cuCtxSynchronize();
+    printf("first=%d\n", (int)r);
+    pause_at("first");
+  }
+  if (argv[1][0] == 'c') { /* crowded: the released room is taken meanwhile */
+    printf("refilled=%d\n", (int)cuMemAlloc_v2(&filler[0], CHUNK));
+    unsigned long long words = CHUNK / 4;
+    unsigned nine = 9;
+    void *args[] = {&x, &nine, &words};
+    printf("launch_while_full=%d\n", (int)cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, 0, args, 0));
+    pause_at("refused");
+    CHECK(cuMemFree_v2(filler[0]));
+  }
+  /* The next call that touches device memory brings x back first. */
+  printf("unwritten_after_swap=%lld\n", unwritten(x, 5));
+  unsigned long long words = CHUNK / 4;
+  unsigned seven = 7;
+  void *args[] = {&x, &seven, &words};
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, 0, args, 0));
+  CHECK(cuCtxSynchronize());
+  printf("unwritten_after_fill=%lld\n", unwritten(x, 7));
+  pause_at("back");
+  printf("end\n");
+  return 0;
+}
+"#;
+
+fn program() -> &'static Standalone {
+    static P: OnceLock<Standalone> = OnceLock::new();
+    P.get_or_init(|| support::standalone("swap", "swap", PROGRAM))
+}
+
+/// The program running one scenario, stopped at its pauses.
+struct Scenario {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    cache: PathBuf,
+    out: String,
+    /// Where its stderr goes.
+    log: PathBuf,
+}
+
+impl Scenario {
+    /// Starts `scenario` on a shared file of its own, named `name`.
+    fn start(name: &str, scenario: &str, env: &[(&str, &str)]) -> Scenario {
+        let p = program();
+        let cache = p.fresh_cache(&format!("{name}.cache"));
+        let mut cmd = p.hooked(&[scenario], &cache);
+        cmd.env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
+            .env("CUDA_OVERSUBSCRIBE", "true")
+            .env("VGPU_SIM_TOTAL_MEM", "128m")
+            .env("VGPU_SIM_CTX_OVERHEAD", "16m")
+            .env("VGPU_SIM_MODULE_OVERHEAD", "0")
+            .env("VGPU_SIM_HOST_PINNED_LIMIT", "1g")
+            .env("VGPU_RECONCILE_MS", "off")
+            .env("CUDA_MODULE_LOADING", "EAGER")
+            .env("LIBCUDA_LOG_LEVEL", "3")
+            .env_remove("VGPU_HOST_SPILL")
+            .env_remove("VGPU_DEVICE_RESERVE")
+            .env_remove("VGPU_IDLE_SWAP")
+            .env_remove("VGPU_SWAP_IN_WAIT")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("VGPU_SUBALLOC");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let log = cache.with_extension("log");
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start the program");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Scenario {
+            child,
+            stdin,
+            stdout,
+            cache,
+            out: String::new(),
+            log,
+        }
+    }
+
+    /// What it wrote to stderr so far.
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs to pause `step` (the program waits there until [`Scenario::go`]).
+    fn reach(&mut self, step: &str) {
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(n > 0, "the program ended before `{step}`:\n{}", self.out);
+            self.out.push_str(&line);
+            if line.trim() == format!("pause={step}") {
+                return;
+            }
+        }
+    }
+
+    fn go(&mut self) {
+        writeln!(self.stdin, "go").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn table(&self) -> UsageTable {
+        UsageTable::open_existing(&self.cache).unwrap()
+    }
+
+    fn snapshot(&self) -> TableSnapshot {
+        UsageTable::open_read_only(&self.cache).unwrap().snapshot()
+    }
+
+    /// Waits up to `within` for the program's slot to say swapped out (or not).
+    fn wait_swapped(&self, want: bool, within: Duration) -> TableSnapshot {
+        let start = Instant::now();
+        loop {
+            let snap = self.snapshot();
+            if snap
+                .processes
+                .first()
+                .is_some_and(|p| p.swapped_out == want)
+            {
+                return snap;
+            }
+            assert!(
+                start.elapsed() < within,
+                "not swapped {} within {within:?}: {snap:?}\n{}\n{}",
+                if want { "out" } else { "in" },
+                self.out,
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn value(&self, key: &str) -> i64 {
+        self.out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in\n{}", self.out))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    fn finish(mut self) {
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
+        self.out.push_str(&rest);
+        let st = self.child.wait().unwrap();
+        assert!(
+            st.success() && self.out.contains("end"),
+            "{st:?}\n{}",
+            self.out
+        );
+    }
+}
+
+/// Data bytes of the program once its buffer is on the device: six fillers and the buffer.
+const RESIDENT_DATA: u64 = 7 * CHUNK;
+
+/// Runs to `idle`; `check`: the buffer is on the device at `resident` (not for an idle
+/// trigger, which may already have swapped it out by the time the test looks).
+fn resident(p: &mut Scenario, check: bool) {
+    p.reach("resident");
+    if check {
+        let snap = p.snapshot();
+        assert_eq!(snap.devices[0].host, 0, "the buffer moved onto the device");
+        assert_eq!(snap.devices[0].data, RESIDENT_DATA);
+        assert!(!snap.processes[0].swapped_out);
+    }
+    p.go();
+    p.reach("idle");
+}
+
+#[test]
+fn an_idle_process_is_swapped_out_and_its_next_copy_brings_everything_back_intact() {
+    let mut p = Scenario::start("idle", "plain", &[("VGPU_IDLE_SWAP", "200ms")]);
+    resident(&mut p, false);
+    // Idle (waiting on its stdin, no call): swapped out, its device bytes now host bytes.
+    let out = p.wait_swapped(true, Duration::from_secs(10));
+    assert_eq!(out.devices[0].host, CHUNK, "the buffer is in host memory");
+    assert_eq!(
+        out.devices[0].data,
+        RESIDENT_DATA - CHUNK,
+        "its device memory was given back"
+    );
+    p.go();
+    p.reach("back");
+    let back = p.snapshot();
+    assert_eq!(back.devices[0].host, 0, "everything came back: {back:?}");
+    assert!(!back.processes[0].swapped_out);
+    assert_eq!(back.devices[0].data, RESIDENT_DATA);
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    assert_eq!(
+        p.value("unwritten_after_fill"),
+        0,
+        "the launch missed the buffer"
+    );
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn the_first_call_of_every_gated_family_brings_the_memory_back_before_it_runs() {
+    for family in ["launch", "memset", "stream", "event", "context"] {
+        let mut p = Scenario::start(
+            &format!("family-{family}"),
+            &format!("f:{family}"),
+            &[("VGPU_IDLE_SWAP", "manual")],
+        );
+        resident(&mut p, true);
+        assert!(p.table().request_swap_out().is_some());
+        p.wait_swapped(true, Duration::from_secs(10));
+        p.go();
+        p.reach("first");
+        assert_eq!(p.value("first"), 0, "{family}");
+        let snap = p.snapshot();
+        assert!(!snap.processes[0].swapped_out, "{family}: still out");
+        assert_eq!(snap.devices[0].host, 0, "{family}: not all back");
+        assert_eq!(snap.devices[0].data, RESIDENT_DATA, "{family}");
+        p.go();
+        p.reach("back");
+        assert_eq!(p.value("unwritten_after_swap"), 0, "{family}: data lost");
+        p.go();
+        p.finish();
+    }
+}
+
+#[test]
+fn plain_allocations_made_movable_are_swapped_out_and_refuse_ipc() {
+    let mut p = Scenario::start(
+        "movable",
+        "m",
+        &[("VGPU_IDLE_SWAP", "manual"), ("VGPU_SWAP_MOVABLE", "1")],
+    );
+    p.reach("idle");
+    assert_ne!(
+        p.value("ipc"),
+        0,
+        "movable memory has no IPC handle: refused, not a handle to the wrong memory"
+    );
+    assert!(p.stderr().contains("VGPU_SWAP_MOVABLE=0"), "{}", p.stderr());
+    let before = p.snapshot();
+    assert_eq!(before.devices[0].data, 3 * CHUNK);
+    assert_eq!(before.devices[0].host, 0, "nothing oversubscribed");
+    assert!(p.table().request_swap_out().is_some());
+    let out = p.wait_swapped(true, Duration::from_secs(10));
+    assert_eq!((out.devices[0].data, out.devices[0].host), (0, 3 * CHUNK));
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    let back = p.snapshot();
+    assert_eq!((back.devices[0].data, back.devices[0].host), (3 * CHUNK, 0));
+    p.go();
+    p.finish();
+    // Without the switch the same program's memory cannot move: nothing is swapped.
+    let mut p = Scenario::start("not-movable", "m", &[("VGPU_IDLE_SWAP", "manual")]);
+    p.reach("idle");
+    assert_eq!(p.value("ipc"), 0, "plain memory keeps its IPC handle");
+    assert!(p.table().request_swap_out().is_some());
+    let start = Instant::now();
+    while !p
+        .stderr()
+        .contains("no device memory of this process can move")
+    {
+        assert!(start.elapsed() < Duration::from_secs(10), "{}", p.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(p.snapshot().devices[0].host, 0);
+    p.go();
+    p.reach("back");
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn threads_at_work_never_lose_a_write_to_swaps_asked_for_all_the_time() {
+    let mut p = Scenario::start(
+        "threads",
+        "t",
+        &[("VGPU_IDLE_SWAP", "manual"), ("VGPU_SWAP_MOVABLE", "1")],
+    );
+    loop {
+        let mut line = String::new();
+        assert!(p.stdout.read_line(&mut line).unwrap() > 0, "{}", p.stderr());
+        if line.trim() == "working" {
+            break;
+        }
+    }
+    let table = p.table();
+    // Ask every 5 ms while three threads write and read their buffers.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) && p.child.try_wait().unwrap().is_none() {
+        table.request_swap_out();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut p.stdout, &mut rest).unwrap();
+    p.out.push_str(&rest);
+    assert!(
+        p.child.wait().unwrap().success(),
+        "{}\n{}",
+        p.out,
+        p.stderr()
+    );
+    assert_eq!(
+        p.value("wrong"),
+        0,
+        "a write was lost or a read saw old data"
+    );
+    let log = p.stderr();
+    let outs = log.matches("swapped out").count();
+    let ins = log.matches("swapped back in after").count();
+    // Whether a swap-out finds a quiet moment is timing; what it must never do is break the
+    // data. Most runs swap many times; none may swap without coming back.
+    assert!(ins + 1 >= outs, "{outs} out, {ins} in:\n{log}");
+    eprintln!("threads: {outs} swap-outs, {ins} swap-ins");
+}
+
+#[test]
+fn a_request_in_the_shared_file_swaps_out_a_manual_process() {
+    let mut p = Scenario::start("manual", "plain", &[("VGPU_IDLE_SWAP", "manual")]);
+    resident(&mut p, true);
+    // Not idle-triggered: nothing moves by itself.
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(!p.snapshot().processes[0].swapped_out, "swapped unasked");
+    assert!(p.table().request_swap_out().is_some());
+    let out = p.wait_swapped(true, Duration::from_secs(10));
+    assert_eq!(out.devices[0].host, CHUNK);
+    p.go();
+    p.reach("back");
+    assert_eq!(p.snapshot().devices[0].host, 0);
+    assert_eq!(p.value("unwritten_after_swap"), 0);
+    assert_eq!(p.value("unwritten_after_fill"), 0);
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn a_process_that_resolved_an_ungated_function_is_never_swapped_out() {
+    let mut p = Scenario::start("uncovered", "u", &[("VGPU_IDLE_SWAP", "manual")]);
+    resident(&mut p, true);
+    assert!(p.table().request_swap_out().is_some());
+    let start = Instant::now();
+    while !p.stderr().contains("not swapping out") {
+        assert!(start.elapsed() < Duration::from_secs(10), "{}", p.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        p.stderr().contains("resolved cuMemsetD16Async"),
+        "the refusal names the function: {}",
+        p.stderr()
+    );
+    let snap = p.snapshot();
+    assert!(!snap.processes[0].swapped_out);
+    assert_eq!(snap.devices[0].host, 0);
+    p.go();
+    p.reach("back");
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn without_the_switch_nothing_is_swapped_and_requests_are_ignored() {
+    let mut p = Scenario::start("off", "plain", &[]);
+    resident(&mut p, true);
+    assert!(p.table().request_swap_out().is_some());
+    std::thread::sleep(Duration::from_millis(500));
+    let snap = p.snapshot();
+    assert!(!snap.processes[0].swapped_out);
+    assert_eq!(snap.devices[0].host, 0);
+    p.go();
+    p.reach("back");
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn a_swap_in_without_room_waits_then_fails_cleanly_and_the_data_survives() {
+    let mut p = Scenario::start(
+        "crowded",
+        "crowded",
+        &[("VGPU_IDLE_SWAP", "200ms"), ("VGPU_SWAP_IN_WAIT", "300ms")],
+    );
+    resident(&mut p, false);
+    p.wait_swapped(true, Duration::from_secs(10));
+    p.go();
+    p.reach("refused");
+    // The room the swap-out released went to a new allocation, on the device.
+    assert_eq!(p.value("refilled"), 0);
+    assert_eq!(
+        p.value("launch_while_full"),
+        2,
+        "a launch with no room to swap in is CUDA_ERROR_OUT_OF_MEMORY"
+    );
+    let snap = p.snapshot();
+    assert!(snap.processes[0].swapped_out, "still out");
+    assert_eq!(snap.devices[0].host, CHUNK, "still whole in host memory");
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    assert_eq!(p.value("unwritten_after_fill"), 0);
+    assert_eq!(p.snapshot().devices[0].host, 0);
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn a_process_killed_at_any_point_of_its_swaps_leaves_the_table_exact() {
+    // Swapped out every 60 ms of idleness and back on the next copy, killed at instants
+    // spread over the cycle: out, in, between, or in the middle of a move.
+    for (k, at_ms) in [37u64, 101, 163, 229, 307, 401, 499, 613]
+        .into_iter()
+        .enumerate()
+    {
+        let mut p = Scenario::start(
+            &format!("kill{k}"),
+            "y",
+            &[("VGPU_IDLE_SWAP", "20ms"), ("LIBCUDA_LOG_LEVEL", "0")],
+        );
+        loop {
+            let mut line = String::new();
+            assert!(p.stdout.read_line(&mut line).unwrap() > 0, "ended early");
+            if line.trim() == "cycling" {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(at_ms));
+        p.child.kill().unwrap();
+        p.child.wait().unwrap();
+        // A writable look sweeps the dead process: nothing of it may stay counted.
+        let snap = p.table().snapshot();
+        assert!(snap.processes.is_empty(), "{snap:?}");
+        let d = &snap.devices[0];
+        assert_eq!(
+            (d.used, d.data, d.context, d.host),
+            (0, 0, 0, 0),
+            "killed after {at_ms} ms: {d:?}"
+        );
+    }
+}
+
+#[test]
+fn swapping_cycles_keep_the_data_whole() {
+    let p = program();
+    let cache = p.fresh_cache("cycles.cache");
+    let out = p
+        .hooked(&["y"], &cache)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .env("VGPU_SIM_TOTAL_MEM", "128m")
+        .env("VGPU_SIM_CTX_OVERHEAD", "16m")
+        .env("VGPU_SIM_MODULE_OVERHEAD", "0")
+        .env("VGPU_SIM_HOST_PINNED_LIMIT", "1g")
+        .env("VGPU_RECONCILE_MS", "off")
+        .env("VGPU_IDLE_SWAP", "20ms")
+        .env("LIBCUDA_LOG_LEVEL", "3")
+        .env_remove("VGPU_HOST_SPILL")
+        .env_remove("VGPU_DEVICE_RESERVE")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VGPU_SUBALLOC")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    let outs = err.matches("swapped out 16777216 bytes").count();
+    let ins = err.matches("swapped back in after").count();
+    assert!(
+        outs >= 10,
+        "only {outs} swap-outs in 40 idle spells:\n{err}"
+    );
+    assert!(ins >= outs - 1, "{outs} out, {ins} in:\n{err}");
+}
