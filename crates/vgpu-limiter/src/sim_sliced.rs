@@ -74,7 +74,13 @@ pub struct SliceParams {
     /// Dead time of a switch at slice expiry (the running context is preempted).
     pub switch_cost: Nanos,
     /// Dead time of a switch away from a context with no visible work (it yielded, or the
-    /// GPU was idle with it resident).
+    /// GPU was idle with it resident). The H200 (`gpu-tests/compute/switch_probe.sh`) lost
+    /// 0.1–0.2 ms per turn handed over after a queue had been empty for ~10 µs, as much as a
+    /// preempting switch; [`SliceParams::h200`] keeps 20 µs all the same: at 150 µs the model's
+    /// launch-bound service, whose queue empties between its kernels, pays switches its H200
+    /// counterpart does not show (model p99 1.37× alone beside a best-effort loop, H200
+    /// 1.01×), so what the GPU does after a gap of a few µs is not this number; a model with
+    /// the gap's length in it is to be measured first.
     pub yield_cost: Nanos,
     /// How long a context whose visible work ran out keeps the GPU while more of its work is
     /// on its way (submitted, not yet visible) before it yields: the GPU notices an idle
@@ -96,8 +102,8 @@ pub struct SliceParams {
 }
 
 impl SliceParams {
-    /// The H200 as measured (docs: field facts, "Default time slicing"); the yield cost and
-    /// the renewal rule are not measured. The marker's drain (the limiter learned up to 2.7 µs
+    /// The H200 as measured (docs: field facts, "Default time slicing"); the yield cost (see
+    /// [`SliceParams::yield_cost`]) and the renewal rule are not settled. The marker's drain (the limiter learned up to 2.7 µs
     /// there, from training and kernel loops) is left out here: this model gives it to
     /// markers only, where on the H200 a kernel that runs alone on an idle engine pays a
     /// ramp of its own as well, so a launch-bound stream's clean samples matched its GPU time

@@ -194,7 +194,15 @@ impl EventFns {
     /// Whether `stream` is being captured into a graph. An error counts as "not capturing":
     /// the launch then most likely fails too, and a failing event record only leaves the
     /// launch unmeasured (charged its estimate).
+    ///
+    /// The legacy default stream (the null handle of a legacy entry point, or
+    /// `CU_STREAM_LEGACY`) is never captured: the driver refuses to begin a capture on it.
+    /// Most PyTorch work runs there, so its launches skip the driver call (one of the two
+    /// the limited launch path makes on every launch).
     pub(super) fn capturing(&self, stream: CUstream) -> bool {
+        if (stream as usize) <= 1 {
+            return false;
+        }
         let mut status = CUstreamCaptureStatus(0);
         // SAFETY: valid out-pointer; the stream handle is the application's, as it passes
         // it to the launch.
