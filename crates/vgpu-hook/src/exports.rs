@@ -61,11 +61,21 @@ macro_rules! swap_gate {
     (; $call:expr) => {
         $call
     };
+    // Swapping off (the default): the call as it is, after one relaxed load. The gate's
+    // closure is built only past that branch, so the export's fast path stays what it was.
     (touches; $call:expr) => {
-        crate::swap::touching(|| $call)
+        if crate::swap::off() {
+            $call
+        } else {
+            crate::swap::touching(|| $call)
+        }
     };
     (ends_context; $call:expr) => {
-        crate::swap::ending_context(|| $call)
+        if crate::swap::off() {
+            $call
+        } else {
+            crate::swap::ending_context(|| $call)
+        }
     };
 }
 

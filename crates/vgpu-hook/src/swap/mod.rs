@@ -25,14 +25,24 @@ use crate::log::{INFO, MSG, WARN, vlog};
 use crate::real;
 use crate::state::{self, Enforcement, Ready};
 
-/// The gate of a `touches` entry (the generated export calls it around the call).
+/// Whether swapping is off in this process (one relaxed load): the generated exports then
+/// make their call without the gate.
 #[inline(always)]
+pub(crate) fn off() -> bool {
+    gate::GATE.load(std::sync::atomic::Ordering::Relaxed) == gate::OFF
+}
+
+/// The gate of a `touches` entry (the generated export calls it around the call once
+/// swapping is on; out of line, so the export's own path keeps one copy of its call).
+#[cold]
+#[inline(never)]
 pub(crate) fn touching(call: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
     gate::pass(gate::Kind::Touches, call, swap_in)
 }
 
 /// The gate of an `ends_context` entry.
-#[inline(always)]
+#[cold]
+#[inline(never)]
 pub(crate) fn ending_context(call: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
     gate::pass(gate::Kind::EndsContext, call, |_| Ok(()))
 }
