@@ -37,6 +37,26 @@ macro_rules! export_fns {
             // A shape's implementation is an `unsafe fn` where it reads the caller's pointers.
             #[allow(unused_unsafe)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                // The call in the swap gate: out of line, so that with swapping off (one
+                // relaxed load) the export below is the call alone, as without the gate.
+                #[cold]
+                #[inline(never)]
+                #[allow(dead_code, clippy::too_many_arguments)]
+                unsafe fn gated($($arg: $ty),*) -> $ret {
+                    let forward = move |lib: &$lib| -> Result<(), $ret> {
+                        let real = lib.h.$name.ok_or($missing)?;
+                        // SAFETY: as below.
+                        unsafe { real($($arg),*) }.ok()
+                    };
+                    guard(stringify!($name), || {
+                        code(swap_gate!(gated $($touches)?; shape!($name, $kind, $load, forward,
+                            ($($arg),*) $(; $verb $($target)? $(($($shape_arg),*))?)?)))
+                    })
+                }
+                if !swap_gate!(off $($touches)?) {
+                    // SAFETY: the caller's arguments, passed on.
+                    return unsafe { gated($($arg),*) };
+                }
                 let forward = move |lib: &$lib| -> Result<(), $ret> {
                     let real = lib.h.$name.ok_or($missing)?;
                     // SAFETY: the real function of exactly this signature (the declaration
@@ -44,8 +64,8 @@ macro_rules! export_fns {
                     unsafe { real($($arg),*) }.ok()
                 };
                 guard(stringify!($name), || {
-                    code(swap_gate!($($touches)?; shape!($name, $kind, $load, forward, ($($arg),*)
-                        $(; $verb $($target)? $(($($shape_arg),*))?)?)))
+                    code(shape!($name, $kind, $load, forward, ($($arg),*)
+                        $(; $verb $($target)? $(($($shape_arg),*))?)?))
                 })
             }
         )*
@@ -56,26 +76,24 @@ macro_rules! export_fns {
 }
 
 /// The swap gate around the call, by the entry's gate (`vgpu_cuda_abi`'s symbol docs;
-/// docs/swap.md): none, `touches` or `ends_context`.
+/// docs/swap.md): none, `touches` or `ends_context`. `off ...`: whether the export makes its
+/// call without the gate (always for an entry without one; for the others while swapping is
+/// off, one relaxed load); `gated ...`: the call in the gate.
 macro_rules! swap_gate {
-    (; $call:expr) => {
+    (off) => {
+        true
+    };
+    (off $gate:ident) => {
+        crate::swap::off()
+    };
+    (gated; $call:expr) => {
         $call
     };
-    // Swapping off (the default): the call as it is, after one relaxed load. The gate's
-    // closure is built only past that branch, so the export's fast path stays what it was.
-    (touches; $call:expr) => {
-        if crate::swap::off() {
-            $call
-        } else {
-            crate::swap::touching(|| $call)
-        }
+    (gated touches; $call:expr) => {
+        crate::swap::touching(|| $call)
     };
-    (ends_context; $call:expr) => {
-        if crate::swap::off() {
-            $call
-        } else {
-            crate::swap::ending_context(|| $call)
-        }
+    (gated ends_context; $call:expr) => {
+        crate::swap::ending_context(|| $call)
     };
 }
 
