@@ -235,6 +235,21 @@ impl CostTable {
         self.drain = self.drains.median().unwrap_or(0.0).max(0.0);
     }
 
+    /// What a back-to-back segment whose launches were charged `charged` is charged, given
+    /// its `span`: every launch of it was queued before the GPU reached its start marker, so
+    /// all of them ran inside the span, which (less the end marker's drain, charged on its
+    /// own) bounds their GPU time from above, as their costs do. The tighter bound is charged:
+    /// costs learned from samples can be high in the flow (each sample pays a bracket's ramp
+    /// and drain, which the learned drain may not cover for every kind of kernel), and the
+    /// span cannot be low, whatever else ran inside it (another context's slice makes it
+    /// long, and the costs are charged then).
+    pub fn within_span(&self, charged: f64, span: f64) -> f64 {
+        if !span.is_finite() {
+            return charged;
+        }
+        charged.min((span - self.drain).max(0.0))
+    }
+
     /// The mean cost of the launches charged lately, if any was known.
     pub fn mean(&self) -> Option<f64> {
         (self.mean_n > 0.0).then(|| self.mean_sum / self.mean_n)
@@ -578,5 +593,23 @@ mod tests {
                 assert_eq!(cached, fresh, "identity {id} after step {i}");
             }
         }
+    }
+
+    #[test]
+    fn a_back_to_back_segment_is_charged_at_most_its_span() {
+        let mut t = CostTable::default();
+        // Segments of 10 launches whose samples say 10 µs each took 100 µs less 9 drains of
+        // 2 µs: the drain is 2 µs.
+        for _ in 0..DRAINS {
+            t.back_to_back(100_000.0, 82_000.0, 10);
+        }
+        assert_eq!(t.drain(), 2_000.0);
+        // Charged 80 µs, it ran in 62 µs (its end marker's 2 µs are charged apart): 60 µs.
+        assert_eq!(t.within_span(80_000.0, 62_000.0), 60_000.0);
+        // Another context's slice inside the span makes it long: the costs stand.
+        assert_eq!(t.within_span(80_000.0, 2_500_000.0), 80_000.0);
+        // A span shorter than the drain charges nothing more, never less than nothing.
+        assert_eq!(t.within_span(80_000.0, 1_000.0), 0.0);
+        assert_eq!(t.within_span(80_000.0, f64::NAN), 80_000.0);
     }
 }

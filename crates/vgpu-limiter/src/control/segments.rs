@@ -282,6 +282,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 actual = self.costs.cost(id).unwrap_or(span);
             } else if seg.back_to_back {
                 self.costs.back_to_back(seg.sampled, span, seg.launches);
+                actual = self.costs.within_span(actual, span);
             } else if seg.unknown > 0 {
                 let known = seg.charged - seg.unknown_charged;
                 let bound = self
