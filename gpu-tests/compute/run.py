@@ -152,6 +152,17 @@ def parse_result(stdout_path, rc):
         return {"ok": False, "error": f"unreadable RESULT: {e}"}
 
 
+def charged_util(status_text):
+    """A container's published SM utilization (percent; its processes' sum) from `vgpu status
+    --json` output, or None when the output is not a status with processes."""
+    try:
+        st = json.loads(status_text)
+        procs = st["processes"]
+        return float(sum(d.get("sm_utilization_percent", 0) for p in procs for d in p.get("devices", [])))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def read(path):
     try:
         with open(path, errors="replace") as f:
@@ -271,8 +282,13 @@ class Bench:
         if status:
             status.join(timeout=15)
         rec["vgpu_status"] = getattr(status, "out", None)
+        charged = getattr(status, "charged", None)
         rec["device_util"] = self.sampler.device_mean(start, start + self.args.seconds)
         rec["tenants"] = [self.tenant_record(L, i, nvml_pids[i]) for i in range(n)]
+        for i, t in enumerate(rec["tenants"]):
+            if charged and charged[i]:
+                t["charged_samples"] = charged[i]
+                t["charged_util"] = measure.median(charged[i])
         rec["duration_s"] = round(time.time() - t_begin, 3)
         self.exiting.append((L, rec))
         self.reap()
@@ -349,26 +365,43 @@ class Bench:
             self.pid_list_failed = True
             return None
 
+    # Fractions of the window at which each vgpu tenant's usage file is read.
+    STATUS_AT = (0.2, 0.4, 0.6, 0.8)
+
     def vgpu_status(self, L, start):
-        """`vgpu status --json` for the first tenant's file, halfway through the window."""
+        """`vgpu status --json` of every tenant's usage file at STATUS_AT of the window: the
+        first tenant's middle snapshot is kept whole (`out`), and each tenant's published
+        utilization (what its limiter charged in its last 100 ms, summed over its processes)
+        is kept per snapshot (`charged`), to set beside NVML's figure."""
         if not (self.args.vgpu and os.access(self.args.vgpu, os.X_OK)):
             return None
         env = dict(os.environ, VGPU_TURN_DIR=L.envs[0].get("VGPU_TURN_DIR", ""))
-        cache = L.envs[0].get("CUDA_DEVICE_MEMORY_SHARED_CACHE", "")
+        caches = [e.get("CUDA_DEVICE_MEMORY_SHARED_CACHE", "") for e in L.envs]
+        secs = self.args.seconds
+        vgpu = self.args.vgpu
 
         class Snap(threading.Thread):
             out = None
 
             def run(snap):
-                time.sleep(max(0.0, start + self.args.seconds / 2 - time.time()))
-                try:
-                    r = subprocess.run([self.args.vgpu, "status", "--json", "--cache", cache],
-                                       capture_output=True, text=True, env=env, timeout=10)
-                    snap.out = (r.stdout or r.stderr)[:20000]
-                except (OSError, subprocess.TimeoutExpired) as e:
-                    snap.out = f"failed: {e}"
+                snap.charged = [[] for _ in caches]
+                for k, at in enumerate(Bench.STATUS_AT):
+                    time.sleep(max(0.0, start + secs * at - time.time()))
+                    for i, cache in enumerate(caches):
+                        try:
+                            r = subprocess.run([vgpu, "status", "--json", "--cache", cache],
+                                               capture_output=True, text=True, env=env, timeout=10)
+                            text = r.stdout or r.stderr
+                        except (OSError, subprocess.TimeoutExpired) as e:
+                            text = f"failed: {e}"
+                        if i == 0 and k == len(Bench.STATUS_AT) // 2:
+                            snap.out = text[:20000]
+                        util = charged_util(text)
+                        if util is not None:
+                            snap.charged[i].append(util)
 
         s = Snap(daemon=True)
+        s.charged = [[] for _ in caches]
         s.start()
         return s
 
@@ -447,6 +480,8 @@ class Bench:
             s += f" p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms"
         if t.get("nvml_util") is not None:
             s += f" nvml {t['nvml_util']:.0f}%"
+        if t.get("charged_util") is not None:
+            s += f" charged {t['charged_util']:.0f}%"
         if t.get("hami_pid_found") is False:
             s += " (HAMi found no host pid: not limited)"
         return s

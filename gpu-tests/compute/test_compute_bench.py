@@ -379,6 +379,17 @@ class Sampling(unittest.TestCase):
         self.assertIsNone(s.device_mean(0, time.time()))
 
 
+class ChargedUtil(unittest.TestCase):
+    def test_a_containers_charged_share_is_its_processes_published_utilization(self):
+        status = {"processes": [{"pid": 1, "devices": [{"index": 0, "sm_utilization_percent": 43}]},
+                                {"pid": 2, "devices": [{"index": 0, "sm_utilization_percent": 7}]}]}
+        self.assertEqual(run.charged_util(json.dumps(status)), 50.0)
+        self.assertEqual(run.charged_util(json.dumps({"processes": []})), 0.0)
+        # A failed call or another document is no figure, not a crash.
+        for text in ("failed: timed out", "{}", "[1, 2]", '{"processes": 3}'):
+            self.assertIsNone(run.charged_util(text), text)
+
+
 class HamiHostPid(unittest.TestCase):
     def test_a_tenant_whose_hami_found_no_host_pid_is_marked(self):
         class Done:
