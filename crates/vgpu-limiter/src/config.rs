@@ -37,7 +37,8 @@ pub struct LimiterConfig {
     /// Closed segments whose markers have not completed (it bounds the markers in flight);
     /// beyond it the open segment grows instead. Launches never wait for it.
     pub max_outstanding: usize,
-    /// The deepest queue of a paced container (GPU time of its launches not yet known run):
+    /// The deepest queue of a paced container beyond the kernel running (GPU time of its
+    /// launches not yet known run):
     /// what the board decides applies to work not yet queued, so a lent share comes back
     /// within this. Four time slices: time slicing never finds a paced queue empty while
     /// its host runs ahead.

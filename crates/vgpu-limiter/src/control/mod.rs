@@ -360,7 +360,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
     /// The queue rule of the plan.
     fn gate_queue(&mut self, now: Nanos, rule: QueueRule, id: LaunchId) -> Result<(), Nanos> {
         let cap = match rule {
-            QueueRule::Paced => self.cfg.deep_queue as f64,
+            // Beyond what is probably running (the oldest segment not known complete): a
+            // kernel longer than the deep queue still has the next one queued behind it, so
+            // the GPU never waits for our host between them.
+            QueueRule::Paced => self.cfg.deep_queue as f64 + self.seg.oldest_charged(),
             QueueRule::Short => self.cfg.short_queue as f64,
             QueueRule::Single => 0.0,
             QueueRule::Hold { until } => {

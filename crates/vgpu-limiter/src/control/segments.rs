@@ -66,6 +66,15 @@ impl<S, M> Segments<S, M> {
             .sum()
     }
 
+    /// What the oldest segment not known complete was charged (the work probably running
+    /// now), or 0.
+    pub(super) fn oldest_charged(&self) -> f64 {
+        self.closed
+            .front()
+            .or(self.open.as_ref())
+            .map_or(0.0, |s| s.charged)
+    }
+
     /// Samples in flight.
     pub(super) fn samples(&self) -> usize {
         self.closed

@@ -278,3 +278,14 @@ fn a_deep_tenant_under_its_cap_is_not_slowed_by_its_own_bookkeeping() {
     assert!(s.waits <= plan + 5, "waits only for the plan: {s:?}");
     assert!(s.waits * 20 < s.launches, "{s:?}");
 }
+#[test]
+fn kernels_longer_than_the_deep_queue_still_queue_one_behind_the_running_one() {
+    // The deep queue (8 ms) bounds what waits beyond the kernel running: counted with the
+    // running kernel, a loop of 5 ms kernels could not queue the next behind it and the GPU
+    // waited for the host between them (82.1% of the GPU under a cap of 99).
+    for dur in [2 * MS, 5 * MS, 12 * MS] {
+        let (_, got) = run_together(vec![(Tenant::cap(99), kernel_loop(dur))], 2);
+        let share = got[0].0 * 100.0;
+        assert!(share >= 97.0, "{dur} ns kernels: {share:.1}%");
+    }
+}
