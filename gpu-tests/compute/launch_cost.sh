@@ -4,6 +4,10 @@
 # reaches (95: the limited path's bookkeeping only) or does (50: paced), alternating rounds.
 #
 #   bash gpu-tests/compute/launch_cost.sh <libvgpu.so> <out-dir> [rounds, default 5]
+#
+# TIMING_LIB=<a libvgpu.so built with `--features launch-timing`> adds one run at cap 95 under
+# it and prints where the limited path's time goes (its line at exit; the build's own clock
+# reads add a few hundred ns, so only the parts' proportions are the measurement).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -30,6 +34,13 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "$r $mode $v" | tee -a "$OUT/launch.txt"
   done
 done
+if [ -n "${TIMING_LIB:-}" ]; then
+  d="$(mktemp -d /tmp/launch-cost.XXXXXX)"
+  CUDA_DEVICE_MEMORY_SHARED_CACHE=$d/c VGPU_TURN_DIR=$d CUDA_DEVICE_SM_LIMIT=95 LIBCUDA_LOG_LEVEL=3 \
+    LD_PRELOAD="$TIMING_LIB" "$OUT/probe" bench_launch $N 2>&1 | grep -E "launch_us|launch timing" \
+    | tee "$OUT/launch-timing.txt"
+  rm -rf "$d"
+fi
 python3 - "$OUT/launch.txt" <<'PY'
 import sys, statistics as st
 from collections import defaultdict

@@ -5,6 +5,7 @@
 #![allow(unsafe_code)] // reads or writes the caller's pointers
 
 use super::*;
+use crate::sm_limit::launch_timing::{part, timed};
 use vgpu_limiter::LaunchId;
 
 /// Runs a launch with the SM limiter around it when one is configured; without one this is
@@ -35,13 +36,19 @@ fn launch_limited(
     id: LaunchId,
     forward: impl Forward,
 ) -> Result<(), CUresult> {
-    let Some(idx) = driver::stream_device(cuda, stream).ok().and_then(dev_index) else {
+    let device = timed!(part::DEVICE, driver::stream_device(cuda, stream));
+    let Some(idx) = device.ok().and_then(dev_index) else {
         return forward(cuda);
     };
     let sm = state::sm_limiter();
-    sm.before_launch(idx, stream, id)?;
-    let r = forward(cuda);
-    sm.after_launch(idx, stream, id, crate::ffi::code(r));
+    timed!(part::ADMIT, sm.before_launch(idx, stream, id))?;
+    #[cfg(feature = "launch-timing")]
+    crate::sm_limit::launch_timing::launched();
+    let r = timed!(part::LAUNCH, forward(cuda));
+    timed!(
+        part::AFTER,
+        sm.after_launch(idx, stream, id, crate::ffi::code(r))
+    );
     r
 }
 

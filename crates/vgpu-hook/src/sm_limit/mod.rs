@@ -46,6 +46,7 @@
 
 mod board;
 mod heartbeat;
+pub(crate) mod launch_timing;
 mod timer;
 mod view;
 
@@ -223,6 +224,10 @@ impl SmLimiter {
         if self.said_stats.swap(true, Ordering::Relaxed) {
             return;
         }
+        #[cfg(feature = "launch-timing")]
+        if let Some(line) = launch_timing::report() {
+            vlog!(INFO, "{line}");
+        }
         for (d, cell) in self.devices.iter().enumerate() {
             let Some(m) = cell.get() else { continue };
             let Ok(mut l) = m.try_lock() else { continue };
@@ -344,7 +349,7 @@ impl SmLimiter {
             return Ok(());
         };
         let key = StreamKey::of(stream);
-        if fns.capturing(stream) {
+        if launch_timing::timed!(launch_timing::part::CAPTURE, fns.capturing(stream)) {
             // Captured launches do not run now; the graph's launch is measured instead.
             return Ok(());
         }

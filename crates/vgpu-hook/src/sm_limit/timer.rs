@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use vgpu_cuda_abi::{CUcontext, CUevent, CUresult, CUstream, CUstreamCaptureStatus, pfn};
 use vgpu_limiter::{Clock, GpuTimer, Nanos, TimerError};
 
+use super::launch_timing::{part, timed};
 use crate::log::{WARN, vlog};
 use crate::published::Published;
 
@@ -269,7 +270,9 @@ impl EventTimer {
 
     fn record_on(&self, event: usize, handle: usize) -> CUresult {
         // SAFETY: an event of the current context and the application's stream handle.
-        unsafe { (self.fns.record)(event as CUevent, handle as CUstream) }
+        timed!(part::EVENTS, unsafe {
+            (self.fns.record)(event as CUevent, handle as CUstream)
+        })
     }
 }
 
@@ -302,7 +305,9 @@ impl GpuTimer for EventTimer {
 
     fn is_complete(&mut self, marker: EventMarker) -> Result<bool, TimerError> {
         // SAFETY: a recorded event we own.
-        let r = unsafe { (self.fns.query)(marker.event as CUevent) };
+        let r = timed!(part::EVENTS, unsafe {
+            (self.fns.query)(marker.event as CUevent)
+        });
         match r {
             CUresult::SUCCESS => Ok(true),
             CUresult::NOT_READY => Ok(false),
@@ -313,8 +318,9 @@ impl GpuTimer for EventTimer {
     fn elapsed(&mut self, start: EventMarker, end: EventMarker) -> Result<Nanos, TimerError> {
         let mut ms = 0f32;
         // SAFETY: valid out-pointer; two completed events we own.
-        let r =
-            unsafe { (self.fns.elapsed)(&mut ms, start.event as CUevent, end.event as CUevent) };
+        let r = timed!(part::EVENTS, unsafe {
+            (self.fns.elapsed)(&mut ms, start.event as CUevent, end.event as CUevent)
+        });
         if r.is_success() {
             Ok((f64::from(ms) * 1e6).max(0.0) as Nanos)
         } else {
