@@ -237,11 +237,13 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
     /// one query per stream with work in flight, not one per segment.
     pub(super) fn poll(&mut self, now: Nanos) {
         self.last_poll = now;
-        let mut pending: Vec<T::Stream> = Vec::new();
+        // The streams found pending (no allocation on the launch path: past eight, later
+        // segments of further streams are asked about each).
+        let mut pending: [Option<T::Stream>; 8] = [None; 8];
         let mut i = 0;
         while i < self.seg.closed.len() {
             let stream = self.seg.closed[i].stream;
-            if pending.contains(&stream) {
+            if pending.contains(&Some(stream)) {
                 i += 1;
                 continue;
             }
@@ -251,7 +253,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             self.stats.queries += 1;
             match self.timer.is_complete(end) {
                 Ok(false) => {
-                    pending.push(stream);
+                    if let Some(free) = pending.iter_mut().find(|p| p.is_none()) {
+                        *free = Some(stream);
+                    }
                     i += 1;
                 }
                 Ok(true) => {
