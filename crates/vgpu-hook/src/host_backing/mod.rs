@@ -535,41 +535,55 @@ fn move_one(
             return Err(code);
         }
     };
-    let copied = (|| {
-        let staging = driver::address_reserve(cuda, e.size, granularity(cuda, &prop))?;
-        let r =
-            driver::map_for_device(cuda, staging, e.size, dev_handle, e.ordinal).and_then(|()| {
-                let c = driver::copy_dtod(cuda, staging, va, e.size);
-                let _ = driver::unmap(cuda, staging, e.size);
-                c
-            });
-        let _ = driver::address_free(cuda, staging, e.size);
-        r
-    })();
-    if let Err(code) = copied {
-        let _ = driver::mem_release(cuda, dev_handle);
+    if let Err(code) = rehome(cuda, va, e, dev_handle, &prop) {
         undo_charge();
-        return Err(code);
-    }
-    driver::unmap(cuda, va, e.size)?;
-    if let Err(code) = driver::map_for_device(cuda, va, e.size, dev_handle, e.ordinal) {
-        // Put the host memory back at the address: the data there is still whole.
-        let restored = driver::map_for_device(cuda, va, e.size, e.handle, e.ordinal);
-        let _ = driver::mem_release(cuda, dev_handle);
-        undo_charge();
-        if restored.is_err() {
-            vlog!(
-                WARN,
-                "{:#x}: could not map its memory again after a failed move",
-                va.0
-            );
-        }
         return Err(code);
     }
     let _ = driver::mem_release(cuda, e.handle);
     ledger.release_host(e.device, e.size);
     e.handle = dev_handle;
     e.place = Place::Device;
+    Ok(())
+}
+
+/// The step every move shares: `e`'s bytes copied into `new` (a fresh allocation located as
+/// `prop` says) through a second address, then `e`'s own address remapped to it. On any
+/// failure `new` is released and the address maps `e.handle` again, its data whole; on
+/// success `e.handle` is the caller's to release.
+fn rehome(
+    cuda: &Cuda,
+    va: CUdeviceptr,
+    e: &Backed,
+    new: CUmemGenericAllocationHandle,
+    prop: &CUmemAllocationProp,
+) -> Result<(), CUresult> {
+    let copied = (|| {
+        let staging = driver::address_reserve(cuda, e.size, granularity(cuda, prop))?;
+        let r = driver::map_for_device(cuda, staging, e.size, new, e.ordinal).and_then(|()| {
+            let c = driver::copy_dtod(cuda, staging, va, e.size);
+            let _ = driver::unmap(cuda, staging, e.size);
+            c
+        });
+        let _ = driver::address_free(cuda, staging, e.size);
+        r
+    })()
+    .and_then(|()| driver::unmap(cuda, va, e.size));
+    if let Err(code) = copied {
+        let _ = driver::mem_release(cuda, new);
+        return Err(code);
+    }
+    if let Err(code) = driver::map_for_device(cuda, va, e.size, new, e.ordinal) {
+        // Put the old memory back at the address: its data is still whole.
+        if driver::map_for_device(cuda, va, e.size, e.handle, e.ordinal).is_err() {
+            vlog!(
+                WARN,
+                "{:#x}: could not map its memory again after a failed move",
+                va.0
+            );
+        }
+        let _ = driver::mem_release(cuda, new);
+        return Err(code);
+    }
     Ok(())
 }
 

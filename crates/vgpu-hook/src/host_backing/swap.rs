@@ -18,7 +18,7 @@ use vgpu_alloc_core::DeviceIndex;
 
 use super::{
     Backed, HostBacked, Place, create_on_host, device_location, granularity, host_location,
-    move_one, round_up,
+    move_one, rehome, round_up,
 };
 use crate::driver;
 use crate::ledger::SharedLedger;
@@ -214,40 +214,9 @@ fn move_out(
             return Err(code);
         }
     };
-    let copied = (|| {
-        let prop = driver::pinned_prop(host_location());
-        let staging = driver::address_reserve(cuda, e.size, granularity(cuda, &prop))?;
-        let r =
-            driver::map_for_device(cuda, staging, e.size, host_handle, e.ordinal).and_then(|()| {
-                let c = driver::copy_dtod(cuda, staging, va, e.size);
-                let _ = driver::unmap(cuda, staging, e.size);
-                c
-            });
-        let _ = driver::address_free(cuda, staging, e.size);
-        r
-    })();
-    if let Err(code) = copied {
-        let _ = driver::mem_release(cuda, host_handle);
+    let prop = driver::pinned_prop(host_location());
+    if let Err(code) = rehome(cuda, va, e, host_handle, &prop) {
         undo_charge();
-        return Err(code);
-    }
-    if let Err(code) = driver::unmap(cuda, va, e.size) {
-        let _ = driver::mem_release(cuda, host_handle);
-        undo_charge();
-        return Err(code);
-    }
-    if let Err(code) = driver::map_for_device(cuda, va, e.size, host_handle, e.ordinal) {
-        // Put the device memory back at the address: its data is still whole.
-        let restored = driver::map_for_device(cuda, va, e.size, e.handle, e.ordinal);
-        let _ = driver::mem_release(cuda, host_handle);
-        undo_charge();
-        if restored.is_err() {
-            vlog!(
-                WARN,
-                "{:#x}: could not map its memory again after a failed swap-out",
-                va.0
-            );
-        }
         return Err(code);
     }
     let _ = driver::mem_release(cuda, e.handle);
