@@ -26,9 +26,12 @@ pub struct LimiterConfig {
     /// in one time slice (2.09 ms) switch least; a launch that would take the burst past
     /// this waits for the next burst, so a burst never outlasts a slice.
     pub burst: Nanos,
-    /// Idle credit: the rate accrues for at most this long while nothing is launched, so
-    /// late wake-ups cost nothing and what a container runs after an idle spell is bounded
-    /// by `rate × credit`.
+    /// Idle credit: GPU time the bucket holds at most. A cap bounds a container's GPU time
+    /// over the windows an operator measures (nvidia-smi and DCGM sample once a second)
+    /// within the cap's 3 points: over any window of T the pacer lets through at most
+    /// `rate × T + credit + burst`, so credit + burst ≤ 30 ms keeps a second within 3
+    /// points. Below that, a step whose busy phase outruns the credit is held although its
+    /// average is under the cap (a training step queues tens of milliseconds at once).
     pub credit: Nanos,
     /// Estimated GPU work after which a completion marker closes a segment.
     pub segment_work: Nanos,
@@ -86,7 +89,7 @@ impl Default for LimiterConfig {
             ceiling_pct: 100,
             priority: 1,
             burst: 2 * MILLIS,
-            credit: 10 * MILLIS,
+            credit: 25 * MILLIS,
             // One marker per half a millisecond of work: a marker costs ~0.2 µs of host time.
             segment_work: 500 * MICROS,
             segment_launches: 64,

@@ -36,10 +36,34 @@
 //! contexts do, of host gaps and of how launches are grouped for completion tracking.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// A launch's identity: equal for launches that do the same work (the hook hashes the
 /// function with its launch geometry, or the graph).
 pub type LaunchId = u64;
+
+/// The cost table's hasher: a launch identity is already a hash of what tells launches
+/// apart, so its bits index the table as they are (SipHash would cost the launch path more
+/// than the lookup).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is reached for a `LaunchId`; any other key is folded in.
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id;
+    }
+}
 
 /// Samples kept per identity; the estimate is their median.
 const SAMPLES: usize = 4;
@@ -121,7 +145,7 @@ impl<const N: usize> Ring<N> {
 /// Per-identity GPU time estimates of one process on one device.
 #[derive(Debug, Default)]
 pub struct CostTable {
-    ids: HashMap<LaunchId, Entry>,
+    ids: HashMap<LaunchId, Entry, BuildHasherDefault<IdHasher>>,
     /// The process's submission latency, when identities sampled both ways tell it.
     latency: Option<f64>,
     stamp: u64,
@@ -146,6 +170,18 @@ pub struct Charge {
     pub cost: f64,
     /// The sample figure behind it (the cost plus a bracket's drain), ns.
     pub sampled: f64,
+}
+
+/// What the launch path needs of an identity, from one lookup ([`CostTable::quote`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Quote {
+    /// What the launch is charged: its cost, or the mean cost of launches so far when its
+    /// identity is unknown (`None` before anything is known).
+    pub charge: Option<Charge>,
+    /// Whether its identity has been sampled.
+    pub known: bool,
+    /// Whether this launch should be sampled (see [`CostTable::wants_sample`]).
+    pub sample_due: bool,
 }
 
 /// What the table holds, for the limiter's report at exit: how its launches would be charged
@@ -189,40 +225,71 @@ impl CostTable {
         self.ids.contains_key(&id)
     }
 
-    /// What to charge a launch of `id` now: its cost, or the mean cost of launches so far
-    /// when it is unknown (`None` before anything is known; `sampled` is the cost then).
-    pub fn charge(&mut self, id: LaunchId) -> Option<Charge> {
+    /// What a launch of `id` would be charged now, whether its identity is known and
+    /// whether it is to be sampled: one lookup, nothing counted (an admission that waits asks
+    /// again). [`Self::count`] counts the launch once it goes.
+    pub fn quote(&mut self, id: LaunchId) -> Quote {
+        let latency = self.latency;
+        let key = latency.map(f64::to_bits);
+        // An unknown identity is always due; a known one at a launch picked at random.
+        let (known, sampled, due) = match self.ids.get_mut(&id) {
+            None => (false, None, None),
+            Some(e) => {
+                let sampled = match e.cached {
+                    Some((est, k)) if k == key => Some(est),
+                    _ => {
+                        let est = estimate_of(e, latency);
+                        e.cached = est.map(|est| (est, key));
+                        est
+                    }
+                };
+                let due = e.chained.n + e.fresh.n < SAMPLES || e.unsampled >= RESAMPLE_AFTER;
+                (true, sampled, Some(due))
+            }
+        };
+        let charge = match sampled {
+            Some(sampled) => Some(Charge {
+                cost: self.less_drain(sampled),
+                sampled,
+            }),
+            None => self.mean().map(|cost| Charge {
+                cost,
+                sampled: cost,
+            }),
+        };
+        Quote {
+            charge,
+            known,
+            sample_due: due.is_none_or(|due| self.pick_sample(due)),
+        }
+    }
+
+    /// Counts a launch of `id` that goes with `quote` (its identity's use and launches, and
+    /// the mean cost the unknown ones are charged).
+    pub fn count(&mut self, id: LaunchId, quote: &Quote) {
         self.stamp += 1;
         let stamp = self.stamp;
-        let known = self.ids.get_mut(&id).map(|e| {
+        if let Some(e) = self.ids.get_mut(&id) {
             e.used = stamp;
             e.unsampled = e.unsampled.saturating_add(1);
             e.launches += 1;
-        });
-        let latency = self.latency;
-        let sampled = known.and_then(|()| {
-            let e = self.ids.get_mut(&id)?;
-            let key = latency.map(f64::to_bits);
-            match e.cached {
-                Some((est, k)) if k == key => Some(est),
-                _ => {
-                    let est = estimate_of(e, latency)?;
-                    e.cached = Some((est, key));
-                    Some(est)
-                }
-            }
-        });
-        if let Some(sampled) = sampled {
-            let cost = self.less_drain(sampled);
-            // A slowly forgetting mean: the fallback follows the current mix of launches.
-            self.mean_sum = 0.999 * self.mean_sum + cost;
-            self.mean_n = 0.999 * self.mean_n + 1.0;
-            return Some(Charge { cost, sampled });
         }
-        self.mean().map(|cost| Charge {
-            cost,
-            sampled: cost,
-        })
+        if let (true, Some(c)) = (quote.known, quote.charge) {
+            // A slowly forgetting mean: the fallback follows the current mix of launches.
+            self.mean_sum = 0.999 * self.mean_sum + c.cost;
+            self.mean_n = 0.999 * self.mean_n + 1.0;
+        }
+    }
+
+    /// What to charge a launch of `id` now, counted as launched ([`Self::quote`] then
+    /// [`Self::count`]).
+    pub fn charge(&mut self, id: LaunchId) -> Option<Charge> {
+        let rng = self.rng;
+        let q = self.quote(id);
+        // Charging picks no sample: the generator is left as it was.
+        self.rng = rng;
+        self.count(id, &q);
+        q.charge
     }
 
     /// A back-to-back segment settled: `launches` launches whose sample figures add up to
@@ -256,15 +323,16 @@ impl CostTable {
     }
 
     /// Whether this launch of `id` should be sampled: the first one, then until its window is
-    /// full (so that one clean sample is likely among them) and again after 32 unsampled
-    /// launches, each time at a launch picked at random (one in 4): a sample then meets other
-    /// contexts' time slices at random, not in step with our own bursts (a kernel that always
-    /// ends a burst is always preempted).
+    /// full (so that one clean sample is likely among them) and again after
+    /// `RESAMPLE_AFTER` unsampled launches, each time at a launch picked at random (one in
+    /// 4): a sample then meets other contexts' time slices at random, not in step with our
+    /// own bursts (a kernel that always ends a burst is always preempted).
     pub fn wants_sample(&mut self, id: LaunchId) -> bool {
-        let due = match self.ids.get(&id) {
-            None => return true,
-            Some(e) => e.chained.n + e.fresh.n < SAMPLES || e.unsampled >= RESAMPLE_AFTER,
-        };
+        self.quote(id).sample_due
+    }
+
+    /// One draw of the sample picker: `due` at one launch in `SAMPLE_ODDS`.
+    fn pick_sample(&mut self, due: bool) -> bool {
         // xorshift64: cheap, deterministic for the tests.
         let mut x = self.rng.max(1);
         x ^= x << 13;

@@ -169,7 +169,7 @@ pub struct App {
     pending: Option<Step>,
     /// A launch call under way: it returns (and the limiter hears of it) once the GPU can
     /// see the kernel.
-    returning: Option<(crate::Ticket, LaunchId)>,
+    returning: Option<crate::Ticket>,
     next: Nanos,
     syncing: bool,
     /// Host cost of one launch call.
@@ -369,8 +369,8 @@ impl World {
     fn step(&mut self, i: usize, t: Nanos) {
         let gpu = self.gpu.clone();
         let app = &mut self.apps[i];
-        if let Some((ticket, id)) = app.returning.take() {
-            app.limiter.launched(ticket, app.stream, id, true);
+        if let Some(ticket) = app.returning.take() {
+            app.limiter.launched(ticket, app.stream, true);
             let called = gpu.params().kernel_latency;
             app.next = t + app.launch_cost.saturating_sub(called).max(1);
             return;
@@ -402,7 +402,7 @@ impl World {
                 Admission::Go(ticket) => {
                     app.launches += 1;
                     gpu.submit_kernel(app.ctx, app.stream, t, d, i as u64);
-                    app.returning = Some((ticket, id));
+                    app.returning = Some(ticket);
                     app.next = t + gpu.params().kernel_latency.min(app.launch_cost);
                 }
                 Admission::Wait(w) => {

@@ -41,15 +41,31 @@ fn launch_limited(
         return forward(cuda);
     };
     let sm = state::sm_limiter();
-    timed!(part::ADMIT, sm.before_launch(idx, stream, id))?;
+    admit_timed(|| sm.before_launch(idx, stream, id))?;
     #[cfg(feature = "launch-timing")]
     crate::sm_limit::launch_timing::launched();
     let r = timed!(part::LAUNCH, forward(cuda));
-    timed!(
-        part::AFTER,
-        sm.after_launch(idx, stream, id, crate::ffi::code(r))
-    );
+    timed!(part::AFTER, sm.after_launch(crate::ffi::code(r)));
     r
+}
+
+/// Admission, timed as `admit` less its sleeps (`wait`) in a `launch-timing` build.
+#[inline(always)]
+fn admit_timed(f: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
+    #[cfg(feature = "launch-timing")]
+    {
+        use crate::sm_limit::launch_timing::{time, total};
+        let waited = total(part::WAIT);
+        let r = time(part::ADMIT, f);
+        // The sleeps are their own part: not admission's host time.
+        crate::sm_limit::launch_timing::untime(part::ADMIT, total(part::WAIT) - waited);
+        r
+    }
+    #[cfg(not(feature = "launch-timing"))]
+    {
+        let _: usize = part::ADMIT;
+        f()
+    }
 }
 
 /// The stream a `_ptsz` entry point runs on: the null stream there is the calling thread's

@@ -368,8 +368,10 @@ impl SmLimiter {
                     return Ok(());
                 }
                 Admission::Wait(ns) => {
-                    slack.get_or_insert_with(WakeSlack::tight).tighten();
-                    std::thread::sleep(Duration::from_nanos(ns));
+                    launch_timing::timed!(launch_timing::part::WAIT, {
+                        slack.get_or_insert_with(WakeSlack::tight).tighten();
+                        std::thread::sleep(Duration::from_nanos(ns));
+                    });
                 }
             }
         }
@@ -430,17 +432,12 @@ impl SmLimiter {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// After a launch of identity `id` on `device`/`stream` that returned `result`.
-    pub(crate) fn after_launch(
-        &self,
-        _device: DeviceIndex,
-        _stream: CUstream,
-        id: LaunchId,
-        result: CUresult,
-    ) {
+    /// After the launch [`Self::before_launch`] admitted on this thread, which returned
+    /// `result`.
+    pub(crate) fn after_launch(&self, result: CUresult) {
         if let Some(mut held) = HELD.with(|h| h.borrow_mut().take()) {
             held.guard
-                .launched(held.ticket, held.key, id, result.is_success());
+                .launched(held.ticket, held.key, result.is_success());
         }
     }
 }

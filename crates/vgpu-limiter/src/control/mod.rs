@@ -6,7 +6,7 @@
 use std::fmt;
 
 pub use crate::config::LimiterConfig;
-use crate::costs::{CostTable, LaunchId};
+use crate::costs::{Charge, CostTable, LaunchId, Quote};
 use crate::plan::{Plan, QueueRule};
 use crate::policy::Policy;
 use crate::share::{Allotment, NodeBoard, ShareClaim, SmMode};
@@ -19,7 +19,7 @@ use publish::{Standing, Usage};
 use segments::Segments;
 
 /// The answer to [`Limiter::admit`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Admission {
     /// Launch now, then hand the ticket to [`Limiter::launched`].
     Go(Ticket),
@@ -41,17 +41,25 @@ enum TicketKind {
 
 /// Proof of admission, handed back with the launch's outcome.
 ///
-/// It says how the launch is to be accounted, so that accounting does not depend on state
-/// another thread may change in between.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// It says how the launch is to be accounted and what it is charged (looked up once, at
+/// admission), so that accounting does not depend on state another thread may change in
+/// between.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ticket {
     kind: TicketKind,
+    charge: Charge,
+    known: bool,
 }
 
 impl Ticket {
     /// A ticket for a launch that is not accounted.
     pub const UNCOUNTED: Ticket = Ticket {
         kind: TicketKind::Uncounted,
+        charge: Charge {
+            cost: 0.0,
+            sampled: 0.0,
+        },
+        known: false,
     };
 
     /// Whether the launch is accounted.
@@ -95,7 +103,7 @@ pub struct LimiterStats {
 /// its cost. A launch may go while the bucket is above minus one burst (so at most a burst
 /// of work is queued ahead of the rate); once below, launches wait until it is back at zero
 /// (hysteresis: a throttled loop runs in bursts and sleeps about once per burst, not once
-/// per launch). The bucket holds at most the rate's idle credit. Kept in GPU time, so a
+/// per launch). The bucket holds at most the idle credit. Kept in GPU time, so a
 /// rate change applies at once to what is owed.
 #[derive(Debug)]
 struct Pacer {
@@ -107,7 +115,7 @@ struct Pacer {
 impl Pacer {
     fn refill(&mut self, now: Nanos, rate: f64, credit: Nanos) {
         let dt = now.saturating_sub(self.at) as f64;
-        self.tokens = (self.tokens + dt * rate).min(rate * credit as f64);
+        self.tokens = (self.tokens + dt * rate).min(credit as f64);
         self.at = now;
     }
 
@@ -284,13 +292,20 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         if !self.cfg.policy.enforces(self.view.utilization_switch()) {
             return Admission::Go(Ticket::UNCOUNTED);
         }
-        match self.gates(now, pct, id) {
+        // The identity's cost, looked up once for every gate and the accounting after.
+        let quote = self.costs.quote(id);
+        match self.gates(now, pct, &quote) {
             Ok(kind) => {
                 self.held_since = None;
                 if kind != TicketKind::Free {
+                    self.costs.count(id, &quote);
                     self.prepare(stream, kind, id);
                 }
-                Admission::Go(Ticket { kind })
+                Admission::Go(Ticket {
+                    kind,
+                    charge: quote.charge.unwrap_or_default(),
+                    known: quote.known,
+                })
             }
             Err(ns) => {
                 self.close_open();
@@ -301,10 +316,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
     }
 
     /// The gates, in order; `Err` is how long to wait.
-    fn gates(&mut self, now: Nanos, pct: u32, id: LaunchId) -> Result<TicketKind, Nanos> {
+    fn gates(&mut self, now: Nanos, pct: u32, quote: &Quote) -> Result<TicketKind, Nanos> {
         let plan = self.current_plan(now, pct);
         self.rate = self.split_with_peers(plan.rate);
-        let due = now.saturating_sub(self.last_poll) >= self.cfg.poll_interval;
+        // A look finds news at most once per segment (one closes every `segment_work` of
+        // GPU time), and the rules that need to know what ran look themselves.
+        let due = now.saturating_sub(self.last_poll) >= self.cfg.segment_work;
         if plan.is_free() && self.peers.active == 0 {
             // The whole GPU and our own queue: nothing to pace or measure (what was
             // measured before still settles).
@@ -316,16 +333,17 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         if due || self.pacer.throttled {
             self.poll(now);
         }
+        let cost = quote.charge.map_or(0.0, |c| c.cost);
         self.gate_calibration()?;
-        self.gate_queue(now, plan.queue, id)?;
+        self.gate_queue(now, plan.queue, cost)?;
         self.pacer.refill(now, self.rate, self.cfg.credit);
         if self.rate < 1.0 {
             // At the whole GPU there is nothing to pace (the queue rule still applies).
-            self.gate_pacer(self.cfg.burst, id)?;
+            self.gate_pacer(self.cfg.burst, cost)?;
         }
         // A sample needs a segment of its own: none while the segments in flight are at their
         // bound (the open one grows instead; see `segments`).
-        let sample = self.costs.wants_sample(id)
+        let sample = quote.sample_due
             && self.seg.samples() < self.cfg.max_samples
             && !self.seg_bound_reached();
         Ok(if sample {
@@ -358,7 +376,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
     }
 
     /// The queue rule of the plan.
-    fn gate_queue(&mut self, now: Nanos, rule: QueueRule, id: LaunchId) -> Result<(), Nanos> {
+    fn gate_queue(&mut self, now: Nanos, rule: QueueRule, this: f64) -> Result<(), Nanos> {
         let cap = match rule {
             // Beyond what is probably running (the oldest segment not known complete): a
             // kernel longer than the deep queue still has the next one queued behind it, so
@@ -380,7 +398,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 self.cfg.short_queue as f64
             }
         };
-        let this = self.costs.cost(id).or(self.costs.mean()).unwrap_or(0.0);
         let mut queued = self.seg.queued();
         if queued > 0.0 && queued + this > cap {
             // The queue only shrinks as segments settle: settle them (one query each) first.
@@ -404,16 +421,15 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         Ok(())
     }
 
-    fn gate_pacer(&mut self, burst: Nanos, id: LaunchId) -> Result<(), Nanos> {
-        let cost = self.costs.cost(id).or(self.costs.mean()).unwrap_or(0.0);
+    fn gate_pacer(&mut self, burst: Nanos, cost: f64) -> Result<(), Nanos> {
         self.pacer.gate(self.rate, burst, cost).inspect_err(|_| {
             self.stats.pace_waits += 1;
         })
     }
 
-    /// Reports the launch of identity `id` that [`Limiter::admit`] let go with `ticket`;
-    /// `ok` is whether the driver accepted it.
-    pub fn launched(&mut self, ticket: Ticket, stream: T::Stream, id: LaunchId, ok: bool) {
+    /// Reports the launch that [`Limiter::admit`] let go with `ticket` (which carries its
+    /// charge); `ok` is whether the driver accepted it.
+    pub fn launched(&mut self, ticket: Ticket, stream: T::Stream, ok: bool) {
         if !ticket.counted() || !ok {
             if ticket.kind == TicketKind::Sample && !ok {
                 // The sample's segment holds nothing: drop it.
@@ -428,8 +444,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             self.horizon = self.horizon.max(now as f64);
             return;
         }
-        let known = self.costs.knows(id);
-        let charge = self.costs.charge(id).unwrap_or_default();
+        let (charge, known) = (ticket.charge, ticket.known);
         if !known {
             self.stats.unknown_launches += 1;
         }
