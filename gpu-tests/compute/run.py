@@ -350,7 +350,7 @@ class Bench:
         counters and, under HAMi-core, whether it found the host pid it limits by."""
         text = read(L.files[i][1])
         out = {"returncode": L.procs[i].poll(), "stderr_tail": text[-STDERR_TAIL:],
-               "limiter_stats": [l for l in text.splitlines() if "limiter stats" in l or "limiter costs" in l][-8:]}
+               "limiter_stats": [l for l in text.splitlines() if "limiter stats" in l or "limiter costs" in l or "launch timing" in l][-8:]}
         if L.unit.mode == "hami":
             out["hami_pid_found"] = not any(s in text for s in HAMI_PID_FAILED)
         return out

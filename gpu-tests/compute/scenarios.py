@@ -162,6 +162,8 @@ SCENARIOS = {s.name: s for s in (
              about="a launch-bound convnet capped at 95 (above its demand), alone"),
     Scenario("solo-gpt-95", (Tenant("gpt-8x768-b8", 95),), (ALONE, "vgpu-cap"),
              about="a GPT-2 training loop capped at 95 (above its demand), alone"),
+    Scenario("solo-resnet50-95", (Tenant("resnet50-b64", 95),), (ALONE, "vgpu-cap"),
+             about="a ResNet-50 (batch 64) capped at 95 (above its demand), alone"),
     Scenario("solo-resnet50-70", (Tenant("resnet50-b64", 70),), (ALONE, "vgpu-cap"),
              about="a ResNet-50 (batch 64) capped at 70 (about its demand), alone"),
     Scenario("train-gpt-resnet50-free", (Tenant("gpt-8x768-b8", 30), Tenant("resnet50-b64")),

@@ -270,21 +270,12 @@ impl EventTimer {
 
     fn record_on(&self, event: usize, handle: usize) -> CUresult {
         // SAFETY: an event of the current context and the application's stream handle.
-        timed!(part::EVENTS, unsafe {
-            (self.fns.record)(event as CUevent, handle as CUstream)
-        })
+        unsafe { (self.fns.record)(event as CUevent, handle as CUstream) }
     }
-}
 
-impl GpuTimer for EventTimer {
-    type Stream = StreamKey;
-    type Marker = EventMarker;
-
-    fn record(&mut self, stream: StreamKey) -> Result<EventMarker, TimerError> {
-        if stream.owner != 0 && stream.owner != thread_token() {
-            // Another thread's per-thread stream cannot be named from this thread.
-            return Err(TimerError { code: -1 });
-        }
+    /// Records a marker on `stream` with a pooled event of the current context (a new one if
+    /// none is idle or the pooled one is stale).
+    fn record_pooled(&mut self, stream: StreamKey) -> Result<EventMarker, TimerError> {
         let ctx = self.fns.current_context().ok_or(TimerError { code: -2 })?;
         if let Some(event) = self.take(ctx) {
             if self.record_on(event, stream.handle).is_success() {
@@ -302,10 +293,23 @@ impl GpuTimer for EventTimer {
             Err(timer_error(r))
         }
     }
+}
+
+impl GpuTimer for EventTimer {
+    type Stream = StreamKey;
+    type Marker = EventMarker;
+
+    fn record(&mut self, stream: StreamKey) -> Result<EventMarker, TimerError> {
+        if stream.owner != 0 && stream.owner != thread_token() {
+            // Another thread's per-thread stream cannot be named from this thread.
+            return Err(TimerError { code: -1 });
+        }
+        timed!(part::RECORD, self.record_pooled(stream))
+    }
 
     fn is_complete(&mut self, marker: EventMarker) -> Result<bool, TimerError> {
         // SAFETY: a recorded event we own.
-        let r = timed!(part::EVENTS, unsafe {
+        let r = timed!(part::QUERY, unsafe {
             (self.fns.query)(marker.event as CUevent)
         });
         match r {
@@ -318,7 +322,7 @@ impl GpuTimer for EventTimer {
     fn elapsed(&mut self, start: EventMarker, end: EventMarker) -> Result<Nanos, TimerError> {
         let mut ms = 0f32;
         // SAFETY: valid out-pointer; two completed events we own.
-        let r = timed!(part::EVENTS, unsafe {
+        let r = timed!(part::ELAPSED, unsafe {
             (self.fns.elapsed)(&mut ms, start.event as CUevent, end.event as CUevent)
         });
         if r.is_success() {

@@ -1041,8 +1041,12 @@ static int cmd_bench_free_live(int live, int n, size_t size) {
     return 0;
 }
 
-/* bench_launch N: N launches of an empty spin kernel; microseconds per launch (host side). */
-static int cmd_bench_launch(int n) {
+/* bench_launch N [IDS [THRASH_KB]]: N launches of an empty spin kernel; microseconds per
+ * launch call (host side). IDS > 1 cycles the grid through IDS sizes (that many launch
+ * identities, as a model's kernels are); THRASH_KB > 0 writes that much memory between two
+ * launches, as a framework's host code does, so the launch path runs with cold caches. With
+ * either, only the launch calls are timed. */
+static int cmd_bench_launch(int n, int ids, int thrash_kb) {
     launch_ready();
     CUstream s;
     must(A.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -1050,11 +1054,28 @@ static int cmd_bench_launch(int n) {
     void *args[] = {&ns};
     for (int i = 0; i < 100; i++) A.cuLaunchKernel(f_spin, 1, 1, 1, 32, 1, 1, 0, s, args, NULL);
     A.cuStreamSynchronize(s);
-    double t0 = now_us();
-    for (int i = 0; i < n; i++) A.cuLaunchKernel(f_spin, 1, 1, 1, 32, 1, 1, 0, s, args, NULL);
-    double t1 = now_us();
+    if (ids <= 1 && thrash_kb <= 0) {
+        double t0 = now_us();
+        for (int i = 0; i < n; i++) A.cuLaunchKernel(f_spin, 1, 1, 1, 32, 1, 1, 0, s, args, NULL);
+        double t1 = now_us();
+        A.cuStreamSynchronize(s);
+        printf("launch_us=%.3f\n", (t1 - t0) / n);
+        return 0;
+    }
+    if (ids < 1) ids = 1;
+    size_t bytes = (size_t)(thrash_kb > 0 ? thrash_kb : 0) * 1024;
+    volatile unsigned char *junk = bytes ? malloc(bytes) : NULL;
+    if (bytes && !junk) die("malloc");
+    double in_calls = 0;
+    for (int i = 0; i < n; i++) {
+        for (size_t b = 0; b < bytes; b += 64) junk[b] = (unsigned char)(junk[b] + i);
+        double t0 = now_us();
+        A.cuLaunchKernel(f_spin, 1 + (unsigned)(i % ids), 1, 1, 32, 1, 1, 0, s, args, NULL);
+        in_calls += now_us() - t0;
+    }
     A.cuStreamSynchronize(s);
-    printf("launch_us=%.3f\n", (t1 - t0) / n);
+    free((void *)junk);
+    printf("launch_us=%.3f\n", in_calls / n);
     return 0;
 }
 
@@ -1214,7 +1235,8 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "bench_alloc")) return cmd_bench_alloc((int)ARG(2), ARG(3));
     if (!strcmp(c, "bench_small")) return cmd_bench_small((int)ARG(2), ARG(3));
     if (!strcmp(c, "bench_free_live")) return cmd_bench_free_live((int)ARG(2), (int)ARG(3), ARG(4));
-    if (!strcmp(c, "bench_launch")) return cmd_bench_launch((int)ARG(2));
+    if (!strcmp(c, "bench_launch"))
+        return cmd_bench_launch((int)ARG(2), argc > 3 ? (int)ARG(3) : 1, argc > 4 ? (int)ARG(4) : 0);
     if (!strcmp(c, "leak")) return cmd_leak(ARG(2));
     if (!strcmp(c, "code") && argc == 4) return cmd_code(argv[2], ARG(3));
     if (!strcmp(c, "hot")) return cmd_hot((int)ARG(2));
