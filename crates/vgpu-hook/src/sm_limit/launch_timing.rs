@@ -84,6 +84,27 @@ mod on {
 #[cfg(feature = "launch-timing")]
 pub(crate) use on::{launched, report, time, total, untime};
 
+/// Ablations for the diagnostic build only (never read by a product build): what part of a
+/// limited launch's cost on a real workload is its markers, and what segment size costs.
+/// `VGPU_DIAG_NO_EVENTS=1`: no marker is ever recorded (nothing is measured; launches are
+/// charged nothing known); `VGPU_DIAG_SEGMENT_WORK=<ns>`: the segments' size.
+#[cfg(feature = "launch-timing")]
+pub(crate) mod diag {
+    pub(crate) fn no_events() -> bool {
+        static NO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *NO.get_or_init(|| std::env::var("VGPU_DIAG_NO_EVENTS").is_ok_and(|v| v == "1"))
+    }
+
+    pub(crate) fn tune(cfg: &mut vgpu_limiter::LimiterConfig) {
+        if let Some(ns) = std::env::var("VGPU_DIAG_SEGMENT_WORK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            cfg.segment_work = ns;
+        }
+    }
+}
+
 /// The parts' indices (see the module's docs).
 pub(crate) mod part {
     pub(crate) const DEVICE: usize = 0;

@@ -413,6 +413,8 @@ impl SmLimiter {
             cfg.mode = SmMode::Share;
             cfg.ceiling_pct = self.ceiling.load(Ordering::Relaxed);
         }
+        #[cfg(feature = "launch-timing")]
+        launch_timing::diag::tune(&mut cfg);
         let view = FileView::new(d, self);
         let board = BoardView::new(d, self);
         Mutex::new(Limiter::new(

@@ -304,6 +304,10 @@ impl GpuTimer for EventTimer {
             // Another thread's per-thread stream cannot be named from this thread.
             return Err(TimerError { code: -1 });
         }
+        #[cfg(feature = "launch-timing")]
+        if super::launch_timing::diag::no_events() {
+            return Err(TimerError { code: -3 });
+        }
         timed!(part::RECORD, self.record_pooled(stream))
     }
 
