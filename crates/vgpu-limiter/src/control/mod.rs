@@ -293,7 +293,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             return Admission::Go(Ticket::UNCOUNTED);
         }
         // The identity's cost, looked up once for every gate and the accounting after.
-        let quote = self.costs.quote(id);
+        let quote = self.costs.quote(id, now);
         match self.gates(now, pct, &quote) {
             Ok(kind) => {
                 self.held_since = None;
