@@ -33,7 +33,9 @@ pub struct LimiterConfig {
     /// points. Below that, a step whose busy phase outruns the credit is held although its
     /// average is under the cap (a training step queues tens of milliseconds at once).
     pub credit: Nanos,
-    /// Estimated GPU work after which a completion marker closes a segment.
+    /// Estimated GPU work after which a completion marker closes a segment; completions are
+    /// looked for once per this much wall time on launches that are not throttled (a look
+    /// finds news at most once per segment).
     pub segment_work: Nanos,
     /// Launches after which a segment is closed regardless of the estimate.
     pub segment_launches: u32,
@@ -51,7 +53,8 @@ pub struct LimiterConfig {
     pub max_samples: usize,
     /// Longest single wait; the caller then asks again (limit changes, monitor flags).
     pub max_wait: Nanos,
-    /// Completions are polled at most this often on launches that are not throttled.
+    /// Shortest wait for the queue to shrink, and the wait while nothing is known of any
+    /// cost yet (the first launch runs alone).
     pub poll_interval: Nanos,
     /// Poll interval while the monitor blocks launches (`recent_kernel < 0`).
     pub blocked_poll: Nanos,
@@ -90,7 +93,9 @@ impl Default for LimiterConfig {
             priority: 1,
             burst: 2 * MILLIS,
             credit: 25 * MILLIS,
-            // One marker per half a millisecond of work: a marker costs ~0.2 µs of host time.
+            // A quarter of a time slice: the deep queue (8 ms) is known to within a sixteenth.
+            // Markers cost a real workload more than their driver calls (see the sample
+            // ration in `costs`); on the H200 most of them were samples', not segments'.
             segment_work: 500 * MICROS,
             segment_launches: 64,
             max_outstanding: 64,
