@@ -142,16 +142,28 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         if self.seg.open.is_some() {
             return;
         }
-        // Chain onto the previous segment's end marker when the GPU has not reached it
-        // yet: the new work queues right behind, so no idle time falls in between.
+        // Chain onto the previous segment's end marker: no marker of its own. A sample does
+        // so only while the GPU has not reached that marker (the new work then queues right
+        // behind it, so no idle time falls in between); otherwise its span would hold the
+        // host's gap. An ordinary segment chains whatever the marker's state: what its span
+        // is used for is decided at its close (`back_to_back`: its start still pending then,
+        // so it was pending all along), and a span with a gap in it is used only to bound
+        // unknown launches by the mean. A marker costs a real workload far more than its
+        // driver call (the sample ration in `costs`), so none is recorded or asked for here.
         let mut start = None;
         if let Some(prev) = self.seg.closed.back_mut()
             && prev.stream == stream
             && prev.end_owned
             && let Some(end) = prev.end
         {
-            self.stats.queries += 1;
-            if let Ok(false) = self.timer.is_complete(end) {
+            let pending = match sample {
+                Some(_) => {
+                    self.stats.queries += 1;
+                    matches!(self.timer.is_complete(end), Ok(false))
+                }
+                None => true,
+            };
+            if pending {
                 prev.end_owned = false;
                 start = Some(end);
             }
