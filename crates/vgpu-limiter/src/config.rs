@@ -33,9 +33,7 @@ pub struct LimiterConfig {
     /// points. Below that, a step whose busy phase outruns the credit is held although its
     /// average is under the cap (a training step queues tens of milliseconds at once).
     pub credit: Nanos,
-    /// Estimated GPU work after which a completion marker closes a segment; completions are
-    /// looked for once per this much wall time on launches that are not throttled (a look
-    /// finds news at most once per segment).
+    /// Estimated GPU work after which a completion marker closes a segment.
     pub segment_work: Nanos,
     /// Launches after which a segment is closed regardless of the estimate.
     pub segment_launches: u32,
@@ -72,7 +70,8 @@ pub struct LimiterConfig {
     /// A container counts as busy this long after its queued work ends: the host's time
     /// between the kernels of one request or step (tens of µs in eager PyTorch) is not lent.
     /// Twice the demand poll, so a demand rewritten at every poll never runs out while the
-    /// container launches.
+    /// container launches. Completions are looked for once per grace on launches that are
+    /// not throttled, so a queue that ran empty is seen within one.
     pub idle_grace: Nanos,
     /// Most work queued while a container of higher priority is on the board: its next
     /// kernel waits at most this plus one kernel of ours.
@@ -93,10 +92,11 @@ impl Default for LimiterConfig {
             priority: 1,
             burst: 2 * MILLIS,
             credit: 25 * MILLIS,
-            // A quarter of a time slice: the deep queue (8 ms) is known to within a sixteenth.
-            // Markers cost a real workload more than their driver calls (see the sample
-            // ration in `costs`); on the H200 most of them were samples', not segments'.
-            segment_work: 500 * MICROS,
+            // One burst: the rules that use what ran work in bursts (a full deep queue waits
+            // for half of its 8 ms; the priority rules close their segment before they wait),
+            // and a marker costs a real workload far more than its driver call (the sample
+            // ration in `costs`).
+            segment_work: 2 * MILLIS,
             segment_launches: 64,
             max_outstanding: 64,
             deep_queue: 8 * MILLIS,

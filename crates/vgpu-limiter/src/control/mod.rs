@@ -319,9 +319,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
     fn gates(&mut self, now: Nanos, pct: u32, quote: &Quote) -> Result<TicketKind, Nanos> {
         let plan = self.current_plan(now, pct);
         self.rate = self.split_with_peers(plan.rate);
-        // A look finds news at most once per segment (one closes every `segment_work` of
-        // GPU time), and the rules that need to know what ran look themselves.
-        let due = now.saturating_sub(self.last_poll) >= self.cfg.segment_work;
+        // A look once per demand grace: the demand on the board covers the queued work plus
+        // a grace, so a queue that ran empty is seen before its demand outlives it by two.
+        // The rules that need to know what ran look themselves.
+        let due = now.saturating_sub(self.last_poll) >= self.cfg.idle_grace;
         if plan.is_free() && self.peers.active == 0 {
             // The whole GPU and our own queue: nothing to pace or measure (what was
             // measured before still settles).

@@ -278,6 +278,34 @@ fn a_deep_tenant_under_its_cap_is_not_slowed_by_its_own_bookkeeping() {
     assert!(s.waits <= plan + 5, "waits only for the plan: {s:?}");
     assert!(s.waits * 20 < s.launches, "{s:?}");
 }
+
+#[test]
+fn a_tenants_markers_are_one_per_burst_of_its_work_and_two_per_sample() {
+    // A marker costs a real workload far more than its driver call (on the H200 a pair of
+    // PyTorch trainers kept plain time slicing's throughput only without them), so the
+    // segments that tell what ran are a burst of work each (2 ms: the rules that use them
+    // work in bursts), plus the samples' own and those a wait closes early. With a marker
+    // per 500 µs of work this pair's trainers recorded about twice that.
+    for (a, b) in [
+        (small_batch_trainer as Maker, large_batch_trainer as Maker),
+        (large_batch_trainer, large_batch_trainer),
+    ] {
+        let mut w = World::new();
+        let x = w.add(Tenant::cap(90), a(1));
+        w.add(Tenant::cap(50), b(2));
+        w.run_until(3 * S);
+        let s = w.apps[x].limiter.stats();
+        let burst = crate::LimiterConfig::default().burst as f64;
+        let bound = s.busy_ns / burst + 2.0 * s.samples as f64 + s.waits as f64;
+        assert!(
+            (s.markers as f64) <= 1.2 * bound,
+            "{} markers for {:.0} ms of work: {s:?}",
+            s.markers,
+            s.busy_ns / 1e6
+        );
+    }
+}
+
 #[test]
 fn kernels_longer_than_the_deep_queue_still_queue_one_behind_the_running_one() {
     // The deep queue (8 ms) bounds what waits beyond the kernel running: counted with the
