@@ -493,9 +493,24 @@ fn a_context_ends_at_once_while_a_swap_out_waits_for_a_busy_context() {
         !snap.processes[0].swapped_out && snap.devices[0].host == 0,
         "memory moved while a kernel could use it: {snap:?}"
     );
+    // The swap-out gives up on the busy context, and says so, while the kernel still runs.
+    let start = Instant::now();
+    while !p.stderr().contains("a context still has work after") {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the swap-out did not give up on the busy context:\n{}",
+            p.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!p.snapshot().processes[0].swapped_out);
     p.go();
     p.reach("back");
-    assert_eq!(p.value("unwritten_after_spin"), 0, "the fill's write was lost");
+    assert_eq!(
+        p.value("unwritten_after_spin"),
+        0,
+        "the fill's write was lost"
+    );
     p.go();
     p.finish();
 }
