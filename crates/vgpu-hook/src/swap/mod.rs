@@ -107,7 +107,8 @@ pub(crate) enum NotSwapped {
     AlreadyOut,
     /// Nothing device-resident can move.
     Nothing,
-    /// A gated call is running (try again later).
+    /// A gated call is running, one ran or a context ended meanwhile, or a context still had
+    /// work after [`IDLE_WAIT`] (try again later).
     Busy,
     /// Refused, for the reason logged.
     Refused(String),
@@ -219,8 +220,12 @@ fn prove_idle(
     let spawned = std::thread::Builder::new()
         .name("vgpu-swap-sync".into())
         .spawn(move || {
-            let _clear = Syncing;
-            let _ = tx.send(synchronize_all(st, cuda, &devices));
+            // Cleared before the answer (the next swap-out may start at once), and on a panic.
+            let r = {
+                let _clear = Syncing;
+                synchronize_all(st, cuda, &devices)
+            };
+            let _ = tx.send(r);
         });
     if let Err(e) = spawned {
         SYNCING.store(false, Ordering::SeqCst);
@@ -240,6 +245,11 @@ fn prove_idle(
         }
         Err(mpsc::RecvTimeoutError::Disconnected) => Err(NotSwapped::Busy),
     }
+}
+
+/// In a forked child: the parent's synchronizing thread did not come along.
+pub(crate) fn reset_in_child() {
+    SYNCING.store(false, Ordering::SeqCst);
 }
 
 fn synchronize_all(st: &Ready, cuda: &Cuda, devices: &[CUdevice]) -> Result<(), NotSwapped> {
