@@ -17,8 +17,9 @@
 //! An entry's bracket may end in a *gate* (docs/swap.md): `touches` (the call can touch
 //! device memory: it runs, copies, sets or orders work on a device, or waits for it; a
 //! process whose memory is swapped out brings it back first, and no memory moves while the
-//! call runs) or `ends_context` (the call ends a context: it waits for a swap operation in
-//! progress, and brings nothing back). [`TOUCHING_FAMILIES`] says which names must have
+//! call runs) or `ends_context` (the call ends a context, named by its one argument: it waits
+//! while a swap-out synchronizes that context or a swap operation moves memory, and brings
+//! nothing back). [`TOUCHING_FAMILIES`] says which names must have
 //! `touches`, from the driver's headers; a test holds the list to it.
 //!
 //! Types are written unqualified: the callback's expansion site needs `use vgpu_cuda_abi::*;`.

@@ -535,8 +535,9 @@ pub(crate) fn ctx_synchronize(cuda: &Cuda) -> Result<(), CUresult> {
 
 /// Makes `ctx` current on this thread above the one there (`cuCtxPushCurrent_v2`).
 pub(crate) fn push_context(cuda: &Cuda, ctx: CUcontext) -> Result<(), CUresult> {
-    // SAFETY: a context of this process the census holds alive (the caller's promise: no
-    // context can end while a swap operation runs, docs/swap.md).
+    // SAFETY: a context of this process the census holds alive (the caller's promise: it
+    // holds the swap lock, or a pin of this context, and no end of it can run meanwhile,
+    // docs/swap.md).
     unsafe { have(cuda.u.cuCtxPushCurrent_v2)?(ctx) }.ok()
 }
 

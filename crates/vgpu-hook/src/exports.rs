@@ -49,7 +49,7 @@ macro_rules! export_fns {
                         unsafe { real($($arg),*) }.ok()
                     };
                     guard(stringify!($name), || {
-                        code(swap_gate!(gated $($touches)?; shape!($name, $kind, $load, forward,
+                        code(swap_gate!(gated $($touches)?; ($($arg),*); shape!($name, $kind, $load, forward,
                             ($($arg),*) $(; $verb $($target)? $(($($shape_arg),*))?)?)))
                     })
                 }
@@ -86,14 +86,15 @@ macro_rules! swap_gate {
     (off $gate:ident) => {
         crate::swap::off()
     };
-    (gated; $call:expr) => {
+    (gated; $args:tt; $call:expr) => {
         $call
     };
-    (gated touches; $call:expr) => {
+    (gated touches; $args:tt; $call:expr) => {
         crate::swap::touching(|| $call)
     };
-    (gated ends_context; $call:expr) => {
-        crate::swap::ending_context(|| $call)
+    // An entry that ends a context has one argument: the context, or the primary's device.
+    (gated ends_context; ($end:ident); $call:expr) => {
+        crate::swap::ending_context($end, || $call)
     };
 }
 

@@ -37,6 +37,8 @@ static CUresult (*cuMemsetD32_v2)(P, unsigned, size_t);
 static CUresult (*cuMemcpyDtoH_v2)(void *, P, size_t);
 static CUresult (*cuMemsetD32Async)(P, unsigned, size_t, H);
 static CUresult (*cuIpcGetMemHandle)(void *, P);
+static CUresult (*cuCtxCreate_v2)(H *, unsigned, int);
+static CUresult (*cuCtxDestroy_v2)(H);
 static unsigned buf[CHUNK / 4];
 static H the_ctx;
 
@@ -85,7 +87,7 @@ int main(int argc, char **argv) {
   CHECK(cuDeviceGet(&dev, 0));
   CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
   CHECK(cuCtxSetCurrent(ctx));
-  CHECK(cuModuleLoadData(&mod, "vgpusim-module: fill"));
+  CHECK(cuModuleLoadData(&mod, "vgpusim-module: fill spin"));
   CHECK(cuModuleGetFunction(&fill, mod, "fill"));
   if (argv[1][0] == 't') { /* threads at work while swap-outs are asked for */
     the_ctx = ctx;
@@ -101,6 +103,33 @@ int main(int argc, char **argv) {
     long long wrong = 0;
     for (int i = 0; i < 3; i++) { pthread_join(t[i], 0); wrong += w[i].wrong; }
     printf("wrong=%lld\n", wrong);
+    printf("end\n");
+    return 0;
+  }
+  if (argv[1][0] == 'b') { /* busy: a long kernel runs while a swap-out is asked for */
+    NEED(cuCtxCreate_v2) NEED(cuCtxDestroy_v2)
+    H other, spin;
+    P y;
+    CHECK(cuModuleGetFunction(&spin, mod, "spin"));
+    CHECK(cuMemAlloc_v2(&y, CHUNK));
+    CHECK(cuMemsetD32_v2(y, 3, CHUNK / 4));
+    CHECK(cuCtxCreate_v2(&other, 0, dev)); /* idle, and ended while the kernel runs */
+    CHECK(cuCtxSetCurrent(ctx));
+    unsigned long long ns = 4000000000ull, words = CHUNK / 4;
+    unsigned nine = 9;
+    void *sargs[] = {&ns};
+    void *fargs[] = {&y, &nine, &words};
+    CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, 0, sargs, 0));
+    /* Queued behind the spin: it writes y once the spin ends, so y must not move before. */
+    CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, 0, fargs, 0));
+    pause_at("busy");
+    double t = now();
+    CUresult r = cuCtxDestroy_v2(other);
+    printf("destroy=%d\ndestroy_ms=%lld\n", (int)r, (long long)((now() - t) * 1000));
+    pause_at("ended");
+    printf("unwritten_after_spin=%lld\n", unwritten(y, 9));
+    pause_at("back");
+    CHECK(cuMemFree_v2(y));
     printf("end\n");
     return 0;
   }
@@ -431,6 +460,57 @@ fn plain_allocations_made_movable_are_swapped_out_and_refuse_ipc() {
     assert_eq!(p.snapshot().devices[0].host, 0);
     p.go();
     p.reach("back");
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn a_context_ends_at_once_while_a_swap_out_waits_for_a_busy_context() {
+    // Issue 27: a swap-out synchronizes every context before it moves anything. One of them
+    // runs a 4 s kernel; meanwhile the program destroys another, idle one. That must not
+    // wait for the busy context (the hook never hangs the program), and nothing may move
+    // while the kernel and the fill queued behind it can still use the memory.
+    let mut p = Scenario::start(
+        "busy",
+        "b",
+        &[("VGPU_IDLE_SWAP", "manual"), ("VGPU_SWAP_MOVABLE", "1")],
+    );
+    p.reach("busy");
+    assert!(p.table().request_swap_out().is_some());
+    // The swapper looks every 100 ms: by now it waits on the busy context.
+    std::thread::sleep(Duration::from_millis(600));
+    p.go();
+    p.reach("ended");
+    assert_eq!(p.value("destroy"), 0);
+    let took = p.value("destroy_ms");
+    assert!(
+        took < 2000,
+        "ending an idle context waited {took} ms for a swap-out\n{}",
+        p.stderr()
+    );
+    let snap = p.snapshot();
+    assert!(
+        !snap.processes[0].swapped_out && snap.devices[0].host == 0,
+        "memory moved while a kernel could use it: {snap:?}"
+    );
+    // The swap-out gives up on the busy context, and says so, while the kernel still runs.
+    let start = Instant::now();
+    while !p.stderr().contains("a context still has work after") {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the swap-out did not give up on the busy context:\n{}",
+            p.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!p.snapshot().processes[0].swapped_out);
+    p.go();
+    p.reach("back");
+    assert_eq!(
+        p.value("unwritten_after_spin"),
+        0,
+        "the fill's write was lost"
+    );
     p.go();
     p.finish();
 }

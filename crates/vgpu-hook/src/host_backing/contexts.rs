@@ -18,6 +18,8 @@ use std::sync::Mutex;
 
 use vgpu_cuda_abi::CUdevice;
 
+use crate::swap::pins::Known;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Seen {
     ctx: usize,
@@ -72,13 +74,24 @@ impl DeviceContexts {
         self.live().retain(|s| !(s.primary && s.device == device));
     }
 
-    /// The live contexts of `device`.
-    pub(crate) fn on(&self, device: CUdevice) -> Vec<usize> {
+    /// The live contexts of `device`, as the swapper pins them.
+    pub(crate) fn known_on(&self, device: CUdevice) -> Vec<Known> {
         self.live()
             .iter()
             .filter(|s| s.device == device)
-            .map(|s| s.ctx)
+            .map(|s| Known {
+                ctx: s.ctx,
+                device: s.device,
+                primary: s.primary,
+            })
             .collect()
+    }
+
+    /// Whether `k` is still alive.
+    pub(crate) fn lives(&self, k: Known) -> bool {
+        self.live()
+            .iter()
+            .any(|s| s.ctx == k.ctx && s.device == k.device && s.primary == k.primary)
     }
 
     /// Whether `ctx` is a context of `device` this process made and the only one there.

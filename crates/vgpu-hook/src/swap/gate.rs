@@ -8,9 +8,10 @@
 //!   counter made odd), checks the gate again, makes the call and marks itself out.
 //! - The gate closed (a swap-out or swap-in in progress, or the memory swapped out): a
 //!   `touches` call waits for the swap lock and brings the memory back first.
-//! - An `ends_context` call, swapping on, runs holding the swap lock whatever the gate says
-//!   (a swap-out synchronizes every context with the gate open: none may end meanwhile), and
-//!   brings nothing back.
+//! - An `ends_context` call, swapping on, waits while a swap-out synchronizes the context it
+//!   ends ([`super::pins`]), then runs holding the swap lock whatever the gate says (no swap
+//!   operation moves memory through a context that is ending), counted as a call, and brings
+//!   nothing back.
 //!
 //! **Invariant (the handshake).** A swap operation, holding the swap lock, closes the gate
 //! and then reads every thread's counter; a thread marks itself inside a call and then reads
@@ -21,6 +22,8 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::pins::{self, Ends};
 
 /// Swapping is off: calls pass with one relaxed load.
 pub(crate) const OFF: u32 = 0;
@@ -41,8 +44,9 @@ pub(crate) struct Swapped {
 
 static LOCK: Mutex<Swapped> = Mutex::new(Swapped { out: false });
 
-/// The swap lock: held by every swap operation for its whole length, and by a gated call
-/// that found the gate closed.
+/// The swap lock: held by a swap-out from the gate's close to the end of its move, by a
+/// swap-in, by a gated call that found the gate closed, and by a context's end. Never held
+/// across a wait for the program's work (a swap-out synchronizes without it).
 pub(crate) fn lock() -> MutexGuard<'static, Swapped> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -83,7 +87,7 @@ pub(crate) enum Kind {
     /// The call can touch device memory: bring everything back first.
     Touches,
     /// The call ends a context: wait for a swap operation in progress, bring nothing back.
-    EndsContext,
+    Ends(Ends),
 }
 
 /// Runs `call` through the gate. `swap_in` brings the memory back (holding the lock); its
@@ -97,18 +101,22 @@ pub(crate) fn pass<E>(
     if GATE.load(Ordering::Relaxed) == OFF {
         return call();
     }
-    if kind == Kind::EndsContext {
-        return ending(call);
+    if let Kind::Ends(end) = kind {
+        return ending(end, call);
     }
     tracked(call, swap_in)
 }
 
-/// A context ends only while no swap operation runs (one synchronizes every context it can
-/// reach, with the gate open): under the swap lock, whatever the gate says. Nothing comes
-/// back for it.
+/// A context ends only while the swapper is not synchronizing it ([`pins`]) and no swap
+/// operation holds the lock: under the swap lock, whatever the gate says. Nothing comes back
+/// for it. It counts as a call, so a swap-out that synchronized before it gives up.
 #[cold]
 #[inline(never)]
-fn ending<E>(call: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+fn ending<E>(end: Ends, call: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+    // Dropped in reverse: the lock, then the end's mark (the census forgot the context
+    // inside the call), then the count.
+    let _inside = Inside::enter();
+    let _ending = pins::ending(end);
     let _held = lock();
     call()
 }
@@ -212,6 +220,7 @@ pub(crate) fn reopen(held: &mut Swapped) {
 /// is built afresh.
 pub(crate) fn reset_in_child() {
     GATE.store(OFF, Ordering::Relaxed);
+    pins::reset_in_child();
     if let Ok(mut t) = THREADS.try_lock() {
         t.clear();
     }
@@ -296,7 +305,11 @@ mod tests {
         assert_eq!(GATE.load(Ordering::SeqCst), CLOSED);
         // A context may still end (the lock is free between operations), and nothing comes
         // back for it.
-        let r: Result<(), &str> = pass(Kind::EndsContext, || Ok(()), |_| unreachable!());
+        let r: Result<(), &str> = pass(
+            Kind::Ends(Ends::Context(0x1)),
+            || Ok(()),
+            |_| unreachable!(),
+        );
         assert_eq!(r, Ok(()));
         assert!(lock().out);
         reopen(&mut lock());
@@ -328,7 +341,7 @@ mod tests {
         let e = Arc::clone(&ended);
         let t = std::thread::spawn(move || {
             let _: Result<(), ()> = pass(
-                Kind::EndsContext,
+                Kind::Ends(Ends::Context(0x1)),
                 || {
                     e.store(true, Ordering::SeqCst);
                     Ok(())

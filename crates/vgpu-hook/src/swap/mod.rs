@@ -4,8 +4,10 @@
 //! - [`gate`]: which calls may run while memory moves (the declaration list's `touches` and
 //!   `ends_context` entries pass through it).
 //! - [`swap_out`]: the move rule for the whole process (every context of the devices
-//!   concerned synchronized, then the gate closed with no gated call since), then
-//!   `host_backing::swap` moves every device-resident movable allocation to host memory.
+//!   concerned synchronized without the swap lock, each pinned against its end while it is,
+//!   then the gate closed with no gated call or end since), then `host_backing::swap` moves
+//!   every device-resident movable allocation to host memory.
+//! - [`pins`]: which context the swapper is synchronizing; only an end of that one waits.
 //! - The swap-in runs in the gate, on the calling thread, before the call; it waits for
 //!   device room up to `VGPU_SWAP_IN_WAIT`, then the call fails with out-of-memory, its
 //!   memory still whole in host memory.
@@ -13,8 +15,11 @@
 //!   shared file's swap-out requests.
 
 pub(crate) mod gate;
+pub(crate) mod pins;
 pub(crate) mod watcher;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use vgpu_cuda_abi::*;
@@ -22,7 +27,7 @@ use vgpu_cuda_abi::*;
 use crate::driver;
 use crate::host_backing::swap::{SwapIn, in_context};
 use crate::log::{INFO, MSG, WARN, vlog};
-use crate::real;
+use crate::real::{self, Cuda};
 use crate::state::{self, Enforcement, Ready};
 
 /// Whether swapping is off in this process (one relaxed load): the generated exports then
@@ -40,11 +45,15 @@ pub(crate) fn touching(call: impl FnOnce() -> Result<(), CUresult>) -> Result<()
     gate::pass(gate::Kind::Touches, call, swap_in)
 }
 
-/// The gate of an `ends_context` entry.
+/// The gate of an `ends_context` entry; `end`: its argument (the context, or the device whose
+/// primary context it releases or resets).
 #[cold]
 #[inline(never)]
-pub(crate) fn ending_context(call: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
-    gate::pass(gate::Kind::EndsContext, call, |_| Ok(()))
+pub(crate) fn ending_context(
+    end: impl Into<pins::Ends>,
+    call: impl FnOnce() -> Result<(), CUresult>,
+) -> Result<(), CUresult> {
+    gate::pass(gate::Kind::Ends(end.into()), call, |_| Ok(()))
 }
 
 fn ready() -> Option<&'static Ready> {
@@ -98,7 +107,8 @@ pub(crate) enum NotSwapped {
     AlreadyOut,
     /// Nothing device-resident can move.
     Nothing,
-    /// A gated call is running (try again later).
+    /// A gated call is running, one ran or a context ended meanwhile, or a context still had
+    /// work after [`IDLE_WAIT`] (try again later).
     Busy,
     /// Refused, for the reason logged.
     Refused(String),
@@ -109,52 +119,26 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
     let (Some(st), Ok(cuda)) = (ready(), real::cuda()) else {
         return Err(NotSwapped::Nothing);
     };
-    let mut held = gate::lock();
-    if held.out {
-        return Err(NotSwapped::AlreadyOut);
-    }
-    if let Some(name) = crate::interpose::uncovered_touching() {
-        return Err(NotSwapped::Refused(format!(
-            "the program resolved {name}, which can touch device memory and which the hook \
-             does not gate: its calls could run while memory moves"
-        )));
-    }
-    let (bytes, contexts) = st.host_backed.swappable();
-    if bytes == 0 {
-        return Err(NotSwapped::Nothing);
-    }
-    if let Some(room) = crate::host_backing::host_headroom() {
-        let need = bytes.saturating_add(crate::host_backing::HOST_RESERVE);
-        if room < need {
-            return Err(NotSwapped::Refused(format!(
-                "{bytes} bytes would not fit the container's memory cgroup ({room} bytes left, \
-                 and pinned memory counts against it)"
-            )));
+    let devices = {
+        let held = gate::lock();
+        if held.out {
+            return Err(NotSwapped::AlreadyOut);
         }
-    }
+        movable(st)?
+    };
     // The move rule (docs/swap.md): every context that can reach the allocations must be
-    // idle. Each is synchronized here with the gate open (the program runs on: nothing of it
-    // waits for us, and none of its contexts can end while the lock is held); then the gate
-    // closes only if no gated call ran since before the first synchronize, so no work was
-    // queued after the waits proved the contexts idle, and none can be until it reopens.
+    // idle. Each is synchronized with the swap lock released and the gate open (the program
+    // runs on: nothing of it waits for us but an end of the context being synchronized, see
+    // `pins`); then the gate closes only if no gated call or end ran since before the first
+    // synchronize, so no work was queued after the waits proved the contexts idle, and none
+    // can be until it reopens.
     let Some(since) = gate::calls() else {
         return Err(NotSwapped::Busy);
     };
-    let mut devices: Vec<CUdevice> = Vec::new();
-    for &(_, d) in &contexts {
-        if !devices.contains(&d) {
-            devices.push(d);
-        }
-    }
-    for dev in devices {
-        for ctx in st.host_backed.contexts.on(dev) {
-            if let Err(e) = in_context(cuda, ctx as CUcontext, || driver::ctx_synchronize(cuda)) {
-                return Err(NotSwapped::Refused(format!(
-                    "synchronizing a context of device {} failed (error {})",
-                    dev.0, e.0
-                )));
-            }
-        }
+    prove_idle(st, cuda, devices, why)?;
+    let mut held = gate::lock();
+    if held.out {
+        return Err(NotSwapped::AlreadyOut);
     }
     if !gate::close(&mut held, since) {
         return Err(NotSwapped::Busy);
@@ -174,11 +158,130 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
     Ok(moved)
 }
 
+/// The devices of the movable memory, or why nothing can move.
+fn movable(st: &Ready) -> Result<Vec<CUdevice>, NotSwapped> {
+    if let Some(name) = crate::interpose::uncovered_touching() {
+        return Err(NotSwapped::Refused(format!(
+            "the program resolved {name}, which can touch device memory and which the hook \
+             does not gate: its calls could run while memory moves"
+        )));
+    }
+    let (bytes, contexts) = st.host_backed.swappable();
+    if bytes == 0 {
+        return Err(NotSwapped::Nothing);
+    }
+    if let Some(room) = crate::host_backing::host_headroom() {
+        let need = bytes.saturating_add(crate::host_backing::HOST_RESERVE);
+        if room < need {
+            return Err(NotSwapped::Refused(format!(
+                "{bytes} bytes would not fit the container's memory cgroup ({room} bytes left, \
+                 and pinned memory counts against it)"
+            )));
+        }
+    }
+    let mut devices: Vec<CUdevice> = Vec::new();
+    for &(_, d) in &contexts {
+        if !devices.contains(&d) {
+            devices.push(d);
+        }
+    }
+    Ok(devices)
+}
+
+/// How long a swap-out waits for the contexts' work to finish before it gives up for now.
+const IDLE_WAIT: Duration = Duration::from_secs(1);
+
+/// A `vgpu-swap-sync` thread is still synchronizing (it may wait on a context that never
+/// goes idle): no other starts until it is done.
+static SYNCING: AtomicBool = AtomicBool::new(false);
+
+/// Clears [`SYNCING`] when the synchronizing thread ends, whatever way.
+struct Syncing;
+
+impl Drop for Syncing {
+    fn drop(&mut self) {
+        SYNCING.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Synchronizes every context of `devices` on a thread of its own, each pinned while it is,
+/// and waits for that up to [`IDLE_WAIT`]: a context still busy then makes the swap-out
+/// give up (`Busy`; the thread finishes its wait alone, holding only that context's pin).
+fn prove_idle(
+    st: &'static Ready,
+    cuda: &'static Cuda,
+    devices: Vec<CUdevice>,
+    why: &str,
+) -> Result<(), NotSwapped> {
+    if SYNCING.swap(true, Ordering::SeqCst) {
+        return Err(NotSwapped::Busy);
+    }
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("vgpu-swap-sync".into())
+        .spawn(move || {
+            // Cleared before the answer (the next swap-out may start at once), and on a panic.
+            let r = {
+                let _clear = Syncing;
+                synchronize_all(st, cuda, &devices)
+            };
+            let _ = tx.send(r);
+        });
+    if let Err(e) = spawned {
+        SYNCING.store(false, Ordering::SeqCst);
+        return Err(NotSwapped::Refused(format!(
+            "cannot start a thread to synchronize the contexts ({e})"
+        )));
+    }
+    match rx.recv_timeout(IDLE_WAIT) {
+        Ok(r) => r,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            vlog!(
+                INFO,
+                "not swapping out ({why}) now: a context still has work after {} ms",
+                IDLE_WAIT.as_millis()
+            );
+            Err(NotSwapped::Busy)
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(NotSwapped::Busy),
+    }
+}
+
+/// In a forked child: the parent's synchronizing thread did not come along.
+pub(crate) fn reset_in_child() {
+    SYNCING.store(false, Ordering::SeqCst);
+}
+
+fn synchronize_all(st: &Ready, cuda: &Cuda, devices: &[CUdevice]) -> Result<(), NotSwapped> {
+    for &dev in devices {
+        for k in st.host_backed.contexts.known_on(dev) {
+            // Ending now: it will be gone, and its end counted (the close would refuse).
+            let Some(_pin) = pins::pin(k) else {
+                return Err(NotSwapped::Busy);
+            };
+            // Ended before the pin: its handle must not be used.
+            if !st.host_backed.contexts.lives(k) {
+                continue;
+            }
+            if let Err(e) = in_context(cuda, k.ctx as CUcontext, || driver::ctx_synchronize(cuda)) {
+                return Err(NotSwapped::Refused(format!(
+                    "synchronizing a context of device {} failed (error {})",
+                    dev.0, e.0
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Logs a refusal (rate-limited per kind of line like every log line).
 pub(crate) fn said_not_swapped(why: &str, n: &NotSwapped) {
     match n {
         NotSwapped::Refused(reason) => vlog!(MSG, "not swapping out ({why}): {reason}"),
-        NotSwapped::Busy => vlog!(INFO, "not swapping out ({why}) now: a call is running"),
+        NotSwapped::Busy => vlog!(
+            INFO,
+            "not swapping out ({why}) now: a call is running or a context has work"
+        ),
         NotSwapped::AlreadyOut => vlog!(INFO, "not swapping out ({why}): already out"),
         NotSwapped::Nothing => vlog!(
             INFO,

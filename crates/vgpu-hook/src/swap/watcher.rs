@@ -41,6 +41,7 @@ pub(crate) fn stop() {
 pub(crate) fn reset_in_child() {
     WORKER.reset_in_child();
     gate::reset_in_child();
+    super::reset_in_child();
 }
 
 /// What the thread remembers between ticks.
