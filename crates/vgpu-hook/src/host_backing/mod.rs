@@ -140,6 +140,48 @@ fn granularity(cuda: &Cuda, prop: &CUmemAllocationProp) -> u64 {
         .unwrap_or(DEVICE_PAGE)
 }
 
+/// Which step of [`map_fresh`] failed, with the driver's answer.
+#[derive(Debug, Clone, Copy)]
+enum Failed {
+    Reserve(CUresult),
+    Create(CUresult),
+    Map(CUresult),
+}
+
+impl Failed {
+    fn code(self) -> CUresult {
+        match self {
+            Failed::Reserve(e) | Failed::Create(e) | Failed::Map(e) => e,
+        }
+    }
+}
+
+/// A fresh address range of `size` mapped for `ordinal` to a new allocation that `create`
+/// makes: the steps a host-backed and a movable allocation share. `Err` leaves nothing
+/// behind.
+fn map_fresh(
+    cuda: &Cuda,
+    size: u64,
+    gran: u64,
+    ordinal: CUdevice,
+    create: impl FnOnce() -> Result<CUmemGenericAllocationHandle, CUresult>,
+) -> Result<(CUdeviceptr, CUmemGenericAllocationHandle), Failed> {
+    let va = driver::address_reserve(cuda, size, gran).map_err(Failed::Reserve)?;
+    let h = match create() {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = driver::address_free(cuda, va, size);
+            return Err(Failed::Create(e));
+        }
+    };
+    if let Err(e) = driver::map_for_device(cuda, va, size, h, ordinal) {
+        let _ = driver::mem_release(cuda, h);
+        let _ = driver::address_free(cuda, va, size);
+        return Err(Failed::Map(e));
+    }
+    Ok((va, h))
+}
+
 fn round_up(n: u64, to: u64) -> Option<u64> {
     n.checked_next_multiple_of(to.max(1))
 }
@@ -168,6 +210,33 @@ impl HostBacked {
             }
             _ => true,
         }
+    }
+
+    /// Records a new allocation at `va` (the table then owns its handle and mapping).
+    fn adopt(
+        &self,
+        va: CUdeviceptr,
+        device: DeviceIndex,
+        (ordinal, context): (CUdevice, CUcontext),
+        size: u64,
+        handle: CUmemGenericAllocationHandle,
+        place: Place,
+    ) {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(
+            va.0,
+            Backed {
+                device,
+                ordinal,
+                context: context as usize,
+                size,
+                handle,
+                place,
+                seq,
+                swapped: false,
+            },
+        );
+        self.live.fetch_add(1, Ordering::Release);
     }
 
     /// Make a host-backed allocation of at least `bytes` at a device address of `ordinal`,
@@ -199,45 +268,19 @@ impl HostBacked {
             );
             e
         };
-        let made = (|| {
-            let va = driver::address_reserve(cuda, size, gran)
-                .map_err(|e| cannot("reserving an address range", e))?;
-            let h = match create_on_host(cuda, size, 0) {
-                Ok(h) => h,
-                Err(e) => {
-                    let _ = driver::address_free(cuda, va, size);
-                    return Err(e);
+        let (va, handle) =
+            match map_fresh(cuda, size, gran, ordinal, || create_on_host(cuda, size, 0)) {
+                Ok(m) => m,
+                Err(failed) => {
+                    ledger.release_host(device, size);
+                    return Err(match failed {
+                        Failed::Reserve(e) => cannot("reserving an address range", e),
+                        Failed::Create(e) => e,
+                        Failed::Map(e) => cannot("mapping it for the device", e),
+                    });
                 }
             };
-            if let Err(e) = driver::map_for_device(cuda, va, size, h, ordinal) {
-                let _ = driver::mem_release(cuda, h);
-                let _ = driver::address_free(cuda, va, size);
-                return Err(cannot("mapping it for the device", e));
-            }
-            Ok((va, h))
-        })();
-        let (va, handle) = match made {
-            Ok(m) => m,
-            Err(e) => {
-                ledger.release_host(device, size);
-                return Err(e);
-            }
-        };
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(
-            va.0,
-            Backed {
-                device,
-                ordinal,
-                context: context as usize,
-                size,
-                handle,
-                place: Place::Host,
-                seq,
-                swapped: false,
-            },
-        );
-        self.live.fetch_add(1, Ordering::Release);
+        self.adopt(va, device, (ordinal, context), size, handle, Place::Host);
         self.on_host.fetch_add(1, Ordering::Release);
         vlog!(
             INFO,

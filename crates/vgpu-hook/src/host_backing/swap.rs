@@ -18,7 +18,7 @@ use vgpu_alloc_core::DeviceIndex;
 
 use super::{
     Backed, HostBacked, Place, create_on_host, device_location, granularity, host_location,
-    move_one, rehome, round_up,
+    map_fresh, move_one, rehome, round_up,
 };
 use crate::driver;
 use crate::ledger::SharedLedger;
@@ -69,44 +69,16 @@ impl HostBacked {
         ledger
             .try_reserve(device, UsageClass::Data, size)
             .map_err(|_: OutOfMemory| CUresult::OUT_OF_MEMORY)?;
-        let made = (|| {
-            let va = driver::address_reserve(cuda, size, gran)?;
-            let h = match driver::mem_create(cuda, size, &prop) {
-                Ok(h) => h,
-                Err(e) => {
-                    let _ = driver::address_free(cuda, va, size);
-                    return Err(e);
-                }
-            };
-            if let Err(e) = driver::map_for_device(cuda, va, size, h, ordinal) {
-                let _ = driver::mem_release(cuda, h);
-                let _ = driver::address_free(cuda, va, size);
-                return Err(e);
-            }
-            Ok((va, h))
-        })();
-        let (va, handle) = match made {
+        let (va, handle) = match map_fresh(cuda, size, gran, ordinal, || {
+            driver::mem_create(cuda, size, &prop)
+        }) {
             Ok(m) => m,
-            Err(e) => {
+            Err(failed) => {
                 ledger.release(device, UsageClass::Data, size);
-                return Err(e);
+                return Err(failed.code());
             }
         };
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(
-            va.0,
-            Backed {
-                device,
-                ordinal,
-                context: context as usize,
-                size,
-                handle,
-                place: Place::Device,
-                seq,
-                swapped: false,
-            },
-        );
-        self.live.fetch_add(1, Ordering::Release);
+        self.adopt(va, device, (ordinal, context), size, handle, Place::Device);
         Ok(va)
     }
 
