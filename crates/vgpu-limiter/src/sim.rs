@@ -431,17 +431,30 @@ pub fn kernel_loop(dur: Nanos) -> Workload {
 /// time before each launch (the framework's per-op overhead), then synchronizes
 /// (`loss.item()`) and does `pause` of host work; one unit of work per step.
 pub fn training(kernels: Vec<(Nanos, LaunchId)>, host: Nanos, pause: Nanos) -> Workload {
+    let kernels = kernels.into_iter().map(|(d, id)| (host, d, id)).collect();
+    training_as(kernels, pause, |_| 1.0)
+}
+
+/// [`training`] with each kernel's own host time before it, `(host, GPU time, identity)`, and
+/// every kernel's GPU time scaled by `clock(now)` when it is launched (the GPU's power
+/// management moving its clock).
+pub fn training_as(
+    kernels: Vec<(Nanos, Nanos, LaunchId)>,
+    pause: Nanos,
+    clock: impl Fn(Nanos) -> f64 + 'static,
+) -> Workload {
     let mut i = 0usize;
     let mut phase = 0u8;
-    Box::new(move |_| {
+    Box::new(move |now| {
         if i < kernels.len() {
+            let (host, dur, id) = kernels[i];
             if phase == 0 && host > 0 {
                 phase = 1;
                 return Step::Pause(host);
             }
             phase = 0;
             i += 1;
-            return Step::Launch(kernels[i - 1].0, kernels[i - 1].1);
+            return Step::Launch((dur as f64 * clock(now)) as Nanos, id);
         }
         match phase {
             0 => {

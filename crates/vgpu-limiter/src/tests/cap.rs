@@ -184,48 +184,25 @@ fn the_monitor_blocks_launches_while_recent_kernel_is_negative() {
 fn deep_mixed_trainer(salt: u64, pause: Nanos) -> Workload {
     let mut kernels = Vec::new();
     for k in 0..50u64 {
-        kernels.push((150 + 50 * (k % 6)) * US);
+        kernels.push((2 * US, (150 + 50 * (k % 6)) * US));
         for j in 0..5u64 {
-            kernels.push((3 + (k + j) % 6) * US);
+            kernels.push((2 * US, (3 + (k + j) % 6) * US));
         }
     }
-    let deep = kernels.len();
     // The optimizer: 160 kernels of 3-6 µs, each after 12 µs of host time (launch-bound).
     for k in 0..160u64 {
-        kernels.push((3 + k % 4) * US);
+        kernels.push((12 * US, (3 + k % 4) * US));
     }
-    let ids: Vec<crate::LaunchId> = (0..kernels.len() as u64)
-        .map(|k| salt * 1_000_003 + k)
+    let kernels = (0..)
+        .zip(kernels)
+        .map(|(k, (host, dur))| (host, dur, salt * 1_000_003 + k))
         .collect();
-    let (mut i, mut phase) = (0usize, 0u8);
-    Box::new(move |now| {
-        if i < kernels.len() {
-            if phase == 0 {
-                phase = 1;
-                return Step::Pause(if i < deep { 2 * US } else { 12 * US });
-            }
-            phase = 0;
-            i += 1;
-            // A slow triangle wave of ±10% with a 40 ms period.
-            let x = (now / MS % 40) as f64 / 20.0;
-            let clock = 0.9 + 0.2 * if x < 1.0 { x } else { 2.0 - x };
-            return Step::Launch((kernels[i - 1] as f64 * clock) as Nanos, ids[i - 1]);
-        }
-        match phase {
-            0 => {
-                phase = 2;
-                Step::Sync
-            }
-            2 => {
-                phase = 3;
-                Step::Done
-            }
-            _ => {
-                (phase, i) = (0, 0);
-                Step::Pause(pause)
-            }
-        }
-    })
+    // A slow triangle wave of ±10% with a 40 ms period.
+    let clock = |now: Nanos| {
+        let x = (now / MS % 40) as f64 / 20.0;
+        0.9 + 0.2 * if x < 1.0 { x } else { 2.0 - x }
+    };
+    training_as(kernels, pause, clock)
 }
 
 #[test]
