@@ -323,6 +323,19 @@ impl Scenario {
         }
     }
 
+    /// Waits up to `within` for the hook's log to say `text`.
+    fn wait_logged(&self, text: &str, within: Duration) {
+        let start = Instant::now();
+        while !self.stderr().contains(text) {
+            assert!(
+                start.elapsed() < within,
+                "no {text:?} in the log within {within:?}:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn value(&self, key: &str) -> i64 {
         self.out
             .lines()
@@ -449,14 +462,10 @@ fn plain_allocations_made_movable_are_swapped_out_and_refuse_ipc() {
     p.reach("idle");
     assert_eq!(p.value("ipc"), 0, "plain memory keeps its IPC handle");
     assert!(p.table().request_swap_out().is_some());
-    let start = Instant::now();
-    while !p
-        .stderr()
-        .contains("no device memory of this process can move")
-    {
-        assert!(start.elapsed() < Duration::from_secs(10), "{}", p.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    p.wait_logged(
+        "no device memory of this process can move",
+        Duration::from_secs(10),
+    );
     assert_eq!(p.snapshot().devices[0].host, 0);
     p.go();
     p.reach("back");
@@ -494,15 +503,7 @@ fn a_context_ends_at_once_while_a_swap_out_waits_for_a_busy_context() {
         "memory moved while a kernel could use it: {snap:?}"
     );
     // The swap-out gives up on the busy context, and says so, while the kernel still runs.
-    let start = Instant::now();
-    while !p.stderr().contains("a context still has work after") {
-        assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "the swap-out did not give up on the busy context:\n{}",
-            p.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    p.wait_logged("a context still has work after", Duration::from_secs(2));
     assert!(!p.snapshot().processes[0].swapped_out);
     p.go();
     p.reach("back");
@@ -583,11 +584,7 @@ fn a_process_that_resolved_an_ungated_function_is_never_swapped_out() {
     let mut p = Scenario::start("uncovered", "u", &[("VGPU_IDLE_SWAP", "manual")]);
     resident(&mut p, true);
     assert!(p.table().request_swap_out().is_some());
-    let start = Instant::now();
-    while !p.stderr().contains("not swapping out") {
-        assert!(start.elapsed() < Duration::from_secs(10), "{}", p.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    p.wait_logged("not swapping out", Duration::from_secs(10));
     assert!(
         p.stderr().contains("resolved cuMemsetD16Async"),
         "the refusal names the function: {}",
