@@ -27,10 +27,9 @@ pub struct LimiterConfig {
     /// this waits for the next burst, so a burst never outlasts a slice.
     pub burst: Nanos,
     /// Idle credit: GPU time the bucket holds at most. A cap bounds a container's GPU time
-    /// over the windows an operator measures (nvidia-smi and DCGM sample once a second)
-    /// within the cap's 3 points: over any window of T the pacer lets through at most
-    /// `rate × T + credit + burst`, so credit + burst ≤ 30 ms keeps a second within 3
-    /// points. Below that, a step whose busy phase outruns the credit is held although its
+    /// over any second within the cap's 3 points: over any window of T the pacer lets
+    /// through at most `rate × T + credit + burst`, so credit + burst ≤ 30 ms keeps a
+    /// second within 3 points. Below that, a step whose busy phase outruns the credit is held although its
     /// average is under the cap (a training step queues tens of milliseconds at once).
     pub credit: Nanos,
     /// Estimated GPU work after which a completion marker closes a segment.

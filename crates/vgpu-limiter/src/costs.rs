@@ -194,7 +194,7 @@ pub struct Quote {
     pub charge: Option<Charge>,
     /// Whether its identity has been sampled.
     pub known: bool,
-    /// Whether this launch should be sampled (see [`CostTable::wants_sample`]).
+    /// Whether this launch should be sampled (the rule is [`CostTable::quote`]'s).
     pub sample_due: bool,
 }
 
@@ -233,15 +233,16 @@ impl CostTable {
         (sampled - self.drain).max(sampled / 2.0)
     }
 
-    /// Whether `id` has been sampled (every entry holds a sample): a lookup, where
-    /// [`Self::cost`] also computes the estimate.
-    pub fn knows(&self, id: LaunchId) -> bool {
-        self.ids.contains_key(&id)
-    }
-
     /// What a launch of `id` would be charged now, whether its identity is known and
     /// whether it is to be sampled: one lookup, nothing counted (an admission that waits asks
     /// again). [`Self::count`] counts the launch once it goes.
+    ///
+    /// Sampled are an identity's first launch, then launches until its window is full (so
+    /// that one clean sample is likely among them), and again after `RESAMPLE_AFTER`
+    /// unsampled launches while the ration lasts (`SAMPLES_PER_SECOND`), each time at a
+    /// launch picked at random (one in 4): a sample then meets other contexts' time slices at
+    /// random, not in step with our own bursts (a kernel that always ends a burst is always
+    /// preempted).
     pub fn quote(&mut self, id: LaunchId, now: crate::Nanos) -> Quote {
         let latency = self.latency;
         let key = latency.map(f64::to_bits);
@@ -304,7 +305,8 @@ impl CostTable {
     }
 
     /// What to charge a launch of `id` now, counted as launched ([`Self::quote`] then
-    /// [`Self::count`]).
+    /// [`Self::count`]; the tests' shorthand).
+    #[cfg(test)]
     pub fn charge(&mut self, id: LaunchId) -> Option<Charge> {
         let (rng, ration, at) = (self.rng, self.ration, self.ration_at);
         let q = self.quote(id, at.unwrap_or(0));
@@ -344,11 +346,8 @@ impl CostTable {
         (self.mean_n > 0.0).then(|| self.mean_sum / self.mean_n)
     }
 
-    /// Whether this launch of `id` should be sampled: the first one, then until its window is
-    /// full (so that one clean sample is likely among them) and again after
-    /// `RESAMPLE_AFTER` unsampled launches, each time at a launch picked at random (one in
-    /// 4): a sample then meets other contexts' time slices at random, not in step with our
-    /// own bursts (a kernel that always ends a burst is always preempted).
+    /// Whether this launch of `id` should be sampled ([`Self::quote`]; the tests' shorthand).
+    #[cfg(test)]
     pub fn wants_sample(&mut self, id: LaunchId, now: crate::Nanos) -> bool {
         self.quote(id, now).sample_due
     }
