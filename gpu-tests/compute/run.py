@@ -22,7 +22,8 @@ Without a GPU (the runner's whole path on sleeping tenants and a fake NVML):
 Modes (scenarios.py): alone (each workload by itself, no hook: the reference), plain (together,
 no hook: time-slicing), hami (HAMi-core, CUDA_DEVICE_SM_LIMIT, GPU_CORE_UTILIZATION_POLICY=FORCE,
 no monitor), vgpu-cap, vgpu-share (VGPU_SM_MODE=share), vgpu-prio (share mode with
-CUDA_TASK_PRIORITY). Each tenant is a container: its own shared file; a scenario's vgpu tenants
+CUDA_TASK_PRIORITY), vgpu-nolimit (the hook without an SM limit: the solo rows of caps above
+the demand). Each tenant is a container: its own shared file; a scenario's vgpu tenants
 share a fresh turn directory per run. A mode whose library is not given is left out (said).
 
 --scenarios: comma-separated names from scenarios.py, `core` (the default: two training pairs

@@ -167,6 +167,13 @@ class Environments(unittest.TestCase):
         best_effort = self.env("vgpu-share", sc.Tenant("matmul-4096"))
         self.assertNotIn("CUDA_DEVICE_SM_LIMIT", best_effort)
 
+    def test_the_hook_without_a_limit_loads_vgpu_and_limits_nothing(self):
+        e = self.env("vgpu-nolimit")
+        self.assertEqual(e["LD_PRELOAD"], "/v/libvgpu.so")
+        self.assertEqual(e["CUDA_DEVICE_MEMORY_SHARED_CACHE"], "/w/c0")
+        for k in ("CUDA_DEVICE_SM_LIMIT", "VGPU_SM_MODE", "CUDA_TASK_PRIORITY"):
+            self.assertNotIn(k, e)
+
     def test_a_hooked_mode_without_its_library_is_an_error(self):
         with self.assertRaises(ValueError):
             sc.tenant_env({}, "hami", sc.Tenant("spin", 30), sc.Libraries(vgpu="/v"), "c", "t")
