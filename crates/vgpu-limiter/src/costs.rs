@@ -86,6 +86,14 @@ const SAMPLE_ODDS: u64 = 4;
 const SAMPLES_PER_SECOND: f64 = 200.0;
 /// Samples the ration holds at most: a new loop's windows fill within a few seconds.
 const SAMPLE_BURST: f64 = 200.0;
+/// Timed ordinary segments per second at most (the others are completion-only: see
+/// `control::segments`). Their spans give the bracket's drain (the median of the last
+/// `DRAINS`) and bound their own charges; a timing marker costs the GPU and the host about
+/// 2 µs each on the H200, so this many cost both under 0.1%, as the samples do, and the
+/// drain's window turns over in a tenth of a second.
+const SPANS_PER_SECOND: f64 = 200.0;
+/// Timed ordinary segments the ration holds at most.
+const SPAN_BURST: f64 = 200.0;
 /// Longest submission latency believed (the launch call's host time is a few µs).
 const MAX_LATENCY: f64 = 20_000.0;
 /// A sample longer than the estimate by more than half the estimate, and by more than this,
@@ -153,6 +161,31 @@ impl<const N: usize> Ring<N> {
     }
 }
 
+/// A ration in time: `per_second` refills, at most `burst` held, full at first.
+#[derive(Debug, Default, Clone, Copy)]
+struct Ration {
+    left: f64,
+    /// When it was last refilled (`None`: never, full).
+    at: Option<crate::Nanos>,
+}
+
+impl Ration {
+    /// Takes one if one is left.
+    fn take(&mut self, now: crate::Nanos, per_second: f64, burst: f64) -> bool {
+        let refill = match self.at {
+            None => burst,
+            Some(at) => now.saturating_sub(at) as f64 * per_second / 1e9,
+        };
+        self.left = (self.left + refill).min(burst);
+        self.at = Some(now);
+        if self.left >= 1.0 {
+            self.left -= 1.0;
+            return true;
+        }
+        false
+    }
+}
+
 /// Per-identity GPU time estimates of one process on one device.
 #[derive(Debug, Default)]
 pub struct CostTable {
@@ -162,9 +195,10 @@ pub struct CostTable {
     stamp: u64,
     /// State of the generator that picks which launches are sampled.
     rng: u64,
-    /// The sample ration: samples left, and when it was last refilled (`None`: never, full).
-    ration: f64,
-    ration_at: Option<crate::Nanos>,
+    /// The sample ration.
+    ration: Ration,
+    /// The ration of timed ordinary segments.
+    spans: Ration,
     /// Sum and count of the estimates handed out, for launches of unknown identity.
     mean_sum: f64,
     mean_n: f64,
@@ -308,10 +342,10 @@ impl CostTable {
     /// [`Self::count`]; the tests' shorthand).
     #[cfg(test)]
     pub fn charge(&mut self, id: LaunchId) -> Option<Charge> {
-        let (rng, ration, at) = (self.rng, self.ration, self.ration_at);
-        let q = self.quote(id, at.unwrap_or(0));
+        let (rng, ration) = (self.rng, self.ration);
+        let q = self.quote(id, ration.at.unwrap_or(0));
         // Charging picks no sample: the generator and the ration are left as they were.
-        (self.rng, self.ration, self.ration_at) = (rng, ration, at);
+        (self.rng, self.ration) = (rng, ration);
         self.count(id, &q);
         q.charge
     }
@@ -354,17 +388,13 @@ impl CostTable {
 
     /// Takes one sample from the ration (refilled at `SAMPLES_PER_SECOND`), if one is left.
     fn take_ration(&mut self, now: crate::Nanos) -> bool {
-        let refill = match self.ration_at {
-            None => SAMPLE_BURST,
-            Some(at) => now.saturating_sub(at) as f64 * SAMPLES_PER_SECOND / 1e9,
-        };
-        self.ration = (self.ration + refill).min(SAMPLE_BURST);
-        self.ration_at = Some(now);
-        if self.ration >= 1.0 {
-            self.ration -= 1.0;
-            return true;
-        }
-        false
+        self.ration.take(now, SAMPLES_PER_SECOND, SAMPLE_BURST)
+    }
+
+    /// Whether the next ordinary segment is timed: one from the span ration
+    /// (`SPANS_PER_SECOND`), if one is left.
+    pub fn take_span(&mut self, now: crate::Nanos) -> bool {
+        self.spans.take(now, SPANS_PER_SECOND, SPAN_BURST)
     }
 
     /// One draw of the sample picker: `due` at one launch in `SAMPLE_ODDS`.

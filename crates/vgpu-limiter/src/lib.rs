@@ -41,4 +41,6 @@ pub use policy::Policy;
 pub use share::{
     Allotment, BoardRecord, BoardReport, BoardRules, NoBoard, NodeBoard, ShareClaim, SmMode,
 };
-pub use traits::{Clock, ContainerView, GpuTimer, Nanos, PeerShare, PeerUsage, TimerError};
+pub use traits::{
+    Clock, ContainerView, GpuTimer, MarkerKind, Nanos, PeerShare, PeerUsage, TimerError,
+};

@@ -30,7 +30,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use crate::{Clock, GpuTimer, Nanos, TimerError};
+use crate::{Clock, GpuTimer, MarkerKind, Nanos, TimerError};
 
 #[cfg(test)]
 mod tests;
@@ -276,6 +276,8 @@ impl MarkerState {
 struct MarkerSlot {
     generation: u32,
     state: MarkerState,
+    /// Recorded as a timed marker (its time may be read).
+    timed: bool,
 }
 
 struct State {
@@ -713,9 +715,23 @@ impl SlicedGpu {
         s.submit(ctx, stream, now, latency, Work::Kernel { left: dur, tag });
     }
 
-    /// Records a marker on `ctx`'s `stream` at host time `now` (the GPU is first advanced
-    /// to `now`).
+    /// Records a timed marker on `ctx`'s `stream` at host time `now` (the GPU is first
+    /// advanced to `now`).
     pub fn record_marker(&self, ctx: CtxId, stream: u32, now: Nanos) -> MarkerId {
+        self.record_marker_as(ctx, stream, now, MarkerKind::Timed)
+    }
+
+    /// Records a marker of `kind`: only a timed one drains the work ahead of it
+    /// ([`SliceParams::marker_cost`]), as on the H200, where a completion-only event costs
+    /// the engine no measurable time.
+    pub fn record_marker_as(
+        &self,
+        ctx: CtxId,
+        stream: u32,
+        now: Nanos,
+        kind: MarkerKind,
+    ) -> MarkerId {
+        let timed = kind == MarkerKind::Timed;
         let mut s = self.0.borrow_mut();
         let slot = match s.free_markers.pop() {
             Some(slot) => slot,
@@ -723,19 +739,21 @@ impl SlicedGpu {
                 s.markers.push(MarkerSlot {
                     generation: 0,
                     state: MarkerState::Free,
+                    timed,
                 });
                 s.markers.len() as u32 - 1
             }
         };
         let m = &mut s.markers[slot as usize];
         m.state = MarkerState::Pending { released: false };
+        m.timed = timed;
         let id = MarkerId {
             slot,
             generation: m.generation,
         };
         s.live_markers += 1;
         let latency = s.p.marker_latency;
-        if s.p.marker_cost > 0 {
+        if timed && s.p.marker_cost > 0 {
             let left = s.p.marker_cost;
             s.submit(
                 ctx,
@@ -750,6 +768,11 @@ impl SlicedGpu {
         }
         s.submit(ctx, stream, now, latency, Work::Marker { slot });
         id
+    }
+
+    /// Whether marker `m` was recorded timed.
+    pub fn is_timed(&self, m: MarkerId) -> bool {
+        self.0.borrow_mut().marker_slot(m).timed
     }
 
     /// When the GPU reached marker `m`, if it has by the simulated time (advance first).
@@ -866,8 +889,10 @@ impl GpuTimer for SlicedTimer {
     type Stream = u32;
     type Marker = MarkerId;
 
-    fn record(&mut self, stream: u32) -> Result<MarkerId, TimerError> {
-        Ok(self.gpu.record_marker(self.ctx, stream, self.clock.now()))
+    fn record(&mut self, stream: u32, kind: MarkerKind) -> Result<MarkerId, TimerError> {
+        Ok(self
+            .gpu
+            .record_marker_as(self.ctx, stream, self.clock.now(), kind))
     }
 
     fn is_complete(&mut self, marker: MarkerId) -> Result<bool, TimerError> {
@@ -880,6 +905,11 @@ impl GpuTimer for SlicedTimer {
         let (Some(s), Some(e)) = (self.gpu.marker_done(start), self.gpu.marker_done(end)) else {
             panic!("elapsed of an incomplete marker");
         };
+        // The driver refuses (CUDA_ERROR_INVALID_HANDLE); the limiter must never ask.
+        assert!(
+            self.gpu.is_timed(start) && self.gpu.is_timed(end),
+            "elapsed of a completion-only marker"
+        );
         Ok(e.saturating_sub(s))
     }
 

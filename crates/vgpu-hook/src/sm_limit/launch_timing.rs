@@ -87,12 +87,24 @@ pub(crate) use on::{launched, report, time, total, untime};
 /// Ablations for the diagnostic build only (never read by a product build): what part of a
 /// limited launch's cost on a real workload is its markers, and what segment size costs.
 /// `VGPU_DIAG_NO_EVENTS=1`: no marker is ever recorded (nothing is measured; launches are
-/// charged nothing known); `VGPU_DIAG_SEGMENT_WORK=<ns>`: the segments' size.
+/// charged nothing known); `VGPU_DIAG_SEGMENT_WORK=<ns>`: the segments' size;
+/// `VGPU_DIAG_EVENT_FLAGS=<n>`: the flags the markers' events are created with (2 =
+/// `CU_EVENT_DISABLE_TIMING`: every marker is recorded and asked about, none can be timed).
 #[cfg(feature = "launch-timing")]
 pub(crate) mod diag {
     pub(crate) fn no_events() -> bool {
         static NO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *NO.get_or_init(|| std::env::var("VGPU_DIAG_NO_EVENTS").is_ok_and(|v| v == "1"))
+    }
+
+    pub(crate) fn event_flags() -> u32 {
+        static FLAGS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        *FLAGS.get_or_init(|| {
+            std::env::var("VGPU_DIAG_EVENT_FLAGS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        })
     }
 
     pub(crate) fn tune(cfg: &mut vgpu_limiter::LimiterConfig) {

@@ -239,13 +239,14 @@ impl SmLimiter {
             vlog!(
                 INFO,
                 "device {d}: limiter stats: {} launches ({} of unknown cost), {} samples, {} segments \
-                 ({} markers, {} queries), busy {:.1} ms, util {util:.0}%, part {part:.0}%, \
+                 ({} markers, {} of them timed, {} queries), busy {:.1} ms, util {util:.0}%, part {part:.0}%, \
                  waits {} (pace {}, queue {}, hold {}, hold expiries {}), timer errors {}",
                 s.launches,
                 s.unknown_launches,
                 s.samples,
                 s.segments,
                 s.markers,
+                s.timed_markers,
                 s.queries,
                 s.busy_ns / 1e6,
                 s.waits,

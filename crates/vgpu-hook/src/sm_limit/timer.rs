@@ -6,7 +6,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vgpu_cuda_abi::{CUcontext, CUevent, CUresult, CUstream, CUstreamCaptureStatus, pfn};
-use vgpu_limiter::{Clock, GpuTimer, Nanos, TimerError};
+use vgpu_limiter::{Clock, GpuTimer, MarkerKind, Nanos, TimerError};
 
 use super::launch_timing::{part, timed};
 use crate::log::{WARN, vlog};
@@ -219,21 +219,25 @@ impl EventFns {
     }
 }
 
-/// A recorded event and the context it was created in.
+/// A recorded event, the context it was created in and whether it is a timing event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct EventMarker {
     event: usize,
     ctx: usize,
+    timed: bool,
 }
 
-/// CUDA events as the limiter's GPU timer, recycled per context.
+/// CUDA events as the limiter's GPU timer, recycled per context and kind.
 pub(super) struct EventTimer {
     fns: &'static EventFns,
-    /// Idle events per context.
-    pool: Vec<(usize, Vec<usize>)>,
+    /// Idle events per context and kind (timed or not).
+    pool: Vec<((usize, bool), Vec<usize>)>,
 }
 
-/// Idle events kept per context.
+/// `CU_EVENT_DISABLE_TIMING`: a completion-only event.
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// Idle events kept per context and kind.
 const POOL_PER_CONTEXT: usize = 64;
 
 fn timer_error(r: CUresult) -> TimerError {
@@ -248,14 +252,18 @@ impl EventTimer {
         }
     }
 
-    fn take(&mut self, ctx: usize) -> Option<usize> {
-        self.pool.iter_mut().find(|(c, _)| *c == ctx)?.1.pop()
+    fn take(&mut self, key: (usize, bool)) -> Option<usize> {
+        self.pool.iter_mut().find(|(k, _)| *k == key)?.1.pop()
     }
 
-    fn create(&self) -> Result<usize, TimerError> {
+    fn create(&self, timed: bool) -> Result<usize, TimerError> {
         let mut ev: CUevent = ptr::null_mut();
-        // SAFETY: valid out-pointer; flags 0 = a timing event that spins on sync.
-        let r = unsafe { (self.fns.create)(&mut ev, 0) };
+        // A timing event, or a completion-only one (both spin on sync, which we never do).
+        let flags = if timed { 0 } else { EVENT_DISABLE_TIMING };
+        #[cfg(feature = "launch-timing")]
+        let flags = flags | super::launch_timing::diag::event_flags();
+        // SAFETY: valid out-pointer and flags the driver knows.
+        let r = unsafe { (self.fns.create)(&mut ev, flags) };
         if r.is_success() && !ev.is_null() {
             Ok(ev as usize)
         } else {
@@ -273,21 +281,21 @@ impl EventTimer {
         unsafe { (self.fns.record)(event as CUevent, handle as CUstream) }
     }
 
-    /// Records a marker on `stream` with a pooled event of the current context (a new one if
-    /// none is idle or the pooled one is stale).
-    fn record_pooled(&mut self, stream: StreamKey) -> Result<EventMarker, TimerError> {
+    /// Records a marker on `stream` with a pooled event of the current context and kind (a
+    /// new one if none is idle or the pooled one is stale).
+    fn record_pooled(&mut self, stream: StreamKey, timed: bool) -> Result<EventMarker, TimerError> {
         let ctx = self.fns.current_context().ok_or(TimerError { code: -2 })?;
-        if let Some(event) = self.take(ctx) {
+        if let Some(event) = self.take((ctx, timed)) {
             if self.record_on(event, stream.handle).is_success() {
-                return Ok(EventMarker { event, ctx });
+                return Ok(EventMarker { event, ctx, timed });
             }
             // A stale pooled event (its context was destroyed and the handle reused).
             self.destroy(event);
         }
-        let event = self.create()?;
+        let event = self.create(timed)?;
         let r = self.record_on(event, stream.handle);
         if r.is_success() {
-            Ok(EventMarker { event, ctx })
+            Ok(EventMarker { event, ctx, timed })
         } else {
             self.destroy(event);
             Err(timer_error(r))
@@ -299,7 +307,7 @@ impl GpuTimer for EventTimer {
     type Stream = StreamKey;
     type Marker = EventMarker;
 
-    fn record(&mut self, stream: StreamKey) -> Result<EventMarker, TimerError> {
+    fn record(&mut self, stream: StreamKey, kind: MarkerKind) -> Result<EventMarker, TimerError> {
         if stream.owner != 0 && stream.owner != thread_token() {
             // Another thread's per-thread stream cannot be named from this thread.
             return Err(TimerError { code: -1 });
@@ -308,7 +316,10 @@ impl GpuTimer for EventTimer {
         if super::launch_timing::diag::no_events() {
             return Err(TimerError { code: -3 });
         }
-        timed!(part::RECORD, self.record_pooled(stream))
+        timed!(
+            part::RECORD,
+            self.record_pooled(stream, kind == MarkerKind::Timed)
+        )
     }
 
     fn is_complete(&mut self, marker: EventMarker) -> Result<bool, TimerError> {
@@ -337,10 +348,11 @@ impl GpuTimer for EventTimer {
     }
 
     fn release(&mut self, marker: EventMarker) {
-        match self.pool.iter_mut().find(|(c, _)| *c == marker.ctx) {
+        let key = (marker.ctx, marker.timed);
+        match self.pool.iter_mut().find(|(k, _)| *k == key) {
             Some((_, idle)) if idle.len() < POOL_PER_CONTEXT => idle.push(marker.event),
             Some(_) => self.destroy(marker.event),
-            None => self.pool.push((marker.ctx, vec![marker.event])),
+            None => self.pool.push((key, vec![marker.event])),
         }
     }
 }

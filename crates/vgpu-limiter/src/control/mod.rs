@@ -81,6 +81,8 @@ pub struct LimiterStats {
     pub segments: u64,
     /// Markers recorded.
     pub markers: u64,
+    /// Of those, timed markers (the others are completion-only).
+    pub timed_markers: u64,
     /// Times a marker was asked whether the GPU has reached it.
     pub queries: u64,
     /// GPU time charged, nanoseconds.
@@ -299,7 +301,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 self.held_since = None;
                 if kind != TicketKind::Free {
                     self.costs.count(id, &quote);
-                    self.prepare(stream, kind, id);
+                    self.prepare(stream, kind, id, now);
                 }
                 Admission::Go(Ticket {
                     kind,

@@ -2,9 +2,15 @@
 //!
 //! A segment brackets consecutive launches on one stream between a start and an end marker,
 //! so the limiter knows when its queued work has run (the queue rules and the demand it
-//! publishes) and can correct what it charged. A *sample* is a segment of one launch,
-//! measuring its identity's cost ([`crate::costs`]). The next segment on a stream chains onto
-//! the previous one's end marker while the GPU has not reached it. A sample is *clean* when
+//! publishes). A *sample* is a segment of one launch, measuring its identity's cost
+//! ([`crate::costs`]). Only a *timed* segment's span is read: every sample, and ordinary
+//! segments as the span ration allows ([`crate::costs::CostTable::take_span`]), which teach
+//! the bracket's drain and bound what their launches were charged. The others are bracketed
+//! by completion-only markers, which cost the GPU and the host next to nothing, where a
+//! timing marker costs each about 2 µs ([`crate::MarkerKind`]).
+//!
+//! The next segment on a stream chains onto the previous one's end marker (a timed segment
+//! only onto a timed one) while the GPU has not reached it. A sample is *clean* when
 //! its start marker was still pending once the launch call had returned: the kernel was
 //! queued behind it, so no host time falls inside its span (the launch call takes
 //! microseconds, as long as a small kernel runs, and a queue that looked busy before the call
@@ -13,7 +19,7 @@
 use super::{Limiter, TicketKind};
 use crate::costs::{Charge, LaunchId};
 use crate::share::NodeBoard;
-use crate::traits::{Clock, ContainerView, GpuTimer, Nanos};
+use crate::traits::{Clock, ContainerView, GpuTimer, MarkerKind, Nanos};
 
 pub(super) struct Segment<S, M> {
     stream: S,
@@ -21,6 +27,8 @@ pub(super) struct Segment<S, M> {
     start: M,
     /// `start` is the end marker of the previous segment on the stream.
     chained: bool,
+    /// Its markers are timed: its span is read when it settles.
+    timed: bool,
     end: Option<M>,
     /// False once ownership of `end` passed to the following segment (chaining).
     end_owned: bool,
@@ -125,7 +133,13 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
 
     /// Makes sure a segment on `stream` brackets the coming launch: a fresh one of its own
     /// for a sample.
-    pub(super) fn prepare(&mut self, stream: T::Stream, kind: TicketKind, id: LaunchId) {
+    pub(super) fn prepare(
+        &mut self,
+        stream: T::Stream,
+        kind: TicketKind,
+        id: LaunchId,
+        now: Nanos,
+    ) {
         let sample = (kind == TicketKind::Sample).then_some(id);
         if let Some(open) = &self.seg.open
             && (open.stream != stream || sample.is_some())
@@ -150,11 +164,14 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         // so it was pending all along), and a span with a gap in it is used only to bound
         // unknown launches by the mean. A marker costs a real workload far more than its
         // driver call (the sample ration in `costs`), so none is recorded or asked for here.
+        let timed = sample.is_some() || self.costs.take_span(now);
         let mut start = None;
         if let Some(prev) = self.seg.closed.back_mut()
             && prev.stream == stream
             && prev.end_owned
             && let Some(end) = prev.end
+            // A span starts at a timed marker.
+            && (prev.timed || !timed)
         {
             let pending = match sample {
                 Some(_) => {
@@ -171,9 +188,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         let chained = start.is_some();
         let start = match start {
             Some(s) => s,
-            None => match self.timer.record(stream) {
+            None => match self.timer.record(stream, marker_kind(timed)) {
                 Ok(m) => {
-                    self.stats.markers += 1;
+                    self.count_marker(timed);
                     m
                 }
                 Err(_) => {
@@ -187,6 +204,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             stream,
             start,
             chained,
+            timed,
             end: None,
             end_owned: true,
             launches: 0,
@@ -236,10 +254,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             self.drop_start(&seg);
             return;
         }
-        match self.timer.record(seg.stream) {
+        match self.timer.record(seg.stream, marker_kind(seg.timed)) {
             Ok(end) => {
-                self.stats.markers += 1;
-                if seg.sample.is_none() && seg.unknown == 0 && seg.launches >= 2 {
+                self.count_marker(seg.timed);
+                if seg.timed && seg.sample.is_none() && seg.unknown == 0 && seg.launches >= 2 {
                     self.stats.queries += 1;
                     seg.back_to_back = matches!(self.timer.is_complete(seg.start), Ok(false));
                 }
@@ -251,6 +269,13 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 self.seg.left(&seg);
                 self.drop_start(&seg);
             }
+        }
+    }
+
+    fn count_marker(&mut self, timed: bool) {
+        self.stats.markers += 1;
+        if timed {
+            self.stats.timed_markers += 1;
         }
     }
 
@@ -324,7 +349,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
     fn settle(&mut self, seg: Segment<T::Stream, T::Marker>, complete: bool) {
         self.seg.left(&seg);
         let end = seg.end.expect("closed segments have an end marker");
-        let span = complete
+        let span = (complete && seg.timed)
             .then(|| self.timer.elapsed(seg.start, end))
             .and_then(|r| r.map_err(|_| self.stats.timer_errors += 1).ok())
             .map(|ns| ns as f64);
@@ -346,9 +371,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 actual = known + (span - known).clamp(0.0, bound);
             }
         }
-        // Its end marker drained the work ahead of it: GPU time of ours the launches'
-        // costs leave out (see `costs`).
-        actual += self.costs.drain();
+        if seg.timed {
+            // Its end marker drained the work ahead of it: GPU time of ours the launches'
+            // costs leave out (see `costs`). A completion-only marker drains nothing.
+            actual += self.costs.drain();
+        }
         self.charge_correction(actual - seg.charged);
         self.usage.bin_busy += actual;
         self.stats.busy_ns += actual;
@@ -359,5 +386,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         if seg.end_owned {
             self.timer.release(end);
         }
+    }
+}
+
+fn marker_kind(timed: bool) -> MarkerKind {
+    match timed {
+        true => MarkerKind::Timed,
+        false => MarkerKind::Completion,
     }
 }

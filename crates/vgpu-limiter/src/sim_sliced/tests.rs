@@ -692,9 +692,9 @@ fn the_limiters_timer_counts_another_contexts_slice_as_its_own_span() {
         clock: clock.clone(),
         ctx: b,
     };
-    let start = timer.record(1).unwrap();
+    let start = timer.record(1, MarkerKind::Timed).unwrap();
     queue(&gpu, b, 0, 200, 20 * US, 2);
-    let end = timer.record(1).unwrap();
+    let end = timer.record(1, MarkerKind::Timed).unwrap();
     gpu.submit_kernel(a, 1, 500 * US, MS, 1);
     clock.set(MS);
     assert!(timer.is_complete(start).unwrap());
