@@ -602,5 +602,30 @@ class Merge(unittest.TestCase):
             with open(os.path.join(d, "out", "compute.md")) as f:
                 self.assertIn("matmul-30-70", f.read())
 
+
+class AB(unittest.TestCase):
+    def test_two_builds_alternate_and_each_round_is_against_its_own_alone(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "ab")
+            env = dict(os.environ, RUN_OPTS="--fake --seconds 0.2")
+            p = subprocess.run(
+                ["bash", os.path.join(HERE, "ab.sh"), out, "2", "solo-resnet18-95",
+                 "alone,vgpu-cap", "a=/x/libvgpu.so", "b=/y/libvgpu.so@VGPU_DIAG_NO_EVENTS=1"],
+                env=env, capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            for build in ("a", "b"):
+                for r in (1, 2):
+                    self.assertTrue(os.path.exists(os.path.join(out, build, f"r{r}", "compute.json")))
+            table = open(os.path.join(out, "ab.md")).read()
+            self.assertIn("| solo-resnet18-95 | vgpu-cap | 0 | a | 2 |", table)
+            self.assertIn("| solo-resnet18-95 | alone | 0 | b | 2 | 100.0 |", table)
+
+    def test_modes_without_alone_are_refused(self):
+        p = subprocess.run(["bash", os.path.join(HERE, "ab.sh"), "/tmp/x", "1", "spin-30-70",
+                            "vgpu-cap", "a=/x.so"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("need alone", p.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
