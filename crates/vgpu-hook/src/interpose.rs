@@ -27,21 +27,35 @@ pub(crate) fn uncovered_touching() -> Option<&'static str> {
     UNCOVERED.get().map(String::as_str)
 }
 
-/// A lookup of `name` answered `answer`: if the program will call an unlisted function that
-/// can touch device memory through it, remember so.
-fn note_uncovered(name: &[u8], answer: *mut c_void, exports: &ExportAddrs) {
+/// A lookup of `name` answered `answer`: an unlisted function that can touch device memory
+/// is answered by a gated slot while this process may swap (`crate::swap::unlisted`); where
+/// it has none, the process remembers that it will call such a function ungated.
+fn gate_unlisted(name: &[u8], answer: *mut c_void, exports: &ExportAddrs) -> *mut c_void {
     if answer.is_null() || exports.index_of(answer).is_some() {
-        return;
+        return answer;
     }
     let Ok(name) = std::str::from_utf8(name) else {
-        return;
+        return answer;
     };
-    if can_touch_device_memory(name) && UNCOVERED.set(name.to_owned()).is_ok() {
+    if !can_touch_device_memory(name) {
+        return answer;
+    }
+    if crate::swap::unlisted::may_swap()
+        && let Some(slot) = crate::swap::unlisted::slot_for(answer)
+    {
+        vlog!(
+            DEBUG,
+            "{name}: resolved, can touch device memory: gated by a slot"
+        );
+        return slot;
+    }
+    if UNCOVERED.set(name.to_owned()).is_ok() {
         vlog!(
             DEBUG,
             "{name}: resolved, can touch device memory and has no swap gate: no swap-out"
         );
     }
+    answer
 }
 
 /// Our wrapper for `found`, the real `dlsym` result for `name`, or `found` itself;
@@ -58,8 +72,7 @@ pub(crate) fn substitute_dlsym(
         let answer = substitute(name, found, CUDA_HOOKED_SYMBOLS, cuda_exports, || {
             real::cuda().ok().map(|c| |i| c.hooked_addr(i))
         });
-        note_uncovered(name, answer, cuda_exports);
-        answer
+        gate_unlisted(name, answer, cuda_exports)
     } else if name.starts_with(b"nvml") {
         substitute(name, found, NVML_HOOKED_SYMBOLS, nvml_exports, || {
             real::nvml().ok().map(|n| |i| n.hooked_addr(i))
@@ -106,8 +119,7 @@ pub(crate) fn substitute_proc_address(
     flags: u64,
 ) -> *mut c_void {
     let answer = proc_address_answer(cuda, exports, name, found, cuda_version, flags);
-    note_uncovered(name.as_bytes(), answer, exports);
-    answer
+    gate_unlisted(name.as_bytes(), answer, exports)
 }
 
 fn proc_address_answer(
@@ -281,16 +293,21 @@ mod tests {
 
     #[test]
     fn an_unlisted_function_that_can_touch_device_memory_is_remembered_once_resolved() {
-        // One test only: what it remembers is the process's.
+        // One test only: what it remembers is the process's. Swapping is off in the tests'
+        // process, so no slot is handed out and the real pointer comes back.
         let cuda = driver();
         let exports = cuda_exports();
         let p = 0x4343_0000 as *mut c_void;
         // Not touching, ours, or not found: nothing to remember.
         let _ = substitute_proc_address(&cuda, exports, "cuCtxGetFlags", p, 12000, DEFAULT);
-        note_uncovered(b"cuMemcpy3D_v2", std::ptr::null_mut(), exports);
-        note_uncovered(b"cuLaunchKernel", exports.get(0), exports);
+        gate_unlisted(b"cuMemcpy3D_v2", std::ptr::null_mut(), exports);
+        gate_unlisted(b"cuLaunchKernel", exports.get(0), exports);
         assert_eq!(uncovered_touching(), None);
-        let _ = substitute_dlsym(b"cuMemcpy3D_v2", p, exports, cuda_exports());
+        assert!(!crate::swap::unlisted::may_swap());
+        assert_eq!(
+            substitute_dlsym(b"cuMemcpy3D_v2", p, exports, cuda_exports()),
+            p
+        );
         assert_eq!(uncovered_touching(), Some("cuMemcpy3D_v2"));
         let _ = substitute_proc_address(&cuda, exports, "cuMemcpyPeer", p, 12000, DEFAULT);
         assert_eq!(

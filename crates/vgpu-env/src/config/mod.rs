@@ -192,6 +192,18 @@ pub enum SwapTrigger {
     Idle(u64),
 }
 
+impl SwapTrigger {
+    /// `VGPU_IDLE_SWAP`'s value read: `off` (or empty), `manual` or a positive duration;
+    /// `None` for anything else.
+    pub fn parse(v: &str) -> Option<Self> {
+        match v.trim() {
+            "" | "off" => Some(Self::Off),
+            "manual" => Some(Self::Manual),
+            t => parse_duration_ms(t).filter(|&ms| ms > 0).map(Self::Idle),
+        }
+    }
+}
+
 impl Swap {
     /// Whether this process swaps at all.
     pub fn enabled(&self) -> bool {

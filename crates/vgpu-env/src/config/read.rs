@@ -285,18 +285,13 @@ impl Reader<'_> {
     /// the default (no swapping; the default wait), said as a warning (an error when strict).
     fn swap(&mut self, cfg: &mut Config) {
         if let Some(v) = self.get(ENV_IDLE_SWAP) {
-            let t = v.trim();
-            match t {
-                "" | "off" => {}
-                "manual" => cfg.swap.trigger = SwapTrigger::Manual,
-                _ => match parse_duration_ms(t).filter(|&ms| ms > 0) {
-                    Some(ms) => cfg.swap.trigger = SwapTrigger::Idle(ms),
-                    None => self.warn(
-                        ENV_IDLE_SWAP,
-                        &v,
-                        "expected a duration (500ms, 30s, 5m, 1h), manual or off".into(),
-                    ),
-                },
+            match SwapTrigger::parse(&v) {
+                Some(t) => cfg.swap.trigger = t,
+                None => self.warn(
+                    ENV_IDLE_SWAP,
+                    &v,
+                    "expected a duration (500ms, 30s, 5m, 1h), manual or off".into(),
+                ),
             }
         }
         if let Some(v) = self.get(ENV_SWAP_MOVABLE) {

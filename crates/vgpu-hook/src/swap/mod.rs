@@ -11,11 +11,14 @@
 //! - The swap-in runs in the gate, on the calling thread, before the call; it waits for
 //!   device room up to `VGPU_SWAP_IN_WAIT`, then the call fails with out-of-memory, its
 //!   memory still whole in host memory.
+//! - [`unlisted`]: the gate of driver functions the declaration list does not name.
 //! - [`watcher`]: the `vgpu-swap` thread (only with `VGPU_IDLE_SWAP` set): idleness and the
 //!   shared file's swap-out requests.
 
 pub(crate) mod gate;
 pub(crate) mod pins;
+#[allow(unsafe_code)] // the slots' stubs and the call they make
+pub(crate) mod unlisted;
 pub(crate) mod watcher;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,331 @@
+//! The swap gate for driver functions the declaration list does not name (docs/swap.md).
+//!
+//! The CUDA runtime resolves every driver function through `cuGetProcAddress`, among them
+//! dozens that can touch device memory and that the hook does not list (2D and 3D copies,
+//! peer copies, stream memory operations, host functions, prefetches, external semaphores).
+//! Listing each needs its exact signature here and an implementation in the simulated driver;
+//! without a gate such a program could never be swapped out.
+//!
+//! So while swapping is on, a lookup of such a function answers a *slot* instead of the real
+//! pointer: a stub that keeps the caller's arguments as they are (the six integer and eight
+//! vector argument registers, `rax`, and the first [`STACK_WORDS`] words of its stack
+//! arguments), passes the gate ([`super::touching`]: memory swapped out comes back first, and
+//! no memory moves while the call runs) and inside it calls the real function with those
+//! arguments. Signature-agnostic, so it holds for any driver function of at most
+//! 6 + [`STACK_WORDS`] integer-class arguments and 8 floating-point ones that returns a
+//! `CUresult` (every touching function of `cuda.h` has at most 9 arguments).
+//!
+//! x86-64 Linux only; elsewhere, when the slots run out, or when swapping is off, the lookup
+//! answers the real pointer and the process is never swapped out (as before: the refusal
+//! names the function).
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use vgpu_cuda_abi::CUresult;
+
+/// Slots: each distinct real function resolved gets one (a few hundred touching functions
+/// and variants exist; the runtime resolves about a hundred).
+const SLOTS: usize = 512;
+
+/// Stack words passed on: the arguments beyond the sixth integer-class one.
+const STACK_WORDS: usize = 8;
+
+/// The real function of each slot handed out (0: free).
+static REAL: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+
+/// Slots handed out, by the real function's address (lookups only; the launch of a slot's
+/// call reads [`REAL`]).
+static GIVEN: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// Whether this process may swap (`VGPU_IDLE_SWAP` other than `off`), read once: a lookup
+/// can come before the process state is built, so the environment is asked, not the state.
+/// A value the state later finds malformed leaves swapping off: the slots then only pass
+/// their calls on.
+pub(crate) fn may_swap() -> bool {
+    static MAY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MAY.get_or_init(|| {
+        std::env::var(vgpu_env::ENV_IDLE_SWAP)
+            .ok()
+            .and_then(|v| vgpu_env::SwapTrigger::parse(&v))
+            .is_some_and(|t| t != vgpu_env::SwapTrigger::Off)
+    })
+}
+
+/// The gated slot for the real function `real` (the same slot for the same function), or
+/// `None` where there is none (another architecture, or every slot taken).
+pub(crate) fn slot_for(real: *mut c_void) -> Option<*mut c_void> {
+    let real = real as usize;
+    if real == 0 || !arch::SUPPORTED {
+        return None;
+    }
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let index = match given.iter().position(|&r| r == real) {
+        Some(i) => i,
+        None if given.len() < SLOTS => {
+            let i = given.len();
+            // Release: a call through the slot sees its target.
+            REAL[i].store(real, Ordering::Release);
+            given.push(real);
+            i
+        }
+        None => return None,
+    };
+    Some(arch::slot_addr(index))
+}
+
+/// What a slot's stub saved of its caller's registers (its layout is the stub's).
+#[repr(C)]
+pub(crate) struct Saved {
+    /// `rdi`, `rsi`, `rdx`, `rcx`, `r8`, `r9`, `rax`, and padding.
+    int: [u64; 8],
+    /// `xmm0`–`xmm7`.
+    vector: [[u64; 2]; 8],
+}
+
+/// A slot's call: the gate around the real function, called with the caller's arguments.
+///
+/// # Safety
+/// Only the stubs call it, with their slot, their saved registers and their caller's stack
+/// arguments.
+unsafe extern "C" fn dispatch(slot: u32, saved: *const Saved, stack: *const u64) -> CUresult {
+    crate::ffi::guard("a driver function gated by its slot", || {
+        let real = REAL
+            .get(slot as usize)
+            .map_or(0, |r| r.load(Ordering::Acquire));
+        if real == 0 {
+            // Never handed out: nothing to call.
+            return CUresult::UNKNOWN;
+        }
+        crate::ffi::code(super::touching(|| {
+            // SAFETY: `real` is the driver function this slot was handed out for, called
+            // with the registers and stack words its caller passed (see the module's docs).
+            unsafe { arch::invoke(real, saved, stack) }.ok()
+        }))
+    })
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod arch {
+    use super::{STACK_WORDS, Saved};
+    use vgpu_cuda_abi::CUresult;
+
+    pub(super) const SUPPORTED: bool = true;
+
+    // The stubs, 16 bytes apart: each puts its slot in r11 (neither an argument nor a
+    // callee-saved register) and jumps to the common part, which saves the argument
+    // registers, and calls `dispatch(slot, saved, the caller's stack arguments)`; its answer
+    // is the call's. `vgpu_unlisted_invoke(real, saved, stack)` puts them back, copies the
+    // stack words and calls `real`. Stack alignment: 16 at every call.
+    std::arch::global_asm!(
+        ".pushsection .text.vgpu_unlisted,\"ax\",@progbits",
+        ".p2align 4",
+        ".globl vgpu_unlisted_slots",
+        ".hidden vgpu_unlisted_slots",
+        "vgpu_unlisted_slots:",
+        ".set vgpu_unlisted_i, 0",
+        ".rept {slots}",
+        "movl $vgpu_unlisted_i, %r11d",
+        "jmp vgpu_unlisted_common",
+        ".p2align 4",
+        ".set vgpu_unlisted_i, vgpu_unlisted_i + 1",
+        ".endr",
+        "",
+        ".p2align 4",
+        "vgpu_unlisted_common:",
+        ".cfi_startproc",
+        "pushq %rbp",
+        ".cfi_def_cfa_offset 16",
+        ".cfi_offset %rbp, -16",
+        "movq %rsp, %rbp",
+        ".cfi_def_cfa_register %rbp",
+        "subq $192, %rsp",
+        "movq %rdi, 0(%rsp)",
+        "movq %rsi, 8(%rsp)",
+        "movq %rdx, 16(%rsp)",
+        "movq %rcx, 24(%rsp)",
+        "movq %r8, 32(%rsp)",
+        "movq %r9, 40(%rsp)",
+        "movq %rax, 48(%rsp)",
+        "movdqu %xmm0, 64(%rsp)",
+        "movdqu %xmm1, 80(%rsp)",
+        "movdqu %xmm2, 96(%rsp)",
+        "movdqu %xmm3, 112(%rsp)",
+        "movdqu %xmm4, 128(%rsp)",
+        "movdqu %xmm5, 144(%rsp)",
+        "movdqu %xmm6, 160(%rsp)",
+        "movdqu %xmm7, 176(%rsp)",
+        "movl %r11d, %edi",
+        "movq %rsp, %rsi",
+        "leaq 16(%rbp), %rdx",
+        "call {dispatch}@PLT",
+        "leave",
+        ".cfi_def_cfa %rsp, 8",
+        "ret",
+        ".cfi_endproc",
+        "",
+        ".p2align 4",
+        ".globl vgpu_unlisted_invoke",
+        ".hidden vgpu_unlisted_invoke",
+        "vgpu_unlisted_invoke:",
+        ".cfi_startproc",
+        "pushq %rbp",
+        ".cfi_def_cfa_offset 16",
+        ".cfi_offset %rbp, -16",
+        "movq %rsp, %rbp",
+        ".cfi_def_cfa_register %rbp",
+        "pushq %rbx",
+        "pushq %r12",
+        ".cfi_offset %rbx, -24",
+        ".cfi_offset %r12, -32",
+        "subq ${stack_bytes}, %rsp",
+        "movq %rdi, %r10",
+        "movq %rsi, %rbx",
+        "movq %rdx, %r12",
+        "xorl %ecx, %ecx",
+        "2:",
+        "movq (%r12,%rcx,8), %rax",
+        "movq %rax, (%rsp,%rcx,8)",
+        "incl %ecx",
+        "cmpl ${stack_words}, %ecx",
+        "jb 2b",
+        "movdqu 64(%rbx), %xmm0",
+        "movdqu 80(%rbx), %xmm1",
+        "movdqu 96(%rbx), %xmm2",
+        "movdqu 112(%rbx), %xmm3",
+        "movdqu 128(%rbx), %xmm4",
+        "movdqu 144(%rbx), %xmm5",
+        "movdqu 160(%rbx), %xmm6",
+        "movdqu 176(%rbx), %xmm7",
+        "movq 0(%rbx), %rdi",
+        "movq 8(%rbx), %rsi",
+        "movq 16(%rbx), %rdx",
+        "movq 24(%rbx), %rcx",
+        "movq 32(%rbx), %r8",
+        "movq 40(%rbx), %r9",
+        "movq 48(%rbx), %rax",
+        "call *%r10",
+        "leaq -16(%rbp), %rsp",
+        "popq %r12",
+        "popq %rbx",
+        "popq %rbp",
+        ".cfi_def_cfa %rsp, 8",
+        "ret",
+        ".cfi_endproc",
+        ".popsection",
+        slots = const super::SLOTS,
+        stack_words = const STACK_WORDS,
+        stack_bytes = const STACK_WORDS * 8,
+        dispatch = sym super::dispatch,
+        options(att_syntax),
+    );
+
+    unsafe extern "C" {
+        static vgpu_unlisted_slots: [u8; super::SLOTS * 16];
+        fn vgpu_unlisted_invoke(real: usize, saved: *const Saved, stack: *const u64) -> CUresult;
+    }
+
+    /// The address of slot `index`'s stub.
+    pub(super) fn slot_addr(index: usize) -> *mut std::ffi::c_void {
+        // Only the address of the stubs' code is taken, never read through here.
+        let base = std::ptr::addr_of!(vgpu_unlisted_slots) as usize;
+        (base + 16 * index) as *mut std::ffi::c_void
+    }
+
+    /// Calls `real` with `saved`'s registers and `stack`'s words as its arguments.
+    ///
+    /// # Safety
+    /// `real` is a function that takes the arguments its caller put there.
+    pub(super) unsafe fn invoke(real: usize, saved: *const Saved, stack: *const u64) -> CUresult {
+        // SAFETY: the caller's contract.
+        unsafe { vgpu_unlisted_invoke(real, saved, stack) }
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod arch {
+    use super::Saved;
+    use vgpu_cuda_abi::CUresult;
+
+    pub(super) const SUPPORTED: bool = false;
+
+    pub(super) fn slot_addr(_index: usize) -> *mut std::ffi::c_void {
+        std::ptr::null_mut()
+    }
+
+    pub(super) unsafe fn invoke(
+        _real: usize,
+        _saved: *const Saved,
+        _stack: *const u64,
+    ) -> CUresult {
+        CUresult::UNKNOWN
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+
+    /// Ten integer and three floating-point arguments, four of them on the stack: every
+    /// one must arrive as the caller passed it.
+    #[allow(clippy::too_many_arguments)]
+    extern "C" fn many(
+        a: u64,
+        b: u32,
+        c: u64,
+        x: f64,
+        d: u16,
+        e: u64,
+        f: u64,
+        y: f32,
+        g: u64,
+        h: u64,
+        i: u8,
+        z: f64,
+        j: u64,
+    ) -> CUresult {
+        let ints = [
+            a,
+            u64::from(b),
+            c,
+            u64::from(d),
+            e,
+            f,
+            g,
+            h,
+            u64::from(i),
+            j,
+        ];
+        let sum = ints.iter().enumerate().fold(0u64, |s, (k, v)| {
+            s.wrapping_add(v.wrapping_mul(k as u64 + 1))
+        });
+        let floats = (x * 1000.0) as u64 + (f64::from(y) * 100.0) as u64 + (z * 10.0) as u64;
+        SEEN.store(sum ^ (floats << 40), Ordering::SeqCst);
+        CUresult(sum as u32 & 0xff)
+    }
+
+    type Many =
+        extern "C" fn(u64, u32, u64, f64, u16, u64, u64, f32, u64, u64, u8, f64, u64) -> CUresult;
+
+    #[test]
+    fn a_slot_passes_every_argument_and_the_answer_through() {
+        let direct_answer = many(1, 2, 3, 1.5, 4, 5, 6, 2.25, 7, 8, 9, 3.5, u64::MAX - 3);
+        let direct = SEEN.swap(0, Ordering::SeqCst);
+        let slot = slot_for(many as *mut c_void).expect("a slot on x86-64");
+        assert_eq!(
+            slot_for(many as *mut c_void),
+            Some(slot),
+            "one slot per function"
+        );
+        // SAFETY: the slot stands for `many`, whose type this is.
+        let through: Many = unsafe { std::mem::transmute::<*mut c_void, Many>(slot) };
+        let answer = through(1, 2, 3, 1.5, 4, 5, 6, 2.25, 7, 8, 9, 3.5, u64::MAX - 3);
+        assert_eq!(answer, direct_answer);
+        assert_eq!(SEEN.load(Ordering::SeqCst), direct);
+        assert_ne!(direct, 0);
+    }
+}
