@@ -24,6 +24,9 @@ RUN_OPTS="${RUN_OPTS:---seconds 4 --no-overlap}"
 builds=("$@")
 n=${#builds[@]}
 mkdir -p "$OUT"
+# The host: single windows of launch-bound tenants depend on it (docs/benchmarks.md).
+{ nproc; lscpu; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv; } \
+  >"$OUT/host.txt" 2>&1 || true
 for r in $(seq 1 "$ROUNDS"); do
   for k in $(seq 0 $((n - 1))); do
     spec="${builds[$(((k + r - 1) % n))]}"
