@@ -11,12 +11,11 @@
 //! that the test reads the shared file there. Needs `libvgpu.so` and `libvgpusim.so` built
 //! (`cargo xtask test`).
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::process::Stdio;
 use std::sync::OnceLock;
 
-use support::Standalone;
+use support::{Paused, Standalone};
 use vgpu_shm::UsageTable;
 
 mod support;
@@ -124,12 +123,8 @@ fn program() -> &'static Standalone {
 
 /// The program running one scenario, stopped at its pauses.
 struct Scenario {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    p: Paused,
     cache: PathBuf,
-    /// Everything it printed so far.
-    out: String,
 }
 
 impl Scenario {
@@ -137,75 +132,32 @@ impl Scenario {
         let p = program();
         let cache = p.fresh_cache(&format!("{scenario}.cache"));
         let mut cmd = p.hooked(&[scenario], &cache);
-        let mut child = cmd
-            .env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
-            .env("CUDA_OVERSUBSCRIBE", "true")
-            .env("VGPU_SIM_TOTAL_MEM", "128m")
-            .env("VGPU_SIM_CTX_OVERHEAD", "16m")
-            .env("VGPU_SIM_MODULE_OVERHEAD", "0")
-            .env("VGPU_SIM_HOST_PINNED_LIMIT", "1g")
-            .env("VGPU_RECONCILE_MS", "off")
-            .env("CUDA_MODULE_LOADING", "EAGER")
-            .env_remove("VGPU_HOST_SPILL")
-            .env_remove("VGPU_DEVICE_RESERVE")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("VGPU_SUBALLOC")
-            .stdin(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the program");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        support::small_oversubscribed_device(&mut cmd);
+        cmd.stderr(Stdio::inherit());
         Scenario {
-            child,
-            stdin,
-            stdout,
+            p: Paused::spawn(cmd),
             cache,
-            out: String::new(),
         }
     }
 
     /// Runs to pause `step` and returns the host-backed bytes of device 0 there.
     fn host_bytes_at(&mut self, step: &str) -> u64 {
-        loop {
-            let mut line = String::new();
-            let n = self.stdout.read_line(&mut line).unwrap();
-            assert!(n > 0, "the program ended before `{step}`:\n{}", self.out);
-            self.out.push_str(&line);
-            if line.trim() == format!("pause={step}") {
-                break;
-            }
-        }
+        self.p.reach(step);
         let host = UsageTable::open_read_only(&self.cache)
             .unwrap()
             .snapshot()
             .devices[0]
             .host;
-        writeln!(self.stdin, "go").unwrap();
-        self.stdin.flush().unwrap();
+        self.p.go();
         host
     }
 
     fn value(&self, key: &str) -> i64 {
-        self.out
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}=")))
-            .unwrap_or_else(|| panic!("no {key} in\n{}", self.out))
-            .trim()
-            .parse()
-            .unwrap()
+        self.p.value(key)
     }
 
-    fn finish(mut self) {
-        let mut rest = String::new();
-        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
-        self.out.push_str(&rest);
-        let st = self.child.wait().unwrap();
-        assert!(
-            st.success() && self.out.contains("end"),
-            "{st:?}\n{}",
-            self.out
-        );
+    fn finish(self) {
+        self.p.finish();
     }
 }
 

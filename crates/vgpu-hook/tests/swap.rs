@@ -8,13 +8,11 @@
 //! into the file, as `vgpu swap-out` writes it); its next copy or launch brings the buffer
 //! back, data intact. Needs `libvgpu.so` and `libvgpusim.so` built (`cargo xtask test`).
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use support::Standalone;
+use support::{Paused, Standalone};
 use vgpu_shm::{TableSnapshot, UsageTable};
 
 mod support;
@@ -221,15 +219,26 @@ fn program() -> &'static Standalone {
     P.get_or_init(|| support::standalone("swap", "swap", PROGRAM))
 }
 
-/// The program running one scenario, stopped at its pauses.
+/// The program running one scenario, stopped at its pauses (its stderr in a file of its
+/// own, the hook's log among it).
 struct Scenario {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    p: Paused,
     cache: PathBuf,
-    out: String,
     /// Where its stderr goes.
     log: PathBuf,
+}
+
+impl std::ops::Deref for Scenario {
+    type Target = Paused;
+    fn deref(&self) -> &Paused {
+        &self.p
+    }
+}
+
+impl std::ops::DerefMut for Scenario {
+    fn deref_mut(&mut self) -> &mut Paused {
+        &mut self.p
+    }
 }
 
 impl Scenario {
@@ -238,38 +247,18 @@ impl Scenario {
         let p = program();
         let cache = p.fresh_cache(&format!("{name}.cache"));
         let mut cmd = p.hooked(&[scenario], &cache);
-        cmd.env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
-            .env("CUDA_OVERSUBSCRIBE", "true")
-            .env("VGPU_SIM_TOTAL_MEM", "128m")
-            .env("VGPU_SIM_CTX_OVERHEAD", "16m")
-            .env("VGPU_SIM_MODULE_OVERHEAD", "0")
-            .env("VGPU_SIM_HOST_PINNED_LIMIT", "1g")
-            .env("VGPU_RECONCILE_MS", "off")
-            .env("CUDA_MODULE_LOADING", "EAGER")
-            .env("LIBCUDA_LOG_LEVEL", "3")
-            .env_remove("VGPU_HOST_SPILL")
-            .env_remove("VGPU_DEVICE_RESERVE")
+        support::small_oversubscribed_device(&mut cmd);
+        cmd.env("LIBCUDA_LOG_LEVEL", "3")
             .env_remove("VGPU_IDLE_SWAP")
-            .env_remove("VGPU_SWAP_IN_WAIT")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("VGPU_SUBALLOC");
+            .env_remove("VGPU_SWAP_IN_WAIT");
         for (k, v) in env {
             cmd.env(k, v);
         }
         let log = cache.with_extension("log");
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start the program");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        cmd.stderr(std::fs::File::create(&log).unwrap());
         Scenario {
-            child,
-            stdin,
-            stdout,
+            p: Paused::spawn(cmd),
             cache,
-            out: String::new(),
             log,
         }
     }
@@ -277,24 +266,6 @@ impl Scenario {
     /// What it wrote to stderr so far.
     fn stderr(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Runs to pause `step` (the program waits there until [`Scenario::go`]).
-    fn reach(&mut self, step: &str) {
-        loop {
-            let mut line = String::new();
-            let n = self.stdout.read_line(&mut line).unwrap();
-            assert!(n > 0, "the program ended before `{step}`:\n{}", self.out);
-            self.out.push_str(&line);
-            if line.trim() == format!("pause={step}") {
-                return;
-            }
-        }
-    }
-
-    fn go(&mut self) {
-        writeln!(self.stdin, "go").unwrap();
-        self.stdin.flush().unwrap();
     }
 
     fn table(&self) -> UsageTable {
@@ -341,26 +312,8 @@ impl Scenario {
         }
     }
 
-    fn value(&self, key: &str) -> i64 {
-        self.out
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}=")))
-            .unwrap_or_else(|| panic!("no {key} in\n{}", self.out))
-            .trim()
-            .parse()
-            .unwrap()
-    }
-
-    fn finish(mut self) {
-        let mut rest = String::new();
-        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
-        self.out.push_str(&rest);
-        let st = self.child.wait().unwrap();
-        assert!(
-            st.success() && self.out.contains("end"),
-            "{st:?}\n{}",
-            self.out
-        );
+    fn finish(self) {
+        self.p.finish();
     }
 }
 
@@ -528,29 +481,16 @@ fn threads_at_work_never_lose_a_write_to_swaps_asked_for_all_the_time() {
         "t",
         &[("VGPU_IDLE_SWAP", "manual"), ("VGPU_SWAP_MOVABLE", "1")],
     );
-    loop {
-        let mut line = String::new();
-        assert!(p.stdout.read_line(&mut line).unwrap() > 0, "{}", p.stderr());
-        if line.trim() == "working" {
-            break;
-        }
-    }
+    p.line("working");
     let table = p.table();
     // Ask every 5 ms while three threads write and read their buffers.
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) && p.child.try_wait().unwrap().is_none() {
+    while start.elapsed() < Duration::from_secs(30) && p.running() {
         table.request_swap_out();
         std::thread::sleep(Duration::from_millis(5));
     }
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut p.stdout, &mut rest).unwrap();
-    p.out.push_str(&rest);
-    assert!(
-        p.child.wait().unwrap().success(),
-        "{}\n{}",
-        p.out,
-        p.stderr()
-    );
+    let st = p.end();
+    assert!(st.success(), "{}\n{}", p.out, p.stderr());
     assert_eq!(
         p.value("wrong"),
         0,
@@ -698,16 +638,9 @@ fn a_process_killed_at_any_point_of_its_swaps_leaves_the_table_exact() {
             "y",
             &[("VGPU_IDLE_SWAP", "20ms"), ("LIBCUDA_LOG_LEVEL", "0")],
         );
-        loop {
-            let mut line = String::new();
-            assert!(p.stdout.read_line(&mut line).unwrap() > 0, "ended early");
-            if line.trim() == "cycling" {
-                break;
-            }
-        }
+        p.line("cycling");
         std::thread::sleep(Duration::from_millis(at_ms));
-        p.child.kill().unwrap();
-        p.child.wait().unwrap();
+        p.kill();
         // A writable look sweeps the dead process: nothing of it may stay counted.
         let snap = p.table().snapshot();
         assert!(snap.processes.is_empty(), "{snap:?}");
@@ -724,21 +657,11 @@ fn a_process_killed_at_any_point_of_its_swaps_leaves_the_table_exact() {
 fn swapping_cycles_keep_the_data_whole() {
     let p = program();
     let cache = p.fresh_cache("cycles.cache");
-    let out = p
-        .hooked(&["y"], &cache)
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
-        .env("CUDA_OVERSUBSCRIBE", "true")
-        .env("VGPU_SIM_TOTAL_MEM", "128m")
-        .env("VGPU_SIM_CTX_OVERHEAD", "16m")
-        .env("VGPU_SIM_MODULE_OVERHEAD", "0")
-        .env("VGPU_SIM_HOST_PINNED_LIMIT", "1g")
-        .env("VGPU_RECONCILE_MS", "off")
+    let mut cmd = p.hooked(&["y"], &cache);
+    support::small_oversubscribed_device(&mut cmd);
+    let out = cmd
         .env("VGPU_IDLE_SWAP", "20ms")
         .env("LIBCUDA_LOG_LEVEL", "3")
-        .env_remove("VGPU_HOST_SPILL")
-        .env_remove("VGPU_DEVICE_RESERVE")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("VGPU_SUBALLOC")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -437,3 +437,114 @@ impl Held {
         let _ = self.child.wait();
     }
 }
+
+/// The setting of the move and swap tests: a 128 MiB simulated device (16 MiB per context,
+/// modules free) under a 256 MiB limit with oversubscription, so that a program that fills it
+/// gets host-backed memory; nothing else inherited that changes where memory goes.
+pub fn small_oversubscribed_device(cmd: &mut Command) {
+    cmd.env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .env("VGPU_SIM_TOTAL_MEM", "128m")
+        .env("VGPU_SIM_CTX_OVERHEAD", "16m")
+        .env("VGPU_SIM_MODULE_OVERHEAD", "0")
+        .env("VGPU_SIM_HOST_PINNED_LIMIT", "1g")
+        .env("VGPU_RECONCILE_MS", "off")
+        .env("CUDA_MODULE_LOADING", "EAGER")
+        .env_remove("VGPU_HOST_SPILL")
+        .env_remove("VGPU_DEVICE_RESERVE")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VGPU_SUBALLOC");
+}
+
+/// A program that stops at its pauses: it prints `pause=<step>` and waits for a line on its
+/// stdin. What it printed is kept, for its `key=value` lines.
+pub struct Paused {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// Everything it printed so far.
+    pub out: String,
+}
+
+impl Paused {
+    /// Starts `cmd` with stdin and stdout piped (stderr as `cmd` says).
+    pub fn spawn(mut cmd: Command) -> Paused {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the program");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Paused {
+            child,
+            stdin,
+            stdout,
+            out: String::new(),
+        }
+    }
+
+    /// Runs to pause `step` (the program waits there until [`Paused::go`]).
+    pub fn reach(&mut self, step: &str) {
+        self.line(&format!("pause={step}"));
+    }
+
+    /// Reads its output up to a line that is `text`.
+    pub fn line(&mut self, text: &str) {
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(n > 0, "the program ended before `{text}`:\n{}", self.out);
+            self.out.push_str(&line);
+            if line.trim() == text {
+                return;
+            }
+        }
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Reads the rest of its output and waits for it to end.
+    pub fn end(&mut self) -> std::process::ExitStatus {
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
+        self.out.push_str(&rest);
+        self.child.wait().unwrap()
+    }
+
+    /// Kills it (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Lets it go on from its pause.
+    pub fn go(&mut self) {
+        writeln!(self.stdin, "go").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// The number it printed as `key=<n>`.
+    pub fn value(&self, key: &str) -> i64 {
+        self.out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in\n{}", self.out))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Waits for it to end, successfully and after printing `end`.
+    pub fn finish(mut self) {
+        let st = self.end();
+        assert!(
+            st.success() && self.out.contains("end"),
+            "{st:?}\n{}",
+            self.out
+        );
+    }
+}
