@@ -13,7 +13,7 @@
 //! no memory moves while the call runs) and inside it calls the real function with those
 //! arguments. Signature-agnostic, so it holds for any driver function of at most
 //! 6 + [`STACK_WORDS`] integer-class arguments and 8 floating-point ones that returns a
-//! `CUresult` (every touching function of `cuda.h` has at most 9 arguments).
+//! `CUresult` (in CUDA 12.6's `cuda.h` the unlisted touching functions take at most 6).
 //!
 //! x86-64 Linux only; elsewhere, when the slots run out, or when swapping is off, the lookup
 //! answers the real pointer and the process is never swapped out (as before: the refusal
