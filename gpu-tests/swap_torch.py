@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Swapping a PyTorch process out and back on a real GPU (docs/swap.md; issue 27). Runnable
+alone:
+
+    python3 gpu-tests/swap_torch.py --lib PATH/libvgpu.so --vgpu PATH/vgpu [--gib 16] [--out DIR]
+
+An "engine" (a child process under the hook, VGPU_IDLE_SWAP=manual, VGPU_SWAP_MOVABLE=1, so
+its plain allocations of 2 MiB and more are movable) allocates GIB of tensors of 1 GiB, fills
+each with its own value, synchronizes and waits. The runner then:
+
+1. asks it to swap out (`vgpu swap-out --cache FILE`) and times until `vgpu status` shows it
+   swapped; NVML's used memory of the GPU before and after (the memory must go back to the
+   node: at least 90% of GIB);
+2. lets it touch its memory (a sum over every tensor): the first call brings everything back,
+   timed inside the engine (the first operation, then the whole check), and the sums must be
+   what was written;
+3. the same once more (a second cycle), then the engine exits.
+
+Each direction's rate is GIB over its time. The engine goes through the CUDA runtime, which
+resolves every driver function at start: without the hook's slots for the functions its list
+does not name (src/swap/unlisted.rs) it is refused, and the runner says so (FAIL, with the
+hook's line). With `--expandable` the engine uses PyTorch's expandable segments
+(`cuMemCreate` mappings of its own): nothing of that can move today (docs/swap.md), and the
+runner reports what the hook said.
+
+Prints one line per check and writes DIR/swap_torch.json; exit status 0 only if every check
+passed (0 with SKIP without a GPU or PyTorch).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+GIB = 1 << 30
+
+
+def engine(gib):
+    """The child: GIB tensors of 1 GiB, each filled with its index + 1; then commands on stdin."""
+    import torch
+    n = 1 << 28  # float32 elements in 1 GiB
+    tensors = [torch.full((n,), float(i + 1), device="cuda") for i in range(gib)]
+    torch.cuda.synchronize()
+    want = [float(i + 1) * n for i in range(gib)]
+    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "touch":
+            t0 = time.perf_counter()
+            first = tensors[0].sum().item()  # the first call that can touch device memory
+            t1 = time.perf_counter()
+            got = [first] + [t.sum().item() for t in tensors[1:]]
+            t2 = time.perf_counter()
+            print(json.dumps({"first_s": t1 - t0, "all_s": t2 - t0,
+                              "intact": all(abs(g - w) <= 1e-6 * w for g, w in zip(got, want))}),
+                  flush=True)
+        elif cmd == "exit":
+            break
+    return 0
+
+
+def gpu_used_bytes():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                          "-i", "0"], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0]) * (1 << 20)
+
+
+def status(vgpu, cache):
+    out = subprocess.run([vgpu, "status", "--cache", cache, "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)
+
+
+def swapped(vgpu, cache, pid):
+    for p in status(vgpu, cache).get("processes", []):
+        if p.get("pid") == pid:
+            return p.get("state") == "swapped"
+    return False
+
+
+def run(args):
+    result = {"gib": args.gib, "expandable": args.expandable, "cycles": [], "checks": {}}
+    work = tempfile.mkdtemp(prefix="swap-torch-")
+    cache = os.path.join(work, "engine.cache")
+    log = os.path.join(work, "engine.log")
+    env = dict(os.environ, LD_PRELOAD=os.path.abspath(args.lib), CUDA_DEVICE_MEMORY_SHARED_CACHE=cache,
+               VGPU_IDLE_SWAP="manual", VGPU_SWAP_MOVABLE="1", LIBCUDA_LOG_LEVEL="3")
+    if args.expandable:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    with open(log, "w") as err:
+        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "engine",
+                              "--gib", str(args.gib)], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        ready = json.loads(p.stdout.readline())
+        pid = ready["pid"]
+        for cycle in (1, 2):
+            before = gpu_used_bytes()
+            t0 = time.perf_counter()
+            subprocess.run([args.vgpu, "swap-out", "--cache", cache], check=True, capture_output=True)
+            out_s = None
+            while time.perf_counter() - t0 < args.timeout:
+                if swapped(args.vgpu, cache, pid):
+                    out_s = time.perf_counter() - t0
+                    break
+                time.sleep(0.01)
+            after = gpu_used_bytes()
+            p.stdin.write("touch\n")
+            p.stdin.flush()
+            touched = json.loads(p.stdout.readline())
+            c = {"cycle": cycle, "out_s": out_s, "released_bytes": before - after,
+                 "in_first_s": touched["first_s"], "in_all_s": touched["all_s"],
+                 "intact": touched["intact"]}
+            if out_s:
+                c["out_gb_s"] = args.gib * GIB / out_s / 1e9
+                c["in_gb_s"] = args.gib * GIB / touched["first_s"] / 1e9
+            result["cycles"].append(c)
+        p.stdin.write("exit\n")
+        p.stdin.flush()
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    with open(log) as f:
+        result["hook_lines"] = [l.strip() for l in f if "swap" in l][-10:]
+    return result
+
+
+def judge(result):
+    """PASS/FAIL lines: swapped out, memory back to the node, data intact."""
+    lines, ok = [], True
+    for c in result["cycles"]:
+        swapped_out = c["out_s"] is not None
+        released = c["released_bytes"] >= 0.9 * result["gib"] * GIB
+        good = swapped_out and released and c["intact"]
+        ok &= good
+        rate = (f"out {c['out_s']:.2f} s ({c['out_gb_s']:.1f} GB/s), in {c['in_first_s']:.2f} s "
+                f"({c['in_gb_s']:.1f} GB/s)" if swapped_out else "never swapped out")
+        lines.append(f"{'PASS' if good else 'FAIL'} cycle {c['cycle']}: {rate}; NVML released "
+                     f"{c['released_bytes'] / GIB:.1f} GiB of {result['gib']}; data "
+                     f"{'intact' if c['intact'] else 'WRONG'}")
+    if not ok:
+        lines += [f"  hook: {l}" for l in result["hook_lines"]]
+    return ok, lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--role", default="runner", choices=("runner", "engine"))
+    ap.add_argument("--lib", help="libvgpu.so")
+    ap.add_argument("--vgpu", help="the vgpu CLI")
+    ap.add_argument("--gib", type=int, default=16)
+    ap.add_argument("--expandable", action="store_true")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a swap-out")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out/swap-torch"))
+    args = ap.parse_args()
+    if args.role == "engine":
+        return engine(args.gib)
+    try:
+        import torch  # noqa: F401
+        have_gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    except (ImportError, FileNotFoundError):
+        have_gpu = False
+    if not have_gpu:
+        print("SKIP: needs PyTorch and an NVIDIA GPU")
+        return 0
+    if not (args.lib and args.vgpu):
+        ap.error("--lib and --vgpu are needed")
+    result = run(args)
+    ok, lines = judge(result)
+    for line in lines:
+        print(line)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "swap_torch.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
