@@ -113,7 +113,7 @@ mod arch {
 
     pub(super) const SUPPORTED: bool = true;
 
-    // The stubs, 16 bytes apart: each puts its slot in r11 (neither an argument nor a
+    // The stubs, 16 bytes apart (15 used): each puts its slot in r11 (neither an argument nor a
     // callee-saved register) and jumps to the common part, which saves the argument
     // registers, and calls `dispatch(slot, saved, the caller's stack arguments)`; its answer
     // is the call's. `vgpu_unlisted_invoke(real, saved, stack)` puts them back, copies the
@@ -126,6 +126,9 @@ mod arch {
         "vgpu_unlisted_slots:",
         ".set vgpu_unlisted_i, 0",
         ".rept {slots}",
+        // A landing pad for indirect calls where control-flow enforcement is on (a no-op
+        // elsewhere): the program calls a slot through a pointer.
+        "endbr64",
         "movl $vgpu_unlisted_i, %r11d",
         "jmp vgpu_unlisted_common",
         ".p2align 4",
@@ -300,6 +303,22 @@ mod tests {
 
     type Many =
         extern "C" fn(u64, u32, u64, f64, u16, u64, u64, f32, u64, u64, u8, f64, u64) -> CUresult;
+
+    extern "C" fn one(a: u64) -> CUresult {
+        CUresult(a as u32 + 1)
+    }
+
+    /// Also that the stubs are 16 bytes apart, as `slot_addr` counts (a slot past the first
+    /// reaches its own function).
+    #[test]
+    fn each_function_has_its_own_slot() {
+        let a = slot_for(one as *mut c_void).unwrap();
+        let b = slot_for(many as *mut c_void).unwrap();
+        assert_ne!(a, b);
+        // SAFETY: the slot stands for `one`, whose type this is.
+        let through: extern "C" fn(u64) -> CUresult = unsafe { std::mem::transmute(a) };
+        assert_eq!(through(41), CUresult(42));
+    }
 
     #[test]
     fn a_slot_passes_every_argument_and_the_answer_through() {
