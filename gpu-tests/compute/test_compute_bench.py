@@ -616,7 +616,8 @@ class AB(unittest.TestCase):
             for build in ("a", "b"):
                 for r in (1, 2):
                     self.assertTrue(os.path.exists(os.path.join(out, build, f"r{r}", "compute.json")))
-            table = open(os.path.join(out, "ab.md")).read()
+            with open(os.path.join(out, "ab.md")) as f:
+                table = f.read()
             self.assertIn("| solo-resnet18-95 | vgpu-cap | 0 | a | 2 |", table)
             self.assertIn("| solo-resnet18-95 | alone | 0 | b | 2 | 100.0 |", table)
 
