@@ -368,6 +368,42 @@ fn a_marker_drains_before_its_timestamp_so_a_bracket_measures_more_than_its_kern
 }
 
 #[test]
+fn a_completion_only_marker_drains_nothing_and_has_no_time_to_read() {
+    // On the H200 a completion-only event costs the stream no measurable time where a
+    // timing event costs ~2.1 µs (gpu-tests/compute/marker_cost.cu).
+    const DRAIN: Nanos = 4 * US;
+    let gpu = with(|p| p.marker_cost = DRAIN);
+    let a = gpu.add_context();
+    gpu.submit_kernel(a, 1, 0, 10 * US, 1);
+    let done = gpu.record_marker_as(a, 1, 0, MarkerKind::Completion);
+    gpu.submit_kernel(a, 1, 0, 10 * US, 1);
+    gpu.advance_to(MS);
+    assert_eq!(gpu.marker_done(done), Some(KERNEL_LATENCY + 10 * US));
+    assert!(!gpu.is_timed(done));
+    assert_eq!(gpu.busy_ns(a, 0, MS), 20 * US, "no drain");
+    let clock = SimClock::default();
+    clock.set(MS);
+    let mut timer = SlicedTimer {
+        gpu: gpu.clone(),
+        clock,
+        ctx: a,
+    };
+    let start = timer.record(1, MarkerKind::Timed).unwrap();
+    timer.clock.set(2 * MS);
+    assert!(timer.is_complete(start).unwrap());
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = timer.elapsed(done, start);
+    }))
+    .expect_err("the limiter must never ask for a completion marker's time");
+    let said = refused
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| refused.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(said.contains("completion-only"), "{said}");
+}
+
+#[test]
 fn a_marker_is_work_of_its_context_and_waits_for_its_turn() {
     let gpu = h200();
     let (a, b) = (gpu.add_context(), gpu.add_context());
