@@ -20,7 +20,6 @@
 //! names the function).
 
 use std::ffi::c_void;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use vgpu_cuda_abi::CUresult;
@@ -32,12 +31,13 @@ const SLOTS: usize = 512;
 /// Stack words passed on: the arguments beyond the sixth integer-class one.
 const STACK_WORDS: usize = 8;
 
-/// The real function of each slot handed out (0: free).
+/// The real function of each slot handed out (0: not yet, or never).
 static REAL: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 
-/// Slots handed out, by the real function's address (lookups only; the launch of a slot's
-/// call reads [`REAL`]).
-static GIVEN: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// Slots handed out so far (may pass [`SLOTS`]: the ones beyond were refused). Atomics only,
+/// no lock: a lookup in a child forked while another thread of the parent was handing a slot
+/// out must not wait for that thread.
+static USED: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether this process may swap (`VGPU_IDLE_SWAP` other than `off`), read once: a lookup
 /// can come before the process state is built, so the environment is asked, not the state.
@@ -53,26 +53,26 @@ pub(crate) fn may_swap() -> bool {
     })
 }
 
-/// The gated slot for the real function `real` (the same slot for the same function), or
+/// The gated slot for the real function `real` (the same slot for the same function, but for
+/// two threads resolving it at once), or
 /// `None` where there is none (another architecture, or every slot taken).
 pub(crate) fn slot_for(real: *mut c_void) -> Option<*mut c_void> {
     let real = real as usize;
     if real == 0 || !arch::SUPPORTED {
         return None;
     }
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    let index = match given.iter().position(|&r| r == real) {
-        Some(i) => i,
-        None if given.len() < SLOTS => {
-            let i = given.len();
-            // Release: a call through the slot sees its target.
-            REAL[i].store(real, Ordering::Release);
-            given.push(real);
-            i
-        }
-        None => return None,
-    };
-    Some(arch::slot_addr(index))
+    let used = USED.load(Ordering::Acquire).min(SLOTS);
+    if let Some(i) = (0..used).find(|&i| REAL[i].load(Ordering::Acquire) == real) {
+        return Some(arch::slot_addr(i));
+    }
+    // Two threads resolving the same function at once may take two slots: both work.
+    let i = USED.fetch_add(1, Ordering::AcqRel);
+    if i >= SLOTS {
+        return None;
+    }
+    // Release: a call through the slot, and a later lookup, see its target.
+    REAL[i].store(real, Ordering::Release);
+    Some(arch::slot_addr(i))
 }
 
 /// What a slot's stub saved of its caller's registers (its layout is the stub's).
