@@ -308,6 +308,57 @@ mod tests {
         CUresult(a as u32 + 1)
     }
 
+    /// A child forked while another thread looks slots up gets its own at once (nothing of
+    /// the parent's thread can be held in the child).
+    #[test]
+    fn a_child_forked_while_slots_are_looked_up_gets_one_at_once() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = slot_for(one as *mut c_void);
+                }
+            })
+        };
+        let mut stuck = 0;
+        for _ in 0..200 {
+            // SAFETY: the child only looks a slot up (no allocation, no lock) and `_exit`s.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let ok = slot_for(many as *mut c_void).is_some();
+                // SAFETY: ends the child without running the parent's exit handlers.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            assert!(pid > 0, "fork failed");
+            let start = std::time::Instant::now();
+            let mut status = 0;
+            loop {
+                // SAFETY: our own child, a valid out-pointer.
+                let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if r == pid {
+                    assert_eq!(libc::WEXITSTATUS(status), 0);
+                    break;
+                }
+                if start.elapsed() > std::time::Duration::from_secs(2) {
+                    stuck += 1;
+                    // SAFETY: our own child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut status, 0);
+                    }
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        busy.join().unwrap();
+        assert_eq!(stuck, 0, "children stuck in a lookup");
+    }
+
     /// Also that the stubs are 16 bytes apart, as `slot_addr` counts (a slot past the first
     /// reaches its own function).
     #[test]
