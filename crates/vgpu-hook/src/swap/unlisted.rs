@@ -22,14 +22,9 @@
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use vgpu_cuda_abi::CUresult;
-
 /// Slots: each distinct real function resolved gets one (a few hundred touching functions
 /// and variants exist; the runtime resolves about a hundred).
 const SLOTS: usize = 512;
-
-/// Stack words passed on: the arguments beyond the sixth integer-class one.
-const STACK_WORDS: usize = 8;
 
 /// The real function of each slot handed out (0: not yet, or never).
 static REAL: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
@@ -75,43 +70,47 @@ pub(crate) fn slot_for(real: *mut c_void) -> Option<*mut c_void> {
     Some(arch::slot_addr(i))
 }
 
-/// What a slot's stub saved of its caller's registers (its layout is the stub's).
-#[repr(C)]
-pub(crate) struct Saved {
-    /// `rdi`, `rsi`, `rdx`, `rcx`, `r8`, `r9`, `rax`, and padding.
-    int: [u64; 8],
-    /// `xmm0`–`xmm7`.
-    vector: [[u64; 2]; 8],
-}
-
-/// A slot's call: the gate around the real function, called with the caller's arguments.
-///
-/// # Safety
-/// Only the stubs call it, with their slot, their saved registers and their caller's stack
-/// arguments.
-unsafe extern "C" fn dispatch(slot: u32, saved: *const Saved, stack: *const u64) -> CUresult {
-    crate::ffi::guard("a driver function gated by its slot", || {
-        let real = REAL
-            .get(slot as usize)
-            .map_or(0, |r| r.load(Ordering::Acquire));
-        if real == 0 {
-            // Never handed out: nothing to call.
-            return CUresult::UNKNOWN;
-        }
-        crate::ffi::code(super::touching(|| {
-            // SAFETY: `real` is the driver function this slot was handed out for, called
-            // with the registers and stack words its caller passed (see the module's docs).
-            unsafe { arch::invoke(real, saved, stack) }.ok()
-        }))
-    })
-}
-
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod arch {
-    use super::{STACK_WORDS, Saved};
+    use std::sync::atomic::Ordering;
+
     use vgpu_cuda_abi::CUresult;
 
     pub(super) const SUPPORTED: bool = true;
+
+    /// Stack words passed on: the arguments beyond the sixth integer-class one.
+    const STACK_WORDS: usize = 8;
+
+    /// What a slot's stub saved of its caller's registers (its layout is the stub's).
+    #[repr(C)]
+    struct Saved {
+        /// `rdi`, `rsi`, `rdx`, `rcx`, `r8`, `r9`, `rax`, and padding.
+        int: [u64; 8],
+        /// `xmm0`–`xmm7`.
+        vector: [[u64; 2]; 8],
+    }
+
+    /// A slot's call: the gate around the real function, called with the caller's arguments.
+    ///
+    /// # Safety
+    /// Only the stubs call it, with their slot, their saved registers and their caller's stack
+    /// arguments.
+    unsafe extern "C" fn dispatch(slot: u32, saved: *const Saved, stack: *const u64) -> CUresult {
+        crate::ffi::guard("a driver function gated by its slot", || {
+            let real = super::REAL
+                .get(slot as usize)
+                .map_or(0, |r| r.load(Ordering::Acquire));
+            if real == 0 {
+                // Never handed out: nothing to call.
+                return CUresult::UNKNOWN;
+            }
+            crate::ffi::code(crate::swap::touching(|| {
+                // SAFETY: `real` is the driver function this slot was handed out for, called
+                // with the registers and stack words its caller passed (see the module's docs).
+                unsafe { vgpu_unlisted_invoke(real, saved, stack) }.ok()
+            }))
+        })
+    }
 
     // The stubs, 16 bytes apart (15 used): each puts its slot in r11 (neither an argument nor a
     // callee-saved register) and jumps to the common part, which saves the argument
@@ -120,6 +119,14 @@ mod arch {
     // stack words and calls `real`. Stack alignment: 16 at every call.
     std::arch::global_asm!(
         ".pushsection .text.vgpu_unlisted,\"ax\",@progbits",
+        // A frame on rbp, with its unwind information.
+        ".macro vgpu_unlisted_frame",
+        "pushq %rbp",
+        ".cfi_def_cfa_offset 16",
+        ".cfi_offset %rbp, -16",
+        "movq %rsp, %rbp",
+        ".cfi_def_cfa_register %rbp",
+        ".endm",
         ".p2align 4",
         ".globl vgpu_unlisted_slots",
         ".hidden vgpu_unlisted_slots",
@@ -138,11 +145,7 @@ mod arch {
         ".p2align 4",
         "vgpu_unlisted_common:",
         ".cfi_startproc",
-        "pushq %rbp",
-        ".cfi_def_cfa_offset 16",
-        ".cfi_offset %rbp, -16",
-        "movq %rsp, %rbp",
-        ".cfi_def_cfa_register %rbp",
+        "vgpu_unlisted_frame",
         "subq $192, %rsp",
         "movq %rdi, 0(%rsp)",
         "movq %rsi, 8(%rsp)",
@@ -168,11 +171,7 @@ mod arch {
         ".hidden vgpu_unlisted_invoke",
         "vgpu_unlisted_invoke:",
         ".cfi_startproc",
-        "pushq %rbp",
-        ".cfi_def_cfa_offset 16",
-        ".cfi_offset %rbp, -16",
-        "movq %rsp, %rbp",
-        ".cfi_def_cfa_register %rbp",
+        "vgpu_unlisted_frame",
         "pushq %rbx",
         "pushq %r12",
         ".cfi_offset %rbx, -24",
@@ -210,7 +209,7 @@ mod arch {
         slots = const super::SLOTS,
         stack_words = const STACK_WORDS,
         stack_bytes = const STACK_WORDS * 8,
-        dispatch = sym super::dispatch,
+        dispatch = sym dispatch,
         options(att_syntax),
     );
 
@@ -225,34 +224,14 @@ mod arch {
         let base = std::ptr::addr_of!(vgpu_unlisted_slots) as usize;
         (base + 16 * index) as *mut std::ffi::c_void
     }
-
-    /// Calls `real` with `saved`'s registers and `stack`'s words as its arguments.
-    ///
-    /// # Safety
-    /// `real` is a function that takes the arguments its caller put there.
-    pub(super) unsafe fn invoke(real: usize, saved: *const Saved, stack: *const u64) -> CUresult {
-        // SAFETY: the caller's contract.
-        unsafe { vgpu_unlisted_invoke(real, saved, stack) }
-    }
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 mod arch {
-    use super::Saved;
-    use vgpu_cuda_abi::CUresult;
-
     pub(super) const SUPPORTED: bool = false;
 
     pub(super) fn slot_addr(_index: usize) -> *mut std::ffi::c_void {
         std::ptr::null_mut()
-    }
-
-    pub(super) unsafe fn invoke(
-        _real: usize,
-        _saved: *const Saved,
-        _stack: *const u64,
-    ) -> CUresult {
-        CUresult::UNKNOWN
     }
 }
 
@@ -260,6 +239,7 @@ mod arch {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
+    use vgpu_cuda_abi::CUresult;
 
     static SEEN: AtomicU64 = AtomicU64::new(0);
 
