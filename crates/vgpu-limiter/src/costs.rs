@@ -88,9 +88,9 @@ const SAMPLES_PER_SECOND: f64 = 200.0;
 const SAMPLE_BURST: f64 = 200.0;
 /// Timed ordinary segments per second at most (the others are completion-only: see
 /// `control::segments`). Their spans give the bracket's drain (the median of the last
-/// `DRAINS`) and bound their own charges; a timing marker costs the GPU and the host about
-/// 2 µs each on the H200, so this many cost both under 0.1%, as the samples do, and the
-/// drain's window turns over in a tenth of a second.
+/// `DRAINS`) and bound their own charges; a timing marker costs the GPU about 2 µs and its
+/// record the host about 3 µs on the H200, so this many cost each under 0.1%, as the samples
+/// do, and the drain's window turns over in a tenth of a second.
 const SPANS_PER_SECOND: f64 = 200.0;
 /// Timed ordinary segments the ration holds at most.
 const SPAN_BURST: f64 = 200.0;

@@ -33,8 +33,9 @@ impl std::error::Error for TimerError {}
 ///
 /// A span is read only between two timed markers; a completion marker only tells when the
 /// GPU reached it. On the H200 a timing event costs about 2 µs of the stream's engine time
-/// (its timestamp waits for the work ahead to drain) and about 2 µs of host time per record;
-/// a completion-only event costs neither measurably (`gpu-tests/compute/marker_cost.cu`).
+/// (its timestamp waits for the work ahead to drain), a completion-only event none measurably
+/// (`gpu-tests/compute/marker_cost.cu`); recording a timing event takes about 3 µs of host
+/// time (the `launch-timing` build's split).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MarkerKind {
     /// Its completion time can be compared ([`GpuTimer::elapsed`]).

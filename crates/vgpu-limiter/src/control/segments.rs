@@ -6,8 +6,8 @@
 //! ([`crate::costs`]). Only a *timed* segment's span is read: every sample, and ordinary
 //! segments as the span ration allows ([`crate::costs::CostTable::take_span`]), which teach
 //! the bracket's drain and bound what their launches were charged. The others are bracketed
-//! by completion-only markers, which cost the GPU and the host next to nothing, where a
-//! timing marker costs each about 2 µs ([`crate::MarkerKind`]).
+//! by completion-only markers, which cost the GPU no measurable time, where a timing marker
+//! costs it about 2 µs ([`crate::MarkerKind`]).
 //!
 //! The next segment on a stream chains onto the previous one's end marker (a timed segment
 //! only onto a timed one) while the GPU has not reached it. A sample is *clean* when
