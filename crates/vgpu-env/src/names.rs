@@ -75,6 +75,10 @@ pub const ENV_SWAP_IN_WAIT: &str = "VGPU_SWAP_IN_WAIT";
 /// allocations of the hook's, which can be swapped out (`1`; default `0`). Such memory has no
 /// `cuIpcGetMemHandle` (refused, naming this variable).
 pub const ENV_SWAP_MOVABLE: &str = "VGPU_SWAP_MOVABLE";
+/// With swapping on: keep the host memory a swap-in emptied for the next swap-out (`1`, the
+/// default) or give it back (`0`). Pinning fresh host memory is what makes a swap-out slow
+/// (docs/swap.md); a kept copy makes every swap-out after the first a copy at link speed.
+pub const ENV_SWAP_KEEP_HOST: &str = "VGPU_SWAP_KEEP_HOST";
 /// Default of [`ENV_SWAP_IN_WAIT`], milliseconds.
 pub const DEFAULT_SWAP_IN_WAIT_MS: u64 = 10_000;
 /// How `CUDA_DEVICE_SM_LIMIT` is read: `cap` (HAMi's meaning, the default) or `share`

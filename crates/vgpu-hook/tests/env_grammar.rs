@@ -102,6 +102,7 @@ fn a_swap_setting_that_is_not_one_is_reported_once_and_swapping_stays_off() {
         ("VGPU_IDLE_SWAP", "soon"),
         ("VGPU_SWAP_IN_WAIT", "1.5s"),
         ("VGPU_SWAP_MOVABLE", "yes please"),
+        ("VGPU_SWAP_KEEP_HOST", "later"),
     ] {
         let o = Run::hooked("256m").var(var, bad).run(&["try", "4096"]);
         assert_eq!(

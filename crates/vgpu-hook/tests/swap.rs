@@ -167,6 +167,8 @@ int main(int argc, char **argv) {
       long long u = unwritten(x, 5);
       if (u) { fprintf(stderr, "unwritten=%lld at cycle %d\n", u, i); return 5; }
     }
+    unsigned long long (*creations)(void) = dlsym(lib, "vgpusim_host_creations");
+    printf("host_creations=%lld\n", creations ? (long long)creations() : -1ll);
     return 0;
   }
   pause_at("resident");
@@ -250,7 +252,8 @@ impl Scenario {
         support::small_oversubscribed_device(&mut cmd);
         cmd.env("LIBCUDA_LOG_LEVEL", "3")
             .env_remove("VGPU_IDLE_SWAP")
-            .env_remove("VGPU_SWAP_IN_WAIT");
+            .env_remove("VGPU_SWAP_IN_WAIT")
+            .env_remove("VGPU_SWAP_KEEP_HOST");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -654,7 +657,30 @@ fn a_process_killed_at_any_point_of_its_swaps_leaves_the_table_exact() {
 }
 
 #[test]
-fn swapping_cycles_keep_the_data_whole() {
+fn swapping_cycles_keep_the_data_whole_and_pin_host_memory_once() {
+    let (outs, creations) = cycle(&[]);
+    // x's first home (host-backed: the device was full) and the first swap-out's: every later
+    // swap-out finds the host memory its swap-in kept.
+    assert_eq!(
+        creations, 2,
+        "{outs} swap-outs pinned host memory {creations} times"
+    );
+}
+
+#[test]
+fn without_keeping_host_memory_every_swap_out_pins_afresh() {
+    let (outs, creations) = cycle(&[("VGPU_SWAP_KEEP_HOST", "0")]);
+    // The log's count is a floor (its rate limit folds lines together).
+    assert!(
+        creations > outs as i64,
+        "{outs} swap-outs pinned host memory only {creations} times"
+    );
+}
+
+/// The cycling program (40 idle spells, each ended by a copy) under `VGPU_IDLE_SWAP=20ms`:
+/// the swap-outs the hook logged (at least this many: the log's rate limit folds some) and
+/// the host allocations the driver made.
+fn cycle(env: &[(&str, &str)]) -> (usize, i64) {
     let p = program();
     let cache = p.fresh_cache("cycles.cache");
     let mut cmd = p.hooked(&["y"], &cache);
@@ -662,6 +688,8 @@ fn swapping_cycles_keep_the_data_whole() {
     let out = cmd
         .env("VGPU_IDLE_SWAP", "20ms")
         .env("LIBCUDA_LOG_LEVEL", "3")
+        .env_remove("VGPU_SWAP_KEEP_HOST")
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -673,4 +701,11 @@ fn swapping_cycles_keep_the_data_whole() {
         "only {outs} swap-outs in 40 idle spells:\n{err}"
     );
     assert!(ins >= outs - 1, "{outs} out, {ins} in:\n{err}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let creations = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("host_creations="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no count of host allocations: {stdout}"));
+    (outs, creations)
 }

@@ -169,6 +169,9 @@ pub struct Swap {
     /// `VGPU_SWAP_MOVABLE`: direct `cuMemAlloc` allocations are made movable (VMM-backed by
     /// the hook) while swapping is on.
     pub movable: bool,
+    /// `VGPU_SWAP_KEEP_HOST`: a swap-in keeps the pinned host memory it emptied, for the
+    /// next swap-out of the same allocation.
+    pub keep_host: bool,
 }
 
 impl Default for Swap {
@@ -177,6 +180,7 @@ impl Default for Swap {
             trigger: SwapTrigger::Off,
             in_wait_ms: crate::names::DEFAULT_SWAP_IN_WAIT_MS,
             movable: false,
+            keep_host: true,
         }
     }
 }

@@ -281,7 +281,7 @@ impl Reader<'_> {
         }
     }
 
-    /// `VGPU_IDLE_SWAP`, `VGPU_SWAP_IN_WAIT`, `VGPU_SWAP_MOVABLE`. None changes a limit: a bad value keeps
+    /// `VGPU_IDLE_SWAP`, `VGPU_SWAP_IN_WAIT`, `VGPU_SWAP_MOVABLE`, `VGPU_SWAP_KEEP_HOST`. None changes a limit: a bad value keeps
     /// the default (no swapping; the default wait), said as a warning (an error when strict).
     fn swap(&mut self, cfg: &mut Config) {
         if let Some(v) = self.get(ENV_IDLE_SWAP) {
@@ -294,10 +294,15 @@ impl Reader<'_> {
                 ),
             }
         }
-        if let Some(v) = self.get(ENV_SWAP_MOVABLE) {
-            match parse_bool(&v) {
-                Some(b) => cfg.swap.movable = b,
-                None => self.warn(ENV_SWAP_MOVABLE, &v, "expected 0 or 1".into()),
+        for (name, slot) in [
+            (ENV_SWAP_MOVABLE, &mut cfg.swap.movable),
+            (ENV_SWAP_KEEP_HOST, &mut cfg.swap.keep_host),
+        ] {
+            if let Some(v) = self.get(name) {
+                match parse_bool(&v) {
+                    Some(b) => *slot = b,
+                    None => self.warn(name, &v, "expected 0 or 1".into()),
+                }
             }
         }
         if let Some(v) = self.get(ENV_SWAP_IN_WAIT) {

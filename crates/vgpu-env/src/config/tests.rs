@@ -684,4 +684,14 @@ fn idle_swap_takes_a_duration_manual_or_off_and_a_typo_is_a_warning() {
     let cfg = lenient(&[("VGPU_SWAP_MOVABLE", "maybe")]).unwrap();
     assert!(!cfg.swap.movable);
     assert_eq!(variables(&cfg.warnings), ["VGPU_SWAP_MOVABLE"]);
+    assert!(lenient(&[]).unwrap().swap.keep_host);
+    assert!(
+        !lenient(&[("VGPU_SWAP_KEEP_HOST", "0")])
+            .unwrap()
+            .swap
+            .keep_host
+    );
+    let cfg = lenient(&[("VGPU_SWAP_KEEP_HOST", "sometimes")]).unwrap();
+    assert!(cfg.swap.keep_host);
+    assert_eq!(variables(&cfg.warnings), ["VGPU_SWAP_KEEP_HOST"]);
 }

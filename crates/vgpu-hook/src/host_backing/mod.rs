@@ -58,6 +58,10 @@ struct Backed {
     /// In host memory because a swap-out moved it there (docs/swap.md): the swap-in brings it
     /// back, and until then the move back at a synchronize leaves it to the swap-in.
     swapped: bool,
+    /// The pinned host memory its last swap-in emptied, kept for its next swap-out
+    /// (`VGPU_SWAP_KEEP_HOST`): creating it is the slow part of a swap-out. Not charged in
+    /// the shared file (it holds none of the container's data); the memory cgroup counts it.
+    spare: Option<CUmemGenericAllocationHandle>,
 }
 
 /// This process's host-backed allocations.
@@ -234,6 +238,7 @@ impl HostBacked {
                 place,
                 seq,
                 swapped: false,
+                spare: None,
             },
         );
         self.live.fetch_add(1, Ordering::Release);
@@ -331,6 +336,9 @@ impl HostBacked {
         }
         let _ = driver::unmap(cuda, ptr, e.size);
         let _ = driver::mem_release(cuda, e.handle);
+        if let Some(spare) = e.spare {
+            let _ = driver::mem_release(cuda, spare);
+        }
         let _ = driver::address_free(cuda, ptr, e.size);
         match e.place {
             Place::Host => ledger.release_host(e.device, e.size),
@@ -400,7 +408,8 @@ impl HostBacked {
                 return;
             };
             match move_one(cuda, ledger, CUdeviceptr(va), e) {
-                Ok(()) => {
+                Ok(emptied) => {
+                    let _ = driver::mem_release(cuda, emptied);
                     self.on_host.fetch_sub(1, Ordering::Release);
                     vlog!(
                         INFO,
@@ -559,14 +568,15 @@ fn said_once_that_moves_wait_for_one_context(ordinal: CUdevice) {
 
 /// One move: device room reserved in the table first, a device-located allocation filled
 /// through a second address, then the allocation's own address remapped to it; the host
-/// bytes go last. Both are charged in between, so a process killed mid-move leaves the table
-/// exact (its slot gives both back).
+/// bytes' charge goes last. Both are charged in between, so a process killed mid-move leaves
+/// the table exact (its slot gives both back). The emptied host allocation is the caller's
+/// to release or keep.
 fn move_one(
     cuda: &Cuda,
     ledger: &SharedLedger,
     va: CUdeviceptr,
     e: &mut Backed,
-) -> Result<(), CUresult> {
+) -> Result<CUmemGenericAllocationHandle, CUresult> {
     let oom = |_: OutOfMemory| CUresult::OUT_OF_MEMORY;
     ledger.try_reserve_move(e.device, e.size).map_err(oom)?;
     let undo_charge = || ledger.release(e.device, UsageClass::Data, e.size);
@@ -582,11 +592,10 @@ fn move_one(
         undo_charge();
         return Err(code);
     }
-    let _ = driver::mem_release(cuda, e.handle);
     ledger.release_host(e.device, e.size);
-    e.handle = dev_handle;
+    let emptied = std::mem::replace(&mut e.handle, dev_handle);
     e.place = Place::Device;
-    Ok(())
+    Ok(emptied)
 }
 
 /// The step every move shares: `e`'s bytes copied into `new` (a fresh allocation located as

@@ -28,6 +28,17 @@ use crate::real::Cuda;
 /// The contexts whose allocations a swap touches, each once.
 pub(crate) type Contexts = Vec<(CUcontext, CUdevice)>;
 
+/// What a swap-out would move.
+#[derive(Debug, Default)]
+pub(crate) struct Swappable {
+    /// Device-resident bytes.
+    pub(crate) bytes: u64,
+    /// Of them, those with no host memory kept from an earlier swap-in: what must be pinned.
+    pub(crate) to_pin: u64,
+    /// The contexts they belong to, each once.
+    pub(crate) contexts: Contexts,
+}
+
 /// What a swap-in left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SwapIn {
@@ -82,19 +93,21 @@ impl HostBacked {
         Ok(va)
     }
 
-    /// Device-resident bytes a swap-out would move, and the contexts they belong to.
-    pub(crate) fn swappable(&self) -> (u64, Contexts) {
+    /// What a swap-out would move now.
+    pub(crate) fn swappable(&self) -> Swappable {
         let entries = self.lock();
-        let mut ctxs: Contexts = Vec::new();
-        let mut bytes = 0u64;
+        let mut s = Swappable::default();
         for e in entries.values().filter(|e| e.place == Place::Device) {
-            bytes = bytes.saturating_add(e.size);
+            s.bytes = s.bytes.saturating_add(e.size);
+            if e.spare.is_none() {
+                s.to_pin = s.to_pin.saturating_add(e.size);
+            }
             let c = (e.context as CUcontext, e.ordinal);
-            if !ctxs.contains(&c) {
-                ctxs.push(c);
+            if !s.contexts.contains(&c) {
+                s.contexts.push(c);
             }
         }
-        (bytes, ctxs)
+        s
     }
 
     /// Moves every device-resident allocation to host memory at its address. The bytes moved;
@@ -122,12 +135,14 @@ impl HostBacked {
     }
 
     /// Brings back every swapped-out allocation that has room now (the limit's headroom and
-    /// the GPU's free memory less `device_reserve`), largest first.
+    /// the GPU's free memory less `device_reserve`), largest first; `keep_host`: each keeps
+    /// the host memory it leaves for its next swap-out.
     pub(crate) fn swap_in(
         &self,
         cuda: &Cuda,
         ledger: &SharedLedger,
         device_reserve: u64,
+        keep_host: bool,
     ) -> SwapIn {
         let mut entries = self.lock();
         let mut keys: Vec<(u64, u64)> = entries
@@ -150,7 +165,13 @@ impl HostBacked {
                 move_one(cuda, ledger, CUdeviceptr(va), e)
             });
             match back {
-                Ok(()) => {
+                Ok(emptied) => {
+                    // Kept, its next swap-out copies at link speed instead of pinning afresh.
+                    if keep_host {
+                        e.spare = Some(emptied);
+                    } else {
+                        let _ = driver::mem_release(cuda, emptied);
+                    }
                     e.swapped = false;
                     self.on_host.fetch_sub(1, Ordering::Release);
                     vlog!(INFO, "{} bytes at {va:#x} swapped back in", e.size);
@@ -179,7 +200,11 @@ fn move_out(
         .reserve_swap_out(e.device, e.size)
         .map_err(|_: OutOfMemory| CUresult::OUT_OF_MEMORY)?;
     let undo_charge = || ledger.release_host(e.device, e.size);
-    let host_handle = match create_on_host(cuda, e.size, 0) {
+    let host_handle = match e
+        .spare
+        .take()
+        .map_or_else(|| create_on_host(cuda, e.size, 0), Ok)
+    {
         Ok(h) => h,
         Err(code) => {
             undo_charge();

@@ -77,7 +77,10 @@ fn swap_in(held: &mut gate::Swapped) -> Result<(), CUresult> {
     let reserve = st.config.host_backing.device_reserve;
     let start = Instant::now();
     loop {
-        match st.host_backed.swap_in(cuda, st.ledger(), reserve) {
+        match st
+            .host_backed
+            .swap_in(cuda, st.ledger(), reserve, st.config.swap.keep_host)
+        {
             SwapIn::Done => {
                 held.out = false;
                 st.slot().set_swapped_out(false);
@@ -169,21 +172,25 @@ fn movable(st: &Ready) -> Result<Vec<CUdevice>, NotSwapped> {
              does not gate: its calls could run while memory moves"
         )));
     }
-    let (bytes, contexts) = st.host_backed.swappable();
-    if bytes == 0 {
+    let moving = st.host_backed.swappable();
+    if moving.bytes == 0 {
         return Err(NotSwapped::Nothing);
     }
+    // Host memory kept from earlier swap-ins is pinned already: the cgroup counts it.
     if let Some(room) = crate::host_backing::host_headroom() {
-        let need = bytes.saturating_add(crate::host_backing::HOST_RESERVE);
+        let need = moving
+            .to_pin
+            .saturating_add(crate::host_backing::HOST_RESERVE);
         if room < need {
             return Err(NotSwapped::Refused(format!(
-                "{bytes} bytes would not fit the container's memory cgroup ({room} bytes left, \
-                 and pinned memory counts against it)"
+                "{} bytes would not fit the container's memory cgroup ({room} bytes left, \
+                 and pinned memory counts against it)",
+                moving.to_pin
             )));
         }
     }
     let mut devices: Vec<CUdevice> = Vec::new();
-    for &(_, d) in &contexts {
+    for &(_, d) in &moving.contexts {
         if !devices.contains(&d) {
             devices.push(d);
         }

@@ -45,6 +45,13 @@ pub(super) fn location(loc: &CUmemLocation) -> CuResult<Option<i32>> {
     }
 }
 
+/// How many host-located `cuMemCreate` allocations this process has made (test
+/// instrumentation, not driver API).
+#[unsafe(no_mangle)]
+pub extern "C" fn vgpusim_host_creations() -> u64 {
+    crate::state::HOST_CREATIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 exports! {
     cuMemCreate(h: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) true |s| {
         if h.is_null() || flags != 0 {

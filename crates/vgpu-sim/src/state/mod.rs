@@ -87,6 +87,7 @@ mod streams;
 #[cfg(test)]
 mod tests;
 mod vmm;
+pub use vmm::HOST_CREATIONS;
 
 pub use arrays::ArrayDesc;
 pub use devices::Device;

@@ -10,6 +10,11 @@ fn handle_types(prop: &[u8; 32]) -> u32 {
     u32::from_le_bytes([prop[4], prop[5], prop[6], prop[7]])
 }
 
+/// Host-located allocations created by this process: pinning host memory is the slow part
+/// of a swap-out on the H200 (4.6 GB/s whatever the threads, `gpu-tests/host_pin_cost.cu`),
+/// so tests count how often the hook asks for it.
+pub static HOST_CREATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 impl Sim {
     /// Takes `size` bytes where physical memory lives: a device, or (`None`) the host, whose
     /// limit host-located memory counts against instead.
@@ -47,6 +52,9 @@ impl Sim {
             self.give_physical(dev, size);
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
+        if dev.is_none() {
+            HOST_CREATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(self.new_handle(
             tag::VMM,
             |st| &mut st.phys,
