@@ -366,6 +366,25 @@ fn an_idle_process_is_swapped_out_and_its_next_copy_brings_everything_back_intac
 }
 
 #[test]
+fn an_idle_process_pins_the_host_memory_it_needs_before_its_swap_out() {
+    let mut p = Scenario::start("ahead", "plain", &[("VGPU_IDLE_SWAP", "600ms")]);
+    resident(&mut p, false);
+    p.wait_swapped(true, Duration::from_secs(10));
+    let log = p.stderr();
+    let ahead = log.find("pinned 16777216 bytes of host memory ahead of a swap-out");
+    let out = log.find("swapped out 16777216 bytes");
+    assert!(
+        ahead.is_some() && ahead < out,
+        "the swap-out's host memory was not pinned before it:\n{log}"
+    );
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    p.go();
+    p.finish();
+}
+
+#[test]
 fn the_first_call_of_every_gated_family_brings_the_memory_back_before_it_runs() {
     for family in ["launch", "memset", "stream", "event", "context"] {
         let mut p = Scenario::start(

@@ -110,6 +110,34 @@ impl HostBacked {
         s
     }
 
+    /// Pins host memory ahead of a swap-out for the largest device-resident allocation that
+    /// has none kept: created with no lock held (about 0.2 s per GiB on the H200), then kept
+    /// with the allocation if that is still there and still without. The bytes pinned, `None`
+    /// if there was nothing to do or the pinning failed.
+    pub(crate) fn pin_ahead(&self, cuda: &Cuda) -> Option<u64> {
+        let (va, size, handle, ctx) = {
+            let entries = self.lock();
+            let (&va, e) = entries
+                .iter()
+                .filter(|(_, e)| e.place == Place::Device && e.spare.is_none())
+                .max_by_key(|(_, e)| e.size)?;
+            (va, e.size, e.handle, e.context)
+        };
+        let pinned = in_context(cuda, ctx as CUcontext, || create_on_host(cuda, size, 0)).ok()?;
+        let mut entries = self.lock();
+        match entries.get_mut(&va) {
+            Some(e) if e.handle == handle && e.place == Place::Device && e.spare.is_none() => {
+                e.spare = Some(pinned);
+                Some(size)
+            }
+            _ => {
+                drop(entries);
+                let _ = driver::mem_release(cuda, pinned);
+                Some(0)
+            }
+        }
+    }
+
     /// Moves every device-resident allocation to host memory at its address. The bytes moved;
     /// an allocation that could not move stays on the device, intact (said in the log).
     pub(crate) fn swap_out(&self, cuda: &Cuda, ledger: &SharedLedger) -> u64 {

@@ -164,6 +164,33 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
     Ok(moved)
 }
 
+/// Pins the host memory of one allocation ahead of an idle swap-out (the `vgpu-swap` thread,
+/// once a quiet spell has lasted half of `VGPU_IDLE_SWAP`), if host memory is kept between
+/// swaps at all and a swap-out would not be refused: `false` once there is nothing left to
+/// pin this spell. The memory is what the swapped state needs anyway, and it is kept (as a
+/// swap-in keeps it) whether or not the swap-out comes, so the first swap-out copies at link
+/// speed too.
+pub(crate) fn pin_ahead() -> bool {
+    let (Some(st), Ok(cuda)) = (ready(), real::cuda()) else {
+        return false;
+    };
+    if !st.config.swap.keep_host || movable(st).is_err() {
+        return false;
+    }
+    match st.host_backed.pin_ahead(cuda) {
+        Some(bytes) => {
+            if bytes > 0 {
+                vlog!(
+                    INFO,
+                    "pinned {bytes} bytes of host memory ahead of a swap-out"
+                );
+            }
+            true
+        }
+        None => false,
+    }
+}
+
 /// The devices of the movable memory, or why nothing can move.
 fn movable(st: &Ready) -> Result<Vec<CUdevice>, NotSwapped> {
     if let Some(name) = crate::interpose::uncovered_touching() {

@@ -1,7 +1,9 @@
 //! The `vgpu-swap` thread (only with `VGPU_IDLE_SWAP` set): every tick it reads the shared
 //! file's count of swap-out requests (`vgpu swap-out` adds one) and, with a duration set, how
 //! many gated calls this process made; it swaps out when the count changed, or when no gated
-//! call came for that long. It never calls the driver but through [`super::swap_out`].
+//! call came for that long, and from half that long it pins the host memory the swap-out
+//! will need, one allocation a tick. It never calls the driver but through
+//! [`super::swap_out`] and [`super::pin_ahead`].
 
 use std::time::{Duration, Instant};
 
@@ -53,6 +55,8 @@ struct Watch {
     since: Instant,
     /// An idle swap-out was tried for this quiet spell (not again until a call comes).
     tried: bool,
+    /// Nothing more to pin ahead of a swap-out this quiet spell.
+    pinned: bool,
 }
 
 fn run(worker: &Worker, st: &'static Ready) {
@@ -63,6 +67,7 @@ fn run(worker: &Worker, st: &'static Ready) {
         calls: gate::calls(),
         since: Instant::now(),
         tried: false,
+        pinned: false,
     };
     loop {
         std::thread::sleep(tick(trigger));
@@ -87,11 +92,19 @@ fn look(w: &mut Watch, trigger: SwapTrigger, table: &vgpu_shm::UsageTable) {
         w.calls = calls;
         w.since = Instant::now();
         w.tried = false;
+        w.pinned = false;
         return;
     }
-    if !w.tried && w.since.elapsed() >= Duration::from_millis(ms) {
+    if w.tried {
+        return;
+    }
+    let quiet = w.since.elapsed();
+    if quiet >= Duration::from_millis(ms) {
         w.tried = true;
         attempt(&format!("idle for {ms} ms"), false);
+    } else if !w.pinned && quiet >= Duration::from_millis(ms / 2) {
+        // One allocation a tick: an exit or a call in between waits for one pinning at most.
+        w.pinned = !super::pin_ahead();
     }
 }
 
