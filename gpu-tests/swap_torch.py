@@ -19,7 +19,7 @@ each with its own value, synchronizes and waits. The runner then:
    swap-in keeps it (`VGPU_SWAP_KEEP_HOST`), so later cycles copy at link speed.
 
 `--pair` instead runs the turn-taking scenario of issue 27: a bare filler leaves `--room` GiB
-of the GPU free; two engines of 60% of that room each, under `VGPU_IDLE_SWAP=1s`, take turns
+of the GPU free; two engines of 60% of that room each, under `VGPU_IDLE_SWAP=1s` (`--idle`), take turns
 (one touches its memory, then idles until it is swapped out; then the other), so neither
 fits beside the other. Each turn's line: the wake (the first call's time, which brings the
 memory back), the data, and NVML's used memory once the engine idled out.
@@ -164,7 +164,7 @@ def wait_until(check, timeout):
 def run_pair(args):
     """Two engines of 60% of the room take turns; see the docstring."""
     gib = max(1, int(args.room * 0.6))
-    result = {"pair": True, "room_gib": args.room, "gib": gib, "turns": []}
+    result = {"pair": True, "room_gib": args.room, "gib": gib, "idle": args.idle, "turns": []}
     work = tempfile.mkdtemp(prefix="swap-pair-")
     me = os.path.abspath(__file__)
     procs = []
@@ -188,7 +188,7 @@ def run_pair(args):
             if me_["proc"] is None:
                 with open(me_["log"], "w") as err:
                     p = subprocess.Popen([sys.executable, me, "--role", "engine", "--gib", str(gib)],
-                                         env=engine_env(args, me_["cache"], "1s"),
+                                         env=engine_env(args, me_["cache"], args.idle),
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                          text=True)
                 procs.append(p)
@@ -229,7 +229,8 @@ def run_pair(args):
         path = os.path.join(work, f"{name}.log")
         if os.path.exists(path):
             with open(path) as f:
-                result["hook_lines"] += [f"{name}: {l.strip()}" for l in f if "swap" in l][-6:]
+                result["hook_lines"] += [f"{name}: {l.strip()}" for l in f
+                                         if "swap" in l or "pinned" in l][-8:]
     return result
 
 
@@ -248,8 +249,9 @@ def judge_pair(result):
                      f"({per16}); data {'intact' if t.get('intact') else 'WRONG/none'}; "
                      f"idled out after {t.get('idle_out_s')} s, NVML released "
                      f"{t.get('released_bytes', 0) / GIB:.1f} GiB")
-    if not ok:
-        lines += [f"  hook: {l}" for l in result["hook_lines"]]
+    shown = result["hook_lines"] if not ok else \
+        [l for l in result["hook_lines"] if "swapped out" in l or "pinned" in l]
+    lines += [f"  hook: {l}" for l in shown]
     return ok, lines
 
 
@@ -283,6 +285,7 @@ def main():
     ap.add_argument("--pair", action="store_true", help="two engines taking turns")
     ap.add_argument("--room", type=int, default=40, help="--pair: GiB the filler leaves free")
     ap.add_argument("--turns", type=int, default=6, help="--pair: turns in all")
+    ap.add_argument("--idle", default="1s", help="--pair: the engines' VGPU_IDLE_SWAP")
     ap.add_argument("--out", default=os.environ.get("OUT", "out/swap-torch"))
     args = ap.parse_args()
     if args.role == "engine":

@@ -149,6 +149,7 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
     if !gate::close(&mut held, since) {
         return Err(NotSwapped::Busy);
     }
+    let start = Instant::now();
     let moved = st.host_backed.swap_out(cuda, st.ledger());
     if moved == 0 {
         gate::reopen(&mut held);
@@ -158,8 +159,9 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
     st.slot().set_swapped_out(true);
     vlog!(
         MSG,
-        "swapped out {moved} bytes of device memory to host memory ({why}); they come back on \
-         the next call that can touch device memory"
+        "swapped out {moved} bytes of device memory to host memory in {} ms ({why}); they come \
+         back on the next call that can touch device memory",
+        start.elapsed().as_millis()
     );
     Ok(moved)
 }
