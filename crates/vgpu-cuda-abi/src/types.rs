@@ -662,7 +662,7 @@ pub const NVML_DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
 
 /// Formats a `CUuuid` the way NVML prints UUIDs: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 pub fn format_gpu_uuid(uuid: &CUuuid) -> String {
-    let b = uuid.bytes.map(|c| c as u8);
+    let b = uuid.bytes.map(|c| c.to_ne_bytes()[0]); // c_char: i8 or u8 by target
     let mut s = String::with_capacity(40);
     s.push_str("GPU-");
     for (i, byte) in b.iter().enumerate() {

@@ -293,7 +293,7 @@ pub(crate) fn nvml_uuid(nvml: &real::Nvml, device: nvmlDevice_t) -> Option<Strin
     let bytes: Vec<u8> = buf
         .iter()
         .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
+        .map(|&c| c.to_ne_bytes()[0])
         .collect();
     String::from_utf8(bytes).ok()
 }
