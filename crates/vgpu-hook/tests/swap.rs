@@ -132,6 +132,26 @@ int main(int argc, char **argv) {
     printf("end\n");
     return 0;
   }
+  if (argv[1][0] == 'n') { /* many small movable allocations */
+    enum { N = 24, SMALL = 2 << 20 };
+    P y[N];
+    for (int i = 0; i < N; i++) {
+      CHECK(cuMemAlloc_v2(&y[i], SMALL));
+      CHECK(cuMemsetD32_v2(y[i], 100 + i, SMALL / 4));
+    }
+    CHECK(cuCtxSynchronize());
+    pause_at("idle");
+    long long u = 0;
+    for (int i = 0; i < N; i++) {
+      CHECK(cuMemcpyDtoH_v2(buf, y[i], SMALL));
+      for (int k = 0; k < SMALL / 4; k++) u += buf[k] != 100u + i;
+    }
+    printf("unwritten_after_swap=%lld\n", u);
+    pause_at("back");
+    for (int i = 0; i < N; i++) CHECK(cuMemFree_v2(y[i]));
+    printf("end\n");
+    return 0;
+  }
   if (argv[1][0] == 'm') { /* movable: plain allocations, nothing oversubscribed */
     NEED(cuIpcGetMemHandle)
     P y[3];
@@ -376,6 +396,35 @@ fn an_idle_process_pins_the_host_memory_it_needs_before_its_swap_out() {
     assert!(
         ahead.is_some() && ahead < out,
         "the swap-out's host memory was not pinned before it:\n{log}"
+    );
+    assert!(
+        log.contains(", 0 of them into host memory pinned for it"),
+        "{log}"
+    );
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn many_small_allocations_are_all_pinned_ahead_of_the_swap_out() {
+    // 24 movable allocations of 2 MiB (PyTorch's small segments), a tick of 100 ms and half a
+    // second between the pinning's start and the swap-out: a step pins what it can in its
+    // tick, not one allocation each.
+    let mut p = Scenario::start(
+        "many",
+        "n",
+        &[("VGPU_IDLE_SWAP", "1s"), ("VGPU_SWAP_MOVABLE", "1")],
+    );
+    p.reach("idle");
+    p.wait_swapped(true, Duration::from_secs(10));
+    let log = p.stderr();
+    assert!(
+        log.contains("swapped out 50331648 bytes")
+            && log.contains(", 0 of them into host memory pinned for it"),
+        "the swap-out pinned host memory itself:\n{log}"
     );
     p.go();
     p.reach("back");

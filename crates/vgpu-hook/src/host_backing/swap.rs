@@ -39,6 +39,16 @@ pub(crate) struct Swappable {
     pub(crate) contexts: Contexts,
 }
 
+/// What a swap-out moved.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Moved {
+    /// Bytes now in host memory.
+    pub(crate) bytes: u64,
+    /// Of them, those copied into host memory pinned for the occasion (the slow part), not
+    /// into memory kept or pinned ahead.
+    pub(crate) pinned_afresh: u64,
+}
+
 /// What a swap-in left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SwapIn {
@@ -138,17 +148,21 @@ impl HostBacked {
         }
     }
 
-    /// Moves every device-resident allocation to host memory at its address. The bytes moved;
-    /// an allocation that could not move stays on the device, intact (said in the log).
-    pub(crate) fn swap_out(&self, cuda: &Cuda, ledger: &SharedLedger) -> u64 {
+    /// Moves every device-resident allocation to host memory at its address; an allocation
+    /// that could not move stays on the device, intact (said in the log).
+    pub(crate) fn swap_out(&self, cuda: &Cuda, ledger: &SharedLedger) -> Moved {
         let mut entries = self.lock();
-        let mut moved = 0u64;
+        let mut moved = Moved::default();
         for (&va, e) in entries.iter_mut().filter(|(_, e)| e.place == Place::Device) {
             let ctx = e.context as CUcontext;
+            let pinned_afresh = e.spare.is_none();
             match in_context(cuda, ctx, || move_out(cuda, ledger, CUdeviceptr(va), e)) {
                 Ok(()) => {
                     self.on_host.fetch_add(1, Ordering::Release);
-                    moved += e.size;
+                    moved.bytes += e.size;
+                    if pinned_afresh {
+                        moved.pinned_afresh += e.size;
+                    }
                 }
                 Err(code) => vlog!(
                     WARN,

@@ -151,7 +151,7 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
     }
     let start = Instant::now();
     let moved = st.host_backed.swap_out(cuda, st.ledger());
-    if moved == 0 {
+    if moved.bytes == 0 {
         gate::reopen(&mut held);
         return Err(NotSwapped::Nothing);
     }
@@ -159,11 +159,14 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
     st.slot().set_swapped_out(true);
     vlog!(
         MSG,
-        "swapped out {moved} bytes of device memory to host memory in {} ms ({why}); they come \
-         back on the next call that can touch device memory",
-        start.elapsed().as_millis()
+        "swapped out {} bytes of device memory to host memory in {} ms, {} of them into host \
+         memory pinned for it ({why}); they come back on the next call that can touch device \
+         memory",
+        moved.bytes,
+        start.elapsed().as_millis(),
+        moved.pinned_afresh
     );
-    Ok(moved)
+    Ok(moved.bytes)
 }
 
 /// Pins the host memory of one allocation ahead of an idle swap-out (the `vgpu-swap` thread,
@@ -171,26 +174,43 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
 /// swaps at all and a swap-out would not be refused: `false` once there is nothing left to
 /// pin this spell. The memory is what the swapped state needs anyway, and it is kept (as a
 /// swap-in keeps it) whether or not the swap-out comes, so the first swap-out copies at link
-/// speed too.
-pub(crate) fn pin_ahead() -> bool {
+/// speed too. Works for about `budget` (the watcher's tick: an exit waits for one step).
+pub(crate) fn pin_ahead(budget: Duration) -> bool {
     let (Some(st), Ok(cuda)) = (ready(), real::cuda()) else {
         return false;
     };
-    if !st.config.swap.keep_host || movable(st).is_err() {
+    if !st.config.swap.keep_host {
         return false;
     }
-    match st.host_backed.pin_ahead(cuda) {
-        Some(bytes) => {
-            if bytes > 0 {
-                vlog!(
-                    INFO,
-                    "pinned {bytes} bytes of host memory ahead of a swap-out"
-                );
-            }
-            true
+    let start = Instant::now();
+    let (mut bytes, mut count) = (0u64, 0u32);
+    // Allocations one by one until the step's time is spent (at least one: a large one may
+    // take longer), each after checking afresh that a swap-out would not be refused (the
+    // cgroup's room shrinks with every pinning).
+    let more = loop {
+        if movable(st).is_err() {
+            break false;
         }
-        None => false,
+        match st.host_backed.pin_ahead(cuda) {
+            Some(b) => {
+                bytes += b;
+                count += u32::from(b > 0);
+            }
+            None => break false,
+        }
+        if start.elapsed() >= budget {
+            break true;
+        }
+    };
+    if bytes > 0 {
+        vlog!(
+            INFO,
+            "pinned {bytes} bytes of host memory ahead of a swap-out ({count} allocations, {} \
+             ms)",
+            start.elapsed().as_millis()
+        );
     }
+    more
 }
 
 /// The devices of the movable memory, or why nothing can move.

@@ -2,7 +2,7 @@
 //! file's count of swap-out requests (`vgpu swap-out` adds one) and, with a duration set, how
 //! many gated calls this process made; it swaps out when the count changed, or when no gated
 //! call came for that long, and from half that long it pins the host memory the swap-out
-//! will need, one allocation a tick. It never calls the driver but through
+//! will need, about a tick's work a step. It never calls the driver but through
 //! [`super::swap_out`] and [`super::pin_ahead`].
 
 use std::time::{Duration, Instant};
@@ -103,8 +103,8 @@ fn look(w: &mut Watch, trigger: SwapTrigger, table: &vgpu_shm::UsageTable) {
         w.tried = true;
         attempt(&format!("idle for {ms} ms"), false);
     } else if !w.pinned && quiet >= Duration::from_millis(ms / 2) {
-        // One allocation a tick: an exit or a call in between waits for one pinning at most.
-        w.pinned = !super::pin_ahead();
+        // About a tick's work a step (an exit waits for the step in progress).
+        w.pinned = !super::pin_ahead(tick(trigger));
     }
 }
 
