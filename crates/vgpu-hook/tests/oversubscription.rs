@@ -53,6 +53,7 @@ CUresult (*cuDeviceGetAttribute)(int *, int, int);
 typedef struct { size_t w, h; int format; unsigned channels; } ArrayDesc;
 CUresult (*cuArrayCreate_v2)(P *, const ArrayDesc *);
 CUresult (*cuMemGetAllocationGranularity)(size_t *, const Prop *, int);
+CUresult (*cuMemAllocAsync)(P *, size_t, H);
 
 /* A device allocation the VMM way (cuMemCreate on device 0, mapped at a reserved address). */
 static CUresult vmm_alloc(P *out, size_t n) {
@@ -112,6 +113,7 @@ int main(int argc, char **argv) {
   NEED(cuMemGetInfo_v2); NEED(cuMemCreate); NEED(cuMemAddressReserve); NEED(cuMemMap);
   NEED(cuMemSetAccess); NEED(cuCtxDestroy_v2); NEED(cuCtxSynchronize_v2);
   NEED(cuDeviceGetAttribute); NEED(cuMemGetAllocationGranularity); NEED(cuArrayCreate_v2);
+  NEED(cuMemAllocAsync);
   int dev; H ctx;
   CHECK(cuInit(0));
   CHECK(cuDeviceGet(&dev, 0));
@@ -123,6 +125,7 @@ int main(int argc, char **argv) {
     if (!strcmp(how, "pitch")) last = cuMemAllocPitch_v2(&ptr[i], &pitch, bytes / 256, 256, 4);
     else if (!strcmp(how, "vmm")) last = vmm_alloc(&ptr[i], bytes);
     else if (!strcmp(how, "torch")) last = torch_alloc(&ptr[i], bytes, i);
+    else if (!strcmp(how, "async")) last = cuMemAllocAsync(&ptr[i], bytes, 0); /* the device's pool */
     else if (!strcmp(how, "array")) { /* bytes of 1-channel floats, 4096 to a row */
       ArrayDesc d = { 4096, bytes / 4 / 4096, 0x20, 1 };
       if (!(last = cuArrayCreate_v2(&ptr[i], &d))) { ok++; continue; } /* not checked later */
@@ -410,6 +413,33 @@ fn pitched_and_vmm_allocations_are_host_backed_too() {
         p.sync_expecting_intact("sync", 12);
         p.finish();
     }
+}
+
+#[test]
+fn stream_ordered_allocations_are_host_backed_too_and_keep_the_reserve() {
+    // PyTorch's `backend:cudaMallocAsync` allocates from the device's pool: past the device
+    // (or into the reserve) its allocations are host-backed as cuMemAlloc's are.
+    let (mut p, out) = Running::start("async", "256m", OVERSUBSCRIBE, &["async", "12", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 12, "{out}");
+    let (device, host) = usage(&p.table());
+    assert!(device <= PHYSICAL && host >= 5 * CHUNK, "{device} {host}");
+    p.sync_expecting_intact("sync", 12);
+    p.finish();
+    let vars = &[
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("VGPU_DEVICE_RESERVE", "48m"),
+    ];
+    let (mut p, out) = Running::start("async-reserve", "256m", vars, &["async", "8", "16777216"]);
+    assert_eq!(value(&out, "allocated"), 8, "{out}");
+    // With VGPU_DEVICE_RESERVE=48m only 4 chunks go on the device (without the reserve's
+    // check the pool took all 112 MiB the context left: the test failed first).
+    assert_eq!(
+        usage(&p.table()),
+        (CONTEXT + 4 * CHUNK, 4 * CHUNK),
+        "the reserve stays free on the stream-ordered path too"
+    );
+    p.sync_expecting_intact("sync", 8);
+    p.finish();
 }
 
 #[test]

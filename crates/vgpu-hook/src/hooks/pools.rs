@@ -113,15 +113,33 @@ unsafe fn alloc_async(
         driver::pool_attr(cuda, pool, CUmemPool_attribute::USED_MEM_CURRENT).unwrap_or(reserved);
     let need = (bytesize as u64).saturating_sub(reserved.saturating_sub(used));
     let need = align_up(need, DEVICE_PAGE).ok_or(CUresult::OUT_OF_MEMORY)?;
+    // Past the device, the limit or the reserve the allocation is host-backed as cuMemAlloc's
+    // is (usable at once, which stream order allows; `cuMemFreeAsync` frees it once the
+    // stream reaches the free).
+    // SAFETY: `dptr` is non-null (checked above) and per this function's contract.
+    let host = |refused| unsafe { host_backed_async(st, cuda, idx, dptr, bytesize, refused) };
+    if need > 0
+        && let Some(free) = reserve_breach(st, cuda, idx, need)
+    {
+        return keep_reserve(st, (idx, need), free, host);
+    }
     let reserve = || {
         st.pools
             .reserve_tentative(st.ledger(), idx, need)
             .map_err(AllocError::OutOfMemory)
     };
-    let tentative = with_pool_retry(st, cuda, reserve).map_err(alloc_err)?;
+    let tentative = match with_pool_retry(st, cuda, reserve) {
+        Ok(t) => t,
+        Err(refused) => return host(refused),
+    };
     if let Err(r) = forward(cuda) {
         st.pools.cancel(st.ledger(), idx, tentative);
-        return Err(r);
+        return match r {
+            CUresult::OUT_OF_MEMORY => host(AllocError::Backend(vgpu_alloc_core::BackendError {
+                code: r.0,
+            })),
+            _ => Err(r),
+        };
     }
     settle_pool(st, cuda, pool, idx, tentative);
     if need > 0 {
@@ -137,6 +155,36 @@ unsafe fn alloc_async(
         reconcile_if_due(st, cuda, idx);
     }
     Ok(())
+}
+
+/// A stream-ordered allocation the pool could not serve (`refused`), in host memory if it
+/// may be ([`host_backed_instead`]) and the current context is on the pool's device (the
+/// allocation belongs to a context: destroying it frees the memory, as for the pool's).
+///
+/// # Safety
+/// `dptr` is non-null and valid for a write (the driver API contract).
+#[cold]
+#[inline(never)]
+unsafe fn host_backed_async(
+    st: &Ready,
+    cuda: &Cuda,
+    idx: DeviceIndex,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    refused: AllocError,
+) -> Result<(), CUresult> {
+    let on_device = driver::current(cuda)
+        .ok()
+        .filter(|&(_, dev)| dev_index(dev) == Some(idx));
+    let Some((ctx, dev)) = on_device else {
+        return Err(alloc_err(refused));
+    };
+    let ptr = host_backed_instead(st, refused, || {
+        st.host_backed
+            .allocate(cuda, st.ledger(), idx, (dev, ctx), bytesize as u64)
+    })?;
+    // SAFETY: the caller's non-null out-pointer.
+    unsafe { write_out(dptr, ptr) }
 }
 
 /// Stream-ordered allocation charged per allocation (rounded to the pool granule), for when
