@@ -20,7 +20,8 @@ the container keeps VGPU_DEVICE_RESERVE=2g of them free) and uses no managed mem
    1.5 x LEFT GiB in 1 GiB tensors, each filled with its own value: every tensor allocated,
    every value intact, host-backed bytes in the usage file, and the GPU's free memory (NVML,
    sampled) never below 1.5 GiB. With LIBCUDA_LOG_LEVEL=3 each host-backed segment is a
-   log line (counted); other vgpu lines are shown.
+   log line (counted); other vgpu lines are shown. async_spill: the same with
+   PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (the stream-ordered pool path).
 2. move_rule (no PyTorch): two contexts of one hooked process (limit 4g, VGPU_HOST_SPILL=4g):
    A fills the container's device room, B's 512 MiB buffer is host-backed; B queues
    spin(200 ms) and a fill of the buffer; A frees room and synchronizes. The buffer must
@@ -28,7 +29,7 @@ the container keeps VGPU_DEVICE_RESERVE=2g of them free) and uses no managed mem
    synchronize moves it onto the device, intact.
 
 Prints one line per check and writes DIR/vmm_spill.json; exit status 0 only if checks 1 and 2
-passed (0 with SKIP and nothing run without a GPU).
+passed, and async_spill (0 with SKIP and nothing run without a GPU).
 """
 import argparse
 import array
@@ -257,23 +258,23 @@ def check_probe(lib, scratch, results):
     return True
 
 
-def check_vmm_spill(lib, scratch, left, results):
+def check_vmm_spill(lib, scratch, left, name, conf, results):
     free, total = o.gpu_free_total()
     filler_bytes = free - left
     if filler_bytes < GIB or left < 4 * GIB:
-        results["vmm_spill"] = {"ok": False, "error": f"only {free} bytes free for a {left}-byte room"}
-        print(f"FAIL vmm_spill: {free / GIB:.1f} GiB free, cannot leave {left / GIB:.0f} GiB")
+        results[name] = {"ok": False, "error": f"only {free} bytes free for a {left}-byte room"}
+        print(f"FAIL {name}: {free / GIB:.1f} GiB free, cannot leave {left / GIB:.0f} GiB")
         return False
     filler = o.child("filler", [filler_bytes])  # bare cuMemAlloc, no hook
     o.read_until(filler, "held")
     room, _ = o.gpu_free_total()
     want = int(1.5 * room) // GIB * GIB
-    cache = os.path.join(scratch, "vmm.cache")
+    cache = os.path.join(scratch, f"{name}.cache")
     env = {"CUDA_OVERSUBSCRIBE": "true", "VGPU_DEVICE_RESERVE": f"{RESERVE // MIB}m",
            "CUDA_DEVICE_MEMORY_LIMIT": f"{3 * room // MIB}m",
-           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "LIBCUDA_LOG_LEVEL": "3",
+           "PYTORCH_CUDA_ALLOC_CONF": conf, "LIBCUDA_LOG_LEVEL": "3",
            "CUDA_DEVICE_MEMORY_SHARED_CACHE": cache}
-    log_path = os.path.join(scratch, "vmm.stderr")
+    log_path = os.path.join(scratch, f"{name}.stderr")
     sampler = o.Sampler()
     sampler.start()
     with open(log_path, "w") as log:
@@ -288,16 +289,18 @@ def check_vmm_spill(lib, scratch, left, results):
     o.finish(filler)
     with open(log_path) as f:
         vgpu_lines = [line.rstrip() for line in f if "[vgpu" in line]
-    spills = sum(1 for line in vgpu_lines if "cuMemCreate of" in line and "host memory" in line)
-    vgpu_lines = [line for line in vgpu_lines if "cuMemCreate of" not in line]
+    def spill(line):
+        return "is full for this container" in line and "host memory" in line
+    spills = sum(1 for line in vgpu_lines if spill(line))
+    vgpu_lines = [line for line in vgpu_lines if not spill(line)]
     min_free = sampler.min_free or 0
     ok = (out.get("allocated") == out.get("wanted") and out.get("bad_tensors") == "0"
           and host > 0 and min_free >= RESERVE - GIB // 2)
-    results["vmm_spill"] = {"ok": ok, "gpu_total": total, "room": room, "wanted": want,
+    results[name] = {"ok": ok, "conf": conf, "gpu_total": total, "room": room, "wanted": want,
                             "host_backed_bytes": host, "gpu_free_min": min_free,
                             "host_backed_segments_logged": spills, "vgpu_log": vgpu_lines[:20], **out}
-    print(f"{'PASS' if ok else 'FAIL'} vmm_spill: {out.get('allocated')} of {out.get('wanted')} GiB with "
-          f"expandable segments in {room / GIB:.1f} GiB of room, {host / GIB:.1f} GiB host-backed, "
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {out.get('allocated')} of {out.get('wanted')} GiB with "
+          f"{conf} in {room / GIB:.1f} GiB of room, {host / GIB:.1f} GiB host-backed, "
           f"bad tensors {out.get('bad_tensors')}, GPU free min {min_free / GIB:.2f} GiB "
           f"(reserve {RESERVE / GIB:.0f} GiB); error: {out.get('error') or 'none'}; "
           f"{spills} segments logged as host-backed, {len(vgpu_lines)} other vgpu lines "
@@ -362,7 +365,10 @@ def main():
     run("driver", check_probe)
     try:
         import torch  # noqa: F401
-        ok = run("vmm_spill", check_vmm_spill, a.left_gib * GIB)
+        ok = run("vmm_spill", check_vmm_spill, a.left_gib * GIB, "vmm_spill",
+                 "expandable_segments:True")
+        ok = run("async_spill", check_vmm_spill, a.left_gib * GIB, "async_spill",
+                 "backend:cudaMallocAsync") and ok
     except ImportError:
         print("FAIL vmm_spill: needs PyTorch")
         ok = False
