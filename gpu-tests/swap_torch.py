@@ -24,6 +24,10 @@ of the GPU free; two engines of 60% of that room each, under `VGPU_IDLE_SWAP=1s`
 fits beside the other. Each turn's line: the wake (the first call's time, which brings the
 memory back), the data, and NVML's used memory once the engine idled out.
 
+`--exits`: the engine exits while its host memory is pinned ahead, while a swap-out is under
+way, and while swapped out; each must end by itself with status 0 and leave the GPU's memory
+as it found it (the hook never hangs or kills its program).
+
 Each direction's rate is GIB over its time. The engine goes through the CUDA runtime, which
 resolves every driver function at start: without the hook's slots for the functions its list
 does not name (src/swap/unlisted.rs) it is refused, and the runner says so (FAIL, with the
@@ -234,6 +238,75 @@ def run_pair(args):
     return result
 
 
+def run_exits(args):
+    """An engine (GIB) exits at three moments of a swap: while its host memory is pinned ahead
+    (`VGPU_IDLE_SWAP=4s`, after the hook's first "pinned" line), while a `vgpu swap-out` is
+    under way (150 ms after asking: the hook's tick is 100 ms, the move takes seconds), and
+    while swapped out. Each must exit by itself, status 0, within 10 s, and NVML's used
+    memory must come back to what it was before the engine."""
+    result = {"exits": True, "gib": args.gib, "cases": []}
+    work = tempfile.mkdtemp(prefix="swap-exit-")
+    me = os.path.abspath(__file__)
+    for case in ("pinning ahead", "swapping out", "swapped out"):
+        cache = os.path.join(work, case.replace(" ", "-") + ".cache")
+        log = cache + ".log"
+        base = gpu_used_bytes()
+        trigger = "4s" if case == "pinning ahead" else "manual"
+        c = {"case": case}
+        with open(log, "w") as err:
+            p = subprocess.Popen([sys.executable, me, "--role", "engine", "--gib", str(args.gib)],
+                                 env=engine_env(args, cache, trigger), stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            pid = json.loads(p.stdout.readline())["pid"]
+            if case == "pinning ahead":
+                def pinning():
+                    with open(log) as f:
+                        return "ahead of a swap-out" in f.read()
+                c["reached"] = wait_until(pinning, 20) is not None
+            else:
+                subprocess.run([args.vgpu, "swap-out", "--cache", cache], check=True,
+                               capture_output=True)
+                if case == "swapping out":
+                    time.sleep(0.15)
+                    c["reached"] = not swapped(args.vgpu, cache, pid)
+                else:
+                    c["reached"] = wait_until(lambda: swapped(args.vgpu, cache, pid),
+                                              args.timeout) is not None
+            t0 = time.perf_counter()
+            p.stdin.write("exit\n")
+            p.stdin.flush()
+            try:
+                c["status"] = p.wait(timeout=10)
+                c["exit_s"] = time.perf_counter() - t0
+            except subprocess.TimeoutExpired:
+                c["status"], c["exit_s"] = None, None
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        time.sleep(0.5)
+        c["left_on_gpu"] = gpu_used_bytes() - base
+        with open(log) as f:
+            c["hook_lines"] = [l.strip() for l in f if "[vgpu" in l][-4:]
+        result["cases"].append(c)
+    return result
+
+
+def judge_exits(result):
+    lines, ok = [], True
+    for c in result["cases"]:
+        good = c["status"] == 0 and c["left_on_gpu"] < 256 << 20
+        ok &= good
+        lines.append(f"{'PASS' if good else 'FAIL'} exit while {c['case']} (moment reached: "
+                     f"{c.get('reached')}): status {c['status']}, exited in "
+                     f"{c['exit_s'] if c['exit_s'] is None else round(c['exit_s'], 2)} s, "
+                     f"{c['left_on_gpu'] / GIB:.2f} GiB left on the GPU")
+        if not good:
+            lines += [f"  hook: {l}" for l in c["hook_lines"]]
+    return ok, lines
+
+
 def judge_pair(result):
     """PASS/FAIL per turn: the engine ran (no OOM), its data intact, its memory released when
     it idled out; the wake's time as seconds per 16 GiB."""
@@ -286,6 +359,8 @@ def main():
     ap.add_argument("--room", type=int, default=40, help="--pair: GiB the filler leaves free")
     ap.add_argument("--turns", type=int, default=6, help="--pair: turns in all")
     ap.add_argument("--idle", default="1s", help="--pair: the engines' VGPU_IDLE_SWAP")
+    ap.add_argument("--exits", action="store_true",
+                    help="exit while pinning ahead, while swapping out, while swapped out")
     ap.add_argument("--out", default=os.environ.get("OUT", "out/swap-torch"))
     args = ap.parse_args()
     if args.role == "engine":
@@ -302,8 +377,10 @@ def main():
         return 0
     if not (args.lib and args.vgpu):
         ap.error("--lib and --vgpu are needed")
-    result = run_pair(args) if args.pair else run(args)
-    ok, lines = judge_pair(result) if args.pair else judge(result)
+    run_it, judge_it = (run_pair, judge_pair) if args.pair else \
+        (run_exits, judge_exits) if args.exits else (run, judge)
+    result = run_it(args)
+    ok, lines = judge_it(result)
     for line in lines:
         print(line)
     os.makedirs(args.out, exist_ok=True)
