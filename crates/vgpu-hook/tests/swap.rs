@@ -338,6 +338,32 @@ impl Scenario {
     fn finish(self) {
         self.p.finish();
     }
+
+    /// Lets the program read its memory back after a swap (a gated call brings it in first),
+    /// checks that nothing was lost, and lets it end.
+    fn back_intact(mut self) {
+        self.go();
+        self.reach("back");
+        assert_eq!(
+            self.value("unwritten_after_swap"),
+            0,
+            "data lost in the swap"
+        );
+        self.go();
+        self.finish();
+    }
+
+    /// Waits for the idle swap-out and checks that the host memory it filled had all been
+    /// pinned before it (its log line says none was pinned for it): the log.
+    fn swapped_into_memory_pinned_ahead(&self) -> String {
+        self.wait_swapped(true, Duration::from_secs(10));
+        let log = self.stderr();
+        assert!(
+            log.contains(", 0 of them into host memory pinned for it"),
+            "the swap-out pinned host memory itself:\n{log}"
+        );
+        log
+    }
 }
 
 /// Data bytes of the program once its buffer is on the device: six fillers and the buffer.
@@ -389,23 +415,10 @@ fn an_idle_process_is_swapped_out_and_its_next_copy_brings_everything_back_intac
 fn an_idle_process_pins_the_host_memory_it_needs_before_its_swap_out() {
     let mut p = Scenario::start("ahead", "plain", &[("VGPU_IDLE_SWAP", "600ms")]);
     resident(&mut p, false);
-    p.wait_swapped(true, Duration::from_secs(10));
-    let log = p.stderr();
+    let log = p.swapped_into_memory_pinned_ahead();
     let ahead = log.find("pinned 16777216 bytes of host memory ahead of a swap-out");
-    let out = log.find("swapped out 16777216 bytes");
-    assert!(
-        ahead.is_some() && ahead < out,
-        "the swap-out's host memory was not pinned before it:\n{log}"
-    );
-    assert!(
-        log.contains(", 0 of them into host memory pinned for it"),
-        "{log}"
-    );
-    p.go();
-    p.reach("back");
-    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
-    p.go();
-    p.finish();
+    assert!(ahead.is_some() && ahead < log.find("swapped out 16777216 bytes"));
+    p.back_intact();
 }
 
 #[test]
@@ -419,18 +432,9 @@ fn many_small_allocations_are_all_pinned_ahead_of_the_swap_out() {
         &[("VGPU_IDLE_SWAP", "1s"), ("VGPU_SWAP_MOVABLE", "1")],
     );
     p.reach("idle");
-    p.wait_swapped(true, Duration::from_secs(10));
-    let log = p.stderr();
-    assert!(
-        log.contains("swapped out 50331648 bytes")
-            && log.contains(", 0 of them into host memory pinned for it"),
-        "the swap-out pinned host memory itself:\n{log}"
-    );
-    p.go();
-    p.reach("back");
-    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
-    p.go();
-    p.finish();
+    let log = p.swapped_into_memory_pinned_ahead();
+    assert!(log.contains("swapped out 50331648 bytes"), "{log}");
+    p.back_intact();
 }
 
 #[test]
