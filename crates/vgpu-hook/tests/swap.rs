@@ -224,6 +224,11 @@ int main(int argc, char **argv) {
   }
   /* The next call that touches device memory brings x back first. */
   printf("unwritten_after_swap=%lld\n", unwritten(x, 5));
+  if (argv[1][0] == 'k') { /* data needs the host memory kept for the next swap-out */
+    CUresult r = cuMemAlloc_v2(&filler[0], CHUNK); /* the device is full: host-backed */
+    printf("data_alloc=%d\n", (int)r);
+    if (!r) { CHECK(cuMemsetD32_v2(filler[0], 6, CHUNK / 4)); printf("data_unwritten=%lld\n", unwritten(filler[0], 6)); }
+  }
   unsigned long long words = CHUNK / 4;
   unsigned seven = 7;
   void *args[] = {&x, &seven, &words};
@@ -435,6 +440,30 @@ fn many_small_allocations_are_all_pinned_ahead_of_the_swap_out() {
     let log = p.swapped_into_memory_pinned_ahead();
     assert!(log.contains("swapped out 50331648 bytes"), "{log}");
     p.back_intact();
+}
+
+#[test]
+fn host_memory_kept_for_a_swap_out_gives_way_to_the_program_s_data() {
+    // The host lets the process pin 24 MiB: the 16 MiB kept after the swap-in and a new
+    // 16 MiB host-backed allocation do not both fit, and the data must win.
+    let mut p = Scenario::start(
+        "gives-way",
+        "k",
+        &[
+            ("VGPU_IDLE_SWAP", "manual"),
+            ("VGPU_SIM_HOST_PINNED_LIMIT", "24m"),
+        ],
+    );
+    resident(&mut p, false);
+    assert!(p.table().request_swap_out().is_some());
+    p.wait_swapped(true, Duration::from_secs(10));
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    assert_eq!(p.value("data_alloc"), 0, "{}", p.stderr());
+    assert_eq!(p.value("data_unwritten"), 0);
+    p.go();
+    p.finish();
 }
 
 #[test]

@@ -201,6 +201,37 @@ impl HostBacked {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether the host lets this process pin `size` more bytes for the program's data,
+    /// after giving back the host memory kept for swap-outs if that is what stands in the
+    /// way; logs why not.
+    fn host_room(&self, cuda: &Cuda, size: u64) -> bool {
+        let short = host_headroom().is_some_and(|room| room < size.saturating_add(HOST_RESERVE));
+        if short {
+            self.release_spares(cuda);
+        }
+        Self::host_allows(size)
+    }
+
+    /// Gives back the host memory kept for swap-outs (`Backed::spare`): the program's data
+    /// comes before a faster swap-out. The bytes given back.
+    fn release_spares(&self, cuda: &Cuda) -> u64 {
+        let mut bytes = 0;
+        for e in self.lock().values_mut() {
+            if let Some(h) = e.spare.take() {
+                let _ = driver::mem_release(cuda, h);
+                bytes += e.size;
+            }
+        }
+        if bytes > 0 {
+            vlog!(
+                INFO,
+                "gave back {bytes} bytes of host memory kept for swap-outs: the program's data \
+                 needs the room"
+            );
+        }
+        bytes
+    }
+
     /// Checks the host would let this process pin `size` more bytes; logs why not.
     fn host_allows(size: u64) -> bool {
         match host_headroom() {
@@ -258,7 +289,7 @@ impl HostBacked {
         let prop = driver::pinned_prop(host_location());
         let gran = granularity(cuda, &prop);
         let size = round_up(bytes.max(1), gran).ok_or(CUresult::OUT_OF_MEMORY)?;
-        if !Self::host_allows(size) {
+        if !self.host_room(cuda, size) {
             return Err(CUresult::OUT_OF_MEMORY);
         }
         ledger.try_reserve_host(device, size).map_err(|oom| {
@@ -273,18 +304,19 @@ impl HostBacked {
             );
             e
         };
-        let (va, handle) =
-            match map_fresh(cuda, size, gran, ordinal, || create_on_host(cuda, size, 0)) {
-                Ok(m) => m,
-                Err(failed) => {
-                    ledger.release_host(device, size);
-                    return Err(match failed {
-                        Failed::Reserve(e) => cannot("reserving an address range", e),
-                        Failed::Create(e) => e,
-                        Failed::Map(e) => cannot("mapping it for the device", e),
-                    });
-                }
-            };
+        let (va, handle) = match map_fresh(cuda, size, gran, ordinal, || {
+            create_on_host(cuda, size, 0, &|| self.release_spares(cuda) > 0)
+        }) {
+            Ok(m) => m,
+            Err(failed) => {
+                ledger.release_host(device, size);
+                return Err(match failed {
+                    Failed::Reserve(e) => cannot("reserving an address range", e),
+                    Failed::Create(e) => e,
+                    Failed::Map(e) => cannot("mapping it for the device", e),
+                });
+            }
+        };
         self.adopt(va, device, (ordinal, context), size, handle, Place::Host);
         self.on_host.fetch_add(1, Ordering::Release);
         vlog!(
@@ -449,7 +481,7 @@ impl HostBacked {
     ) -> Result<CUmemGenericAllocationHandle, CUresult> {
         let host = driver::pinned_prop(host_location());
         let size = round_up(size, granularity(cuda, &host)).ok_or(CUresult::OUT_OF_MEMORY)?;
-        if !Self::host_allows(size) {
+        if !self.host_room(cuda, size) {
             return Err(CUresult::OUT_OF_MEMORY);
         }
         ledger
@@ -458,7 +490,9 @@ impl HostBacked {
                 vlog!(MSG, "host-backed memory refused too: {oom}");
                 CUresult::OUT_OF_MEMORY
             })?;
-        match create_on_host(cuda, size, prop.requestedHandleTypes) {
+        match create_on_host(cuda, size, prop.requestedHandleTypes, &|| {
+            self.release_spares(cuda) > 0
+        }) {
             Ok(h) => {
                 self.vmm_handles
                     .lock()
@@ -505,6 +539,7 @@ fn create_on_host(
     cuda: &Cuda,
     size: u64,
     handle_types: std::ffi::c_uint,
+    reclaim: &dyn Fn() -> bool,
 ) -> Result<CUmemGenericAllocationHandle, CUresult> {
     let mut prop = driver::pinned_prop(host_location());
     prop.requestedHandleTypes = handle_types;
@@ -512,8 +547,11 @@ fn create_on_host(
         Ok(h) => return Ok(h),
         Err(e) => e,
     };
+    if refused == CUresult::OUT_OF_MEMORY && reclaim() {
+        return create_on_host(cuda, size, handle_types, &|| false);
+    }
     if handle_types != 0 && refused != CUresult::OUT_OF_MEMORY {
-        if let Ok(h) = create_on_host(cuda, size, 0) {
+        if let Ok(h) = create_on_host(cuda, size, 0, reclaim) {
             said_once_that_handles_are_not_shareable(handle_types, refused);
             return Ok(h);
         }

@@ -133,7 +133,10 @@ impl HostBacked {
                 .max_by_key(|(_, e)| e.size)?;
             (va, e.size, e.handle, e.context)
         };
-        let pinned = in_context(cuda, ctx as CUcontext, || create_on_host(cuda, size, 0)).ok()?;
+        let pinned = in_context(cuda, ctx as CUcontext, || {
+            create_on_host(cuda, size, 0, &|| false)
+        })
+        .ok()?;
         let mut entries = self.lock();
         match entries.get_mut(&va) {
             Some(e) if e.handle == handle && e.place == Place::Device && e.spare.is_none() => {
@@ -245,7 +248,7 @@ fn move_out(
     let host_handle = match e
         .spare
         .take()
-        .map_or_else(|| create_on_host(cuda, e.size, 0), Ok)
+        .map_or_else(|| create_on_host(cuda, e.size, 0, &|| false), Ok)
     {
         Ok(h) => h,
         Err(code) => {
