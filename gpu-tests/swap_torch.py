@@ -24,6 +24,10 @@ of the GPU free; two engines of 60% of that room each, under `VGPU_IDLE_SWAP=1s`
 fits beside the other. Each turn's line: the wake (the first call's time, which brings the
 memory back), the data, and NVML's used memory once the engine idled out.
 
+`--checkpoint`: the same engine without the hook, checkpointed and restored by the driver's
+checkpoint API (`cuCheckpointProcess*`, driver 570 and later), for the comparison the issue
+asks for in the same run.
+
 `--exits`: the engine exits while its host memory is pinned ahead, while a swap-out is under
 way, and while swapped out; each must end by itself with status 0 and leave the GPU's memory
 as it found it (the hook never hangs or kills its program).
@@ -293,6 +297,67 @@ def run_exits(args):
     return result
 
 
+def run_checkpoint(args):
+    """The driver's own way, for the comparison in the same run: the same engine without the
+    hook, checkpointed by the driver's checkpoint API from this process (lock, checkpoint:
+    device memory to host memory and the GPU released; restore, unlock), each step timed,
+    NVML's used memory before and after the checkpoint, then the engine's touch."""
+    import ctypes
+    cuda = ctypes.CDLL("libcuda.so.1")
+    result = {"checkpoint": True, "gib": args.gib, "steps": {}}
+    if cuda.cuInit(0) != 0 or not hasattr(cuda, "cuCheckpointProcessCheckpoint"):
+        result["error"] = "no cuCheckpointProcess* in this driver"
+        return result
+
+    class LockArgs(ctypes.Structure):
+        _fields_ = [("timeoutMs", ctypes.c_uint), ("reserved0", ctypes.c_uint),
+                    ("reserved1", ctypes.c_uint64 * 7)]
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "engine", "--gib",
+                          str(args.gib)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        pid = json.loads(p.stdout.readline())["pid"]
+        before = gpu_used_bytes()
+        lock = LockArgs(timeoutMs=10000)
+        for name, call in (("lock", lambda: cuda.cuCheckpointProcessLock(pid, ctypes.byref(lock))),
+                           ("checkpoint", lambda: cuda.cuCheckpointProcessCheckpoint(pid, None)),
+                           ("restore", lambda: cuda.cuCheckpointProcessRestore(pid, None)),
+                           ("unlock", lambda: cuda.cuCheckpointProcessUnlock(pid, None))):
+            t0 = time.perf_counter()
+            rc = call()
+            result["steps"][name] = {"rc": rc, "s": time.perf_counter() - t0}
+            if name == "checkpoint":
+                result["released_bytes"] = before - gpu_used_bytes()
+            if rc != 0:
+                break
+        if all(v["rc"] == 0 for v in result["steps"].values()) and len(result["steps"]) == 4:
+            p.stdin.write("touch\n")
+            p.stdin.flush()
+            result["touched"] = json.loads(p.stdout.readline())
+        p.stdin.write("exit\n")
+        p.stdin.flush()
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return result
+
+
+def judge_checkpoint(result):
+    steps, t = result["steps"], result.get("touched", {})
+    ok = len(steps) == 4 and all(v["rc"] == 0 for v in steps.values()) and t.get("intact", False)
+    rate = lambda s: f"{result['gib'] * GIB / s / 1e9:.1f} GB/s"  # noqa: E731
+    if ok:
+        line = (f"PASS driver checkpoint of {result['gib']} GiB: out {steps['checkpoint']['s']:.2f} s "
+                f"({rate(steps['checkpoint']['s'])}), restore {steps['restore']['s']:.2f} s "
+                f"({rate(steps['restore']['s'])}), first touch {t['first_s']:.2f} s; NVML released "
+                f"{result.get('released_bytes', 0) / GIB:.1f} GiB; data intact")
+    else:
+        line = f"FAIL driver checkpoint: {result.get('error') or steps} {t}"
+    return ok, [line]
+
+
 def judge_exits(result):
     lines, ok = [], True
     for c in result["cases"]:
@@ -359,6 +424,8 @@ def main():
     ap.add_argument("--room", type=int, default=40, help="--pair: GiB the filler leaves free")
     ap.add_argument("--turns", type=int, default=6, help="--pair: turns in all")
     ap.add_argument("--idle", default="1s", help="--pair: the engines' VGPU_IDLE_SWAP")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="the driver's checkpoint API on the same engine without the hook")
     ap.add_argument("--exits", action="store_true",
                     help="exit while pinning ahead, while swapping out, while swapped out")
     ap.add_argument("--out", default=os.environ.get("OUT", "out/swap-torch"))
@@ -375,10 +442,11 @@ def main():
     if not have_gpu:
         print("SKIP: needs PyTorch and an NVIDIA GPU")
         return 0
-    if not (args.lib and args.vgpu):
+    if not args.checkpoint and not (args.lib and args.vgpu):
         ap.error("--lib and --vgpu are needed")
     run_it, judge_it = (run_pair, judge_pair) if args.pair else \
-        (run_exits, judge_exits) if args.exits else (run, judge)
+        (run_exits, judge_exits) if args.exits else \
+        (run_checkpoint, judge_checkpoint) if args.checkpoint else (run, judge)
     result = run_it(args)
     ok, lines = judge_it(result)
     for line in lines:
