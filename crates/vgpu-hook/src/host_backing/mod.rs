@@ -59,8 +59,9 @@ struct Backed {
     /// back, and until then the move back at a synchronize leaves it to the swap-in.
     swapped: bool,
     /// The pinned host memory its last swap-in emptied, kept for its next swap-out
-    /// (`VGPU_SWAP_KEEP_HOST`): creating it is the slow part of a swap-out. Not charged in
-    /// the shared file (it holds none of the container's data); the memory cgroup counts it.
+    /// (`VGPU_SWAP_KEEP_HOST`): creating it is the slow part of a swap-out. Always exactly
+    /// `size` bytes (the swap-out maps it in the allocation's place). Not charged in the
+    /// shared file (it holds none of the container's data); the memory cgroup counts it.
     spare: Option<CUmemGenericAllocationHandle>,
 }
 

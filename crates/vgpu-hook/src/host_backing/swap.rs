@@ -121,7 +121,7 @@ impl HostBacked {
     }
 
     /// Pins host memory ahead of a swap-out for the largest device-resident allocation that
-    /// has none kept: created with no lock held (about 0.2 s per GiB on the H200), then kept
+    /// has none kept: created with no lock held (about 0.3 s per GiB on the H200), then kept
     /// with the allocation if that is still there and still without. The bytes pinned, `None`
     /// if there was nothing to do or the pinning failed.
     pub(crate) fn pin_ahead(&self, cuda: &Cuda) -> Option<u64> {
@@ -139,7 +139,14 @@ impl HostBacked {
         .ok()?;
         let mut entries = self.lock();
         match entries.get_mut(&va) {
-            Some(e) if e.handle == handle && e.place == Place::Device && e.spare.is_none() => {
+            // A spare is exactly its allocation's size (a swap-out maps it in its place): an
+            // allocation freed meanwhile and another made at the address does not take it.
+            Some(e)
+                if e.handle == handle
+                    && e.size == size
+                    && e.place == Place::Device
+                    && e.spare.is_none() =>
+            {
                 e.spare = Some(pinned);
                 Some(size)
             }
