@@ -48,6 +48,7 @@ mod hami_file;
 pub mod layout;
 mod node_read;
 mod protocol;
+mod room;
 pub mod shares;
 mod sync;
 #[allow(unsafe_code)] // the crate's one boundary module
@@ -59,6 +60,7 @@ mod validate;
 pub use error::{ImageError, ShmError};
 pub use node_read::NodeReader;
 pub use protocol::HostPolicy;
+pub use room::{ROOM_MAX_AGE_NS, RoomBoard, RoomKind, RoomRecord, room_file_name};
 pub use sys::{monotonic_coarse_secs, monotonic_ns};
 pub use table::{
     DeviceAudit, DeviceSnapshot, FileLink, ProcessDeviceUsage, ProcessSlot, ProcessSnapshot,

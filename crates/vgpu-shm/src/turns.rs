@@ -256,6 +256,24 @@ impl TurnBoard {
         read_board(&self.path).map_or_else(|_| Vec::new(), |i| turn_takers_in(&i, now, max_age))
     }
 
+    /// Every written entry's four words (key, the limit word, heartbeat, the fourth word),
+    /// read without the lock; empty when the file cannot be read. For a board of this file
+    /// format whose entries mean something else (`room.rs`), which decodes them itself.
+    pub(crate) fn raw_entries(&self) -> Vec<[u64; ENTRY_WORDS]> {
+        read_board(&self.path).map_or_else(
+            |_| Vec::new(),
+            |image| {
+                (0..TURN_ENTRIES)
+                    .map(|e| {
+                        let b = HEADER_WORDS + e * ENTRY_WORDS;
+                        [image[b], image[b + 1], image[b + 2], image[b + 3]]
+                    })
+                    .filter(|w| w[0] != 0 && w[2] != 0)
+                    .collect()
+            },
+        )
+    }
+
     /// The entry this process announced itself in last (its share record's index).
     pub fn entry(&self) -> Option<usize> {
         self.mine
