@@ -14,6 +14,13 @@ use std::time::Duration;
 
 use crate::sync::{Flag, Ordering};
 
+/// A worker thread's stack: glibc's default for any thread (8 MiB of address space; only the
+/// pages touched cost memory). glibc carves the program's static TLS out of every thread's
+/// stack, so a smaller one may leave the hook's thread almost nothing in a program with
+/// large `__thread` arrays: 256 KiB overflowed in a test program with 2 MiB of them (the
+/// room test in tests/swap.rs), which would kill the host program.
+const WORKER_STACK: usize = 8 << 20;
+
 /// The thread was stopped (at exit): it must return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stopped;
@@ -37,7 +44,8 @@ impl Worker {
         }
     }
 
-    /// Starts `body` on a thread named `name` (after [`Worker::claim`] said so).
+    /// Starts `body` on a thread named `name` (after [`Worker::claim`] said so), with a stack
+    /// of [`WORKER_STACK`].
     pub(crate) fn spawn(
         &'static self,
         name: &str,
@@ -45,7 +53,7 @@ impl Worker {
     ) -> std::io::Result<()> {
         std::thread::Builder::new()
             .name(name.into())
-            .stack_size(256 * 1024)
+            .stack_size(WORKER_STACK)
             .spawn(move || body(self))
             .map(drop)
     }
