@@ -369,6 +369,67 @@ fn without_host_backing_the_full_device_refuses() {
     p.finish();
 }
 
+/// The simulated GPU's UUID in the room tests (`VGPU_SIM_UUIDS`), so the test can find its
+/// room board.
+const ROOM_GPU: &str = "GPU-5a1e5130-0000-4000-8000-0000000000aa";
+
+/// The program under `CUDA_TASK_PRIORITY=0` allocating twelve 16 MiB chunks on the 128 MiB
+/// device (no host backing), its room board in a fresh `dir`: its output and its log.
+fn urgent_allocations(tag: &str, dir: &std::path::Path) -> (String, String) {
+    program().fresh_cache(&format!("{tag}.cache"));
+    let vars = [
+        ("CUDA_TASK_PRIORITY", "0"),
+        ("VGPU_TURN_DIR", dir.to_str().unwrap()),
+        ("VGPU_SIM_UUIDS", ROOM_GPU),
+        ("VGPU_SWAP_IN_WAIT", "300ms"),
+        ("LIBCUDA_LOG_LEVEL", "3"),
+    ];
+    let (mut cmd, _) = command(tag, "256m", &vars, TWELVE_CHUNKS);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_urgent_allocation_without_room_asks_less_urgent_containers_that_offer_and_waits_bounded() {
+    use vgpu_shm::{RoomBoard, RoomKind, RoomRecord, monotonic_ns, room_file_name};
+    let dir = program().dir.join("rooms-offered");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // A less urgent container offers 64 MiB (its process is not here: the simulated GPU of
+    // this process never gains the room, so the wait runs out and the allocation fails).
+    let mut board = RoomBoard::open_or_create(dir.join(room_file_name(ROOM_GPU))).unwrap();
+    board
+        .post(RoomRecord {
+            key: 77,
+            kind: RoomKind::Offer,
+            priority: 1,
+            bytes: 64 << 20,
+            stamp_ns: monotonic_ns(),
+        })
+        .unwrap();
+    let (out, log) = urgent_allocations("room-offered", &dir);
+    assert_eq!(value(&out, "allocated"), 7, "{out}");
+    assert!(
+        log.contains("1 less urgent container(s) offer to swap out: waiting up to 300 ms")
+            && log.contains("no room made for 16777216 bytes after"),
+        "{log}"
+    );
+    // The want was withdrawn after the wait: only the offer is left.
+    let left = board.records(monotonic_ns());
+    assert!(left.iter().all(|r| r.kind == RoomKind::Offer), "{left:?}");
+    // Nobody offering: no wait at all.
+    let dir = program().dir.join("rooms-empty");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (out, log) = urgent_allocations("room-empty", &dir);
+    assert_eq!(value(&out, "allocated"), 7, "{out}");
+    assert!(!log.contains("offer to swap out"), "{log}");
+}
+
 #[test]
 fn host_spill_goes_past_the_limit_into_host_memory_only() {
     // A 64 MiB limit: 3 chunks beside the context; VGPU_HOST_SPILL=64m takes 4 more, no

@@ -275,7 +275,10 @@ impl Scenario {
         let cache = p.fresh_cache(&format!("{name}.cache"));
         let mut cmd = p.hooked(&[scenario], &cache);
         support::small_oversubscribed_device(&mut cmd);
+        // No room board unless a test names one: other tests' processes on the simulated GPU
+        // must not want this one's memory.
         cmd.env("LIBCUDA_LOG_LEVEL", "3")
+            .env("VGPU_TURN_DIR", "off")
             .env_remove("VGPU_IDLE_SWAP")
             .env_remove("VGPU_SWAP_IN_WAIT")
             .env_remove("VGPU_SWAP_KEEP_HOST");
@@ -464,6 +467,68 @@ fn host_memory_kept_for_a_swap_out_gives_way_to_the_program_s_data() {
     assert_eq!(p.value("data_unwritten"), 0);
     p.go();
     p.finish();
+}
+
+#[test]
+fn a_less_urgent_process_offers_its_memory_and_swaps_out_for_a_more_urgent_want() {
+    use vgpu_shm::{RoomBoard, RoomKind, RoomRecord, monotonic_ns, room_file_name};
+    const GPU: &str = "GPU-5a1e5130-0000-4000-8000-0000000000bb";
+    let dir = std::env::temp_dir().join(format!("vgpu-rooms-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut p = Scenario::start(
+        "yield",
+        "plain",
+        &[
+            ("VGPU_IDLE_SWAP", "manual"),
+            ("CUDA_TASK_PRIORITY", "1"),
+            ("VGPU_TURN_DIR", dir.to_str().unwrap()),
+            ("VGPU_SIM_UUIDS", GPU),
+        ],
+    );
+    resident(&mut p, false);
+    // Its offer: the buffer's 16 MiB, within a second or so.
+    let path = dir.join(room_file_name(GPU));
+    let start = Instant::now();
+    let offered = loop {
+        let offers: Vec<RoomRecord> = RoomBoard::open_or_create(&path)
+            .map(|b| b.records(monotonic_ns()))
+            .unwrap_or_default();
+        if let Some(o) = offers.iter().find(|r| r.kind == RoomKind::Offer) {
+            break *o;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no offer:\n{}",
+            p.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!((offered.priority, offered.bytes), (1, CHUNK));
+    assert!(
+        !p.snapshot().processes[0].swapped_out,
+        "nobody wanted it yet"
+    );
+    // A more urgent container wants room on that GPU: the idle process swaps out.
+    RoomBoard::open_or_create(&path)
+        .unwrap()
+        .post(RoomRecord {
+            key: 42,
+            kind: RoomKind::Want,
+            priority: 0,
+            bytes: CHUNK,
+            stamp_ns: monotonic_ns(),
+        })
+        .unwrap();
+    p.wait_swapped(true, Duration::from_secs(5));
+    assert!(
+        p.stderr()
+            .contains("(a container of priority 0 needs room on device 0)"),
+        "{}",
+        p.stderr()
+    );
+    p.back_intact();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -789,6 +854,7 @@ fn cycle(env: &[(&str, &str)]) -> (usize, i64) {
     let out = cmd
         .env("VGPU_IDLE_SWAP", "20ms")
         .env("LIBCUDA_LOG_LEVEL", "3")
+        .env("VGPU_TURN_DIR", "off")
         .env_remove("VGPU_SWAP_KEEP_HOST")
         .envs(env.iter().copied())
         .output()

@@ -157,14 +157,16 @@ mod tests {
         let p = path("basic");
         let mut a = RoomBoard::open_or_create(&p).unwrap();
         let mut b = RoomBoard::open_or_create(&p).unwrap();
-        a.post(rec(7, RoomKind::Offer, 1, 24 << 30, 100 * S)).unwrap();
+        a.post(rec(7, RoomKind::Offer, 1, 24 << 30, 100 * S))
+            .unwrap();
         b.post(rec(3, RoomKind::Want, 0, 8 << 30, 101 * S)).unwrap();
         let seen = a.records(101 * S);
         assert_eq!(seen.len(), 2);
         assert!(seen.contains(&rec(7, RoomKind::Offer, 1, 24 << 30, 100 * S)));
         assert!(seen.contains(&rec(3, RoomKind::Want, 0, 8 << 30, 101 * S)));
         // The offer is refreshed in place (one entry per container), the want ages out.
-        a.post(rec(7, RoomKind::Offer, 1, 20 << 30, 104 * S)).unwrap();
+        a.post(rec(7, RoomKind::Offer, 1, 20 << 30, 104 * S))
+            .unwrap();
         assert_eq!(
             a.records(104 * S + 1),
             [rec(7, RoomKind::Offer, 1, 20 << 30, 104 * S)]
@@ -179,7 +181,8 @@ mod tests {
         let p = path("hostile");
         let mut a = RoomBoard::open_or_create(&p).unwrap();
         // An hour ahead of the reader's clock: fresh forever if only age were checked.
-        a.post(rec(9, RoomKind::Want, 0, 1 << 40, 3600 * S)).unwrap();
+        a.post(rec(9, RoomKind::Want, 0, 1 << 40, 3600 * S))
+            .unwrap();
         // A turn tenant's entry in the same file (limit word 30): not a room record.
         let mut t = TurnBoard::open_or_create(&p).unwrap();
         t.announce(5, 30, 0, 10 * S, S, S).unwrap();

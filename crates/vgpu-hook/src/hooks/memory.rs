@@ -42,8 +42,20 @@ pub(crate) unsafe fn cuMemAlloc_v2(
         // SAFETY: non-null out-pointer (checked above).
         return unsafe { write_out(dptr, ptr) };
     }
-    let a = match with_pool_retry(st, cuda, || {
-        st.alloc.allocate(idx, ctx_id(ctx), bytesize as u64)
+    let allocate = || {
+        with_pool_retry(st, cuda, || {
+            st.alloc.allocate(idx, ctx_id(ctx), bytesize as u64)
+        })
+    };
+    let a = match allocate().or_else(|e| match e {
+        // No room on the GPU: less urgent containers may swap out for it, once.
+        AllocError::Backend(b)
+            if CUresult(b.code) == CUresult::OUT_OF_MEMORY
+                && crate::swap::room::made(st, cuda, dev, bytes) =>
+        {
+            allocate()
+        }
+        e => Err(e),
     }) {
         Ok(a) => a,
         Err(e) => {

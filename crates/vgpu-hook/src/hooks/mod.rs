@@ -36,9 +36,9 @@ use crate::state::{self, Enforcement, Ready};
 
 /// The program's own call, forwarded unchanged to the real function (the export builds it:
 /// forwarding the caller's arguments as they came needs nothing but the caller's contract).
-pub(crate) trait Forward: FnOnce(&Cuda) -> Result<(), CUresult> {}
+pub(crate) trait Forward: Fn(&Cuda) -> Result<(), CUresult> {}
 
-impl<F: FnOnce(&Cuda) -> Result<(), CUresult>> Forward for F {}
+impl<F: Fn(&Cuda) -> Result<(), CUresult>> Forward for F {}
 
 fn dev_index(dev: CUdevice) -> Option<DeviceIndex> {
     (0..MAX_DEVICES as i32)
@@ -170,8 +170,10 @@ type Pending<'s> = PendingRecord<'s, driver::RealBackend, crate::ledger::SharedL
 
 /// Charges `c` before the driver sees the call (the pools re-measured once if the limit
 /// refuses) and forwards the call: the pending charge once the driver succeeded, for the
-/// caller to correct and record. When the limit refuses, or the driver is out of memory,
-/// nothing stays charged and `full` answers with the reason: a host-backed stand-in
+/// caller to correct and record. When the driver is out of memory, less urgent containers
+/// may swap out to make room (`swap::room`), and the call is made once more. When the limit
+/// refuses, or the driver is still out of memory, nothing stays charged and `full` answers
+/// with the reason: a host-backed stand-in
 /// (`None` once made) or the refusal's code. Any other driver error is the answer.
 fn charge_then_forward<'s>(
     st: &'s Ready,
@@ -185,23 +187,31 @@ fn charge_then_forward<'s>(
             return keep_reserve(st, (c.device, c.charge), free, full).map(|()| None);
         }
     }
-    let begun = with_pool_retry(st, cuda, || {
-        st.alloc
-            .begin_record(c.kind, c.device, c.context, c.requested, c.charge)
-    });
-    let pending = match begun {
-        Ok(pending) => pending,
-        Err(e) => return full(e).map(|()| None),
-    };
-    if let Err(code) = forward(cuda) {
+    let mut asked = false;
+    loop {
+        let begun = with_pool_retry(st, cuda, || {
+            st.alloc
+                .begin_record(c.kind, c.device, c.context, c.requested, c.charge)
+        });
+        let pending = match begun {
+            Ok(pending) => pending,
+            Err(e) => return full(e).map(|()| None),
+        };
+        let Err(code) = forward(cuda) else {
+            return Ok(Some(pending));
+        };
         drop(pending);
         if code != CUresult::OUT_OF_MEMORY {
             return Err(code);
         }
+        // No room on the GPU: less urgent containers may swap out for it, once.
+        if !asked && crate::swap::room::made(st, cuda, CUdevice(c.device.0 as i32), c.charge) {
+            asked = true;
+            continue;
+        }
         let driver_full = AllocError::Backend(vgpu_alloc_core::BackendError { code: code.0 });
         return full(driver_full).map(|()| None);
     }
-    Ok(Some(pending))
 }
 
 /// Whether the driver takes memory of `kind` from the device when it is created, where the

@@ -12,11 +12,13 @@
 //!   device room up to `VGPU_SWAP_IN_WAIT`, then the call fails with out-of-memory, its
 //!   memory still whole in host memory.
 //! - [`unlisted`]: the gate of driver functions the declaration list does not name.
-//! - [`watcher`]: the `vgpu-swap` thread (only with `VGPU_IDLE_SWAP` set): idleness and the
-//!   shared file's swap-out requests.
+//! - [`watcher`]: the `vgpu-swap` thread (only with `VGPU_IDLE_SWAP` set): idleness, the
+//!   shared file's swap-out requests, and more urgent containers' wants.
+//! - [`room`]: the room boards where less urgent containers offer and more urgent ones want.
 
 pub(crate) mod gate;
 pub(crate) mod pins;
+pub(crate) mod room;
 #[allow(unsafe_code)] // the slots' stubs and the call they make
 pub(crate) mod unlisted;
 pub(crate) mod watcher;

@@ -2,8 +2,10 @@
 //! file's count of swap-out requests (`vgpu swap-out` adds one) and, with a duration set, how
 //! many gated calls this process made; it swaps out when the count changed, or when no gated
 //! call came for that long, and from half that long it pins the host memory the swap-out
-//! will need, about a tick's work a step. It never calls the driver but through
-//! [`super::swap_out`] and [`super::pin_ahead`].
+//! will need, about a tick's work a step. Every second it offers its movable memory to more
+//! urgent containers, and it swaps out for one whose want names its GPU once it has been
+//! quiet for a tick (`room`). It never calls the driver but through
+//! [`super::swap_out`], [`super::pin_ahead`] and the room boards.
 
 use std::time::{Duration, Instant};
 
@@ -57,7 +59,13 @@ struct Watch {
     tried: bool,
     /// Nothing more to pin ahead of a swap-out this quiet spell.
     pinned: bool,
+    /// When this process last offered its memory on the room boards.
+    offered: Option<Instant>,
 }
+
+/// How often a process offers its movable memory to more urgent containers (an offer
+/// counts for 3 s).
+const OFFER_PERIOD: Duration = Duration::from_secs(1);
 
 fn run(worker: &Worker, st: &'static Ready) {
     let trigger = st.config.swap.trigger;
@@ -68,25 +76,27 @@ fn run(worker: &Worker, st: &'static Ready) {
         since: Instant::now(),
         tried: false,
         pinned: false,
+        offered: None,
     };
     loop {
         std::thread::sleep(tick(trigger));
-        if worker.step(|| look(&mut w, trigger, &table)) == Err(Stopped) {
+        if worker.step(|| look(&mut w, st, &table)) == Err(Stopped) {
             return;
         }
     }
 }
 
-fn look(w: &mut Watch, trigger: SwapTrigger, table: &vgpu_shm::UsageTable) {
+fn look(w: &mut Watch, st: &Ready, table: &vgpu_shm::UsageTable) {
     let requests = table.swap_requests();
     if requests != w.requests {
         w.requests = requests;
         attempt("asked by vgpu swap-out", true);
         return;
     }
-    let SwapTrigger::Idle(ms) = trigger else {
-        return;
-    };
+    if w.offered.is_none_or(|t| t.elapsed() >= OFFER_PERIOD) {
+        w.offered = Some(Instant::now());
+        super::room::offer(st);
+    }
     let calls = gate::calls();
     if calls.is_none() || calls != w.calls {
         w.calls = calls;
@@ -98,13 +108,28 @@ fn look(w: &mut Watch, trigger: SwapTrigger, table: &vgpu_shm::UsageTable) {
     if w.tried {
         return;
     }
+    // Quiet for a tick at least: a more urgent container's want makes it yield now.
+    if let Some((dev, priority)) = super::room::wanted(st) {
+        w.tried = true;
+        attempt(
+            &format!(
+                "a container of priority {priority} needs room on device {}",
+                dev.0
+            ),
+            false,
+        );
+        return;
+    }
+    let SwapTrigger::Idle(ms) = st.config.swap.trigger else {
+        return;
+    };
     let quiet = w.since.elapsed();
     if quiet >= Duration::from_millis(ms) {
         w.tried = true;
         attempt(&format!("idle for {ms} ms"), false);
     } else if !w.pinned && quiet >= Duration::from_millis(ms / 2) {
         // About a tick's work a step (an exit waits for the step in progress).
-        w.pinned = !super::pin_ahead(tick(trigger));
+        w.pinned = !super::pin_ahead(tick(st.config.swap.trigger));
     }
 }
 

@@ -1,0 +1,188 @@
+//! Swapping out for a more urgent container (docs/swap.md, "For a more urgent container"):
+//! each GPU's room board in `VGPU_TURN_DIR` (`vgpu_shm::RoomBoard`).
+//!
+//! - A process with swapping on whose `CUDA_TASK_PRIORITY` is above 0 (not the most urgent)
+//!   offers its movable device bytes on the board of each GPU they are on, every second
+//!   ([`offer`], from the `vgpu-swap` thread), and swaps out when a more urgent container's
+//!   want names one of those GPUs while it has made no gated call for a tick ([`wanted`]).
+//! - A process of priority 0 whose allocation found no room on a GPU (the driver's out of
+//!   memory) asks when a less urgent container offers there ([`made`]): it posts a want and
+//!   waits, up to `VGPU_SWAP_IN_WAIT`, for the GPU to have room, and the allocation is tried
+//!   once more. With no offer it does not wait: the allocation fails (or is host-backed) as
+//!   before.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use vgpu_cuda_abi::CUdevice;
+use vgpu_shm::{RoomBoard, RoomKind, RoomRecord, monotonic_ns, room_file_name};
+
+use crate::driver;
+use crate::log::{INFO, MSG, WARN, vlog};
+use crate::real::Cuda;
+use crate::state::Ready;
+
+/// How often a want is written again while its process waits (a record counts for 3 s).
+const WANT_REFRESH: Duration = Duration::from_millis(500);
+/// How often a waiting allocation looks for room.
+const ROOM_POLL: Duration = Duration::from_millis(20);
+
+/// Each GPU's board, opened on first use (`None`: no turn directory, or it cannot be used).
+static BOARDS: Mutex<Vec<(CUdevice, Option<RoomBoard>)>> = Mutex::new(Vec::new());
+
+/// Runs `f` on `dev`'s room board with this container's key; `None` without a board.
+fn with_board<R>(st: &Ready, dev: CUdevice, f: impl FnOnce(&mut RoomBoard, u64) -> R) -> Option<R> {
+    let mut boards = BOARDS.lock().unwrap_or_else(|e| e.into_inner());
+    let i = match boards.iter().position(|(d, _)| *d == dev) {
+        Some(i) => i,
+        None => {
+            boards.push((dev, open(st, dev)));
+            boards.len() - 1
+        }
+    };
+    let key = key(st);
+    boards[i].1.as_mut().map(|b| f(b, key))
+}
+
+#[cold]
+fn open(st: &Ready, dev: CUdevice) -> Option<RoomBoard> {
+    let dir = st.config.sm_tuning.turn_dir.as_deref()?;
+    if !std::path::Path::new(dir).is_dir() {
+        return None;
+    }
+    let cuda = crate::real::cuda().ok()?;
+    let uuid = driver::device_uuid(cuda, dev).ok()?;
+    let path = std::path::Path::new(dir).join(room_file_name(&uuid));
+    match RoomBoard::open_or_create(&path) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            vlog!(
+                WARN,
+                "device {}: {e}: no swapping for more urgent containers on this GPU",
+                dev.0
+            );
+            None
+        }
+    }
+}
+
+/// This container's key: its shared file's, as on the turn board.
+fn key(st: &Ready) -> u64 {
+    vgpu_shm::container_key(st.slot().table().path())
+        .unwrap_or_else(|_| u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+}
+
+/// Whether this process yields to more urgent ones: it is not of the most urgent priority.
+fn yields(st: &Ready) -> bool {
+    st.config.task_priority > 0
+}
+
+/// Offers this process's movable device bytes on the boards of their GPUs (the `vgpu-swap`
+/// thread, every second). Nothing movable on a GPU: no offer there (an old one ages out).
+pub(crate) fn offer(st: &Ready) {
+    if !yields(st) {
+        return;
+    }
+    let moving = st.host_backed.swappable();
+    let now = monotonic_ns();
+    let mut devices: Vec<CUdevice> = moving.contexts.iter().map(|&(_, d)| d).collect();
+    devices.dedup();
+    for dev in devices {
+        with_board(st, dev, |b, key| {
+            let _ = b.post(RoomRecord {
+                key,
+                kind: RoomKind::Offer,
+                priority: st.config.task_priority.clamp(0, 99) as u32,
+                bytes: moving.bytes,
+                stamp_ns: now,
+            });
+        });
+    }
+}
+
+/// A want of a more urgent container on a GPU this process's movable memory is on: the GPU
+/// and the want's priority.
+pub(crate) fn wanted(st: &Ready) -> Option<(CUdevice, u32)> {
+    if !yields(st) {
+        return None;
+    }
+    let own = st.config.task_priority;
+    let now = monotonic_ns();
+    let moving = st.host_backed.swappable();
+    moving.contexts.iter().find_map(|&(_, dev)| {
+        with_board(st, dev, |b, key| {
+            b.records(now)
+                .into_iter()
+                .find(|r| r.kind == RoomKind::Want && r.key != key && (r.priority as i32) < own)
+                .map(|r| (dev, r.priority))
+        })
+        .flatten()
+    })
+}
+
+/// An allocation of `bytes` found no room on `dev`: if this process is of the most urgent
+/// priority and a less urgent container offers there, asks them to swap out and waits up to
+/// `VGPU_SWAP_IN_WAIT` for the room. Whether the GPU has the room now (the caller tries
+/// once more).
+#[cold]
+#[inline(never)]
+pub(crate) fn made(st: &Ready, cuda: &Cuda, dev: CUdevice, bytes: u64) -> bool {
+    if yields(st) {
+        return false;
+    }
+    let want = |key| RoomRecord {
+        key,
+        kind: RoomKind::Want,
+        priority: 0,
+        bytes,
+        stamp_ns: monotonic_ns(),
+    };
+    let offers = with_board(st, dev, |b, key| {
+        let n = b
+            .records(monotonic_ns())
+            .iter()
+            .filter(|r| r.kind == RoomKind::Offer && r.key != key && r.priority > 0 && r.bytes > 0)
+            .count();
+        if n > 0 {
+            let _ = b.post(want(key));
+        }
+        n
+    })
+    .unwrap_or(0);
+    if offers == 0 {
+        return false;
+    }
+    let wait = Duration::from_millis(st.config.swap.in_wait_ms);
+    vlog!(
+        MSG,
+        "device {}: no room for {bytes} bytes; {offers} less urgent container(s) offer to swap \
+         out: waiting up to {} ms",
+        dev.0,
+        wait.as_millis()
+    );
+    let reserve = st.config.host_backing.device_reserve;
+    let start = Instant::now();
+    let mut posted = start;
+    let room = loop {
+        if crate::host_backing::breaks_reserve(cuda, dev, reserve, bytes).is_none() {
+            break true;
+        }
+        if start.elapsed() >= wait {
+            break false;
+        }
+        std::thread::sleep(ROOM_POLL);
+        if posted.elapsed() >= WANT_REFRESH {
+            posted = Instant::now();
+            with_board(st, dev, |b, key| b.post(want(key)));
+        }
+    };
+    with_board(st, dev, |b, key| b.withdraw(key));
+    vlog!(
+        if room { INFO } else { MSG },
+        "device {}: {} for {bytes} bytes after {} ms",
+        dev.0,
+        if room { "room made" } else { "no room made" },
+        start.elapsed().as_millis()
+    );
+    room
+}
