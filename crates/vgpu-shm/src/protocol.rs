@@ -342,7 +342,7 @@ pub(crate) fn reserve<S: Store, C: Crash>(
     reserve_within(s, charge, Bound::Full, crash)
 }
 
-/// [`reserve`] with the bounds `bound` names: [`Bound::DeviceOnly`] for a move onto the
+/// `reserve` with the bounds `bound` names: [`Bound::DeviceOnly`] for a move onto the
 /// device, [`Bound::Unchecked`] to add bytes that are already taken (measured after the fact),
 /// whatever the limit: the total may then end up above it, with the same steps and crash points
 /// (an overflow still refuses).

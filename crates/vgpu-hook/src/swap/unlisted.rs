@@ -8,11 +8,11 @@
 //!
 //! So while swapping is on, a lookup of such a function answers a *slot* instead of the real
 //! pointer: a stub that keeps the caller's arguments as they are (the six integer and eight
-//! vector argument registers, `rax`, and the first [`STACK_WORDS`] words of its stack
+//! vector argument registers, `rax`, and the first `STACK_WORDS` (8) words of its stack
 //! arguments), passes the gate ([`super::touching`]: memory swapped out comes back first, and
 //! no memory moves while the call runs) and inside it calls the real function with those
 //! arguments. Signature-agnostic, so it holds for any driver function of at most
-//! 6 + [`STACK_WORDS`] integer-class arguments and 8 floating-point ones that returns a
+//! 6 + `STACK_WORDS` integer-class arguments and 8 floating-point ones that returns a
 //! `CUresult` (in CUDA 12.6's `cuda.h` the unlisted touching functions take at most 6).
 //!
 //! x86-64 Linux only; elsewhere, when the slots run out, or when swapping is off, the lookup

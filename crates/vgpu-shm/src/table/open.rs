@@ -388,7 +388,7 @@ fn open_failed(path: &Path, e: file::OpenError, found: bool) -> Failed {
     }
 }
 
-/// A [`file`] refusal or failure as the table's error.
+/// A [`file`](mod@crate::file) refusal or failure as the table's error.
 pub(crate) fn open_error(path: &Path, e: file::OpenError) -> ShmError {
     let path = path.to_path_buf();
     match e {
