@@ -88,6 +88,13 @@ int main(int argc, char **argv) {
   CHECK(cuCtxSetCurrent(ctx));
   CHECK(cuModuleLoadData(&mod, "vgpusim-module: fill spin"));
   CHECK(cuModuleGetFunction(&fill, mod, "fill"));
+  if (argv[1][0] == 'a') { /* allocate chunks until one fails (at most 4) */
+    int n = 0;
+    CUresult r = 0;
+    for (; n < 4; n++) { P y; if ((r = cuMemAlloc_v2(&y, CHUNK))) break; }
+    printf("allocated=%d\nlast=%d\n", n, (int)r);
+    return 0;
+  }
   if (argv[1][0] == 't') { /* threads at work while swap-outs are asked for */
     the_ctx = ctx;
     struct worker w[3];
@@ -528,6 +535,84 @@ fn a_less_urgent_process_offers_its_memory_and_swaps_out_for_a_more_urgent_want(
         p.stderr()
     );
     p.back_intact();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_urgent_allocation_gets_the_room_an_idle_less_urgent_process_gives_by_swapping_out() {
+    // Two processes on one simulated 128 MiB GPU whose memory they share
+    // (`VGPU_SIM_SHARED_MEM`): the giver (priority 1, swapping, three movable 16 MiB
+    // buffers and its context: 64 MiB) idles; the taker (priority 0, no host backing, its
+    // context 16 MiB) finds room for three chunks, and its fourth is made once the giver
+    // swapped out for it.
+    const GPU: &str = "GPU-5a1e5130-0000-4000-8000-0000000000cc";
+    let dir = std::env::temp_dir().join(format!("vgpu-rooms-trip-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let shared = dir.join("sim-memory");
+    let common = [
+        ("VGPU_TURN_DIR", dir.to_str().unwrap()),
+        ("VGPU_SIM_UUIDS", GPU),
+        ("VGPU_SIM_SHARED_MEM", shared.to_str().unwrap()),
+    ];
+    let mut giver_env = vec![
+        ("VGPU_IDLE_SWAP", "manual"),
+        ("VGPU_SWAP_MOVABLE", "1"),
+        ("CUDA_TASK_PRIORITY", "1"),
+    ];
+    giver_env.extend(common);
+    let mut giver = Scenario::start("giver", "m", &giver_env);
+    giver.reach("idle");
+    // Its offer is on the board before the taker starts.
+    let board = dir.join(vgpu_shm::room_file_name(GPU));
+    let start = Instant::now();
+    while !vgpu_shm::RoomBoard::open_or_create(&board)
+        .map(|b| !b.records(vgpu_shm::monotonic_ns()).is_empty())
+        .unwrap_or(false)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no offer:\n{}",
+            giver.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let p = program();
+    let cache = p.fresh_cache("taker.cache");
+    let mut taker = p.hooked(&["a"], &cache);
+    taker
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
+        .env("VGPU_SIM_TOTAL_MEM", "128m")
+        .env("VGPU_SIM_CTX_OVERHEAD", "16m")
+        .env("VGPU_SIM_MODULE_OVERHEAD", "0")
+        .env("VGPU_RECONCILE_MS", "off")
+        .env("CUDA_MODULE_LOADING", "EAGER")
+        .env("CUDA_TASK_PRIORITY", "0")
+        .env("VGPU_SWAP_IN_WAIT", "5s")
+        .env("LIBCUDA_LOG_LEVEL", "3")
+        .env_remove("CUDA_OVERSUBSCRIBE")
+        .env_remove("VGPU_HOST_SPILL")
+        .envs(common);
+    let out = taker.output().unwrap();
+    let (stdout, log) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.contains("allocated=4"),
+        "{stdout}\ntaker:\n{log}\ngiver:\n{}",
+        giver.stderr()
+    );
+    assert!(log.contains("room made for 16777216 bytes"), "{log}");
+    let snap = giver.wait_swapped(true, Duration::from_secs(5));
+    assert_eq!(
+        snap.devices[0].host,
+        3 * CHUNK,
+        "the giver's buffers are in host memory"
+    );
+    // The taker has ended: the giver's next call brings its buffers back, intact.
+    giver.back_intact();
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -78,6 +78,9 @@ pub struct SimConfig {
     pub util_window_ms: u64,
     /// Every device's power draw and limit (NVML's energy counter and enforced limit).
     pub power: PowerModel,
+    /// `VGPU_SIM_SHARED_MEM=<file>`: processes naming the same file share device memory
+    /// (`state/shared_mem.rs`).
+    pub shared_mem: Option<String>,
     /// How long `nvmlDeviceGetTotalEnergyConsumption` takes, milliseconds
     /// (`VGPU_SIM_NVML_ENERGY_DELAY_MS`, default 0; the H200 takes ~3 ms, up to 15).
     pub nvml_energy_delay_ms: u64,
@@ -370,6 +373,7 @@ impl SimConfig {
             ctx_overhead: size_var("VGPU_SIM_CTX_OVERHEAD", 64 * MIB)?,
             module_overhead: size_var("VGPU_SIM_MODULE_OVERHEAD", 2 * MIB)?,
             pool_block_overhead: size_var("VGPU_SIM_POOL_BLOCK_OVERHEAD", 0)?,
+            shared_mem: get("VGPU_SIM_SHARED_MEM"),
             host_pinned_limit: match get("VGPU_SIM_HOST_PINNED_LIMIT") {
                 None => None,
                 Some(_) => Some(size_var("VGPU_SIM_HOST_PINNED_LIMIT", 0)?),

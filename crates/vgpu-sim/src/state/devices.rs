@@ -15,26 +15,41 @@ pub struct Device {
     pub used: AtomicU64,
     /// Kernel busy time.
     pub busy: BusyLog,
+    /// Its physical index, and the file through which processes share device memory
+    /// (`VGPU_SIM_SHARED_MEM`; `None`: this process is alone).
+    pub index: usize,
+    pub shared: Option<std::sync::Arc<super::shared_mem::SharedMem>>,
 }
 
 impl Device {
     /// Bytes free on the device for everybody.
     pub fn free(&self) -> u64 {
         self.total
-            .saturating_sub(self.other_used)
+            .saturating_sub(self.others())
             .saturating_sub(self.used.load(Ordering::Relaxed))
     }
 
+    /// Bytes used by processes outside this one: the static figure, and what the processes
+    /// sharing device memory with this one use now.
+    pub fn others(&self) -> u64 {
+        self.other_used + self.shared.as_ref().map_or(0, |s| s.others(self.index))
+    }
+
     pub(super) fn reserve(&self, bytes: u64) -> CuResult<()> {
-        reserve_under(
-            &self.used,
-            self.total.saturating_sub(self.other_used),
-            bytes,
-        )
+        reserve_under(&self.used, self.total.saturating_sub(self.others()), bytes)?;
+        self.publish();
+        Ok(())
     }
 
     pub(super) fn release(&self, bytes: u64) {
-        release_from(&self.used, bytes)
+        release_from(&self.used, bytes);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        if let Some(s) = &self.shared {
+            s.publish(self.index, self.used.load(Ordering::Relaxed));
+        }
     }
 }
 

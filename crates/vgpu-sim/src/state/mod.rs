@@ -83,6 +83,7 @@ mod modules;
 mod nvml_view;
 mod pinned;
 mod pools;
+mod shared_mem;
 mod streams;
 #[cfg(test)]
 mod tests;
@@ -383,15 +384,23 @@ pub enum PtrAttr {
 impl Sim {
     /// A simulator for `cfg` (not yet initialized).
     pub fn new(cfg: SimConfig) -> Sim {
+        let shared = cfg
+            .shared_mem
+            .as_deref()
+            .and_then(shared_mem::SharedMem::open)
+            .map(Arc::new);
         let devices = cfg
             .devices
             .iter()
-            .map(|d| Device {
+            .enumerate()
+            .map(|(index, d)| Device {
                 total: d.total_mem,
                 other_used: d.other_used,
                 uuid: d.uuid,
                 used: AtomicU64::new(0),
                 busy: BusyLog::new(cfg.power),
+                index,
+                shared: shared.clone(),
             })
             .collect::<Vec<_>>();
         let n = devices.len();

@@ -6,7 +6,7 @@ impl Sim {
     /// (total, free, used) of physical device `p` as NVML sees it (all processes).
     pub fn nvml_memory(&self, p: usize) -> (u64, u64, u64) {
         let d = &self.devices[p];
-        let used = d.used.load(Ordering::Relaxed) + d.other_used;
+        let used = d.used.load(Ordering::Relaxed) + d.others();
         (d.total, d.total.saturating_sub(used), used)
     }
 
