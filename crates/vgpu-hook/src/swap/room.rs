@@ -28,11 +28,12 @@ const WANT_REFRESH: Duration = Duration::from_millis(500);
 const ROOM_POLL: Duration = Duration::from_millis(20);
 
 /// Each GPU's board, opened on first use (`None`: no turn directory, or it cannot be used).
-static BOARDS: Mutex<Vec<(CUdevice, Option<RoomBoard>)>> = Mutex::new(Vec::new());
+type Boards = Vec<(CUdevice, Option<RoomBoard>)>;
+static BOARDS: Mutex<Boards> = Mutex::new(Vec::new());
 
 /// Runs `f` on `dev`'s room board with this container's key; `None` without a board.
 fn with_board<R>(st: &Ready, dev: CUdevice, f: impl FnOnce(&mut RoomBoard, u64) -> R) -> Option<R> {
-    let mut boards = BOARDS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut boards = lock_boards()?;
     let i = match boards.iter().position(|(d, _)| *d == dev) {
         Some(i) => i,
         None => {
@@ -43,6 +44,26 @@ fn with_board<R>(st: &Ready, dev: CUdevice, f: impl FnOnce(&mut RoomBoard, u64) 
     let key = key(st);
     boards[i].1.as_mut().map(|b| f(b, key))
 }
+
+/// The boards, waiting at most [`BOARDS_WAIT`] for them: a child forked while another thread
+/// held the lock sees it held forever, and must then go without (`None`), not hang.
+fn lock_boards() -> Option<std::sync::MutexGuard<'static, Boards>> {
+    let start = Instant::now();
+    loop {
+        match BOARDS.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < BOARDS_WAIT => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
+/// The longest a board operation waits for another thread's (a file read or write: well
+/// under a millisecond).
+const BOARDS_WAIT: Duration = Duration::from_millis(50);
 
 #[cold]
 fn open(st: &Ready, dev: CUdevice) -> Option<RoomBoard> {
@@ -185,4 +206,21 @@ pub(crate) fn made(st: &Ready, cuda: &Cuda, dev: CUdevice, bytes: u64) -> bool {
         start.elapsed().as_millis()
     );
     room
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_nobody_will_release_makes_the_boards_go_without_instead_of_hanging() {
+        // A child forked while another thread held the lock: it stays held. (With a plain
+        // `lock()` this test never ends.)
+        let held = BOARDS.lock().unwrap();
+        let start = Instant::now();
+        assert!(lock_boards().is_none());
+        assert!(start.elapsed() < Duration::from_secs(1));
+        drop(held);
+        assert!(lock_boards().is_some());
+    }
 }
