@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use crate::sync::{Flag, Ordering};
 
-/// A worker thread's stack: glibc's default for any thread (8 MiB of address space; only the
+/// A worker thread's stack (and the hook's other threads'): glibc's default for any thread (8 MiB of address space; only the
 /// pages touched cost memory). glibc carves the program's static TLS out of every thread's
 /// stack, so a smaller one may leave the hook's thread almost nothing in a program with
 /// large `__thread` arrays: 256 KiB overflowed in a test program with 2 MiB of them (the
 /// room test in tests/swap.rs), which would kill the host program.
-const WORKER_STACK: usize = 8 << 20;
+pub(crate) const WORKER_STACK: usize = 8 << 20;
 
 /// The thread was stopped (at exit): it must return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

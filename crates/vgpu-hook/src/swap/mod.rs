@@ -280,6 +280,7 @@ fn prove_idle(
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("vgpu-swap-sync".into())
+        .stack_size(crate::worker::WORKER_STACK)
         .spawn(move || {
             // Cleared before the answer (the next swap-out may start at once), and on a panic.
             let r = {
