@@ -28,6 +28,11 @@ memory back), the data, and NVML's used memory once the engine idled out.
 checkpoint API (`cuCheckpointProcess*`, driver 570 and later), for the comparison the issue
 asks for in the same run.
 
+`--priority`: a less urgent engine (`CUDA_TASK_PRIORITY=1`) holds 60% of the room and idles;
+an urgent one (priority 0) allocates 60% of it too: its allocations wait for the idle one to
+swap out (docs/swap.md, "For a more urgent container"), then succeed; the idle one comes back
+intact once the urgent one has exited.
+
 `--exits`: the engine exits while its host memory is pinned ahead, while a swap-out is under
 way, and while swapped out; each must end by itself with status 0 and leave the GPU's memory
 as it found it (the hook never hangs or kills its program).
@@ -344,6 +349,84 @@ def run_checkpoint(args):
     return result
 
 
+def run_priority(args):
+    """Swap for a more urgent container: a bare filler leaves `--room` GiB; a less urgent
+    engine (CUDA_TASK_PRIORITY=1, VGPU_IDLE_SWAP=manual: it swaps only when asked) holds 60% of
+    it and idles; an urgent one (priority 0, no swapping of its own) then allocates 60% of the
+    room too. Its allocations past the free room must wait for the idle one to swap out, then
+    succeed; the idle one, once the urgent one has exited, must come back intact."""
+    gib = max(1, int(args.room * 0.6))
+    result = {"priority": True, "room_gib": args.room, "gib": gib}
+    work = tempfile.mkdtemp(prefix="swap-priority-")
+    turns = os.path.join(work, "turns")
+    os.makedirs(turns)
+    me = os.path.abspath(__file__)
+    procs = []
+    try:
+        fill = subprocess.Popen([sys.executable, me, "--role", "filler", "--room", str(args.room)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs.append(fill)
+        json.loads(fill.stdout.readline())
+        caches = {n: os.path.join(work, f"{n}.cache") for n in ("idle", "urgent")}
+        logs = {n: open(os.path.join(work, f"{n}.log"), "w") for n in caches}
+        env = engine_env(args, caches["idle"], "manual")
+        env.update(CUDA_TASK_PRIORITY="1", VGPU_TURN_DIR=turns)
+        idle = subprocess.Popen([sys.executable, me, "--role", "engine", "--gib", str(gib)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs["idle"],
+                                text=True)
+        procs.append(idle)
+        idle_pid = json.loads(idle.stdout.readline())["pid"]
+        time.sleep(2.5)  # its first offers are on the board (one a second)
+        env = engine_env(args, caches["urgent"], "off")
+        env.update(CUDA_TASK_PRIORITY="0", VGPU_TURN_DIR=turns, VGPU_SWAP_MOVABLE="0")
+        t0 = time.perf_counter()
+        urgent = subprocess.Popen([sys.executable, me, "--role", "engine", "--gib", str(gib)],
+                                  env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=logs["urgent"], text=True)
+        procs.append(urgent)
+        line = urgent.stdout.readline()
+        result["urgent_ready"] = bool(line)
+        result["urgent_ready_s"] = time.perf_counter() - t0
+        result["idle_swapped"] = swapped(args.vgpu, caches["idle"], idle_pid)
+        if line:
+            urgent.stdin.write("touch\n")
+            urgent.stdin.flush()
+            result["urgent_touch"] = json.loads(urgent.stdout.readline())
+            urgent.stdin.write("exit\n")
+            urgent.stdin.flush()
+            urgent.wait(timeout=60)
+        time.sleep(0.5)
+        idle.stdin.write("touch\n")
+        idle.stdin.flush()
+        result["idle_touch"] = json.loads(idle.stdout.readline())
+        idle.stdin.write("exit\n")
+        idle.stdin.flush()
+        idle.wait(timeout=60)
+        fill.stdin.close()
+        fill.wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for n in ("idle", "urgent"):
+        with open(os.path.join(work, f"{n}.log")) as f:
+            result[f"{n}_lines"] = [l.strip() for l in f if "room" in l or "swapped out" in l][-4:]
+    return result
+
+
+def judge_priority(result):
+    u, i = result.get("urgent_touch", {}), result.get("idle_touch", {})
+    ok = bool(result.get("urgent_ready")) and result.get("idle_swapped") and u.get("intact") \
+        and i.get("intact")
+    lines = [f"{'PASS' if ok else 'FAIL'} swap for a more urgent container ({result['gib']} GiB each in "
+             f"{result['room_gib']} GiB of room): urgent engine ready in "
+             f"{result.get('urgent_ready_s', 0):.2f} s, the idle one swapped: "
+             f"{result.get('idle_swapped')}, urgent data {'intact' if u.get('intact') else 'WRONG/none'}, "
+             f"idle back in {i.get('first_s', 0):.2f} s, {'intact' if i.get('intact') else 'WRONG/none'}"]
+    lines += [f"  hook: {l}" for l in result.get("idle_lines", []) + result.get("urgent_lines", [])]
+    return ok, lines
+
+
 def judge_checkpoint(result):
     steps, t = result["steps"], result.get("touched", {})
     ok = len(steps) == 4 and all(v["rc"] == 0 for v in steps.values()) and t.get("intact", False)
@@ -424,6 +507,8 @@ def main():
     ap.add_argument("--room", type=int, default=40, help="--pair: GiB the filler leaves free")
     ap.add_argument("--turns", type=int, default=6, help="--pair: turns in all")
     ap.add_argument("--idle", default="1s", help="--pair: the engines' VGPU_IDLE_SWAP")
+    ap.add_argument("--priority", action="store_true",
+                    help="an urgent engine gets the room an idle, less urgent one gives")
     ap.add_argument("--checkpoint", action="store_true",
                     help="the driver's checkpoint API on the same engine without the hook")
     ap.add_argument("--exits", action="store_true",
@@ -446,7 +531,8 @@ def main():
         ap.error("--lib and --vgpu are needed")
     run_it, judge_it = (run_pair, judge_pair) if args.pair else \
         (run_exits, judge_exits) if args.exits else \
-        (run_checkpoint, judge_checkpoint) if args.checkpoint else (run, judge)
+        (run_checkpoint, judge_checkpoint) if args.checkpoint else \
+        (run_priority, judge_priority) if args.priority else (run, judge)
     result = run_it(args)
     ok, lines = judge_it(result)
     for line in lines:
