@@ -683,6 +683,15 @@ fn plain_allocations_made_movable_are_swapped_out_and_refuse_ipc() {
     p.reach("back");
     p.go();
     p.finish();
+    // The switch without swapping (`VGPU_IDLE_SWAP` unset) changes nothing: the memory
+    // could never move, so it keeps its IPC handle.
+    let mut p = Scenario::start("movable-unused", "m", &[("VGPU_SWAP_MOVABLE", "1")]);
+    p.reach("idle");
+    assert_eq!(p.value("ipc"), 0, "{}", p.stderr());
+    p.go();
+    p.reach("back");
+    p.go();
+    p.finish();
 }
 
 #[test]

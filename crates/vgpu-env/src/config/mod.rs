@@ -213,6 +213,12 @@ impl Swap {
     pub fn enabled(&self) -> bool {
         self.trigger != SwapTrigger::Off
     }
+
+    /// Whether the program's `cuMemAlloc` allocations are made movable: `VGPU_SWAP_MOVABLE`
+    /// with swapping on (memory that never moves keeps its CUDA IPC handle).
+    pub fn makes_movable(&self) -> bool {
+        self.movable && self.enabled()
+    }
 }
 
 /// A duration: `<n>ms`, `<n>s`, `<n>m` or `<n>h` (an integer), in milliseconds, at most a

@@ -33,7 +33,7 @@ pub(crate) unsafe fn cuMemAlloc_v2(
     }
     // Swapping on and asked: large allocations are the hook's VMM memory, which can move
     // (docs/swap.md). Anything that fails here takes the usual path, which answers.
-    if st.config.swap.movable
+    if st.config.swap.makes_movable()
         && bytes >= DEVICE_PAGE
         && let Ok(ptr) = st
             .host_backed
