@@ -68,8 +68,9 @@ pub const ENV_DEVICE_RESERVE: &str = "VGPU_DEVICE_RESERVE";
 /// call that can touch device memory; `vgpu swap-out` is honoured too), `manual` (only on
 /// `vgpu swap-out`) or `off` (the default: no swapping, and the gate costs one load).
 pub const ENV_IDLE_SWAP: &str = "VGPU_IDLE_SWAP";
-/// With swapping on: how long a swap-in waits for device room before the call that needed
-/// it fails with out-of-memory (a duration; default [`DEFAULT_SWAP_IN_WAIT_MS`] ms).
+/// How long a call waits for device room that swapping makes: a swap-in before the call that
+/// needed it fails with out-of-memory, and an allocation of priority 0 while a less urgent
+/// container swaps out for it (a duration; default [`DEFAULT_SWAP_IN_WAIT_MS`] ms).
 pub const ENV_SWAP_IN_WAIT: &str = "VGPU_SWAP_IN_WAIT";
 /// With swapping on: make the program's `cuMemAlloc` allocations of 2 MiB and more VMM
 /// allocations of the hook's, which can be swapped out (`1`; default `0`). Such memory has no
