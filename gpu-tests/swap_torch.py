@@ -82,6 +82,18 @@ def engine(gib):
     return 0
 
 
+def send(p, cmd):
+    """A command to an engine child."""
+    p.stdin.write(cmd + "\n")
+    p.stdin.flush()
+
+
+def touch(p):
+    """An engine child touches its memory: its answer (first_s, all_s, intact)."""
+    send(p, "touch")
+    return json.loads(p.stdout.readline())
+
+
 def gpu_used_bytes():
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
                           "-i", "0"], capture_output=True, text=True, check=True).stdout
@@ -128,9 +140,7 @@ def run(args):
                     break
                 time.sleep(0.01)
             after = gpu_used_bytes()
-            p.stdin.write("touch\n")
-            p.stdin.flush()
-            touched = json.loads(p.stdout.readline())
+            touched = touch(p)
             c = {"cycle": cycle, "out_s": out_s, "released_bytes": before - after,
                  "in_first_s": touched["first_s"], "in_all_s": touched["all_s"],
                  "intact": touched["intact"]}
@@ -138,8 +148,7 @@ def run(args):
                 c["out_gb_s"] = args.gib * GIB / out_s / 1e9
                 c["in_gb_s"] = args.gib * GIB / touched["first_s"] / 1e9
             result["cycles"].append(c)
-        p.stdin.write("exit\n")
-        p.stdin.flush()
+        send(p, "exit")
         p.wait(timeout=60)
     finally:
         if p.poll() is None:
@@ -212,8 +221,7 @@ def run_pair(args):
                     break
                 me_["proc"], me_["pid"] = p, json.loads(line)["pid"]
             p = me_["proc"]
-            p.stdin.write("touch\n")
-            p.stdin.flush()
+            send(p, "touch")
             line = p.stdout.readline()
             if not line:
                 t["touched"] = False
@@ -228,8 +236,7 @@ def run_pair(args):
             result["turns"].append(t)
         for e in engines:
             if e["proc"] is not None and e["proc"].poll() is None:
-                e["proc"].stdin.write("exit\n")
-                e["proc"].stdin.flush()
+                send(e["proc"], "exit")
                 e["proc"].wait(timeout=60)
         fill.stdin.close()
         fill.wait(timeout=60)
@@ -283,8 +290,7 @@ def run_exits(args):
                     c["reached"] = wait_until(lambda: swapped(args.vgpu, cache, pid),
                                               args.timeout) is not None
             t0 = time.perf_counter()
-            p.stdin.write("exit\n")
-            p.stdin.flush()
+            send(p, "exit")
             try:
                 c["status"] = p.wait(timeout=10)
                 c["exit_s"] = time.perf_counter() - t0
@@ -337,11 +343,8 @@ def run_checkpoint(args):
             if rc != 0:
                 break
         if all(v["rc"] == 0 for v in result["steps"].values()) and len(result["steps"]) == 4:
-            p.stdin.write("touch\n")
-            p.stdin.flush()
-            result["touched"] = json.loads(p.stdout.readline())
-        p.stdin.write("exit\n")
-        p.stdin.flush()
+            result["touched"] = touch(p)
+        send(p, "exit")
         p.wait(timeout=60)
     finally:
         if p.poll() is None:
@@ -389,18 +392,12 @@ def run_priority(args):
         result["urgent_ready_s"] = time.perf_counter() - t0
         result["idle_swapped"] = swapped(args.vgpu, caches["idle"], idle_pid)
         if line:
-            urgent.stdin.write("touch\n")
-            urgent.stdin.flush()
-            result["urgent_touch"] = json.loads(urgent.stdout.readline())
-            urgent.stdin.write("exit\n")
-            urgent.stdin.flush()
+            result["urgent_touch"] = touch(urgent)
+            send(urgent, "exit")
             urgent.wait(timeout=60)
         time.sleep(0.5)
-        idle.stdin.write("touch\n")
-        idle.stdin.flush()
-        result["idle_touch"] = json.loads(idle.stdout.readline())
-        idle.stdin.write("exit\n")
-        idle.stdin.flush()
+        result["idle_touch"] = touch(idle)
+        send(idle, "exit")
         idle.wait(timeout=60)
         fill.stdin.close()
         fill.wait(timeout=60)

@@ -263,11 +263,7 @@ impl TurnBoard {
         read_board(&self.path).map_or_else(
             |_| Vec::new(),
             |image| {
-                (0..TURN_ENTRIES)
-                    .map(|e| {
-                        let b = HEADER_WORDS + e * ENTRY_WORDS;
-                        [image[b], image[b + 1], image[b + 2], image[b + 3]]
-                    })
+                entries_of(&image)
                     .filter(|w| w[0] != 0 && w[2] != 0)
                     .collect()
             },
@@ -293,12 +289,9 @@ impl TurnBoard {
         read_board(&self.path).map_or_else(
             |_| Vec::new(),
             |image| {
-                (0..TURN_ENTRIES)
-                    .map(|e| {
-                        let base = HEADER_WORDS + e * ENTRY_WORDS;
-                        // `withdraw` zeroes the heartbeat (word 2).
-                        if image[base + 2] == 0 { 0 } else { image[base] }
-                    })
+                // `withdraw` zeroes the heartbeat (word 2).
+                entries_of(&image)
+                    .map(|w| if w[2] == 0 { 0 } else { w[0] })
                     .collect()
             },
         )
@@ -446,17 +439,18 @@ fn turn_takers_in(image: &Image, now: u64, max_age: u64) -> Vec<Tenant> {
     all
 }
 
+/// Every entry's four words, in entry order.
+fn entries_of(image: &Image) -> impl Iterator<Item = [u64; ENTRY_WORDS]> + '_ {
+    (0..TURN_ENTRIES).map(move |e| {
+        let b = HEADER_WORDS + e * ENTRY_WORDS;
+        [image[b], image[b + 1], image[b + 2], image[b + 3]]
+    })
+}
+
 /// The live tenants of an image, idle ones included.
 fn tenants_in(image: &Image, now: u64, max_age: u64) -> Vec<Tenant> {
     let mut out: Vec<Tenant> = Vec::new();
-    for e in 0..TURN_ENTRIES {
-        let base = HEADER_WORDS + e * ENTRY_WORDS;
-        let [k, p, b, launch] = [
-            image[base],
-            image[base + 1],
-            image[base + 2],
-            image[base + 3],
-        ];
+    for [k, p, b, launch] in entries_of(image) {
         if k == 0 || b == 0 || now.saturating_sub(b) > max_age || p >= 100 {
             continue;
         }

@@ -207,9 +207,11 @@ impl HostBacked {
     /// way; logs why not.
     fn host_room(&self, cuda: &Cuda, size: u64) -> bool {
         let short = host_headroom().is_some_and(|room| room < size.saturating_add(HOST_RESERVE));
-        if short {
-            self.release_spares(cuda);
+        if !short {
+            return true;
         }
+        // Short: the kept memory goes, and the cgroup is read again (its refusal logged).
+        self.release_spares(cuda);
         Self::host_allows(size)
     }
 

@@ -107,6 +107,7 @@ pub(crate) fn offer(st: &Ready) {
     let moving = st.host_backed.swappable();
     let now = monotonic_ns();
     let mut devices: Vec<CUdevice> = moving.contexts.iter().map(|&(_, d)| d).collect();
+    devices.sort_by_key(|d| d.0);
     devices.dedup();
     for dev in devices {
         with_board(st, dev, |b, key| {
