@@ -64,8 +64,14 @@ pub struct LimiterConfig {
     pub activity_period: Nanos,
     /// Budget against `limit − other processes' share` (the container-wide limit).
     pub share_with_peers: bool,
-    /// How often the board's demands are read (and ours written) from the launch path.
+    /// How often the board's demands are read (and ours written) from the launch path while
+    /// the priority rules depend on them: a more urgent container reads ours (we outrank it),
+    /// and we read a more urgent one's five times as often.
     pub demand_poll: Nanos,
+    /// How often they are read (and ours written) when no container on the board is of
+    /// another priority: then nobody's plan needs another's demand sooner than a share is
+    /// lent ([`BoardRules::lend_after`]).
+    pub calm_poll: Nanos,
     /// A container counts as busy this long after its queued work ends: the host's time
     /// between the kernels of one request or step (tens of µs in eager PyTorch) is not lent.
     /// Twice the demand poll, so a demand rewritten at every poll never runs out while the
@@ -110,8 +116,13 @@ impl Default for LimiterConfig {
             peer_stale_after: 500 * MILLIS,
             activity_period: 1_000 * MILLIS,
             share_with_peers: true,
-            // A read of the board is one pread (~1 µs): at most 0.4% of a launching thread.
+            // Half the grace: a demand rewritten at every poll never runs out while launches
+            // come (`idle_grace`). The priority rules need it this fresh.
             demand_poll: 250 * MICROS,
+            // A tenth of the 50 ms after which an idle share is lent. A read of the board with
+            // its write costs a launching thread about 20 µs (a pwrite and a pread of the
+            // file, the records' decoding and the plan: docs/sm-limit.md): at this poll 0.4%.
+            calm_poll: 5 * MILLIS,
             idle_grace: 500 * MICROS,
             // The priority model's allowance beyond the running kernel. Shorter queues cost the
             // short-queued container its share: each refill waits for a wake-up (tens of µs).

@@ -95,6 +95,7 @@ mod tests {
             guarantee,
             outranked_busy: None,
             outranked: false,
+            outranks: false,
             others_live: false,
             others_busy: false,
         }

@@ -106,6 +106,8 @@ pub struct Allotment {
     pub outranked_busy: Option<Nanos>,
     /// A live container of higher priority is on the board (busy or not).
     pub outranked: bool,
+    /// A live container of lower priority is on the board (its queue rule reads our demand).
+    pub outranks: bool,
     /// Another container is on the board (busy or not).
     pub others_live: bool,
     /// Another container has work.
@@ -121,6 +123,7 @@ impl Allotment {
             guarantee: f64::from(c.share_pct) / 100.0,
             outranked_busy: None,
             outranked: false,
+            outranks: false,
             others_live: false,
             others_busy: false,
         }
@@ -151,6 +154,7 @@ pub fn allot(
         });
     }
     let outranked = live.iter().any(|t| t.claim.priority < mine.priority);
+    let outranks = live.iter().any(|t| t.claim.priority > mine.priority);
     let others_live = !live.is_empty();
     // Present: busy, or idle for less than `lend_after` (the guarantee is kept). Only the
     // busy ones take spare.
@@ -194,6 +198,7 @@ pub fn allot(
         guarantee: f64::from(mine.share_pct) / 100.0,
         outranked_busy,
         outranked,
+        outranks,
         others_live,
         others_busy,
     }

@@ -2,7 +2,7 @@
 //! usage files and the node's board, and a discrete-event loop that drives applications
 //! (training loops, services, kernel loops) through their limiters.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 pub use crate::sim_sliced::SimClock;
@@ -97,9 +97,21 @@ impl ContainerView for SimView {
     }
 }
 
-/// The node's board of the GPU: every container's record (and hostile ones a test writes).
+/// The node's board of the GPU: every container's record (and hostile ones a test writes),
+/// and how often the containers' launch paths touched it.
 #[derive(Clone, Default)]
-pub struct SimBoard(pub Rc<RefCell<Vec<BoardRecord>>>);
+pub struct SimBoard(
+    pub Rc<RefCell<Vec<BoardRecord>>>,
+    pub Rc<Cell<BoardTraffic>>,
+);
+
+/// Reads and writes of the board from the launch path ([`NodeBoard::demand`]); a real
+/// board's are system calls (docs/sm-limit.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BoardTraffic {
+    pub reads: u64,
+    pub writes: u64,
+}
 
 impl SimBoard {
     /// Puts a record on the board as another container (or a hostile one) would.
@@ -130,6 +142,10 @@ impl NodeBoard for SimBoardView {
         Some((self.key, self.board.0.borrow().clone()))
     }
     fn demand(&mut self, _now: Nanos, busy_until: Option<Nanos>) -> Option<Vec<BoardRecord>> {
+        let mut t = self.board.1.get();
+        t.reads += 1;
+        t.writes += u64::from(busy_until.is_some());
+        self.board.1.set(t);
         let mut b = self.board.0.borrow_mut();
         if let (Some(until), Some(e)) = (busy_until, b.iter_mut().find(|e| e.key == self.key)) {
             e.busy_until = until;

@@ -359,7 +359,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
     /// The plan, recomputed when the board was read or the claim changed.
     fn current_plan(&mut self, now: Nanos, pct: u32) -> Plan {
         let claim = self.claim(pct);
-        let due = now >= self.next_publish || now >= self.standing_read_at();
+        let due = now >= self.next_publish || self.board_due(now);
         match self.plan {
             Some((c, p)) if c == claim && !due => p,
             _ => {

@@ -1,7 +1,8 @@
 //! What the limiter tells others: once per publish period the achieved utilization (the
-//! usage file) and the container's record (the board); from the launch path, at most every
-//! demand poll, its demand (`busy_until`) and the others' records; while idle, a heartbeat
-//! that keeps a live container on the board.
+//! usage file) and the container's record (the board); from the launch path, once per board
+//! poll ([`Limiter::board_poll`]) and at the first launch after its demand ran out, its demand
+//! (`busy_until`) and the others' records; while idle, a heartbeat that keeps a live container
+//! on the board.
 
 use super::Limiter;
 use crate::plan::Plan;
@@ -53,7 +54,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         let claim = self.claim(pct);
         if now >= self.next_publish {
             self.publish(now, claim);
-        } else if now >= self.standing.next_read && self.standing.key.is_some() {
+        } else if self.board_due(now) {
             self.read_demand(now);
         }
         let a = match self.standing.key {
@@ -80,45 +81,62 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         (self.horizon.max(paced).max(waits) as Nanos).saturating_add(self.cfg.idle_grace)
     }
 
-    /// Before a wait: the demand on the board must not run out while this container waits
-    /// to launch (written only when it would, at most once per half a grace).
-    pub(super) fn keep_demand(&mut self, now: Nanos) {
-        if self.standing.key.is_none() {
-            return;
+    /// How often the launch path reads the board and checks our demand on it: as often as
+    /// the priority rules need a demand (outranked, the urgent one's: a fifth of the demand
+    /// poll; outranking someone, ours: the demand poll), otherwise the calm poll, since no
+    /// plan then needs another's demand sooner than a share is lent. A read with its write
+    /// costs a launching thread about 20 µs (docs/sm-limit.md).
+    pub(super) fn board_poll(&self) -> Nanos {
+        match (self.allotment.outranked, self.allotment.outranks) {
+            (true, _) => self.cfg.demand_poll / 5,
+            (false, true) => self.cfg.demand_poll,
+            (false, false) => self.cfg.calm_poll,
         }
-        let busy = self.busy_until(now);
-        if busy
-            > self
-                .standing
-                .published_busy
-                .saturating_add(self.cfg.idle_grace / 2)
-        {
+    }
+
+    /// Whether the launch path reads the board now: its poll is due, or our demand on it ran
+    /// out (the first launch after a pause says at once that we have work again).
+    pub(super) fn board_due(&self, now: Nanos) -> bool {
+        self.standing.key.is_some()
+            && (now >= self.standing.next_read || now >= self.standing.published_busy)
+    }
+
+    /// The demand we write: our work's end plus the grace (`busy_until`), and what the poll
+    /// adds beyond the demand poll, which the grace covers. So it never runs out before our
+    /// next look while we have work; a container that stops is taken for busy at most a poll
+    /// longer, which no rule at the calm poll notices (a share is lent 50 ms after).
+    fn demand_ahead(&self, now: Nanos) -> Nanos {
+        let lead = self.board_poll().saturating_sub(self.cfg.demand_poll);
+        self.busy_until(now).saturating_add(lead)
+    }
+
+    /// The demand to write, if the one on the board runs out sooner than half a grace from
+    /// the new one (at most once per half a grace).
+    fn demand_due(&self, now: Nanos) -> Option<Nanos> {
+        let busy = self.demand_ahead(now);
+        let published = self.standing.published_busy;
+        (busy > published.saturating_add(self.cfg.idle_grace / 2)).then_some(busy)
+    }
+
+    /// Before a wait: the demand on the board must not run out while this container waits
+    /// to launch.
+    pub(super) fn keep_demand(&mut self, now: Nanos) {
+        if self.standing.key.is_some() && self.demand_due(now).is_some() {
             self.read_demand(now);
         }
     }
 
-    /// Writes our demand if the published one runs out sooner than half a grace from the
-    /// new one, and reads every record (one read of the board).
+    /// Writes our demand if it is due ([`Self::demand_due`]), and reads every record (one
+    /// read of the board).
     fn read_demand(&mut self, now: Nanos) {
-        let busy = self.busy_until(now);
-        let write = (busy
-            > self
-                .standing
-                .published_busy
-                .saturating_add(self.cfg.idle_grace / 2))
-        .then_some(busy);
+        let write = self.demand_due(now);
         if let Some(b) = write {
             self.standing.published_busy = b;
         }
         if let Some(records) = self.board.demand(now, write) {
             self.standing.records = records;
         }
-        // Outranked, look more often: the urgent container's work must not queue behind ours.
-        let poll = match self.allotment.outranked {
-            true => self.cfg.demand_poll / 5,
-            false => self.cfg.demand_poll,
-        };
-        self.standing.next_read = now + poll;
+        self.standing.next_read = now + self.board_poll();
     }
 
     /// Once per publish period, from an admission: the achieved utilization, the peers'
@@ -128,7 +146,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         if self.cfg.share_with_peers {
             self.peers = self.fresh_peers(now);
         }
-        let busy_until = self.busy_until(now);
+        let busy_until = self.demand_ahead(now);
         self.publish_record(now, claim, busy_until, (bin_busy, elapsed));
         self.next_publish = now + self.cfg.publish_period;
         self.last_published = now;
@@ -241,7 +259,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 self.standing.records.clear();
             }
         }
-        self.standing.next_read = now + self.cfg.demand_poll;
+        self.standing.next_read = now + self.board_poll();
     }
 
     /// The peers' shares that are recent enough to count: a share published more than

@@ -2,6 +2,7 @@
 //! model, and the workloads the benches measure on the H200 (training loops with host gaps,
 //! services, kernel loops), compared with plain time slicing in the same world.
 
+mod board;
 mod cap;
 mod priority;
 mod share;
