@@ -52,6 +52,19 @@ pub extern "C" fn vgpusim_host_creations() -> u64 {
     crate::state::HOST_CREATIONS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Bytes of device memory this process holds on the device of ordinal `ordinal` now
+/// (contexts, modules, allocations), `u64::MAX` for no such device or no simulator (test
+/// instrumentation, not driver API: whether a swap-out gave memory back to the device).
+#[unsafe(no_mangle)]
+pub extern "C" fn vgpusim_device_used(ordinal: c_int) -> u64 {
+    let Ok(s) = crate::state::global() else {
+        return u64::MAX;
+    };
+    s.phys(ordinal).map_or(u64::MAX, |d| {
+        s.devices[d].used.load(std::sync::atomic::Ordering::Relaxed)
+    })
+}
+
 exports! {
     cuMemCreate(h: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) true |s| {
         if h.is_null() || flags != 0 {
@@ -112,6 +125,12 @@ exports! {
         Ok(())
     }
     cuMemExportToShareableHandle(_sh: *mut c_void, _h: CUmemGenericAllocationHandle, _t: c_uint, _f: u64) false |_s| {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    // No multicast objects here: the memory handle is checked, then the call is refused (as
+    // on a GPU without NVLink multicast).
+    cuMulticastBindMem(_mc: CUmemGenericAllocationHandle, _mc_offset: usize, h: CUmemGenericAllocationHandle, _offset: usize, _size: usize, _flags: u64) false |s| {
+        s.handle_props(h.0)?;
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
 }
