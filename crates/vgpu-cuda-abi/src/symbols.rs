@@ -89,11 +89,35 @@ macro_rules! cuda_hooked_functions {
             cuMemCreate ["cuMemCreate", 10020, any]
                 fn(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp,
                    flags: u64) -> CUresult;
-            cuMemRelease ["cuMemRelease", 10020, any] fn(handle: CUmemGenericAllocationHandle) -> CUresult
-                => then vmm_released(handle);
-            cuMemRetainAllocationHandle ["cuMemRetainAllocationHandle", 11000, any]
+            // The program's handles can move (docs/swap.md, "The program's own VMM handles"):
+            // every call that names a handle or changes what maps where passes the gate, so
+            // it never runs while one moves and always finds it resident; the handle it names
+            // is translated to the handle that holds the memory now.
+            cuMemRelease ["cuMemRelease", 10020, any, touches] fn(handle: CUmemGenericAllocationHandle) -> CUresult
+                => body(handle);
+            cuMemRetainAllocationHandle ["cuMemRetainAllocationHandle", 11000, any, touches]
                 fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult
                 => then vmm_retained(handle);
+            cuMemMap ["cuMemMap", 10020, any, touches]
+                fn(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle,
+                   flags: c_ulonglong) -> CUresult
+                => body(ptr, size, offset, handle, flags);
+            cuMemUnmap ["cuMemUnmap", 10020, any, touches] fn(ptr: CUdeviceptr, size: usize) -> CUresult
+                => then vmm_unmapped(ptr, size);
+            cuMemSetAccess ["cuMemSetAccess", 10020, any, touches]
+                fn(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult
+                => then vmm_access_set(ptr, size, desc, count);
+            cuMemExportToShareableHandle ["cuMemExportToShareableHandle", 10020, any, touches]
+                fn(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: c_uint,
+                   flags: c_ulonglong) -> CUresult
+                => body(shareable, handle, handle_type, flags);
+            cuMemGetAllocationPropertiesFromHandle ["cuMemGetAllocationPropertiesFromHandle", 10020, any, touches]
+                fn(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) -> CUresult
+                => body(prop, handle);
+            cuMulticastBindMem ["cuMulticastBindMem", 12010, any, touches]
+                fn(mc_handle: CUmemGenericAllocationHandle, mc_offset: usize, mem_handle: CUmemGenericAllocationHandle,
+                   mem_offset: usize, size: usize, flags: c_ulonglong) -> CUresult
+                => body(mc_handle, mc_offset, mem_handle, mem_offset, size, flags);
 
             // Stream-ordered allocation and pools.
             cuMemAllocAsync ["cuMemAllocAsync", 11020, legacy]
@@ -362,12 +386,8 @@ macro_rules! cuda_used_functions {
                    flags: c_ulonglong) -> CUresult;
             cuMemAddressFree ["cuMemAddressFree", 10020, any]
                 fn(ptr: CUdeviceptr, size: usize) -> CUresult;
-            cuMemMap ["cuMemMap", 10020, any]
-                fn(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle,
-                   flags: c_ulonglong) -> CUresult;
-            cuMemUnmap ["cuMemUnmap", 10020, any] fn(ptr: CUdeviceptr, size: usize) -> CUresult;
-            cuMemSetAccess ["cuMemSetAccess", 10020, any]
-                fn(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult;
+            // `cuMemMap`, `cuMemUnmap` and `cuMemSetAccess` are hooked (the program's own
+            // mappings, docs/swap.md); the hook's own calls use their real functions.
         }
     };
 }
@@ -498,6 +518,11 @@ pub const NVML_USED_SYMBOLS: &[SymbolInfo] = nvml_used_functions!(symbol_table);
 /// calls would pass no gate. Not here: what only orders work or observes it without touching
 /// memory (`cuEventRecord`, `cuStreamWaitEvent`, `cuStreamQuery`, `cuEventQuery`): the work
 /// it orders was queued through a gated call.
+///
+/// The virtual memory management calls that name a handle or change what maps where
+/// (`cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`, `cuMemRelease`, …) do not touch memory's
+/// contents, but they are here too: the program's own handles move under swapping
+/// (docs/swap.md), so these calls must never run while one moves, and must find it resident.
 pub const TOUCHING_FAMILIES: &[&str] = &[
     "cuLaunch",
     "cuGraphLaunch",
@@ -515,6 +540,14 @@ pub const TOUCHING_FAMILIES: &[&str] = &[
     "cuStreamAddCallback",
     "cuEventSynchronize",
     "cuCtxSynchronize",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuMemRelease",
+    "cuMemRetainAllocationHandle",
+    "cuMemExportToShareableHandle",
+    "cuMemGetAllocationPropertiesFromHandle",
+    "cuMulticastBindMem",
 ];
 
 /// Whether the driver function `name` can touch device memory ([`TOUCHING_FAMILIES`]).

@@ -505,7 +505,7 @@ pub(crate) fn map_for_device(
     dev: CUdevice,
 ) -> Result<(), CUresult> {
     // SAFETY: a reserved range and a handle of at least `size` bytes (the driver checks both).
-    unsafe { have(cuda.u.cuMemMap)?(p, size as usize, 0, h, 0) }.ok()?;
+    unsafe { have(cuda.h.cuMemMap)?(p, size as usize, 0, h, 0) }.ok()?;
     let access = CUmemAccessDesc {
         location: CUmemLocation {
             type_: CUmemLocationType::DEVICE,
@@ -514,17 +514,52 @@ pub(crate) fn map_for_device(
         flags: 3, // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
     };
     // SAFETY: one valid descriptor for the range just mapped.
-    let granted = unsafe { have(cuda.u.cuMemSetAccess)?(p, size as usize, &access, 1) }.ok();
+    let granted = unsafe { have(cuda.h.cuMemSetAccess)?(p, size as usize, &access, 1) }.ok();
     if granted.is_err() {
         let _ = unmap(cuda, p, size);
     }
     granted
 }
 
+/// The real `cuMemMap` (not our hook) of `size` bytes of `h` from `offset` at `p`.
+pub(crate) fn map(
+    cuda: &Cuda,
+    p: CUdeviceptr,
+    size: u64,
+    offset: u64,
+    h: CUmemGenericAllocationHandle,
+) -> Result<(), CUresult> {
+    // SAFETY: plain values; the driver validates the range, offset and handle.
+    unsafe { have(cuda.h.cuMemMap)?(p, size as usize, offset as usize, h, 0) }.ok()
+}
+
+/// The real `cuMemSetAccess` (not our hook) of `descs` over a mapped range.
+pub(crate) fn set_access(
+    cuda: &Cuda,
+    p: CUdeviceptr,
+    size: u64,
+    descs: &[CUmemAccessDesc],
+) -> Result<(), CUresult> {
+    if descs.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `descs.len()` valid descriptors.
+    unsafe { have(cuda.h.cuMemSetAccess)?(p, size as usize, descs.as_ptr(), descs.len()) }.ok()
+}
+
+/// The real `cuMemRetainAllocationHandle` (not our hook) of the memory mapped at `va`: a
+/// reference more to it.
+pub(crate) fn retain_at(cuda: &Cuda, va: u64) -> Result<CUmemGenericAllocationHandle, CUresult> {
+    let mut h = CUmemGenericAllocationHandle(0);
+    // SAFETY: a valid out-pointer; the driver validates the address.
+    unsafe { have(cuda.h.cuMemRetainAllocationHandle)?(&mut h, va as *mut c_void) }.ok()?;
+    Ok(h)
+}
+
 /// `cuMemUnmap` of a mapped range.
 pub(crate) fn unmap(cuda: &Cuda, p: CUdeviceptr, size: u64) -> Result<(), CUresult> {
     // SAFETY: a mapped range (the driver validates it).
-    unsafe { have(cuda.u.cuMemUnmap)?(p, size as usize) }.ok()
+    unsafe { have(cuda.h.cuMemUnmap)?(p, size as usize) }.ok()
 }
 
 /// The real `cuCtxSynchronize` (not our hook): waits for the current context's work.

@@ -38,8 +38,29 @@ static CUresult (*cuMemsetD16Async)(P, unsigned short, size_t, H); /* touching, 
 static CUresult (*cuIpcGetMemHandle)(void *, P);
 static CUresult (*cuCtxCreate_v2)(H *, unsigned, int);
 static CUresult (*cuCtxDestroy_v2)(H);
+static CUresult (*cuMemAddressReserve)(P *, size_t, size_t, P, unsigned long long);
+static CUresult (*cuMemAddressFree)(P, size_t);
+static CUresult (*cuMemCreate)(P *, size_t, const void *, unsigned long long);
+static CUresult (*cuMemRelease)(P);
+static CUresult (*cuMemMap)(P, size_t, size_t, P, unsigned long long);
+static CUresult (*cuMemUnmap)(P, size_t);
+static CUresult (*cuMemSetAccess)(P, size_t, const void *, size_t);
+static CUresult (*cuMemRetainAllocationHandle)(P *, void *);
 static unsigned buf[CHUNK / 4];
 static H the_ctx;
+
+/* CUmemAllocationProp (pinned, on device 0) and CUmemAccessDesc (device 0, read-write). */
+struct prop { int type, handle_types, loc_type, loc_id; void *win32; unsigned char flags[8]; };
+struct access { int loc_type, loc_id; unsigned flags; };
+
+/* Words of the n bytes at x that are not v; -code if the copy failed. */
+static long long wrong_words(P x, size_t n, unsigned v) {
+  CUresult r = cuMemcpyDtoH_v2(buf, x, n);
+  if (r) return -(long long)r;
+  long long k = 0;
+  for (size_t i = 0; i < n / 4; i++) k += buf[i] != v;
+  return k;
+}
 
 /* Busy threads: each writes its own 2 MiB buffer, waits a moment, reads it back, 60 times. */
 struct worker { P x; int id; long long wrong; };
@@ -156,6 +177,58 @@ int main(int argc, char **argv) {
     printf("unwritten_after_swap=%lld\n", u);
     pause_at("back");
     for (int i = 0; i < N; i++) CHECK(cuMemFree_v2(y[i]));
+    printf("end\n");
+    return 0;
+  }
+  if (argv[1][0] == 'v') { /* the program's own VMM handles, mapped as PyTorch's expandable segments map them */
+    NEED(cuMemAddressReserve) NEED(cuMemAddressFree) NEED(cuMemCreate) NEED(cuMemRelease)
+    NEED(cuMemMap) NEED(cuMemUnmap) NEED(cuMemSetAccess) NEED(cuMemRetainAllocationHandle)
+    unsigned long long (*dev_used)(int) = dlsym(lib, "vgpusim_device_used");
+    if (!dev_used) return 3;
+    enum { M = 1 << 20 };
+    /* a: 16 MiB; b: 8 MiB, released while mapped; c: 4 MiB, mapped whole and its second half
+       once more; d: 2 MiB with a shareable handle type (it must stay). */
+    size_t sz[4] = {16 * M, 8 * M, 4 * M, 2 * M};
+    P h[4], base;
+    CHECK(cuMemAddressReserve(&base, 64 * M, 0, 0, 0));
+    P va[4] = {base, base + 16 * M, base + 24 * M, base + 32 * M}, c2 = base + 28 * M;
+    for (int i = 0; i < 4; i++) {
+      struct prop pr = {1, i == 3 ? 1 : 0, 1, 0, 0, {0}};
+      CHECK(cuMemCreate(&h[i], sz[i], &pr, 0));
+      CHECK(cuMemMap(va[i], sz[i], 0, h[i], 0));
+    }
+    CHECK(cuMemMap(c2, 2 * M, 2 * M, h[2], 0));
+    struct access rw = {1, 0, 3};
+    CHECK(cuMemSetAccess(base, 30 * M, &rw, 1)); /* a, b, c and c's second half at once */
+    CHECK(cuMemSetAccess(va[3], sz[3], &rw, 1));
+    for (int i = 0; i < 4; i++) CHECK(cuMemsetD32_v2(va[i], 11 + i, sz[i] / 4));
+    CHECK(cuMemRelease(h[1])); /* b lives on through its mapping */
+    CHECK(cuCtxSynchronize());
+    printf("d=%llu\n", h[3]);
+    printf("device_used_before=%llu\n", dev_used(0));
+    pause_at("idle");
+    /* Swapped out meanwhile: the device has its memory back (no call of ours since). */
+    printf("device_used_out=%llu\n", dev_used(0));
+    /* The first call that can touch device memory brings everything back, at its addresses. */
+    long long u = 0;
+    for (int i = 0; i < 4; i++) u += wrong_words(va[i], sz[i], 11 + i);
+    u += wrong_words(c2, 2 * M, 13);
+    printf("unwritten_after_swap=%lld\n", u);
+    printf("device_used_back=%llu\n", dev_used(0));
+    P r = 0;
+    CHECK(cuMemRetainAllocationHandle(&r, (void *)va[0]));
+    printf("retained_is_created=%d\n", r == h[0]);
+    CHECK(cuMemRelease(r));
+    pause_at("back");
+    /* The program's own handle values, as cuMemCreate answered them. */
+    CHECK(cuMemUnmap(va[0], sz[0])); CHECK(cuMemRelease(h[0]));
+    CHECK(cuMemUnmap(va[1], sz[1])); /* b goes with its last mapping */
+    CHECK(cuMemUnmap(va[2], sz[2])); CHECK(cuMemRelease(h[2])); CHECK(cuMemUnmap(c2, 2 * M));
+    CHECK(cuMemUnmap(va[3], sz[3])); CHECK(cuMemRelease(h[3]));
+    printf("released_again=%d\n", (int)cuMemRelease(h[0]));
+    CHECK(cuMemAddressFree(base, 64 * M));
+    printf("device_used_end=%llu\n", dev_used(0));
+    pause_at("freed");
     printf("end\n");
     return 0;
   }
@@ -969,4 +1042,68 @@ fn cycle(env: &[(&str, &str)]) -> (usize, i64) {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no count of host allocations: {stdout}"));
     (outs, creations)
+}
+
+#[test]
+fn the_program_s_own_vmm_handles_move_and_keep_their_values() {
+    const M: u64 = MIB;
+    let mut p = Scenario::start("program-vmm", "v", &[("VGPU_IDLE_SWAP", "manual")]);
+    p.reach("idle");
+    let before = p.snapshot();
+    assert_eq!(before.devices[0].data, 30 * M, "four handles charged");
+    assert_eq!(before.devices[0].host, 0);
+    assert!(p.table().request_swap_out().is_some());
+    let out = p.wait_swapped(true, Duration::from_secs(10));
+    // a, b and c moved (28 MiB); d, which may be exported, stayed and is named.
+    assert_eq!(
+        (out.devices[0].data, out.devices[0].host),
+        (2 * M, 28 * M),
+        "{}",
+        p.stderr()
+    );
+    let d = format!("{:#x}", p.value("d"));
+    assert!(
+        p.stderr().contains(&format!(
+            "the program's VMM handle {d} (2097152 bytes) stays on device 0: it can be exported"
+        )),
+        "{}",
+        p.stderr()
+    );
+    p.go();
+    p.reach("back");
+    assert_eq!(
+        p.value("device_used_before") - p.value("device_used_out"),
+        28 * M as i64,
+        "the device got the moved memory back"
+    );
+    assert_eq!(
+        p.value("device_used_back"),
+        p.value("device_used_before"),
+        "and gave it again at the swap-in"
+    );
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    assert_eq!(
+        p.value("retained_is_created"),
+        1,
+        "a retain answers the value cuMemCreate did"
+    );
+    let back = p.snapshot();
+    assert!(!back.processes[0].swapped_out);
+    assert_eq!((back.devices[0].data, back.devices[0].host), (30 * M, 0));
+    p.go();
+    p.reach("freed");
+    assert_ne!(p.value("released_again"), 0, "a second release is refused");
+    assert_eq!(
+        p.value("device_used_before") - p.value("device_used_end"),
+        30 * M as i64,
+        "every handle's memory went back to the device"
+    );
+    let end = p.snapshot();
+    assert_eq!(
+        (end.devices[0].data, end.devices[0].host),
+        (0, 0),
+        "{end:?}"
+    );
+    p.go();
+    p.finish();
 }

@@ -32,6 +32,7 @@ use crate::log::{INFO, MSG, WARN, vlog};
 use crate::real::Cuda;
 
 mod contexts;
+pub(crate) mod program_vmm;
 pub(crate) mod swap;
 pub(crate) use contexts::DeviceContexts;
 
@@ -79,6 +80,8 @@ pub(crate) struct HostBacked {
     vmm_handles: Mutex<BTreeMap<u64, (DeviceIndex, u64)>>,
     /// The process's contexts per device: who else could be using an allocation.
     pub(crate) contexts: DeviceContexts,
+    /// The program's own device-located VMM handles, which move under swapping too.
+    pub(crate) program: program_vmm::ProgramVmm,
 }
 
 /// The move-back order: the largest allocation that fits in `room`, the oldest among equals.
@@ -218,7 +221,7 @@ impl HostBacked {
     /// Gives back the host memory kept for swap-outs (`Backed::spare`): the program's data
     /// comes before a faster swap-out. The bytes given back.
     fn release_spares(&self, cuda: &Cuda) -> u64 {
-        let mut bytes = 0;
+        let mut bytes = self.program.release_spares(cuda);
         for e in self.lock().values_mut() {
             if let Some(h) = e.spare.take() {
                 let _ = driver::mem_release(cuda, h);

@@ -117,6 +117,7 @@ impl HostBacked {
                 s.contexts.push(c);
             }
         }
+        self.program.swappable(&mut s);
         s
     }
 
@@ -183,6 +184,9 @@ impl HostBacked {
                 ),
             }
         }
+        drop(entries);
+        self.program
+            .swap_out(cuda, ledger, &self.contexts, &mut moved);
         moved
     }
 
@@ -231,6 +235,10 @@ impl HostBacked {
                 Err(_) => short += e.size,
             }
         }
+        drop(entries);
+        short += self
+            .program
+            .swap_in(cuda, ledger, &self.contexts, (device_reserve, keep_host));
         if short == 0 {
             SwapIn::Done
         } else {
