@@ -46,6 +46,7 @@ static CUresult (*cuMemMap)(P, size_t, size_t, P, unsigned long long);
 static CUresult (*cuMemUnmap)(P, size_t);
 static CUresult (*cuMemSetAccess)(P, size_t, const void *, size_t);
 static CUresult (*cuMemRetainAllocationHandle)(P *, void *);
+static CUresult (*cuMemExportToShareableHandle)(void *, P, int, unsigned long long);
 static unsigned buf[CHUNK / 4];
 static H the_ctx;
 
@@ -186,22 +187,27 @@ int main(int argc, char **argv) {
     unsigned long long (*dev_used)(int) = dlsym(lib, "vgpusim_device_used");
     if (!dev_used) return 3;
     enum { M = 1 << 20 };
+    NEED(cuMemExportToShareableHandle)
     /* a: 16 MiB; b: 8 MiB, released while mapped; c: 4 MiB, mapped whole and its second half
-       once more; d: 2 MiB with a shareable handle type (it must stay). */
-    size_t sz[4] = {16 * M, 8 * M, 4 * M, 2 * M};
-    P h[4], base;
+       once more; d: 2 MiB, exported (it must stay); e: 2 MiB with a shareable handle type and
+       the GPUDirect RDMA flag, as PyTorch's segments, not exported. */
+    size_t sz[5] = {16 * M, 8 * M, 4 * M, 2 * M, 2 * M};
+    P h[5], base;
     CHECK(cuMemAddressReserve(&base, 64 * M, 0, 0, 0));
-    P va[4] = {base, base + 16 * M, base + 24 * M, base + 32 * M}, c2 = base + 28 * M;
-    for (int i = 0; i < 4; i++) {
-      struct prop pr = {1, i == 3 ? 1 : 0, 1, 0, 0, {0}};
+    P va[5] = {base, base + 16 * M, base + 24 * M, base + 32 * M, base + 34 * M}, c2 = base + 28 * M;
+    for (int i = 0; i < 5; i++) {
+      struct prop pr = {1, i >= 3 ? 1 : 0, 1, 0, 0, {0, i == 4, 0}};
       CHECK(cuMemCreate(&h[i], sz[i], &pr, 0));
       CHECK(cuMemMap(va[i], sz[i], 0, h[i], 0));
     }
     CHECK(cuMemMap(c2, 2 * M, 2 * M, h[2], 0));
     struct access rw = {1, 0, 3};
     CHECK(cuMemSetAccess(base, 30 * M, &rw, 1)); /* a, b, c and c's second half at once */
-    CHECK(cuMemSetAccess(va[3], sz[3], &rw, 1));
-    for (int i = 0; i < 4; i++) CHECK(cuMemsetD32_v2(va[i], 11 + i, sz[i] / 4));
+    CHECK(cuMemSetAccess(va[3], sz[3] + sz[4], &rw, 1));
+    for (int i = 0; i < 5; i++) CHECK(cuMemsetD32_v2(va[i], 11 + i, sz[i] / 4));
+    int fd = -1;
+    CHECK(cuMemExportToShareableHandle(&fd, h[3], 1, 0));
+    close(fd);
     CHECK(cuMemRelease(h[1])); /* b lives on through its mapping */
     CHECK(cuCtxSynchronize());
     printf("d=%llu\n", h[3]);
@@ -211,7 +217,7 @@ int main(int argc, char **argv) {
     printf("device_used_out=%llu\n", dev_used(0));
     /* The first call that can touch device memory brings everything back, at its addresses. */
     long long u = 0;
-    for (int i = 0; i < 4; i++) u += wrong_words(va[i], sz[i], 11 + i);
+    for (int i = 0; i < 5; i++) u += wrong_words(va[i], sz[i], 11 + i);
     u += wrong_words(c2, 2 * M, 13);
     printf("unwritten_after_swap=%lld\n", u);
     printf("device_used_back=%llu\n", dev_used(0));
@@ -225,6 +231,7 @@ int main(int argc, char **argv) {
     CHECK(cuMemUnmap(va[1], sz[1])); /* b goes with its last mapping */
     CHECK(cuMemUnmap(va[2], sz[2])); CHECK(cuMemRelease(h[2])); CHECK(cuMemUnmap(c2, 2 * M));
     CHECK(cuMemUnmap(va[3], sz[3])); CHECK(cuMemRelease(h[3]));
+    CHECK(cuMemUnmap(va[4], sz[4])); CHECK(cuMemRelease(h[4]));
     printf("released_again=%d\n", (int)cuMemRelease(h[0]));
     CHECK(cuMemAddressFree(base, 64 * M));
     printf("device_used_end=%llu\n", dev_used(0));
@@ -1050,21 +1057,21 @@ fn the_program_s_own_vmm_handles_move_and_keep_their_values() {
     let mut p = Scenario::start("program-vmm", "v", &[("VGPU_IDLE_SWAP", "manual")]);
     p.reach("idle");
     let before = p.snapshot();
-    assert_eq!(before.devices[0].data, 30 * M, "four handles charged");
+    assert_eq!(before.devices[0].data, 32 * M, "five handles charged");
     assert_eq!(before.devices[0].host, 0);
     assert!(p.table().request_swap_out().is_some());
     let out = p.wait_swapped(true, Duration::from_secs(10));
-    // a, b and c moved (28 MiB); d, which may be exported, stayed and is named.
+    // a, b, c and e moved (30 MiB); d, exported, stayed and is named.
     assert_eq!(
         (out.devices[0].data, out.devices[0].host),
-        (2 * M, 28 * M),
+        (2 * M, 30 * M),
         "{}",
         p.stderr()
     );
     let d = format!("{:#x}", p.value("d"));
     assert!(
         p.stderr().contains(&format!(
-            "the program's VMM handle {d} (2097152 bytes) stays on device 0: it can be exported"
+            "the program's VMM handle {d} (2097152 bytes) stays on device 0: it was exported"
         )),
         "{}",
         p.stderr()
@@ -1073,7 +1080,7 @@ fn the_program_s_own_vmm_handles_move_and_keep_their_values() {
     p.reach("back");
     assert_eq!(
         p.value("device_used_before") - p.value("device_used_out"),
-        28 * M as i64,
+        30 * M as i64,
         "the device got the moved memory back"
     );
     assert_eq!(
@@ -1089,13 +1096,13 @@ fn the_program_s_own_vmm_handles_move_and_keep_their_values() {
     );
     let back = p.snapshot();
     assert!(!back.processes[0].swapped_out);
-    assert_eq!((back.devices[0].data, back.devices[0].host), (30 * M, 0));
+    assert_eq!((back.devices[0].data, back.devices[0].host), (32 * M, 0));
     p.go();
     p.reach("freed");
     assert_ne!(p.value("released_again"), 0, "a second release is refused");
     assert_eq!(
         p.value("device_used_before") - p.value("device_used_end"),
-        30 * M as i64,
+        32 * M as i64,
         "every handle's memory went back to the device"
     );
     let end = p.snapshot();

@@ -46,6 +46,7 @@ struct Mapping {
 #[derive(Debug, Clone, Copy)]
 struct Prop {
     type_: CUmemAllocationType,
+    handle_types: std::ffi::c_uint,
     location: CUmemLocation,
     flags: CUmemAllocationPropFlags,
 }
@@ -54,7 +55,7 @@ impl Prop {
     fn to_c(self) -> CUmemAllocationProp {
         CUmemAllocationProp {
             type_: self.type_,
-            requestedHandleTypes: 0,
+            requestedHandleTypes: self.handle_types,
             location: self.location,
             win32HandleMetaData: std::ptr::null_mut(),
             allocFlags: self.flags,
@@ -185,13 +186,11 @@ impl ProgramVmm {
         size: u64,
         prop: &CUmemAllocationProp,
     ) {
-        let stays = if prop.requestedHandleTypes != 0 {
-            Some("it can be exported to other processes (shareable handle types)")
-        } else if prop.allocFlags.usage != 0 {
-            Some("it was created for a special usage (a tile pool)")
-        } else {
-            None
-        };
+        // Shareable handle types alone do not keep it (PyTorch asks for POSIX descriptors on
+        // every segment and exports only those it shares): an export does, and every export
+        // passes through the hook.
+        let stays = (prop.allocFlags.usage != 0)
+            .then_some("it was created for a special usage (a tile pool)");
         let mut t = self.lock();
         t.by_real.insert(h.0, h.0);
         t.by_value.insert(
@@ -202,6 +201,7 @@ impl ProgramVmm {
                 size,
                 prop: Prop {
                     type_: prop.type_,
+                    handle_types: prop.requestedHandleTypes,
                     location: prop.location,
                     flags: prop.allocFlags,
                 },

@@ -124,8 +124,12 @@ exports! {
         out!(h, CUmemGenericAllocationHandle(s.retain_handle(hv(addr))?));
         Ok(())
     }
-    cuMemExportToShareableHandle(_sh: *mut c_void, _h: CUmemGenericAllocationHandle, _t: c_uint, _f: u64) false |_s| {
-        Err(CUDA_ERROR_NOT_SUPPORTED)
+    cuMemExportToShareableHandle(sh: *mut c_void, h: CUmemGenericAllocationHandle, t: c_uint, _f: u64) false |s| {
+        if sh.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        out!(sh.cast::<c_int>(), s.export_fd(h.0, t)?);
+        Ok(())
     }
     // No multicast objects here: the memory handle is checked, then the call is refused (as
     // on a GPU without NVLink multicast).

@@ -202,6 +202,22 @@ impl Sim {
         )
     }
 
+    /// `cuMemExportToShareableHandle` to a POSIX file descriptor (`CU_MEM_HANDLE_TYPE_POSIX_`
+    /// `FILE_DESCRIPTOR` = 1), the only type here: a handle created without it is refused, as
+    /// the driver refuses a type it was not asked for at creation. The descriptor is one the
+    /// program may close (of `/dev/null`: no other process maps memory here).
+    pub fn export_fd(&self, h: u64, handle_type: u32) -> CuResult<i32> {
+        if handle_type != 1 {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let prop = self.handle_props(h)?;
+        if handle_types(&prop) & 1 == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let f = std::fs::File::open("/dev/null").map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        Ok(std::os::fd::IntoRawFd::into_raw_fd(f))
+    }
+
     /// `cuMemRetainAllocationHandle`.
     pub fn retain_handle(&self, p: u64) -> CuResult<u64> {
         let mut st = self.st();
