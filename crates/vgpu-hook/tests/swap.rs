@@ -1114,3 +1114,23 @@ fn the_program_s_own_vmm_handles_move_and_keep_their_values() {
     p.go();
     p.finish();
 }
+
+#[test]
+fn the_program_s_own_vmm_handles_are_pinned_ahead_of_an_idle_swap_out() {
+    let mut p = Scenario::start("program-vmm-idle", "v", &[("VGPU_IDLE_SWAP", "600ms")]);
+    p.reach("idle");
+    p.swapped_into_memory_pinned_ahead();
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    p.go();
+    p.reach("freed");
+    let end = p.snapshot();
+    assert_eq!(
+        (end.devices[0].data, end.devices[0].host),
+        (0, 0),
+        "{end:?}"
+    );
+    p.go();
+    p.finish();
+}

@@ -512,6 +512,41 @@ impl ProgramVmm {
         short
     }
 
+    /// Pins host memory ahead of a swap-out for the largest movable resident handle that has
+    /// none kept (as `HostBacked::pin_ahead`: created with no lock held, kept if the handle
+    /// is still there, resident and without): the bytes pinned, `None` if there was nothing
+    /// to do or the pinning failed.
+    pub(crate) fn pin_ahead(&self, cuda: &Cuda, contexts: &DeviceContexts) -> Option<u64> {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let (value, real, size, ordinal) = {
+            let t = self.lock();
+            let (&v, h) = t
+                .by_value
+                .iter()
+                .filter(|(_, h)| {
+                    h.place == Place::Device && h.spare.is_none() && h.unmovable().is_none()
+                })
+                .max_by_key(|(_, h)| h.size)?;
+            (v, h.real, h.size, h.ordinal)
+        };
+        let ctx = a_context(contexts, ordinal)?;
+        let pinned = in_context(cuda, ctx, || create_on_host(cuda, size, 0, &|| false)).ok()?;
+        let mut t = self.lock();
+        match t.by_value.get_mut(&value) {
+            Some(h) if h.real == real && h.place == Place::Device && h.spare.is_none() => {
+                h.spare = Some(pinned);
+                Some(size)
+            }
+            _ => {
+                drop(t);
+                let _ = driver::mem_release(cuda, pinned);
+                Some(0)
+            }
+        }
+    }
+
     /// Gives back the host memory kept for swap-outs: the bytes.
     pub(crate) fn release_spares(&self, cuda: &Cuda) -> u64 {
         if self.live.load(Ordering::Acquire) == 0 {

@@ -128,10 +128,15 @@ impl HostBacked {
     pub(crate) fn pin_ahead(&self, cuda: &Cuda) -> Option<u64> {
         let (va, size, handle, ctx) = {
             let entries = self.lock();
-            let (&va, e) = entries
+            let Some((&va, e)) = entries
                 .iter()
                 .filter(|(_, e)| e.place == Place::Device && e.spare.is_none())
-                .max_by_key(|(_, e)| e.size)?;
+                .max_by_key(|(_, e)| e.size)
+            else {
+                // The hook's own are done: the program's handles next.
+                drop(entries);
+                return self.program.pin_ahead(cuda, &self.contexts);
+            };
             (va, e.size, e.handle, e.context)
         };
         let pinned = in_context(cuda, ctx as CUcontext, || {
