@@ -40,9 +40,9 @@ as it found it (the hook never hangs or kills its program).
 Each direction's rate is GIB over its time. The engine goes through the CUDA runtime, which
 resolves every driver function at start: without the hook's slots for the functions its list
 does not name (src/swap/unlisted.rs) it is refused, and the runner says so (FAIL, with the
-hook's line). With `--expandable` the engine uses PyTorch's expandable segments
-(`cuMemCreate` mappings of its own): nothing of that can move today (docs/swap.md), and the
-runner reports what the hook said.
+hook's line). With `--expandable` the engines (of the first scenario and of `--pair`) use
+PyTorch's expandable segments (`cuMemCreate` mappings of their own), which move as the
+program's own VMM handles (docs/swap.md); the same checks hold.
 
 Prints one line per check and writes DIR/swap_torch.json; exit status 0 only if every check
 passed (0 with SKIP without a GPU or PyTorch).
@@ -169,9 +169,12 @@ def filler(room_gib):
 
 
 def engine_env(args, cache, trigger):
-    return dict(os.environ, LD_PRELOAD=os.path.abspath(args.lib),
-                CUDA_DEVICE_MEMORY_SHARED_CACHE=cache, VGPU_IDLE_SWAP=trigger,
-                VGPU_SWAP_MOVABLE="1", LIBCUDA_LOG_LEVEL="3")
+    env = dict(os.environ, LD_PRELOAD=os.path.abspath(args.lib),
+               CUDA_DEVICE_MEMORY_SHARED_CACHE=cache, VGPU_IDLE_SWAP=trigger,
+               VGPU_SWAP_MOVABLE="1", LIBCUDA_LOG_LEVEL="3")
+    if getattr(args, "expandable", False):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return env
 
 
 def wait_until(check, timeout):
