@@ -171,10 +171,17 @@ impl ProgramVmm {
         self.translated.store(t.translated(), Ordering::Release);
     }
 
-    /// Whether `value` names a recorded handle (a fresh driver handle of that value would be
-    /// ambiguous to the program: the caller asks the driver for another).
+    /// Whether `value` is the program's value of a handle that moved (the driver released
+    /// it, and may hand it out again: a fresh handle of that value would be ambiguous to the
+    /// program, so the caller asks the driver for another). Values of handles that did not
+    /// move are the driver's own, live: it cannot hand them out.
     pub(crate) fn in_use(&self, value: u64) -> bool {
-        self.live.load(Ordering::Acquire) != 0 && self.lock().by_value.contains_key(&value)
+        self.translated.load(Ordering::Acquire) != 0
+            && self
+                .lock()
+                .by_value
+                .get(&value)
+                .is_some_and(|h| h.real.0 != value)
     }
 
     /// The program's `cuMemCreate` of a device-located handle succeeded (and was charged
@@ -694,4 +701,72 @@ fn move_in(cuda: &Cuda, ledger: &SharedLedger, h: &mut Handle) -> Result<(), CUr
     h.real = dev;
     h.place = Place::Device;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: u64 = 1 << 20;
+
+    fn rw() -> CUmemAccessDesc {
+        CUmemAccessDesc {
+            location: device_location(CUdevice(0)),
+            flags: 3,
+        }
+    }
+
+    fn table_with(size: u64) -> (ProgramVmm, CUmemGenericAllocationHandle) {
+        let t = ProgramVmm::default();
+        let h = CUmemGenericAllocationHandle(0x77);
+        let prop = driver::pinned_prop(device_location(CUdevice(0)));
+        t.created(h, (DeviceIndex(0), CUdevice(0)), size, &prop);
+        (t, h)
+    }
+
+    fn movable_bytes(t: &ProgramVmm) -> u64 {
+        let mut s = Swappable::default();
+        t.swappable(&mut s);
+        s.bytes
+    }
+
+    #[test]
+    fn a_handle_moves_only_mapped_whole_at_offset_0_with_access_on_every_mapping() {
+        let (t, h) = table_with(4 * M);
+        assert_eq!(movable_bytes(&t), 0, "not mapped");
+        t.mapped(0x1000_0000, 2 * M, 2 * M, h); // its second half
+        t.access_set(0x1000_0000, 2 * M, &[rw()], true);
+        assert_eq!(movable_bytes(&t), 0, "not mapped whole at offset 0");
+        t.mapped(0x2000_0000, 4 * M, 0, h);
+        assert_eq!(movable_bytes(&t), 0, "no access on the whole mapping yet");
+        // One call over a range that covers the mapping (and more) counts for it.
+        t.access_set(0x1fe0_0000, 8 * M, &[rw()], true);
+        assert_eq!(movable_bytes(&t), 4 * M);
+        // Access set on part of a mapping: it could not be given back exactly.
+        t.access_set(0x2000_0000, 2 * M, &[rw()], true);
+        assert_eq!(movable_bytes(&t), 0);
+    }
+
+    #[test]
+    fn an_exported_handle_stays_and_values_translate_only_after_a_move() {
+        let (t, h) = table_with(2 * M);
+        t.mapped(0x3000_0000, 2 * M, 0, h);
+        t.access_set(0x3000_0000, 2 * M, &[rw()], true);
+        assert_eq!(t.translate(h), h, "nothing moved: no lookup");
+        assert!(!t.in_use(h.0), "its value is the driver's own, live");
+        t.stays(h, "it was exported to a shareable handle");
+        assert_eq!(movable_bytes(&t), 0);
+    }
+
+    #[test]
+    fn a_tile_pool_handle_never_moves() {
+        let t = ProgramVmm::default();
+        let h = CUmemGenericAllocationHandle(0x78);
+        let mut prop = driver::pinned_prop(device_location(CUdevice(0)));
+        prop.allocFlags.usage = 1;
+        t.created(h, (DeviceIndex(0), CUdevice(0)), 2 * M, &prop);
+        t.mapped(0x4000_0000, 2 * M, 0, h);
+        t.access_set(0x4000_0000, 2 * M, &[rw()], true);
+        assert_eq!(movable_bytes(&t), 0);
+    }
 }
