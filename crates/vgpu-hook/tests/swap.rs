@@ -239,6 +239,36 @@ int main(int argc, char **argv) {
     printf("end\n");
     return 0;
   }
+  if (argv[1][0] == 'w') { /* cycling with the program's own VMM handles: idle, then a copy */
+    NEED(cuMemAddressReserve) NEED(cuMemAddressFree) NEED(cuMemCreate) NEED(cuMemRelease)
+    NEED(cuMemMap) NEED(cuMemUnmap) NEED(cuMemSetAccess)
+    enum { M = 1 << 20 };
+    size_t sz[2] = {16 * M, 8 * M};
+    P h[2], base;
+    CHECK(cuMemAddressReserve(&base, 24 * M, 0, 0, 0));
+    P va[2] = {base, base + 16 * M};
+    struct prop pr = {1, 1, 1, 0, 0, {0, 1, 0}};
+    struct access rw = {1, 0, 3};
+    for (int i = 0; i < 2; i++) {
+      CHECK(cuMemCreate(&h[i], sz[i], &pr, 0));
+      CHECK(cuMemMap(va[i], sz[i], 0, h[i], 0));
+    }
+    CHECK(cuMemSetAccess(base, 24 * M, &rw, 1));
+    for (int i = 0; i < 2; i++) CHECK(cuMemsetD32_v2(va[i], 21 + i, sz[i] / 4));
+    CHECK(cuMemRelease(h[1])); /* alive by its mapping only */
+    CHECK(cuCtxSynchronize());
+    printf("cycling\n");
+    fflush(stdout);
+    for (int k = 0; k < 40; k++) {
+      usleep(60000);
+      long long u = wrong_words(va[0], sz[0], 21) + wrong_words(va[1], sz[1], 22);
+      if (u) { fprintf(stderr, "unwritten=%lld at cycle %d\n", u, k); return 5; }
+    }
+    CHECK(cuMemUnmap(va[0], sz[0])); CHECK(cuMemRelease(h[0])); CHECK(cuMemUnmap(va[1], sz[1]));
+    CHECK(cuMemAddressFree(base, 24 * M));
+    printf("end\n");
+    return 0;
+  }
   if (argv[1][0] == 'm') { /* movable: plain allocations, nothing oversubscribed */
     NEED(cuIpcGetMemHandle)
     P y[3];
@@ -1133,4 +1163,50 @@ fn the_program_s_own_vmm_handles_are_pinned_ahead_of_an_idle_swap_out() {
     );
     p.go();
     p.finish();
+}
+
+#[test]
+fn the_program_s_own_vmm_handles_survive_swap_cycles_and_kills() {
+    // Forty idle spells, each swapped out (24 MiB, one handle released while mapped) and
+    // brought back by the next copy, data checked every time.
+    let p = program();
+    let cache = p.fresh_cache("program-vmm-cycles.cache");
+    let mut cmd = p.hooked(&["w"], &cache);
+    support::small_oversubscribed_device(&mut cmd);
+    let out = cmd
+        .env("VGPU_IDLE_SWAP", "20ms")
+        .env("LIBCUDA_LOG_LEVEL", "3")
+        .env("VGPU_TURN_DIR", "off")
+        .env_remove("VGPU_SWAP_KEEP_HOST")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    let outs = err.matches("swapped out 25165824 bytes").count();
+    assert!(
+        outs >= 10,
+        "only {outs} swap-outs in 40 idle spells:\n{err}"
+    );
+    let snap = UsageTable::open_read_only(&cache).unwrap().snapshot();
+    let d = &snap.devices[0];
+    assert_eq!((d.data, d.host), (0, 0), "{d:?}");
+    // Killed at instants spread over the cycles: nothing of it stays counted.
+    for (k, at_ms) in [41u64, 113, 199, 283, 367, 457].into_iter().enumerate() {
+        let mut p = Scenario::start(
+            &format!("program-vmm-kill{k}"),
+            "w",
+            &[("VGPU_IDLE_SWAP", "20ms"), ("LIBCUDA_LOG_LEVEL", "0")],
+        );
+        p.line("cycling");
+        std::thread::sleep(Duration::from_millis(at_ms));
+        p.kill();
+        let snap = p.table().snapshot();
+        assert!(snap.processes.is_empty(), "{snap:?}");
+        let d = &snap.devices[0];
+        assert_eq!(
+            (d.used, d.data, d.context, d.host),
+            (0, 0, 0, 0),
+            "killed after {at_ms} ms: {d:?}"
+        );
+    }
 }
