@@ -47,6 +47,7 @@ static CUresult (*cuMemUnmap)(P, size_t);
 static CUresult (*cuMemSetAccess)(P, size_t, const void *, size_t);
 static CUresult (*cuMemRetainAllocationHandle)(P *, void *);
 static CUresult (*cuMemExportToShareableHandle)(void *, P, int, unsigned long long);
+static CUresult (*cuMemGetAllocationPropertiesFromHandle)(void *, P);
 static unsigned buf[CHUNK / 4];
 static H the_ctx;
 
@@ -187,7 +188,7 @@ int main(int argc, char **argv) {
     unsigned long long (*dev_used)(int) = dlsym(lib, "vgpusim_device_used");
     if (!dev_used) return 3;
     enum { M = 1 << 20 };
-    NEED(cuMemExportToShareableHandle)
+    NEED(cuMemExportToShareableHandle) NEED(cuMemGetAllocationPropertiesFromHandle)
     /* a: 16 MiB; b: 8 MiB, released while mapped; c: 4 MiB, mapped whole and its second half
        once more; d: 2 MiB, exported (it must stay); e: 2 MiB with a shareable handle type and
        the GPUDirect RDMA flag, as PyTorch's segments, not exported. */
@@ -225,6 +226,13 @@ int main(int argc, char **argv) {
     CHECK(cuMemRetainAllocationHandle(&r, (void *)va[0]));
     printf("retained_is_created=%d\n", r == h[0]);
     CHECK(cuMemRelease(r));
+    /* e's properties and its export through the value cuMemCreate answered (the driver's
+       handle is another by now). */
+    struct prop got = {0};
+    CHECK(cuMemGetAllocationPropertiesFromHandle(&got, h[4]));
+    printf("e_props_kept=%d\n", got.handle_types == 1 && got.flags[1] == 1 && got.loc_type == 1);
+    CHECK(cuMemExportToShareableHandle(&fd, h[4], 1, 0));
+    close(fd);
     pause_at("back");
     /* The program's own handle values, as cuMemCreate answered them. */
     CHECK(cuMemUnmap(va[0], sz[0])); CHECK(cuMemRelease(h[0]));
@@ -1123,6 +1131,11 @@ fn the_program_s_own_vmm_handles_move_and_keep_their_values() {
         p.value("retained_is_created"),
         1,
         "a retain answers the value cuMemCreate did"
+    );
+    assert_eq!(
+        p.value("e_props_kept"),
+        1,
+        "the handle made at the swap-in has the program's properties"
     );
     let back = p.snapshot();
     assert!(!back.processes[0].swapped_out);
