@@ -277,6 +277,37 @@ int main(int argc, char **argv) {
     printf("end\n");
     return 0;
   }
+  if (argv[1][0] == 'r') { /* handle values the driver reuses (VGPU_SIM_REUSE_HANDLES) */
+    NEED(cuMemAddressReserve) NEED(cuMemCreate) NEED(cuMemRelease) NEED(cuMemMap)
+    NEED(cuMemUnmap) NEED(cuMemSetAccess)
+    enum { M = 1 << 20, N = 6 };
+    /* Three handles of different sizes (they come back largest first), then, after a swap,
+       three more: the driver may answer those with values the first three had. */
+    size_t sz[N] = {6 * M, 4 * M, 2 * M, 2 * M, 2 * M, 2 * M};
+    P h[N], va[N], base;
+    CHECK(cuMemAddressReserve(&base, 32 * M, 0, 0, 0));
+    struct prop pr = {1, 0, 1, 0, 0, {0}};
+    struct access rw = {1, 0, 3};
+    for (int i = 0, at = 0; i < N; at += sz[i], i++) va[i] = base + at;
+    for (int i = 0; i < N; i++) {
+      if (i == 3) { CHECK(cuCtxSynchronize()); pause_at("idle"); }
+      CHECK(cuMemCreate(&h[i], sz[i], &pr, 0));
+      CHECK(cuMemMap(va[i], sz[i], 0, h[i], 0));
+      CHECK(cuMemSetAccess(va[i], sz[i], &rw, 1));
+      CHECK(cuMemsetD32_v2(va[i], 41 + i, sz[i] / 4));
+    }
+    int same = 0;
+    for (int i = 0; i < N; i++) for (int j = 0; j < i; j++) same += h[i] == h[j];
+    long long u = 0;
+    for (int i = 0; i < N; i++) u += wrong_words(va[i], sz[i], 41 + i);
+    printf("same_values=%d\nunwritten_after_swap=%lld\n", same, u);
+    int failed = 0;
+    for (int i = 0; i < N; i++) failed += cuMemUnmap(va[i], sz[i]) != 0 || cuMemRelease(h[i]) != 0;
+    printf("failed_frees=%d\n", failed);
+    pause_at("back");
+    printf("end\n");
+    return 0;
+  }
   if (argv[1][0] == 'm') { /* movable: plain allocations, nothing oversubscribed */
     NEED(cuIpcGetMemHandle)
     P y[3];
@@ -1222,4 +1253,43 @@ fn the_program_s_own_vmm_handles_survive_swap_cycles_and_kills() {
             "killed after {at_ms} ms: {d:?}"
         );
     }
+}
+
+#[test]
+fn a_driver_that_reuses_handle_values_never_makes_one_value_name_two_allocations() {
+    let mut p = Scenario::start(
+        "program-vmm-reuse",
+        "r",
+        &[
+            ("VGPU_IDLE_SWAP", "manual"),
+            ("VGPU_SWAP_KEEP_HOST", "0"),
+            ("VGPU_SIM_REUSE_HANDLES", "1"),
+        ],
+    );
+    p.reach("idle");
+    assert!(p.table().request_swap_out().is_some());
+    p.wait_swapped(true, Duration::from_secs(10));
+    p.go();
+    p.reach("back");
+    assert!(
+        p.stderr()
+            .contains("the value of a moved handle of the program's"),
+        "the driver never answered a moved handle's value: the test proves nothing\n{}",
+        p.stderr()
+    );
+    assert_eq!(p.value("same_values"), 0, "two handles share a value");
+    assert_eq!(
+        p.value("unwritten_after_swap"),
+        0,
+        "a handle's data was overwritten"
+    );
+    assert_eq!(p.value("failed_frees"), 0, "{}", p.stderr());
+    let end = p.snapshot();
+    assert_eq!(
+        (end.devices[0].data, end.devices[0].host),
+        (0, 0),
+        "{end:?}"
+    );
+    p.go();
+    p.finish();
 }

@@ -86,6 +86,11 @@ pub struct SimConfig {
     pub nvml_energy_delay_ms: u64,
     /// Log every entry point to stderr.
     pub trace: bool,
+    /// A released `cuMemCreate` handle's value is handed out again by the next `cuMemCreate`
+    /// (`VGPU_SIM_REUSE_HANDLES=1`; default: values are never reused), as a driver whose
+    /// handles are addresses of freed objects may: tests that a moved handle's old value never
+    /// comes to name two allocations.
+    pub reuse_vmm_handles: bool,
 }
 
 /// A malformed variable.
@@ -387,6 +392,7 @@ impl SimConfig {
             power,
             nvml_energy_delay_ms: nvml_energy_delay_ms as u64,
             trace: get("VGPU_SIM_TRACE").is_some_and(|v| v == "1"),
+            reuse_vmm_handles: get("VGPU_SIM_REUSE_HANDLES").is_some_and(|v| v == "1"),
         })
     }
 

@@ -88,6 +88,12 @@ fn unseen_value(
         if !in_use(h.0) {
             break Ok(h);
         }
+        vlog!(
+            INFO,
+            "the driver answered a cuMemCreate with {:#x}, the value of a moved handle of the \
+             program's: asking it for another",
+            h.0
+        );
         held.push(h);
         if held.len() > 8 {
             break Err(CUresult::OUT_OF_MEMORY);

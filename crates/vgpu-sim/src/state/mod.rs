@@ -260,6 +260,8 @@ struct State {
     primary: Vec<Primary>,
     allocs: BTreeMap<u64, Alloc>,
     phys: HashMap<u64, Phys>,
+    /// Ids of freed physical allocations, handed out again under `reuse_vmm_handles`.
+    freed_phys: Vec<u64>,
     vas: BTreeMap<u64, VaRange>,
     maps: BTreeMap<u64, Mapping>,
     pools: HashMap<u64, Pool>,

@@ -622,3 +622,25 @@ fn host_located_memory_refuses_the_gpudirect_rdma_flag_and_shareable_handles() {
         s.mem_release(h).unwrap();
     }
 }
+
+#[test]
+fn vmm_handle_values_come_back_only_when_asked_and_never_while_mapped() {
+    let s = in_context(&[]);
+    let a = s.mem_create(2 << 20, Some(0), [0; 32]).unwrap();
+    s.mem_release(a).unwrap();
+    let b = s.mem_create(2 << 20, Some(0), [0; 32]).unwrap();
+    assert_ne!(a, b, "values are not reused by default");
+    let s = in_context(&[("VGPU_SIM_REUSE_HANDLES", "1")]);
+    let a = s.mem_create(2 << 20, Some(0), [0; 32]).unwrap();
+    let va = s.address_reserve(2 << 20, 0).unwrap();
+    s.mem_map(va, 2 << 20, 0, a).unwrap();
+    s.mem_release(a).unwrap();
+    let b = s.mem_create(2 << 20, Some(0), [0; 32]).unwrap();
+    assert_ne!(
+        a, b,
+        "released but still mapped: the memory and its value live on"
+    );
+    s.mem_unmap(va, 2 << 20).unwrap();
+    let c = s.mem_create(2 << 20, Some(0), [0; 32]).unwrap();
+    assert_eq!(a, c, "freed: its value comes back");
+}

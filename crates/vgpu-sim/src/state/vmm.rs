@@ -55,18 +55,22 @@ impl Sim {
         if dev.is_none() {
             HOST_CREATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        Ok(self.new_handle(
-            tag::VMM,
-            |st| &mut st.phys,
-            Phys {
-                size,
-                dev,
-                mem: Arc::new(mem),
-                prop,
-                refs: 1,
-                maps: 0,
-            },
-        ))
+        let phys = Phys {
+            size,
+            dev,
+            mem: Arc::new(mem),
+            prop,
+            refs: 1,
+            maps: 0,
+        };
+        if self.cfg.reuse_vmm_handles {
+            let mut st = self.st();
+            if let Some(id) = st.freed_phys.pop() {
+                st.phys.insert(id, phys);
+                return Ok(handle(tag::VMM, id));
+            }
+        }
+        Ok(self.new_handle(tag::VMM, |st| &mut st.phys, phys))
     }
 
     pub(super) fn phys_maybe_free(&self, st: &mut State, id: u64) {
@@ -76,6 +80,9 @@ impl Sim {
         {
             let ph = st.phys.remove(&id).expect("present");
             self.give_physical(ph.dev, ph.size);
+            if self.cfg.reuse_vmm_handles {
+                st.freed_phys.push(id);
+            }
         }
     }
 
