@@ -1293,3 +1293,53 @@ fn a_driver_that_reuses_handle_values_never_makes_one_value_name_two_allocations
     p.go();
     p.finish();
 }
+
+#[test]
+fn a_program_handle_whose_move_fails_stays_on_the_device_intact() {
+    // The program maps six times (five handles, one twice); the swap-out's 7th cuMemMap maps
+    // the first handle's host memory at its staging address, the 8th maps it at the handle's
+    // own address; its 2nd cuMemUnmap unmaps the handle's own address (the 1st, the staging
+    // one). Either refused, the handle must be back on its device memory, intact, and the
+    // others move.
+    for (k, fault) in ["cuMemMap:8:2", "cuMemUnmap:2:2"].into_iter().enumerate() {
+        let mut p = Scenario::start(
+            &format!("program-vmm-fault{k}"),
+            "v",
+            &[("VGPU_IDLE_SWAP", "manual"), ("VGPU_SIM_FAULTS", fault)],
+        );
+        p.reach("idle");
+        assert!(p.table().request_swap_out().is_some());
+        let out = p.wait_swapped(true, Duration::from_secs(10));
+        let (data, host) = (out.devices[0].data, out.devices[0].host);
+        assert_eq!(data + host, 32 * MIB, "{fault}: {out:?}");
+        assert!(
+            data > 2 * MIB && host > 0,
+            "{fault}: one more handle stayed: {out:?}"
+        );
+        let log = p.stderr();
+        assert!(
+            log.contains("failed (error 2); it stays on device 0")
+                && !log.contains("could not map the program's memory again"),
+            "{fault}: {log}"
+        );
+        p.go();
+        p.reach("back");
+        assert_eq!(p.value("unwritten_after_swap"), 0, "{fault}: data lost");
+        assert_eq!(
+            p.value("device_used_back"),
+            p.value("device_used_before"),
+            "{fault}: {}",
+            p.stderr()
+        );
+        p.go();
+        p.reach("freed");
+        let end = p.snapshot();
+        assert_eq!(
+            (end.devices[0].data, end.devices[0].host),
+            (0, 0),
+            "{fault}: {end:?}"
+        );
+        p.go();
+        p.finish();
+    }
+}

@@ -596,22 +596,27 @@ fn fill(cuda: &Cuda, h: &Handle, new: CUmemGenericAllocationHandle) -> Result<()
 /// Maps `new` in place of `h.real` at every mapping, with its access. On a failure every
 /// mapping maps `h.real` again, as it did.
 fn remap(cuda: &Cuda, h: &Handle, new: CUmemGenericAllocationHandle) -> Result<(), CUresult> {
+    // `Err((code, true))`: the mapping was unmapped and is empty now.
     let one = |m: &Mapping, to: CUmemGenericAllocationHandle| {
         let p = CUdeviceptr(m.va);
-        driver::unmap(cuda, p, m.size)?;
+        driver::unmap(cuda, p, m.size).map_err(|code| (code, false))?;
         driver::map(cuda, p, m.size, m.offset, to)
-            .and_then(|()| driver::set_access(cuda, p, m.size, &m.access))
-            .inspect_err(|_| {
-                let _ = driver::unmap(cuda, p, m.size);
+            .and_then(|()| {
+                driver::set_access(cuda, p, m.size, &m.access).inspect_err(|_| {
+                    let _ = driver::unmap(cuda, p, m.size);
+                })
             })
+            .map_err(|code| (code, true))
     };
     for (i, m) in h.maps.iter().enumerate() {
-        if let Err(code) = one(m, new) {
-            // Back as it was: the failed one is unmapped, the earlier ones map `new`.
+        if let Err((code, emptied)) = one(m, new) {
+            // Back as it was: the failed one maps the old memory again if it was unmapped,
+            // the earlier ones map the old memory instead of `new`.
             let p = CUdeviceptr(m.va);
-            let mut whole = driver::map(cuda, p, m.size, m.offset, h.real)
-                .and_then(|()| driver::set_access(cuda, p, m.size, &m.access))
-                .is_ok();
+            let mut whole = !emptied
+                || driver::map(cuda, p, m.size, m.offset, h.real)
+                    .and_then(|()| driver::set_access(cuda, p, m.size, &m.access))
+                    .is_ok();
             for m in &h.maps[..i] {
                 whole &= one(m, h.real).is_ok();
             }
