@@ -290,7 +290,7 @@ impl ProgramVmm {
         if h.refs > 0 {
             let _ = driver::mem_release(cuda, real);
         }
-        h.refs += 1;
+        h.refs = h.refs.saturating_add(1);
         Some(value)
     }
 
