@@ -111,10 +111,10 @@ int main(int argc, char **argv) {
   CHECK(cuCtxSetCurrent(ctx));
   CHECK(cuModuleLoadData(&mod, "vgpusim-module: fill spin"));
   CHECK(cuModuleGetFunction(&fill, mod, "fill"));
-  if (argv[1][0] == 'a') { /* allocate chunks until one fails (at most 4) */
-    int n = 0;
+  if (argv[1][0] == 'a') { /* allocate chunks until one fails (at most 4, or aN: N) */
+    int n = 0, most = argv[1][1] ? atoi(argv[1] + 1) : 4;
     CUresult r = 0;
-    for (; n < 4; n++) { P y; if ((r = cuMemAlloc_v2(&y, CHUNK))) break; }
+    for (; n < most; n++) { P y; if ((r = cuMemAlloc_v2(&y, CHUNK))) break; }
     printf("allocated=%d\nlast=%d\n", n, (int)r);
     return 0;
   }
@@ -694,8 +694,42 @@ fn an_urgent_allocation_gets_the_room_an_idle_less_urgent_process_gives_by_swapp
     // buffers and its context: 64 MiB) idles; the taker (priority 0, no host backing, its
     // context 16 MiB) finds room for three chunks, and its fourth is made once the giver
     // swapped out for it.
+    let (stdout, log, _) = urgent_beside_a_giver("trip", &[], 4);
+    assert!(stdout.contains("allocated=4"), "{stdout}\n{log}");
+    assert!(log.contains("room made for 16777216 bytes"), "{log}");
+}
+
+#[test]
+fn an_urgent_allocation_keeps_waiting_while_a_giver_swaps_out_longer_than_an_offer_counts() {
+    // The same pair, but the giver's swap-out pins its host memory afresh at 12 MB/s: its
+    // three buffers leave the device one by one over about 4 s, longer than an offer counts
+    // on the board (3 s). The taker wants all three: each of its allocations beyond the room
+    // waits for the next buffer to leave. Without the giver saying it still gives while it
+    // moves, the third found no offer and failed at once (the H200 did the same with 24 GiB
+    // pinned in 6.6 s: `swap_torch.py --priority`).
+    let (stdout, log, giver) =
+        urgent_beside_a_giver("slow", &[("VGPU_SIM_HOST_PIN_MBPS", "12")], 6);
+    assert!(
+        stdout.contains("allocated=6"),
+        "{stdout}\ntaker:\n{log}\ngiver:\n{giver}"
+    );
+    assert_eq!(
+        log.matches("room made for 16777216 bytes").count(),
+        3,
+        "{log}"
+    );
+}
+
+/// The giver (`giver_extra` added to its environment) and a taker that allocates up to
+/// `chunks` chunks: the taker's stdout and log and the giver's log, once the giver swapped
+/// out and came back intact.
+fn urgent_beside_a_giver(
+    tag: &str,
+    giver_extra: &[(&str, &str)],
+    chunks: u32,
+) -> (String, String, String) {
     const GPU: &str = "GPU-5a1e5130-0000-4000-8000-0000000000cc";
-    let dir = std::env::temp_dir().join(format!("vgpu-rooms-trip-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("vgpu-rooms-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let shared = dir.join("sim-memory");
@@ -710,7 +744,8 @@ fn an_urgent_allocation_gets_the_room_an_idle_less_urgent_process_gives_by_swapp
         ("CUDA_TASK_PRIORITY", "1"),
     ];
     giver_env.extend(common);
-    let mut giver = Scenario::start("giver", "m", &giver_env);
+    giver_env.extend(giver_extra);
+    let mut giver = Scenario::start(&format!("giver-{tag}"), "m", &giver_env);
     giver.reach("idle");
     // Its offer is on the board before the taker starts.
     let board = dir.join(vgpu_shm::room_file_name(GPU));
@@ -727,8 +762,9 @@ fn an_urgent_allocation_gets_the_room_an_idle_less_urgent_process_gives_by_swapp
         std::thread::sleep(Duration::from_millis(50));
     }
     let p = program();
-    let cache = p.fresh_cache("taker.cache");
-    let mut taker = p.hooked(&["a"], &cache);
+    let cache = p.fresh_cache(&format!("taker-{tag}.cache"));
+    let mode = format!("a{chunks}");
+    let mut taker = p.hooked(&[&mode], &cache);
     taker
         .env("CUDA_DEVICE_MEMORY_LIMIT", "256m")
         .env("VGPU_SIM_TOTAL_MEM", "128m")
@@ -744,25 +780,22 @@ fn an_urgent_allocation_gets_the_room_an_idle_less_urgent_process_gives_by_swapp
         .envs(common);
     let out = taker.output().unwrap();
     let (stdout, log) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
     );
     assert!(out.status.success(), "{out:?}");
-    assert!(
-        stdout.contains("allocated=4"),
-        "{stdout}\ntaker:\n{log}\ngiver:\n{}",
-        giver.stderr()
-    );
-    assert!(log.contains("room made for 16777216 bytes"), "{log}");
-    let snap = giver.wait_swapped(true, Duration::from_secs(5));
+    let snap = giver.wait_swapped(true, Duration::from_secs(10));
     assert_eq!(
         snap.devices[0].host,
         3 * CHUNK,
-        "the giver's buffers are in host memory"
+        "the giver's buffers are in host memory\n{stdout}\n{log}\n{}",
+        giver.stderr()
     );
     // The taker has ended: the giver's next call brings its buffers back, intact.
+    let giver_log = giver.stderr();
     giver.back_intact();
     let _ = std::fs::remove_dir_all(&dir);
+    (stdout, log, giver_log)
 }
 
 #[test]

@@ -91,6 +91,10 @@ pub struct SimConfig {
     /// handles are addresses of freed objects may: tests that a moved handle's old value never
     /// comes to name two allocations.
     pub reuse_vmm_handles: bool,
+    /// How fast host-located `cuMemCreate` pins memory, MB/s (`VGPU_SIM_HOST_PIN_MBPS`;
+    /// 0, the default: at once). The H200's host pins 4,600 MB/s (gpu-tests/host_pin_cost.cu):
+    /// a swap-out that pins afresh takes seconds, which tests of what others see meanwhile need.
+    pub host_pin_mbps: u64,
 }
 
 /// A malformed variable.
@@ -352,6 +356,12 @@ impl SimConfig {
                 )
             })?,
         };
+        let host_pin_mbps = int_in(
+            "VGPU_SIM_HOST_PIN_MBPS",
+            0,
+            0..=1_000_000,
+            "expected 0..=1000000",
+        )?;
         let nvml_energy_delay_ms = int_in(
             "VGPU_SIM_NVML_ENERGY_DELAY_MS",
             0,
@@ -393,6 +403,7 @@ impl SimConfig {
             nvml_energy_delay_ms: nvml_energy_delay_ms as u64,
             trace: get("VGPU_SIM_TRACE").is_some_and(|v| v == "1"),
             reuse_vmm_handles: get("VGPU_SIM_REUSE_HANDLES").is_some_and(|v| v == "1"),
+            host_pin_mbps: host_pin_mbps as u64,
         })
     }
 

@@ -414,6 +414,7 @@ impl ProgramVmm {
         ledger: &SharedLedger,
         contexts: &DeviceContexts,
         moved: &mut Moved,
+        progress: &mut dyn FnMut(),
     ) {
         if self.live.load(Ordering::Acquire) == 0 {
             return;
@@ -460,6 +461,7 @@ impl ProgramVmm {
                     h.device.0
                 ),
             }
+            progress();
         }
         self.recount(&t);
     }

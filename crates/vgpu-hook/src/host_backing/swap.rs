@@ -165,8 +165,14 @@ impl HostBacked {
     }
 
     /// Moves every device-resident allocation to host memory at its address; an allocation
-    /// that could not move stays on the device, intact (said in the log).
-    pub(crate) fn swap_out(&self, cuda: &Cuda, ledger: &SharedLedger) -> Moved {
+    /// that could not move stays on the device, intact (said in the log). `progress` runs
+    /// after each allocation (the giver's offer stays fresh while the move takes long).
+    pub(crate) fn swap_out(
+        &self,
+        cuda: &Cuda,
+        ledger: &SharedLedger,
+        progress: &mut dyn FnMut(),
+    ) -> Moved {
         let mut entries = self.lock();
         let mut moved = Moved::default();
         for (&va, e) in entries.iter_mut().filter(|(_, e)| e.place == Place::Device) {
@@ -188,10 +194,11 @@ impl HostBacked {
                     e.device.0
                 ),
             }
+            progress();
         }
         drop(entries);
         self.program
-            .swap_out(cuda, ledger, &self.contexts, &mut moved);
+            .swap_out(cuda, ledger, &self.contexts, &mut moved, progress);
         moved
     }
 

@@ -152,7 +152,11 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
         return Err(NotSwapped::Busy);
     }
     let start = Instant::now();
-    let moved = st.host_backed.swap_out(cuda, st.ledger());
+    let mut giving = room::Giving::start(st);
+    let moved = st
+        .host_backed
+        .swap_out(cuda, st.ledger(), &mut || giving.progress());
+    giving.finish();
     if moved.bytes == 0 {
         gate::reopen(&mut held);
         return Err(NotSwapped::Nothing);

@@ -54,6 +54,9 @@ impl Sim {
         };
         if dev.is_none() {
             HOST_CREATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(us) = size.checked_div(self.cfg.host_pin_mbps) {
+                std::thread::sleep(std::time::Duration::from_micros(us));
+            }
         }
         let phys = Phys {
             size,
