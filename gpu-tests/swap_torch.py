@@ -393,7 +393,13 @@ def run_priority(args):
         line = urgent.stdout.readline()
         result["urgent_ready"] = bool(line)
         result["urgent_ready_s"] = time.perf_counter() - t0
+        # The giver frees the device an allocation at a time, so the urgent one can be ready
+        # before the last of the giver's memory has moved (it is marked swapped at the end).
+        deadline = time.perf_counter() + args.timeout
+        while not swapped(args.vgpu, caches["idle"], idle_pid) and time.perf_counter() < deadline:
+            time.sleep(0.1)
         result["idle_swapped"] = swapped(args.vgpu, caches["idle"], idle_pid)
+        result["idle_swapped_s"] = time.perf_counter() - t0
         if line:
             result["urgent_touch"] = touch(urgent)
             send(urgent, "exit")
