@@ -3,8 +3,8 @@
 //! `shares.rs`, arithmetic in `vgpu-limiter/src/share.rs`).
 //!
 //! Once per publish period the container announces itself on the board (under its lock),
-//! reopens its handle on the board's file and rewrites its record; on the launch path, at
-//! most every demand poll, it reads all records with one `pread` through that handle and,
+//! reopens its handle on the board's file and rewrites its record; on the launch path, once
+//! per board poll (`vgpu_limiter`'s `board_poll`: 5 ms among one priority), it reads all records with one `pread` through that handle and,
 //! when its demand runs out soon, rewrites that one word. Everything read is hostile input:
 //! the shm decoder refuses malformed records and the limiter's arithmetic never lets a record
 //! lower this container's guarantee, nor hold a launch longer than its longest hold.

@@ -48,7 +48,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         .sanitized()
     }
 
-    /// Once per publish period and at most every demand poll: publishes and reads what is
+    /// Once per publish period and once per board poll: publishes and reads what is
     /// due, and computes the plan from the board's records.
     pub(super) fn refresh_plan(&mut self, now: Nanos, pct: u32) -> Plan {
         let claim = self.claim(pct);
