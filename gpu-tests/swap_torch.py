@@ -186,6 +186,15 @@ def wait_until(check, timeout):
     return None
 
 
+def start_filler(args, procs):
+    """A bare filler that leaves `--room` GiB of the GPU free (added to `procs`): it and the
+    bytes it holds."""
+    fill = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "filler", "--room",
+                             str(args.room)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    procs.append(fill)
+    return fill, json.loads(fill.stdout.readline())["held"]
+
+
 def run_pair(args):
     """Two engines of 60% of the room take turns; see the docstring."""
     gib = max(1, int(args.room * 0.6))
@@ -194,10 +203,7 @@ def run_pair(args):
     me = os.path.abspath(__file__)
     procs = []
     try:
-        fill = subprocess.Popen([sys.executable, me, "--role", "filler", "--room", str(args.room)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        procs.append(fill)
-        result["filler_bytes"] = json.loads(fill.stdout.readline())["held"]
+        fill, result["filler_bytes"] = start_filler(args, procs)
         engines = []
         for name in ("a", "b"):
             cache = os.path.join(work, f"{name}.cache")
@@ -369,10 +375,7 @@ def run_priority(args):
     me = os.path.abspath(__file__)
     procs = []
     try:
-        fill = subprocess.Popen([sys.executable, me, "--role", "filler", "--room", str(args.room)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        procs.append(fill)
-        json.loads(fill.stdout.readline())
+        fill, _ = start_filler(args, procs)
         caches = {n: os.path.join(work, f"{n}.cache") for n in ("idle", "urgent")}
         logs = {n: open(os.path.join(work, f"{n}.log"), "w") for n in caches}
         env = engine_env(args, caches["idle"], "manual")

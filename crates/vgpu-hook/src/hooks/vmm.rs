@@ -220,13 +220,10 @@ pub(crate) fn cuMemMap(
         return forward(cuda);
     };
     let program = &st.host_backed.program;
-    let real = program.translate(handle);
-    if real == handle {
-        forward(cuda)?;
-    } else {
+    translated(cuda, program, handle, forward, |real| {
         // SAFETY: the program's arguments, its handle translated (the driver validates all).
-        unsafe { driver::have(cuda.h.cuMemMap)?(ptr, size, offset, real, flags) }.ok()?;
-    }
+        unsafe { driver::have(cuda.h.cuMemMap)?(ptr, size, offset, real, flags) }.ok()
+    })?;
     program.mapped(ptr.0, size as u64, offset as u64, handle);
     Ok(())
 }
@@ -287,16 +284,11 @@ pub(crate) fn cuMemExportToShareableHandle(
         return forward(cuda);
     };
     let program = &st.host_backed.program;
-    let real = program.translate(handle);
-    if real == handle {
-        forward(cuda)?;
-    } else {
+    translated(cuda, program, handle, forward, |real| {
+        let export = driver::have(cuda.h.cuMemExportToShareableHandle)?;
         // SAFETY: the program's arguments, its handle translated.
-        unsafe {
-            driver::have(cuda.h.cuMemExportToShareableHandle)?(shareable, real, handle_type, flags)
-        }
-        .ok()?;
-    }
+        unsafe { export(shareable, real, handle_type, flags) }.ok()
+    })?;
     program.stays(handle, "it was exported to a shareable handle");
     Ok(())
 }
@@ -308,12 +300,13 @@ pub(crate) fn cuMemGetAllocationPropertiesFromHandle(
     handle: CUmemGenericAllocationHandle,
 ) -> Result<(), CUresult> {
     let cuda = real::cuda()?;
-    let real = ready_state().map_or(handle, |st| st.host_backed.program.translate(handle));
-    if real == handle {
+    let Some(st) = ready_state() else {
         return forward(cuda);
-    }
-    // SAFETY: the program's arguments, its handle translated.
-    unsafe { driver::have(cuda.h.cuMemGetAllocationPropertiesFromHandle)?(prop, real) }.ok()
+    };
+    translated(cuda, &st.host_backed.program, handle, forward, |real| {
+        // SAFETY: the program's arguments, its handle translated.
+        unsafe { driver::have(cuda.h.cuMemGetAllocationPropertiesFromHandle)?(prop, real) }.ok()
+    })
 }
 
 /// `cuMulticastBindMem`: the memory handle translated; bound memory is reached through the
@@ -332,18 +325,27 @@ pub(crate) fn cuMulticastBindMem(
         return forward(cuda);
     };
     let program = &st.host_backed.program;
-    let real = program.translate(mem_handle);
-    if real == mem_handle {
-        forward(cuda)?;
-    } else {
+    translated(cuda, program, mem_handle, forward, |real| {
+        let bind = driver::have(cuda.h.cuMulticastBindMem)?;
         // SAFETY: the program's arguments, its memory handle translated.
-        unsafe {
-            driver::have(cuda.h.cuMulticastBindMem)?(
-                mc_handle, mc_offset, real, mem_offset, size, flags,
-            )
-        }
-        .ok()?;
-    }
+        unsafe { bind(mc_handle, mc_offset, real, mem_offset, size, flags) }.ok()
+    })?;
     program.stays(mem_handle, "it is bound to a multicast object");
     Ok(())
+}
+
+/// A call that names the program's VMM `handle`: forwarded as it came while the driver's
+/// handle is the program's value (it never moved), else made by `with_real` with the handle
+/// that holds the memory now.
+fn translated(
+    cuda: &Cuda,
+    program: &crate::host_backing::program_vmm::ProgramVmm,
+    handle: CUmemGenericAllocationHandle,
+    forward: impl Forward,
+    with_real: impl FnOnce(CUmemGenericAllocationHandle) -> Result<(), CUresult>,
+) -> Result<(), CUresult> {
+    match program.translate(handle) {
+        real if real == handle => forward(cuda),
+        real => with_real(real),
+    }
 }
