@@ -197,6 +197,7 @@ pub(crate) mod tests {
             alive,
             suspended,
             swapped_out,
+            kept_host: None,
             devices: vec![ProcessDeviceUsage::default()],
         };
         let snap = TableSnapshot {
@@ -213,6 +214,7 @@ pub(crate) mod tests {
             recent_kernel: 0,
             utilization_switch: 0,
             last_kernel_time: 0,
+            kept_host: None,
         };
         let r = report_from_snapshot(Path::new("/x.cache"), &snap);
         let states: Vec<_> = r.processes.iter().map(|p| (p.state, p.alive)).collect();

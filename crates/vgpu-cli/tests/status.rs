@@ -694,6 +694,7 @@ fn a_file_written_by_hami_core_is_shown_read_only() {
             alive: true,
             suspended: false,
             swapped_out: false,
+            kept_host: None,
             devices: vec![ProcessDeviceUsage {
                 data: 700 * MIB,
                 ..ProcessDeviceUsage::default()
@@ -704,6 +705,7 @@ fn a_file_written_by_hami_core_is_shown_read_only() {
         recent_kernel: 0,
         utilization_switch: 0,
         last_kernel_time: 0,
+        kept_host: None,
     };
     let b = snap.to_hami_core_image();
     let dir = TempDir::new("vgpu-hami").unwrap();

@@ -92,6 +92,7 @@ impl TableSnapshot {
                 alive: status == HAMI_STATUS_RUNNING || status == HAMI_STATUS_SUSPENDED,
                 suspended: status == HAMI_STATUS_SUSPENDED,
                 swapped_out: false,
+                kept_host: None,
                 devices: usage,
             });
         }
@@ -103,6 +104,7 @@ impl TableSnapshot {
             recent_kernel: i32_at(offsets::RECENT_KERNEL),
             utilization_switch: i32_at(offsets::UTILIZATION_SWITCH),
             last_kernel_time: u64_at(offsets::LAST_KERNEL_TIME),
+            kept_host: None,
         })
     }
 

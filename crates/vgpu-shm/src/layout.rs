@@ -88,7 +88,9 @@ pub const EXT_VERSION: u32 = 1;
 /// - 3: [`DeviceRecord::oom_refusals`] (zero padding before: an older file counted none).
 /// - 4: [`ExtHeader::swap_requests`] and [`SlotRecord::swapped_out`] (zero padding before:
 ///   nobody asked for a swap-out, and no process was swapped out).
-pub const EXT_MINOR: u32 = 4;
+/// - 5: [`SlotRecord::kept_ident`] and [`SlotRecord::kept_host`] (the record's trailing
+///   padding before: no process said what host memory it keeps for swap-outs).
+pub const EXT_MINOR: u32 = 5;
 
 /// [`DeviceRecord::host_flags`] bit: host-backed bytes count against the device limit
 /// (`CUDA_OVERSUBSCRIBE`): device-resident plus host-backed stays within limit + spill.
@@ -271,6 +273,17 @@ pub struct SlotRecord {
     pub held: [[AtomicU64; CLASSES]; MAX_DEVICES],
     /// Last SM utilization reported per device (percent), mirrored into HAMi's slot.
     pub sm_util: [AtomicU64; MAX_DEVICES],
+    /// The slot's `ident` when its process zeroed [`SlotRecord::kept_host`] (minor version 5;
+    /// padding, zero, before): the word is that process's figure only while this equals the
+    /// slot's `ident`. A process of an older library never writes either word, so without
+    /// this it would be shown the figure its slot's previous owner left.
+    pub kept_ident: AtomicU64,
+    /// Bytes of pinned host memory the process keeps for its swap-outs that hold none of its
+    /// data now (minor version 5; docs/swap.md "Host memory"): memory a swap-in emptied and
+    /// kept, or pinned ahead of an idle swap-out. Swapped-out data is not in it (it is the
+    /// host class meanwhile), so the two add up to all the host memory swapping holds. For
+    /// readers only (`vgpu status`, the exporter); nothing decides on it.
+    pub kept_host: AtomicU64,
 }
 
 /// When a slot last published its `sm_util` (extension minor version 1).
@@ -394,6 +407,13 @@ const _: () = {
     // Minor version 3 uses padding of DeviceRecord only: the file keeps its length.
     assert!(offset_of!(DeviceRecord, oom_refusals) == 40);
     assert!(size_of::<DeviceRecord>() == 64);
+    // Minor version 5 uses the trailing padding of SlotRecord (32 bytes after `sm_util`):
+    // the record keeps its size, so every slot, the base length and the file stay where
+    // they were.
+    assert!(offset_of!(SlotRecord, sm_util) + MAX_DEVICES * 8 == 544);
+    assert!(offset_of!(SlotRecord, kept_ident) == 544);
+    assert!(offset_of!(SlotRecord, kept_host) == 552);
+    assert!(size_of::<SlotRecord>() == 576);
 };
 
 /// Byte offsets of fields other code (tests, the monitor emulation, validation) needs by number.
@@ -485,6 +505,16 @@ pub mod offsets {
     /// further per slot.
     pub const SLOT_SWAPPED_OUT: usize =
         EXT_OFFSET + offset_of!(Extension, slots) + offset_of!(SlotRecord, swapped_out);
+    /// Size of one slot record.
+    pub const SLOT_STRIDE: usize = size_of::<SlotRecord>();
+    /// Slot 0's kept-host stamp (minor version 5); slot `j`'s is [`SLOT_STRIDE`] further per
+    /// slot.
+    pub const SLOT_KEPT_IDENT: usize =
+        EXT_OFFSET + offset_of!(Extension, slots) + offset_of!(SlotRecord, kept_ident);
+    /// Slot 0's kept host bytes (minor version 5); slot `j`'s is [`SLOT_STRIDE`] further per
+    /// slot.
+    pub const SLOT_KEPT_HOST: usize =
+        EXT_OFFSET + offset_of!(Extension, slots) + offset_of!(SlotRecord, kept_host);
     /// Device `d`'s refusal count is at `DEVICE_OOM_REFUSALS + d * DEVICE_STRIDE`.
     pub const DEVICE_OOM_REFUSALS: usize =
         EXT_OFFSET + offset_of!(Extension, devices) + offset_of!(DeviceRecord, oom_refusals);

@@ -1293,3 +1293,97 @@ fn a_swap_out_charge_moves_between_classes_and_a_new_process_is_not_swapped() {
     assert_eq!((snap.devices[0].used, snap.devices[0].host), (0, 0));
     drop(next);
 }
+
+/// A minor-4 file (an older library's: its processes say nothing of the host memory they
+/// keep for swap-outs) is upgraded in place: the record padding where the kept bytes go reads
+/// as nobody saying anything, whatever it held (even a stamp naming the live process), and
+/// the counts of minors 3 and 4 survive the upgrade.
+#[test]
+fn a_minor_4_file_gains_the_kept_host_words_in_place() {
+    let p = TempPath::new("minor4");
+    let t = UsageTable::open_or_create(&p.0, &init(1000, 2000)).unwrap();
+    let me = t.register_self().unwrap();
+    me.try_reserve(D0, UsageClass::Data, 300).unwrap();
+    t.count_refusal(D0);
+    assert_eq!(t.request_swap_out(), Some(0));
+    let ident = t.ext().slots[me.index()].ident.load(Ordering::SeqCst);
+    drop(t);
+    poke(&p, offsets::EXT_MINOR_VERSION, &4u32.to_le_bytes());
+    let slot = me.index() * offsets::SLOT_STRIDE;
+    poke(&p, offsets::SLOT_KEPT_IDENT + slot, &ident.to_le_bytes());
+    poke(&p, offsets::SLOT_KEPT_HOST + slot, &77u64.to_le_bytes());
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    let snap = ro.snapshot();
+    assert_eq!(
+        (snap.kept_host, snap.processes[0].kept_host),
+        (None, None),
+        "a minor-4 file says nothing of kept memory"
+    );
+    let (again, b) = upgraded(&p, layout::EXT_MINOR);
+    assert_eq!(read_u64(&b, offsets::SLOT_KEPT_IDENT + slot), 0);
+    assert_eq!(read_u64(&b, offsets::SLOT_KEPT_HOST + slot), 0);
+    let snap = again.snapshot();
+    // The file says now (nothing kept); the process already there, an older library's in
+    // the upgraded file, still does not.
+    assert_eq!(
+        (snap.kept_host, snap.processes[0].kept_host),
+        (Some(0), None)
+    );
+    assert_eq!(snap.devices[0].used, 300, "the minor-4 parts survive");
+    assert_eq!(snap.devices[0].oom_refusals, 1, "a count is not padding");
+    assert_eq!(again.swap_requests(), 1);
+    drop((again, ro, me));
+}
+
+/// The kept host bytes are the slot's process's own: they add and subtract exactly (never
+/// below 0), a dead process's read as 0 (its pinned memory went with it), a new process in
+/// the slot starts at 0, and a process of an older library (which never stamps the slot)
+/// says nothing rather than its predecessor's figure.
+#[test]
+fn kept_host_bytes_belong_to_the_slots_process() {
+    let (p, t) = table("kept", 1000, 2000);
+    let [a, b]: [ProcessSlot; 2] = registered(&t);
+    let kept = |s: &crate::TableSnapshot| -> Vec<Option<u64>> {
+        s.processes.iter().map(|p| p.kept_host).collect()
+    };
+    a.add_kept_host(300);
+    a.remove_kept_host(100);
+    b.add_kept_host(50);
+    let snap = t.snapshot();
+    assert_eq!(kept(&snap), [Some(200), Some(50)]);
+    assert_eq!(snap.kept_host, Some(250));
+    let bytes = std::fs::read(&p.0).unwrap();
+    let at = offsets::SLOT_KEPT_HOST + a.index() * offsets::SLOT_STRIDE;
+    assert_eq!(read_u64(&bytes, at), 200, "at its documented offset");
+    b.remove_kept_host(80);
+    assert_eq!(b.kept_host(), 0, "never below zero");
+    let ro = UsageTable::open_read_only(&p.0).unwrap();
+    assert_eq!(ro.snapshot().kept_host, Some(200));
+    let index = a.index();
+    a.simulate_death();
+    let snap = ro.snapshot(); // a read-only view does not sweep: the dead slot is listed
+    assert_eq!(kept(&snap), [Some(0), Some(0)], "{snap:?}");
+    assert!(!snap.processes[0].alive);
+    assert_eq!(t.sweep_dead().unwrap(), 1);
+    let c = t.register_self().unwrap();
+    assert_eq!(c.index(), index, "the freed slot is reused");
+    assert_eq!(c.kept_host(), 0, "a new process keeps nothing yet");
+    c.add_kept_host(10);
+    assert_eq!(ro.snapshot().kept_host, Some(10));
+    // A process of an older library in the slot: a new ident, no stamp of its own.
+    let ident = &t.ext().slots[index].ident;
+    let (generation, state) = crate::protocol::split_ident(ident.load(Ordering::SeqCst));
+    ident.store(
+        crate::protocol::ident_word(generation + 1, state),
+        Ordering::SeqCst,
+    );
+    let snap = ro.snapshot();
+    let older = snap.processes.iter().find(|p| p.slot == index).unwrap();
+    assert_eq!(older.kept_host, None);
+    assert_eq!(snap.kept_host, Some(0));
+    ident.store(
+        crate::protocol::ident_word(generation, state),
+        Ordering::SeqCst,
+    );
+    drop((b, c));
+}

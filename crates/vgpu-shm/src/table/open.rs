@@ -275,8 +275,9 @@ impl UsageTable {
     }
 
     /// Append the parts a valid file of an older minor version lacks (the publish-time table
-    /// after minor 0, the host-backed class after minor 1, the refusal counts after minor 2;
-    /// caller holds the init flock).
+    /// after minor 0, the host-backed class after minor 1, the refusal counts after minor 2,
+    /// the swap words after minor 3, the kept host bytes after minor 4; caller holds the init
+    /// flock).
     /// Everything before them stays as it is, so processes of older libraries that map only
     /// what they know keep working; they never read the new parts.
     fn upgrade(file: &File, len: u64, minor: u32) -> io::Result<Mapping> {
@@ -312,15 +313,27 @@ impl UsageTable {
                 }
             }
         }
-        // Padding before minor 3: older libraries counted no refusal.
-        for d in &ext.devices {
-            d.oom_refusals.store(0, Ordering::Relaxed);
+        // Padding before minor 3: older libraries counted no refusal. (From minor 3 on the
+        // words are counts, which an upgrade keeps.)
+        if minor < 3 {
+            for d in &ext.devices {
+                d.oom_refusals.store(0, Ordering::Relaxed);
+            }
         }
         // Padding before minor 4: nobody asked for a swap-out; no slot is swapped out.
         if minor < 4 {
             ext.header.swap_requests.store(0, Ordering::Relaxed);
             for slot in &ext.slots {
                 slot.swapped_out.store(0, Ordering::Relaxed);
+            }
+        }
+        // Padding before minor 5: a stamp of 0 names no slot's process (live idents carry
+        // state 1), so the processes already in the file are shown as not saying what they
+        // keep, which is true of their libraries.
+        if minor < 5 {
+            for slot in &ext.slots {
+                slot.kept_ident.store(0, Ordering::Relaxed);
+                slot.kept_host.store(0, Ordering::Relaxed);
             }
         }
         ext.header

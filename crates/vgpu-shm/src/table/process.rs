@@ -371,6 +371,39 @@ impl ProcessSlot {
         }
     }
 
+    /// Says in the slot that this process keeps `bytes` more pinned host memory for its
+    /// swap-outs, holding none of its data (docs/swap.md "Host memory"). For readers only
+    /// (`vgpu status`, the exporter): nothing decides on it, so it takes no lock.
+    pub fn add_kept_host(&self, bytes: u64) {
+        self.update_kept_host(|kept| kept.saturating_add(bytes));
+    }
+
+    /// Says in the slot that this process keeps `bytes` less: given back, or filled by a
+    /// swap-out (its bytes are then the host class).
+    pub fn remove_kept_host(&self, bytes: u64) {
+        self.update_kept_host(|kept| kept.saturating_sub(bytes));
+    }
+
+    /// The pinned host memory this process says it keeps for swap-outs.
+    pub fn kept_host(&self) -> u64 {
+        self.table
+            .ext()
+            .slots
+            .get(self.index)
+            .map_or(0, |rec| rec.kept_host.load(Ordering::Relaxed))
+    }
+
+    /// One atomic change of the slot's kept bytes (the process's threads may change it at
+    /// once: a swap-in on one, a free on another). Saturating, so a word someone else
+    /// overwrote never wraps into a huge figure.
+    fn update_kept_host(&self, f: impl Fn(u64) -> u64) {
+        if let Some(rec) = self.table.ext().slots.get(self.index) {
+            let _ = rec
+                .kept_host
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| Some(f(kept)));
+        }
+    }
+
     /// Bytes of host-backed memory this process holds at `device`'s addresses.
     pub fn held_host(&self, device: DeviceIndex) -> u64 {
         self.table

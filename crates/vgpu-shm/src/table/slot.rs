@@ -184,6 +184,10 @@ impl UsageTable {
             rec.start_time.store(start_time, Ordering::Relaxed);
             rec.swapped_out.store(0, Ordering::Relaxed);
             let generation = generation.wrapping_add(1) & 0x7fff_ffff;
+            // The new process keeps no host memory yet, and says so as this slot's process.
+            rec.kept_host.store(0, Ordering::Relaxed);
+            rec.kept_ident
+                .store(ident_word(generation, STATE_LIVE), Ordering::Relaxed);
             if let Some(times) = self.times() {
                 // The new process has published nothing yet.
                 let t = &times.slots[j];

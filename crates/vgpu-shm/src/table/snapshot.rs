@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use vgpu_alloc_core::DeviceIndex;
 
-use crate::layout::HAMI_STATUS_SUSPENDED;
+use crate::layout::{HAMI_STATUS_SUSPENDED, SlotRecord};
 use crate::protocol::{HOST, HostPolicy, STATE_LIVE, Store, split_ident};
 
 use super::fields::read;
@@ -91,6 +91,12 @@ pub struct ProcessSnapshot {
     /// Whether the process has its memory swapped out now (docs/swap.md; false in a file of
     /// an older library, or a HAMi-core file).
     pub swapped_out: bool,
+    /// Bytes of pinned host memory it keeps for its swap-outs, holding none of its data now
+    /// (docs/swap.md "Host memory"; its swapped-out data is `host` meanwhile). 0 for a dead
+    /// process (the memory went with it). `None` when it does not say: a file of an older
+    /// library, a process of one, or a HAMi-core file. Whoever can write the file can write
+    /// it: for display only.
+    pub kept_host: Option<u64>,
     /// Usage per device, `device_num` entries.
     pub devices: Vec<ProcessDeviceUsage>,
 }
@@ -112,6 +118,9 @@ pub struct TableSnapshot {
     pub utilization_switch: i32,
     /// `last_kernel_time`, seconds since the epoch.
     pub last_kernel_time: u64,
+    /// The processes' [`ProcessSnapshot::kept_host`] added up (saturating: a tenant's words
+    /// cannot wrap it); `None` in a file of an older library or a HAMi-core file.
+    pub kept_host: Option<u64>,
 }
 
 impl UsageTable {
@@ -130,8 +139,11 @@ impl UsageTable {
 pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSnapshot {
     let r = st.region;
     let device_num = read::device_num(r) as usize;
+    let minor = st.ext.header.minor_version.load(Ordering::Acquire);
     // The count is there from minor version 3 on; before, the word is padding.
-    let counts_refusals = st.ext.header.minor_version.load(Ordering::Acquire) >= 3;
+    let counts_refusals = minor >= 3;
+    // So are the kept host bytes from minor version 5 on.
+    let says_kept = minor >= 5;
     let mut devices: Vec<DeviceSnapshot> = (0..device_num)
         .map(|d| DeviceSnapshot {
             index: d as u32,
@@ -190,19 +202,27 @@ pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSna
             .unwrap_or_else(|| rec.hostpid.load(Ordering::Relaxed));
         let suspended =
             mirror.is_some_and(|p| p.status.load(Ordering::Relaxed) == HAMI_STATUS_SUSPENDED);
+        let alive = st.probe_slot_alive(j);
         processes.push(ProcessSnapshot {
             slot: j,
             hami_index,
             pid,
             hostpid,
             start_time: rec.start_time.load(Ordering::Relaxed),
-            alive: st.probe_slot_alive(j),
+            alive,
             suspended,
             swapped_out: rec.swapped_out.load(Ordering::Relaxed) != 0,
+            kept_host: kept_host(rec, ident, alive).filter(|_| says_kept),
             devices: (0..device_num).map(usage).collect(),
         });
     }
     processes.sort_by_key(|p| p.hami_index);
+    let kept_total = says_kept.then(|| {
+        processes
+            .iter()
+            .filter_map(|p| p.kept_host)
+            .fold(0, u64::saturating_add)
+    });
     TableSnapshot {
         devices,
         processes,
@@ -211,5 +231,19 @@ pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSna
         recent_kernel: r.recent_kernel.load(Ordering::Relaxed),
         utilization_switch: r.utilization_switch.load(Ordering::Relaxed),
         last_kernel_time: r.last_kernel_time.load(Ordering::Relaxed),
+        kept_host: kept_total,
     }
+}
+
+/// Slot `rec`'s kept host bytes, if the process holding it (`ident`) wrote them: 0 once it
+/// is dead, since pinned memory goes with its process.
+fn kept_host(rec: &SlotRecord, ident: u64, alive: bool) -> Option<u64> {
+    let own = rec.kept_ident.load(Ordering::Relaxed) == ident;
+    own.then(|| {
+        if alive {
+            rec.kept_host.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    })
 }
