@@ -1255,6 +1255,10 @@ fn a_minor_3_file_gains_the_swap_words_in_place() {
     poke(&p, offsets::SLOT_SWAPPED_OUT, &1u32.to_le_bytes());
     let ro = UsageTable::open_read_only(&p.0).unwrap();
     assert_eq!(ro.swap_requests(), 0, "padding is no request");
+    assert!(
+        !ro.snapshot().processes[0].swapped_out,
+        "padding is no swapped process"
+    );
     assert_eq!(ro.request_swap_out(), None, "a read-only view asks nothing");
     let (again, b) = upgraded(&p, layout::EXT_MINOR);
     assert_eq!(read_i32(&b, offsets::EXT_SWAP_REQUESTS), 0);

@@ -142,6 +142,8 @@ pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSna
     let minor = st.ext.header.minor_version.load(Ordering::Acquire);
     // The count is there from minor version 3 on; before, the word is padding.
     let counts_refusals = minor >= 3;
+    // The swapped-out word from minor version 4 on.
+    let says_swapped = minor >= 4;
     // So are the kept host bytes from minor version 5 on.
     let says_kept = minor >= 5;
     let mut devices: Vec<DeviceSnapshot> = (0..device_num)
@@ -211,7 +213,7 @@ pub(crate) fn picture(st: &Mapped<'_>, times: Option<&PublishTimes>) -> TableSna
             start_time: rec.start_time.load(Ordering::Relaxed),
             alive,
             suspended,
-            swapped_out: rec.swapped_out.load(Ordering::Relaxed) != 0,
+            swapped_out: says_swapped && rec.swapped_out.load(Ordering::Relaxed) != 0,
             kept_host: kept_host(rec, ident, alive).filter(|_| says_kept),
             devices: (0..device_num).map(usage).collect(),
         });
