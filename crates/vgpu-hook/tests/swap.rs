@@ -324,6 +324,7 @@ int main(int argc, char **argv) {
     printf("unwritten_after_swap=%lld\n", u);
     pause_at("back");
     for (int i = 0; i < 3; i++) CHECK(cuMemFree_v2(y[i]));
+    if (argv[1][1] == 'f') pause_at("freed"); /* mf: the test looks once they are freed */
     printf("end\n");
     return 0;
   }
@@ -621,6 +622,111 @@ fn host_memory_kept_for_a_swap_out_gives_way_to_the_program_s_data() {
     assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
     assert_eq!(p.value("data_alloc"), 0, "{}", p.stderr());
     assert_eq!(p.value("data_unwritten"), 0);
+    assert_eq!(
+        kept(&p.snapshot()),
+        (Some(0), Some(0)),
+        "the kept memory went"
+    );
+    p.go();
+    p.finish();
+}
+
+/// What a snapshot says of the pinned host memory kept for swap-outs (docs/swap.md, "Host
+/// memory"): the first process's figure and the file's.
+fn kept(snap: &TableSnapshot) -> (Option<u64>, Option<u64>) {
+    (
+        snap.processes.first().and_then(|p| p.kept_host),
+        snap.kept_host,
+    )
+}
+
+/// The host memory kept between swaps is in the shared file, exactly: none before the first
+/// swap, none while it holds the swapped data (the host class counts that), the buffer's size
+/// once a swap-in emptied and kept it, and none once the process is gone.
+#[test]
+fn host_memory_kept_between_swaps_is_in_the_shared_file() {
+    let mut p = Scenario::start("kept", "plain", &[("VGPU_IDLE_SWAP", "manual")]);
+    resident(&mut p, false);
+    assert_eq!(kept(&p.snapshot()), (Some(0), Some(0)));
+    assert!(p.table().request_swap_out().is_some());
+    let out = p.wait_swapped(true, Duration::from_secs(10));
+    assert_eq!(
+        (out.devices[0].host, kept(&out)),
+        (CHUNK, (Some(0), Some(0))),
+        "while it holds the data, it is the host class"
+    );
+    p.go();
+    p.reach("back");
+    let back = p.snapshot();
+    assert_eq!(
+        (back.devices[0].host, kept(&back)),
+        (0, (Some(CHUNK), Some(CHUNK))),
+        "emptied by the swap-in and kept: {}",
+        p.stderr()
+    );
+    let cache = p.cache.clone();
+    p.go();
+    p.finish();
+    let gone = UsageTable::open_read_only(&cache).unwrap().snapshot();
+    assert_eq!(kept(&gone), (None, Some(0)), "{gone:?}");
+}
+
+#[test]
+fn without_keeping_host_memory_none_is_in_the_shared_file() {
+    let mut p = Scenario::start(
+        "kept-off",
+        "plain",
+        &[("VGPU_IDLE_SWAP", "manual"), ("VGPU_SWAP_KEEP_HOST", "0")],
+    );
+    resident(&mut p, false);
+    assert!(p.table().request_swap_out().is_some());
+    p.wait_swapped(true, Duration::from_secs(10));
+    p.go();
+    p.reach("back");
+    assert_eq!(kept(&p.snapshot()), (Some(0), Some(0)), "{}", p.stderr());
+    p.go();
+    p.finish();
+}
+
+/// Freeing the allocations gives their kept host memory back, and the file says so.
+#[test]
+fn freed_allocations_take_their_kept_host_memory_out_of_the_shared_file() {
+    let mut p = Scenario::start(
+        "kept-freed",
+        "mf",
+        &[("VGPU_IDLE_SWAP", "manual"), ("VGPU_SWAP_MOVABLE", "1")],
+    );
+    p.reach("idle");
+    assert!(p.table().request_swap_out().is_some());
+    p.wait_swapped(true, Duration::from_secs(10));
+    p.go();
+    p.reach("back");
+    assert_eq!(kept(&p.snapshot()), (Some(3 * CHUNK), Some(3 * CHUNK)));
+    p.go();
+    p.reach("freed");
+    assert_eq!(kept(&p.snapshot()), (Some(0), Some(0)), "{}", p.stderr());
+    p.go();
+    p.finish();
+}
+
+/// Host memory pinned ahead of an idle swap-out is kept memory until the swap-out fills it.
+#[test]
+fn host_memory_pinned_ahead_is_in_the_shared_file_until_the_swap_out_fills_it() {
+    // Pinned after half of the 2 s, swapped out after all of it: a second to look.
+    let mut p = Scenario::start("kept-ahead", "plain", &[("VGPU_IDLE_SWAP", "2s")]);
+    resident(&mut p, false);
+    p.wait_logged(
+        "pinned 16777216 bytes of host memory ahead of a swap-out",
+        Duration::from_secs(10),
+    );
+    let ahead = p.snapshot();
+    assert!(!ahead.processes[0].swapped_out, "looked too late");
+    assert_eq!(kept(&ahead), (Some(CHUNK), Some(CHUNK)));
+    p.swapped_into_memory_pinned_ahead();
+    assert_eq!(kept(&p.snapshot()), (Some(0), Some(0)));
+    p.go();
+    p.reach("back");
+    assert_eq!(kept(&p.snapshot()), (Some(CHUNK), Some(CHUNK)));
     p.go();
     p.finish();
 }
@@ -1204,8 +1310,18 @@ fn the_program_s_own_vmm_handles_move_and_keep_their_values() {
     let back = p.snapshot();
     assert!(!back.processes[0].swapped_out);
     assert_eq!((back.devices[0].data, back.devices[0].host), (32 * M, 0));
+    assert_eq!(
+        kept(&back),
+        (Some(30 * M), Some(30 * M)),
+        "the emptied host memory"
+    );
     p.go();
     p.reach("freed");
+    assert_eq!(
+        kept(&p.snapshot()),
+        (Some(0), Some(0)),
+        "released with the handles"
+    );
     assert_ne!(p.value("released_again"), 0, "a second release is refused");
     assert_eq!(
         p.value("device_used_before") - p.value("device_used_end"),

@@ -144,7 +144,7 @@ pub(crate) fn cuMemRelease(
     let Some(st) = ready_state() else {
         return forward(cuda);
     };
-    match st.host_backed.program.release(cuda, handle)? {
+    match st.host_backed.program.release(cuda, st.ledger(), handle)? {
         Released::Gone => {
             let _ = st.alloc.release_record(AllocationKind::VmmHandle, handle.0);
             Ok(())
@@ -234,7 +234,8 @@ pub(crate) fn vmm_unmapped(cuda: &Cuda, ptr: CUdeviceptr, size: usize) -> Result
     let Some(st) = ready_state() else {
         return Ok(());
     };
-    for value in st.host_backed.program.unmapped(cuda, ptr.0, size as u64) {
+    let program = &st.host_backed.program;
+    for value in program.unmapped(cuda, st.ledger(), ptr.0, size as u64) {
         let _ = st.alloc.release_record(AllocationKind::VmmHandle, value);
     }
     Ok(())

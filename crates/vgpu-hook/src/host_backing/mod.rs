@@ -33,8 +33,10 @@ use crate::real::Cuda;
 
 mod contexts;
 pub(crate) mod program_vmm;
+mod spare;
 pub(crate) mod swap;
 pub(crate) use contexts::DeviceContexts;
+use spare::Spare;
 
 /// Where an entry's address maps now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,11 +61,11 @@ struct Backed {
     /// In host memory because a swap-out moved it there (docs/swap.md): the swap-in brings it
     /// back, and until then the move back at a synchronize leaves it to the swap-in.
     swapped: bool,
-    /// The pinned host memory its last swap-in emptied, kept for its next swap-out
-    /// (`VGPU_SWAP_KEEP_HOST`): creating it is the slow part of a swap-out. Always exactly
-    /// `size` bytes (the swap-out maps it in the allocation's place). Not charged in the
-    /// shared file (it holds none of the container's data); the memory cgroup counts it.
-    spare: Option<CUmemGenericAllocationHandle>,
+    /// The pinned host memory its last swap-in emptied (or pinned ahead), kept for its next
+    /// swap-out (`VGPU_SWAP_KEEP_HOST`): creating it is the slow part of a swap-out. Not
+    /// charged in the shared file's classes (it holds none of the container's data), only
+    /// shown as the slot's kept bytes; the memory cgroup counts it.
+    spare: Spare,
 }
 
 /// This process's host-backed allocations.
@@ -208,25 +210,22 @@ impl HostBacked {
     /// Whether the host lets this process pin `size` more bytes for the program's data,
     /// after giving back the host memory kept for swap-outs if that is what stands in the
     /// way; logs why not.
-    fn host_room(&self, cuda: &Cuda, size: u64) -> bool {
+    fn host_room(&self, cuda: &Cuda, ledger: &SharedLedger, size: u64) -> bool {
         let short = host_headroom().is_some_and(|room| room < size.saturating_add(HOST_RESERVE));
         if !short {
             return true;
         }
         // Short: the kept memory goes, and the cgroup is read again (its refusal logged).
-        self.release_spares(cuda);
+        self.release_spares(cuda, ledger);
         Self::host_allows(size)
     }
 
     /// Gives back the host memory kept for swap-outs (`Backed::spare`): the program's data
     /// comes before a faster swap-out. The bytes given back.
-    fn release_spares(&self, cuda: &Cuda) -> u64 {
-        let mut bytes = self.program.release_spares(cuda);
+    fn release_spares(&self, cuda: &Cuda, ledger: &SharedLedger) -> u64 {
+        let mut bytes = self.program.release_spares(cuda, ledger);
         for e in self.lock().values_mut() {
-            if let Some(h) = e.spare.take() {
-                let _ = driver::mem_release(cuda, h);
-                bytes += e.size;
-            }
+            bytes += e.spare.release(cuda, ledger, e.size);
         }
         if bytes > 0 {
             vlog!(
@@ -275,7 +274,7 @@ impl HostBacked {
                 place,
                 seq,
                 swapped: false,
-                spare: None,
+                spare: Spare::default(),
             },
         );
         self.live.fetch_add(1, Ordering::Release);
@@ -295,7 +294,7 @@ impl HostBacked {
         let prop = driver::pinned_prop(host_location());
         let gran = granularity(cuda, &prop);
         let size = round_up(bytes.max(1), gran).ok_or(CUresult::OUT_OF_MEMORY)?;
-        if !self.host_room(cuda, size) {
+        if !self.host_room(cuda, ledger, size) {
             return Err(CUresult::OUT_OF_MEMORY);
         }
         ledger.try_reserve_host(device, size).map_err(|oom| {
@@ -311,7 +310,7 @@ impl HostBacked {
             e
         };
         let (va, handle) = match map_fresh(cuda, size, gran, ordinal, || {
-            create_on_host(cuda, size, 0, &|| self.release_spares(cuda) > 0)
+            create_on_host(cuda, size, 0, &|| self.release_spares(cuda, ledger) > 0)
         }) {
             Ok(m) => m,
             Err(failed) => {
@@ -367,16 +366,14 @@ impl HostBacked {
     }
 
     /// Unmaps and frees a removed entry and gives its charge back.
-    fn release(&self, cuda: &Cuda, ledger: &SharedLedger, ptr: CUdeviceptr, e: Backed) {
+    fn release(&self, cuda: &Cuda, ledger: &SharedLedger, ptr: CUdeviceptr, mut e: Backed) {
         self.live.fetch_sub(1, Ordering::Release);
         if e.place == Place::Host {
             self.on_host.fetch_sub(1, Ordering::Release);
         }
         let _ = driver::unmap(cuda, ptr, e.size);
         let _ = driver::mem_release(cuda, e.handle);
-        if let Some(spare) = e.spare {
-            let _ = driver::mem_release(cuda, spare);
-        }
+        e.spare.release(cuda, ledger, e.size);
         let _ = driver::address_free(cuda, ptr, e.size);
         match e.place {
             Place::Host => ledger.release_host(e.device, e.size),
@@ -487,7 +484,7 @@ impl HostBacked {
     ) -> Result<CUmemGenericAllocationHandle, CUresult> {
         let host = driver::pinned_prop(host_location());
         let size = round_up(size, granularity(cuda, &host)).ok_or(CUresult::OUT_OF_MEMORY)?;
-        if !self.host_room(cuda, size) {
+        if !self.host_room(cuda, ledger, size) {
             return Err(CUresult::OUT_OF_MEMORY);
         }
         ledger
@@ -497,7 +494,7 @@ impl HostBacked {
                 CUresult::OUT_OF_MEMORY
             })?;
         match create_on_host(cuda, size, prop.requestedHandleTypes, &|| {
-            self.release_spares(cuda) > 0
+            self.release_spares(cuda, ledger) > 0
         }) {
             Ok(h) => {
                 self.vmm_handles

@@ -23,7 +23,7 @@ use vgpu_alloc_core::{DeviceIndex, OutOfMemory, UsageClass, UsageLedger};
 use vgpu_cuda_abi::*;
 
 use super::swap::{Moved, Swappable, in_context};
-use super::{DeviceContexts, Place, create_on_host, device_location, granularity};
+use super::{DeviceContexts, Place, Spare, create_on_host, device_location, granularity};
 use crate::driver;
 use crate::ledger::SharedLedger;
 use crate::log::{INFO, WARN, vlog};
@@ -77,9 +77,9 @@ struct Handle {
     refs: u32,
     /// Why it never moves, if it must not (another process may map it).
     stays: Option<&'static str>,
-    /// Pinned host memory its last swap-in emptied, kept for its next swap-out
-    /// (`VGPU_SWAP_KEEP_HOST`, as `Backed::spare`).
-    spare: Option<CUmemGenericAllocationHandle>,
+    /// Pinned host memory its last swap-in emptied (or pinned ahead), kept for its next
+    /// swap-out (`VGPU_SWAP_KEEP_HOST`, as `Backed::spare`).
+    spare: Spare,
 }
 
 impl Handle {
@@ -217,7 +217,7 @@ impl ProgramVmm {
                 maps: Vec::new(),
                 refs: 1,
                 stays,
-                spare: None,
+                spare: Spare::default(),
             },
         );
         self.recount(&t);
@@ -245,6 +245,7 @@ impl ProgramVmm {
     pub(crate) fn release(
         &self,
         cuda: &Cuda,
+        ledger: &SharedLedger,
         value: CUmemGenericAllocationHandle,
     ) -> Result<Released, CUresult> {
         if self.live.load(Ordering::Acquire) == 0 {
@@ -264,16 +265,14 @@ impl ProgramVmm {
         if h.refs > 0 || !h.maps.is_empty() {
             return Ok(Released::Kept);
         }
-        self.forget(&mut t, cuda, value.0);
+        self.forget(&mut t, cuda, ledger, value.0);
         Ok(Released::Gone)
     }
 
-    fn forget(&self, t: &mut Table, cuda: &Cuda, value: u64) {
-        if let Some(h) = t.by_value.remove(&value) {
+    fn forget(&self, t: &mut Table, cuda: &Cuda, ledger: &SharedLedger, value: u64) {
+        if let Some(mut h) = t.by_value.remove(&value) {
             t.by_real.remove(&h.real.0);
-            if let Some(s) = h.spare {
-                let _ = driver::mem_release(cuda, s);
-            }
+            h.spare.release(cuda, ledger, h.size);
         }
         self.recount(t);
     }
@@ -329,7 +328,13 @@ impl ProgramVmm {
 
     /// The program unmapped `[va, va + size)`: the handles whose memory went with it (released
     /// by the program before), whose charge the caller gives back.
-    pub(crate) fn unmapped(&self, cuda: &Cuda, va: u64, size: u64) -> Vec<u64> {
+    pub(crate) fn unmapped(
+        &self,
+        cuda: &Cuda,
+        ledger: &SharedLedger,
+        va: u64,
+        size: u64,
+    ) -> Vec<u64> {
         if self.live.load(Ordering::Acquire) == 0 {
             return Vec::new();
         }
@@ -345,7 +350,7 @@ impl ProgramVmm {
             }
         }
         for &value in &gone {
-            self.forget(&mut t, cuda, value);
+            self.forget(&mut t, cuda, ledger, value);
         }
         gone
     }
@@ -506,7 +511,7 @@ impl ProgramVmm {
             match back {
                 Ok(()) => {
                     if keep_host {
-                        h.spare = Some(old);
+                        h.spare.keep(cuda, ledger, old, h.size);
                     } else {
                         let _ = driver::mem_release(cuda, old);
                     }
@@ -525,7 +530,12 @@ impl ProgramVmm {
     /// none kept (as `HostBacked::pin_ahead`: created with no lock held, kept if the handle
     /// is still there, resident and without): the bytes pinned, `None` if there was nothing
     /// to do or the pinning failed.
-    pub(crate) fn pin_ahead(&self, cuda: &Cuda, contexts: &DeviceContexts) -> Option<u64> {
+    pub(crate) fn pin_ahead(
+        &self,
+        cuda: &Cuda,
+        ledger: &SharedLedger,
+        contexts: &DeviceContexts,
+    ) -> Option<u64> {
         if self.live.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -545,7 +555,7 @@ impl ProgramVmm {
         let mut t = self.lock();
         match t.by_value.get_mut(&value) {
             Some(h) if h.real == real && h.place == Place::Device && h.spare.is_none() => {
-                h.spare = Some(pinned);
+                h.spare.keep(cuda, ledger, pinned, size);
                 Some(size)
             }
             _ => {
@@ -557,16 +567,13 @@ impl ProgramVmm {
     }
 
     /// Gives back the host memory kept for swap-outs: the bytes.
-    pub(crate) fn release_spares(&self, cuda: &Cuda) -> u64 {
+    pub(crate) fn release_spares(&self, cuda: &Cuda, ledger: &SharedLedger) -> u64 {
         if self.live.load(Ordering::Acquire) == 0 {
             return 0;
         }
         let mut bytes = 0;
         for h in self.lock().by_value.values_mut() {
-            if let Some(s) = h.spare.take() {
-                let _ = driver::mem_release(cuda, s);
-                bytes += h.size;
-            }
+            bytes += h.spare.release(cuda, ledger, h.size);
         }
         bytes
     }
@@ -644,7 +651,7 @@ fn move_out(cuda: &Cuda, ledger: &SharedLedger, h: &mut Handle) -> Result<(), CU
     let undo = || ledger.release_host(h.device, h.size);
     let host = match h
         .spare
-        .take()
+        .take(ledger, h.size)
         .map_or_else(|| create_on_host(cuda, h.size, 0, &|| false), Ok)
     {
         Ok(x) => x,

@@ -125,7 +125,7 @@ impl HostBacked {
     /// has none kept: created with no lock held (about 0.3 s per GiB on the H200), then kept
     /// with the allocation if that is still there and still without. The bytes pinned, `None`
     /// if there was nothing to do or the pinning failed.
-    pub(crate) fn pin_ahead(&self, cuda: &Cuda) -> Option<u64> {
+    pub(crate) fn pin_ahead(&self, cuda: &Cuda, ledger: &SharedLedger) -> Option<u64> {
         let (va, size, handle, ctx) = {
             let entries = self.lock();
             let Some((&va, e)) = entries
@@ -135,7 +135,7 @@ impl HostBacked {
             else {
                 // The hook's own are done: the program's handles next.
                 drop(entries);
-                return self.program.pin_ahead(cuda, &self.contexts);
+                return self.program.pin_ahead(cuda, ledger, &self.contexts);
             };
             (va, e.size, e.handle, e.context)
         };
@@ -153,7 +153,7 @@ impl HostBacked {
                     && e.place == Place::Device
                     && e.spare.is_none() =>
             {
-                e.spare = Some(pinned);
+                e.spare.keep(cuda, ledger, pinned, size);
                 Some(size)
             }
             _ => {
@@ -236,7 +236,7 @@ impl HostBacked {
                 Ok(emptied) => {
                     // Kept, its next swap-out copies at link speed instead of pinning afresh.
                     if keep_host {
-                        e.spare = Some(emptied);
+                        e.spare.keep(cuda, ledger, emptied, e.size);
                     } else {
                         let _ = driver::mem_release(cuda, emptied);
                     }
@@ -274,7 +274,7 @@ fn move_out(
     let undo_charge = || ledger.release_host(e.device, e.size);
     let host_handle = match e
         .spare
-        .take()
+        .take(ledger, e.size)
         .map_or_else(|| create_on_host(cuda, e.size, 0, &|| false), Ok)
     {
         Ok(h) => h,

@@ -197,7 +197,7 @@ pub(crate) fn pin_ahead(budget: Duration) -> bool {
         if movable(st).is_err() {
             break false;
         }
-        match st.host_backed.pin_ahead(cuda) {
+        match st.host_backed.pin_ahead(cuda, st.ledger()) {
             Some(b) => {
                 bytes += b;
                 count += u32::from(b > 0);
