@@ -24,6 +24,11 @@ pub struct StatusReport {
     /// When a kernel was last launched under this file (HAMi's `last_kernel_time`), seconds
     /// since the epoch; `null` when none was recorded.
     pub last_kernel_unix_s: Option<u64>,
+    /// Pinned host memory the container's processes keep for their swap-outs beyond their
+    /// swapped data (`VGPU_SWAP_KEEP_HOST`, docs/swap.md "Host memory"; the swapped data
+    /// itself is `host_backed_bytes`), bytes; `null` when the file does not say (a library
+    /// before extension minor 5, a HAMi-core file). What a tenant wrote: shown, never used.
+    pub swap_kept_host_bytes: Option<u64>,
 }
 
 /// One device of the file.
@@ -138,6 +143,9 @@ pub struct ProcessStatus {
     pub state: &'static str,
     /// Bytes in use over all devices.
     pub memory_used_bytes: u64,
+    /// Pinned host memory it keeps for its swap-outs beyond its swapped data, bytes (0 once
+    /// dead); `null` when it does not say (its library, or the file's, is older).
+    pub swap_kept_host_bytes: Option<u64>,
     /// Devices it uses (those with non-zero usage or utilization).
     pub devices: Vec<ProcessDevice>,
 }
@@ -233,6 +241,7 @@ pub(crate) mod tests {
                     alive: true,
                     state: "running",
                     memory_used_bytes: 832 << 20,
+                    swap_kept_host_bytes: Some(0),
                     devices: vec![ProcessDevice {
                         index: 0,
                         memory_used_bytes: 832 << 20,
@@ -249,10 +258,12 @@ pub(crate) mod tests {
                     alive: false,
                     state: "dead",
                     memory_used_bytes: 0,
+                    swap_kept_host_bytes: Some(0),
                     devices: vec![],
                 },
             ],
             last_kernel_unix_s: Some(1_700_000_000),
+            swap_kept_host_bytes: Some(0),
         }
     }
 
@@ -266,5 +277,15 @@ pub(crate) mod tests {
         assert_eq!(v["processes"][1]["host_pid"], serde_json::Value::Null);
         assert_eq!(v["processes"][1]["alive"], false);
         assert_eq!(v["processes"][0]["devices"][0]["data_bytes"], 768u64 << 20);
+        assert_eq!(v["swap_kept_host_bytes"], 0);
+        assert_eq!(v["processes"][0]["swap_kept_host_bytes"], 0);
+        let mut older = sample();
+        older.swap_kept_host_bytes = None;
+        let v: serde_json::Value = serde_json::from_str(&older.render_json()).unwrap();
+        assert_eq!(
+            v["swap_kept_host_bytes"],
+            serde_json::Value::Null,
+            "not said: null"
+        );
     }
 }

@@ -86,6 +86,26 @@ pub(crate) fn write_process_rows(
     }
 }
 
+/// The pinned host memory process `p` keeps for swap-outs, on the first of its rows (`d`
+/// its device, `None` for a process using none) when there is any: it is the process's, not
+/// a device's, so it is said once; a dead process keeps none (its memory went with it).
+pub(crate) fn kept_on_row(p: &ProcessStatus, d: Option<&ProcessDevice>) -> Option<u64> {
+    let first = d.is_none_or(|d| p.devices.first().is_some_and(|f| std::ptr::eq(f, d)));
+    p.swap_kept_host_bytes
+        .filter(|&kept| p.alive && first && kept > 0)
+}
+
+/// The line `status` says the container's kept host memory in, if it keeps any.
+fn kept_line(kept: Option<u64>) -> Option<String> {
+    kept.filter(|&k| k > 0).map(|k| {
+        format!(
+            "host memory kept for swap-outs: {} pinned beyond the swapped data \
+             (VGPU_SWAP_KEEP_HOST)",
+            format_bytes(k)
+        )
+    })
+}
+
 fn pct(used: u64, limit: Option<u64>) -> String {
     percent_of(used, limit).map_or_else(String::new, |p| format!(" ({p}%)"))
 }
@@ -186,11 +206,17 @@ impl StatusReport {
                 );
             }
         }
+        if let Some(line) = kept_line(self.swap_kept_host_bytes) {
+            let _ = writeln!(out, "{line}");
+        }
         write_process_rows(
             &mut out,
             &self.processes,
             &STATUS_COLUMNS,
             |out, p, host, d| {
+                let kept = kept_on_row(p, d).map_or_else(String::new, |k| {
+                    format!("  + {} kept for swap-outs", format_bytes(k))
+                });
                 let note = if p.alive {
                     ""
                 } else {
@@ -199,7 +225,7 @@ impl StatusReport {
                 let Some(d) = d else {
                     let _ = writeln!(
                         out,
-                        "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}{note}",
+                        "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>7}{kept}{note}",
                         p.pid, host, p.state, "-", "0 B", "-"
                     );
                     return;
@@ -211,7 +237,7 @@ impl StatusReport {
                 };
                 let _ = writeln!(
                     out,
-                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{backed}{note}",
+                    "{:>8}  {:>8}  {:<9}  {:>3}  {:>12}  {:>6}%{backed}{kept}{note}",
                     p.pid,
                     host,
                     p.state,
@@ -305,6 +331,34 @@ mod tests {
                     && l.ends_with(&format!(" {}", 256u64 << 20))),
             "{metrics}"
         );
+    }
+
+    /// The host memory kept for swap-outs is said once for the container and once per
+    /// process (on its first row), and only where there is some.
+    #[test]
+    fn host_memory_kept_for_swap_outs_is_said_once_per_container_and_process() {
+        let mut r = sample();
+        let text = r.render_text();
+        assert!(!text.contains("kept for swap-outs"), "none kept: {text}");
+        r.swap_kept_host_bytes = Some(48 << 20);
+        r.processes[0].swap_kept_host_bytes = Some(48 << 20);
+        let second = ProcessDevice {
+            index: 1,
+            ..r.processes[0].devices[0].clone()
+        };
+        r.processes[0].devices.push(second);
+        let text = r.render_text();
+        assert!(
+            text.contains(
+                "host memory kept for swap-outs: 48 MiB pinned beyond the swapped data \
+                 (VGPU_SWAP_KEEP_HOST)"
+            ),
+            "{text}"
+        );
+        let rows: Vec<&str> = text.lines().filter(|l| l.contains("4242")).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        assert!(rows[0].ends_with("  + 48 MiB kept for swap-outs"), "{text}");
+        assert!(!rows[1].contains("kept"), "{text}");
     }
 
     #[test]

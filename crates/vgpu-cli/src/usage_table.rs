@@ -91,6 +91,7 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
                     .iter()
                     .map(|d| d.memory_used_bytes)
                     .fold(0, u64::saturating_add),
+                swap_kept_host_bytes: p.kept_host,
                 devices,
             }
         })
@@ -101,6 +102,7 @@ pub fn report_from_snapshot(cache: &Path, snap: &TableSnapshot) -> StatusReport 
         devices,
         processes,
         last_kernel_unix_s: (snap.last_kernel_time != 0).then_some(snap.last_kernel_time),
+        swap_kept_host_bytes: snap.kept_host,
     }
 }
 

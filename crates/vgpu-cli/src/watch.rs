@@ -17,7 +17,7 @@ use crate::Failure;
 use crate::cli::WatchArgs;
 use crate::report::StatusReport;
 use crate::signals;
-use crate::status::{ProcessColumns, write_device_rows, write_process_rows};
+use crate::status::{ProcessColumns, kept_on_row, write_device_rows, write_process_rows};
 use crate::units::{counted, format_local_time, percent_of, rfc3339_local};
 use crate::untrusted;
 use crate::usage_table::read;
@@ -253,11 +253,20 @@ fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) ->
             }
         },
     );
+    if let Some(kept) = r.swap_kept_host_bytes.filter(|&k| k > 0) {
+        let _ = writeln!(
+            out,
+            "kept for swap-outs: {} of pinned host memory beyond the swapped data",
+            short_bytes(kept)
+        );
+    }
     write_process_rows(
         &mut out,
         &r.processes,
         &WATCH_COLUMNS,
         |out, proc, host, d| {
+            let kept = kept_on_row(proc, d)
+                .map_or_else(String::new, |k| format!("  kept {}", short_bytes(k)));
             let (dev, mem, sm) = match d {
                 Some(d) => (
                     d.index.to_string(),
@@ -267,7 +276,7 @@ fn render_body(r: &StatusReport, previous: Option<&StatusReport>, p: Palette) ->
                 None => ("-".into(), "0 B".into(), "-".into()),
             };
             let line = format!(
-                "{:>8}  {:>8}  {:<9}  {dev:>3}  {mem:>10}  {sm:>6}",
+                "{:>8}  {:>8}  {:<9}  {dev:>3}  {mem:>10}  {sm:>6}{kept}",
                 proc.pid, host, proc.state
             );
             let _ = if proc.alive {
@@ -393,10 +402,18 @@ mod tests {
                 borrowed_ms: 99_999_000,
             }),
         }];
+        // The widest kept figures, on the container's line and a process's row.
+        r.swap_kept_host_bytes = Some((1 << 30) - 1);
+        r.processes[0].swap_kept_host_bytes = Some((1 << 30) - 1);
         let text = render_body(&r, None, Palette::new(false));
         for line in text.lines() {
             assert!(line.chars().count() <= 80, "{} columns: {line}", line.len());
         }
+        assert!(
+            text.contains("kept for swap-outs: 1024 MiB of pinned host memory")
+                && text.contains("12%  kept 1024 MiB\n"),
+            "{text}"
+        );
         assert!(text.contains("GPU-ffffffff"), "{text}");
         assert!(text.contains("still counted"), "{text}");
         assert!(

@@ -324,6 +324,69 @@ fn swap_out_writes_a_request_and_status_shows_a_swapped_process() {
     assert!(!missing.exists());
 }
 
+/// What a process says it keeps pinned for its swap-outs (docs/swap.md "Host memory") is
+/// shown by `status` (text and JSON), `watch` and the exporter, for the container and for the
+/// process, and goes when the process gives it back.
+#[test]
+fn host_memory_kept_for_swap_outs_is_shown_by_status_watch_and_the_exporter() {
+    let (dir, path) = fresh_table("vgpu-kept");
+    let table = UsageTable::open_existing(&path).unwrap();
+    let me = table.register_self().unwrap();
+    let kept = |v: &serde_json::Value| {
+        (
+            v["swap_kept_host_bytes"].clone(),
+            v["processes"][0]["swap_kept_host_bytes"].clone(),
+        )
+    };
+    assert_eq!(kept(&status_json(&path)), (0.into(), 0.into()));
+    me.add_kept_host(48 * MIB);
+    assert_eq!(
+        kept(&status_json(&path)),
+        ((48 * MIB).into(), (48 * MIB).into())
+    );
+    let mut cmd = vgpu();
+    cache_args(&mut cmd, &["status"], &path);
+    run(cmd).assert_stdout_has(&[
+        "host memory kept for swap-outs: 48 MiB pinned beyond the swapped data",
+        "  + 48 MiB kept for swap-outs",
+    ]);
+    let mut cmd = vgpu();
+    cache_args(&mut cmd, &["watch", "--count", "1"], &path);
+    run(cmd).assert_stdout_has(&[
+        "kept for swap-outs: 48 MiB of pinned host memory beyond the swapped data",
+        "  kept 48 MiB",
+    ]);
+    let exporter = Exporter::start(
+        vgpu(),
+        &[
+            "--cache",
+            &format!("{}/*.cache", dir.path().display()),
+            "--per-process",
+        ],
+    );
+    let (status, body) =
+        vgpu_cli::http::get(&exporter.addr, "/metrics", Duration::from_secs(5)).unwrap();
+    drop(exporter);
+    assert_eq!(status, 200);
+    let c = format!("cache=\"{}\"", path.display());
+    for want in [
+        format!("vgpu_swap_kept_host_bytes{{{c}}} {}", 48 * MIB),
+        format!(
+            "vgpu_process_swap_kept_host_bytes{{{c},pid=\"{}\",host_pid=\"\"}} {}",
+            std::process::id(),
+            48 * MIB
+        ),
+    ] {
+        assert!(
+            body.lines().any(|l| l == want),
+            "missing {want:?} in\n{body}"
+        );
+    }
+    me.remove_kept_host(48 * MIB);
+    assert_eq!(kept(&status_json(&path)), (0.into(), 0.into()));
+    drop(me);
+}
+
 #[test]
 fn set_limit_changes_the_live_file() {
     let (_dir, path) = fresh_table("vgpu-setlimit");

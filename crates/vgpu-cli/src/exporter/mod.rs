@@ -198,6 +198,8 @@ mod tests {
         ];
         // This container in share mode.
         with_turns.devices[0].turns[0].share = Some(crate::report::tests::sample_share());
+        with_turns.swap_kept_host_bytes = Some(48 << 20);
+        with_turns.processes[0].swap_kept_host_bytes = Some(48 << 20);
         let results = vec![
             scraped("/tmp/x.cache", Ok(with_turns)),
             scraped("/tmp/bad\"name", Err("not a usage file".to_owned())),
@@ -244,6 +246,11 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(
+            text.contains("vgpu_swap_kept_host_bytes{cache=\"/tmp/x.cache\"} 50331648\n"),
+            "{text}"
+        );
+        assert!(text.contains("vgpu_process_swap_kept_host_bytes{cache=\"/tmp/x.cache\",pid=\"42\",host_pid=\"4242\"} 50331648\n"), "{text}");
         assert!(text.contains("vgpu_build_info{version=\""), "{text}");
         // A file outside the plugins' layout has no pod: no HAMi series for it.
         assert!(!text.contains("hami_vgpu_memory_used_bytes{"), "{text}");
@@ -274,6 +281,32 @@ mod tests {
         for line in text.lines().filter(|l| l.starts_with("# HELP ")) {
             assert!(!line.contains('\\') && !line.chars().any(crate::untrusted::is_unsafe));
         }
+    }
+
+    /// A file or a process that does not say what it keeps for swap-outs (an older library)
+    /// has no sample, rather than a 0 nobody measured.
+    #[test]
+    fn kept_host_memory_nobody_said_has_no_sample() {
+        let mut r = crate::report::tests::sample();
+        r.swap_kept_host_bytes = None;
+        r.processes[0].swap_kept_host_bytes = None;
+        let opts = Options {
+            per_process: true,
+            ..Options::default()
+        };
+        let text = render(
+            &[scraped("/tmp/x.cache", Ok(r))],
+            &BTreeMap::new(),
+            None,
+            opts,
+            0,
+        );
+        assert!(text.contains("# HELP vgpu_swap_kept_host_bytes "), "{text}");
+        assert!(!text.contains("vgpu_swap_kept_host_bytes{"), "{text}");
+        assert!(
+            !text.contains("vgpu_process_swap_kept_host_bytes{cache=\"/tmp/x.cache\",pid=\"42\""),
+            "{text}"
+        );
     }
 
     #[test]

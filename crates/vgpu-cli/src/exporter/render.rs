@@ -116,6 +116,14 @@ const FAMILIES: &[(Set, &str, &str, &str)] = &[
     ),
     (
         Set::Vgpu,
+        "vgpu_swap_kept_host_bytes",
+        "gauge",
+        "Pinned host memory the container's processes keep for swap-outs beyond their swapped \
+         data (VGPU_SWAP_KEEP_HOST), bytes; the swapped data is in vgpu_device_host_backed_bytes \
+         (no sample for a usage file of a library that does not say).",
+    ),
+    (
+        Set::Vgpu,
         "vgpu_device_oom_refusals_total",
         "counter",
         "Allocations on the device the memory limit refused (out of memory), all processes, \
@@ -210,6 +218,12 @@ const FAMILIES: &[(Set, &str, &str, &str)] = &[
         "vgpu_process_swapped_out",
         "gauge",
         "1 while the process has its movable device memory swapped out to host memory.",
+    ),
+    (
+        Set::PerProcess,
+        "vgpu_process_swap_kept_host_bytes",
+        "gauge",
+        "Pinned host memory one process keeps for swap-outs beyond its swapped data, bytes.",
     ),
     (
         Set::Hami,
@@ -568,6 +582,10 @@ fn vgpu_samples(s: &mut Samples, opts: Options, base: &[(&str, &str)], report: &
             );
         }
     }
+    // A tenant's own figure: shown as it says it, never used for anything.
+    if let Some(kept) = report.swap_kept_host_bytes {
+        s.add("vgpu_swap_kept_host_bytes", base, kept);
+    }
     if !opts.per_process {
         return;
     }
@@ -582,6 +600,9 @@ fn vgpu_samples(s: &mut Samples, opts: Options, base: &[(&str, &str)], report: &
             &pl,
             u64::from(p.state == "swapped"),
         );
+        if let Some(kept) = p.swap_kept_host_bytes {
+            s.add("vgpu_process_swap_kept_host_bytes", &pl, kept);
+        }
         for d in &p.devices {
             let index = d.index.to_string();
             let mut l = pl.clone();
