@@ -78,6 +78,9 @@ WARM_TIMEOUT_S = 180.0
 EXIT_TIMEOUT_S = 60.0  # after the window's end
 HARD_GRACE_S = 30.0  # past the budget, the current run is killed and the bench ends
 STDERR_TAIL = 3000
+# The vgpu tenants' lines kept in the JSON: the limiter's counters, its launch timing (diagnostic
+# builds) and, with --log-level 4, its heaviest identities.
+LIMITER_LINES = ("limiter stats", "limiter costs", "launch timing", ": identity 0x")
 HAMI_PID_FAILED = ("SET_TASK_PID FAILED", "host pid is error", "HOST PID NOT FOUND",
                    "Skipped host PID detection")
 
@@ -205,7 +208,8 @@ class Bench:
         os.makedirs(turns)
         procs, envs, files = [], [], []
         for i, t in enumerate(unit.tenants):
-            env = sc.tenant_env(os.environ, unit.mode, t, self.libs, os.path.join(d, f"c{i}.cache"), turns)
+            env = sc.tenant_env(os.environ, unit.mode, t, self.libs, os.path.join(d, f"c{i}.cache"), turns,
+                                self.args.log_level)
             kind_argv = fake_argv(t, unit.mode, len(unit.tenants), self.fail) if self.args.fake else [t.kind, *t.args]
             if self.args.fake and "LD_PRELOAD" in env:
                 env["FAKE_LD_PRELOAD"] = env.pop("LD_PRELOAD")  # nothing to preload into a sleeper
@@ -351,7 +355,7 @@ class Bench:
         counters and, under HAMi-core, whether it found the host pid it limits by."""
         text = read(L.files[i][1])
         out = {"returncode": L.procs[i].poll(), "stderr_tail": text[-STDERR_TAIL:],
-               "limiter_stats": [l for l in text.splitlines() if "limiter stats" in l or "limiter costs" in l or "launch timing" in l][-8:]}
+               "limiter_stats": [l for l in text.splitlines() if any(k in l for k in LIMITER_LINES)][-24:]}
         if L.unit.mode == "hami":
             out["hami_pid_found"] = not any(s in text for s in HAMI_PID_FAILED)
         return out
@@ -514,6 +518,9 @@ def parse(argv=None):
     p.add_argument("--fake", action="store_true", help="sleeping tenants and a fake NVML (no GPU)")
     p.add_argument("--fake-fail", action="append", help=argparse.SUPPRESS)  # WORKLOAD=PHASE, tests
     p.add_argument("--plan-only", action="store_true", help="print the plan and exit")
+    p.add_argument("--log-level", type=int, choices=(3, 4), default=3,
+                   help="vgpu tenants' LIBCUDA_LOG_LEVEL: 4 keeps each limiter's heaviest identities "
+                        "with their samples in the JSON")
     p.add_argument("--no-overlap", action="store_true",
                    help="start a run's tenants only after the previous run (no imports beside a "
                         "measured window; slower)")

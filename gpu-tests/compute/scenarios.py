@@ -80,10 +80,12 @@ class Libraries:
     hami: str = None  # HAMi-core's libvgpu.so
 
 
-def tenant_env(base, mode, tenant, libs, cache, turn_dir):
+def tenant_env(base, mode, tenant, libs, cache, turn_dir, log_level=3):
     """The environment of `tenant` in `mode`: `base` (the runner's) less CLEARED, plus the
     mode's variables. `cache` is the tenant's own shared file (one per tenant: each tenant is a
-    container), `turn_dir` the unit's fresh turn directory (shared by its tenants)."""
+    container), `turn_dir` the unit's fresh turn directory (shared by its tenants). vgpu's
+    `log_level`: 3 says the limiter's counters at exit (kept in the JSON), 4 its heaviest
+    identities with their samples as well."""
     env = {k: v for k, v in base.items() if k not in CLEARED}
     env["PYTHONUNBUFFERED"] = "1"
     # torch.cuda.is_available() through NVML, not cudaGetDeviceCount: no cuInit (where
@@ -112,7 +114,7 @@ def tenant_env(base, mode, tenant, libs, cache, turn_dir):
         env["CUDA_REDIRECT"] = lib
         return env
     env["VGPU_TURN_DIR"] = turn_dir
-    env["LIBCUDA_LOG_LEVEL"] = "3"  # the limiter's counters at exit, kept in the JSON
+    env["LIBCUDA_LOG_LEVEL"] = str(log_level)
     if mode in ("vgpu-share", "vgpu-prio"):
         env["VGPU_SM_MODE"] = "share"
     if mode == "vgpu-prio" and tenant.priority is not None:

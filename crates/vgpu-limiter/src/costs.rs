@@ -255,6 +255,24 @@ pub struct CostProfile {
     pub by_smallest: f64,
 }
 
+/// One identity as the table holds it, for the limiter's report at exit (the heaviest by
+/// charged time): whether its samples agree, or a few long ones set its estimate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdentityReport {
+    /// The identity.
+    pub id: LaunchId,
+    /// Launches charged.
+    pub launches: u64,
+    /// Its learned cost (the estimate less the drain), ns.
+    pub cost: f64,
+    /// Its clean samples, ns, oldest first within the window's order.
+    pub chained: Vec<f64>,
+    /// Its samples whose span may hold the submission latency, ns.
+    pub fresh: Vec<f64>,
+    /// Outliers in a row not yet believed.
+    pub outliers: u32,
+}
+
 impl CostTable {
     /// The learned GPU time of a launch of `id`, ns.
     pub fn cost(&self, id: LaunchId) -> Option<f64> {
@@ -523,6 +541,29 @@ impl CostTable {
         p
     }
 
+    /// The `n` identities that were charged the most time (launches × cost), heaviest first.
+    pub fn heaviest(&self, n: usize) -> Vec<IdentityReport> {
+        let mut v: Vec<IdentityReport> = self
+            .ids
+            .iter()
+            .filter_map(|(&id, e)| {
+                let cost = self.less_drain(estimate_of(e, self.latency)?);
+                Some(IdentityReport {
+                    id,
+                    launches: e.launches,
+                    cost,
+                    chained: e.chained.v[..e.chained.n].to_vec(),
+                    fresh: e.fresh.v[..e.fresh.n].to_vec(),
+                    outliers: e.outliers,
+                })
+            })
+            .collect();
+        let weight = |r: &IdentityReport| r.launches as f64 * r.cost;
+        v.sort_by(|a, b| weight(b).total_cmp(&weight(a)));
+        v.truncate(n);
+        v
+    }
+
     fn evict(&mut self) {
         if let Some((&id, _)) = self.ids.iter().min_by_key(|(_, e)| e.used) {
             self.ids.remove(&id);
@@ -774,5 +815,28 @@ mod tests {
         // A span shorter than the drain charges nothing more, never less than nothing.
         assert_eq!(t.within_span(80_000.0, 1_000.0), 0.0);
         assert_eq!(t.within_span(80_000.0, f64::NAN), 80_000.0);
+    }
+
+    #[test]
+    fn the_report_names_the_identities_charged_most_with_their_samples() {
+        let mut t = CostTable::default();
+        for _ in 0..SAMPLES {
+            t.sample(1, 10_000.0, true);
+            t.sample(2, 50_000.0, false);
+            t.sample(3, 1_000.0, true);
+        }
+        for (id, n) in [(1, 100), (2, 40), (3, 500)] {
+            for _ in 0..n {
+                t.charge(id);
+            }
+        }
+        // Charged: 2 ms (40 x 50 us), 1 ms (100 x 10 us), 0.5 ms (500 x 1 us).
+        let r = t.heaviest(2);
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].id, r[0].launches), (2, 40));
+        assert_eq!((r[0].chained.len(), r[0].fresh.len()), (0, SAMPLES));
+        assert_eq!((r[1].id, r[1].launches), (1, 100));
+        assert_eq!(r[1].chained, vec![10_000.0; SAMPLES]);
+        assert_eq!(t.heaviest(10).len(), 3);
     }
 }

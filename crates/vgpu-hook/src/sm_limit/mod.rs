@@ -63,7 +63,7 @@ use vgpu_limiter::{Admission, LaunchId, Limiter, LimiterConfig, Policy, SmMode, 
 use vgpu_shm::ProcessSlot;
 
 use crate::ledger::SharedLedger;
-use crate::log::{INFO, vlog};
+use crate::log::{DEBUG, INFO, vlog};
 use crate::published::Published;
 use board::BoardView;
 use heartbeat::Heartbeat;
@@ -271,6 +271,29 @@ impl SmLimiter {
                 c.by_estimate / 1e6,
                 c.by_smallest / 1e6
             );
+            // Which identities the charge rests on, and whether their samples agree (a few
+            // long samples setting an estimate is contention inside samples, not work).
+            if crate::log::enabled(DEBUG) {
+                for r in l.heaviest_identities(12) {
+                    let us = |v: &[f64]| {
+                        v.iter()
+                            .map(|x| format!("{:.1}", x / 1e3))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    };
+                    vlog!(
+                        DEBUG,
+                        "device {d}: identity {:#x}: {} launches at {:.1} us; clean [{}] gapped \
+                         [{}] us; outliers in a row {}",
+                        r.id,
+                        r.launches,
+                        r.cost / 1e3,
+                        us(&r.chained),
+                        us(&r.fresh),
+                        r.outliers
+                    );
+                }
+            }
         }
     }
 

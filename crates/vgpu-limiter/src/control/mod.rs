@@ -257,6 +257,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         self.costs.profile()
     }
 
+    /// The `n` identities charged the most time, with their samples (for the report at exit).
+    pub fn heaviest_identities(&self, n: usize) -> Vec<crate::costs::IdentityReport> {
+        self.costs.heaviest(n)
+    }
+
     /// The learned cost of launches of `id`, ns.
     pub fn launch_cost(&self, id: LaunchId) -> Option<f64> {
         self.costs.cost(id)
