@@ -313,6 +313,23 @@ def table(s, rows):
     return lines
 
 
+def cap_ideal(s, rows):
+    """The sum of thr % a scenario's tenants would make at exactly min(their cap, their alone
+    GPU %): what cap mode can give at best if sharing cost the GPU nothing (plain time slicing
+    is not held to the caps, so it can be above it). None where a tenant is a service, has no
+    cap, or has no alone figure."""
+    alone = rows.get(ALONE)
+    if alone is None or any(t.service or t.sm is None for t in s.tenants):
+        return None
+    total = 0.0
+    for t, f in zip(s.tenants, alone["tenants"]):
+        busy = f.get("share_a")
+        if not busy:
+            return None
+        total += min(100.0, 100.0 * t.sm / busy)
+    return total
+
+
 LEGEND = ("Medians over rounds; each round's figures against the same round's alone runs (no "
           "hook, nothing else on the GPU). thr % alone: steps (or requests) per second as a "
           "percentage of alone (alone rows: 100 and the rate). GPU % (a): thr % × the alone "
@@ -334,6 +351,10 @@ def report(summary, scenarios, meta):
         limits = ", ".join(t.label for t in s.tenants)
         out += [f"## {s.name}: {s.about}", "", f"Tenants: {limits}.", ""]
         out += table(s, summary[s.name])
+        ideal = cap_ideal(s, summary[s.name])
+        if ideal is not None and ({"vgpu-cap", "hami"} & set(summary[s.name])):
+            out += ["", f"cap-ideal sum thr %: {ideal:.1f} (each tenant at exactly min(its cap, "
+                        "its alone GPU %): cap mode's best if sharing cost the GPU nothing)"]
         out.append("")
     if meta.get("skipped"):
         out += ["## Not run", ""] + [f"- {x}" for x in meta["skipped"]] + [""]

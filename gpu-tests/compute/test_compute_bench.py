@@ -332,6 +332,10 @@ class Figures(unittest.TestCase):
         lines = measure.table(s, summary)
         self.assertEqual(len(lines), 2 + 3)
         self.assertIn("| vgpu-share | 32.0 | 28.8 |", lines[-1])
+        # x keeps the GPU 90% busy alone, y 50%: at caps of 30 and 70, 33.3% and all of y's.
+        self.assertAlmostEqual(measure.cap_ideal(s, summary), 100 * 30 / 90 + 100)
+        svc = sc.Scenario("p", (sc.Tenant("svc-gpt-b1", 50, 0), sc.Tenant("matmul-4096", 50, 1)))
+        self.assertIsNone(measure.cap_ideal(svc, summary))
 
     def test_a_service_row_marks_a_lower_bound_when_requests_were_left_waiting(self):
         s = sc.Scenario("p", (sc.Tenant("svc-gpt-b1", 50, 0), sc.Tenant("matmul-4096", 50, 1)),
