@@ -12,23 +12,15 @@
 //! A sample is exact but for two things, each handled here:
 //! - **Preemption** makes a sample long by another context's slice (milliseconds against a
 //!   kernel's microseconds): such an *outlier* is kept out of the identity's window unless
-//!   it keeps coming (the work changed).
-//! - **One identity, several costs.** One kernel with one grid can serve launches of
-//!   different cost (layers with the same output shape and a different reduction; on the H200
-//!   a ResNet-18's identity launched five times a step had samples at 17–18 and 33–39 µs). The
-//!   charge must be right over the launches, so the estimate is the **mean** of the identity's
-//!   last samples in the order they were taken, whatever their kind: samples are picked at
-//!   random among its launches, so their mean follows the mix of its launches (a median picks
-//!   one kind of launch; a window per kind of sample weights them by kind, and whether a
-//!   sample is clean follows where its launch falls in a step). The window follows the clock
-//!   as well (a kernel's time moves by ~10% with the GPU's power management).
+//!   it keeps coming (the work changed), and the estimate is the median of the window, which
+//!   follows the clock (a kernel's time moves by ~10% as the GPU's power management moves
+//!   its clock; the smallest sample would undercharge by that).
 //! - **Submission latency**: a start marker the GPU reaches before the launch call has handed
 //!   the kernel over (an idle stream, or queued work that ran out during the call) completes
 //!   early, and the span holds up to the call's few microseconds. A *clean* sample (its start
 //!   marker still pending when the call returned: the limiter's segments check it) has none.
-//!   Identities seen both ways give the process's latency (the difference of the medians of
-//!   their clean and their other samples, averaged), which is taken off the others (never more
-//!   than half of one).
+//!   Identities seen both ways give the process's latency (the difference of their medians,
+//!   averaged), which is taken off the others (never more than half of one).
 //!
 //! - **The bracket's drain**: an end marker is stamped only once the work ahead of it has
 //!   drained, which back-to-back kernels overlap with their neighbours' launches, so a
@@ -73,11 +65,8 @@ impl Hasher for IdHasher {
     }
 }
 
-/// Samples an identity is measured with before it is resampled only now and then.
+/// Samples kept per identity; the estimate is their median.
 const SAMPLES: usize = 4;
-/// Samples kept per identity, the latest in the order they were taken; the estimate is
-/// their mean.
-const WINDOW: usize = 2 * SAMPLES;
 /// Identities remembered; the least recently used goes first. A training or serving loop
 /// launches a few hundred to a few thousand distinct kernels.
 const MAX_IDS: usize = 4096;
@@ -119,8 +108,10 @@ const DRAINS: usize = 16;
 
 #[derive(Debug, Clone)]
 struct Entry {
-    /// Its latest samples, in the order they were taken.
-    window: Ring<Sample, WINDOW>,
+    /// Recent clean samples (exact but for preemption and the drain), ns.
+    chained: Ring<SAMPLES>,
+    /// Recent samples whose span may hold part of the submission latency, ns.
+    fresh: Ring<SAMPLES>,
     /// Launches since the last sample.
     unsampled: u32,
     /// Outlier samples in a row, not yet believed.
@@ -135,46 +126,33 @@ struct Entry {
     launches: u64,
 }
 
-/// One sample's span and whether it is clean (no submission latency in it).
-#[derive(Debug, Clone, Copy, Default)]
-struct Sample {
-    span: f64,
-    clean: bool,
-}
-
 #[derive(Debug, Clone, Copy)]
-struct Ring<T, const N: usize> {
-    v: [T; N],
+struct Ring<const N: usize> {
+    v: [f64; N],
     n: usize,
     next: usize,
 }
 
-impl<T: Copy + Default, const N: usize> Default for Ring<T, N> {
+impl<const N: usize> Default for Ring<N> {
     fn default() -> Self {
         Self {
-            v: [T::default(); N],
+            v: [0.0; N],
             n: 0,
             next: 0,
         }
     }
 }
 
-impl<T: Copy, const N: usize> Ring<T, N> {
-    fn push(&mut self, x: T) {
+impl<const N: usize> Ring<N> {
+    fn push(&mut self, x: f64) {
         self.v[self.next] = x;
         self.next = (self.next + 1) % N;
         self.n = (self.n + 1).min(N);
     }
 
-    /// What it holds (in storage order).
-    fn held(&self) -> &[T] {
-        &self.v[..self.n]
-    }
-}
-
-impl<const N: usize> Ring<f64, N> {
-    /// The lower median of the figures kept (the drain's: a segment that held another
-    /// context's slice makes its figure low, and the median keeps it out).
+    /// The lower median of the samples kept: robust to one inflated sample in the window,
+    /// and close to the typical sample (the smallest would undercharge by the clock's
+    /// variation).
     fn median(&self) -> Option<f64> {
         let mut v = self.v;
         let v = &mut v[..self.n];
@@ -227,7 +205,7 @@ pub struct CostTable {
     /// Samples taken so far: behind queued work, from an idle stream, kept out as outliers.
     taken: [u64; 3],
     /// Recent back-to-back segments' figures of the bracket's drain, ns.
-    drains: Ring<f64, DRAINS>,
+    drains: Ring<DRAINS>,
     /// The bracket's drain: their median, at least 0.
     drain: f64,
 }
@@ -334,7 +312,7 @@ impl CostTable {
                     }
                 };
                 // Filling a new identity's window is a one-time cost; resampling is rationed.
-                let filling = e.window.n < SAMPLES;
+                let filling = e.chained.n + e.fresh.n < SAMPLES;
                 (
                     true,
                     sampled,
@@ -475,7 +453,8 @@ impl CostTable {
         self.stamp += 1;
         let stamp = self.stamp;
         let e = self.ids.entry(id).or_insert_with(|| Entry {
-            window: Ring::default(),
+            chained: Ring::default(),
+            fresh: Ring::default(),
             unsampled: 0,
             outliers: 0,
             cached: None,
@@ -498,19 +477,19 @@ impl CostTable {
             }
             // The work changed: what was learned before no longer holds.
             e.cached = None;
-            e.window = Ring::default();
+            e.chained = Ring::default();
+            e.fresh = Ring::default();
         }
         e.outliers = 0;
         e.cached = None;
         self.taken[usize::from(!chained)] += 1;
-        e.window.push(Sample {
-            span,
-            clean: chained,
-        });
-        // The medians of the two kinds differ by the latency; a difference that is negative
-        // or too large means the window holds preempted samples yet (or the kinds fell on
-        // launches of different cost).
-        if let (Some(c), Some(f)) = (kind_median(&e.window, true), kind_median(&e.window, false))
+        match chained {
+            true => e.chained.push(span),
+            false => e.fresh.push(span),
+        }
+        // Both windows' medians are clean, so their difference is the latency; one that is
+        // negative or too large means a window holds preempted samples yet.
+        if let (Some(c), Some(f)) = (e.chained.median(), e.fresh.median())
             && (0.0..=MAX_LATENCY).contains(&(f - c))
         {
             let l = f - c;
@@ -518,10 +497,12 @@ impl CostTable {
         }
     }
 
-    /// The mean of the window's samples (the drain not taken off), those from an idle stream
-    /// less the latency, leaving out those the outlier rule would keep out against the
-    /// window's median (see the module's docs: one identity can cover launches of different
-    /// cost, and the charge must be right over its launches).
+    /// The lower median of the window's samples (the drain not taken off), those from an
+    /// idle stream less the latency: robust to one inflated sample of either kind (only preemption inflates a
+    /// sample behind queued work, and the outlier rule keeps most of that out; beside busy
+    /// contexts an idle stream's sample can also hold another context's kernel, tens of µs,
+    /// which the outlier rule does not see) and close to the typical sample (the smallest
+    /// would undercharge by the clock's variation, about 10%).
     fn estimate(&self, e: &Entry) -> Option<f64> {
         match e.cached {
             Some((est, k)) if k == self.latency.map(f64::to_bits) => Some(est),
@@ -545,11 +526,14 @@ impl CostTable {
             let Some(est) = estimate_of(e, self.latency) else {
                 continue;
             };
-            let smallest = e
-                .window
-                .held()
+            let smallest = e.chained.v[..e.chained.n]
                 .iter()
-                .map(|x| without_latency(*x, latency))
+                .copied()
+                .chain(
+                    e.fresh.v[..e.fresh.n]
+                        .iter()
+                        .map(|&f| (f - latency).max(f / 2.0)),
+                )
                 .fold(est, f64::min);
             p.by_estimate += e.launches as f64 * self.less_drain(est);
             p.by_smallest += e.launches as f64 * self.less_drain(smallest);
@@ -568,8 +552,8 @@ impl CostTable {
                     id,
                     launches: e.launches,
                     cost,
-                    chained: spans_of(&e.window, true),
-                    fresh: spans_of(&e.window, false),
+                    chained: e.chained.v[..e.chained.n].to_vec(),
+                    fresh: e.fresh.v[..e.fresh.n].to_vec(),
                     outliers: e.outliers,
                 })
             })
@@ -590,48 +574,14 @@ impl CostTable {
 /// [`CostTable::estimate`] of one entry.
 fn estimate_of(e: &Entry, latency: Option<f64>) -> Option<f64> {
     let latency = latency.unwrap_or(0.0);
-    let mut v = [0.0; WINDOW];
-    let w = e.window.held();
-    for (slot, x) in v.iter_mut().zip(w) {
-        *slot = without_latency(*x, latency);
-    }
-    let v = &mut v[..w.len()];
-    v.sort_unstable_by(f64::total_cmp);
-    let median = *v.get(v.len().checked_sub(1)? / 2)?;
-    // A sample that entered before anything was known can hold another context's turn (on
-    // the H200 ms against a 40 µs kernel's other samples): what the outlier rule keeps out
-    // of the window is kept out of the mean as well, judged against the window's median.
-    let kept = v
-        .iter()
-        .filter(|&&f| f <= median + (median / 2.0).max(OUTLIER_BY));
-    let (sum, n) = kept.fold((0.0, 0usize), |(s, n), &f| (s + f, n + 1));
-    Some(sum / n as f64)
-}
-
-/// A sample's figure of its launch: its span, less the latency if it is not clean (never
-/// more than half of it).
-fn without_latency(x: Sample, latency: f64) -> f64 {
-    match x.clean {
-        true => x.span,
-        false => (x.span - latency).max(x.span / 2.0),
-    }
-}
-
-/// The spans of the window's samples of one kind.
-fn spans_of(w: &Ring<Sample, WINDOW>, clean: bool) -> Vec<f64> {
-    w.held()
-        .iter()
-        .filter(|x| x.clean == clean)
-        .map(|x| x.span)
-        .collect()
-}
-
-/// The lower median of the window's samples of one kind.
-fn kind_median(w: &Ring<Sample, WINDOW>, clean: bool) -> Option<f64> {
-    let mut v = [0.0; WINDOW];
+    let mut v = [0.0; 2 * SAMPLES];
     let mut n = 0;
-    for x in w.held().iter().filter(|x| x.clean == clean) {
-        v[n] = x.span;
+    for &c in &e.chained.v[..e.chained.n] {
+        v[n] = c;
+        n += 1;
+    }
+    for &f in &e.fresh.v[..e.fresh.n] {
+        v[n] = (f - latency).max(f / 2.0);
         n += 1;
     }
     let v = &mut v[..n];
@@ -644,53 +594,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cost_is_the_mean_of_recent_samples_and_a_preempted_one_is_kept_out() {
+    fn the_cost_is_the_median_of_recent_samples_and_a_preempted_one_is_kept_out() {
         let mut t = CostTable::default();
         t.sample(1, 100_000.0, true);
         t.sample(1, 2_300_000.0, true); // waited a whole slice of another context
         assert_eq!(t.cost(1), Some(100_000.0));
         t.sample(1, 90_000.0, true);
         t.sample(1, 110_000.0, true);
-        assert_eq!(t.cost(1), Some(100_000.0), "the mean of 90, 100 and 110");
-        t.sample(1, 140_000.0, true);
+        assert_eq!(t.cost(1), Some(100_000.0), "the median of 90, 100 and 110");
+        t.sample(1, 120_000.0, true);
         assert_eq!(
             t.cost(1),
-            Some(110_000.0),
-            "the mean of 90, 100, 110 and 140"
+            Some(100_000.0),
+            "the lower median of 90, 100, 110 and 120"
         );
         // A real slowdown (the clock went down) shows in every sample: after a window of
         // them the estimate follows.
-        for _ in 0..WINDOW {
+        for _ in 0..SAMPLES {
             t.sample(1, 130_000.0, true);
         }
         assert_eq!(t.cost(1), Some(130_000.0));
-    }
-
-    #[test]
-    fn a_sample_far_above_the_windows_median_is_left_out_of_the_mean() {
-        // The H200's ResNet-18: one identity's first sample, from an idle stream beside three
-        // busy contexts, took 3.4 ms; its others 40–63 µs.
-        let mut t = CostTable::default();
-        t.sample(1, 3_422_800.0, false);
-        for span in [42_600.0, 40_500.0, 42_700.0, 42_800.0] {
-            t.sample(1, span, true);
-        }
-        let cost = t.cost(1).unwrap();
-        assert!((40_000.0..43_000.0).contains(&cost), "{cost}");
-    }
-
-    #[test]
-    fn launches_of_one_identity_that_cost_differently_are_charged_by_the_mix_of_their_samples() {
-        // Clean samples fall on the launches behind queued work, those on an idle stream on
-        // the first of a step: both kinds count as taken, not a window per kind.
-        let mut t = CostTable::default();
-        for span in [30_000.0, 30_000.0, 30_000.0] {
-            t.sample(1, span, true);
-        }
-        t.sample(1, 10_000.0, false);
-        assert_eq!(t.cost(1), Some(25_000.0), "(30 + 30 + 30 + 10) / 4");
-        let r = &t.heaviest(1)[0];
-        assert_eq!((r.chained.len(), r.fresh.len()), (3, 1));
     }
 
     #[test]

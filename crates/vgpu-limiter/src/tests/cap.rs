@@ -32,31 +32,6 @@ fn a_capped_launch_bound_trainer_alone_is_charged_its_kernels_not_its_host_gaps(
     );
 }
 
-/// A training step whose kernels share identities across layers: one kernel with one grid
-/// serves layers of different depth (the same output shape, a different reduction), so each
-/// identity's launches cost 20, 45, 120, 30 and 80 µs in turn, once each a step (mean 59,
-/// median 45). On the H200 a ResNet-18 alone had such an identity: launched five times a step,
-/// its samples clustered at 17–18 and 33–39 µs.
-fn shared_identity_trainer(host: Nanos) -> Workload {
-    let lens = [20, 45, 120, 30, 80];
-    let kernels = (0..60u64)
-        .map(|k| (lens[(k % 5) as usize] * US, 7_000_000 + k % 12))
-        .collect();
-    training(kernels, host, MS)
-}
-
-#[test]
-fn launches_of_one_identity_that_cost_differently_are_charged_their_mean() {
-    for host in [5 * US, 25 * US] {
-        let (_, got) = run_together(vec![(Tenant::cap(20), shared_identity_trainer(host))], 2);
-        let share = got[0].0 * 100.0;
-        assert!(
-            (share - 20.0).abs() <= 1.5,
-            "host {host} ns before each launch: {share:.1}% at a cap of 20"
-        );
-    }
-}
-
 #[test]
 fn a_capped_loop_of_tiny_kernels_alone_gets_its_cap_although_its_queue_runs_dry_in_launch_calls() {
     // Its kernels are as short as a launch call: a queue that looked busy when a sample began
