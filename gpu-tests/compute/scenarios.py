@@ -182,6 +182,12 @@ SCENARIOS = {s.name: s for s in (
              about="a larger GPT-2 (12x1024, batch 16, 512 tokens) beside a busy ViT"),
     Scenario("prio-gpt-svc-matmul", (Tenant("svc-gpt-b1", 50, 0), Tenant("matmul-4096", 50, 1)),
              PRIORITY_MODES, about="the batch-1 service beside a matmul loop (a deep queue)"),
+    # Best effort with no guarantee (no SM limit: share mode's best effort), the other
+    # priority rule (one kernel at a time while the service has work).
+    Scenario("prio-gpt-svc-vit-noguarantee", (Tenant("svc-gpt-b1", None, 0), Tenant("vit-s-b256", None, 1)),
+             PRIORITY_MODES,
+             about="the batch-1 GPT-2 service (priority 0) beside the busy ViT (priority 1), "
+                   "neither with an SM limit: best effort without a guarantee"),
     Scenario("prio-resnet-svc-gpt", (Tenant("svc-resnet50-b8", 50, 0), Tenant("gpt-8x768-b8", 50, 1)),
              PRIORITY_MODES, about="a batched ResNet-50 service beside GPT-2 training"),
     Scenario("spin-30-70", (Tenant("spin", 30), Tenant("spin", 70)), about="spin.cu's kernel"),
