@@ -111,6 +111,11 @@ macro_rules! cuda_hooked_functions {
                 fn(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: c_uint,
                    flags: c_ulonglong) -> CUresult
                 => body(shareable, handle, handle_type, flags);
+            // An imported handle is the exporter's memory: recorded so that it never moves.
+            cuMemImportFromShareableHandle ["cuMemImportFromShareableHandle", 10020, any, touches]
+                fn(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, handle_type: c_uint)
+                    -> CUresult
+                => body(handle, os_handle, handle_type);
             cuMemGetAllocationPropertiesFromHandle ["cuMemGetAllocationPropertiesFromHandle", 10020, any, touches]
                 fn(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) -> CUresult
                 => body(prop, handle);
@@ -546,6 +551,7 @@ pub const TOUCHING_FAMILIES: &[&str] = &[
     "cuMemRelease",
     "cuMemRetainAllocationHandle",
     "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
     "cuMemGetAllocationPropertiesFromHandle",
     "cuMulticastBindMem",
 ];

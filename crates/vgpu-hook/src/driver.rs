@@ -473,6 +473,18 @@ pub(crate) fn mem_create(
     Ok(h)
 }
 
+/// The device a VMM handle's memory is located on (the real
+/// `cuMemGetAllocationPropertiesFromHandle`); `None` for host-located memory or a failure.
+pub(crate) fn handle_device(cuda: &Cuda, h: CUmemGenericAllocationHandle) -> Option<CUdevice> {
+    // SAFETY: all-zero is a valid CUmemAllocationProp (plain integers and a null pointer).
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer; the driver validates the handle.
+    unsafe { have(cuda.h.cuMemGetAllocationPropertiesFromHandle).ok()?(&mut prop, h) }
+        .ok()
+        .ok()?;
+    (prop.location.type_ == CUmemLocationType::DEVICE).then_some(CUdevice(prop.location.id))
+}
+
 /// The real `cuMemRelease` (not our hook).
 pub(crate) fn mem_release(cuda: &Cuda, h: CUmemGenericAllocationHandle) -> Result<(), CUresult> {
     // SAFETY: a handle `mem_create` returned (the driver validates it).

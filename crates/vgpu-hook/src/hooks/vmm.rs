@@ -90,8 +90,8 @@ fn unseen_value(
         }
         vlog!(
             INFO,
-            "the driver answered a cuMemCreate with {:#x}, the value of a moved handle of the \
-             program's: asking it for another",
+            "the driver answered a cuMemCreate or cuMemImportFromShareableHandle with {:#x}, \
+             the value of a moved handle of the program's: asking it for another",
             h.0
         );
         held.push(h);
@@ -291,6 +291,49 @@ pub(crate) fn cuMemExportToShareableHandle(
         unsafe { export(shareable, real, handle_type, flags) }.ok()
     })?;
     program.stays(handle, "it was exported to a shareable handle");
+    Ok(())
+}
+
+/// `cuMemImportFromShareableHandle`: memory another process (or this one) exported. It is
+/// the exporter's, charged there, and the exporter may be writing it: recorded so that a
+/// swap-out leaves it (and names it) and nothing charges it here. A value the program still
+/// uses for a moved handle is not answered (the driver is asked again, as for `cuMemCreate`),
+/// and one the program's own live handle has (an in-process import of its own export) counts
+/// as a retain of it.
+pub(crate) unsafe fn cuMemImportFromShareableHandle(
+    forward: impl Forward,
+    handle: *mut CUmemGenericAllocationHandle,
+    _os_handle: *mut c_void,
+    _handle_type: c_uint,
+) -> Result<(), CUresult> {
+    let cuda = real::cuda()?;
+    let Some(st) = ready_state() else {
+        return forward(cuda);
+    };
+    forward(cuda)?;
+    // SAFETY: the driver filled the out-pointer (it fails on null).
+    let Some(first) = (unsafe { read_back(handle) }) else {
+        return Ok(());
+    };
+    let program = &st.host_backed.program;
+    let again = || {
+        forward(cuda)?;
+        // SAFETY: the driver filled the out-pointer again.
+        unsafe { read_back(handle) }.ok_or(CUresult::INVALID_VALUE)
+    };
+    let h = unseen_value(cuda, first, again, |v| program.in_use(v))?;
+    if let Some(value) = program.retained(cuda, h) {
+        // SAFETY: the same out-pointer.
+        return unsafe { write_out(handle, CUmemGenericAllocationHandle(value)) };
+    }
+    // SAFETY: the same out-pointer.
+    unsafe { write_out(handle, h) }?;
+    let device = driver::handle_device(cuda, h);
+    if let Some(ordinal) = device
+        && let Some(idx) = dev_index(ordinal)
+    {
+        program.imported(h, (idx, ordinal));
+    }
     Ok(())
 }
 

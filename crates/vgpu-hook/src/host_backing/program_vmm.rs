@@ -29,6 +29,10 @@ use crate::ledger::SharedLedger;
 use crate::log::{INFO, WARN, vlog};
 use crate::real::Cuda;
 
+/// Why an imported handle stays: its memory is the exporter's.
+const IMPORTED: &str = "it was imported from a shareable handle (the exporter's memory, which it \
+                        may be writing; charged to the exporter)";
+
 /// One mapping of a handle: `size` bytes of it from `offset`, at `va`.
 #[derive(Debug, Clone)]
 struct Mapping {
@@ -223,6 +227,42 @@ impl ProgramVmm {
         self.recount(&t);
     }
 
+    /// The program imported `h` (`cuMemImportFromShareableHandle`) of memory on `device`: the
+    /// exporter's, not charged here, never moved (its size grows with its mappings, for the
+    /// log). A value recorded already is left as it is.
+    pub(crate) fn imported(
+        &self,
+        h: CUmemGenericAllocationHandle,
+        (device, ordinal): (DeviceIndex, CUdevice),
+    ) {
+        let mut t = self.lock();
+        if t.by_value.contains_key(&h.0) || t.by_real.contains_key(&h.0) {
+            return;
+        }
+        t.by_real.insert(h.0, h.0);
+        t.by_value.insert(
+            h.0,
+            Handle {
+                device,
+                ordinal,
+                size: 0,
+                prop: Prop {
+                    type_: CUmemAllocationType::PINNED,
+                    handle_types: 0,
+                    location: device_location(ordinal),
+                    flags: CUmemAllocationPropFlags::default(),
+                },
+                real: h,
+                place: Place::Device,
+                maps: Vec::new(),
+                refs: 1,
+                stays: Some(IMPORTED),
+                spare: Spare::default(),
+            },
+        );
+        self.recount(&t);
+    }
+
     /// The driver's handle for the program's `value` (itself unless it moved).
     pub(crate) fn translate(
         &self,
@@ -308,6 +348,9 @@ impl ProgramVmm {
         let Some(h) = t.by_value.get_mut(&value.0) else {
             return;
         };
+        if h.stays == Some(IMPORTED) {
+            h.size = h.size.max(offset.saturating_add(size));
+        }
         h.maps.push(Mapping {
             va,
             size,

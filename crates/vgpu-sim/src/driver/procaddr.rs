@@ -148,6 +148,7 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Variant>> {
             cuMemGetAllocationPropertiesFromHandle: 10020;
             cuMemRetainAllocationHandle: 11000;
             cuMemExportToShareableHandle: 10020;
+            cuMemImportFromShareableHandle: 10020;
             cuMulticastBindMem: 12010;
             cuMemAllocAsync: 11020 / cuMemAllocAsync_ptsz;
             cuMemAllocFromPoolAsync: 11020 / cuMemAllocFromPoolAsync_ptsz;

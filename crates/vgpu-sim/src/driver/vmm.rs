@@ -131,6 +131,14 @@ exports! {
         out!(sh.cast::<c_int>(), s.export_fd(h.0, t)?);
         Ok(())
     }
+    cuMemImportFromShareableHandle(h: *mut CUmemGenericAllocationHandle, os: *mut c_void, t: c_uint) false |s| {
+        if h.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // A POSIX descriptor is passed as the pointer's value.
+        out!(h, CUmemGenericAllocationHandle(s.import_fd(os as usize as i32, t)?));
+        Ok(())
+    }
     // No multicast objects here: the memory handle is checked, then the call is refused (as
     // on a GPU without NVLink multicast).
     cuMulticastBindMem(_mc: CUmemGenericAllocationHandle, _mc_offset: usize, h: CUmemGenericAllocationHandle, _offset: usize, _size: usize, _flags: u64) false |s| {

@@ -137,6 +137,19 @@ struct Phys {
     prop: [u8; 32],
     refs: u32,
     maps: u32,
+    /// Imported from an exported descriptor: its bytes are the exporter's, counted there
+    /// (freeing it gives no device memory back).
+    imported: bool,
+}
+
+/// What `cuMemExportToShareableHandle` exported, by the descriptor's inode: the exporter's
+/// memory, which an import maps.
+#[derive(Debug)]
+struct Export {
+    size: u64,
+    dev: Option<usize>,
+    mem: Arc<PhysMem>,
+    prop: [u8; 32],
 }
 
 #[derive(Debug)]
@@ -262,6 +275,8 @@ struct State {
     phys: HashMap<u64, Phys>,
     /// Ids of freed physical allocations, handed out again under `reuse_vmm_handles`.
     freed_phys: Vec<u64>,
+    /// Exported descriptors (by inode), for `cuMemImportFromShareableHandle`.
+    exports: HashMap<u64, Export>,
     vas: BTreeMap<u64, VaRange>,
     maps: BTreeMap<u64, Mapping>,
     pools: HashMap<u64, Pool>,

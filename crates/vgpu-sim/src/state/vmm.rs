@@ -65,6 +65,7 @@ impl Sim {
             prop,
             refs: 1,
             maps: 0,
+            imported: false,
         };
         if self.cfg.reuse_vmm_handles {
             let mut st = self.st();
@@ -82,7 +83,9 @@ impl Sim {
             && ph.maps == 0
         {
             let ph = st.phys.remove(&id).expect("present");
-            self.give_physical(ph.dev, ph.size);
+            if !ph.imported {
+                self.give_physical(ph.dev, ph.size);
+            }
             if self.cfg.reuse_vmm_handles {
                 st.freed_phys.push(id);
             }
@@ -214,8 +217,10 @@ impl Sim {
 
     /// `cuMemExportToShareableHandle` to a POSIX file descriptor (`CU_MEM_HANDLE_TYPE_POSIX_`
     /// `FILE_DESCRIPTOR` = 1), the only type here: a handle created without it is refused, as
-    /// the driver refuses a type it was not asked for at creation. The descriptor is one the
-    /// program may close (of `/dev/null`: no other process maps memory here).
+    /// the driver refuses a type it was not asked for at creation. The descriptor is one end
+    /// of a socket pair the program may close; its inode names the export, which
+    /// [`Sim::import_fd`] of this process maps (memory lives in this process only: another
+    /// process cannot import it).
     pub fn export_fd(&self, h: u64, handle_type: u32) -> CuResult<i32> {
         if handle_type != 1 {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
@@ -224,8 +229,50 @@ impl Sim {
         if handle_types(&prop) & 1 == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let f = std::fs::File::open("/dev/null").map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-        Ok(std::os::fd::IntoRawFd::into_raw_fd(f))
+        let (fd, _peer) =
+            std::os::unix::net::UnixStream::pair().map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        let ino = inode(std::os::fd::AsRawFd::as_raw_fd(&fd)).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let id = unhandle(tag::VMM, h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut st = self.st();
+        let ph = st.live_phys(id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let export = Export {
+            size: ph.size,
+            dev: ph.dev,
+            mem: ph.mem.clone(),
+            prop: ph.prop,
+        };
+        st.exports.insert(ino, export);
+        Ok(std::os::fd::IntoRawFd::into_raw_fd(fd))
+    }
+
+    /// `cuMemImportFromShareableHandle` of a descriptor [`Sim::export_fd`] made (POSIX file
+    /// descriptor only): a new handle to the exporter's memory, its bytes counted once, with
+    /// the exporter's allocation. Under `reuse_vmm_handles` it may get a freed handle's value,
+    /// as `cuMemCreate` does.
+    pub fn import_fd(&self, fd: i32, handle_type: u32) -> CuResult<u64> {
+        if handle_type != 1 {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let ino = inode(fd).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut st = self.st();
+        let e = st.exports.get(&ino).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let phys = Phys {
+            size: e.size,
+            dev: e.dev,
+            mem: e.mem.clone(),
+            prop: e.prop,
+            refs: 1,
+            maps: 0,
+            imported: true,
+        };
+        if self.cfg.reuse_vmm_handles
+            && let Some(id) = st.freed_phys.pop()
+        {
+            st.phys.insert(id, phys);
+            return Ok(handle(tag::VMM, id));
+        }
+        drop(st);
+        Ok(self.new_handle(tag::VMM, |st| &mut st.phys, phys))
     }
 
     /// `cuMemRetainAllocationHandle`.
@@ -238,6 +285,13 @@ impl Sim {
         st.phys.get_mut(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?.refs += 1;
         Ok(handle(tag::VMM, id))
     }
+}
+
+/// The inode of descriptor `fd`, if it is open.
+fn inode(fd: i32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    // The link's target: the socket itself (no unsafe descriptor borrowing needed).
+    Some(std::fs::metadata(format!("/proc/self/fd/{fd}")).ok()?.ino())
 }
 
 impl State {
