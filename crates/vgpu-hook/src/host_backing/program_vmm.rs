@@ -87,6 +87,29 @@ struct Handle {
 }
 
 impl Handle {
+    /// A handle of `size` bytes on `device` just made or imported: on the device, unmapped,
+    /// one reference of the program's.
+    fn new(
+        real: CUmemGenericAllocationHandle,
+        (device, ordinal): (DeviceIndex, CUdevice),
+        size: u64,
+        prop: Prop,
+        stays: Option<&'static str>,
+    ) -> Self {
+        Self {
+            device,
+            ordinal,
+            size,
+            prop,
+            real,
+            place: Place::Device,
+            maps: Vec::new(),
+            refs: 1,
+            stays,
+            spare: Spare::default(),
+        }
+    }
+
     /// The mapping of the whole handle at offset 0, through which it is copied.
     fn whole(&self) -> Option<u64> {
         self.maps
@@ -204,26 +227,14 @@ impl ProgramVmm {
             .then_some("it was created for a special usage (a tile pool)");
         let mut t = self.lock();
         t.by_real.insert(h.0, h.0);
-        t.by_value.insert(
-            h.0,
-            Handle {
-                device,
-                ordinal,
-                size,
-                prop: Prop {
-                    type_: prop.type_,
-                    handle_types: prop.requestedHandleTypes,
-                    location: prop.location,
-                    flags: prop.allocFlags,
-                },
-                real: h,
-                place: Place::Device,
-                maps: Vec::new(),
-                refs: 1,
-                stays,
-                spare: Spare::default(),
-            },
-        );
+        let prop = Prop {
+            type_: prop.type_,
+            handle_types: prop.requestedHandleTypes,
+            location: prop.location,
+            flags: prop.allocFlags,
+        };
+        t.by_value
+            .insert(h.0, Handle::new(h, (device, ordinal), size, prop, stays));
         self.recount(&t);
     }
 
@@ -240,25 +251,15 @@ impl ProgramVmm {
             return;
         }
         t.by_real.insert(h.0, h.0);
+        let prop = Prop {
+            type_: CUmemAllocationType::PINNED,
+            handle_types: 0,
+            location: device_location(ordinal),
+            flags: CUmemAllocationPropFlags::default(),
+        };
         t.by_value.insert(
             h.0,
-            Handle {
-                device,
-                ordinal,
-                size: 0,
-                prop: Prop {
-                    type_: CUmemAllocationType::PINNED,
-                    handle_types: 0,
-                    location: device_location(ordinal),
-                    flags: CUmemAllocationPropFlags::default(),
-                },
-                real: h,
-                place: Place::Device,
-                maps: Vec::new(),
-                refs: 1,
-                stays: Some(IMPORTED),
-                spare: Spare::default(),
-            },
+            Handle::new(h, (device, ordinal), 0, prop, Some(IMPORTED)),
         );
         self.recount(&t);
     }
