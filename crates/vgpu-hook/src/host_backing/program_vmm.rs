@@ -690,20 +690,8 @@ fn remap(cuda: &Cuda, h: &Handle, new: CUmemGenericAllocationHandle) -> Result<(
 /// the device memory released last (the program's references to it with it), then the data
 /// charge. A failure leaves the handle on the device, mapped and intact.
 fn move_out(cuda: &Cuda, ledger: &SharedLedger, h: &mut Handle) -> Result<(), CUresult> {
-    let oom = |_: OutOfMemory| CUresult::OUT_OF_MEMORY;
-    ledger.reserve_swap_out(h.device, h.size).map_err(oom)?;
+    let host = h.spare.host_for_move_out(cuda, ledger, h.device, h.size)?;
     let undo = || ledger.release_host(h.device, h.size);
-    let host = match h
-        .spare
-        .take(ledger, h.size)
-        .map_or_else(|| create_on_host(cuda, h.size, 0, &|| false), Ok)
-    {
-        Ok(x) => x,
-        Err(code) => {
-            undo();
-            return Err(code);
-        }
-    };
     // A reference of the hook's for the move (a handle the program released lives by its
     // mappings only, and the remap unmaps them one by one).
     let held = fill(cuda, h, host)

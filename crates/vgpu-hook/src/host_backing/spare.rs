@@ -8,8 +8,10 @@
 //! host class) or given back lowers it. A swap-out charges the host class before it takes the
 //! spare, so for that moment both count the memory, and never neither.
 
-use vgpu_cuda_abi::CUmemGenericAllocationHandle;
+use vgpu_alloc_core::{DeviceIndex, OutOfMemory};
+use vgpu_cuda_abi::{CUmemGenericAllocationHandle, CUresult};
 
+use super::create_on_host;
 use crate::driver;
 use crate::ledger::SharedLedger;
 use crate::real::Cuda;
@@ -49,6 +51,24 @@ impl Spare {
         let h = self.0.take()?;
         ledger.slot().remove_kept_host(size);
         Some(h)
+    }
+
+    /// The host memory a swap-out of `size` bytes on `device` fills: the host class charged
+    /// first, then this spare taken or fresh memory pinned. On failure nothing stays charged;
+    /// on success the caller releases the charge (`release_host`) if a later step fails.
+    pub(crate) fn host_for_move_out(
+        &mut self,
+        cuda: &Cuda,
+        ledger: &SharedLedger,
+        device: DeviceIndex,
+        size: u64,
+    ) -> Result<CUmemGenericAllocationHandle, CUresult> {
+        ledger
+            .reserve_swap_out(device, size)
+            .map_err(|_: OutOfMemory| CUresult::OUT_OF_MEMORY)?;
+        self.take(ledger, size)
+            .map_or_else(|| create_on_host(cuda, size, 0, &|| false), Ok)
+            .inspect_err(|_| ledger.release_host(device, size))
     }
 
     /// Gives it back to the driver: the bytes given back (0 if none was kept).

@@ -268,21 +268,8 @@ fn move_out(
     va: CUdeviceptr,
     e: &mut Backed,
 ) -> Result<(), CUresult> {
-    ledger
-        .reserve_swap_out(e.device, e.size)
-        .map_err(|_: OutOfMemory| CUresult::OUT_OF_MEMORY)?;
+    let host_handle = e.spare.host_for_move_out(cuda, ledger, e.device, e.size)?;
     let undo_charge = || ledger.release_host(e.device, e.size);
-    let host_handle = match e
-        .spare
-        .take(ledger, e.size)
-        .map_or_else(|| create_on_host(cuda, e.size, 0, &|| false), Ok)
-    {
-        Ok(h) => h,
-        Err(code) => {
-            undo_charge();
-            return Err(code);
-        }
-    };
     let prop = driver::pinned_prop(host_location());
     if let Err(code) = rehome(cuda, va, e, host_handle, &prop) {
         undo_charge();
