@@ -309,6 +309,7 @@ impl World {
             gpu: self.gpu.clone(),
             clock: self.clock.clone(),
             ctx,
+            gates: Vec::new(),
         };
         let board = SimBoardView {
             board: self.board.clone(),
@@ -417,9 +418,10 @@ impl World {
             Step::Launch(d, id) => match app.limiter.admit(app.stream, id) {
                 Admission::Go(ticket) => {
                     app.launches += 1;
-                    gpu.submit_kernel(app.ctx, app.stream, t, d, i as u64);
+                    // The host's markers and gates before the launch delay its call.
+                    let before = gpu.submit_kernel(app.ctx, app.stream, t, d, i as u64);
                     app.returning = Some(ticket);
-                    app.next = t + gpu.params().kernel_latency.min(app.launch_cost);
+                    app.next = t + before + gpu.params().kernel_latency.min(app.launch_cost);
                 }
                 Admission::Wait(w) => {
                     app.pending = Some(step);

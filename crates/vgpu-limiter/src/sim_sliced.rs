@@ -83,15 +83,21 @@ pub struct SliceParams {
     /// the gap's length in it is to be measured first.
     pub yield_cost: Nanos,
     /// How long a context whose visible work ran out keeps the GPU while more of its work is
-    /// on its way (submitted, not yet visible) before it yields: the GPU notices an idle
-    /// channel after a few µs, not at once. Not measured; it covers a marker recorded just
-    /// before a kernel, whose doorbell comes ~2 µs later.
+    /// on its way (submitted, not yet visible) before it yields. Not measured directly; the
+    /// H200 yields within the launch call that follows a marker: samples whose start marker
+    /// ran on an idle stream beside busy contexts held those contexts' slices (a GPT-2
+    /// identity sampled at 1.5–3.6 ms, docs/benchmarks.md), so this is below
+    /// [`SliceParams::marker_host`] plus [`SliceParams::kernel_latency`].
     pub yield_delay: Nanos,
     /// From a kernel's host submission until the GPU sees it (the doorbell comes at the end
     /// of the launch call).
     pub kernel_latency: Nanos,
     /// From a marker's host record until the GPU sees it.
     pub marker_latency: Nanos,
+    /// Host time of recording a marker (or a gate): the context's next kernel reaches the
+    /// GPU that much later. About 3 µs for a CUDA event on the H200 (the `launch-timing`
+    /// build's split).
+    pub marker_host: Nanos,
     /// Engine time a marker takes before its timestamp (the drain of the work ahead of it;
     /// kernels run back to back overlap it). Its time belongs to the marker's context.
     pub marker_cost: Nanos,
@@ -113,9 +119,10 @@ impl SliceParams {
             slice: 2_090_000,
             switch_cost: 150_000,
             yield_cost: 20_000,
-            yield_delay: 5_000,
+            yield_delay: 1_000,
             kernel_latency: 3_000,
             marker_latency: 1_000,
+            marker_host: 3_000,
             marker_cost: 0,
             renewal: SliceRenewal::Periodic,
             history: Nanos::MAX,
@@ -135,6 +142,13 @@ impl CtxId {
     pub fn index(self) -> usize {
         self.0 as usize
     }
+}
+
+/// A gate queued on a stream ([`SlicedGpu::gate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateId {
+    ctx: CtxId,
+    id: u64,
 }
 
 /// A recorded marker. A released marker's id goes stale (its slot may be reused under a
@@ -159,8 +173,18 @@ pub struct Interval {
 }
 
 enum Work {
-    Kernel { left: Nanos, tag: u64 },
-    Marker { slot: u32 },
+    Kernel {
+        left: Nanos,
+        tag: u64,
+    },
+    Marker {
+        slot: u32,
+    },
+    /// Holds the stream until opened ([`SlicedGpu::open_gate`]): its `visible_at` is
+    /// `Nanos::MAX` until then.
+    Gate {
+        id: u64,
+    },
 }
 
 struct Item {
@@ -181,6 +205,9 @@ struct Context {
     next_stream: usize,
     /// The stream whose head kernel was preempted: served first when the context runs again.
     resume: Option<usize>,
+    /// Host time spent on markers and gates since its last kernel's submission, which
+    /// delays the next one ([`SliceParams::marker_host`]).
+    host_debt: Nanos,
 }
 
 impl Context {
@@ -299,6 +326,8 @@ struct State {
     switches: u64,
     preemptions: u64,
     dead_ns: Nanos,
+    /// The last gate's id.
+    next_gate: u64,
 }
 
 impl State {
@@ -434,6 +463,11 @@ impl State {
             Some(&Work::Marker { slot }) => {
                 stream.items.pop_front();
                 self.complete_marker(slot);
+                None
+            }
+            Some(&Work::Gate { .. }) => {
+                // Visible, so opened: it passes.
+                stream.items.pop_front();
                 None
             }
             _ => Some(Run {
@@ -687,6 +721,7 @@ impl SlicedGpu {
             switches: 0,
             preemptions: 0,
             dead_ns: 0,
+            next_gate: 0,
         })))
     }
 
@@ -708,11 +743,51 @@ impl SlicedGpu {
     }
 
     /// Queues a kernel of `dur` GPU time, owned by `tag`, on `ctx`'s `stream`, submitted by
-    /// the host at `now` (the GPU is first advanced to `now`).
-    pub fn submit_kernel(&self, ctx: CtxId, stream: u32, now: Nanos, dur: Nanos, tag: u64) {
+    /// the host at `now` (the GPU is first advanced to `now`). Returns the host time the
+    /// context spent on markers and gates since its last kernel, by which this one reaches
+    /// the GPU later ([`SliceParams::marker_host`]).
+    pub fn submit_kernel(
+        &self,
+        ctx: CtxId,
+        stream: u32,
+        now: Nanos,
+        dur: Nanos,
+        tag: u64,
+    ) -> Nanos {
         let mut s = self.0.borrow_mut();
-        let latency = s.p.kernel_latency;
+        let debt = std::mem::take(&mut s.context_mut(ctx).host_debt);
+        let latency = s.p.kernel_latency + debt;
         s.submit(ctx, stream, now, latency, Work::Kernel { left: dur, tag });
+        debt
+    }
+
+    /// Queues a gate on `ctx`'s `stream` at host time `now`: the stream's later work waits
+    /// until [`SlicedGpu::open_gate`] (a stream wait on a host word the host writes).
+    pub fn gate(&self, ctx: CtxId, stream: u32, now: Nanos) -> GateId {
+        let mut s = self.0.borrow_mut();
+        s.next_gate += 1;
+        let id = s.next_gate;
+        let host = s.p.marker_host;
+        s.context_mut(ctx).host_debt += host;
+        s.submit(ctx, stream, now, Nanos::MAX, Work::Gate { id });
+        GateId { ctx, id }
+    }
+
+    /// Opens `gate` at host time `now`: the GPU sees the host's write a marker's latency
+    /// later. Opening an open gate does nothing.
+    pub fn open_gate(&self, gate: GateId, now: Nanos) {
+        let mut s = self.0.borrow_mut();
+        s.advance_to(now);
+        let at = now.saturating_add(s.p.marker_latency);
+        let held = s.context_mut(gate.ctx).streams.iter_mut().find_map(|st| {
+            st.items
+                .iter_mut()
+                .find(|i| matches!(i.work, Work::Gate { id } if id == gate.id))
+        });
+        if let Some(item) = held {
+            item.visible_at = at;
+        }
+        s.settle();
     }
 
     /// Records a timed marker on `ctx`'s `stream` at host time `now` (the GPU is first
@@ -752,6 +827,8 @@ impl SlicedGpu {
             generation: m.generation,
         };
         s.live_markers += 1;
+        let host = s.p.marker_host;
+        s.context_mut(ctx).host_debt += host;
         let latency = s.p.marker_latency;
         if timed && s.p.marker_cost > 0 {
             let left = s.p.marker_cost;
@@ -883,6 +960,8 @@ pub struct SlicedTimer {
     pub clock: SimClock,
     /// The context the timer records in.
     pub ctx: CtxId,
+    /// Its gates not yet opened.
+    pub gates: Vec<GateId>,
 }
 
 impl GpuTimer for SlicedTimer {
@@ -915,5 +994,17 @@ impl GpuTimer for SlicedTimer {
 
     fn release(&mut self, marker: MarkerId) {
         self.gpu.release_marker(marker);
+    }
+
+    fn gate(&mut self, stream: u32) -> Result<(), TimerError> {
+        let g = self.gpu.gate(self.ctx, stream, self.clock.now());
+        self.gates.push(g);
+        Ok(())
+    }
+
+    fn open_gates(&mut self) {
+        for g in self.gates.drain(..) {
+            self.gpu.open_gate(g, self.clock.now());
+        }
     }
 }

@@ -66,6 +66,13 @@ pub trait GpuTimer {
     fn elapsed(&mut self, start: Self::Marker, end: Self::Marker) -> Result<Nanos, TimerError>;
     /// Returns a marker the limiter no longer needs (the hook reuses its event).
     fn release(&mut self, marker: Self::Marker);
+    /// Holds `stream`'s work queued after this call until [`GpuTimer::open_gates`] (the hook:
+    /// a stream wait on a host word). A sample's bracket opens behind a gate that is opened
+    /// once its launch and end marker are queued, so the span holds no host time and no
+    /// switch away from a stream that ran dry during the launch call. `Err`: nothing is held.
+    fn gate(&mut self, stream: Self::Stream) -> Result<(), TimerError>;
+    /// Opens every gate this timer holds.
+    fn open_gates(&mut self);
 }
 
 /// What the other processes of the container use on this device (the limiter's sum of the

@@ -47,6 +47,8 @@ pub(super) struct Segment<S, M> {
     sample: Option<LaunchId>,
     /// A sample's start marker was pending after its launch call returned.
     clean: bool,
+    /// A sample's bracket waits behind a gate, opened once its end marker is queued.
+    gated: bool,
 }
 
 /// The segments of one limiter: at most one open, the closed ones not yet complete.
@@ -165,8 +167,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         // unknown launches by the mean. A marker costs a real workload far more than its
         // driver call (the sample ration in `costs`), so none is recorded or asked for here.
         let timed = sample.is_some() || self.costs.take_span(now);
+        // A sample opens behind a gate of its own when the timer can hold the stream: its
+        // start marker then runs only once the launch and the end marker are queued.
+        let gated = sample.is_some() && self.timer.gate(stream).is_ok();
         let mut start = None;
-        if let Some(prev) = self.seg.closed.back_mut()
+        if !gated
+            && let Some(prev) = self.seg.closed.back_mut()
             && prev.stream == stream
             && prev.end_owned
             && let Some(end) = prev.end
@@ -196,6 +202,9 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 Err(_) => {
                     // Unmeasured: the launch is charged its estimate only.
                     self.stats.timer_errors += 1;
+                    if gated {
+                        self.timer.open_gates();
+                    }
                     return;
                 }
             },
@@ -215,6 +224,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             unknown: 0,
             sample,
             clean: false,
+            gated,
         });
     }
 
@@ -233,7 +243,10 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             open.unknown += 1;
             open.unknown_charged += charged;
         }
-        if open.sample.is_some() {
+        if open.gated {
+            // Its start marker waits behind the gate: the launch is queued ahead of it.
+            open.clean = true;
+        } else if open.sample.is_some() {
             // Called once the launch call returned: see the module's docs.
             self.stats.queries += 1;
             open.clean = matches!(self.timer.is_complete(open.start), Ok(false));
@@ -252,8 +265,12 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         if seg.launches == 0 {
             self.seg.left(&seg);
             self.drop_start(&seg);
+            if seg.gated {
+                self.timer.open_gates();
+            }
             return;
         }
+        let seg_gated = seg.gated;
         match self.timer.record(seg.stream, marker_kind(seg.timed)) {
             Ok(end) => {
                 self.count_marker(seg.timed);
@@ -269,6 +286,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 self.seg.left(&seg);
                 self.drop_start(&seg);
             }
+        }
+        if seg_gated {
+            // After the end marker: the bracket holds the launch and its end, nothing of
+            // the host's time between them.
+            self.timer.open_gates();
         }
     }
 

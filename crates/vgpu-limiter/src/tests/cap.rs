@@ -37,7 +37,10 @@ fn a_capped_loop_of_tiny_kernels_alone_gets_its_cap_although_its_queue_runs_dry_
     // Its kernels are as short as a launch call: a queue that looked busy when a sample began
     // has often run dry by the time the call hands the kernel over, and the sample then
     // holds part of the call. Taken as clean, such samples gave it about 85% of its cap at 20
-    // (on the H200 a ResNet-18 at batch 16 got 60% of it, and a GPT-2 loop 70%).
+    // (on the H200 a ResNet-18 at batch 16 got 60% of it, and a GPT-2 loop 70%). With the
+    // host's time for the sample's markers in the model (3 µs each, ahead of the launch
+    // call), samples on an idle stream held more than the latency learned from identities
+    // seen both ways, and it got 6.4% at a cap of 10; its samples now open behind a gate.
     let (busy_alone, _) = alone(tiny_kernel_trainer(1), 2);
     assert!((0.3..0.6).contains(&busy_alone), "alone {busy_alone:.2}");
     for cap in [10, 20] {
@@ -257,12 +260,13 @@ fn a_deep_tenant_under_its_cap_is_not_slowed_by_its_own_bookkeeping() {
 }
 
 #[test]
-fn a_tenants_markers_are_one_per_burst_of_its_work_and_two_per_sample() {
+fn a_tenants_markers_are_one_per_burst_of_its_work_and_three_per_sample() {
     // A marker costs a real workload far more than its driver call (on the H200 a pair of
     // PyTorch trainers kept plain time slicing's throughput only without them), so the
     // segments that tell what ran are a burst of work each (2 ms: the rules that use them
-    // work in bursts), plus the samples' own and those a wait closes early. With a marker
-    // per 500 µs of work this pair's trainers recorded about twice that.
+    // work in bursts), plus the samples' and those a wait closes early. A sample has two
+    // markers of its own behind its gate and cuts the open segment short (its end marker).
+    // With a marker per 500 µs of work this pair's trainers recorded about twice that.
     for (a, b) in [
         (small_batch_trainer as Maker, large_batch_trainer as Maker),
         (large_batch_trainer, large_batch_trainer),
@@ -273,7 +277,7 @@ fn a_tenants_markers_are_one_per_burst_of_its_work_and_two_per_sample() {
         w.run_until(3 * S);
         let s = w.apps[x].limiter.stats();
         let burst = crate::LimiterConfig::default().burst as f64;
-        let bound = s.busy_ns / burst + 2.0 * s.samples as f64 + s.waits as f64;
+        let bound = s.busy_ns / burst + 3.0 * s.samples as f64 + s.waits as f64;
         assert!(
             (s.markers as f64) <= 1.2 * bound,
             "{} markers for {:.0} ms of work: {s:?}",
@@ -295,9 +299,10 @@ fn only_samples_and_rationed_spans_use_timing_markers() {
     w.add(Tenant::cap(50), large_batch_trainer(2));
     w.run_until(6 * S);
     let s = w.apps[x].limiter.stats();
-    // Each sample's two markers, and the timed segments' (their burst and a ration a second).
+    // Each sample's two markers and the end of the segment it cut short, and the timed
+    // segments' (their burst and a ration a second).
     let spans = 200.0 + 200.0 * 6.0;
-    let bound = 2.0 * s.samples as f64 + spans;
+    let bound = 3.0 * s.samples as f64 + spans;
     assert!(
         (s.timed_markers as f64) <= bound,
         "{} timing markers, bound {bound:.0}: {s:?}",
