@@ -823,3 +823,38 @@ fn a_child_forked_beside_the_heartbeat_exits_and_the_parent_stays_then_leaves() 
         "withdrawn at exit, not put back by a beat: {tenants:?}"
     );
 }
+
+#[test]
+fn a_limited_processs_samples_open_behind_a_gate_that_is_always_opened() {
+    // A sample's start marker waits on a host word (cuStreamWaitValue32) that the limiter
+    // writes once the launch and its end marker are queued. A gate left closed would hold
+    // the stream for good: the program's synchronize would never return.
+    let _one = serial();
+    for mode in ['k', 'p'] {
+        let e = env();
+        let cache = e.fresh_cache(&format!("gate-{mode}.cache"));
+        let mut cmd = e.hooked(&["0.5", "200000", &mode.to_string()], &cache);
+        cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
+            .env("VGPU_SIM_UTIL_WINDOW_MS", "500")
+            .env("LIBCUDA_LOG_LEVEL", "3");
+        let out = cmd.output().expect("run the program");
+        parse(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("limiter stats"))
+            .unwrap_or_else(|| panic!("no limiter stats ({mode}): {stderr}"));
+        let count = |after: &str| -> u64 {
+            let i = line.find(after).expect("the field") + after.len();
+            line[i..]
+                .trim_start()
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("a number after {after:?} in {line}"))
+        };
+        let (samples, gated) = (count("cost), "), count("samples ("));
+        assert!(samples > 0, "{mode}: {line}");
+        assert!(gated >= samples, "{mode}: every sample gated: {line}");
+    }
+}

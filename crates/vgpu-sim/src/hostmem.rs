@@ -261,6 +261,18 @@ fn inside<'a>(base: usize, cap: usize, addr: u64, len: u64) -> Option<Span<'a>> 
     })
 }
 
+/// The 32-bit word `span` holds, read atomically (a stream wait polls a word the host writes
+/// concurrently); `None` unless `span` is 4 bytes at a 4-aligned address.
+pub fn load_u32(span: Span<'_>) -> Option<u32> {
+    if span.len != 4 || span.addr % 4 != 0 {
+        return None;
+    }
+    // SAFETY: a span is readable memory for its lifetime; the word is aligned and in bounds,
+    // and every access the simulator makes to it while others may write is atomic.
+    let word = unsafe { &*(span.addr as *const std::sync::atomic::AtomicU32) };
+    Some(word.load(std::sync::atomic::Ordering::Acquire))
+}
+
 /// A host pointer a program passed to a driver call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostPtr(u64);

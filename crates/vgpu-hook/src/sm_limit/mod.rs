@@ -45,6 +45,7 @@
 //! device's other launching threads too, as the limit is per device.
 
 mod board;
+mod gate;
 mod heartbeat;
 pub(crate) mod launch_timing;
 mod timer;
@@ -238,12 +239,13 @@ impl SmLimiter {
             let part = l.allotment().fraction * 100.0;
             vlog!(
                 INFO,
-                "device {d}: limiter stats: {} launches ({} of unknown cost), {} samples, {} segments \
+                "device {d}: limiter stats: {} launches ({} of unknown cost), {} samples ({} gated), {} segments \
                  ({} markers, {} of them timed, {} queries), busy {:.1} ms, util {util:.0}%, part {part:.0}%, \
                  waits {} (pace {}, queue {}, hold {}, hold expiries {}), timer errors {}",
                 s.launches,
                 s.unknown_launches,
                 s.samples,
+                s.gated_samples,
                 s.segments,
                 s.markers,
                 s.timed_markers,
@@ -387,7 +389,13 @@ impl SmLimiter {
             match guard.admit(key, id) {
                 Admission::Go(ticket) => {
                     if ticket.counted() {
-                        HELD.with(|h| *h.borrow_mut() = Some(Held { guard, ticket, key }));
+                        let held = Held {
+                            guard,
+                            ticket,
+                            key,
+                            reported: false,
+                        };
+                        HELD.with(|h| *h.borrow_mut() = Some(held));
                     }
                     return Ok(());
                 }
@@ -461,9 +469,8 @@ impl SmLimiter {
     /// After the launch [`Self::before_launch`] admitted on this thread, which returned
     /// `result`.
     pub(crate) fn after_launch(&self, result: CUresult) {
-        if let Some(mut held) = HELD.with(|h| h.borrow_mut().take()) {
-            held.guard
-                .launched(held.ticket, held.key, result.is_success());
+        if let Some(held) = HELD.with(|h| h.borrow_mut().take()) {
+            held.report(result.is_success());
         }
     }
 }
@@ -474,6 +481,24 @@ struct Held {
     guard: MutexGuard<'static, Limiter<MonoClock, EventTimer, FileView, BoardView>>,
     ticket: Ticket,
     key: StreamKey,
+    reported: bool,
+}
+
+impl Held {
+    fn report(mut self, ok: bool) {
+        self.guard.launched(self.ticket, self.key, ok);
+        self.reported = true;
+    }
+}
+
+impl Drop for Held {
+    /// A launch whose report never came counts as not launched: a sample's segment is
+    /// dropped and its gate opened, so the stream never waits on it.
+    fn drop(&mut self) {
+        if !self.reported {
+            self.guard.launched(self.ticket, self.key, false);
+        }
+    }
 }
 
 thread_local! {

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use vgpu_cuda_abi::{CUcontext, CUevent, CUresult, CUstream, CUstreamCaptureStatus, pfn};
 use vgpu_limiter::{Clock, GpuTimer, MarkerKind, Nanos, TimerError};
 
+use super::gate::SampleGate;
 use super::launch_timing::{part, timed};
 use crate::log::{WARN, vlog};
 use crate::published::Published;
@@ -232,6 +233,7 @@ pub(super) struct EventTimer {
     fns: &'static EventFns,
     /// Idle events per context and kind (timed or not).
     pool: Vec<((usize, bool), Vec<usize>)>,
+    gate: SampleGate,
 }
 
 /// `CU_EVENT_DISABLE_TIMING`: a completion-only event.
@@ -249,6 +251,7 @@ impl EventTimer {
         Self {
             fns,
             pool: Vec::new(),
+            gate: SampleGate::new(),
         }
     }
 
@@ -354,6 +357,17 @@ impl GpuTimer for EventTimer {
             Some(_) => self.destroy(marker.event),
             None => self.pool.push((key, vec![marker.event])),
         }
+    }
+
+    fn gate(&mut self, stream: StreamKey) -> Result<(), TimerError> {
+        if stream.owner != 0 && stream.owner != thread_token() {
+            return Err(TimerError { code: -1 });
+        }
+        self.gate.hold(stream.handle)
+    }
+
+    fn open_gates(&mut self) {
+        self.gate.open();
     }
 }
 

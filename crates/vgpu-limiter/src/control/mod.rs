@@ -77,6 +77,8 @@ pub struct LimiterStats {
     pub unknown_launches: u64,
     /// Samples settled (launches measured alone).
     pub samples: u64,
+    /// Of the samples taken, those opened behind a gate ([`crate::GpuTimer::gate`]).
+    pub gated_samples: u64,
     /// Segments settled.
     pub segments: u64,
     /// Markers recorded.

@@ -170,6 +170,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         // A sample opens behind a gate of its own when the timer can hold the stream: its
         // start marker then runs only once the launch and the end marker are queued.
         let gated = sample.is_some() && self.timer.gate(stream).is_ok();
+        self.stats.gated_samples += u64::from(gated);
         let mut start = None;
         if !gated
             && let Some(prev) = self.seg.closed.back_mut()

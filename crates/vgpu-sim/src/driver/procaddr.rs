@@ -173,6 +173,7 @@ pub fn table() -> &'static HashMap<&'static str, Vec<Variant>> {
             cuStreamSynchronize: 2000 / cuStreamSynchronize_ptsz;
             cuStreamQuery: 2000 / cuStreamQuery_ptsz;
             cuStreamWaitEvent: 3020 / cuStreamWaitEvent_ptsz;
+            cuStreamWaitValue32: 12000 => cuStreamWaitValue32_v2 / cuStreamWaitValue32_v2_ptsz;
             cuStreamGetFlags: 5050 / cuStreamGetFlags_ptsz;
             cuStreamGetPriority: 5050 / cuStreamGetPriority_ptsz;
             cuStreamGetCtx: 9020 / cuStreamGetCtx_ptsz;

@@ -37,6 +37,9 @@ exports_pt! {
     cuStreamWaitEvent / cuStreamWaitEvent_ptsz(st: CUstream, ev: CUevent, _flags: c_uint) false |s, pt| {
         s.stream_wait_event(stream(st, pt), hv(ev))
     }
+    cuStreamWaitValue32_v2 / cuStreamWaitValue32_v2_ptsz(st: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) false |s, pt| {
+        s.stream_wait_value32(stream(st, pt), addr.0, value, flags)
+    }
     cuStreamGetFlags / cuStreamGetFlags_ptsz(st: CUstream, flags: *mut c_uint) false |s, _pt| {
         out!(flags, s.stream_flags(hv(st))?);
         Ok(())

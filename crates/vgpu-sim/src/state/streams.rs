@@ -196,4 +196,49 @@ impl Sim {
         q.submit(Box::new(move || e.wait()));
         Ok(())
     }
+
+    /// `cuStreamWaitValue32`: later work on the stream waits until the 32-bit word at `addr`
+    /// satisfies `flags` against `value` (`CU_STREAM_WAIT_VALUE_GEQ` 0, as a wrapping
+    /// difference; `EQ` 1; `AND` 2). The simulated driver takes words in pinned allocations
+    /// only (the real one also registered and device memory), which the waiting job keeps
+    /// alive; `NOR` and a capturing stream are refused.
+    pub fn stream_wait_value32(
+        &self,
+        stream: StreamArg,
+        addr: u64,
+        value: u32,
+        flags: u32,
+    ) -> CuResult<()> {
+        self.current()?;
+        if flags > 2 || addr % 4 != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let region = {
+            let st = self.st();
+            let r = st.pinned_at(addr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            st.pinned
+                .get(&r.base)
+                .map(|a| a.region.clone())
+                .filter(|region| region.span(addr, 4).is_some())
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?
+        };
+        let q = self.uncaptured_queue(stream)?;
+        q.submit(Box::new(move || {
+            let Some(word) = region.span(addr, 4) else {
+                return;
+            };
+            while let Some(w) = hostmem::load_u32(word) {
+                let met = match flags {
+                    0 => (w.wrapping_sub(value) as i32) >= 0,
+                    1 => w == value,
+                    _ => w & value != 0,
+                };
+                if met {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }));
+        Ok(())
+    }
 }
