@@ -828,7 +828,7 @@ fn a_child_forked_beside_the_heartbeat_exits_and_the_parent_stays_then_leaves() 
 fn a_limited_processs_samples_open_behind_a_gate_that_is_always_opened() {
     // A sample's start marker waits on a host word (cuStreamWaitValue32) that the limiter
     // writes once the launch and its end marker are queued. A gate left closed would hold
-    // the stream for good: the program's synchronize would never return.
+    // the stream until the watchdog opens it (1 ms), and that sample would not count.
     let _one = serial();
     for mode in ['k', 'p'] {
         let e = env();
@@ -854,7 +854,10 @@ fn a_limited_processs_samples_open_behind_a_gate_that_is_always_opened() {
                 .unwrap_or_else(|| panic!("a number after {after:?} in {line}"))
         };
         let (samples, gated) = (count("cost), "), count("samples ("));
+        let unknown = count("launches (");
         assert!(samples > 0, "{mode}: {line}");
-        assert!(gated >= samples, "{mode}: every sample gated: {line}");
+        // All but the identities' first launches (the driver may load a kernel then: never
+        // gated).
+        assert!(gated + unknown >= samples, "{mode}: samples gated: {line}");
     }
 }

@@ -1002,9 +1002,11 @@ impl GpuTimer for SlicedTimer {
         Ok(())
     }
 
-    fn open_gates(&mut self) {
+    fn open_gates(&mut self) -> bool {
+        let held = !self.gates.is_empty();
         for g in self.gates.drain(..) {
             self.gpu.open_gate(g, self.clock.now());
         }
+        held
     }
 }

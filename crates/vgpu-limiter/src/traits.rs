@@ -71,8 +71,10 @@ pub trait GpuTimer {
     /// once its launch and end marker are queued, so the span holds no host time and no
     /// switch away from a stream that ran dry during the launch call. `Err`: nothing is held.
     fn gate(&mut self, stream: Self::Stream) -> Result<(), TimerError>;
-    /// Opens every gate this timer holds.
-    fn open_gates(&mut self);
+    /// Opens every gate this timer holds; whether they held until now (false when none was
+    /// held, or the timer had to open one earlier: the hook's opens a gate held past a bound,
+    /// because a launch call can wait inside the driver for the GPU, which waits for the gate).
+    fn open_gates(&mut self) -> bool;
 }
 
 /// What the other processes of the container use on this device (the limiter's sum of the

@@ -214,6 +214,7 @@ impl SmLimiter {
         }
         self.slot.store(ptr::null_mut(), Ordering::Relaxed);
         self.heartbeat.reset_in_child();
+        gate::reset_in_child();
     }
 
     /// At exit: the heartbeat stops (it would put the container back on the board); each
@@ -221,6 +222,7 @@ impl SmLimiter {
     /// `LIBCUDA_LOG_LEVEL` 3), if no thread holds it (an exit never waits for a launch).
     pub(crate) fn stop_at_exit(&self) {
         self.heartbeat.stop();
+        gate::stop_at_exit();
         // Both exit paths may call this: say it once.
         if self.said_stats.swap(true, Ordering::Relaxed) {
             return;
@@ -452,7 +454,7 @@ impl SmLimiter {
         Mutex::new(Limiter::new(
             cfg,
             MonoClock,
-            EventTimer::new(fns),
+            EventTimer::new(fns, d),
             view,
             board,
         ))

@@ -247,11 +247,11 @@ fn timer_error(r: CUresult) -> TimerError {
 }
 
 impl EventTimer {
-    pub(super) fn new(fns: &'static EventFns) -> Self {
+    pub(super) fn new(fns: &'static EventFns, device: usize) -> Self {
         Self {
             fns,
             pool: Vec::new(),
-            gate: SampleGate::new(),
+            gate: SampleGate::new(device),
         }
     }
 
@@ -366,8 +366,8 @@ impl GpuTimer for EventTimer {
         self.gate.hold(stream.handle)
     }
 
-    fn open_gates(&mut self) {
-        self.gate.open();
+    fn open_gates(&mut self) -> bool {
+        self.gate.open()
     }
 }
 

@@ -308,7 +308,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 self.held_since = None;
                 if kind != TicketKind::Free {
                     self.costs.count(id, &quote);
-                    self.prepare(stream, kind, id, now);
+                    self.prepare(stream, kind, id, quote.known, now);
                 }
                 Admission::Go(Ticket {
                     kind,

@@ -134,12 +134,13 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
     }
 
     /// Makes sure a segment on `stream` brackets the coming launch: a fresh one of its own
-    /// for a sample.
+    /// for a sample (`known`: its identity was launched before).
     pub(super) fn prepare(
         &mut self,
         stream: T::Stream,
         kind: TicketKind,
         id: LaunchId,
+        known: bool,
         now: Nanos,
     ) {
         let sample = (kind == TicketKind::Sample).then_some(id);
@@ -168,8 +169,11 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
         // driver call (the sample ration in `costs`), so none is recorded or asked for here.
         let timed = sample.is_some() || self.costs.take_span(now);
         // A sample opens behind a gate of its own when the timer can hold the stream: its
-        // start marker then runs only once the launch and the end marker are queued.
-        let gated = sample.is_some() && self.timer.gate(stream).is_ok();
+        // start marker then runs only once the launch and the end marker are queued. Not at
+        // an identity's first launch: the driver may load its kernel then and wait for the
+        // GPU inside the launch call, which would wait for the gate (the hook's timer opens
+        // a gate held too long, and such a sample is not used).
+        let gated = sample.is_some() && known && self.timer.gate(stream).is_ok();
         self.stats.gated_samples += u64::from(gated);
         let mut start = None;
         if !gated
@@ -245,8 +249,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             open.unknown_charged += charged;
         }
         if open.gated {
-            // Its start marker waits behind the gate: the launch is queued ahead of it.
-            open.clean = true;
+            // Decided when the gate opens (`close_open`).
         } else if open.sample.is_some() {
             // Called once the launch call returned: see the module's docs.
             self.stats.queries += 1;
@@ -271,8 +274,18 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             }
             return;
         }
-        let seg_gated = seg.gated;
-        match self.timer.record(seg.stream, marker_kind(seg.timed)) {
+        let end = self.timer.record(seg.stream, marker_kind(seg.timed));
+        if seg.gated {
+            // After the end marker: the bracket holds the launch and its end, nothing of the
+            // host's time between them. Clean if the gate held until now; a gate the timer
+            // had to open early may have let the start marker run before the launch was
+            // queued: then its span is no sample (it settles as an ordinary segment).
+            seg.clean = self.timer.open_gates();
+            if !seg.clean {
+                seg.sample = None;
+            }
+        }
+        match end {
             Ok(end) => {
                 self.count_marker(seg.timed);
                 if seg.timed && seg.sample.is_none() && seg.unknown == 0 && seg.launches >= 2 {
@@ -287,11 +300,6 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
                 self.seg.left(&seg);
                 self.drop_start(&seg);
             }
-        }
-        if seg_gated {
-            // After the end marker: the bracket holds the launch and its end, nothing of
-            // the host's time between them.
-            self.timer.open_gates();
         }
     }
 
