@@ -241,13 +241,14 @@ impl SmLimiter {
             let part = l.allotment().fraction * 100.0;
             vlog!(
                 INFO,
-                "device {d}: limiter stats: {} launches ({} of unknown cost), {} samples ({} gated), {} segments \
+                "device {d}: limiter stats: {} launches ({} of unknown cost), {} samples ({} gated, {} gates opened late), {} segments \
                  ({} markers, {} of them timed, {} queries), busy {:.1} ms, util {util:.0}%, part {part:.0}%, \
                  waits {} (pace {}, queue {}, hold {}, hold expiries {}), timer errors {}",
                 s.launches,
                 s.unknown_launches,
                 s.samples,
                 s.gated_samples,
+                s.forced_gates,
                 s.segments,
                 s.markers,
                 s.timed_markers,

@@ -79,6 +79,8 @@ pub struct LimiterStats {
     pub samples: u64,
     /// Of the samples taken, those opened behind a gate ([`crate::GpuTimer::gate`]).
     pub gated_samples: u64,
+    /// Of those, gates the timer had opened before the launch's report (not used as samples).
+    pub forced_gates: u64,
     /// Segments settled.
     pub segments: u64,
     /// Markers recorded.

@@ -282,6 +282,7 @@ impl<C: Clock, T: GpuTimer, V: ContainerView, B: NodeBoard> Limiter<C, T, V, B> 
             // queued: then its span is no sample (it settles as an ordinary segment).
             seg.clean = self.timer.open_gates();
             if !seg.clean {
+                self.stats.forced_gates += 1;
                 seg.sample = None;
             }
         }
