@@ -563,6 +563,25 @@ impl Scenario {
         self.p.finish();
     }
 
+    /// Waits up to 15 s for `n` staged allocations to be in pinned host memory (the
+    /// `vgpu-swap` thread's background pinning, docs/swap.md "Pageable staging").
+    fn wait_settled(&self, n: usize) {
+        let start = Instant::now();
+        while self
+            .stderr()
+            .matches("staged bytes into pinned host memory")
+            .count()
+            < n
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "not {n} staged allocations pinned:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Lets the program read its memory back after a swap (a gated call brings it in first),
     /// checks that nothing was lost, and lets it end.
     fn back_intact(mut self) {
@@ -708,7 +727,10 @@ fn host_memory_kept_between_swaps_is_in_the_shared_file() {
     resident(&mut p, false);
     assert_eq!(kept(&p.snapshot()), (Some(0), Some(0)));
     assert!(p.table().request_swap_out().is_some());
-    let out = p.wait_swapped(true, Duration::from_secs(10));
+    p.wait_swapped(true, Duration::from_secs(10));
+    // Staged (nothing was pinned), then pinned in the background: it holds the data.
+    p.wait_settled(1);
+    let out = p.snapshot();
     assert_eq!(
         (out.devices[0].host, kept(&out)),
         (CHUNK, (Some(0), Some(0))),
@@ -758,6 +780,7 @@ fn freed_allocations_take_their_kept_host_memory_out_of_the_shared_file() {
     p.reach("idle");
     assert!(p.table().request_swap_out().is_some());
     p.wait_swapped(true, Duration::from_secs(10));
+    p.wait_settled(3);
     p.go();
     p.reach("back");
     assert_eq!(kept(&p.snapshot()), (Some(3 * CHUNK), Some(3 * CHUNK)));
@@ -866,14 +889,20 @@ fn an_urgent_allocation_gets_the_room_an_idle_less_urgent_process_gives_by_swapp
 
 #[test]
 fn an_urgent_allocation_keeps_waiting_while_a_giver_swaps_out_longer_than_an_offer_counts() {
-    // The same pair, but the giver's swap-out pins its host memory afresh at 12 MB/s: its
+    // The same pair, but the giver's swap-out stages (or pins) its host memory at 12 MB/s: its
     // three buffers leave the device one by one over about 4 s, longer than an offer counts
     // on the board (3 s). The taker wants all three: each of its allocations beyond the room
     // waits for the next buffer to leave. Without the giver saying it still gives while it
     // moves, the third found no offer and failed at once (the H200 did the same with 24 GiB
     // pinned in 6.6 s: `swap_torch.py --priority`).
-    let (stdout, log, giver) =
-        urgent_beside_a_giver("slow", &[("VGPU_SIM_HOST_PIN_MBPS", "12")], 6);
+    let (stdout, log, giver) = urgent_beside_a_giver(
+        "slow",
+        &[
+            ("VGPU_SIM_HOST_PIN_MBPS", "12"),
+            ("VGPU_SIM_PAGEABLE_MBPS", "12"),
+        ],
+        6,
+    );
     assert!(
         stdout.contains("allocated=6"),
         "{stdout}\ntaker:\n{log}\ngiver:\n{giver}"
@@ -1275,12 +1304,14 @@ fn swapping_cycles_keep_the_data_whole_and_pin_host_memory_once() {
 }
 
 #[test]
-fn without_keeping_host_memory_every_swap_out_pins_afresh() {
+fn without_keeping_host_memory_every_swap_out_stages_and_pins_nothing() {
     let (outs, creations) = cycle(&[("VGPU_SWAP_KEEP_HOST", "0")]);
-    // The log's count is a floor (its rate limit folds lines together).
-    assert!(
-        creations > outs as i64,
-        "{outs} swap-outs pinned host memory only {creations} times"
+    // x's first home only (host-backed: the device was full): with no pinned memory kept,
+    // every swap-out stages in pageable memory and nothing is pinned in the background
+    // (before pageable staging, every swap-out pinned afresh).
+    assert_eq!(
+        creations, 1,
+        "{outs} swap-outs pinned host memory {creations} times"
     );
 }
 
@@ -1626,5 +1657,172 @@ fn a_program_handle_whose_move_fails_stays_on_the_device_intact() {
         );
         p.go();
         p.finish();
+    }
+}
+
+/// Waits up to `within` for the first process's slot to say `kept` bytes of host memory kept
+/// for swap-outs.
+fn wait_kept(p: &Scenario, kept_bytes: u64, within: Duration) -> TableSnapshot {
+    let start = Instant::now();
+    loop {
+        let snap = p.snapshot();
+        if kept(&snap).0 == Some(kept_bytes) {
+            return snap;
+        }
+        assert!(
+            start.elapsed() < within,
+            "not {kept_bytes} bytes kept within {within:?}: {snap:?}\n{}",
+            p.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_swap_out_with_no_pinned_memory_at_hand_stages_and_releases_the_device_at_once() {
+    // Pinning 48 MiB at 24 MB/s takes 2 s: a swap-out that pinned would be that slow. Staged
+    // in pageable memory, the device is free at once, and the bytes are the host class.
+    let mut p = Scenario::start(
+        "staged",
+        "m",
+        &[
+            ("VGPU_IDLE_SWAP", "manual"),
+            ("VGPU_SWAP_MOVABLE", "1"),
+            ("VGPU_SIM_HOST_PIN_MBPS", "24"),
+        ],
+    );
+    p.reach("idle");
+    let asked = Instant::now();
+    assert!(p.table().request_swap_out().is_some());
+    let out = p.wait_swapped(true, Duration::from_secs(10));
+    let took = asked.elapsed();
+    assert_eq!((out.devices[0].data, out.devices[0].host), (0, 3 * CHUNK));
+    assert!(
+        took < Duration::from_millis(1500),
+        "the swap-out took {took:?}: it pinned\n{}",
+        p.stderr()
+    );
+    let log = p.stderr();
+    assert!(
+        log.contains("swapped out 50331648 bytes")
+            && log.contains(", 0 of them into host memory pinned for it, 50331648 staged"),
+        "{log}"
+    );
+    // Left alone, the process gets its staged bytes pinned in the background (kept memory
+    // while empty, then the host class's home): nothing kept once they are in.
+    p.wait_settled(3);
+    let settled = p.snapshot();
+    assert_eq!(kept(&settled), (Some(0), Some(0)), "{settled:?}");
+    assert_eq!(settled.devices[0].host, 3 * CHUNK, "still the host class");
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    // Its swap-in kept the pinned memory: the next swap-out pins nothing and stages nothing.
+    let back = wait_kept(&p, 3 * CHUNK, Duration::from_secs(5));
+    assert_eq!((back.devices[0].data, back.devices[0].host), (3 * CHUNK, 0));
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn a_wake_before_the_background_pinning_takes_the_staged_bytes_straight_back() {
+    // Pinning at 2 MB/s: 8 s per allocation, so the wake comes while the first pins. It must
+    // not wait for it, and the data comes back from pageable memory.
+    let mut p = Scenario::start(
+        "staged-wake",
+        "m",
+        &[
+            ("VGPU_IDLE_SWAP", "manual"),
+            ("VGPU_SWAP_MOVABLE", "1"),
+            ("VGPU_SIM_HOST_PIN_MBPS", "2"),
+        ],
+    );
+    p.reach("idle");
+    assert!(p.table().request_swap_out().is_some());
+    p.wait_swapped(true, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    let woke = Instant::now();
+    p.go();
+    p.reach("back");
+    let took = woke.elapsed();
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    assert!(
+        took < Duration::from_millis(2000),
+        "the wake waited {took:?} for a pinning\n{}",
+        p.stderr()
+    );
+    let back = p.snapshot();
+    assert_eq!((back.devices[0].data, back.devices[0].host), (3 * CHUNK, 0));
+    assert!(!back.processes[0].swapped_out);
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn staged_bytes_stay_staged_where_the_host_refuses_to_pin_and_still_come_back() {
+    // The host pins at most 8 MiB: today's swap-out could move none of the three 16 MiB
+    // allocations. Staged, they leave the device; the background pinning is refused and they
+    // stay in pageable memory, whole, until the swap-in.
+    let mut p = Scenario::start(
+        "staged-refused",
+        "m",
+        &[
+            ("VGPU_IDLE_SWAP", "manual"),
+            ("VGPU_SWAP_MOVABLE", "1"),
+            ("VGPU_SIM_HOST_PINNED_LIMIT", "8m"),
+        ],
+    );
+    p.reach("idle");
+    assert!(p.table().request_swap_out().is_some());
+    let out = p.wait_swapped(true, Duration::from_secs(10));
+    assert_eq!((out.devices[0].data, out.devices[0].host), (0, 3 * CHUNK));
+    std::thread::sleep(Duration::from_millis(500));
+    let still = p.snapshot();
+    assert_eq!(
+        kept(&still),
+        (Some(0), Some(0)),
+        "nothing pinned: {still:?}"
+    );
+    assert_eq!(still.devices[0].host, 3 * CHUNK);
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    let back = p.snapshot();
+    assert_eq!((back.devices[0].data, back.devices[0].host), (3 * CHUNK, 0));
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn a_process_killed_while_staging_or_pinning_its_staged_bytes_leaves_the_table_exact() {
+    // Staging is at once on the simulator; the background pinning of 48 MiB at 24 MB/s runs
+    // for 2 s, an allocation at a time: kills land before, between and inside those steps.
+    for (k, at_ms) in [0u64, 5, 40, 300, 700, 1100, 1500, 2300]
+        .into_iter()
+        .enumerate()
+    {
+        let mut p = Scenario::start(
+            &format!("staged-kill{k}"),
+            "m",
+            &[
+                ("VGPU_IDLE_SWAP", "manual"),
+                ("VGPU_SWAP_MOVABLE", "1"),
+                ("VGPU_SIM_HOST_PIN_MBPS", "24"),
+                ("LIBCUDA_LOG_LEVEL", "0"),
+            ],
+        );
+        p.reach("idle");
+        assert!(p.table().request_swap_out().is_some());
+        std::thread::sleep(Duration::from_millis(at_ms));
+        p.kill();
+        let snap = p.table().snapshot();
+        assert!(snap.processes.is_empty(), "{snap:?}");
+        let d = &snap.devices[0];
+        assert_eq!(
+            (d.used, d.data, d.context, d.host),
+            (0, 0, 0, 0),
+            "killed after {at_ms} ms: {d:?}"
+        );
+        assert_eq!(snap.kept_host, Some(0), "killed after {at_ms} ms");
     }
 }
