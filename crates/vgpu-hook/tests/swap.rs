@@ -36,6 +36,9 @@ static CUresult (*cuMemcpyDtoH_v2)(void *, P, size_t);
 static CUresult (*cuMemsetD32Async)(P, unsigned, size_t, H);
 static CUresult (*cuMemsetD16Async)(P, unsigned short, size_t, H); /* touching, not listed */
 static CUresult (*cuIpcGetMemHandle)(void *, P);
+static CUresult (*cuMemGetAddressRange_v2)(P *, size_t *, P);
+static CUresult (*cuPointerGetAttribute)(void *, int, P);
+static CUresult (*cuPointerGetAttributes)(unsigned, int *, void **, P);
 static CUresult (*cuCtxCreate_v2)(H *, unsigned, int);
 static CUresult (*cuCtxDestroy_v2)(H);
 static CUresult (*cuMemAddressReserve)(P *, size_t, size_t, P, unsigned long long);
@@ -378,6 +381,18 @@ int main(int argc, char **argv) {
     printf("ipc=%d\n", (int)cuIpcGetMemHandle(ipc, y[0]));
     CHECK(cuCtxSynchronize());
     pause_at("idle");
+    if (argv[1][1] == 'q') { /* mq: the first calls after the swap-out ask about an address */
+      NEED(cuMemGetAddressRange_v2) NEED(cuPointerGetAttribute) NEED(cuPointerGetAttributes)
+      P qb = 0; size_t qs = 0;
+      int ordinal = -1, ordinal2 = -1, attr = 9; /* CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL */
+      void *out = &ordinal2;
+      printf("range=%d\n", (int)cuMemGetAddressRange_v2(&qb, &qs, y[1] + 4096));
+      printf("range_right=%d\n", qb == y[1] && qs == CHUNK);
+      printf("attr=%d\n", (int)cuPointerGetAttribute(&ordinal, 9, y[2]));
+      printf("attrs=%d\n", (int)cuPointerGetAttributes(1, &attr, &out, y[0]));
+      printf("ordinals=%d,%d\n", ordinal, ordinal2);
+      pause_at("queried");
+    }
     long long u = 0;
     for (int i = 0; i < 3; i++) u += unwritten(y[i], 10 + i);
     printf("unwritten_after_swap=%lld\n", u);
@@ -1825,4 +1840,35 @@ fn a_process_killed_while_staging_or_pinning_its_staged_bytes_leaves_the_table_e
         );
         assert_eq!(snap.kept_host, Some(0), "killed after {at_ms} ms");
     }
+}
+
+#[test]
+fn a_pointer_query_of_a_staged_allocation_brings_it_back_and_answers_as_for_resident_memory() {
+    // Staged, the address maps nothing (the driver would answer "not found"): a range or
+    // attribute query of it passes the gate as a touching call does.
+    let mut p = Scenario::start(
+        "staged-query",
+        "mq",
+        &[
+            ("VGPU_IDLE_SWAP", "manual"),
+            ("VGPU_SWAP_MOVABLE", "1"),
+            ("VGPU_SIM_HOST_PIN_MBPS", "2"),
+        ],
+    );
+    p.reach("idle");
+    assert!(p.table().request_swap_out().is_some());
+    p.wait_swapped(true, Duration::from_secs(10));
+    p.go();
+    p.reach("queried");
+    let log = p.stderr();
+    assert_eq!(
+        (p.value("range"), p.value("range_right")),
+        (0, 1),
+        "cuMemGetAddressRange of a staged allocation\n{log}"
+    );
+    assert_eq!(p.value("attr"), 0, "cuPointerGetAttribute\n{log}");
+    assert_eq!(p.value("attrs"), 0, "cuPointerGetAttributes\n{log}");
+    assert!(p.out.contains("ordinals=0,0"), "{}", p.out);
+    assert!(!p.snapshot().processes[0].swapped_out, "brought back");
+    p.back_intact();
 }

@@ -165,6 +165,18 @@ impl HostBacked {
         self.staged.load(Ordering::Relaxed) != 0
     }
 
+    /// Whether `ptr` is in a staged allocation (its address maps nothing now).
+    pub(crate) fn staged_at(&self, ptr: CUdeviceptr) -> bool {
+        if !self.any_staged() {
+            return false;
+        }
+        let entries = self.lock();
+        entries
+            .range(..=ptr.0)
+            .next_back()
+            .is_some_and(|(&va, e)| ptr.0 < va + e.size && e.staged.is_some())
+    }
+
     /// Pins host memory for the largest staged allocation that has none, with no lock held
     /// while it pins (the slow part), and keeps it as that allocation's spare (the slot's
     /// kept bytes) if it is still staged without one. The bytes pinned (0: the allocation
