@@ -1872,3 +1872,67 @@ fn a_pointer_query_of_a_staged_allocation_brings_it_back_and_answers_as_for_resi
     assert!(!p.snapshot().processes[0].swapped_out, "brought back");
     p.back_intact();
 }
+
+#[test]
+fn a_staged_swap_in_the_driver_refuses_leaves_it_staged_whole_and_the_next_call_brings_it() {
+    // The first copy back from pageable memory fails (`VGPU_SIM_FAULTS`), and the call that
+    // needed it may not wait (`VGPU_SWAP_IN_WAIT=0`): that call fails with out-of-memory, the
+    // allocation stays staged and charged as host bytes, and the next call brings it back.
+    let mut p = Scenario::start(
+        "staged-refused-in",
+        "mq",
+        &[
+            ("VGPU_IDLE_SWAP", "manual"),
+            ("VGPU_SWAP_MOVABLE", "1"),
+            ("VGPU_SIM_HOST_PIN_MBPS", "2"),
+            ("VGPU_SWAP_IN_WAIT", "0ms"),
+            ("VGPU_SIM_FAULTS", "cuMemcpyHtoD_v2:1:999"),
+        ],
+    );
+    p.reach("idle");
+    assert!(p.table().request_swap_out().is_some());
+    p.wait_swapped(true, Duration::from_secs(10));
+    p.go();
+    p.reach("queried");
+    let log = p.stderr();
+    assert_eq!(p.value("range"), 2, "out of memory\n{log}");
+    assert!(log.contains("cannot swap 16777216 bytes back in"), "{log}");
+    assert_eq!((p.value("attr"), p.value("attrs")), (0, 0), "{log}");
+    let back = p.snapshot();
+    assert_eq!((back.devices[0].data, back.devices[0].host), (3 * CHUNK, 0));
+    assert!(!back.processes[0].swapped_out);
+    p.back_intact();
+}
+
+#[test]
+fn a_staged_swap_in_without_room_waits_then_fails_cleanly_and_the_data_survives() {
+    // As `a_swap_in_without_room_waits_then_fails_cleanly_and_the_data_survives`, the buffer
+    // staged (`manual`: nothing pinned ahead; pinning too slow to finish meanwhile).
+    let mut p = Scenario::start(
+        "staged-crowded",
+        "crowded",
+        &[
+            ("VGPU_IDLE_SWAP", "manual"),
+            ("VGPU_SWAP_IN_WAIT", "300ms"),
+            ("VGPU_SIM_HOST_PIN_MBPS", "2"),
+        ],
+    );
+    resident(&mut p, false);
+    assert!(p.table().request_swap_out().is_some());
+    p.wait_swapped(true, Duration::from_secs(10));
+    assert!(p.stderr().contains("16777216 staged"), "{}", p.stderr());
+    p.go();
+    p.reach("refused");
+    assert_eq!(p.value("refilled"), 0);
+    assert_eq!(p.value("launch_while_full"), 2, "{}", p.stderr());
+    let snap = p.snapshot();
+    assert!(snap.processes[0].swapped_out, "still out");
+    assert_eq!(snap.devices[0].host, CHUNK, "still whole in host memory");
+    p.go();
+    p.reach("back");
+    assert_eq!(p.value("unwritten_after_swap"), 0, "data lost in the swap");
+    assert_eq!(p.value("unwritten_after_fill"), 0);
+    assert_eq!(p.snapshot().devices[0].host, 0);
+    p.go();
+    p.finish();
+}
