@@ -14,9 +14,12 @@ each with its own value, synchronizes and waits. The runner then:
 2. lets it touch its memory (a sum over every tensor): the first call brings everything back,
    timed inside the engine (the first operation, then the whole check), and the sums must be
    what was written;
-3. the same again (`--cycles`, default 3), then the engine exits. The first swap-out pins
-   host memory afresh (4.6 GB/s on the H200 whatever the threads, `host_pin_cost.cu`); a
-   swap-in keeps it (`VGPU_SWAP_KEEP_HOST`), so later cycles copy at link speed.
+3. the same again (`--cycles`, default 3), then the engine exits. The first swap-out stages
+   in pageable memory (nothing is pinned yet; docs/swap.md, "Pageable staging"), and the
+   hook pins it in the background while the engine stays out; with `--settle S` the runner
+   leaves it out S seconds before the touch, so the swap-in finds it pinned and keeps it
+   (`VGPU_SWAP_KEEP_HOST`), and later cycles copy at link speed. Without it, the first touch
+   brings the staged bytes back from pageable memory.
 
 `--pair` instead runs the turn-taking scenario of issue 27: a bare filler leaves `--room` GiB
 of the GPU free; two engines of 60% of that room each, under `VGPU_IDLE_SWAP=1s` (`--idle`), take turns
@@ -140,10 +143,17 @@ def run(args):
                     break
                 time.sleep(0.01)
             after = gpu_used_bytes()
+            settled = None
+            if args.settle and out_s:
+                # Staged bytes (docs/swap.md, "Pageable staging") are pinned in the background
+                # while the engine stays out: the touch after --settle seconds times that.
+                time.sleep(args.settle)
+                with open(log) as f:
+                    settled = sum("staged bytes into pinned host memory" in l for l in f)
             touched = touch(p)
             c = {"cycle": cycle, "out_s": out_s, "released_bytes": before - after,
                  "in_first_s": touched["first_s"], "in_all_s": touched["all_s"],
-                 "intact": touched["intact"]}
+                 "intact": touched["intact"], "settled_allocations": settled}
             if out_s:
                 c["out_gb_s"] = args.gib * GIB / out_s / 1e9
                 c["in_gb_s"] = args.gib * GIB / touched["first_s"] / 1e9
@@ -154,7 +164,7 @@ def run(args):
         if p.poll() is None:
             p.kill()
     with open(log) as f:
-        result["hook_lines"] = [l.strip() for l in f if "swap" in l][-10:]
+        result["hook_lines"] = [l.strip() for l in f if "swap" in l or "staged" in l][-10:]
     return result
 
 
@@ -512,6 +522,9 @@ def main():
     ap.add_argument("--expandable", action="store_true")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a swap-out")
     ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds to leave the engine swapped out before its touch (the background "
+                         "pinning of staged bytes runs meanwhile)")
     ap.add_argument("--pair", action="store_true", help="two engines taking turns")
     ap.add_argument("--room", type=int, default=40, help="--pair: GiB the filler leaves free")
     ap.add_argument("--turns", type=int, default=6, help="--pair: turns in all")

@@ -80,8 +80,7 @@ macro_rules! cuda_hooked_functions {
                 fn(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) -> CUresult;
             cuPointerGetAttributes ["cuPointerGetAttributes", 7000, any]
                 fn(num_attributes: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void,
-                   ptr: CUdeviceptr) -> CUresult
-                => then range_attributes(num_attributes, attributes, data, ptr);
+                   ptr: CUdeviceptr) -> CUresult;
             cuIpcGetMemHandle ["cuIpcGetMemHandle", 4010, any]
                 fn(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult;
 

@@ -605,3 +605,17 @@ pub(crate) fn copy_dtod(
     // SAFETY: two mapped ranges of at least `n` bytes (the driver validates them).
     unsafe { have(cuda.h.cuMemcpyDtoD_v2)?(dst, src, n as usize) }.ok()
 }
+
+/// `cuMemcpyDtoH_v2` of `dst.len()` bytes from `src` into host memory (pageable or not):
+/// synchronous with respect to the host.
+pub(crate) fn copy_dtoh(cuda: &Cuda, dst: &mut [u8], src: CUdeviceptr) -> Result<(), CUresult> {
+    // SAFETY: `dst` is writable for its length; the driver validates the device range.
+    unsafe { have(cuda.h.cuMemcpyDtoH_v2)?(dst.as_mut_ptr().cast(), src, dst.len()) }.ok()
+}
+
+/// `cuMemcpyHtoD_v2` of `src.len()` bytes from host memory (pageable or not) to `dst`:
+/// synchronous with respect to the host (the driver has read `src` when it returns).
+pub(crate) fn copy_htod(cuda: &Cuda, dst: CUdeviceptr, src: &[u8]) -> Result<(), CUresult> {
+    // SAFETY: `src` is readable for its length; the driver validates the device range.
+    unsafe { have(cuda.h.cuMemcpyHtoD_v2)?(dst, src.as_ptr().cast(), src.len()) }.ok()
+}

@@ -282,6 +282,21 @@ fn suballocation(ptr: CUdeviceptr) -> Option<vgpu_alloc_core::AddressRange> {
         .filter(|r| r.kind == AllocationKind::SubAllocated)
 }
 
+/// A query about `ptr` (its range or attributes) made by `call`: where `ptr` is in an
+/// allocation a swap-out staged in pageable memory (its address maps nothing until it comes
+/// back: docs/swap.md, "Pageable staging"), the query passes the swap gate as a touching call
+/// does, so the process comes back first and the driver answers as for resident memory.
+/// Otherwise (one relaxed load while swapping is off) the call as it is.
+fn query(ptr: CUdeviceptr, call: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
+    let staged =
+        !crate::swap::off() && ready_state().is_some_and(|st| st.host_backed.staged_at(ptr));
+    if staged {
+        crate::swap::touching(call)
+    } else {
+        call()
+    }
+}
+
 pub(crate) unsafe fn cuMemGetAddressRange_v2(
     forward: impl Forward,
     pbase: *mut CUdeviceptr,
@@ -289,7 +304,7 @@ pub(crate) unsafe fn cuMemGetAddressRange_v2(
     dptr: CUdeviceptr,
 ) -> Result<(), CUresult> {
     let Some(range) = suballocation(dptr) else {
-        return forward(real::cuda()?);
+        return query(dptr, || forward(real::cuda()?));
     };
     // Both out-pointers are optional in the driver API.
     if !pbase.is_null() {
@@ -346,15 +361,28 @@ pub(crate) unsafe fn cuPointerGetAttribute(
             }
         }
     }
-    forward(real::cuda()?)
+    query(ptr, || forward(real::cuda()?))
+}
+
+/// `cuPointerGetAttributes`: the driver's answer (after a swap-in where `ptr` was staged,
+/// [`query`]), then a sub-allocation's range made its own.
+pub(crate) unsafe fn cuPointerGetAttributes(
+    forward: impl Forward,
+    num_attributes: c_uint,
+    attributes: *mut CUpointer_attribute,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> Result<(), CUresult> {
+    query(ptr, || forward(real::cuda()?))?;
+    // SAFETY: the arrays the driver just read and filled, per the caller's contract.
+    unsafe { range_attributes(num_attributes, attributes, data, ptr) }
 }
 
 /// `cuPointerGetAttributes` succeeded: a sub-allocation's range is its own, not its region's.
 ///
 /// # Safety
 /// The arrays the driver just read and filled (`num_attributes` entries each, or null).
-pub(crate) unsafe fn range_attributes(
-    _cuda: &Cuda,
+unsafe fn range_attributes(
     num_attributes: c_uint,
     attributes: *mut CUpointer_attribute,
     data: *mut *mut c_void,

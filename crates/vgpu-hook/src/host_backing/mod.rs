@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use vgpu_alloc_core::{DeviceIndex, OutOfMemory, UsageClass, UsageLedger};
 use vgpu_cuda_abi::*;
@@ -34,6 +34,9 @@ use crate::real::Cuda;
 mod contexts;
 pub(crate) mod program_vmm;
 mod spare;
+// The pageable staging memory: an anonymous mapping made, viewed and unmapped.
+#[allow(unsafe_code)]
+mod staged;
 pub(crate) mod swap;
 pub(crate) use contexts::DeviceContexts;
 use spare::Spare;
@@ -66,6 +69,9 @@ struct Backed {
     /// charged in the shared file's classes (it holds none of the container's data), only
     /// shown as the slot's kept bytes; the memory cgroup counts it.
     spare: Spare,
+    /// Its bytes while a swap-out staged them in pageable memory (docs/swap.md, "Pageable
+    /// staging"): its address then maps nothing and `handle` names no memory.
+    staged: Option<staged::Staged>,
 }
 
 /// This process's host-backed allocations.
@@ -77,6 +83,10 @@ pub(crate) struct HostBacked {
     /// Entries in host memory: 0 means nothing to move back.
     on_host: AtomicUsize,
     next_seq: AtomicU64,
+    /// Entries staged in pageable memory: 0 means nothing to pin for them.
+    staged: AtomicUsize,
+    /// Pinning for staged entries was refused since the last swap-out: not tried again.
+    staging_refused: AtomicBool,
     /// `cuMemCreate` handles of the program's own VMM path made in host memory instead of on
     /// the device (their charge is host-backed until the handle's release).
     vmm_handles: Mutex<BTreeMap<u64, (DeviceIndex, u64)>>,
@@ -275,6 +285,7 @@ impl HostBacked {
                 seq,
                 swapped: false,
                 spare: Spare::default(),
+                staged: None,
             },
         );
         self.live.fetch_add(1, Ordering::Release);
@@ -371,8 +382,13 @@ impl HostBacked {
         if e.place == Place::Host {
             self.on_host.fetch_sub(1, Ordering::Release);
         }
-        let _ = driver::unmap(cuda, ptr, e.size);
-        let _ = driver::mem_release(cuda, e.handle);
+        if e.staged.take().is_some() {
+            // Its address maps nothing and it has no driver memory: the staged bytes go.
+            self.staged.fetch_sub(1, Ordering::Release);
+        } else {
+            let _ = driver::unmap(cuda, ptr, e.size);
+            let _ = driver::mem_release(cuda, e.handle);
+        }
         e.spare.release(cuda, ledger, e.size);
         let _ = driver::address_free(cuda, ptr, e.size);
         match e.place {

@@ -18,7 +18,7 @@ use vgpu_alloc_core::DeviceIndex;
 
 use super::{
     Backed, HostBacked, Place, create_on_host, device_location, granularity, host_location,
-    map_fresh, move_one, rehome, round_up,
+    map_fresh, move_one, rehome, round_up, staged,
 };
 use crate::driver;
 use crate::ledger::SharedLedger;
@@ -47,6 +47,8 @@ pub(crate) struct Moved {
     /// Of them, those copied into host memory pinned for the occasion (the slow part), not
     /// into memory kept or pinned ahead.
     pub(crate) pinned_afresh: u64,
+    /// Of them, those staged in pageable memory (no pinned memory was at hand).
+    pub(crate) staged: u64,
 }
 
 /// What a swap-in left.
@@ -175,15 +177,21 @@ impl HostBacked {
     ) -> Moved {
         let mut entries = self.lock();
         let mut moved = Moved::default();
+        // A new swap-out: pinning for what it stages may be tried again.
+        self.staging_refused.store(false, Ordering::Relaxed);
         for (&va, e) in entries.iter_mut().filter(|(_, e)| e.place == Place::Device) {
             let ctx = e.context as CUcontext;
-            let pinned_afresh = e.spare.is_none();
             match in_context(cuda, ctx, || move_out(cuda, ledger, CUdeviceptr(va), e)) {
-                Ok(()) => {
+                Ok(how) => {
                     self.on_host.fetch_add(1, Ordering::Release);
                     moved.bytes += e.size;
-                    if pinned_afresh {
-                        moved.pinned_afresh += e.size;
+                    match how {
+                        Out::Kept => {}
+                        Out::PinnedAfresh => moved.pinned_afresh += e.size,
+                        Out::Staged => {
+                            self.staged.fetch_add(1, Ordering::Release);
+                            moved.staged += e.size;
+                        }
                     }
                 }
                 Err(code) => vlog!(
@@ -230,10 +238,25 @@ impl HostBacked {
                 if free.saturating_sub(device_reserve) < e.size {
                     return Err(CUresult::OUT_OF_MEMORY);
                 }
-                move_one(cuda, ledger, CUdeviceptr(va), e)
+                if e.staged.is_some() {
+                    return staged::stage_in(cuda, ledger, CUdeviceptr(va), e).map(|()| None);
+                }
+                move_one(cuda, ledger, CUdeviceptr(va), e).map(Some)
             });
             match back {
-                Ok(emptied) => {
+                Ok(None) => {
+                    // From pageable memory: nothing emptied to keep (a spare pinned for it
+                    // meanwhile stays).
+                    self.staged.fetch_sub(1, Ordering::Release);
+                    e.swapped = false;
+                    self.on_host.fetch_sub(1, Ordering::Release);
+                    vlog!(
+                        INFO,
+                        "{} bytes at {va:#x} swapped back in from pageable memory",
+                        e.size
+                    );
+                }
+                Ok(Some(emptied)) => {
                     // Kept, its next swap-out copies at link speed instead of pinning afresh.
                     if keep_host {
                         e.spare.keep(cuda, ledger, emptied, e.size);
@@ -259,15 +282,30 @@ impl HostBacked {
     }
 }
 
-/// One swap-out: host bytes charged, a host-located allocation filled through a second
-/// address, the allocation's own address remapped to it, the device memory and its charge
-/// released last.
+/// Where a swap-out put one allocation's bytes.
+enum Out {
+    /// Into pinned memory kept for it (from its last swap-in, or pinned ahead).
+    Kept,
+    /// Into pinned memory created for it now.
+    PinnedAfresh,
+    /// Into pageable memory: none was pinned for it (docs/swap.md, "Pageable staging").
+    Staged,
+}
+
+/// One swap-out: with no pinned memory kept for it, staged in pageable memory; else (or where
+/// no pageable memory can be had) host bytes charged, a host-located allocation filled
+/// through a second address, the allocation's own address remapped to it, the device memory
+/// and its charge released last.
 fn move_out(
     cuda: &Cuda,
     ledger: &SharedLedger,
     va: CUdeviceptr,
     e: &mut Backed,
-) -> Result<(), CUresult> {
+) -> Result<Out, CUresult> {
+    let kept = !e.spare.is_none();
+    if !kept && staged::stage_out(cuda, ledger, va, e)? {
+        return Ok(Out::Staged);
+    }
     let host_handle = e.spare.host_for_move_out(cuda, ledger, e.device, e.size)?;
     let undo_charge = || ledger.release_host(e.device, e.size);
     let prop = driver::pinned_prop(host_location());
@@ -280,5 +318,5 @@ fn move_out(
     e.handle = host_handle;
     e.place = Place::Host;
     e.swapped = true;
-    Ok(())
+    Ok(if kept { Out::Kept } else { Out::PinnedAfresh })
 }

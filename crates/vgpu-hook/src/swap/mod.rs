@@ -166,11 +166,12 @@ pub(crate) fn swap_out(why: &str) -> Result<u64, NotSwapped> {
     vlog!(
         MSG,
         "swapped out {} bytes of device memory to host memory in {} ms, {} of them into host \
-         memory pinned for it ({why}); they come back on the next call that can touch device \
-         memory",
+         memory pinned for it, {} staged in pageable memory ({why}); they come back on the \
+         next call that can touch device memory",
         moved.bytes,
         start.elapsed().as_millis(),
-        moved.pinned_afresh
+        moved.pinned_afresh,
+        moved.staged
     );
     Ok(moved.bytes)
 }
@@ -217,6 +218,32 @@ pub(crate) fn pin_ahead(budget: Duration) -> bool {
         );
     }
     more
+}
+
+/// Moves what a swap-out staged in pageable memory into pinned host memory while the process
+/// stays out (the `vgpu-swap` thread, each tick; docs/swap.md, "Pageable staging"): host
+/// memory pinned with no lock held (the slow part; a wake never waits for it), then, under the
+/// swap lock, one allocation's bytes copied in and the memory mapped at its address. Not with
+/// `VGPU_SWAP_KEEP_HOST=0` (nothing pinned is held then: staged bytes come back from pageable
+/// memory). Works for about `budget` (an exit waits for one step).
+pub(crate) fn settle(budget: Duration) {
+    let (Some(st), Ok(cuda)) = (ready(), real::cuda()) else {
+        return;
+    };
+    if !st.config.swap.keep_host || !st.host_backed.any_staged() {
+        return;
+    }
+    let start = Instant::now();
+    loop {
+        let pinned = st.host_backed.pin_for_staged(cuda, st.ledger());
+        let filled = {
+            let _held = gate::lock();
+            st.host_backed.fill_staged(cuda, st.ledger())
+        };
+        if (pinned.is_none() && filled == 0) || start.elapsed() >= budget {
+            return;
+        }
+    }
 }
 
 /// The devices of the movable memory, or why nothing can move.

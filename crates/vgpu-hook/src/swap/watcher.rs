@@ -5,7 +5,8 @@
 //! will need, about a tick's work a step. Every second it offers its movable memory to more
 //! urgent containers, and it swaps out for one whose want names its GPU once it has been
 //! quiet for a tick (`room`). It never calls the driver but through
-//! [`super::swap_out`], [`super::pin_ahead`] and the room boards.
+//! [`super::swap_out`], [`super::pin_ahead`], [`super::settle`] (pinning what a swap-out
+//! staged in pageable memory, while the process stays out) and the room boards.
 
 use std::time::{Duration, Instant};
 
@@ -97,6 +98,9 @@ fn look(w: &mut Watch, st: &Ready, table: &vgpu_shm::UsageTable) {
         w.offered = Some(Instant::now());
         super::room::offer(st);
     }
+    // Swapped out with bytes staged in pageable memory: pinned in the background, a step a
+    // tick (nothing when there are none).
+    super::settle(tick(st.config.swap.trigger));
     let calls = gate::calls();
     if calls.is_none() || calls != w.calls {
         w.calls = calls;

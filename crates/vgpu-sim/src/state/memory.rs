@@ -200,6 +200,15 @@ impl Sim {
     }
 
     pub(super) fn copy_now(&self, dst: Addr, src: Addr, n: u64) -> CuResult<()> {
+        // A side in the program's pageable memory runs at the pageable rate (the real driver
+        // stages it through pinned buffers of its own), the state not held meanwhile.
+        if let Some(us) = n.checked_div(self.cfg.pageable_mbps) {
+            let pageable =
+                |a: &Addr| matches!(a, Addr::Host(h) if self.st().pinned_at(h.addr()).is_none());
+            if pageable(&dst) || pageable(&src) {
+                std::thread::sleep(std::time::Duration::from_micros(us));
+            }
+        }
         let st = self.st();
         hostmem::copy(st.span(dst, n)?, st.span(src, n)?);
         Ok(())
