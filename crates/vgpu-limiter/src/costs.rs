@@ -17,10 +17,13 @@
 //!   its clock; the smallest sample would undercharge by that).
 //! - **Submission latency**: a start marker the GPU reaches before the launch call has handed
 //!   the kernel over (an idle stream, or queued work that ran out during the call) completes
-//!   early, and the span holds up to the call's few microseconds. A *clean* sample (its start
-//!   marker still pending when the call returned: the limiter's segments check it) has none.
-//!   Identities seen both ways give the process's latency (the difference of their medians,
-//!   averaged), which is taken off the others (never more than half of one).
+//!   early, and the span holds up to the call's few microseconds, or another context's slice
+//!   if the GPU switched away meanwhile. A sample behind a *gate* (the segments queue its start
+//!   marker behind a stream wait they release once the launch and its end marker are queued:
+//!   [`crate::GpuTimer::gate`]) has none, nor does one whose start marker was still pending
+//!   when the call returned; both are *clean*. Only an identity's first launch is sampled
+//!   ungated; identities seen both ways give the process's latency (the difference of their
+//!   medians, averaged), which is taken off the others (never more than half of one).
 //!
 //! - **The bracket's drain**: an end marker is stamped only once the work ahead of it has
 //!   drained, which back-to-back kernels overlap with their neighbours' launches, so a

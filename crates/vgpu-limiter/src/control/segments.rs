@@ -10,11 +10,13 @@
 //! costs it about 2 µs ([`crate::MarkerKind`]).
 //!
 //! The next segment on a stream chains onto the previous one's end marker (a timed segment
-//! only onto a timed one) while the GPU has not reached it. A sample is *clean* when
-//! its start marker was still pending once the launch call had returned: the kernel was
-//! queued behind it, so no host time falls inside its span (the launch call takes
-//! microseconds, as long as a small kernel runs, and a queue that looked busy before the call
-//! may have run dry during it).
+//! only onto a timed one) while the GPU has not reached it. A sample of an identity launched
+//! before opens behind a gate ([`crate::GpuTimer::gate`]), released once its launch and end
+//! marker are queued: it is *clean* unless the timer had to open the gate early (then it is
+//! no sample). An identity's first launch is not gated (the driver may wait for the GPU inside
+//! that launch call, loading the kernel): its sample is clean when its start marker was still
+//! pending once the launch call had returned (the kernel was queued behind it), else its span
+//! holds part of the call.
 
 use super::{Limiter, TicketKind};
 use crate::costs::{Charge, LaunchId};
