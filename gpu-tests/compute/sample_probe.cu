@@ -7,7 +7,10 @@
 //           the end is recorded (the limiter's gated sample);
 //   queued  a 300 µs kernel first, then start, launch, end (a clean sample: queued behind);
 //   late    record start, wait 50 µs on the host, launch, end (is the start stamped before the
-//           kernel's turn?).
+//           kernel's turn?);
+//   empty   gated, start and end with nothing between (what a bracket adds by itself);
+//   gated2  gated, two launches of the kernel inside one bracket (span2 − span1 is the kernel's
+//           time in the flow; span1 − that is what a bracket adds to one launch).
 // For each: the span's percentiles and how often the start event had completed once the launch
 // call returned. The neighbour keeps a deep queue of 1 ms kernels (`deep`) or launches 20 µs
 // kernels 15 µs apart in steps of 60 with a sync and 1 ms pause (`launchbound`).
@@ -107,14 +110,16 @@ static void prober(double kernel_us, int trials, const char *label) {
   }
   unsigned gate = 0;
   long long ns = (long long)(kernel_us * 1000);
-  const char *modes[] = {"open", "gated", "queued", "late"};
-  Result res[4];
+  const char *modes[] = {"open", "gated", "queued", "late", "empty", "gated2"};
+  const int n_modes = 6;
+  Result res[n_modes];
   spin_ns<<<1, 32, 0, s>>>(ns);  // warm up
   CK(cudaStreamSynchronize(s));
   for (int t = 0; t < trials; t++) {
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < n_modes; m++) {
       usleep(300 + (t * 37 + m * 101) % 700);
-      if (m == 1) {
+      bool gated = m == 1 || m == 4 || m == 5;
+      if (gated) {
         gate++;
         CUresult r = cuStreamWaitValue32(s, dflag, gate, CU_STREAM_WAIT_VALUE_GEQ);
         if (r != CUDA_SUCCESS) {
@@ -125,10 +130,11 @@ static void prober(double kernel_us, int trials, const char *label) {
       if (m == 2) spin_ns<<<1, 32, 0, s>>>(300000LL);
       CK(cudaEventRecord(a, s));
       if (m == 3) host_spin(50e-6);
-      spin_ns<<<1, 32, 0, s>>>(ns);
+      if (m != 4) spin_ns<<<1, 32, 0, s>>>(ns);
+      if (m == 5) spin_ns<<<1, 32, 0, s>>>(ns);
       bool done = cudaEventQuery(a) == cudaSuccess;
       CK(cudaEventRecord(b, s));
-      if (m == 1) __atomic_store_n(flag, gate, __ATOMIC_RELEASE);
+      if (gated) __atomic_store_n(flag, gate, __ATOMIC_RELEASE);
       CK(cudaStreamSynchronize(s));
       float ms = 0;
       CK(cudaEventElapsedTime(&ms, a, b));
@@ -136,7 +142,7 @@ static void prober(double kernel_us, int trials, const char *label) {
       res[m].start_done += done;
     }
   }
-  for (int m = 0; m < 4; m++) {
+  for (int m = 0; m < n_modes; m++) {
     auto &v = res[m].span_us;
     std::sort(v.begin(), v.end());
     auto q = [&](double p) { return v[std::min(v.size() - 1, (size_t)(p * v.size()))]; };
