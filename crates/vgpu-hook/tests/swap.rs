@@ -152,6 +152,12 @@ int main(int argc, char **argv) {
     unsigned nine = 9;
     void *sargs[] = {&ns};
     void *fargs[] = {&y, &nine, &words};
+    /* fill's first launch, writing nothing, before the spin: under lazy loading (the real
+       driver's default) a function's first launch waits for the context, and the fill's
+       behind the spin would end only with the spin. */
+    unsigned long long none = 0;
+    void *noargs[] = {&y, &nine, &none};
+    CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, 0, noargs, 0));
     CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, 0, sargs, 0));
     /* Queued behind the spin: it writes y once the spin ends, so y must not move before. */
     CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, 0, fargs, 0));

@@ -94,7 +94,8 @@ fn launch(
     extra: *mut *mut c_void,
     cooperative: bool,
 ) -> CuResult<()> {
-    let (kernel, dev) = s.function_to_launch(hv(f))?;
+    // Under lazy loading a function's first launch in its context waits for the context.
+    let (kernel, dev) = s.function_for_launch_call(hv(f))?;
     s.check_dims(grid, block, cooperative)?;
     let args = pack_args(kernel, params, extra)?;
     s.launch(

@@ -211,11 +211,17 @@ struct Module {
     accounted: u64,
     /// Its code is on the device (at load when eager, at the first launch when lazy).
     loaded: bool,
+    /// Per entry (as `entries`): its function was loaded into the context (under lazy
+    /// loading, by its first launch, which waited for the context's work; see
+    /// `Sim::function_for_launch_call`).
+    entry_loaded: Vec<bool>,
 }
 
 #[derive(Debug, Clone)]
 struct Func {
     module: u64,
+    /// Its index in the module's `entries`.
+    entry: usize,
     kernel: Kernel,
 }
 

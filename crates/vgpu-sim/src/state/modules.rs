@@ -106,6 +106,7 @@ impl Sim {
             Module {
                 ctx,
                 dev,
+                entry_loaded: vec![!self.cfg.lazy_loading; entries.len()],
                 entries,
                 accounted: acc,
                 loaded: !self.cfg.lazy_loading,
@@ -113,9 +114,44 @@ impl Sim {
         ))
     }
 
+    /// The kernel behind a function handle a launch call launches (`cuLaunchKernel`,
+    /// `cuLaunchCooperativeKernel`, `cuLaunchKernelEx`, their `_ptsz` forms). Under lazy
+    /// loading the function's first launch in its context loads it, and loading waits for
+    /// the context: the call blocks, before anything is queued, until every stream of the
+    /// context has run what was queued on it (as `cuCtxSynchronize`; the CUDA programming
+    /// guide, "Lazy Loading": loading a kernel may need context synchronization). Work that
+    /// waits for something the caller does only after the call (a stream waiting on a host
+    /// word) then deadlocks, as on the real driver. `EAGER`: every function was loaded with
+    /// its module, nothing waits.
+    pub fn function_for_launch_call(&self, f: u64) -> CuResult<(Kernel, usize)> {
+        if self.cfg.lazy_loading
+            && let Some(ctx) = self.unloaded_function_ctx(f)?
+        {
+            // Not under the state lock: stream jobs take it.
+            for q in self.ctx_waits(ctx) {
+                q.drain();
+            }
+        }
+        self.function_to_launch(f)
+    }
+
+    /// The context of function `f` if it is not loaded into it yet.
+    fn unloaded_function_ctx(&self, f: u64) -> CuResult<Option<u64>> {
+        let id = unhandle(tag::FUNC, f).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let st = self.st();
+        let func = st.funcs.get(&id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let m = st
+            .modules
+            .get(&func.module)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        Ok((!m.entry_loaded[func.entry]).then_some(m.ctx))
+    }
+
     /// The kernel behind a function handle about to be launched (or put in a graph): under
     /// lazy loading its module's code is loaded onto the device now, taking the module's
-    /// memory (`CUDA_ERROR_OUT_OF_MEMORY` if the device is full), as the real driver does.
+    /// memory (`CUDA_ERROR_OUT_OF_MEMORY` if the device is full), as the real driver does,
+    /// and the function counts as loaded into its context (a graph kernel node loads it
+    /// without waiting; a launch call waits first, [`Self::function_for_launch_call`]).
     pub fn function_to_launch(&self, f: u64) -> CuResult<(Kernel, usize)> {
         let id = unhandle(tag::FUNC, f).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let mut st = self.st();
@@ -134,6 +170,7 @@ impl Sim {
             m.accounted = acc;
             m.loaded = true;
         }
+        m.entry_loaded[func.entry] = true;
         Ok((func.kernel, m.dev))
     }
 
@@ -162,14 +199,17 @@ impl Sim {
         let id = unhandle(tag::MODULE, module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let mut st = self.st();
         let m = st.modules.get(&id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        if !m.entries.iter().any(|e| e == name) {
-            return Err(CUDA_ERROR_NOT_FOUND);
-        }
+        let entry = m
+            .entries
+            .iter()
+            .position(|e| e == name)
+            .ok_or(CUDA_ERROR_NOT_FOUND)?;
         let fid = st.id();
         st.funcs.insert(
             fid,
             Func {
                 module: id,
+                entry,
                 kernel: Kernel::by_name(name),
             },
         );

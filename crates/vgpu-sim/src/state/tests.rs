@@ -221,6 +221,107 @@ fn module_code_takes_memory_at_load_when_eager_and_at_first_launch_when_lazy() {
     assert_eq!(used(lazy, 0), MOD);
 }
 
+/// Queues `spin` for `ms` milliseconds on `stream` through the launch call's path.
+fn spin_on(s: &'static Sim, f: u64, stream: u64, ms: u64) -> CuResult<()> {
+    let (kernel, dev) = s.function_for_launch_call(f)?;
+    let args = (ms * 1_000_000).to_le_bytes().to_vec();
+    let l = Launch {
+        kernel,
+        dev,
+        grid: [1; 3],
+        block: [1; 3],
+        args,
+    };
+    s.launch(l, StreamArg::legacy(stream))
+}
+
+#[test]
+fn a_functions_first_launch_waits_for_the_context_when_lazy() {
+    for eager in [false, true] {
+        let pairs: &[(&str, &str)] = if eager {
+            &[("CUDA_MODULE_LOADING", "EAGER")]
+        } else {
+            &[("CUDA_MODULE_LOADING", "LAZY")]
+        };
+        let s = in_context(pairs);
+        let m = s.module_load(b"vgpusim-module: spin other").unwrap();
+        let spin = s.get_function(m, "spin").unwrap();
+        let other = s.get_function(m, "other").unwrap();
+        let (a, b) = (s.stream_create(0).unwrap(), s.stream_create(0).unwrap());
+        let busy = |q: u64| s.stream_query(StreamArg::legacy(q)) == Err(CUDA_ERROR_NOT_READY);
+        // Eager: launches queue and return at once, whatever runs.
+        spin_on(s, spin, a, 300).unwrap();
+        spin_on(s, spin, b, 0).unwrap();
+        if eager {
+            assert!(busy(a), "eager: no launch waits");
+            s.ctx_sync(0).unwrap();
+            continue;
+        }
+        // Lazy: spin's first launch (on `a`, idle) loads it; its second (on `b`) and a second
+        // handle to it need no load.
+        assert!(busy(a), "the first launch found nothing queued to wait for");
+        let again = s.get_function(m, "spin").unwrap();
+        spin_on(s, again, b, 0).unwrap();
+        assert!(busy(a), "spin is loaded: no wait");
+        // `other`'s first launch, on another stream, waits for every stream of the context.
+        let (kernel, _) = s.function_for_launch_call(other).unwrap();
+        assert_eq!(kernel, Kernel::Noop);
+        assert!(!busy(a) && !busy(b), "the context drained inside the call");
+        spin_on(s, spin, a, 300).unwrap();
+        s.function_for_launch_call(other).unwrap();
+        assert!(busy(a), "once only");
+        s.ctx_sync(0).unwrap();
+        // Per context: the same module image loaded in another context loads anew.
+        let ctx2 = s.ctx_create(0, 0).unwrap();
+        let m2 = s.module_load(b"vgpusim-module: spin other").unwrap();
+        let other2 = s.get_function(m2, "other").unwrap();
+        let c = s.stream_create(0).unwrap();
+        spin_on(s, s.get_function(m2, "spin").unwrap(), c, 300).unwrap();
+        s.function_for_launch_call(other2).unwrap();
+        assert!(!busy(c), "a first launch in the new context");
+        s.ctx_destroy(ctx2).unwrap();
+    }
+}
+
+#[test]
+fn a_first_launch_behind_a_stream_waiting_for_the_caller_hangs_when_lazy() {
+    // What hung PyTorch on the H200 under the SM limiter's gate: a stream waits on a host
+    // word the launching thread writes only after the launch call returns. Here another
+    // thread writes it late, and the call returns only then.
+    let s = in_context(&[]);
+    let m = s.module_load(b"vgpusim-module: spin").unwrap();
+    let spin = s.get_function(m, "spin").unwrap();
+    let st = s.stream_create(0).unwrap();
+    let word = s.host_alloc(4096, 0).unwrap();
+    s.stream_wait_value32(StreamArg::legacy(st), word, 1, 0)
+        .unwrap();
+    let opened = Arc::new(AtomicBool::new(false));
+    let opener = {
+        let opened = opened.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            opened.store(true, Ordering::SeqCst);
+            s.set_now(word, 1, 4, 1).unwrap();
+        })
+    };
+    spin_on(s, spin, st, 0).unwrap();
+    assert!(
+        opened.load(Ordering::SeqCst),
+        "the first launch returned before the stream's wait was met"
+    );
+    opener.join().unwrap();
+    // Loaded now: the same wait no longer holds a launch call.
+    s.stream_wait_value32(StreamArg::legacy(st), word, 2, 0)
+        .unwrap();
+    spin_on(s, spin, st, 0).unwrap();
+    assert_eq!(
+        s.stream_query(StreamArg::legacy(st)),
+        Err(CUDA_ERROR_NOT_READY)
+    );
+    s.set_now(word, 2, 4, 1).unwrap();
+    s.stream_sync(StreamArg::legacy(st)).unwrap();
+}
+
 #[test]
 fn kernels_run_on_streams_and_events_time_them() {
     let s = in_context(&[]);
