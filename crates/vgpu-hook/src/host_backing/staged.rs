@@ -217,12 +217,13 @@ impl HostBacked {
         };
         let mut entries = self.lock();
         match entries.get_mut(&va) {
-            Some(e) if e.size == size && e.spare.is_none() && e.staged.is_some() => {
-                e.spare.keep(cuda, ledger, pinned, size);
-                Some(size)
-            }
-            // Swapped in meanwhile: kept all the same for its next swap-out, if it has none.
-            Some(e) if e.size == size && e.spare.is_none() && e.place == Place::Device => {
+            // Still staged, or swapped in meanwhile (then kept all the same for its next
+            // swap-out), if it has no spare yet.
+            Some(e)
+                if e.size == size
+                    && e.spare.is_none()
+                    && (e.staged.is_some() || e.place == Place::Device) =>
+            {
                 e.spare.keep(cuda, ledger, pinned, size);
                 Some(size)
             }
