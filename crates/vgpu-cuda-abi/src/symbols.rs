@@ -373,8 +373,8 @@ macro_rules! cuda_used_functions {
             // The SM limiter's sample gate (docs/sm-limit.md): a stream wait on a host word.
             cuStreamWaitValue32_v2 ["cuStreamWaitValue32", 12000, legacy]
                 fn(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult;
-            cuMemHostAlloc ["cuMemHostAlloc", 2020, any]
-                fn(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CUresult;
+            cuMemHostRegister_v2 ["cuMemHostRegister", 6050, any]
+                fn(p: *mut c_void, size: usize, flags: c_uint) -> CUresult;
             cuMemHostGetDevicePointer_v2 ["cuMemHostGetDevicePointer", 3020, any]
                 fn(dptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) -> CUresult;
             cuMemGetAllocationGranularity ["cuMemGetAllocationGranularity", 10020, any]

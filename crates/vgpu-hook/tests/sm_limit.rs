@@ -99,6 +99,25 @@ int main(int argc, char **argv) {
   CHECK(mode == 'p' ? cuStreamSynchronize((H)2) : cuStreamSynchronize(s));
   printf("RESULT kernels_per_s=%f busy_pct=%d\n", n * per_launch / wall, busy);
   fflush(stdout);
+  /* RESET_THEN: reset the primary context (everything made in it goes, registrations and
+     pinned memory included), then launch again in the new one. */
+  if (getenv("RESET_THEN")) {
+    CUresult (*cuDevicePrimaryCtxReset_v2)(int);
+    NEED(cuDevicePrimaryCtxReset_v2)
+    CHECK(cuDevicePrimaryCtxReset_v2(dev));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, "vgpusim-module: spin tick"));
+    CHECK(cuModuleGetFunction(&f, mod, "spin"));
+    CHECK(cuStreamCreate(&s, 0));
+    for (int i = 0; i < 400; ++i) {
+      CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, args, 0));
+      if (i % 4 == 3) CHECK(cuStreamSynchronize(s));
+    }
+    CHECK(cuStreamSynchronize(s));
+    printf("after_reset=ok\n");
+    fflush(stdout);
+  }
   /* FORK_IDLE: fork a child that exits normally (its exit handlers run) at once, beside the
      parent's threads; the parent reports how it ended, then lingers. */
   if (getenv("FORK_IDLE")) {
@@ -860,21 +879,7 @@ fn a_limited_processs_samples_open_behind_a_gate_that_is_always_opened() {
         let out = cmd.output().expect("run the program");
         parse(&out);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let line = stderr
-            .lines()
-            .find(|l| l.contains("limiter stats"))
-            .unwrap_or_else(|| panic!("no limiter stats ({mode}): {stderr}"));
-        let count = |after: &str| -> u64 {
-            let i = line.find(after).expect("the field") + after.len();
-            line[i..]
-                .trim_start()
-                .split(|c: char| !c.is_ascii_digit())
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("a number after {after:?} in {line}"))
-        };
-        let (samples, gated) = (count("cost), "), count("samples ("));
-        let (unknown, late) = (count("launches ("), count("gated, "));
+        let (line, [samples, gated, unknown, late]) = limiter_counts(&stderr);
         assert!(samples > 0, "{mode}: {line}");
         // All but the identities' first launches (the driver may load a kernel then: never
         // gated).
@@ -885,4 +890,52 @@ fn a_limited_processs_samples_open_behind_a_gate_that_is_always_opened() {
         assert!(late <= 1, "{mode}: gates opened late: {line}");
         eprintln!("{mode}: {line}");
     }
+}
+
+#[test]
+fn samples_stay_gated_after_the_context_that_registered_the_word_is_reset() {
+    // The gate's word is reached through a registration, which goes with the context that
+    // made it. A word in memory the driver allocated (cuMemHostAlloc) would be unmapped by
+    // the reset, and the hook's next write to it would kill the program.
+    let _one = serial();
+    let e = env();
+    let cache = e.fresh_cache("gate-reset.cache");
+    let mut cmd = e.hooked(&["0.3", "200000", "k"], &cache);
+    cmd.env("CUDA_DEVICE_SM_LIMIT", "50")
+        .env("VGPU_SIM_UTIL_WINDOW_MS", "300")
+        .env("LIBCUDA_LOG_LEVEL", "3")
+        .env("RESET_THEN", "1");
+    let out = cmd.output().expect("run the program");
+    parse(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("after_reset=ok"), "{stdout}\n{stderr}");
+    // Every sample of an identity launched before is gated, after the reset too.
+    let (line, [samples, gated, unknown, _]) = limiter_counts(&stderr);
+    assert!(gated + unknown >= samples, "samples gated: {line}");
+}
+
+/// The `limiter stats` line a limited process logs at exit, and its counts: samples, gated
+/// samples, launches of unknown identity, gates opened late.
+fn limiter_counts(stderr: &str) -> (&str, [u64; 4]) {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("limiter stats"))
+        .unwrap_or_else(|| panic!("no limiter stats: {stderr}"));
+    let count = |after: &str| -> u64 {
+        let i = line.find(after).expect("the field") + after.len();
+        line[i..]
+            .trim_start()
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("a number after {after:?} in {line}"))
+    };
+    let counts = [
+        count("cost), "),
+        count("samples ("),
+        count("launches ("),
+        count("gated, "),
+    ];
+    (line, counts)
 }

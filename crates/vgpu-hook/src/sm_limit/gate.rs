@@ -11,9 +11,11 @@
 //! says so). The limiter gates only identities launched before, so the driver's first-launch
 //! work seldom meets a gate.
 //!
-//! One word per device, allocated at the first gate (`cuMemHostAlloc`, portable and mapped,
-//! so every context of the process can wait on it) and kept for the process's life. Its value
-//! only grows: each gate waits for the word to reach a larger value
+//! One word per device, on a page of our own mapped at the first gate and never unmapped, so
+//! writing it can never fault. The driver reaches it through a registration
+//! (`cuMemHostRegister`, portable and mapped), which belongs to the context that made it and
+//! goes with it (`cuCtxDestroy`, a primary context's reset): each gate asks for the word's
+//! device address first and registers it again where that fails. Its value only grows: each gate waits for the word to reach a larger value
 //! (`CU_STREAM_WAIT_VALUE_GEQ`, which compares as a wrapping difference), and opening writes
 //! that value. A device's limiter holds at most one gate at a time (its lock is held from
 //! admission to the launch's report).
@@ -35,11 +37,11 @@ const MAX_HELD: Duration = Duration::from_millis(1);
 const STOP_WAIT: Duration = Duration::from_millis(10);
 /// `CU_STREAM_WAIT_VALUE_GEQ`.
 const WAIT_GEQ: u32 = 0;
-/// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`.
-const HOST_ALLOC_FLAGS: u32 = 0x1 | 0x2;
-/// The word's allocation (the driver pins whole pages).
-const WORD_ALLOC: usize = 4096;
-/// `word`: not allocated yet; the driver could not give one.
+/// `CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP`.
+const REGISTER_FLAGS: u32 = 0x1 | 0x2;
+/// The word's page (the driver pins whole pages).
+const WORD_PAGE: usize = 4096;
+/// `word`: no page mapped yet; none could be mapped.
 const UNTRIED: usize = 0;
 const UNAVAILABLE: usize = 1;
 
@@ -51,8 +53,6 @@ static OFF: AtomicBool = AtomicBool::new(false);
 struct GateCell {
     /// The host word's address, or [`UNTRIED`] / [`UNAVAILABLE`].
     word: AtomicUsize,
-    /// Its device address.
-    device: AtomicU64,
     /// The value the last gate waits for.
     issued: AtomicU32,
     /// When the gate held now must be open (`CLOCK_MONOTONIC` ns); 0 while none is held.
@@ -63,7 +63,6 @@ struct GateCell {
 static CELLS: [GateCell; MAX_DEVICES] = [const {
     GateCell {
         word: AtomicUsize::new(UNTRIED),
-        device: AtomicU64::new(0),
         issued: AtomicU32::new(0),
         deadline: AtomicU64::new(0),
     }
@@ -74,8 +73,8 @@ impl GateCell {
     fn write_open(&self) {
         let word = self.word.load(Ordering::Acquire);
         if word > UNAVAILABLE {
-            // SAFETY: our pinned word, 4-aligned (a page's start), mapped for the process's
-            // life; the GPU only reads it.
+            // SAFETY: our word, 4-aligned (a page's start) on a page we mapped and never
+            // unmap; the GPU only reads it.
             let w = unsafe { AtomicU32::from_ptr(word as *mut u32) };
             w.store(self.issued.load(Ordering::Acquire), Ordering::Release);
         }
@@ -135,7 +134,7 @@ impl SampleGate {
 #[derive(Debug, Clone, Copy)]
 struct GateFns {
     wait: pfn::cuStreamWaitValue32_v2,
-    host_alloc: pfn::cuMemHostAlloc,
+    register: pfn::cuMemHostRegister_v2,
     device_pointer: pfn::cuMemHostGetDevicePointer_v2,
 }
 
@@ -143,33 +142,72 @@ fn gate_fns() -> Option<GateFns> {
     let u = &crate::real::cuda().ok()?.u;
     Some(GateFns {
         wait: u.cuStreamWaitValue32_v2?,
-        host_alloc: u.cuMemHostAlloc?,
+        register: u.cuMemHostRegister_v2?,
         device_pointer: u.cuMemHostGetDevicePointer_v2?,
     })
 }
 
-/// The functions and the word's device address, allocating the word at the first gate.
+/// The functions and the word's device address in the current context: its page mapped at
+/// the first gate, registered again where its registration went with an ended context.
 fn ready(cell: &GateCell) -> Result<(GateFns, u64), TimerError> {
     const NONE: TimerError = TimerError { code: -4 };
     if OFF.load(Ordering::Relaxed) {
         return Err(NONE);
     }
+    let Some(fns) = gate_fns() else {
+        off("the driver lacks stream waits or host registration");
+        return Err(NONE);
+    };
     if cell.word.load(Ordering::Acquire) == UNTRIED {
-        match allocate() {
-            Ok((host, device)) => {
-                cell.device.store(device, Ordering::Relaxed);
-                cell.word.store(host, Ordering::Release);
-            }
-            Err(why) => {
-                cell.word.store(UNAVAILABLE, Ordering::Release);
-                log_off(why);
-            }
+        let word = map_page().unwrap_or(UNAVAILABLE);
+        if word == UNAVAILABLE {
+            log_off("no page for its word");
         }
+        cell.word.store(word, Ordering::Release);
     }
-    match (cell.word.load(Ordering::Acquire), gate_fns()) {
-        (w, Some(fns)) if w > UNAVAILABLE => Ok((fns, cell.device.load(Ordering::Relaxed))),
-        _ => Err(NONE),
+    let word = cell.word.load(Ordering::Acquire);
+    if word <= UNAVAILABLE {
+        return Err(NONE);
     }
+    if let Some(device) = device_address(fns, word) {
+        return Ok((fns, device));
+    }
+    // SAFETY: our page, WORD_PAGE bytes, mapped for the process's life; flags the driver
+    // knows. A registration that still exists answers ALREADY_REGISTERED, which the
+    // address lookup above would have found.
+    let r = unsafe { (fns.register)(word as *mut std::ffi::c_void, WORD_PAGE, REGISTER_FLAGS) };
+    if r == CUresult::NOT_SUPPORTED {
+        off("the driver cannot register host memory");
+    }
+    device_address(fns, word)
+        .map(|d| (fns, d))
+        .ok_or(TimerError { code: r.0 as i32 })
+}
+
+/// The device address of our word in the current context, if its page is registered there.
+fn device_address(fns: GateFns, word: usize) -> Option<u64> {
+    let mut device = CUdeviceptr(0);
+    // SAFETY: valid out-pointer; a host address of ours; flags must be 0. An unregistered
+    // address is an error answer, nothing more.
+    let r = unsafe { (fns.device_pointer)(&mut device, word as *mut std::ffi::c_void, 0) };
+    (r.is_success() && device.0 != 0).then_some(device.0)
+}
+
+/// A fresh page of our own for a word (never unmapped), zeroed.
+#[cold]
+fn map_page() -> Option<usize> {
+    // SAFETY: a new private anonymous mapping where the kernel chooses touches nothing else.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            WORD_PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED && !p.is_null()).then_some(p as usize)
 }
 
 /// No more gates anywhere in the process.
@@ -186,27 +224,6 @@ fn log_off(why: &str) {
         INFO,
         "SM limit: samples are not gated ({why}); a sample on an idle stream may hold the launch call's time"
     );
-}
-
-#[cold]
-fn allocate() -> Result<(usize, u64), &'static str> {
-    let fns = gate_fns().ok_or("the driver lacks stream waits or mapped host memory")?;
-    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-    // SAFETY: valid out-pointer, a size and flags the driver knows; the calling thread's
-    // context is current (a launch is being admitted on it).
-    let r = unsafe { (fns.host_alloc)(&mut host, WORD_ALLOC, HOST_ALLOC_FLAGS) };
-    if !r.is_success() || host.is_null() {
-        return Err("no pinned host memory for its word");
-    }
-    // SAFETY: the allocation is ours and WORD_ALLOC bytes long; nothing else uses it yet.
-    unsafe { AtomicU32::from_ptr(host.cast::<u32>()) }.store(0, Ordering::Release);
-    let mut device = CUdeviceptr(0);
-    // SAFETY: valid out-pointer and a pinned allocation of ours; flags must be 0.
-    let r = unsafe { (fns.device_pointer)(&mut device, host, 0) };
-    if !r.is_success() || device.0 == 0 {
-        return Err("its word has no device address");
-    }
-    Ok((host as usize, device.0))
 }
 
 /// The watchdog thread's controls and its handle (for waking it).

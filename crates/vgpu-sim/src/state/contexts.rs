@@ -63,6 +63,28 @@ impl Sim {
                 s.q.close();
             }
         }
+        // Pinned host memory and registrations go with the context that made them (portable
+        // ones too: portable is about which contexts may use it), as `cudaDeviceReset`
+        // "destroys all allocations": the pages are unmapped, and the program's pointers
+        // into them dangle, as with the real driver.
+        let pinned: Vec<u64> = (st.pinned.iter())
+            .filter(|(_, a)| a.pinning.ctx == id)
+            .map(|(b, _)| *b)
+            .collect();
+        for b in pinned {
+            if let Some(a) = st.pinned.remove(&b) {
+                self.host.release(a.region.len() as u64);
+            }
+        }
+        let registered: Vec<u64> = (st.registered.iter())
+            .filter(|(_, r)| r.pinning.ctx == id)
+            .map(|(b, _)| *b)
+            .collect();
+        for b in registered {
+            if let Some(r) = st.registered.remove(&b) {
+                self.host.release(r.accounted);
+            }
+        }
     }
 
     pub(super) fn destroy_ctx(&self, st: &mut State, id: u64) {

@@ -200,8 +200,9 @@ impl Sim {
     /// `cuStreamWaitValue32`: later work on the stream waits until the 32-bit word at `addr`
     /// satisfies `flags` against `value` (`CU_STREAM_WAIT_VALUE_GEQ` 0, as a wrapping
     /// difference; `EQ` 1; `AND` 2). The simulated driver takes words in pinned allocations
-    /// only (the real one also registered and device memory), which the waiting job keeps
-    /// alive; `NOR` and a capturing stream are refused.
+    /// (which the waiting job keeps mapped) and registered host memory (which the program
+    /// keeps valid: the driver API's contract), not device memory as the real one also does;
+    /// `NOR` and a capturing stream are refused.
     pub fn stream_wait_value32(
         &self,
         stream: StreamArg,
@@ -213,18 +214,21 @@ impl Sim {
         if flags > 2 || addr % 4 != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let region = {
+        let source = {
             let st = self.st();
             let r = st.pinned_at(addr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            st.pinned
-                .get(&r.base)
-                .map(|a| a.region.clone())
-                .filter(|region| region.span(addr, 4).is_some())
-                .ok_or(CUDA_ERROR_INVALID_VALUE)?
+            match (st.pinned.get(&r.base), st.registered.get(&r.base)) {
+                (Some(a), _) => WordSource::Allocation(a.region.clone()),
+                (None, Some(reg)) => WordSource::Registered(reg.ptr, r.pinning.size),
+                (None, None) => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
         };
+        if source.word(addr).is_none() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
         let q = self.uncaptured_queue(stream)?;
         q.submit(Box::new(move || {
-            let Some(word) = region.span(addr, 4) else {
+            let Some(word) = source.word(addr) else {
                 return;
             };
             while let Some(w) = hostmem::load_u32(word) {
@@ -240,5 +244,22 @@ impl Sim {
             }
         }));
         Ok(())
+    }
+}
+
+/// Where a stream wait's word lies.
+enum WordSource {
+    /// A pinned allocation, kept mapped by the waiting job.
+    Allocation(Arc<HostRegion>),
+    /// Registered host memory of `size` bytes.
+    Registered(HostPtr, u64),
+}
+
+impl WordSource {
+    fn word(&self, addr: u64) -> Option<hostmem::Span<'_>> {
+        match self {
+            Self::Allocation(region) => region.span(addr, 4),
+            Self::Registered(ptr, size) => ptr.span(*size)?.sub(addr, 4),
+        }
     }
 }
