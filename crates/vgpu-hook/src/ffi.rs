@@ -1,5 +1,5 @@
 //! Small unsafe helpers at the C boundary: out-pointer writes and in-pointer reads, the panic
-//! guard, and the table of our exports' addresses.
+//! guard, the table of our exports' addresses, and fresh anonymous memory of the hook's own.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -111,4 +111,21 @@ impl ExportAddrs {
     pub(crate) fn index_of(&self, addr: *mut c_void) -> Option<usize> {
         self.0.iter().position(|p| p.cast_mut().cast() == addr)
     }
+}
+
+/// A fresh private anonymous read-write mapping of `len` bytes where the kernel chooses
+/// (zeroed, committed as touched), or `None` where the kernel refuses it. The caller owns it.
+pub(crate) fn map_anonymous(len: usize) -> Option<*mut c_void> {
+    // SAFETY: a new mapping where the kernel chooses names no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED && !p.is_null()).then_some(p.cast())
 }

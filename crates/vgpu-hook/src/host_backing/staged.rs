@@ -42,20 +42,7 @@ impl Staged {
     /// where the kernel refuses the mapping.
     fn new(len: u64) -> Option<Staged> {
         let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
-        // SAFETY: a new anonymous private mapping; no existing memory is named.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
+        let p = crate::ffi::map_anonymous(len)?;
         // SAFETY: advice on the mapping just made (a refusal changes nothing but speed).
         let _ = unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
         Some(Staged {

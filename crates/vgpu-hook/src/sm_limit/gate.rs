@@ -6,7 +6,7 @@
 //! the GPU inside the driver (the driver loads a kernel's module into the context at its
 //! first launch and waits for that; a full command queue waits for room), and the GPU would
 //! wait for the gate the launching thread opens only after the call: on the H200 a PyTorch
-//! process hung that way at its first launches. So a watchdog thread (`vgpu-gate`) opens
+//! process hung at its first launches, most likely that way (not traced). So a watchdog thread (`vgpu-gate`) opens
 //! every gate held past its deadline, and such a sample is not used ([`SampleGate::open`]
 //! says so). The limiter gates only identities launched before, so the driver's first-launch
 //! work seldom meets a gate.
@@ -196,18 +196,7 @@ fn device_address(fns: GateFns, word: usize) -> Option<u64> {
 /// A fresh page of our own for a word (never unmapped), zeroed.
 #[cold]
 fn map_page() -> Option<usize> {
-    // SAFETY: a new private anonymous mapping where the kernel chooses touches nothing else.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            WORD_PAGE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    (p != libc::MAP_FAILED && !p.is_null()).then_some(p as usize)
+    crate::ffi::map_anonymous(WORD_PAGE).map(|p| p as usize)
 }
 
 /// No more gates anywhere in the process.
